@@ -1,0 +1,18 @@
+# beamline_library(<name> [SUBDIRS dir...] [DEPS target...])
+# Builds every .cpp of the calling folder (and the listed subfolders) into the static library
+# beamline_<name>; a folder with no sources yet becomes an interface library, so dependants link either way.
+function(beamline_library name)
+  cmake_parse_arguments(ARG "" "" "SUBDIRS;DEPS" ${ARGN})
+  set(patterns ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  foreach(dir ${ARG_SUBDIRS})
+    list(APPEND patterns ${CMAKE_CURRENT_SOURCE_DIR}/${dir}/*.cpp)
+  endforeach()
+  file(GLOB sources CONFIGURE_DEPENDS ${patterns})
+  if(sources)
+    add_library(beamline_${name} STATIC ${sources})
+    target_link_libraries(beamline_${name} PUBLIC beamline_flags ${ARG_DEPS})
+  else()
+    add_library(beamline_${name} INTERFACE)
+    target_link_libraries(beamline_${name} INTERFACE beamline_flags ${ARG_DEPS})
+  endif()
+endfunction()
