@@ -1,0 +1,44 @@
+#pragma once
+// The tensors of a Beam checkpoint, found by name and checked against the config (MODEL_FORMAT.md section 3)
+// before any compute. Views point into the mmap'd safetensors files, which this object keeps open.
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/config.h"
+#include "tensor/tensor_view.h"
+
+namespace beamline {
+
+class SafetensorsArchive;  // model/safetensors.h
+
+struct ExpertWeights {
+  TensorView gate_proj, up_proj, down_proj;  // [I,H], [I,H], [H,I]
+};
+
+struct LayerWeights {
+  TensorView input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm;
+  TensorView q_proj, k_proj, v_proj, o_proj;
+  // dense layers
+  std::optional<ExpertWeights> mlp;          // gate/up [F,H], down [H,F]
+  // MoE layers
+  TensorView router;                          // mlp.gate.weight [E,H] F32
+  TensorView router_bias;                     // mlp.gate.e_score_correction_bias [E] F32
+  std::vector<ExpertWeights> experts;         // [E]
+};
+
+struct BeamWeights {
+  ModelConfig config;
+  TensorView embed_tokens;                    // [V,H]
+  std::vector<LayerWeights> layers;
+  TensorView norm;                            // [H]
+  TensorView lm_head;                         // [V,H] (embed_tokens when tie_word_embeddings)
+  std::shared_ptr<const SafetensorsArchive> archive;  // keeps the mappings alive
+
+  // Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist
+  // with the expected shape and a supported dtype, or this throws naming the file and tensor.
+  static BeamWeights load(const std::filesystem::path& dir);
+};
+
+}  // namespace beamline
