@@ -13,15 +13,24 @@ namespace beamline {
 
 class SafetensorsArchive;  // model/safetensors.h
 
+// A projection weight [out, in] as stored. Unquantized: only `weight`. Quantized (MODEL_FORMAT.md section 5):
+// `weight` holds the codes, `scale` the block/group scales (weight_scale_inv or weight_scale), and `scale_2`
+// the NVFP4 per-tensor scale; empty views (data == nullptr) where a scheme has none.
+struct LinearWeight {
+  TensorView weight, scale, scale_2;
+  int64_t out_features() const { return weight.shape.at(0); }
+  bool quantized() const { return scale.data != nullptr; }
+};
+
 struct ExpertWeights {
-  TensorView gate_proj, up_proj, down_proj;  // [I,H], [I,H], [H,I]
+  LinearWeight gate_proj, up_proj, down_proj;  // [I,H], [I,H], [H,I]
 };
 
 struct LayerWeights {
   TensorView input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm;
-  TensorView q_proj, k_proj, v_proj, o_proj;
+  LinearWeight q_proj, k_proj, v_proj, o_proj;
   // dense layers
-  std::optional<ExpertWeights> mlp;          // gate/up [F,H], down [H,F]
+  std::optional<ExpertWeights> mlp;           // gate/up [F,H], down [H,F]
   // MoE layers
   TensorView router;                          // mlp.gate.weight [E,H] F32
   TensorView router_bias;                     // mlp.gate.e_score_correction_bias [E] F32
@@ -33,7 +42,7 @@ struct BeamWeights {
   TensorView embed_tokens;                    // [V,H]
   std::vector<LayerWeights> layers;
   TensorView norm;                            // [H]
-  TensorView lm_head;                         // [V,H] (embed_tokens when tie_word_embeddings)
+  LinearWeight lm_head;                       // [V,H] (embed_tokens when tie_word_embeddings)
   std::shared_ptr<const SafetensorsArchive> archive;  // keeps the mappings alive
 
   // Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist
