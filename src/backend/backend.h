@@ -1,0 +1,173 @@
+#pragma once
+// The op set of the Beam forward pass (MODEL_FORMAT.md section 4). The model is written once against this
+// interface; the CPU backend (backend/cpu) is the reference and every other backend (CUDA) implements the
+// same ops with the same contracts, so a test can run one op on two backends over the same inputs and
+// compare (llama.cpp test-backend-ops discipline).
+//
+// Conventions for every op:
+//  - Tensors come from the same backend (alloc/upload/load_weight). Activations are F32, row-major:
+//    [T, features] with T the rows of the flattened (varlen) batch. Index tensors are I32.
+//  - Weights are used in their stored dtype (BF16, F16 or F32) and every sum accumulates in FP32.
+//  - Outputs are preallocated by the caller with the documented shape; ops check shapes and throw
+//    beamline::Error on a mismatch. Ops may run asynchronously on a device; download() synchronizes.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend/tensor.h"
+#include "tensor/tensor_view.h"
+
+namespace beamline {
+
+// A projection y = x Wᵀ with W [out, in] as stored. Quantized weights (MODEL_FORMAT.md section 5) also carry
+// `scale` (block/group scales) and `scale_2` (NVFP4 per-tensor scale); undefined where a scheme has none.
+struct LinearTensors {
+  Tensor weight, scale, scale_2;
+  int64_t out_features() const { return weight.dim(0); }
+};
+
+// down(silu(gate(h)) * up(h)): gate/up [I, H], down [H, I].
+struct SwigluTensors {
+  LinearTensors gate, up, down;
+};
+
+// The routed experts of one MoE layer. `packed` is backend-private state made once by Backend::prepare_moe
+// (stacked or re-laid-out experts for grouped GEMMs); the CPU backend uses `experts` as they are.
+struct MoeTensors {
+  Tensor router;       // [E, H] F32
+  Tensor router_bias;  // [E] F32 (e_score_correction_bias)
+  std::vector<SwigluTensors> experts;
+  std::shared_ptr<void> packed;
+};
+
+struct RouterParams {
+  int32_t n_group = 1;
+  int32_t topk_group = 1;
+  int32_t top_k = 1;  // num_experts_per_tok
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+// The paged KV pool: K and V each [num_blocks, slots_per_block, block_size, num_kv_heads, head_dim], F32 or
+// BF16. Layer slot `slot` of block `b` holds positions [i*block_size, (i+1)*block_size) of a sequence whose
+// block table has b at index i.
+struct PagedKvPool {
+  Tensor k, v;
+  int32_t num_blocks() const { return static_cast<int32_t>(k.dim(0)); }
+  int32_t slots_per_block() const { return static_cast<int32_t>(k.dim(1)); }
+  int32_t block_size() const { return static_cast<int32_t>(k.dim(2)); }
+  int32_t num_kv_heads() const { return static_cast<int32_t>(k.dim(3)); }
+  int32_t head_dim() const { return static_cast<int32_t>(k.dim(4)); }
+};
+
+// Where each row of a varlen batch sits, uploaded once per forward step and shared by all layers.
+// Sequence s owns rows [query_start[s], query_start[s+1]); row r is at absolute position positions[r] of its
+// sequence; after this step's KV writes, sequence s has seq_lens[s] positions [0, seq_lens[s]) in the cache.
+// Block tables (one per KV group) are I32 [num_sequences, max_blocks]; an entry < 0 is a block that was
+// given back (kNullBlock) and must not be needed by any query of the step.
+struct AttentionBatch {
+  Tensor positions;     // I32 [T]
+  Tensor row_sequence;  // I32 [T]: the sequence of each row
+  Tensor query_start;   // I32 [S + 1]
+  Tensor seq_lens;      // I32 [S]
+  // Host copies of the same, for backends and launch heuristics that need them without a device read.
+  std::vector<int32_t> host_positions, host_row_sequence, host_query_start, host_seq_lens;
+  int32_t max_query_len = 0, max_seq_len = 0;
+  int32_t num_rows() const { return static_cast<int32_t>(host_positions.size()); }
+  int32_t num_sequences() const { return static_cast<int32_t>(host_seq_lens.size()); }
+};
+
+struct AttentionParams {
+  int32_t num_heads = 0;       // query heads; head h reads kv head h / (num_heads / num_kv_heads)
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  float scale = 1.0f;          // applied to q·k (1/sqrt(head_dim))
+  int32_t sliding_window = 0;  // > 0: key t visible to query p iff t <= p && p - t < window; 0: t <= p
+  int32_t slot = 0;            // layer slot inside each block
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+
+  // ---- memory ----
+  virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;  // uninitialised
+  virtual void fill_zero(Tensor& tensor) = 0;
+  virtual Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) = 0;
+  virtual void download(const Tensor& tensor, void* host) = 0;  // waits for pending work
+  virtual void synchronize() {}
+
+  // ---- weights, once at model load ----
+  // A weight as the ops read it. The CPU backend borrows the mmap'd bytes (no copy; the view's owner must
+  // outlive the tensor); a device backend copies it to device memory.
+  virtual Tensor load_weight(const TensorView& view) = 0;
+  // A chance to repack one MoE layer's experts (fill MoeTensors::packed). Default: nothing.
+  virtual void prepare_moe(MoeTensors& moe) { (void)moe; }
+
+  // ---- ops ----
+  // out[t] = table[tokens[t]] as F32. table [V, H] (any float dtype), tokens I32 [T], out [T, H].
+  virtual void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) = 0;
+  // out = rms(x, weight) = x / sqrt(mean(x²) + eps) * weight, per row. x, out [T, H]; weight [H].
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // residual += scale * rms(y, weight), per row (the sandwich-norm residual add). residual, y [T, H].
+  virtual void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) = 0;
+  // y = x Wᵀ. x [T, in] F32, weight [out, in], y [T, out] F32.
+  virtual void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) = 0;
+  // In place, NeoX rotate-half over the full head_dim: for each head, pairs (j, j + D/2) rotate by
+  // angle positions[t] * theta^(-2j/D). x [T, num_heads * head_dim].
+  virtual void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) = 0;
+  // In place, SSMax: q[t] *= (1 + positions[t] / base) ^ exponent. q [T, any].
+  virtual void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) = 0;
+  // Stores row r's k and v ([T, num_kv_heads * head_dim]) at position positions[r] of its sequence, in layer
+  // slot `slot` of the pool, through `block_table` (converting to the pool's dtype).
+  virtual void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
+                        const AttentionBatch& batch) = 0;
+  // out[r, h] = softmax_t(scale * q[r, h] · K[t]) V[t] over the cached keys t of row r's sequence visible to
+  // position positions[r] (causal, windowed when params.sliding_window > 0), GQA. One op for prefill,
+  // chunked prefill and decode. q, out [T, num_heads * head_dim].
+  virtual void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                               const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
+  // FP32 noaux_tc router (MODEL_FORMAT.md section 4): score = sigmoid(h Wrᵀ); choose with score + bias, limited
+  // to the topk_group best groups (group score = sum of its 2 best choices); weigh with score (renormalised if
+  // norm_topk_prob) * routed_scaling_factor. Ties go to the lower index. h [T, H]; router [E, H] F32;
+  // bias [E] F32; expert_ids I32 [T, top_k] and expert_weights F32 [T, top_k], in order of selection.
+  virtual void route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
+                     Tensor& expert_ids, Tensor& expert_weights) = 0;
+  // out[t] = sum_j expert_weights[t, j] * SwiGLU_{expert_ids[t, j]}(h[t]), summed in j order. h, out [T, H].
+  virtual void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                   Tensor& out) = 0;
+  // out = down(silu(gate(h)) * up(h)). h, out [T, H].
+  virtual void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) = 0;
+  // logits[i] = softcap * tanh((rms(x[rows[i]], norm) headᵀ) / softcap) (no cap when softcap <= 0).
+  // x [T, H]; rows I32 [R]; norm [H]; head [V, H]; logits [R, V] F32.
+  virtual void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
+                       float softcap, Tensor& logits) = 0;
+
+  // ---- conveniences over the virtual memory functions ----
+  Tensor upload_f32(std::span<const float> host, std::vector<int64_t> shape);
+  Tensor upload_i32(std::span<const int32_t> host, std::vector<int64_t> shape);
+  std::vector<float> download_f32(const Tensor& tensor);  // F32 tensors only
+  std::vector<int32_t> download_i32(const Tensor& tensor);  // I32 tensors only
+  // The host-side batch description uploaded as an AttentionBatch. query_start has S+1 entries.
+  AttentionBatch make_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
+                                      std::vector<int32_t> seq_lens);
+};
+
+// Backends by device name ("cpu", "cuda"). The CPU backend is always there; others register a factory
+// (the CUDA library does so when it is linked in). An unknown or unavailable device is an Error that says
+// how to get it.
+using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+void register_backend(std::string name, BackendFactory factory);
+std::unique_ptr<Backend> create_backend(std::string_view device);
+
+// Checks used by every backend's ops: a clear Error naming the op and argument when a shape or dtype is wrong.
+void require_shape(const Tensor& tensor, const std::vector<int64_t>& shape, std::string_view op, std::string_view what);
+void require_dtype(const Tensor& tensor, DType dtype, std::string_view op, std::string_view what);
+
+}  // namespace beamline
