@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -61,5 +62,11 @@ struct ModelConfig {
   static ModelConfig load(const std::filesystem::path& path);
   nlohmann::json to_json() const;
 };
+
+// The layer_types used when config.json has none: "full_attention" at i % global_attention_every ==
+// global_attention_every - 1 and at the last layer, "sliding_attention" elsewhere (MODEL_FORMAT.md section 2).
+std::vector<LayerType> default_layer_types(int64_t num_hidden_layers, int64_t global_attention_every = 6);
+double default_residual_scale(int64_t num_hidden_layers);  // 1/sqrt(2*num_hidden_layers)
+std::string_view layer_type_name(LayerType type);           // "sliding_attention" / "full_attention"
 
 }  // namespace beamline
