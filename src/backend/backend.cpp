@@ -1,0 +1,121 @@
+#include "backend/backend.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <mutex>
+
+#include "backend/cpu/cpu_backend.h"
+#include "util/error.h"
+
+namespace beamline {
+
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  Tensor result = *this;
+  result.shape_ = std::move(shape);
+  require(result.numel() == numel(), "reshape of {} to {}: element counts differ", describe(*this),
+          shape_string(result.shape_));
+  return result;
+}
+
+std::string describe(const Tensor& tensor) {
+  return fmt::format("{}{}", dtype_name(tensor.dtype()), shape_string(tensor.shape()));
+}
+
+void require_shape(const Tensor& tensor, const std::vector<int64_t>& shape, std::string_view op,
+                   std::string_view what) {
+  require(tensor.defined(), "{}: {} is not allocated", op, what);
+  require(tensor.shape() == shape, "{}: {} has shape {}, expected {}", op, what, shape_string(tensor.shape()),
+          shape_string(shape));
+}
+
+void require_dtype(const Tensor& tensor, DType dtype, std::string_view op, std::string_view what) {
+  require(tensor.dtype() == dtype, "{}: {} is {}, expected {}", op, what, dtype_name(tensor.dtype()),
+          dtype_name(dtype));
+}
+
+Tensor Backend::upload_f32(std::span<const float> host, std::vector<int64_t> shape) {
+  Tensor tensor = upload(host.data(), DType::F32, std::move(shape));
+  require(static_cast<std::size_t>(tensor.numel()) == host.size(), "upload_f32: {} values for shape {}",
+          host.size(), shape_string(tensor.shape()));
+  return tensor;
+}
+
+Tensor Backend::upload_i32(std::span<const int32_t> host, std::vector<int64_t> shape) {
+  Tensor tensor = upload(host.data(), DType::I32, std::move(shape));
+  require(static_cast<std::size_t>(tensor.numel()) == host.size(), "upload_i32: {} values for shape {}",
+          host.size(), shape_string(tensor.shape()));
+  return tensor;
+}
+
+std::vector<float> Backend::download_f32(const Tensor& tensor) {
+  require_dtype(tensor, DType::F32, "download_f32", "tensor");
+  std::vector<float> host(static_cast<std::size_t>(tensor.numel()));
+  download(tensor, host.data());
+  return host;
+}
+
+std::vector<int32_t> Backend::download_i32(const Tensor& tensor) {
+  require_dtype(tensor, DType::I32, "download_i32", "tensor");
+  std::vector<int32_t> host(static_cast<std::size_t>(tensor.numel()));
+  download(tensor, host.data());
+  return host;
+}
+
+AttentionBatch Backend::make_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
+                                             std::vector<int32_t> seq_lens) {
+  require(query_start.size() == seq_lens.size() + 1, "attention batch: {} query starts for {} sequences",
+          query_start.size(), seq_lens.size());
+  require(query_start.front() == 0 && static_cast<std::size_t>(query_start.back()) == positions.size(),
+          "attention batch: query starts must run from 0 to the {} rows", positions.size());
+  AttentionBatch batch;
+  batch.host_row_sequence.resize(positions.size());
+  for (std::size_t s = 0; s < seq_lens.size(); ++s) {
+    require(query_start[s] <= query_start[s + 1], "attention batch: query starts decrease at sequence {}", s);
+    batch.max_query_len = std::max(batch.max_query_len, query_start[s + 1] - query_start[s]);
+    batch.max_seq_len = std::max(batch.max_seq_len, seq_lens[s]);
+    for (int32_t r = query_start[s]; r < query_start[s + 1]; ++r) {
+      require(positions[r] >= 0 && positions[r] < seq_lens[s],
+              "attention batch: row {} at position {} is outside its sequence of length {}", r, positions[r],
+              seq_lens[s]);
+      batch.host_row_sequence[r] = static_cast<int32_t>(s);
+    }
+  }
+  const auto rows = static_cast<int64_t>(positions.size());
+  const auto sequences = static_cast<int64_t>(seq_lens.size());
+  batch.positions = upload_i32(positions, {rows});
+  batch.row_sequence = upload_i32(batch.host_row_sequence, {rows});
+  batch.query_start = upload_i32(query_start, {sequences + 1});
+  batch.seq_lens = upload_i32(seq_lens, {sequences});
+  batch.host_positions = std::move(positions);
+  batch.host_query_start = std::move(query_start);
+  batch.host_seq_lens = std::move(seq_lens);
+  return batch;
+}
+
+namespace {
+std::mutex registry_mutex;
+std::map<std::string, BackendFactory, std::less<>>& registry() {
+  static std::map<std::string, BackendFactory, std::less<>> factories;
+  return factories;
+}
+}  // namespace
+
+void register_backend(std::string name, BackendFactory factory) {
+  std::lock_guard lock(registry_mutex);
+  registry()[std::move(name)] = std::move(factory);
+}
+
+std::unique_ptr<Backend> create_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  {
+    std::lock_guard lock(registry_mutex);
+    if (auto found = registry().find(device); found != registry().end()) return found->second();
+  }
+  if (device == "cuda")
+    fail("device 'cuda' is not available: this beamline was built without CUDA (configure with -DBEAMLINE_CUDA=ON)");
+  fail("unknown device '{}' (expected cpu or cuda)", device);
+}
+
+}  // namespace beamline

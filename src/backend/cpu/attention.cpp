@@ -1,0 +1,134 @@
+// Paged KV writes and paged attention on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace beamline {
+namespace {
+
+void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
+  require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
+          describe(pool.k));
+  require_shape(pool.v, pool.k.shape(), op, "v pool");
+  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
+          op, dtype_name(pool.k.dtype()));
+  require_dtype(pool.v, pool.k.dtype(), op, "v pool");
+  require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
+          pool.slots_per_block());
+}
+
+// Element offset of (block, slot, offset in block, kv head) in the pool.
+int64_t pool_offset(const PagedKvPool& pool, int32_t block, int32_t slot, int32_t in_block, int32_t kv_head) {
+  return ((((int64_t{block} * pool.slots_per_block() + slot) * pool.block_size() + in_block) * pool.num_kv_heads() +
+           kv_head) *
+          pool.head_dim());
+}
+
+int32_t block_of(const Tensor& block_table, int32_t sequence, int64_t position, int32_t block_size,
+                 std::string_view op) {
+  const int64_t index = position / block_size, width = block_table.dim(1);
+  require(index < width, "{}: position {} of sequence {} is past its block table ({} blocks of {})", op, position,
+          sequence, width, block_size);
+  return block_table.data<const int32_t>()[int64_t{sequence} * width + index];
+}
+
+}  // namespace
+
+void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
+                          const AttentionBatch& batch) {
+  check_pool(pool, slot, "write_kv");
+  const int64_t rows = batch.num_rows(), width = int64_t{pool.num_kv_heads()} * pool.head_dim();
+  require_shape(k, {rows, width}, "write_kv", "k");
+  require_shape(v, {rows, width}, "write_kv", "v");
+  require(block_table.rank() == 2 && block_table.dim(0) == batch.num_sequences(),
+          "write_kv: block table {} does not have one row per sequence ({})", describe(block_table),
+          batch.num_sequences());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t position = batch.host_positions[r], sequence = batch.host_row_sequence[r];
+    const int32_t block = block_of(block_table, sequence, position, pool.block_size(), "write_kv");
+    require(block >= 0 && block < pool.num_blocks(), "write_kv: row {} (position {}) maps to block {} of a pool of {}",
+            r, position, block, pool.num_blocks());
+    const int64_t offset = pool_offset(pool, block, slot, position % pool.block_size(), 0);
+    cpu::from_f32(k.data<const float>() + r * width, width, pool.k.dtype(), offset, pool.k.raw());
+    cpu::from_f32(v.data<const float>() + r * width, width, pool.v.dtype(), offset, pool.v.raw());
+  }
+}
+
+void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                 const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
+  check_pool(pool, params.slot, "paged_attention");
+  const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
+  require(kv_heads == pool.num_kv_heads() && dim == pool.head_dim(),
+          "paged_attention: params ({} kv heads x {}) do not match the pool ({} x {})", kv_heads, dim,
+          pool.num_kv_heads(), pool.head_dim());
+  require(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: {} query heads for {} kv heads", heads, kv_heads);
+  const int64_t rows = batch.num_rows();
+  require_shape(q, {rows, int64_t{heads} * dim}, "paged_attention", "q");
+  require_shape(out, q.shape(), "paged_attention", "out");
+  require(block_table.rank() == 2 && block_table.dim(0) == batch.num_sequences(),
+          "paged_attention: block table {} does not have one row per sequence ({})", describe(block_table),
+          batch.num_sequences());
+  const int32_t group = heads / kv_heads, block_size = pool.block_size();
+  const bool convert = pool.k.dtype() != DType::F32;
+
+  ThreadPool::global().parallel_for(static_cast<std::size_t>(rows * heads), [&](std::size_t begin, std::size_t end) {
+    thread_local std::vector<float> scores, accumulator, key, value;
+    accumulator.resize(static_cast<std::size_t>(dim));
+    key.resize(static_cast<std::size_t>(dim));
+    value.resize(static_cast<std::size_t>(dim));
+    for (std::size_t item = begin; item < end; ++item) {
+      const auto r = static_cast<int64_t>(item / static_cast<std::size_t>(heads));
+      const auto h = static_cast<int32_t>(item % static_cast<std::size_t>(heads));
+      const int32_t kv_head = h / group, sequence = batch.host_row_sequence[r];
+      const int64_t position = batch.host_positions[r];
+      const int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, position - params.sliding_window + 1) : 0;
+      const int64_t last = std::min<int64_t>(position, int64_t{batch.host_seq_lens[sequence]} - 1);
+      const float* query = q.data<const float>() + (r * heads + h) * dim;
+      float* result = out.data<float>() + (r * heads + h) * dim;
+      const auto count = static_cast<std::size_t>(std::max<int64_t>(0, last - first + 1));
+      scores.resize(count);
+      auto locate = [&](int64_t t) {
+        const int32_t block = block_of(block_table, sequence, t, block_size, "paged_attention");
+        require(block >= 0 && block < pool.num_blocks(),
+                "paged_attention: position {} of sequence {} is visible to position {} but its block is {}", t,
+                sequence, position, block);
+        return pool_offset(pool, block, params.slot, static_cast<int32_t>(t % block_size), kv_head);
+      };
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int64_t t = first; t <= last; ++t) {
+        const int64_t offset = locate(t);
+        const float* k = pool.k.data<const float>() + offset;
+        if (convert) {
+          cpu::to_f32(pool.k.raw(), pool.k.dtype(), offset, dim, key.data());
+          k = key.data();
+        }
+        const float score = params.scale * cpu::dot(query, k, dim);
+        scores[static_cast<std::size_t>(t - first)] = score;
+        max_score = std::max(max_score, score);
+      }
+      std::fill(accumulator.begin(), accumulator.end(), 0.0f);
+      float total = 0.0f;
+      for (int64_t t = first; t <= last; ++t) {
+        const float weight = std::exp(scores[static_cast<std::size_t>(t - first)] - max_score);
+        total += weight;
+        const int64_t offset = locate(t);
+        const float* v = pool.v.data<const float>() + offset;
+        if (convert) {
+          cpu::to_f32(pool.v.raw(), pool.v.dtype(), offset, dim, value.data());
+          v = value.data();
+        }
+        for (int32_t d = 0; d < dim; ++d) accumulator[d] += weight * v[d];
+      }
+      const float inverse = count > 0 ? 1.0f / total : 0.0f;
+      for (int32_t d = 0; d < dim; ++d) result[d] = accumulator[d] * inverse;
+    }
+  });
+}
+
+}  // namespace beamline

@@ -1,0 +1,28 @@
+#pragma once
+// Inner loops shared by the CPU backend's ops (internal to backend/cpu).
+#include <cstddef>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace beamline::cpu {
+
+// out[0..n) = elements [offset, offset + n) of an F32/F16/BF16 buffer, as F32.
+void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float* out);
+// Stores F32 values into an F32 or BF16 buffer at element `offset`.
+void from_f32(const float* values, int64_t n, DType dtype, int64_t offset, std::byte* data);
+
+// FP32 dot product; the summation order depends only on n, so a result never depends on batching.
+float dot(const float* a, const float* b, int64_t n);
+
+// y[t * y_stride + o] = x[t] · W[o] for t < rows, o < out, with W = weight [out, in] in its stored dtype and
+// x rows `in` floats apart. Threads over output rows (serially when called inside a pool chunk).
+void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride);
+
+// out = x / sqrt(mean(x²) + eps) * weight for one row of n values.
+void rms_row(const float* x, const Tensor& weight, float eps, int64_t n, float* out);
+
+inline float silu(float a) { return a / (1.0f + std::exp(-a)); }
+
+}  // namespace beamline::cpu

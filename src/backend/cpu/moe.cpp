@@ -1,0 +1,164 @@
+// The FP32 noaux_tc router, routed experts and the dense SwiGLU MLP on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kernels.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+namespace beamline {
+namespace {
+
+// The `count` indices of the largest values, largest first; equal values go to the lower index.
+std::vector<int32_t> top_indices(const std::vector<float>& values, int32_t count) {
+  std::vector<int32_t> order(values.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + count, order.end(), [&](int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  });
+  order.resize(static_cast<std::size_t>(count));
+  return order;
+}
+
+// SwiGLU over `rows` rows of x into y: y = down(silu(gate(x)) * up(x)).
+void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* y) {
+  const int64_t intermediate = mlp.gate.weight.dim(0), hidden = mlp.down.weight.dim(0);
+  std::vector<float> gate(static_cast<std::size_t>(rows * intermediate)), up(gate.size());
+  cpu::matmul_wt(x, rows, mlp.gate, gate.data(), intermediate);
+  cpu::matmul_wt(x, rows, mlp.up, up.data(), intermediate);
+  for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = cpu::silu(gate[i]) * up[i];
+  cpu::matmul_wt(gate.data(), rows, mlp.down, y, hidden);
+}
+
+void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
+  for (const Tensor* w : {&mlp.gate.weight, &mlp.up.weight, &mlp.down.weight}) {
+    require(w->defined() && w->rank() == 2, "{}: expert weight missing or not a matrix", op);
+    require(w->dtype() == DType::F32 || w->dtype() == DType::BF16 || w->dtype() == DType::F16,
+            "{}: expert weight is {}, expected F32, BF16 or F16", op, dtype_name(w->dtype()));
+  }
+  const int64_t intermediate = mlp.gate.weight.dim(0);
+  require_shape(mlp.gate.weight, {intermediate, hidden}, op, "gate");
+  require_shape(mlp.up.weight, {intermediate, hidden}, op, "up");
+  require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
+}
+
+}  // namespace
+
+void CpuBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
+                       Tensor& expert_ids, Tensor& expert_weights) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);
+  require_dtype(router, DType::F32, "route", "router");
+  require_dtype(bias, DType::F32, "route", "bias");
+  require_shape(router, {experts, hidden}, "route", "router");
+  require_shape(bias, {experts}, "route", "bias");
+  require(params.n_group > 0 && experts % params.n_group == 0, "route: {} experts do not split into {} groups", experts,
+          params.n_group);
+  const int64_t group_size = experts / params.n_group;
+  require(params.topk_group > 0 && params.topk_group <= params.n_group, "route: topk_group {} of {} groups",
+          params.topk_group, params.n_group);
+  require(params.top_k > 0 && params.top_k <= params.topk_group * group_size,
+          "route: top_k {} exceeds the {} experts of the kept groups", params.top_k, params.topk_group * group_size);
+  require_shape(expert_ids, {rows, params.top_k}, "route", "expert_ids");
+  require_shape(expert_weights, {rows, params.top_k}, "route", "expert_weights");
+  require_dtype(expert_ids, DType::I32, "route", "expert_ids");
+
+  ThreadPool::global().parallel_for(static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
+    std::vector<float> score(static_cast<std::size_t>(experts)), choice(score.size()),
+        group_score(static_cast<std::size_t>(params.n_group));
+    for (auto t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+      const float* x = h.data<const float>() + t * hidden;
+      for (int64_t e = 0; e < experts; ++e) {
+        const float logit = cpu::dot(x, router.data<const float>() + e * hidden, hidden);
+        score[e] = 1.0f / (1.0f + std::exp(-logit));
+        choice[e] = score[e] + bias.data<const float>()[e];
+      }
+      for (int32_t g = 0; g < params.n_group; ++g) {
+        std::vector<float> members(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
+        float sum = 0.0f;
+        for (int32_t index : top_indices(members, static_cast<int32_t>(std::min<int64_t>(2, group_size))))
+          sum += members[index];
+        group_score[g] = sum;
+      }
+      std::vector<bool> kept(static_cast<std::size_t>(params.n_group), false);
+      for (int32_t g : top_indices(group_score, params.topk_group)) kept[g] = true;
+      for (int64_t e = 0; e < experts; ++e)
+        if (!kept[e / group_size]) choice[e] = -std::numeric_limits<float>::infinity();
+      const std::vector<int32_t> selected = top_indices(choice, params.top_k);
+      float total = 0.0f;
+      for (int32_t e : selected) total += score[e];
+      int32_t* ids = expert_ids.data<int32_t>() + t * params.top_k;
+      float* weights = expert_weights.data<float>() + t * params.top_k;
+      for (int32_t j = 0; j < params.top_k; ++j) {
+        const float weight = params.norm_topk_prob ? score[selected[j]] / total : score[selected[j]];
+        ids[j] = selected[j];
+        weights[j] = weight * params.routed_scaling_factor;
+      }
+    }
+  });
+}
+
+void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                     Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  const auto experts = static_cast<int64_t>(moe.experts.size());
+  require_shape(expert_ids, {rows, top_k}, "moe", "expert_ids");
+  require_shape(expert_weights, {rows, top_k}, "moe", "expert_weights");
+  require_shape(out, h.shape(), "moe", "out");
+
+  // Rows of (token, j) per expert, in token order.
+  std::vector<std::vector<int64_t>> assigned(static_cast<std::size_t>(experts));
+  for (int64_t slot = 0; slot < rows * top_k; ++slot) {
+    const int32_t e = expert_ids.data<const int32_t>()[slot];
+    require(e >= 0 && e < experts, "moe: expert id {} at row {} outside the {} experts", e, slot / top_k, experts);
+    assigned[e].push_back(slot);
+  }
+  std::vector<int32_t> active;
+  for (int64_t e = 0; e < experts; ++e)
+    if (!assigned[e].empty()) {
+      check_swiglu(moe.experts[e], hidden, "moe");
+      active.push_back(static_cast<int32_t>(e));
+    }
+
+  // Each (token, j) gets its own output row, summed in j order afterwards, so results never depend on batching.
+  std::vector<float> contributions(static_cast<std::size_t>(rows * top_k * hidden));
+  auto run_expert = [&](int32_t e) {
+    const auto& slots = assigned[e];
+    const auto count = static_cast<int64_t>(slots.size());
+    std::vector<float> x(static_cast<std::size_t>(count * hidden)), y(x.size());
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(h.data<const float>() + slots[i] / top_k * hidden, hidden, x.data() + i * hidden);
+    swiglu_rows(x.data(), count, moe.experts[e], y.data());
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(y.data() + i * hidden, hidden, contributions.data() + slots[i] * hidden);
+  };
+  // Many experts: one per task. Few: one after another, each spreading its matrix products over the threads.
+  if (active.size() >= ThreadPool::global().size()) {
+    ThreadPool::global().parallel_for(active.size(), [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) run_expert(active[i]);
+    });
+  } else {
+    for (int32_t e : active) run_expert(e);
+  }
+  for (int64_t t = 0; t < rows; ++t) {
+    float* o = out.data<float>() + t * hidden;
+    std::fill_n(o, hidden, 0.0f);
+    for (int64_t j = 0; j < top_k; ++j) {
+      const float weight = expert_weights.data<const float>()[t * top_k + j];
+      const float* c = contributions.data() + (t * top_k + j) * hidden;
+      for (int64_t i = 0; i < hidden; ++i) o[i] += weight * c[i];
+    }
+  }
+}
+
+void CpuBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1);
+  check_swiglu(mlp, hidden, "swiglu");
+  require_shape(out, h.shape(), "swiglu", "out");
+  swiglu_rows(h.data<const float>(), rows, mlp, out.data<float>());
+}
+
+}  // namespace beamline

@@ -1,0 +1,198 @@
+#include "model/beam_model.h"
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+LinearTensors load_linear(Backend& backend, const LinearWeight& weight) {
+  LinearTensors tensors;
+  tensors.weight = backend.load_weight(weight.weight);
+  if (weight.scale.data) tensors.scale = backend.load_weight(weight.scale);
+  if (weight.scale_2.data) tensors.scale_2 = backend.load_weight(weight.scale_2);
+  return tensors;
+}
+
+SwigluTensors load_swiglu(Backend& backend, const ExpertWeights& weights) {
+  return {load_linear(backend, weights.gate_proj), load_linear(backend, weights.up_proj),
+          load_linear(backend, weights.down_proj)};
+}
+
+}  // namespace
+
+BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
+  const ModelConfig& config = weights_.config;
+  embed_tokens_ = backend_.load_weight(weights_.embed_tokens);
+  final_norm_ = backend_.load_weight(weights_.norm);
+  lm_head_ = load_linear(backend_, weights_.lm_head);
+  require(static_cast<int64_t>(weights_.layers.size()) == config.num_hidden_layers,
+          "model: {} layers of weights for num_hidden_layers {}", weights_.layers.size(), config.num_hidden_layers);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const LayerWeights& source = weights_.layers[static_cast<std::size_t>(i)];
+    Layer layer;
+    layer.input_norm = backend_.load_weight(source.input_layernorm);
+    layer.post_attention_norm = backend_.load_weight(source.post_attention_layernorm);
+    layer.pre_feedforward_norm = backend_.load_weight(source.pre_feedforward_layernorm);
+    layer.post_feedforward_norm = backend_.load_weight(source.post_feedforward_layernorm);
+    layer.q = load_linear(backend_, source.q_proj);
+    layer.k = load_linear(backend_, source.k_proj);
+    layer.v = load_linear(backend_, source.v_proj);
+    layer.o = load_linear(backend_, source.o_proj);
+    layer.sliding = config.layer_types.at(static_cast<std::size_t>(i)) == LayerType::Sliding;
+    layer.moe = config.is_moe_layer(i);
+    if (layer.moe) {
+      require(static_cast<int64_t>(source.experts.size()) == config.n_routed_experts,
+              "model: layer {} has {} experts, config says {}", i, source.experts.size(), config.n_routed_experts);
+      layer.experts.router = backend_.load_weight(source.router);
+      layer.experts.router_bias = backend_.load_weight(source.router_bias);
+      for (const ExpertWeights& expert : source.experts) layer.experts.experts.push_back(load_swiglu(backend_, expert));
+      backend_.prepare_moe(layer.experts);
+    } else {
+      require(source.mlp.has_value(), "model: dense layer {} has no mlp weights", i);
+      layer.mlp = load_swiglu(backend_, *source.mlp);
+    }
+    layers_.push_back(std::move(layer));
+  }
+}
+
+void BeamModel::validate(const ForwardBatch& batch, const KvCache& cache) const {
+  const ModelConfig& config = weights_.config;
+  const KvCacheLayout& layout = cache.layout();
+  require(!batch.tokens.empty(), "forward batch: no tokens");
+  require(!batch.sequences.empty(), "forward batch: no sequences");
+  require(static_cast<int64_t>(layout.layer_group.size()) == config.num_hidden_layers &&
+              layout.layer_slot.size() == layout.layer_group.size(),
+          "forward batch: the KV layout covers {} layers, the model has {}", layout.layer_group.size(),
+          config.num_hidden_layers);
+  for (std::size_t i = 0; i < batch.tokens.size(); ++i)
+    require(batch.tokens[i] >= 0 && batch.tokens[i] < config.vocab_size,
+            "forward batch: token id {} at row {} is outside the vocabulary of {}", batch.tokens[i], i,
+            config.vocab_size);
+  int32_t expected_begin = 0;
+  for (std::size_t s = 0; s < batch.sequences.size(); ++s) {
+    const SequenceSlice& sequence = batch.sequences[s];
+    require(sequence.token_begin == expected_begin && sequence.token_end > sequence.token_begin,
+            "forward batch: sequence {} covers rows [{}, {}); expected a non-empty range starting at row {}", s,
+            sequence.token_begin, sequence.token_end, expected_begin);
+    expected_begin = sequence.token_end;
+    require(sequence.context_begin >= 0, "forward batch: sequence {} has context_begin {}", s, sequence.context_begin);
+    require(static_cast<int32_t>(sequence.block_tables.size()) == layout.num_groups(),
+            "forward batch: sequence {} has {} block tables for {} KV groups", s, sequence.block_tables.size(),
+            layout.num_groups());
+    const int64_t length = int64_t{sequence.context_begin} + sequence.token_end - sequence.token_begin;
+    for (std::size_t g = 0; g < sequence.block_tables.size(); ++g) {
+      const auto& table = sequence.block_tables[g];
+      require(static_cast<int64_t>(table.size()) * layout.block_size >= length,
+              "forward batch: block table {} of sequence {} covers {} positions, needs {}", g, s,
+              table.size() * static_cast<std::size_t>(layout.block_size), length);
+      for (int32_t block : table)
+        require(block == kNullBlock || (block >= 0 && block < layout.num_blocks),
+                "forward batch: block table {} of sequence {} names block {} of a pool of {}", g, s, block,
+                layout.num_blocks);
+    }
+  }
+  require(expected_begin == static_cast<int32_t>(batch.tokens.size()),
+          "forward batch: the sequences cover {} rows of {} tokens", expected_begin, batch.tokens.size());
+  require(!batch.logit_rows.empty(), "forward batch: no logit rows requested");
+  for (int32_t row : batch.logit_rows)
+    require(row >= 0 && row < static_cast<int32_t>(batch.tokens.size()),
+            "forward batch: logit row {} is outside the {} tokens", row, batch.tokens.size());
+}
+
+Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
+  validate(batch, cache);
+  const ModelConfig& config = weights_.config;
+  const KvCacheLayout& layout = cache.layout();
+  const auto rows = static_cast<int64_t>(batch.tokens.size());
+  const auto sequences = static_cast<int64_t>(batch.sequences.size());
+  const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
+                head_dim = config.head_dim;
+  const auto eps = static_cast<float>(config.rms_norm_eps);
+  const auto residual_scale = static_cast<float>(config.residual_scale);
+
+  std::vector<int32_t> positions, query_start{0}, seq_lens;
+  for (const SequenceSlice& sequence : batch.sequences) {
+    for (int32_t r = sequence.token_begin; r < sequence.token_end; ++r)
+      positions.push_back(sequence.context_begin + (r - sequence.token_begin));
+    query_start.push_back(sequence.token_end);
+    seq_lens.push_back(sequence.context_begin + (sequence.token_end - sequence.token_begin));
+  }
+  const AttentionBatch attention_batch =
+      backend_.make_attention_batch(std::move(positions), std::move(query_start), std::move(seq_lens));
+  std::vector<Tensor> block_tables;
+  for (int32_t group = 0; group < layout.num_groups(); ++group) {
+    std::size_t width = 1;
+    for (const SequenceSlice& sequence : batch.sequences) width = std::max(width, sequence.block_tables[group].size());
+    std::vector<int32_t> table(static_cast<std::size_t>(sequences) * width, kNullBlock);
+    for (std::size_t s = 0; s < batch.sequences.size(); ++s)
+      std::copy(batch.sequences[s].block_tables[group].begin(), batch.sequences[s].block_tables[group].end(),
+                table.begin() + static_cast<std::ptrdiff_t>(s * width));
+    block_tables.push_back(backend_.upload_i32(table, {sequences, static_cast<int64_t>(width)}));
+  }
+
+  const Tensor tokens = backend_.upload_i32(batch.tokens, {rows});
+  Tensor x = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor h = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor branch = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor q = backend_.alloc(DType::F32, {rows, heads * head_dim});
+  Tensor attention = backend_.alloc(DType::F32, {rows, heads * head_dim});
+  Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
+  Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
+  Tensor expert_ids, expert_weights;
+  if (config.n_routed_experts > 0 && config.first_k_dense_replace < config.num_hidden_layers) {
+    expert_ids = backend_.alloc(DType::I32, {rows, config.num_experts_per_tok});
+    expert_weights = backend_.alloc(DType::F32, {rows, config.num_experts_per_tok});
+  }
+  const RouterParams router{static_cast<int32_t>(config.n_group), static_cast<int32_t>(config.topk_group),
+                            static_cast<int32_t>(config.num_experts_per_tok), config.norm_topk_prob,
+                            static_cast<float>(config.routed_scaling_factor)};
+
+  backend_.embedding(embed_tokens_, tokens, x);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = layers_[i];
+    backend_.rms_norm(x, layer.input_norm, eps, h);
+    backend_.linear(h, layer.q, q);
+    backend_.linear(h, layer.k, k);
+    backend_.linear(h, layer.v, v);
+    if (layer.sliding) {
+      const auto theta = static_cast<float>(config.rope_theta);
+      backend_.rope(q, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
+      backend_.rope(k, attention_batch.positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
+    } else {
+      backend_.ssmax_scale(q, attention_batch.positions, static_cast<float>(config.ssmax_base),
+                           static_cast<float>(config.ssmax_exponent));
+    }
+    const Tensor& table = block_tables[static_cast<std::size_t>(layout.layer_group[i])];
+    AttentionParams params;
+    params.num_heads = static_cast<int32_t>(heads);
+    params.num_kv_heads = static_cast<int32_t>(kv_heads);
+    params.head_dim = static_cast<int32_t>(head_dim);
+    params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+    params.sliding_window = layer.sliding ? static_cast<int32_t>(config.sliding_window) : 0;
+    params.slot = layout.layer_slot[i];
+    backend_.write_kv(k, v, cache.pool(), params.slot, table, attention_batch);
+    backend_.paged_attention(q, cache.pool(), table, attention_batch, params, attention);
+    backend_.linear(attention, layer.o, branch);
+    backend_.add_rms_norm(x, branch, layer.post_attention_norm, eps, residual_scale);
+
+    backend_.rms_norm(x, layer.pre_feedforward_norm, eps, h);
+    if (layer.moe) {
+      backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
+      backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
+    } else {
+      backend_.swiglu(h, layer.mlp, branch);
+    }
+    backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+  }
+
+  const auto selected = static_cast<int64_t>(batch.logit_rows.size());
+  const Tensor logit_rows = backend_.upload_i32(batch.logit_rows, {selected});
+  Tensor logits = backend_.alloc(DType::F32, {selected, config.vocab_size});
+  backend_.lm_head(x, logit_rows, final_norm_, eps, lm_head_, static_cast<float>(config.final_logit_softcapping),
+                   logits);
+  return logits;
+}
+
+}  // namespace beamline
