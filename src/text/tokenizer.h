@@ -21,6 +21,8 @@ class Tokenizer {
   virtual std::vector<TokenId> encode(std::string_view text, bool allow_special = false) const = 0;
   // Raw bytes of the tokens (may be invalid UTF-8 when a character is split); throws on an unknown id.
   virtual std::string decode_bytes(const std::vector<TokenId>& ids) const = 0;
+  // Raw bytes of one token (a special token's text for a special); throws on an unknown id.
+  virtual std::string_view token_bytes(TokenId id) const = 0;
   // decode_bytes with invalid UTF-8 replaced by U+FFFD.
   std::string decode(const std::vector<TokenId>& ids) const;
 
