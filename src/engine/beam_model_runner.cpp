@@ -1,0 +1,46 @@
+#include "engine/beam_model_runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include "util/error.h"
+
+namespace beamline {
+
+BeamModelRunner::BeamModelRunner(const std::filesystem::path& model_dir, std::string_view device,
+                                 const EngineConfig& config, DType kv_dtype)
+    : backend_(create_backend(device)) {
+  config.validate();
+  const BeamWeights weights = BeamWeights::load(model_dir);
+  model_ = std::make_unique<BeamModel>(weights, *backend_);
+  const ModelConfig& model_config = model_->config();
+  const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
+
+  // The size of one block, measured on a one-block pool rather than restating the storage layout here.
+  bytes_per_block_ = static_cast<int64_t>(
+      KvCache(*backend_, model_config, make_kv_cache_layout(model_config, block_size, 1), kv_dtype).bytes());
+  int64_t budget = 0;
+  if (backend_->device() == Device::Cpu) {
+    budget = kv_cache_budget_bytes(config, kCpuKvCacheDefaultBytes, 0);
+  } else {
+    require(config.kv_cache_memory_bytes > 0,
+            "--kv-cache-memory is needed on the {} backend (it does not report its free memory yet)", backend_->name());
+    budget = config.kv_cache_memory_bytes;
+  }
+  const int64_t num_blocks = budget / bytes_per_block_;
+  require(num_blocks >= 1 && num_blocks <= INT32_MAX,
+          "a KV budget of {} bytes gives {} blocks of {} bytes; set --kv-cache-memory or --gpu-memory-utilization",
+          budget, num_blocks, bytes_per_block_);
+  cache_ = std::make_unique<KvCache>(*backend_, model_config,
+                                     make_kv_cache_layout(model_config, block_size, static_cast<int32_t>(num_blocks)),
+                                     kv_dtype);
+  spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each) on {}",
+               static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
+               bytes_per_block_, backend_->name());
+}
+
+std::vector<float> BeamModelRunner::forward(const ForwardBatch& batch) {
+  const Tensor logits = model_->forward(batch, *cache_);
+  return backend_->download_f32(logits);
+}
+
+}  // namespace beamline

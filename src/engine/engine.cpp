@@ -1,0 +1,117 @@
+#include "engine/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include "engine/engine_core.h"
+
+namespace beamline {
+
+Engine::Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner, std::shared_ptr<const Tokenizer> tokenizer,
+               std::vector<TokenId> eos_token_ids)
+    : config_(resolve_engine_config(config, *runner)),
+      vocab_size_(runner->vocab_size()),
+      tokenizer_(std::move(tokenizer)),
+      runner_(std::move(runner)) {
+  core_ = std::make_unique<EngineCore>(config_, *runner_, tokenizer_.get(), std::move(eos_token_ids));
+  stats_ = core_->stats();
+  const KvCacheLayout& layout = runner_->kv_layout();
+  spdlog::info(
+      "KV cache: {} blocks of {} tokens ({:.1f} MiB, {} KV groups, {} sliding); {} tokens of full-attention context "
+      "fit, {} sequences of --max-model-len {} at once; prefix caching {}",
+      layout.num_blocks, layout.block_size, static_cast<double>(stats_.kv_cache_bytes) / (1 << 20), layout.num_groups(),
+      std::count(layout.group_is_sliding.begin(), layout.group_is_sliding.end(), true), stats_.kv_token_capacity,
+      layout.num_blocks / core_->kv().max_blocks_for_sequence(config_.max_model_len, config_.max_num_batched_tokens),
+      config_.max_model_len, config_.enable_prefix_caching ? "on" : "off");
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(ShutdownMode::Abort); }
+
+std::shared_ptr<OutputStream> Engine::add_request(GenerationRequest request) {
+  validate_request(request, RequestLimits{config_.max_model_len, vocab_size_, config_.max_logprobs, tokenizer_ != nullptr});
+  auto stream = std::make_shared<OutputStream>(request.request_id);
+  {
+    std::lock_guard lock(inbox_mutex_);
+    require(accepting_, "the engine is shutting down and takes no new requests");
+    if (!in_flight_ids_.insert(request.request_id).second) {
+      throw InvalidRequest("request_id", fmt::format("request id '{}' is already in flight", request.request_id));
+    }
+    new_requests_.emplace_back(std::move(request), stream);
+  }
+  inbox_ready_.notify_one();
+  return stream;
+}
+
+void Engine::abort(const std::string& request_id) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    aborts_.push_back(request_id);
+  }
+  inbox_ready_.notify_one();
+}
+
+void Engine::shutdown(ShutdownMode mode) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    accepting_ = false;
+    if (!stopping_ || mode == ShutdownMode::Abort) shutdown_mode_ = mode;
+    stopping_ = true;
+  }
+  inbox_ready_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+void Engine::loop() {
+  for (;;) {
+    std::vector<std::pair<GenerationRequest, std::shared_ptr<OutputStream>>> arrivals;
+    std::vector<std::string> aborts;
+    bool stopping = false;
+    ShutdownMode mode = ShutdownMode::Drain;
+    {
+      std::unique_lock lock(inbox_mutex_);
+      inbox_ready_.wait(lock, [&] { return stopping_ || !new_requests_.empty() || !aborts_.empty() || core_->has_work(); });
+      arrivals.swap(new_requests_);
+      aborts.swap(aborts_);
+      stopping = stopping_;
+      mode = shutdown_mode_;
+    }
+    for (auto& [request, stream] : arrivals) core_->add_request(std::move(request), std::move(stream));
+    for (const std::string& id : aborts) core_->abort_request(id);
+    if (stopping && mode == ShutdownMode::Abort) core_->abort_all();
+
+    std::vector<std::string> ended;
+    if (core_->has_work()) ended = core_->step();
+    {
+      std::lock_guard lock(stats_mutex_);
+      stats_ = core_->stats();
+    }
+    {
+      std::lock_guard lock(inbox_mutex_);
+      for (const std::string& id : ended) in_flight_ids_.erase(id);
+      for (const std::string& id : aborts) in_flight_ids_.erase(id);
+      if (stopping && mode == ShutdownMode::Abort) in_flight_ids_.clear();
+      if (stopping_ && !core_->has_work() && new_requests_.empty()) return;
+    }
+  }
+}
+
+RequestOutput collect_output(OutputStream& stream) {
+  RequestOutput result;
+  bool first = true;
+  while (auto event = stream.next()) {
+    if (first) {
+      result = std::move(*event);
+      first = false;
+    } else {
+      merge_output(result, std::move(*event));
+    }
+  }
+  return result;
+}
+
+}  // namespace beamline

@@ -1,0 +1,89 @@
+#include "engine/engine_config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cctype>
+#include <charconv>
+#include <string>
+
+#include "util/error.h"
+
+namespace beamline {
+
+void EngineConfig::validate() const {
+  require(max_num_seqs >= 1, "--max-num-seqs must be at least 1 (got {})", max_num_seqs);
+  require(max_num_batched_tokens >= max_num_seqs,
+          "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({}): every running sequence needs a "
+          "token of each step's budget",
+          max_num_batched_tokens, max_num_seqs);
+  require(max_model_len >= 0, "--max-model-len must be positive (got {})", max_model_len);
+  require(block_size == 0 || (block_size > 0 && 512 % block_size == 0),
+          "--block-size must divide 512 (got {})", block_size);
+  require(kv_cache_memory_bytes >= 0, "--kv-cache-memory must not be negative (got {})", kv_cache_memory_bytes);
+  require(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1,
+          "--gpu-memory-utilization must be in (0, 1] (got {})", gpu_memory_utilization);
+  require(max_logprobs >= 0, "--max-logprobs must not be negative (got {})", max_logprobs);
+}
+
+int64_t parse_byte_size(std::string_view text, std::string_view flag) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  int64_t value = 0;
+  const auto parsed = std::from_chars(text.data(), text.data() + digits, value);
+  require(digits > 0 && parsed.ec == std::errc(), "{}: '{}' is not a byte count (e.g. 4294967296, 512MiB, 4G)", flag,
+          text);
+  std::string suffix;
+  for (char c : text.substr(digits)) {
+    if (c != ' ') suffix.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(c))));
+  }
+  if (suffix.ends_with("IB")) suffix.erase(suffix.size() - 2);
+  else if (suffix.size() == 2 && suffix.back() == 'B') suffix.pop_back();
+  else if (suffix == "B") suffix.clear();
+  int shift = 0;
+  if (suffix == "K") shift = 10;
+  else if (suffix == "M") shift = 20;
+  else if (suffix == "G") shift = 30;
+  else if (suffix == "T") shift = 40;
+  else require(suffix.empty(), "{}: unknown unit in '{}' (use K, M, G or T)", flag, text);
+  require(value <= (INT64_MAX >> shift), "{}: '{}' is too large", flag, text);
+  return value << shift;
+}
+
+int64_t kv_cache_budget_bytes(const EngineConfig& config, int64_t device_bytes, int64_t used_bytes) {
+  if (config.kv_cache_memory_bytes > 0) return config.kv_cache_memory_bytes;
+  const auto budget = static_cast<int64_t>(config.gpu_memory_utilization * static_cast<double>(device_bytes)) - used_bytes;
+  require(budget > 0,
+          "--gpu-memory-utilization {} of {} bytes leaves no room for the KV cache ({} bytes already used); raise it "
+          "or pass --kv-cache-memory",
+          config.gpu_memory_utilization, device_bytes, used_bytes);
+  return budget;
+}
+
+void add_engine_options(CLI::App& command, EngineConfig& config) {
+  command.add_option("--max-num-seqs", config.max_num_seqs, "Most sequences running at once")
+      ->capture_default_str();
+  command.add_option("--max-num-batched-tokens", config.max_num_batched_tokens,
+                     "Token budget of one forward step (chunked prefill splits longer prompts)")
+      ->capture_default_str();
+  command.add_option("--max-model-len", config.max_model_len,
+                     "Longest prompt + output in tokens (default: the model's max_position_embeddings)");
+  command.add_option("--block-size", config.block_size,
+                     "Tokens per KV block, a divisor of 512 (default: 16, or what divides the sliding window)");
+  command.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", config.enable_prefix_caching,
+                   "Reuse the KV of cached prompt prefixes (default on)");
+  command
+      .add_option_function<std::string>(
+          "--kv-cache-memory,--kv-cache-memory-bytes",
+          [&config](const std::string& text) { config.kv_cache_memory_bytes = parse_byte_size(text, "--kv-cache-memory"); },
+          "KV cache size in bytes (suffixes K, M, G, T allowed); overrides --gpu-memory-utilization")
+      ->type_name("BYTES");
+  command.add_option("--gpu-memory-utilization", config.gpu_memory_utilization,
+                     "Fraction of device memory for weights and KV cache; on the CPU backend the KV cache gets this "
+                     "fraction of 4 GiB")
+      ->capture_default_str();
+  command.add_option("--seed", config.seed, "Random seed for requests that do not set one")->capture_default_str();
+  command.add_option("--max-logprobs", config.max_logprobs, "Largest top_logprobs / logprobs a request may ask for")
+      ->capture_default_str();
+}
+
+}  // namespace beamline

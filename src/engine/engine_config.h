@@ -1,0 +1,41 @@
+#pragma once
+// Engine options, shared by every command that runs the engine (serve, bench). Flag names follow vLLM's.
+#include <cstdint>
+#include <string_view>
+
+namespace CLI {
+class App;
+}
+
+namespace beamline {
+
+// The KV budget of --gpu-memory-utilization on the CPU backend: that fraction of this many bytes
+// (vLLM's CPU backend default KV space).
+inline constexpr int64_t kCpuKvCacheDefaultBytes = int64_t{4} << 30;
+
+struct EngineConfig {
+  int32_t max_num_seqs = 256;             // --max-num-seqs: sequences running at once
+  int32_t max_num_batched_tokens = 8192;  // --max-num-batched-tokens: tokens per forward step
+  int64_t max_model_len = 0;              // --max-model-len: prompt + output; 0 = the model's max_position_embeddings
+  int32_t block_size = 0;                 // --block-size: tokens per KV block; 0 = the model's default
+  bool enable_prefix_caching = true;      // --enable-prefix-caching / --no-enable-prefix-caching
+  int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory: KV budget in bytes; 0 = use the fraction
+  double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
+  uint64_t seed = 0;                      // --seed: for requests without their own seed
+  int32_t max_logprobs = 20;              // --max-logprobs: top_logprobs limit per token
+
+  // Throws beamline::Error naming the flag of the first bad value.
+  void validate() const;
+};
+
+// Registers the flags above on `command`, writing into `config`.
+void add_engine_options(CLI::App& command, EngineConfig& config);
+
+// Parses a byte count: a plain integer or one with a K/M/G/T suffix (powers of 1024; "KiB", "GB" etc. too).
+int64_t parse_byte_size(std::string_view text, std::string_view flag);
+
+// The KV cache budget in bytes: --kv-cache-memory when given, else gpu_memory_utilization times the
+// device's memory (`device_bytes`) less what is already used there (`used_bytes`).
+int64_t kv_cache_budget_bytes(const EngineConfig& config, int64_t device_bytes, int64_t used_bytes);
+
+}  // namespace beamline

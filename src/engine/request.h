@@ -1,0 +1,46 @@
+#pragma once
+// A generation request as the engine takes it, and the error for a bad one.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace beamline {
+
+struct GenerationRequest {
+  std::string request_id;               // unique among in-flight requests
+  std::vector<TokenId> prompt;          // at least one token
+  SamplingParams sampling;
+  std::string cache_salt;               // prefix-cache isolation key: only equal salts share cached blocks
+  bool detokenize = true;               // produce text deltas (needs the engine's tokenizer)
+};
+
+// A request the engine refuses; `param` names the offending field (OpenAI's error.param).
+class InvalidRequest : public Error {
+ public:
+  InvalidRequest(std::string param, const std::string& message) : Error(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+struct RequestLimits {
+  int64_t max_model_len = 0;
+  int32_t vocab_size = 0;
+  int32_t max_logprobs = 0;
+  bool has_tokenizer = false;
+};
+
+// Throws InvalidRequest naming the field: empty prompt or ids outside the vocabulary ("prompt"), prompt plus
+// max_tokens over max_model_len ("max_tokens", or "prompt" when the prompt alone is too long), text output or
+// stop strings without a tokenizer, and every check of validate_sampling_params.
+void validate_request(const GenerationRequest& request, const RequestLimits& limits);
+
+// max_tokens, or what is left of the context after the prompt.
+int32_t effective_max_tokens(const GenerationRequest& request, int64_t max_model_len);
+
+}  // namespace beamline

@@ -1,0 +1,80 @@
+#include "engine/request_output.h"
+
+#include <algorithm>
+
+namespace beamline {
+
+std::string_view to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+    case FinishReason::Error: return "error";
+  }
+  return "error";
+}
+
+void merge_output(RequestOutput& earlier, RequestOutput&& later) {
+  for (SampleOutput& sample : later.samples) {
+    auto it = std::find_if(earlier.samples.begin(), earlier.samples.end(),
+                           [&](const SampleOutput& s) { return s.index == sample.index; });
+    if (it == earlier.samples.end()) {
+      earlier.samples.push_back(std::move(sample));
+      continue;
+    }
+    it->token_ids.insert(it->token_ids.end(), sample.token_ids.begin(), sample.token_ids.end());
+    it->text += sample.text;
+    std::move(sample.logprobs.begin(), sample.logprobs.end(), std::back_inserter(it->logprobs));
+    if (sample.finish_reason) {
+      it->finish_reason = sample.finish_reason;
+      it->stop_reason = std::move(sample.stop_reason);
+    }
+  }
+  std::sort(earlier.samples.begin(), earlier.samples.end(),
+            [](const SampleOutput& a, const SampleOutput& b) { return a.index < b.index; });
+  earlier.finished = later.finished;
+  earlier.usage = later.usage;
+  if (later.error) earlier.error = std::move(later.error);
+  if (later.finished) earlier.metrics = later.metrics;
+}
+
+void OutputStream::push(RequestOutput output) {
+  {
+    std::lock_guard lock(mutex_);
+    pending_.push_back(std::move(output));
+  }
+  ready_.notify_all();
+}
+
+std::optional<RequestOutput> OutputStream::take_locked() {
+  if (pending_.empty()) return std::nullopt;
+  RequestOutput merged = std::move(pending_.front());
+  pending_.pop_front();
+  while (!pending_.empty()) {
+    merge_output(merged, std::move(pending_.front()));
+    pending_.pop_front();
+  }
+  if (merged.finished) done_ = true;
+  return merged;
+}
+
+std::optional<RequestOutput> OutputStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (done_) return std::nullopt;
+  ready_.wait_for(lock, timeout, [&] { return !pending_.empty(); });
+  return take_locked();
+}
+
+std::optional<RequestOutput> OutputStream::next() {
+  std::unique_lock lock(mutex_);
+  if (done_) return std::nullopt;
+  ready_.wait(lock, [&] { return !pending_.empty(); });
+  return take_locked();
+}
+
+bool OutputStream::done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+}  // namespace beamline

@@ -1,0 +1,91 @@
+#pragma once
+// What the engine thread hands back for one request: a stream of events, read by the HTTP thread.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "text/tokenizer.h"
+
+namespace beamline {
+
+enum class FinishReason { Stop, Length, Abort, Error };
+std::string_view to_string(FinishReason reason);  // "stop", "length", "abort", "error"
+
+// Raw log-softmax of the soft-capped logits (before penalties, bias, temperature and truncation).
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 1;                                // 1 = the most likely token
+  std::vector<std::pair<TokenId, float>> top;      // the `logprobs` most likely tokens, best first
+};
+
+// Progress of one of the n samples since the previous event.
+struct SampleOutput {
+  int32_t index = 0;
+  std::vector<TokenId> token_ids;
+  std::string text;                                // new text; stop strings (and text that may still turn
+                                                   // into one) are held back
+  std::vector<TokenLogprob> logprobs;              // one per new token, when the request asked
+  std::optional<FinishReason> finish_reason;       // set once, on the sample's last event
+  std::variant<std::monostate, TokenId, std::string> stop_reason;  // the stop token id or stop string met
+};
+
+struct Usage {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;                   // over all samples
+  int32_t cached_tokens = 0;                       // prompt tokens served from the prefix cache
+};
+
+struct RequestMetrics {
+  double queue_seconds = 0;                        // arrival to first scheduled
+  double time_to_first_token_seconds = 0;
+  double e2e_seconds = 0;
+  int32_t preemptions = 0;
+  int64_t kv_hybrid_saved_bytes = 0;               // at the end, against keeping every layer's KV (summed over samples)
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<SampleOutput> samples;               // the samples that progressed, by index
+  bool finished = false;                           // every sample is done: the stream's last event
+  Usage usage;
+  std::optional<std::string> error;                // what failed, with FinishReason::Error
+  RequestMetrics metrics;                          // filled on the last event
+};
+
+// Single producer (the engine thread), single consumer (the request's HTTP thread).
+class OutputStream {
+ public:
+  explicit OutputStream(std::string request_id) : request_id_(std::move(request_id)) {}
+  const std::string& request_id() const { return request_id_; }
+
+  // Everything that arrived since the last call, merged into one event (a slow reader gets larger
+  // deltas, never lost ones). Waits up to `timeout`; nullopt on timeout and after the final event.
+  std::optional<RequestOutput> next(std::chrono::milliseconds timeout);
+  std::optional<RequestOutput> next();  // waits until something arrives or the stream is done
+  bool done() const;                    // the final event was taken
+
+  void push(RequestOutput output);      // engine side
+
+ private:
+  std::optional<RequestOutput> take_locked();
+
+  const std::string request_id_;
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<RequestOutput> pending_;
+  bool done_ = false;
+};
+
+// Merges `later` into `earlier` (concatenating tokens, text and logprobs per sample index).
+void merge_output(RequestOutput& earlier, RequestOutput&& later);
+
+}  // namespace beamline

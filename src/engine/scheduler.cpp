@@ -1,0 +1,128 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace beamline {
+
+Scheduler::Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv) : config_(config), kv_(kv) {
+  require(config.max_num_seqs >= 1 && config.max_num_batched_tokens >= config.max_num_seqs,
+          "scheduler: max_num_batched_tokens ({}) must be at least max_num_seqs ({}) >= 1",
+          config.max_num_batched_tokens, config.max_num_seqs);
+}
+
+void Scheduler::add(Sequence* sequence) {
+  require(sequence->num_tokens() > 0, "scheduler: sequence {} has no tokens", sequence->id);
+  waiting_.push_back(sequence);
+}
+
+void Scheduler::remove(Sequence* sequence) {
+  std::erase(running_, sequence);
+  std::erase(waiting_, sequence);
+  kv_.free(sequence->id);
+}
+
+void Scheduler::preempt(Sequence* victim, StepPlan& plan, int32_t& budget) {
+  auto scheduled = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
+                                [&](const ScheduledSequence& s) { return s.sequence == victim; });
+  if (scheduled != plan.scheduled.end()) {
+    budget += scheduled->num_new_tokens;
+    plan.scheduled.erase(scheduled);
+  }
+  std::erase(running_, victim);
+  kv_.free(victim->id);
+  victim->num_computed_tokens = 0;
+  ++victim->num_preemptions;
+  ++num_preemptions_;
+  // Victims go newest first, so pushing each to the front keeps the queue in arrival order.
+  waiting_.push_front(victim);
+  plan.preempted.push_back(victim);
+}
+
+bool Scheduler::admissible(const Sequence& sequence) const {
+  return sequence.prompt_leader == nullptr || sequence.prompt_leader->prompt_computed;
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = config_.max_num_batched_tokens;
+
+  // Decoding sequences first, then prefill chunks of running ones, each pass in arrival order.
+  for (const bool decode_pass : {true, false}) {
+    for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* sequence = running_[i];
+      const int32_t remaining = sequence->num_tokens() - sequence->num_computed_tokens;
+      if ((remaining == 1) != decode_pass || remaining <= 0) continue;
+      const int32_t num_new = std::min(remaining, budget);
+      bool preempted_self = false;
+      while (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, sequence->num_computed_tokens,
+                           num_new)) {
+        Sequence* victim = running_.back();
+        preempt(victim, plan, budget);
+        if (victim == sequence) {
+          preempted_self = true;
+          break;
+        }
+      }
+      if (preempted_self) break;  // every later arrival is already preempted
+      plan.scheduled.push_back({sequence, num_new, -1});
+      budget -= num_new;
+    }
+  }
+
+  if (plan.preempted.empty()) {
+    while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
+      Sequence* sequence = waiting_.front();
+      if (!admissible(*sequence)) break;
+      const kv::PrefixHit hit =
+          kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
+      const int32_t num_new = std::min(sequence->num_tokens() - hit.num_tokens, budget);
+      if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new, &hit)) {
+        break;
+      }
+      if (!sequence->admitted) {
+        sequence->admitted = true;
+        sequence->num_cached_tokens = std::min(hit.num_tokens, sequence->num_prompt_tokens);
+      }
+      sequence->num_computed_tokens = hit.num_tokens;
+      waiting_.pop_front();
+      running_.push_back(sequence);
+      plan.scheduled.push_back({sequence, num_new, -1});
+      budget -= num_new;
+    }
+  }
+  build_batch(plan);
+  return plan;
+}
+
+void Scheduler::build_batch(StepPlan& plan) const {
+  ForwardBatch& batch = plan.batch;
+  batch.sequences.reserve(plan.scheduled.size());
+  for (ScheduledSequence& scheduled : plan.scheduled) {
+    const Sequence& sequence = *scheduled.sequence;
+    SequenceSlice slice;
+    slice.token_begin = static_cast<int32_t>(batch.tokens.size());
+    const auto first = sequence.tokens.begin() + sequence.num_computed_tokens;
+    batch.tokens.insert(batch.tokens.end(), first, first + scheduled.num_new_tokens);
+    slice.token_end = static_cast<int32_t>(batch.tokens.size());
+    slice.context_begin = sequence.num_computed_tokens;
+    slice.block_tables = kv_.block_tables(sequence.id);
+    batch.sequences.push_back(std::move(slice));
+    if (sequence.num_computed_tokens + scheduled.num_new_tokens == sequence.num_tokens()) {
+      scheduled.logit_index = static_cast<int32_t>(batch.logit_rows.size());
+      batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+    }
+  }
+}
+
+void Scheduler::complete(const StepPlan& plan) {
+  for (const ScheduledSequence& scheduled : plan.scheduled) {
+    Sequence& sequence = *scheduled.sequence;
+    sequence.num_computed_tokens += scheduled.num_new_tokens;
+    kv_.commit(sequence.id, sequence.token_span(), sequence.num_computed_tokens);
+    if (sequence.num_computed_tokens >= sequence.num_prompt_tokens) sequence.prompt_computed = true;
+  }
+}
+
+}  // namespace beamline

@@ -1,0 +1,65 @@
+#pragma once
+// Continuous batching over the hybrid paged KV cache (vLLM v1's scheduler design). Each step spends a token
+// budget: first one token for every running sequence that is decoding, then prompt chunks of running
+// sequences still in prefill, then new sequences from the waiting queue in arrival order (FCFS: the head
+// is never skipped, so nothing starves). Prompts longer than what is left of the budget are chunked.
+// When the pool runs out of blocks, the most recently arrived running sequence is preempted: its blocks
+// are freed (the hashed ones stay in the prefix cache) and it is recomputed when readmitted.
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/sequence.h"
+#include "kv/kv_cache_manager.h"
+#include "model/forward_batch.h"
+
+namespace beamline {
+
+struct SchedulerConfig {
+  int32_t max_num_seqs = 256;
+  int32_t max_num_batched_tokens = 8192;
+};
+
+struct ScheduledSequence {
+  Sequence* sequence = nullptr;
+  int32_t num_new_tokens = 0;
+  int32_t logit_index = -1;  // row of the step's logits with this sequence's next-token logits; -1 mid-prefill
+};
+
+struct StepPlan {
+  ForwardBatch batch;
+  std::vector<ScheduledSequence> scheduled;  // in batch order
+  std::vector<Sequence*> preempted;          // during this step's scheduling
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, kv::KvCacheManager& kv);
+
+  void add(Sequence* sequence);     // joins the waiting queue (ids must increase with each call)
+  void remove(Sequence* sequence);  // finished or aborted: leaves its queue and frees its blocks
+  // Chooses the step's work and allocates its blocks. An empty plan means nothing can run now.
+  StepPlan schedule();
+  // After the forward step: the scheduled tokens are in the cache (their full blocks get published).
+  void complete(const StepPlan& plan);
+
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  const std::vector<Sequence*>& running() const { return running_; }
+  uint64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  void preempt(Sequence* victim, StepPlan& plan, int32_t& budget);
+  bool admissible(const Sequence& sequence) const;
+  void build_batch(StepPlan& plan) const;
+
+  SchedulerConfig config_;
+  kv::KvCacheManager& kv_;
+  std::vector<Sequence*> running_;  // by id (arrival)
+  std::deque<Sequence*> waiting_;   // by id (arrival); preempted sequences come back to the front
+  uint64_t num_preemptions_ = 0;
+};
+
+}  // namespace beamline

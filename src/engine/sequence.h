@@ -1,0 +1,33 @@
+#pragma once
+// One token sequence as the scheduler sees it: a prompt plus generated tokens, and how much of it is in the
+// KV cache. A request with n samples has n sequences.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+#include "text/tokenizer.h"
+
+namespace beamline {
+
+struct Sequence {
+  kv::SeqId id = 0;                  // unique and increasing with arrival: the FCFS order
+  std::vector<TokenId> tokens;       // prompt, then generated tokens
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed_tokens = 0;   // positions whose K/V are in the cache
+  std::string cache_salt;
+  // n > 1 with prefix caching: admitted only after this sibling has computed (and cached) the prompt, so
+  // the samples share the prompt's blocks instead of each computing them.
+  const Sequence* prompt_leader = nullptr;
+  bool prompt_computed = false;      // stays true across preemption
+  bool admitted = false;             // scheduled at least once
+  int32_t num_cached_tokens = 0;     // prompt tokens found in the prefix cache at first admission
+  int32_t num_preemptions = 0;
+
+  std::span<const int32_t> token_span() const { return tokens; }
+  int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+}  // namespace beamline

@@ -1,0 +1,119 @@
+#pragma once
+// A deterministic stand-in for the model that checks the engine's paging: it stores (token, position) in
+// the pool blocks the batch's block tables name, and computes each logit row from what it reads back
+// through those tables: every position for full-attention groups, the last `sliding_window` positions for
+// sliding groups. A wrong, missing or reused block changes the logits or throws.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/model_runner.h"
+
+namespace beamline::testing {
+
+inline uint64_t fake_mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// Groups: `full_groups` full-attention groups, then `sliding_groups` sliding ones, 2 layers each.
+inline KvCacheLayout fake_layout(int32_t block_size, int32_t num_blocks, int32_t full_groups, int32_t sliding_groups) {
+  KvCacheLayout layout;
+  layout.block_size = block_size;
+  layout.num_blocks = num_blocks;
+  layout.slots_per_block = 2;
+  for (int32_t g = 0; g < full_groups + sliding_groups; ++g) {
+    layout.group_is_sliding.push_back(g >= full_groups);
+    for (int32_t slot = 0; slot < 2; ++slot) {
+      layout.layer_group.push_back(g);
+      layout.layer_slot.push_back(slot);
+    }
+  }
+  return layout;
+}
+
+class FakeModelRunner : public ModelRunner {
+ public:
+  FakeModelRunner(KvCacheLayout layout, int32_t sliding_window, int32_t vocab_size, int64_t max_positions = 4096)
+      : layout_(std::move(layout)), window_(sliding_window), vocab_(vocab_size), max_positions_(max_positions),
+        cells_(static_cast<std::size_t>(layout_.num_blocks) * layout_.block_size, 0) {}
+
+  int32_t vocab_size() const override { return vocab_; }
+  const KvCacheLayout& kv_layout() const override { return layout_; }
+  int32_t sliding_window() const override { return window_; }
+  int64_t max_position_embeddings() const override { return max_positions_; }
+  int64_t kv_bytes_per_block() const override { return int64_t{layout_.slots_per_block} * layout_.block_size * 64; }
+
+  int64_t forward_calls = 0;
+  int64_t max_batch_tokens = 0;
+  std::chrono::microseconds step_delay{0};  // makes steps slow enough for tests that race the engine thread
+
+  std::vector<float> forward(const ForwardBatch& batch) override {
+    ++forward_calls;
+    if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+    max_batch_tokens = std::max<int64_t>(max_batch_tokens, static_cast<int64_t>(batch.tokens.size()));
+    std::vector<int32_t> row_sequence(batch.tokens.size(), -1);
+    for (std::size_t s = 0; s < batch.sequences.size(); ++s) {
+      const SequenceSlice& slice = batch.sequences[s];
+      if (static_cast<int32_t>(slice.block_tables.size()) != layout_.num_groups()) throw std::runtime_error("fake model: wrong number of block tables");
+      for (int32_t row = slice.token_begin; row < slice.token_end; ++row) {
+        row_sequence[row] = static_cast<int32_t>(s);
+        const int32_t position = slice.context_begin + (row - slice.token_begin);
+        for (const auto& table : slice.block_tables) cell(table, position) = encode(batch.tokens[row], position);
+      }
+    }
+    std::vector<float> logits;
+    logits.reserve(batch.logit_rows.size() * vocab_);
+    for (int32_t row : batch.logit_rows) {
+      const SequenceSlice& slice = batch.sequences.at(row_sequence.at(row));
+      const int32_t position = slice.context_begin + (row - slice.token_begin);
+      uint64_t full = 0x1234, window = 0x5678;
+      for (int32_t g = 0; g < layout_.num_groups(); ++g) {
+        const bool sliding = layout_.group_is_sliding[g];
+        const int32_t first = sliding ? std::max(0, position - window_ + 1) : 0;
+        uint64_t h = 0;
+        for (int32_t p = first; p <= position; ++p) {
+          const int64_t value = cell(slice.block_tables[g], p);
+          if (value % 1000000 != p + 1) {
+            throw std::runtime_error("fake model: group " + std::to_string(g) + " reads position " + std::to_string(p) +
+                                     " and finds " + std::to_string(value));
+          }
+          h = fake_mix(h ^ static_cast<uint64_t>(value));
+        }
+        (sliding ? window : full) ^= fake_mix(h + static_cast<uint64_t>(g));
+      }
+      const uint64_t context = fake_mix(full * 31 + window);
+      for (int32_t v = 0; v < vocab_; ++v) {
+        const uint64_t bits = fake_mix(context ^ (static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15ULL));
+        logits.push_back(static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f);
+      }
+    }
+    return logits;
+  }
+
+ private:
+  static int64_t encode(int32_t token, int32_t position) { return int64_t{token} * 1000000 + position + 1; }
+  int64_t& cell(const std::vector<int32_t>& table, int32_t position) {
+    const auto index = static_cast<std::size_t>(position / layout_.block_size);
+    if (index >= table.size()) throw std::runtime_error("fake model: block table too short for position " + std::to_string(position));
+    const int32_t block = table[index];
+    if (block < 0 || block >= layout_.num_blocks) throw std::runtime_error("fake model: position " + std::to_string(position) + " maps to block " + std::to_string(block));
+    return cells_[static_cast<std::size_t>(block) * layout_.block_size + position % layout_.block_size];
+  }
+
+  KvCacheLayout layout_;
+  int32_t window_;
+  int32_t vocab_;
+  int64_t max_positions_;
+  std::vector<int64_t> cells_;
+};
+
+}  // namespace beamline::testing

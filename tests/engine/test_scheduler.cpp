@@ -1,0 +1,153 @@
+// Scheduler: token budget, sequence cap, decode first, chunked prefill, FCFS, preemption without starvation.
+// The "model" here is the scheduler's caller: each sequence that reaches its end gets one more token.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <set>
+
+#include "engine/scheduler.h"
+#include "fake_model_runner.h"
+
+namespace beamline {
+namespace {
+
+struct Harness {
+  kv::KvCacheManager kv;
+  Scheduler scheduler;
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  std::vector<int32_t> targets;  // total length at which a sequence is done
+  int64_t next_id = 0;
+
+  Harness(int32_t num_blocks, int32_t window, SchedulerConfig config, bool caching = true)
+      : kv(testing::fake_layout(4, num_blocks, 1, 1), window, caching), scheduler(config, kv) {}
+
+  Sequence* add(int32_t prompt, int32_t output, std::mt19937& rng, const Sequence* leader = nullptr) {
+    auto s = std::make_unique<Sequence>();
+    s->id = next_id++;
+    for (int32_t i = 0; i < prompt; ++i) s->tokens.push_back(static_cast<int32_t>(rng() % 100));
+    if (leader) s->tokens = leader->tokens;
+    s->num_prompt_tokens = s->num_tokens();
+    s->prompt_leader = leader;
+    scheduler.add(s.get());
+    sequences.push_back(std::move(s));
+    targets.push_back(sequences.back()->num_prompt_tokens + output);
+    return sequences.back().get();
+  }
+
+  // One step; returns the plan after completing it (tokens appended, finished sequences removed).
+  StepPlan step() {
+    StepPlan plan = scheduler.schedule();
+    scheduler.complete(plan);
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.logit_index < 0) continue;
+      Sequence& seq = *s.sequence;
+      seq.tokens.push_back(static_cast<int32_t>((seq.id * 7 + seq.num_tokens()) % 100));
+      if (seq.num_tokens() >= targets[seq.id]) scheduler.remove(&seq);
+    }
+    return plan;
+  }
+};
+
+TEST(Scheduler, RespectsBudgetAndSequenceCapAndChunksLongPrompts) {
+  std::mt19937 rng(1);
+  Harness h(4096, 16, SchedulerConfig{4, 32});
+  for (int i = 0; i < 10; ++i) h.add(1 + static_cast<int32_t>(rng() % 70), 1 + static_cast<int32_t>(rng() % 20), rng);
+  int steps = 0;
+  while (h.scheduler.has_work()) {
+    ASSERT_LT(++steps, 2000);
+    const StepPlan plan = h.step();
+    ASSERT_FALSE(plan.empty());
+    EXPECT_LE(static_cast<int32_t>(plan.batch.tokens.size()), 32);
+    EXPECT_LE(static_cast<int32_t>(plan.scheduled.size()), 4);
+    EXPECT_LE(h.scheduler.num_running(), 4);
+    // The batch is consistent: slices tile the tokens, each covers its context and has its tokens.
+    int32_t row = 0;
+    for (std::size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const SequenceSlice& slice = plan.batch.sequences[i];
+      EXPECT_EQ(slice.token_begin, row);
+      row = slice.token_end;
+      EXPECT_EQ(slice.token_end - slice.token_begin, plan.scheduled[i].num_new_tokens);
+      const Sequence& seq = *plan.scheduled[i].sequence;
+      for (int32_t r = slice.token_begin; r < slice.token_end; ++r) {
+        EXPECT_EQ(plan.batch.tokens[r], seq.tokens[slice.context_begin + r - slice.token_begin]);
+      }
+      for (const auto& table : slice.block_tables) {
+        EXPECT_GE(static_cast<int64_t>(table.size()) * 4, slice.context_begin + slice.token_end - slice.token_begin);
+      }
+    }
+    EXPECT_EQ(row, static_cast<int32_t>(plan.batch.tokens.size()));
+  }
+  for (std::size_t i = 0; i < h.sequences.size(); ++i) EXPECT_EQ(h.sequences[i]->num_tokens(), h.targets[i]);
+}
+
+TEST(Scheduler, DecodesGoFirstThenPrefillChunksThenNewArrivalsInOrder) {
+  std::mt19937 rng(2);
+  Harness h(4096, 16, SchedulerConfig{8, 16});
+  Sequence* a = h.add(3, 50, rng);
+  Sequence* b = h.add(3, 50, rng);
+  h.step();  // both prompts fit: 6 tokens
+  ASSERT_EQ(a->num_output_tokens(), 1);
+  Sequence* long_prompt = h.add(40, 5, rng);
+  Sequence* late = h.add(2, 5, rng);
+  const StepPlan plan = h.step();
+  ASSERT_EQ(plan.scheduled.size(), 3u);
+  EXPECT_EQ(plan.scheduled[0].sequence, a);
+  EXPECT_EQ(plan.scheduled[1].sequence, b);
+  EXPECT_EQ(plan.scheduled[2].sequence, long_prompt);
+  EXPECT_EQ(plan.scheduled[2].num_new_tokens, 14);  // the rest of the budget
+  EXPECT_EQ(plan.scheduled[2].logit_index, -1);     // mid-prefill: no logits
+  EXPECT_EQ(late->num_computed_tokens, 0) << "FCFS: nothing jumps ahead of the chunked prompt";
+  const StepPlan next = h.step();
+  EXPECT_EQ(next.scheduled[2].sequence, long_prompt);
+  EXPECT_EQ(next.scheduled[2].num_new_tokens, 14);
+  EXPECT_EQ(next.batch.sequences[2].context_begin, 14);
+}
+
+TEST(Scheduler, PreemptsTheLatestArrivalAndEveryoneFinishes) {
+  std::mt19937 rng(3);
+  // 24 blocks of 4 tokens, one full + one sliding group (window 8): few sequences fit at once.
+  Harness h(24, 8, SchedulerConfig{8, 64});
+  for (int i = 0; i < 8; ++i) h.add(6 + static_cast<int32_t>(rng() % 10), 20 + static_cast<int32_t>(rng() % 20), rng);
+  std::vector<int32_t> finished_at(8, -1);
+  int steps = 0;
+  uint64_t seen_preemptions = 0;
+  while (h.scheduler.has_work()) {
+    ASSERT_LT(++steps, 5000) << "starvation or livelock";
+    std::vector<kv::SeqId> running_before;
+    for (const Sequence* s : h.scheduler.running()) running_before.push_back(s->id);
+    const StepPlan plan = h.step();
+    for (const Sequence* victim : plan.preempted) {
+      // The victim is the latest arrival among those running before it went.
+      for (const ScheduledSequence& s : plan.scheduled) EXPECT_LT(s.sequence->id, victim->id);
+      EXPECT_EQ(victim->num_computed_tokens, 0);
+      EXPECT_FALSE(h.kv.holds(victim->id));
+    }
+    seen_preemptions += plan.preempted.size();
+    for (std::size_t i = 0; i < h.sequences.size(); ++i) {
+      if (finished_at[i] < 0 && h.sequences[i]->num_tokens() >= h.targets[i]) finished_at[i] = steps;
+    }
+  }
+  EXPECT_GT(seen_preemptions, 0u) << "the pool is small enough to force preemption";
+  EXPECT_EQ(seen_preemptions, h.scheduler.num_preemptions());
+  for (std::size_t i = 0; i < h.sequences.size(); ++i) EXPECT_EQ(h.sequences[i]->num_tokens(), h.targets[i]);
+  EXPECT_EQ(h.kv.pool().num_free(), 24) << "every block is back";
+}
+
+TEST(Scheduler, ParallelSamplesWaitForTheLeadersPromptAndShareItsBlocks) {
+  std::mt19937 rng(4);
+  Harness h(4096, 16, SchedulerConfig{8, 64});
+  Sequence* leader = h.add(21, 3, rng);
+  Sequence* sibling = h.add(21, 3, rng, leader);
+  StepPlan plan = h.step();
+  ASSERT_EQ(plan.scheduled.size(), 1u) << "the sibling waits for the leader's prompt";
+  plan = h.step();
+  ASSERT_EQ(plan.scheduled.size(), 2u);
+  EXPECT_EQ(sibling->num_cached_tokens, 20);
+  EXPECT_EQ(plan.scheduled[1].num_new_tokens, 1);
+  EXPECT_EQ(h.kv.block_tables(sibling->id)[0][0], h.kv.block_tables(leader->id)[0][0]);
+}
+
+}  // namespace
+}  // namespace beamline
