@@ -1,0 +1,109 @@
+// beamline generate: prefill a token sequence, then decode token by token through the KV cache; prints the ids.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "model/beam_model.h"
+#include "model/sequence_runner.h"
+#include "model/weights.h"
+#include "token_list.h"
+#include "util/error.h"
+
+namespace beamline::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model, tokens, device = "cpu", kv_dtype = "f32";
+  int64_t max_tokens = 16;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+};
+
+// Greedy (lowest index among equal maxima) at temperature 0; else nucleus sampling over softmax(logits / T).
+int32_t sample(std::span<const float> logits, double temperature, double top_p, std::mt19937_64& rng) {
+  if (temperature <= 0.0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const double max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> probabilities(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) probabilities[i] = std::exp((logits[i] - max_logit) / temperature);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return probabilities[a] > probabilities[b]; });
+  const double total = std::accumulate(probabilities.begin(), probabilities.end(), 0.0);
+  double kept_mass = 0.0;
+  std::size_t kept = 0;
+  while (kept < order.size() && (kept == 0 || kept_mass < top_p * total)) kept_mass += probabilities[order[kept++]];
+  double draw = std::uniform_real_distribution<double>(0.0, kept_mass)(rng);
+  for (std::size_t i = 0; i < kept; ++i) {
+    draw -= probabilities[order[i]];
+    if (draw < 0.0) return order[i];
+  }
+  return order[kept - 1];
+}
+
+void run_generate(const GenerateOptions& options) {
+  require(options.max_tokens >= 1, "--max-tokens: {} must be at least 1", options.max_tokens);
+  require(std::isfinite(options.temperature) && options.temperature >= 0.0,
+          "--temperature: {} must be a finite number >= 0", options.temperature);
+  require(options.top_p > 0.0 && options.top_p <= 1.0, "--top-p: {} must be in (0, 1]", options.top_p);
+  std::unique_ptr<Backend> backend = create_backend(options.device);
+  const BeamWeights weights = BeamWeights::load(options.model);
+  const ModelConfig& config = weights.config;
+  const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
+  BeamModel model(weights, *backend);
+  const auto prompt_length = static_cast<int64_t>(prompt.size());
+  SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_dtype(options.kv_dtype));
+  std::mt19937_64 rng(options.seed);
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::vector<float> logits = runner.step(prompt, false);
+  const auto prefilled = Clock::now();
+  std::vector<int32_t> generated;
+  for (;;) {
+    const int32_t token = sample(logits, options.temperature, options.top_p, rng);
+    generated.push_back(token);
+    const bool eos = std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), token) !=
+                     config.eos_token_ids.end();
+    if (static_cast<int64_t>(generated.size()) == options.max_tokens || (eos && !options.ignore_eos)) break;
+    logits = runner.step(std::span<const int32_t>(&token, 1), false);
+  }
+  const std::chrono::duration<double> prefill_time = prefilled - start, decode_time = Clock::now() - prefilled;
+  std::printf("%s\n", fmt::format("{}", fmt::join(generated, ",")).c_str());
+  spdlog::info("prefill {} tokens in {:.3f} s; decoded {} tokens in {:.3f} s ({:.1f} tokens/s) on {}", prompt_length,
+               prefill_time.count(), generated.size() - 1, decode_time.count(),
+               generated.size() > 1 ? static_cast<double>(generated.size() - 1) / decode_time.count() : 0.0,
+               backend->name());
+}
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto options = std::make_shared<GenerateOptions>();
+  CLI::App* command = app.add_subcommand(
+      "generate", "Prefill a token sequence, decode up to --max-tokens tokens through the KV cache, print their ids");
+  command->add_option("--model", options->model, "checkpoint directory")->required();
+  command->add_option("--tokens", options->tokens, "prompt: comma-separated token ids, e.g. 1,2,3")->required();
+  command->add_option("--max-tokens", options->max_tokens, "tokens to generate")->capture_default_str();
+  command->add_option("--temperature", options->temperature, "sampling temperature (0 = greedy)")
+      ->capture_default_str();
+  command->add_option("--top-p", options->top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
+  command->add_option("--seed", options->seed, "random seed for sampling")->capture_default_str();
+  command->add_flag("--ignore-eos", options->ignore_eos, "keep generating after an end-of-sequence token");
+  command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  command->add_option("--kv-dtype", options->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
+  command->callback([options] { run_generate(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli

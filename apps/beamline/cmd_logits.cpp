@@ -1,0 +1,51 @@
+// beamline logits: the soft-capped logits of every position of a token sequence (one prefill) as float32 .npy.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <string>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "model/beam_model.h"
+#include "model/sequence_runner.h"
+#include "model/weights.h"
+#include "token_list.h"
+#include "util/npy.h"
+
+namespace beamline::cli {
+namespace {
+
+struct LogitsOptions {
+  std::string model, tokens, out, device = "cpu", kv_dtype = "f32";
+};
+
+void run_logits(const LogitsOptions& options) {
+  std::unique_ptr<Backend> backend = create_backend(options.device);
+  const BeamWeights weights = BeamWeights::load(options.model);
+  const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
+  BeamModel model(weights, *backend);
+  const auto count = static_cast<int64_t>(tokens.size());
+  SequenceRunner runner(model, count, count, parse_kv_dtype(options.kv_dtype));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<float> logits = runner.step(tokens, true);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  write_npy(options.out, logits, {count, weights.config.vocab_size});
+  spdlog::info("logits [{}, {}] of {} tokens in {:.3f} s on {} -> {}", count, weights.config.vocab_size, count,
+               elapsed.count(), backend->name(), options.out);
+}
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto options = std::make_shared<LogitsOptions>();
+  CLI::App* command = app.add_subcommand(
+      "logits", "Write the soft-capped logits of every position of a token sequence (one prefill) to a float32 .npy "
+                "of shape [num_tokens, vocab_size]");
+  command->add_option("--model", options->model, "checkpoint directory")->required();
+  command->add_option("--tokens", options->tokens, "comma-separated token ids, e.g. 5,17,300")->required();
+  command->add_option("--out", options->out, "output .npy file")->required();
+  command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  command->add_option("--kv-dtype", options->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
+  command->callback([options] { run_logits(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli
