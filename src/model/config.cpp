@@ -23,6 +23,7 @@ class KeyReader {
 
   [[noreturn]] void fail_at(std::string_view key, std::string_view reason) const {
     if (key.empty() && prefix_.empty()) fail("{}: {}", source_, reason);
+    if (key.empty()) fail("{}: key \"{}\": {}", source_, prefix_.substr(0, prefix_.size() - 1), reason);
     fail("{}: key \"{}{}\": {}", source_, prefix_, key, reason);
   }
 

@@ -1,0 +1,126 @@
+// beamline make-model: write a random-weights checkpoint of a preset or a config.json, for tests and benchmarks.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "model/checkpoint_layout.h"
+#include "model/checkpoint_writer.h"
+#include "model/presets.h"
+#include "model/safetensors.h"
+#include "util/error.h"
+
+namespace beamline::cli {
+namespace {
+
+struct MakeModelOptions {
+  std::string preset;
+  std::string config_file;
+  std::string out;
+  uint64_t seed = 0;
+  std::string dtype = "bf16";
+  std::optional<int64_t> layers;
+  uint64_t max_shard_mb = kDefaultMaxShardBytes >> 20;
+  bool dry_run = false;
+  bool force = false;
+};
+
+DType parse_dtype(const std::string& name) {
+  if (name == "bf16") return DType::BF16;
+  if (name == "f16") return DType::F16;
+  return DType::F32;
+}
+
+// The tensor list with shapes and dtypes, parameter counts and the file split, without writing anything.
+void print_dry_run(const ModelConfig& config, const std::vector<TensorSource>& tensors, uint64_t max_shard_bytes) {
+  uint64_t parameters = 0, bytes = 0, shards = 1, shard_bytes = 0;
+  for (const TensorSource& tensor : tensors) {
+    std::printf("%s %s %s\n", tensor.name.c_str(), std::string(dtype_name(tensor.dtype)).c_str(),
+                shape_string(tensor.shape).c_str());
+    uint64_t numel = 1;
+    for (int64_t dim : tensor.shape) numel *= static_cast<uint64_t>(dim);
+    parameters += numel;
+    bytes += tensor.nbytes();
+    if (shard_bytes > 0 && shard_bytes + tensor.nbytes() > max_shard_bytes) ++shards, shard_bytes = 0;
+    shard_bytes += tensor.nbytes();
+  }
+  const uint64_t moe_layers = static_cast<uint64_t>(config.num_hidden_layers - config.first_k_dense_replace);
+  const uint64_t inactive_experts = static_cast<uint64_t>(config.n_routed_experts - config.num_experts_per_tok);
+  const uint64_t expert_parameters = 3 * static_cast<uint64_t>(config.moe_intermediate_size * config.hidden_size);
+  std::printf("tensors: %zu\n", tensors.size());
+  std::printf("parameters: %llu\n", static_cast<unsigned long long>(parameters));
+  std::printf("active parameters per token: %llu\n",
+              static_cast<unsigned long long>(parameters - moe_layers * inactive_experts * expert_parameters));
+  std::printf("bytes: %llu\n", static_cast<unsigned long long>(bytes));
+  std::printf("files: %llu\n", static_cast<unsigned long long>(shards));
+}
+
+void prepare_output_dir(const std::filesystem::path& dir, bool force) {
+  std::error_code error;
+  if (std::filesystem::exists(dir, error)) {
+    require(std::filesystem::is_directory(dir, error), "--out {}: exists and is not a directory", dir.string());
+    require(force || std::filesystem::is_empty(dir, error), "--out {}: directory is not empty (--force overwrites)",
+            dir.string());
+  }
+  std::filesystem::create_directories(dir, error);
+  if (error) fail("--out {}: cannot create directory: {}", dir.string(), error.message());
+}
+
+void make_model(const MakeModelOptions& options) {
+  require(options.preset.empty() != options.config_file.empty(), "make-model: give exactly one of --preset or --config");
+  ModelConfig config = options.preset.empty() ? ModelConfig::load(options.config_file) : preset_config(options.preset);
+  if (options.layers) config = with_num_layers(config, *options.layers);
+  const DType dtype = parse_dtype(options.dtype);
+  const uint64_t max_shard_bytes = options.max_shard_mb << 20;
+  require(max_shard_bytes > 0, "--max-shard-mb must be positive");
+
+  if (options.dry_run) {
+    print_dry_run(config, random_checkpoint_tensors(config, options.seed, dtype), max_shard_bytes);
+    return;
+  }
+  require(!options.out.empty(), "make-model: --out DIR is required (unless --dry-run)");
+  const std::filesystem::path dir(options.out);
+  prepare_output_dir(dir, options.force);
+  const auto start = std::chrono::steady_clock::now();
+  write_random_checkpoint(config, dir, options.seed, dtype, max_shard_bytes);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("wrote {} ({} layers, {} experts, {}) in {:.1f} s", dir.string(), config.num_hidden_layers,
+               config.n_routed_experts, dtype_name(dtype), seconds);
+}
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "make-model",
+      "Write a random-weights checkpoint (config.json, safetensors, tokenizer.json, generation_config.json, "
+      "harmony.json) of a preset or a config.json");
+  auto options = std::make_shared<MakeModelOptions>();
+  std::string preset_help = "model preset:";
+  for (const std::string& name : preset_names()) preset_help += " " + name;
+  auto* preset = command->add_option("--preset", options->preset, preset_help)->check(CLI::IsMember(preset_names()));
+  auto* config = command->add_option("--config", options->config_file, "config.json to take the shapes from")
+                     ->check(CLI::ExistingFile);
+  preset->excludes(config);
+  command->add_option("--out", options->out, "output directory (created; must be empty unless --force)");
+  command->add_option("--seed", options->seed, "random seed (same seed, same bytes)")->capture_default_str();
+  command->add_option("--dtype", options->dtype, "storage type of all weights but the F32 router")
+      ->check(CLI::IsMember({"bf16", "f16", "f32"}))
+      ->capture_default_str();
+  command->add_option("--layers", options->layers, "override num_hidden_layers (dense layers and the layer_types rule kept)")
+      ->check(CLI::PositiveNumber);
+  command->add_option("--max-shard-mb", options->max_shard_mb,
+                      "largest safetensors file in MiB; bigger checkpoints are sharded with an index")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->add_flag("--dry-run", options->dry_run, "print the tensors (name dtype shape) and totals; write nothing");
+  command->add_flag("--force", options->force, "write into a non-empty --out, replacing the checkpoint files there");
+  command->callback([options] { make_model(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli
