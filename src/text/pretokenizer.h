@@ -18,6 +18,9 @@ class PreTokenizer {
 
 // tiktoken's o200k split pattern (the `(?i:...)` spelling tiktoken compiles).
 extern const std::string_view kO200kPattern;
+// js-tiktoken's spelling of it: JavaScript has no inline (?i:), so the contractions are spelled out case by
+// case; unlike (?i:'s) it does not match the long s (U+017F, which case-folds to s) after the apostrophe.
+extern const std::string_view kO200kPatternSpelledOut;
 // GPT-2's pattern: what a Hugging Face ByteLevel pre-tokenizer with use_regex applies.
 extern const std::string_view kGpt2Pattern;
 
