@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Greedy-decodes every held-out turn with the PyTorch model and scores it (harmony_check.py).
+
+  python3 tools/train/eval_torch.py --model models/beam-nano --heldout heldout.jsonl [--limit 1000]
+                                    [--json results.json]
+
+Prints, per task kind and overall: % of completions that are valid Harmony, % of tool-call turns with the
+right function and schema-valid JSON arguments (and % with exactly the expected arguments), % of numeric
+answers that are correct, and % of other checks passed.
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "tokenizer"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from beam_torch import greedy_generate, load_checkpoint  # noqa: E402
+from bpe import Tokenizer  # noqa: E402
+from harmony_check import score  # noqa: E402
+
+
+def pct(part, whole):
+    return f"{100.0 * part / whole:.1f}% ({part}/{whole})" if whole else "n/a"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--heldout", required=True)
+    parser.add_argument("--limit", type=int, default=1000, help="conversations to use")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=400)
+    parser.add_argument("--json", help="write per-turn results here")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_checkpoint(args.model, device)
+    tokenizer = Tokenizer.load(os.path.join(args.model, "tokenizer.json"))
+    stops = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
+    turns = []
+    with open(args.heldout) as f:
+        for index, line in enumerate(f):
+            if index >= args.limit:
+                break
+            example = json.loads(line)
+            for turn in example["turns"]:
+                turns.append((example["kind"], turn["prompt"], turn["check"]))
+    turns.sort(key=lambda t: len(t[1]))
+    started = time.time()
+    results = []
+    for begin in range(0, len(turns), args.batch):
+        chunk = turns[begin:begin + args.batch]
+        prompts = [tokenizer.encode(prompt) for _, prompt, _ in chunk]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            outputs = greedy_generate(model, prompts, stops, args.max_new_tokens, device)
+        for (kind, prompt, check), output in zip(chunk, outputs):
+            completion = tokenizer.decode(output)
+            results.append({"kind": kind, "check": check, "completion": completion, **score(completion, check)})
+    seconds = time.time() - started
+
+    by_kind = collections.defaultdict(list)
+    for r in results:
+        by_kind[r["kind"]].append(r)
+    print(f"{len(results)} turns decoded in {seconds:.0f} s")
+    for kind in sorted(by_kind):
+        rs = by_kind[kind]
+        print(f"  {kind:18s} valid {pct(sum(r['valid'] for r in rs), len(rs))}  "
+              f"check passed {pct(sum(r['ok'] for r in rs), len(rs))}")
+    tool = [r for r in results if r["check"]["type"] == "tool_call"]
+    numeric = [r for r in results if r["check"]["type"] == "final_number"]
+    arith = [r for r in numeric if r["kind"] in ("arith", "arith_with_tools")]
+    other = [r for r in results if r["check"]["type"] == "final_contains"]
+    print(f"valid Harmony:                         {pct(sum(r['valid'] for r in results), len(results))}")
+    print(f"tool call: right function + schema-valid JSON args: {pct(sum(r['ok'] for r in tool), len(tool))}")
+    print(f"tool call: exactly the expected arguments:          "
+          f"{pct(sum(r.get('args_exact', False) for r in tool), len(tool))}")
+    print(f"arithmetic answers correct:            {pct(sum(r['ok'] for r in arith), len(arith))}")
+    print(f"arithmetic + unit conversion correct:  {pct(sum(r['ok'] for r in numeric), len(numeric))}")
+    print(f"other checks (facts, tool results in answers): {pct(sum(r['ok'] for r in other), len(other))}")
+    failures = [r for r in results if not r["ok"]][:8]
+    for r in failures:
+        print("FAIL", r["kind"], r.get("error", ""), repr(r["completion"][-300:]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
