@@ -1,0 +1,180 @@
+// beamline serve: the OpenAI-compatible HTTP server (src/server) over the serving engine.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+#include "engine/beam_model_runner.h"
+#include "engine/engine.h"
+#include "engine/engine_config.h"
+#include "engine/generation_config.h"
+#include "server/http_server.h"
+#include "server/serving_context.h"
+#include "text/harmony_template.h"
+#include "util/error.h"
+
+namespace beamline::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where `beamline serve` looks when --model is not given: the project's own trained model.
+constexpr const char* kDefaultModelDir = "models/beam-nano";
+
+struct ServeOptions {
+  std::string model;
+  std::string served_model_name;
+  std::string device = "cpu";
+  std::string api_key;
+  std::string max_request_body = "32M";
+  server::HttpOptions http;
+  EngineConfig engine;
+};
+
+// --model, else models/beam-nano under the working directory or under any folder above the binary
+// (the binary lives in a build folder of the source tree).
+fs::path resolve_model_dir(const std::string& given) {
+  const auto has_config = [](const fs::path& dir) { return fs::is_regular_file(dir / "config.json"); };
+  if (!given.empty()) {
+    require(fs::is_directory(given), "--model {}: no such directory", given);
+    require(has_config(given), "--model {}: no config.json there (not a checkpoint directory)", given);
+    return given;
+  }
+  std::vector<fs::path> tried{fs::current_path() / kDefaultModelDir};
+  std::error_code error;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+      tried.push_back(dir / kDefaultModelDir);
+    }
+  }
+  for (const fs::path& candidate : tried) {
+    if (has_config(candidate)) return candidate;
+  }
+  fail("no --model given, and the default model {} was not found (looked in {} and the folders above the binary). "
+       "It is the project's trained model and may not exist yet; serve a random model instead: "
+       "`beamline make-model --preset tiny --out /tmp/tiny && beamline serve --model /tmp/tiny`",
+       kDefaultModelDir, tried.front().string());
+}
+
+// SIGINT / SIGTERM are blocked in every thread and taken by one waiting thread: the first asks for a
+// graceful shutdown (no new requests, in-flight ones finish), a second aborts what is still running.
+class ShutdownSignals {
+ public:
+  ShutdownSignals() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    // A client that closes its connection must not kill the server with SIGPIPE on the next write.
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+
+  // Waits for signals on a thread of its own until stop().
+  void watch(server::ApiServer& api, Engine& engine) {
+    watcher_ = std::thread([this, &api, &engine] {
+      const timespec poll{0, 200'000'000};
+      while (!stopping_) {
+        const int signal = sigtimedwait(&signals_, nullptr, &poll);
+        if (signal < 0) continue;
+        if (!api.refusing_new_requests()) {
+          spdlog::info("{}: finishing the requests in flight, then exiting (signal again to abort them)",
+                       strsignal(signal));
+          api.refuse_new_requests();
+          drainer_ = std::thread([&api, &engine] {
+            engine.shutdown(ShutdownMode::Drain);
+            api.wait_until_idle(std::chrono::seconds(10));
+            api.stop();
+          });
+        } else {
+          spdlog::info("{} again: aborting the requests in flight", strsignal(signal));
+          api.abort_in_flight();
+        }
+      }
+    });
+  }
+
+  void stop() {
+    stopping_ = true;
+    if (watcher_.joinable()) watcher_.join();
+    if (drainer_.joinable()) drainer_.join();
+  }
+
+  ~ShutdownSignals() { stop(); }
+
+ private:
+  sigset_t signals_;
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;
+  std::thread drainer_;
+};
+
+void serve(ServeOptions& options) {
+  const fs::path model_dir = resolve_model_dir(options.model);
+  options.engine.validate();
+  options.http.max_request_body_bytes =
+      static_cast<std::size_t>(parse_byte_size(options.max_request_body, "--max-request-body-bytes"));
+  require(options.http.max_request_body_bytes > 0, "--max-request-body-bytes must be positive");
+  if (!options.api_key.empty()) options.http.api_key = options.api_key;
+
+  ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
+
+  spdlog::info("loading {} on {}", model_dir.string(), options.device);
+  auto runner = std::make_unique<BeamModelRunner>(model_dir, options.device, options.engine);
+  const GenerationConfig generation = GenerationConfig::load(model_dir, runner->model_config());
+  std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_tokenizer_json(model_dir / "tokenizer.json");
+  harmony::HarmonyTemplate harmony_template = harmony::HarmonyTemplate::for_model(model_dir);
+  std::vector<TokenId> harmony_stop_ids = harmony_template.stop_token_ids(*tokenizer);
+  Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
+
+  const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
+  server::ServingContext context{engine,         *tokenizer, std::move(harmony_template), std::move(harmony_stop_ids),
+                                 generation,     name,       server::unix_seconds_now()};
+  server::ApiServer api(context, options.http);
+  const int port = api.bind();
+  spdlog::info("serving '{}' (max_model_len {}) at http://{}:{}/v1", name, engine.config().max_model_len,
+               options.http.host, port);
+  signals.watch(api, engine);
+  api.serve();
+  signals.stop();
+  engine.shutdown(ShutdownMode::Abort);
+  spdlog::info("server stopped");
+}
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto* command = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API "
+                                              "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)");
+  auto options = std::make_shared<ServeOptions>();
+  command->add_option("--model", options->model,
+                      std::string("checkpoint directory (default: ") + kDefaultModelDir + ")");
+  command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
+  command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  command->add_option("--served-model-name", options->served_model_name,
+                      "model name clients send and see (default: the model directory's name)");
+  command->add_option("--api-key", options->api_key, "require 'Authorization: Bearer KEY' on every /v1 request");
+  command->add_option("--device", options->device, "backend to run the model on")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  command->add_option("--max-request-body-bytes", options->max_request_body,
+                      "largest request body accepted (bytes; K/M/G suffixes); larger ones get 413")
+      ->capture_default_str();
+  command->add_option("--http-threads", options->http.http_threads,
+                      "HTTP connections served at once (each streaming response holds one)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  add_engine_options(*command, options->engine);
+  command->callback([options] { serve(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli

@@ -1,0 +1,276 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <chrono>
+
+#include "server/auth.h"
+#include "server/openai_chat.h"
+#include "server/openai_completions.h"
+#include "server/request_fields.h"
+#include "server/sse.h"
+
+namespace beamline::server {
+
+// httplib's listen backlog is compiled into the Debian library (5 connections): a burst of hundreds of
+// clients would see refused or retried connections. The socket is reachable from a subclass, so the
+// backlog is raised after binding.
+class ListeningServer : public httplib::Server {
+ public:
+  void widen_backlog(int backlog) {
+    if (::listen(svr_sock_, backlog) != 0) spdlog::warn("could not raise the listen backlog to {}", backlog);
+  }
+};
+
+namespace {
+
+constexpr int kListenBacklog = 4096;
+// How long a stream waits for engine output before checking on its client.
+constexpr std::chrono::milliseconds kStreamPoll{200};
+// A stream with nothing to say writes an SSE comment this often, so a gone client is noticed (and its
+// request aborted) even while the request waits in the queue.
+constexpr std::chrono::seconds kHeartbeatInterval{1};
+
+constexpr const char* kJson = "application/json";
+
+}  // namespace
+
+void write_error(httplib::Response& response, const ApiError& error) {
+  response.status = error.status();
+  response.set_content(dump_json(error.to_json()), kJson);
+}
+
+ApiServer::ApiServer(ServingContext& context, HttpOptions options)
+    : context_(context), options_(std::move(options)), http_(std::make_unique<ListeningServer>()) {
+  const std::size_t threads = options_.http_threads;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(options_.max_request_body_bytes);
+  http_->set_keep_alive_max_count(1000);
+  http_->set_tcp_nodelay(true);
+
+  http_->set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (options_.api_key && path_needs_api_key(request.path) &&
+        !bearer_token_matches(request.get_header_value("Authorization"), *options_.api_key)) {
+      write_error(response, unauthorized());
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  // Errors httplib answers itself (unknown route, oversize body) get the OpenAI error shape too.
+  http_->set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty() || response.has_header("Content-Type")) return;
+    if (response.status == 413) {
+      write_error(response, payload_too_large(options_.max_request_body_bytes));
+    } else if (response.status == 404) {
+      write_error(response, not_found(request.path));
+    } else {
+      const int status = response.status;
+      write_error(response, ApiError(status, "invalid_request_error", "HTTP error " + std::to_string(status)));
+    }
+  });
+  http_->set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
+    write_error(response, to_api_error(error));
+  });
+  http_->set_logger([this](const httplib::Request&, const httplib::Response& response) {
+    counters_.count_response(response.status);
+  });
+
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+    if (refusing_) {
+      write_error(response, server_shutting_down());
+    } else {
+      response.status = 200;
+    }
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) { metrics(response); });
+  http_->Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { models(response); });
+  });
+  http_->Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { chat_completions(request, response); });
+  });
+  http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { completions(request, response); });
+  });
+}
+
+ApiServer::~ApiServer() = default;
+
+int ApiServer::bind() {
+  int port = options_.port;
+  if (port == 0) {
+    port = http_->bind_to_any_port(options_.host);
+    require(port > 0, "cannot listen on {} (any port)", options_.host);
+  } else {
+    require(http_->bind_to_port(options_.host, port), "cannot listen on {}:{} (in use, or not an address of this host)",
+            options_.host, port);
+  }
+  http_->widen_backlog(kListenBacklog);
+  options_.port = port;
+  return port;
+}
+
+void ApiServer::serve() { http_->listen_after_bind(); }
+
+void ApiServer::refuse_new_requests() { refusing_ = true; }
+
+void ApiServer::abort_in_flight() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(in_flight_mutex_);
+    ids.assign(in_flight_.begin(), in_flight_.end());
+  }
+  for (const std::string& id : ids) context_.engine.abort(id);
+}
+
+void ApiServer::stop() { http_->stop(); }
+
+template <typename Body>
+void ApiServer::guarded(const httplib::Request&, httplib::Response& response, Body&& body) {
+  try {
+    if (refusing_) throw server_shutting_down();
+    body();
+  } catch (...) {
+    write_error(response, to_api_error(std::current_exception()));
+  }
+}
+
+std::shared_ptr<OutputStream> ApiServer::submit(GenerationRequest request) {
+  const std::string id = request.request_id;
+  {
+    std::lock_guard lock(in_flight_mutex_);
+    in_flight_.insert(id);
+  }
+  try {
+    return context_.engine.add_request(std::move(request));
+  } catch (const InvalidRequest&) {
+    release(id);
+    throw;
+  } catch (const Error& error) {
+    release(id);
+    // The engine refuses new work only once it is shutting down.
+    spdlog::debug("engine refused request {}: {}", id, error.what());
+    throw server_shutting_down();
+  }
+}
+
+void ApiServer::release(const std::string& request_id) {
+  {
+    std::lock_guard lock(in_flight_mutex_);
+    in_flight_.erase(request_id);
+  }
+  in_flight_changed_.notify_all();
+}
+
+void ApiServer::wait_until_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(in_flight_mutex_);
+  in_flight_changed_.wait_for(lock, timeout, [&] { return in_flight_.empty(); });
+}
+
+RequestOutput ApiServer::wait_for(OutputStream& stream) {
+  RequestOutput output = collect_output(stream);
+  release(stream.request_id());
+  if (output.error) throw internal_error("generation failed: " + *output.error);
+  return output;
+}
+
+void ApiServer::respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
+                               std::unique_ptr<SseResponder> responder) {
+  struct StreamState {
+    std::shared_ptr<OutputStream> stream;
+    std::unique_ptr<SseResponder> responder;
+    bool begun = false;
+    bool finished = false;
+    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  };
+  auto state = std::make_shared<StreamState>();
+  state->stream = std::move(stream);
+  state->responder = std::move(responder);
+  ++counters_.active_streams;
+
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("X-Accel-Buffering", "no");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [state](std::size_t, httplib::DataSink& sink) {
+        const auto write = [&](const std::string& text) {
+          if (text.empty()) return true;  // an empty write would end httplib's chunked loop
+          state->last_write = std::chrono::steady_clock::now();
+          return sink.write(text.data(), text.size());
+        };
+        if (!state->begun) {
+          state->begun = true;
+          if (!write(state->responder->begin())) return false;
+        }
+        std::optional<RequestOutput> output = state->stream->next(kStreamPoll);
+        if (!output) {
+          if (std::chrono::steady_clock::now() - state->last_write < kHeartbeatInterval) return true;
+          return write(kSseHeartbeat);
+        }
+        if (!write(state->responder->on_output(*output))) return false;
+        if (output->finished) {
+          state->finished = true;
+          sink.done();
+        }
+        return true;
+      },
+      [this, state](bool) {
+        // Runs when the response is done with, whether or not the client read it all: a client that went
+        // away mid-stream leaves an unfinished request, which is aborted so its KV blocks are freed.
+        if (!state->finished) {
+          spdlog::info("client of {} went away mid-stream: aborting it", state->stream->request_id());
+          context_.engine.abort(state->stream->request_id());
+        }
+        release(state->stream->request_id());
+        --counters_.active_streams;
+      });
+}
+
+void ApiServer::chat_completions(const httplib::Request& request, httplib::Response& response) {
+  const Json body = parse_body(request.body);
+  ChatPlan plan = plan_chat_completion(body, context_);
+  const std::string id = new_response_id("chatcmpl");
+  plan.request.request_id = id;
+  std::shared_ptr<OutputStream> stream = submit(plan.request);
+  if (plan.stream.stream) {
+    respond_stream(response, std::move(stream), chat_completion_stream(id, context_, std::move(plan)));
+    return;
+  }
+  const RequestOutput output = wait_for(*stream);
+  response.set_content(dump_json(chat_completion_response(id, context_, plan, output)), kJson);
+}
+
+void ApiServer::completions(const httplib::Request& request, httplib::Response& response) {
+  const Json body = parse_body(request.body);
+  CompletionPlan plan = plan_completion(body, context_);
+  const std::string id = new_response_id("cmpl");
+  plan.request.request_id = id;
+  std::shared_ptr<OutputStream> stream = submit(plan.request);
+  if (plan.stream.stream) {
+    respond_stream(response, std::move(stream), completion_stream(id, context_, std::move(plan)));
+    return;
+  }
+  const RequestOutput output = wait_for(*stream);
+  response.set_content(dump_json(completion_response(id, context_, plan, output)), kJson);
+}
+
+void ApiServer::models(httplib::Response& response) const {
+  const Json model = {{"id", context_.model_name},
+                      {"object", "model"},
+                      {"created", context_.created},
+                      {"owned_by", "beamline"},
+                      {"root", context_.model_name},
+                      {"parent", nullptr},
+                      {"max_model_len", context_.engine.config().max_model_len}};
+  response.set_content(dump_json(Json{{"object", "list"}, {"data", Json::array({model})}}), kJson);
+}
+
+void ApiServer::metrics(httplib::Response& response) const {
+  response.set_content(render_metrics(context_.engine.stats(), counters_.responses_by_status(),
+                                      counters_.active_streams.load(), context_.model_name),
+                       "text/plain; version=0.0.4; charset=utf-8");
+}
+
+}  // namespace beamline::server

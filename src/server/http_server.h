@@ -1,0 +1,87 @@
+#pragma once
+// The OpenAI-compatible HTTP server over cpp-httplib. A pool of HTTP threads (one per open connection)
+// parses and validates requests, hands them to the engine and waits on each request's output stream; the
+// engine thread alone runs the model.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "server/api_error.h"
+#include "server/metrics.h"
+#include "server/serving_context.h"
+#include "server/sse.h"
+
+namespace httplib {
+class Request;
+class Response;
+}  // namespace httplib
+
+namespace beamline::server {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                                         // 0: any free port (see ApiServer::port)
+  std::optional<std::string> api_key;                      // every /v1/* request must send it as a Bearer token
+  std::size_t max_request_body_bytes = std::size_t{32} << 20;
+  std::size_t http_threads = 1024;                         // connections served at once (streams hold one each)
+};
+
+class ListeningServer;
+
+class ApiServer {
+ public:
+  ApiServer(ServingContext& context, HttpOptions options);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  // Binds the listening socket (fails naming host and port); returns the port, useful with port 0.
+  int bind();
+  // Accepts connections until stop(); returns after every connection thread has ended.
+  void serve();
+
+  // Shutdown, first step: /v1 requests and /health get 503 from now on; requests in flight go on.
+  void refuse_new_requests();
+  bool refusing_new_requests() const { return refusing_.load(); }
+  // Aborts every request in flight (their streams end with finish_reason "abort").
+  void abort_in_flight();
+  // Waits until no request is in flight (every response written), at most `timeout`.
+  void wait_until_idle(std::chrono::milliseconds timeout);
+  // Closes the listening socket and ends serve() (open streams are cut at their next write).
+  void stop();
+
+ private:
+  template <typename Body>
+  void guarded(const httplib::Request& request, httplib::Response& response, Body&& body);
+  void chat_completions(const httplib::Request& request, httplib::Response& response);
+  void completions(const httplib::Request& request, httplib::Response& response);
+  void models(httplib::Response& response) const;
+  void metrics(httplib::Response& response) const;
+
+  // Queues a request in the engine (400 for what the engine rejects, 503 once shutting down).
+  std::shared_ptr<OutputStream> submit(GenerationRequest request);
+  // Waits for the whole output (non-streaming responses); unregisters the request.
+  RequestOutput wait_for(OutputStream& stream);
+  void respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
+                      std::unique_ptr<SseResponder> responder);
+  void release(const std::string& request_id);
+
+  ServingContext& context_;
+  HttpOptions options_;
+  std::unique_ptr<ListeningServer> http_;
+  HttpCounters counters_;
+  std::atomic<bool> refusing_{false};
+  std::mutex in_flight_mutex_;
+  std::condition_variable in_flight_changed_;
+  std::unordered_set<std::string> in_flight_;
+};
+
+void write_error(httplib::Response& response, const ApiError& error);
+
+}  // namespace beamline::server

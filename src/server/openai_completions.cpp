@@ -1,0 +1,185 @@
+#include "server/openai_completions.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "server/openai_chat.h"
+#include "server/openai_logprobs.h"
+#include "server/request_fields.h"
+
+namespace beamline::server {
+
+namespace {
+
+bool is_token_list(const Json& value) {
+  if (!value.is_array() || value.empty()) return false;
+  for (const Json& item : value) {
+    if (!item.is_number_integer()) return false;
+  }
+  return true;
+}
+
+std::vector<TokenId> token_list(const Json& value, const std::string& where) {
+  std::vector<TokenId> ids;
+  for (const Json& item : value) {
+    const int64_t id = item.get<int64_t>();
+    if (id < 0 || id > std::numeric_limits<TokenId>::max()) {
+      throw invalid_request("prompt", fmt::format("{}: {} is not a token id", where, id));
+    }
+    ids.push_back(static_cast<TokenId>(id));
+  }
+  return ids;
+}
+
+// Sets the prompt ids and text of `plan` from the request's `prompt`.
+void read_prompt(const Json& body, const ServingContext& context, CompletionPlan& plan) {
+  const Json* prompt = find_field(body, "prompt");
+  if (prompt == nullptr) throw invalid_request("prompt", "prompt: missing (a string or a list of token ids is required)");
+  const Json* single = prompt;
+  if (prompt->is_array() && !prompt->empty() && !is_token_list(*prompt)) {
+    if (prompt->size() != 1) {
+      throw invalid_request("prompt", fmt::format("prompt: this server takes one prompt per request (got {})",
+                                                  prompt->size()));
+    }
+    single = &(*prompt)[0];
+  }
+  if (single->is_string()) {
+    plan.prompt_text = single->get<std::string>();
+    plan.request.prompt = context.tokenizer.encode(plan.prompt_text, /*allow_special=*/true);
+    return;
+  }
+  if (is_token_list(*single)) {
+    plan.request.prompt = token_list(*single, "prompt");
+    // The engine rejects ids outside the vocabulary; only known ids can be shown as text.
+    const auto vocab = static_cast<TokenId>(context.tokenizer.vocab_size());
+    const bool known = std::all_of(plan.request.prompt.begin(), plan.request.prompt.end(),
+                                   [&](TokenId id) { return id < vocab; });
+    if (known) plan.prompt_text = context.tokenizer.decode(plan.request.prompt);
+    return;
+  }
+  throw invalid_request("prompt", fmt::format("prompt: expected a string or a non-empty list of token ids, got {}",
+                                              single->is_array() ? "an empty or mixed list" : single->type_name()));
+}
+
+std::string completion_finish_reason(FinishReason reason) { return std::string(to_string(reason)); }
+
+class CompletionStream : public SseResponder {
+ public:
+  CompletionStream(std::string id, const ServingContext& context, CompletionPlan plan)
+      : id_(std::move(id)),
+        context_(context),
+        plan_(std::move(plan)),
+        created_(unix_seconds_now()),
+        text_offsets_(static_cast<std::size_t>(plan_.request.sampling.n), 0) {}
+
+  std::string begin() override {
+    if (!plan_.echo) return "";
+    std::string events;
+    for (std::size_t i = 0; i < text_offsets_.size(); ++i) {
+      events += chunk(i, plan_.prompt_text, nullptr, nullptr);
+      text_offsets_[i] = plan_.prompt_text.size();
+    }
+    return events;
+  }
+
+  std::string on_output(const RequestOutput& delta) override {
+    std::string events;
+    for (const SampleOutput& sample : delta.samples) {
+      const auto index = static_cast<std::size_t>(sample.index);
+      Json logprobs;
+      if (plan_.request.sampling.logprobs && !sample.logprobs.empty()) {
+        logprobs = completion_logprobs_json(context_.tokenizer, sample.logprobs, text_offsets_.at(index));
+      }
+      text_offsets_.at(index) += sample.text.size();
+      Json finish = sample.finish_reason ? Json(completion_finish_reason(*sample.finish_reason)) : Json();
+      if (!sample.text.empty() || !logprobs.is_null() || !finish.is_null()) {
+        events += chunk(index, sample.text, std::move(logprobs), std::move(finish));
+      }
+    }
+    if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
+    if (!delta.finished) return events;
+    if (plan_.stream.include_usage) {
+      Json usage_chunk = base(Json::array());
+      usage_chunk["usage"] = usage_json(delta.usage);
+      events += sse_event(usage_chunk);
+    }
+    return events + kSseDone;
+  }
+
+ private:
+  Json base(Json choices) const {
+    return Json{{"id", id_},
+                {"object", "text_completion"},
+                {"created", created_},
+                {"model", context_.model_name},
+                {"choices", std::move(choices)}};
+  }
+
+  std::string chunk(std::size_t index, const std::string& text, Json logprobs, Json finish_reason) const {
+    Json choice = {{"index", index},
+                   {"text", text},
+                   {"logprobs", std::move(logprobs)},
+                   {"finish_reason", std::move(finish_reason)}};
+    Json json = base(Json::array({std::move(choice)}));
+    if (plan_.stream.include_usage) json["usage"] = nullptr;
+    return sse_event(json);
+  }
+
+  std::string id_;
+  const ServingContext& context_;
+  const CompletionPlan plan_;
+  int64_t created_;
+  std::vector<std::size_t> text_offsets_;
+};
+
+}  // namespace
+
+CompletionPlan plan_completion(const Json& body, const ServingContext& context) {
+  check_model(body, context.model_name);
+  reject_unsupported_fields(body, Endpoint::Completions);
+  CompletionPlan plan;
+  plan.stream = read_stream_options(body);
+  plan.request.sampling = read_sampling_params(body, Endpoint::Completions, context.engine.config().max_logprobs,
+                           context.generation_config);
+  plan.echo = optional_bool(body, "echo").value_or(false);
+  if (plan.echo && plan.request.sampling.logprobs) {
+    throw invalid_request("echo", "echo together with logprobs would need the prompt's logprobs, which this server "
+                                  "does not compute");
+  }
+  read_prompt(body, context, plan);
+  apply_default_max_tokens(plan.request.sampling, plan.request.prompt.size(), context.engine.config().max_model_len,
+                           context.generation_config);
+  plan.request.detokenize = true;
+  plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  return plan;
+}
+
+Json completion_response(const std::string& id, const ServingContext& context, const CompletionPlan& plan,
+                         const RequestOutput& output) {
+  Json choices = Json::array();
+  const std::string prefix = plan.echo ? plan.prompt_text : "";
+  for (const SampleOutput& sample : output.samples) {
+    Json logprobs = plan.request.sampling.logprobs
+                        ? completion_logprobs_json(context.tokenizer, sample.logprobs, prefix.size())
+                        : Json();
+    choices.push_back({{"index", sample.index},
+                       {"text", prefix + sample.text},
+                       {"logprobs", std::move(logprobs)},
+                       {"finish_reason", completion_finish_reason(sample.finish_reason.value_or(FinishReason::Abort))}});
+  }
+  return Json{{"id", id},
+              {"object", "text_completion"},
+              {"created", unix_seconds_now()},
+              {"model", context.model_name},
+              {"choices", std::move(choices)},
+              {"usage", usage_json(output.usage)}};
+}
+
+std::unique_ptr<SseResponder> completion_stream(const std::string& id, const ServingContext& context,
+                                                CompletionPlan plan) {
+  return std::make_unique<CompletionStream>(id, context, std::move(plan));
+}
+
+}  // namespace beamline::server

@@ -1,0 +1,53 @@
+#include "server/openai_logprobs.h"
+
+namespace beamline::server {
+
+namespace {
+
+Json token_bytes_json(const Tokenizer& tokenizer, TokenId id) {
+  Json bytes = Json::array();
+  for (char byte : tokenizer.token_bytes(id)) bytes.push_back(static_cast<unsigned char>(byte));
+  return bytes;
+}
+
+}  // namespace
+
+std::string token_text(const Tokenizer& tokenizer, TokenId id) { return tokenizer.decode({id}); }
+
+Json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& logprobs) {
+  Json content = Json::array();
+  for (const TokenLogprob& entry : logprobs) {
+    Json top = Json::array();
+    for (const auto& [token, logprob] : entry.top) {
+      top.push_back(
+          {{"token", token_text(tokenizer, token)}, {"logprob", logprob}, {"bytes", token_bytes_json(tokenizer, token)}});
+    }
+    content.push_back({{"token", token_text(tokenizer, entry.token)},
+                       {"logprob", entry.logprob},
+                       {"bytes", token_bytes_json(tokenizer, entry.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return Json{{"content", std::move(content)}};
+}
+
+Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& logprobs,
+                              std::size_t text_offset) {
+  Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(), offsets = Json::array();
+  std::size_t offset = text_offset;
+  for (const TokenLogprob& entry : logprobs) {
+    const std::string text = token_text(tokenizer, entry.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(entry.logprob);
+    Json top = Json::object();
+    for (const auto& [token, logprob] : entry.top) top[token_text(tokenizer, token)] = logprob;
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += text.size();
+  }
+  return Json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)},
+              {"text_offset", std::move(offsets)}};
+}
+
+}  // namespace beamline::server

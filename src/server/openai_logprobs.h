@@ -1,0 +1,23 @@
+#pragma once
+// Log-probabilities of sampled tokens in the two OpenAI response shapes.
+#include <string>
+#include <vector>
+
+#include "engine/request_output.h"
+#include "server/api_error.h"
+#include "text/tokenizer.h"
+
+namespace beamline::server {
+
+// A token's text for display: its bytes, with a split character shown as U+FFFD.
+std::string token_text(const Tokenizer& tokenizer, TokenId id);
+
+// Chat Completions: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+Json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& logprobs);
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}; offsets count
+// bytes of the choice's text from `text_offset`.
+Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& logprobs,
+                              std::size_t text_offset);
+
+}  // namespace beamline::server

@@ -1,0 +1,27 @@
+#pragma once
+// What every endpoint needs: the engine, the tokenizer, the checkpoint's Harmony template, the served name.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/generation_config.h"
+#include "text/harmony_template.h"
+
+namespace beamline::server {
+
+struct ServingContext {
+  Engine& engine;
+  const Tokenizer& tokenizer;
+  harmony::HarmonyTemplate harmony_template;
+  std::vector<TokenId> harmony_stop_ids;  // the template's stop tokens: end of an assistant turn
+  GenerationConfig generation_config;     // the checkpoint's sampling defaults for fields a request leaves out
+  std::string model_name;
+  int64_t created = 0;                    // unix seconds the server started (GET /v1/models)
+};
+
+// "<prefix>-" followed by 32 random hex digits (response ids: chatcmpl-..., cmpl-...).
+std::string new_response_id(const std::string& prefix);
+int64_t unix_seconds_now();
+
+}  // namespace beamline::server
