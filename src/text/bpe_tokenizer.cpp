@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -159,16 +160,13 @@ class BpeTokenizer final : public Tokenizer {
   explicit BpeTokenizer(BpeDefinition definition)
       : source_(std::move(definition.source)),
         whole_piece_lookup_(definition.whole_piece_lookup),
+        merge_by_token_rank_(definition.merge_rule == BpeDefinition::MergeRule::kTokenRanks),
         add_prefix_space_(definition.add_prefix_space),
         pre_tokenizer_(std::move(definition.pre_tokenizer)) {
     require(pre_tokenizer_ != nullptr, "{}: no pre-tokenizer", source_);
     store_vocabulary(definition.vocab);
     store_added_tokens(definition.added_tokens);
-    if (definition.merge_rule == BpeDefinition::MergeRule::kTokenRanks) {
-      derive_merges_from_ranks(definition.vocab);
-    } else {
-      store_merges(definition.merges);
-    }
+    if (!merge_by_token_rank_) store_merges(definition.merges);
   }
 
   std::vector<TokenId> encode(std::string_view text, bool allow_special) const override {
@@ -249,11 +247,40 @@ class BpeTokenizer final : public Tokenizer {
     uint64_t order;  // rank, then position: the lowest rank merges first, the leftmost among equals
     TokenId left_token;
     TokenId right_token;
+    TokenId result;
   };
+  // A small per-thread cache of pair lookups in front of the large tables: text reuses few pairs (CJK
+  // characters are three-byte pairs merged again and again), and a hit stays in the L1/L2 cache.
+  struct PairCacheEntry {
+    uint64_t pair;
+    MergeTable::Merge merge;  // result -1: the pair does not merge
+  };
+  static constexpr std::size_t kPairCacheSize = 32768;
+  static constexpr uint64_t kNoPair = std::numeric_limits<uint64_t>::max();
   struct MergeScratch {
     std::vector<Part> parts;
     std::vector<Candidate> heap;
+    std::vector<PairCacheEntry> cache;
+    uint64_t cache_owner = 0;
   };
+
+  // The merge of two adjacent parts that span [left, end) of the piece.
+  MergeTable::Merge find_merge(std::vector<PairCacheEntry>& cache, const unsigned char* piece, uint32_t left,
+                               TokenId left_token, TokenId right_token, uint32_t end) const {
+    const uint64_t pair = (static_cast<uint64_t>(static_cast<uint32_t>(left_token)) << 32) |
+                          static_cast<uint32_t>(right_token);
+    PairCacheEntry& entry = cache[((pair * 0x9E3779B97F4A7C15ULL) >> 32) & (kPairCacheSize - 1)];
+    if (entry.pair == pair) return entry.merge;
+    MergeTable::Merge merge{0, -1};
+    if (merge_by_token_rank_) {
+      const TokenId joined = lookup_.find(piece + left, end - left);
+      if (joined >= 0) merge = {static_cast<uint32_t>(joined), joined};
+    } else if (const MergeTable::Merge* found = merges_.find(left_token, right_token)) {
+      merge = *found;
+    }
+    entry = PairCacheEntry{pair, merge};
+    return merge;
+  }
 
   void place(TokenId id, std::string_view bytes, std::string_view what) {
     require(id >= 0, "{}: {} has a negative id {}", source_, what, id);
@@ -344,20 +371,6 @@ class BpeTokenizer final : public Tokenizer {
     }
   }
 
-  void derive_merges_from_ranks(const std::vector<std::pair<std::string, TokenId>>& vocab) {
-    std::size_t splits = 0;
-    for (const auto& entry : vocab) splits += entry.first.size() > 1 ? entry.first.size() - 1 : 0;
-    merges_.reserve(splits / 2);
-    for (const auto& [bytes, id] : vocab) {
-      for (std::size_t split = 1; split < bytes.size(); ++split) {
-        const TokenId left = find_token(std::string_view(bytes).substr(0, split));
-        if (left < 0) continue;
-        const TokenId right = find_token(std::string_view(bytes).substr(split));
-        if (right >= 0) merges_.insert(left, right, {static_cast<uint32_t>(id), id});
-      }
-    }
-  }
-
   TokenId find_token(std::string_view bytes) const {
     return lookup_.find(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   }
@@ -407,6 +420,10 @@ class BpeTokenizer final : public Tokenizer {
   // dropped when popped if either side has changed since they were pushed.
   void merge(const unsigned char* piece, std::size_t length, std::vector<TokenId>& ids) const {
     thread_local MergeScratch scratch;
+    if (scratch.cache_owner != instance_) {
+      scratch.cache.assign(kPairCacheSize, PairCacheEntry{kNoPair, {}});
+      scratch.cache_owner = instance_;
+    }
     auto& parts = scratch.parts;
     auto& heap = scratch.heap;
     const auto n = static_cast<uint32_t>(length);
@@ -415,9 +432,11 @@ class BpeTokenizer final : public Tokenizer {
     const auto later = [](const Candidate& a, const Candidate& b) { return a.order > b.order; };
     const auto consider = [&](uint32_t left) {
       const uint32_t right = parts[left].next;
-      const MergeTable::Merge* merge = merges_.find(parts[left].token, parts[right].token);
-      if (merge == nullptr) return;
-      heap.push_back(Candidate{(static_cast<uint64_t>(merge->rank) << 32) | left, parts[left].token, parts[right].token});
+      const MergeTable::Merge merge =
+          find_merge(scratch.cache, piece, left, parts[left].token, parts[right].token, parts[right].next);
+      if (merge.result < 0) return;
+      heap.push_back(Candidate{(static_cast<uint64_t>(merge.rank) << 32) | left, parts[left].token,
+                               parts[right].token, merge.result});
       std::push_heap(heap.begin(), heap.end(), later);
     };
     for (uint32_t i = 0; i < n; ++i) parts[i] = Part{byte_token_[piece[i]], i - 1, i + 1};
@@ -431,7 +450,7 @@ class BpeTokenizer final : public Tokenizer {
       if (left_part.token != candidate.left_token || left_part.next >= n) continue;
       const uint32_t right = left_part.next;
       if (parts[right].token != candidate.right_token) continue;
-      left_part.token = merges_.find(candidate.left_token, candidate.right_token)->result;
+      left_part.token = candidate.result;
       parts[right].token = -1;
       left_part.next = parts[right].next;
       if (left_part.next < n) parts[left_part.next].previous = left;
@@ -441,8 +460,13 @@ class BpeTokenizer final : public Tokenizer {
     for (uint32_t i = 0; i < n; i = parts[i].next) ids.push_back(parts[i].token);
   }
 
+  static inline std::atomic<uint64_t> instances_{0};
+  const uint64_t instance_ = ++instances_;  // tells the per-thread pair caches of two tokenizers apart
   std::string source_;
   bool whole_piece_lookup_;
+  // tiktoken: two adjacent parts merge when their bytes together are a token, ranked by its id; looked
+  // up by those bytes, so no merge table is needed.
+  bool merge_by_token_rank_;
   bool add_prefix_space_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
   std::string arena_;
