@@ -39,6 +39,14 @@ BeamModelRunner::BeamModelRunner(const std::filesystem::path& model_dir, std::st
 }
 
 std::vector<float> BeamModelRunner::forward(const ForwardBatch& batch) {
+  if (batch.logit_rows.empty() && !batch.tokens.empty()) {
+    // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
+    // ask for one and drop it.
+    ForwardBatch with_row = batch;
+    with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+    model_->forward(with_row, *cache_);
+    return {};
+  }
   const Tensor logits = model_->forward(batch, *cache_);
   return backend_->download_f32(logits);
 }

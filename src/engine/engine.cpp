@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "engine/engine_core.h"
 
 namespace beamline {
@@ -67,6 +70,8 @@ EngineStats Engine::stats() const {
 }
 
 void Engine::loop() {
+  constexpr std::chrono::milliseconds kStatsInterval(50);
+  auto last_snapshot = std::chrono::steady_clock::now();
   for (;;) {
     std::vector<std::pair<GenerationRequest, std::shared_ptr<OutputStream>>> arrivals;
     std::vector<std::string> aborts;
@@ -86,9 +91,12 @@ void Engine::loop() {
 
     std::vector<std::string> ended;
     if (core_->has_work()) ended = core_->step();
-    {
+    // Snapshots cost a pass over the running sequences: take one per interval while busy, and when idle.
+    const auto now = std::chrono::steady_clock::now();
+    if (!core_->has_work() || now - last_snapshot >= kStatsInterval) {
       std::lock_guard lock(stats_mutex_);
       stats_ = core_->stats();
+      last_snapshot = now;
     }
     {
       std::lock_guard lock(inbox_mutex_);

@@ -49,6 +49,7 @@ class Engine {
   // Stops the loop after draining or aborting in-flight requests; returns when the engine thread has ended.
   void shutdown(ShutdownMode mode);
 
+  // A snapshot taken by the engine thread: at most ~50 ms old while busy, current when idle.
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }  // resolved: max_model_len and block_size filled in
   int32_t vocab_size() const { return vocab_size_; }

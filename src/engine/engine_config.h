@@ -17,6 +17,7 @@ struct EngineConfig {
   int32_t max_num_seqs = 256;             // --max-num-seqs: sequences running at once
   int32_t max_num_batched_tokens = 8192;  // --max-num-batched-tokens: tokens per forward step
   int64_t max_model_len = 0;              // --max-model-len: prompt + output; 0 = the model's max_position_embeddings
+                                          //   (or less: what the KV cache can hold)
   int32_t block_size = 0;                 // --block-size: tokens per KV block; 0 = the model's default
   bool enable_prefix_caching = true;      // --enable-prefix-caching / --no-enable-prefix-caching
   int64_t kv_cache_memory_bytes = 0;      // --kv-cache-memory: KV budget in bytes; 0 = use the fraction

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace beamline {
 namespace {
@@ -24,11 +25,28 @@ EngineConfig resolve_engine_config(const EngineConfig& config, const ModelRunner
           layout.block_size);
   resolved.block_size = layout.block_size;
   const int64_t model_max = runner.max_position_embeddings();
-  if (resolved.max_model_len == 0) resolved.max_model_len = model_max;
+  const kv::KvCacheManager probe(layout, runner.sliding_window(), false);
+  auto fits = [&](int64_t length) {
+    return probe.max_blocks_for_sequence(length, resolved.max_num_batched_tokens) <= layout.num_blocks;
+  };
+  if (resolved.max_model_len == 0) {
+    // Unset: the model's context, or the longest sequence the pool can hold when that is less.
+    resolved.max_model_len = model_max;
+    if (!fits(model_max) && fits(2)) {
+      int64_t low = 2, high = model_max;  // fits(low), !fits(high)
+      while (high - low > 1) {
+        const int64_t middle = low + (high - low) / 2;
+        (fits(middle) ? low : high) = middle;
+      }
+      resolved.max_model_len = low;
+      spdlog::warn("max_model_len set to {} (the model allows {}): the KV cache holds no longer sequence; raise "
+                   "--kv-cache-memory or --gpu-memory-utilization for more",
+                   low, model_max);
+    }
+  }
   require(resolved.max_model_len <= model_max, "--max-model-len {} exceeds the model's max_position_embeddings {}",
           resolved.max_model_len, model_max);
   require(resolved.max_model_len >= 2, "--max-model-len must be at least 2 (got {})", resolved.max_model_len);
-  const kv::KvCacheManager probe(layout, runner.sliding_window(), false);
   const int64_t needed = probe.max_blocks_for_sequence(resolved.max_model_len, resolved.max_num_batched_tokens);
   require(needed <= layout.num_blocks,
           "the KV cache ({} blocks of {} tokens) cannot hold one sequence of --max-model-len {} tokens ({} blocks "
@@ -231,17 +249,36 @@ std::vector<std::string> EngineCore::step() {
   scheduler_.complete(plan);
   ++counters_.steps_total;
 
+  // Sampling touches only each sample's own state (its random stream is keyed by its seed), so the rows
+  // can be sampled in parallel without changing any result.
+  std::vector<const ScheduledSequence*> producing;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (s.logit_index >= 0) producing.push_back(&s);
+  }
+  std::vector<SampledToken> sampled_tokens(producing.size());
+  ThreadPool::global().parallel_for(
+      producing.size(),
+      [&](std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) {
+          SampleState& sample = *samples_by_sequence_.at(producing[i]->sequence->id);
+          const std::span<const float> row(
+              logits.data() + static_cast<std::size_t>(producing[i]->logit_index) * vocab_size_, vocab_size_);
+          sampled_tokens[i] = sample_token(row, sample.request->request.sampling, sample.sampler,
+                                           sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+        }
+      },
+      std::max<std::size_t>(1, 65536 / static_cast<std::size_t>(vocab_size_)));
+
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
+  std::size_t next_sampled = 0;
   for (const ScheduledSequence& s : plan.scheduled) {
     SampleState& sample = *samples_by_sequence_.at(s.sequence->id);
     RequestState& request = *sample.request;
     if (std::find(touched.begin(), touched.end(), &request) == touched.end()) touched.push_back(&request);
     if (s.logit_index < 0) continue;
     Sequence& sequence = sample.sequence;
-    const std::span<const float> row(logits.data() + static_cast<std::size_t>(s.logit_index) * vocab_size_, vocab_size_);
-    const SampledToken sampled = sample_token(row, request.request.sampling, sample.sampler,
-                                              sample.stop.masked_tokens(sequence.num_output_tokens()));
+    const SampledToken& sampled = sampled_tokens[next_sampled++];
     sequence.tokens.push_back(sampled.token);
     ++counters_.generation_tokens_total;
     if (!request.first_token) {

@@ -92,7 +92,8 @@ class EngineCore {
 };
 
 // Fills in max_model_len and block_size from the runner and checks them against it and against the pool:
-// one sequence of max_model_len tokens must fit. Throws Error naming the flag to change.
+// one sequence of max_model_len tokens must fit. An unset max_model_len becomes the model's context, cut
+// to what the pool holds (with a warning). Throws Error naming the flag to change.
 EngineConfig resolve_engine_config(const EngineConfig& config, const ModelRunner& runner);
 
 }  // namespace beamline

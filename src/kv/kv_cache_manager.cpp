@@ -118,14 +118,16 @@ bool KvCacheManager::allocate(SeqId seq, std::span<const int32_t> tokens, std::s
         if (table[i] == kNullBlock) continue;
         pool_.release(table[i]);
         table[i] = kNullBlock;
+        --kv.num_held_blocks;
       }
     }
   }
 
   int32_t blocks_to_take = 0;
   for (int32_t g = 0; g < num_groups; ++g) {
-    const int32_t held = static_cast<int32_t>(is_new ? (hit ? hit->tables[g].size() : 0) : sequences_.at(seq).tables[g].size());
-    const int32_t start = layout_.group_is_sliding[g] ? std::max(held, first_needed) : held;
+    const int32_t length =
+        static_cast<int32_t>(is_new ? (hit ? hit->tables[g].size() : 0) : sequences_.at(seq).tables[g].size());
+    const int32_t start = layout_.group_is_sliding[g] ? std::max(length, first_needed) : length;
     blocks_to_take += std::max(0, target_blocks - start);
     if (hit) {
       for (BlockId block : hit->tables[g]) {
@@ -146,7 +148,9 @@ bool KvCacheManager::allocate(SeqId seq, std::span<const int32_t> tokens, std::s
       kv.num_published_blocks = hit->num_tokens / layout_.block_size;
       for (const auto& table : kv.tables) {
         for (BlockId block : table) {
-          if (block != kNullBlock) pool_.acquire(block);
+          if (block == kNullBlock) continue;
+          pool_.acquire(block);
+          ++kv.num_held_blocks;
         }
       }
     }
@@ -156,6 +160,7 @@ bool KvCacheManager::allocate(SeqId seq, std::span<const int32_t> tokens, std::s
     while (static_cast<int32_t>(table.size()) < target_blocks) {
       const bool skipped = layout_.group_is_sliding[g] && static_cast<int32_t>(table.size()) < first_needed;
       table.push_back(skipped ? kNullBlock : pool_.allocate(1).front());
+      if (!skipped) ++kv.num_held_blocks;
     }
   }
   return true;
@@ -205,13 +210,7 @@ const KvCacheManager::SequenceKv& KvCacheManager::state(SeqId seq) const {
 
 const BlockTables& KvCacheManager::block_tables(SeqId seq) const { return state(seq).tables; }
 
-int32_t KvCacheManager::num_held_blocks(SeqId seq) const {
-  int32_t held = 0;
-  for (const auto& table : state(seq).tables) {
-    held += static_cast<int32_t>(std::count_if(table.begin(), table.end(), [](BlockId b) { return b != kNullBlock; }));
-  }
-  return held;
-}
+int32_t KvCacheManager::num_held_blocks(SeqId seq) const { return state(seq).num_held_blocks; }
 
 int64_t KvCacheManager::saved_layer_token_slots(SeqId seq) const {
   const SequenceKv& kv = state(seq);

@@ -83,6 +83,7 @@ class KvCacheManager {
     BlockTables tables;
     std::vector<BlockHash> hashes;
     int32_t num_published_blocks = 0;
+    int32_t num_held_blocks = 0;  // non-null table entries
   };
   int32_t first_needed_block(int32_t num_computed) const;  // sliding groups
   int32_t window_blocks() const;                          // sliding blocks a cache hit must hold

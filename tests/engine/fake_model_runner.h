@@ -1,6 +1,6 @@
 #pragma once
-// A deterministic stand-in for the model that checks the engine's paging: it stores (token, position) in
-// the pool blocks the batch's block tables name, and computes each logit row from what it reads back
+// A deterministic stand-in for the model that checks the engine's paging: it stores (token, position, group)
+// in the pool blocks the batch's block tables name, and computes each logit row from what it reads back
 // through those tables: every position for full-attention groups, the last `sliding_window` positions for
 // sliding groups. A wrong, missing or reused block changes the logits or throws.
 #include <algorithm>
@@ -44,7 +44,7 @@ class FakeModelRunner : public ModelRunner {
  public:
   FakeModelRunner(KvCacheLayout layout, int32_t sliding_window, int32_t vocab_size, int64_t max_positions = 4096)
       : layout_(std::move(layout)), window_(sliding_window), vocab_(vocab_size), max_positions_(max_positions),
-        cells_(static_cast<std::size_t>(layout_.num_blocks) * layout_.block_size, 0) {}
+        cells_(static_cast<std::size_t>(layout_.num_blocks) * layout_.block_size) {}
 
   int32_t vocab_size() const override { return vocab_; }
   const KvCacheLayout& kv_layout() const override { return layout_; }
@@ -67,7 +67,9 @@ class FakeModelRunner : public ModelRunner {
       for (int32_t row = slice.token_begin; row < slice.token_end; ++row) {
         row_sequence[row] = static_cast<int32_t>(s);
         const int32_t position = slice.context_begin + (row - slice.token_begin);
-        for (const auto& table : slice.block_tables) cell(table, position) = encode(batch.tokens[row], position);
+        for (int32_t g = 0; g < layout_.num_groups(); ++g) {
+          cell(slice.block_tables[g], position) = Cell{batch.tokens[row], position, g};
+        }
       }
     }
     std::vector<float> logits;
@@ -81,12 +83,13 @@ class FakeModelRunner : public ModelRunner {
         const int32_t first = sliding ? std::max(0, position - window_ + 1) : 0;
         uint64_t h = 0;
         for (int32_t p = first; p <= position; ++p) {
-          const int64_t value = cell(slice.block_tables[g], p);
-          if (value % 1000000 != p + 1) {
+          const Cell& value = cell(slice.block_tables[g], p);
+          if (value.position != p || value.group != g) {
             throw std::runtime_error("fake model: group " + std::to_string(g) + " reads position " + std::to_string(p) +
-                                     " and finds " + std::to_string(value));
+                                     " and finds position " + std::to_string(value.position) + " of group " +
+                                     std::to_string(value.group));
           }
-          h = fake_mix(h ^ static_cast<uint64_t>(value));
+          h = fake_mix(h ^ (static_cast<uint64_t>(value.token) << 32 | static_cast<uint32_t>(p)));
         }
         (sliding ? window : full) ^= fake_mix(h + static_cast<uint64_t>(g));
       }
@@ -100,8 +103,10 @@ class FakeModelRunner : public ModelRunner {
   }
 
  private:
-  static int64_t encode(int32_t token, int32_t position) { return int64_t{token} * 1000000 + position + 1; }
-  int64_t& cell(const std::vector<int32_t>& table, int32_t position) {
+  struct Cell {
+    int32_t token = -1, position = -1, group = -1;
+  };
+  Cell& cell(const std::vector<int32_t>& table, int32_t position) {
     const auto index = static_cast<std::size_t>(position / layout_.block_size);
     if (index >= table.size()) throw std::runtime_error("fake model: block table too short for position " + std::to_string(position));
     const int32_t block = table[index];
@@ -113,7 +118,7 @@ class FakeModelRunner : public ModelRunner {
   int32_t window_;
   int32_t vocab_;
   int64_t max_positions_;
-  std::vector<int64_t> cells_;
+  std::vector<Cell> cells_;
 };
 
 }  // namespace beamline::testing

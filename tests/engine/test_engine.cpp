@@ -56,6 +56,18 @@ GenerationRequest random_request(std::mt19937& rng, const std::string& id, int32
   return request;
 }
 
+// Stats are snapshots the engine thread takes; wait until one shows `done` (or give up after 10 s).
+template <typename Predicate>
+EngineStats wait_for_stats(const Engine& engine, Predicate done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  EngineStats stats = engine.stats();
+  while (!done(stats) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    stats = engine.stats();
+  }
+  return stats;
+}
+
 using Results = std::map<std::string, RequestOutput>;
 
 // All requests at once from several client threads.
@@ -112,6 +124,7 @@ TEST(Engine, ConcurrentRequestsAllFinishWithTheirSingleRequestResults) {
     EXPECT_EQ(output.usage.completion_tokens, static_cast<int32_t>(output.samples[0].token_ids.size()));
   }
   expect_same_tokens(batched, run_one_at_a_time(requests, 400));
+  engine->shutdown(ShutdownMode::Drain);  // the last snapshot is final
   const EngineStats stats = engine->stats();
   EXPECT_EQ(stats.requests_finished_total, 24u);
   EXPECT_EQ(stats.num_running + stats.num_waiting, 0);
@@ -131,6 +144,7 @@ TEST(Engine, PreemptionAndResumeGiveTheSameOutputs) {
   // 70 blocks: one sequence of max_model_len fits (40 full + sliding), six of these do not.
   auto engine = make_engine(small_config(), 70);
   const Results batched = run_concurrently(*engine, requests);
+  engine->shutdown(ShutdownMode::Drain);
   EXPECT_GT(engine->stats().preemptions_total, 0u) << "the pool must be small enough to preempt";
   int32_t preempted_requests = 0;
   for (const auto& [id, output] : batched) preempted_requests += output.metrics.preemptions > 0;
@@ -154,6 +168,7 @@ TEST(Engine, PrefixCachingServesMultiTurnPromptsWithoutChangingOutputs) {
     const RequestOutput two = collect_output(*engine->add_request(second));
     const Results alone = run_one_at_a_time({second}, 400);
     EXPECT_EQ(two.samples[0].token_ids, alone.at("turn2").samples[0].token_ids);
+    engine->shutdown(ShutdownMode::Drain);
     const EngineStats stats = engine->stats();
     if (caching) {
       // The first turn's 40 tokens are in the cache (its last token's block only once computed: 36 or 40).
@@ -181,7 +196,7 @@ TEST(Engine, ParallelSamplesShareThePromptAndMatchSingleSeededRequests) {
   int32_t completion = 0;
   for (const auto& s : output.samples) completion += static_cast<int32_t>(s.token_ids.size());
   EXPECT_EQ(output.usage.completion_tokens, completion);
-  EXPECT_EQ(engine->stats().prefix_cache_hits_total, 2u * 32u) << "samples 1 and 2 reuse the prompt's full blocks";
+  EXPECT_EQ(output.usage.cached_tokens, 0);
   for (int32_t i = 0; i < 3; ++i) {
     GenerationRequest single = request;
     single.request_id = "single" + std::to_string(i);
@@ -189,7 +204,11 @@ TEST(Engine, ParallelSamplesShareThePromptAndMatchSingleSeededRequests) {
     single.sampling.seed = 100 + i;
     const RequestOutput alone = collect_output(*engine->add_request(single));
     EXPECT_EQ(alone.samples[0].token_ids, output.samples[i].token_ids) << "sample " << i;
+    EXPECT_EQ(alone.usage.cached_tokens, 32);
   }
+  engine->shutdown(ShutdownMode::Drain);
+  // Samples 1 and 2 reuse the prompt's 8 full blocks, and so does each later single request.
+  EXPECT_EQ(engine->stats().prefix_cache_hits_total, 5u * 32u);
 }
 
 TEST(Engine, ChunkedPrefillAndBudgetsDoNotChangeOutputs) {
@@ -223,7 +242,7 @@ TEST(Engine, AbortEndsTheStreamAndFreesBlocks) {
   EXPECT_TRUE(first->finished);
   EXPECT_EQ(first->samples[0].finish_reason, FinishReason::Abort);
   EXPECT_LT(first->samples[0].token_ids.size(), 130u);
-  const EngineStats stats = engine->stats();
+  const EngineStats stats = wait_for_stats(*engine, [](const EngineStats& s) { return s.requests_finished_total == 1; });
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
   EXPECT_EQ(stats.requests_aborted, 1u);
   // The id can be used again once the request ended.
@@ -318,6 +337,8 @@ TEST(Engine, StartupChecksThePoolAgainstMaxModelLen) {
   EXPECT_THROW(make_engine(config, 4000), Error);  // beyond the model's 512 positions
   config.max_model_len = 0;
   EXPECT_EQ(make_engine(config, 4000)->config().max_model_len, 512);
+  // Unset, it shrinks to what the pool holds: 100 blocks = 2 x 10 sliding + 80 full = 320 tokens.
+  EXPECT_EQ(make_engine(config, 100)->config().max_model_len, 320);
   config.block_size = 8;
   EXPECT_THROW(make_engine(config, 4000), Error);
 }

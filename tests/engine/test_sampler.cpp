@@ -224,17 +224,17 @@ testing::FakeTokenizer make_tokenizer() {
   return testing::FakeTokenizer({"<eos>", "Hel", "lo", " wor", "ld", "\xC3", "\xA9", "!", "<|call|>"}, {0, 8});
 }
 
-struct Run {
+struct CheckerRun {
   std::string text;
   std::optional<FinishReason> finish;
   std::variant<std::monostate, TokenId, std::string> stop_reason;
   int tokens = 0;
 };
 
-Run run_checker(const Tokenizer& tok, const SamplingParams& params, const std::vector<TokenId>& ids, int max_tokens = 100) {
+CheckerRun run_checker(const Tokenizer& tok, const SamplingParams& params, const std::vector<TokenId>& ids, int max_tokens = 100) {
   const std::vector<TokenId> eos = {0};
   StopChecker checker(&tok, true, params, eos, max_tokens);
-  Run run;
+  CheckerRun run;
   for (TokenId id : ids) {
     ++run.tokens;
     auto result = checker.push(id, run.tokens);
@@ -252,7 +252,7 @@ TEST(StopChecker, StopStringsMatchAcrossTokenBoundaries) {
   const auto tok = make_tokenizer();
   SamplingParams params;
   params.stop = {"lo wo"};
-  Run run = run_checker(tok, params, {1, 2, 3, 4});
+  CheckerRun run = run_checker(tok, params, {1, 2, 3, 4});
   EXPECT_EQ(run.tokens, 3);
   EXPECT_EQ(run.text, "Hel");
   EXPECT_EQ(run.finish, FinishReason::Stop);
@@ -270,7 +270,7 @@ TEST(StopChecker, StopStringsMatchAcrossTokenBoundaries) {
 TEST(StopChecker, StopIdsEosMaxTokensAndSpecialTokens) {
   const auto tok = make_tokenizer();
   SamplingParams params;
-  Run run = run_checker(tok, params, {1, 2, 0, 3});
+  CheckerRun run = run_checker(tok, params, {1, 2, 0, 3});
   EXPECT_EQ(run.text, "Hello");
   EXPECT_EQ(run.finish, FinishReason::Stop);
   EXPECT_TRUE(std::holds_alternative<std::monostate>(run.stop_reason)) << "eos is not a stop_reason";
@@ -327,7 +327,7 @@ TEST(StopChecker, RandomStopsMatchNaiveSearch) {
     params.include_stop_str_in_output = rng() % 2;
     std::vector<TokenId> ids;
     for (int i = 0; i < 20; ++i) ids.push_back(1 + static_cast<TokenId>(rng() % 30));
-    const Run run = run_checker(tok, params, ids, 20);
+    const CheckerRun run = run_checker(tok, params, ids, 20);
     // Naive: after each token, look for the earliest stop occurrence in the whole text.
     std::string text;
     std::string expected;

@@ -53,7 +53,7 @@ TEST(KvCacheManager, SlidingGroupsHoldOnlyTheWindowAndReturnTheRest) {
   const int32_t bs = 4, window = 8;
   KvCacheManager kv(make_layout(bs, 64, {false, true, true}), window, /*prefix caching*/ false);
   std::mt19937 rng(1);
-  const auto tokens = random_tokens(rng, 41);
+  const auto tokens = random_tokens(rng, 43);
   int32_t computed = 0;
   for (int32_t n : {5, 1, 1, 7, 1, 1, 1, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}) {
     ASSERT_TRUE(kv.allocate(7, tokens, "", computed, n));
