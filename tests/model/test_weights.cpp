@@ -202,6 +202,28 @@ TEST_F(WeightsTest, ShardedRoundTripMatchesSingleFile) {
                         a.layers[3].experts[2].gate_proj.weight.nbytes), 0);
 }
 
+// Generation is counter-based: any split into chunks (as threads take them) gives the same bytes, the
+// seed changes them, and the tensor name keys the stream.
+TEST_F(WeightsTest, RandomTensorsDoNotDependOnChunking) {
+  std::mt19937_64 rng(8);
+  const auto tensors = random_checkpoint_tensors(tiny_, 21, DType::BF16);
+  const auto other_seed = random_checkpoint_tensors(tiny_, 22, DType::BF16);
+  for (std::size_t t = 0; t < tensors.size(); t += 7) {
+    const TensorSource& tensor = tensors[t];
+    const std::size_t element = dtype_size(tensor.dtype), total = tensor.nbytes();
+    std::vector<std::byte> whole(total), pieces(total), reseeded(total);
+    tensor.fill(0, whole);
+    for (std::size_t offset = 0; offset < total;) {
+      const std::size_t size = std::min(total - offset, element * (1 + rng() % 97));
+      tensor.fill(offset, std::span<std::byte>(pieces.data() + offset, size));
+      offset += size;
+    }
+    EXPECT_EQ(whole, pieces) << tensor.name;
+    other_seed[t].fill(0, reseeded);
+    EXPECT_NE(whole, reseeded) << tensor.name;
+  }
+}
+
 // The tensors of `config` with every projection (outside `ignored`) in the layout of `method`.
 std::vector<TensorSource> quantized_tensors(const ModelConfig& config, const std::string& method,
                                             const std::vector<std::string>& ignored) {
