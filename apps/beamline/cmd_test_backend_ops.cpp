@@ -1,0 +1,542 @@
+// beamline test-backend-ops: every op of one backend (default cuda) against the reference backend (cpu) on fresh
+// random inputs at Beam-1.0's real shapes, odd sizes and window/block boundaries (llama.cpp test-backend-ops
+// discipline). Outputs start as NaN so unwritten elements fail; NaN never passes; the error is
+// ‖out − ref‖ / ‖ref‖ against a tolerance set by the precision. Prints a table; exits 1 when any case fails.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "commands.h"
+#include "util/error.h"
+
+namespace beamline::cli {
+namespace {
+
+constexpr double kF32Tolerance = 1e-5;
+constexpr double kBf16Tolerance = 1e-2;
+
+struct Options {
+  std::string device = "cuda", reference = "cpu", filter;
+  uint64_t seed = 0;
+  bool small_only = false;
+};
+
+struct Result {
+  std::string op, shape;
+  double error = 0.0, tolerance = 0.0;
+  std::string note;
+  bool passed = false;
+  double seconds = 0.0;
+};
+
+// Host data shared by both backends; weights stay alive here because the CPU backend borrows them.
+class Inputs {
+ public:
+  explicit Inputs(uint64_t seed) : rng_(seed) {}
+
+  std::vector<float> uniform(int64_t n, float scale = 1.0f) {
+    std::uniform_real_distribution<float> distribution(-scale, scale);
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (float& v : values) v = distribution(rng_);
+    return values;
+  }
+  // Stored bytes of a random tensor of `dtype` (F32 or BF16), kept alive by this object.
+  TensorView weight(DType dtype, std::vector<int64_t> shape, float scale) {
+    TensorView view;
+    view.name = fmt::format("random {}", shape_string(shape));
+    view.dtype = dtype;
+    view.shape = std::move(shape);
+    const int64_t n = view.numel();
+    auto& bytes = storage_.emplace_back(static_cast<std::size_t>(n) * dtype_size(dtype));
+    // A fast generator: multi-gigabyte expert stacks must not take minutes.
+    uint64_t state = rng_();
+    auto next = [&state] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return static_cast<float>(state >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+    };
+    if (dtype == DType::BF16) {
+      auto* out = reinterpret_cast<uint16_t*>(bytes.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(next() * scale);
+    } else {
+      auto* out = reinterpret_cast<float*>(bytes.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = next() * scale;
+    }
+    view.data = bytes.data();
+    view.nbytes = bytes.size();
+    return view;
+  }
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<std::vector<std::byte>> storage_;
+};
+
+std::vector<float> as_f32(Backend& backend, const Tensor& tensor) {
+  if (tensor.dtype() == DType::F32) return backend.download_f32(tensor);
+  std::vector<float> values(static_cast<std::size_t>(tensor.numel()));
+  if (tensor.dtype() == DType::I32) {
+    const std::vector<int32_t> ints = backend.download_i32(tensor);
+    std::copy(ints.begin(), ints.end(), values.begin());
+    return values;
+  }
+  require(tensor.dtype() == DType::BF16, "test-backend-ops: cannot compare {} tensors", dtype_name(tensor.dtype()));
+  std::vector<uint16_t> bits(values.size());
+  backend.download(tensor, bits.data());
+  for (std::size_t i = 0; i < bits.size(); ++i) values[i] = bf16_to_f32(bits[i]);
+  return values;
+}
+
+// ‖out − ref‖ / ‖ref‖, infinite when either holds a NaN (poison left in place or a NaN computed).
+double relative_error(const std::vector<float>& out, const std::vector<float>& ref) {
+  require(out.size() == ref.size(), "test-backend-ops: {} values against {}", out.size(), ref.size());
+  double difference = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (std::isnan(out[i]) || std::isnan(ref[i])) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(out[i]) - ref[i];
+    difference += d * d;
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return norm > 0.0 ? std::sqrt(difference / norm) : std::sqrt(difference);
+}
+
+// The two backends and the running table.
+class Harness {
+ public:
+  Harness(Backend& device, Backend& reference, const Options& options)
+      : device_(device), reference_(reference), options_(options), inputs_(options.seed) {}
+
+  Inputs& inputs() { return inputs_; }
+  Backend& device() { return device_; }
+  Backend& reference() { return reference_; }
+  bool small_only() const { return options_.small_only; }
+  bool wanted(std::string_view op) const { return options_.filter.empty() || op.find(options_.filter) != op.npos; }
+
+  // The same tensor on both backends.
+  struct Pair {
+    Tensor device, reference;
+  };
+  Pair f32(const std::vector<float>& values, std::vector<int64_t> shape) {
+    return {device_.upload_f32(values, shape), reference_.upload_f32(values, shape)};
+  }
+  Pair i32(const std::vector<int32_t>& values, std::vector<int64_t> shape) {
+    return {device_.upload_i32(values, shape), reference_.upload_i32(values, shape)};
+  }
+  Pair weight(const TensorView& view) { return {device_.load_weight(view), reference_.load_weight(view)}; }
+  Pair random_weight(DType dtype, std::vector<int64_t> shape, float scale) {
+    return weight(inputs_.weight(dtype, std::move(shape), scale));
+  }
+  // An output filled with the poison (NaN, or -1 for I32) on both backends.
+  Pair poisoned(DType dtype, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    if (dtype == DType::I32) return i32(std::vector<int32_t>(static_cast<std::size_t>(n), -1), shape);
+    return f32(std::vector<float>(static_cast<std::size_t>(n), std::numeric_limits<float>::quiet_NaN()), shape);
+  }
+  AttentionBatch batch(Backend& backend, const std::vector<int32_t>& positions, const std::vector<int32_t>& query_start,
+                       const std::vector<int32_t>& seq_lens) {
+    return backend.make_attention_batch(positions, query_start, seq_lens);
+  }
+
+  void record(std::string op, std::string shape, const Pair& out, double tolerance, double seconds,
+              std::string note = {}) {
+    Result result{std::move(op), std::move(shape), 0.0, tolerance, std::move(note), false, seconds};
+    result.error = relative_error(as_f32(device_, out.device), as_f32(reference_, out.reference));
+    result.passed = result.error <= tolerance;
+    print(result);
+    results_.push_back(std::move(result));
+  }
+  void record_result(Result result) {
+    print(result);
+    results_.push_back(std::move(result));
+  }
+
+  int failures() const {
+    return static_cast<int>(std::count_if(results_.begin(), results_.end(), [](const Result& r) { return !r.passed; }));
+  }
+  void print_table() const {
+    std::printf("\n| op | shape | error | tolerance | result | note |\n| --- | --- | --- | --- | --- | --- |\n");
+    for (const Result& r : results_)
+      std::printf("| %s | %s | %.3g | %.0e | %s | %s |\n", r.op.c_str(), r.shape.c_str(), r.error, r.tolerance,
+                  r.passed ? "pass" : "**FAIL**", r.note.c_str());
+    std::printf("\n%zu cases, %d failed\n", results_.size(), failures());
+  }
+
+ private:
+  static void print(const Result& r) {
+    spdlog::info("{:<16} {:<52} error {:<10.3g} tol {:.0e}  {} ({:.2f} s){}", r.op, r.shape, r.error, r.tolerance,
+                 r.passed ? "pass" : "FAIL", r.seconds, r.note.empty() ? "" : "  " + r.note);
+  }
+
+  Backend& device_;
+  Backend& reference_;
+  const Options& options_;
+  Inputs inputs_;
+  std::vector<Result> results_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void test_embedding(Harness& harness) {
+  for (auto [vocab, hidden, dtype] : {std::tuple{997L, 5120L, DType::BF16}, {1000L, 67L, DType::F32}}) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t rows = 37;
+    auto table = harness.random_weight(dtype, {vocab, hidden}, 1.0f);
+    std::vector<int32_t> ids(rows);
+    for (auto& id : ids) id = static_cast<int32_t>(harness.inputs().rng()() % static_cast<uint64_t>(vocab));
+    ids.back() = static_cast<int32_t>(vocab - 1);
+    auto tokens = harness.i32(ids, {rows});
+    auto out = harness.poisoned(DType::F32, {rows, hidden});
+    harness.device().embedding(table.device, tokens.device, out.device);
+    harness.reference().embedding(table.reference, tokens.reference, out.reference);
+    harness.record("embedding", fmt::format("V {} H {} {}", vocab, hidden, dtype_name(dtype)), out, kF32Tolerance,
+                   seconds_since(start));
+  }
+}
+
+void test_norms(Harness& harness) {
+  for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto weight = harness.random_weight(DType::BF16, {hidden}, 1.0f);
+    auto x = harness.f32(harness.inputs().uniform(rows * hidden, 3.0f), {rows, hidden});
+    auto out = harness.poisoned(DType::F32, {rows, hidden});
+    harness.device().rms_norm(x.device, weight.device, 1e-6f, out.device);
+    harness.reference().rms_norm(x.reference, weight.reference, 1e-6f, out.reference);
+    harness.record("rms_norm", fmt::format("T {} H {}", rows, hidden), out, kF32Tolerance, seconds_since(start));
+
+    auto residual = harness.f32(harness.inputs().uniform(rows * hidden), {rows, hidden});
+    harness.device().add_rms_norm(residual.device, x.device, weight.device, 1e-6f, 0.098f);
+    harness.reference().add_rms_norm(residual.reference, x.reference, weight.reference, 1e-6f, 0.098f);
+    harness.record("add_rms_norm", fmt::format("T {} H {} scale 0.098", rows, hidden), residual, kF32Tolerance,
+                   seconds_since(start));
+  }
+}
+
+void test_linear(Harness& harness) {
+  struct Case {
+    int64_t rows, in, out;
+    DType dtype;
+    const char* what;
+  };
+  std::vector<Case> cases{{1, 5120, 6144, DType::BF16, "q, decode"},   {64, 5120, 1024, DType::BF16, "k|v"},
+                          {300, 6144, 5120, DType::BF16, "o, prefill"}, {13, 333, 77, DType::BF16, "odd"},
+                          {5, 96, 40, DType::F32, "F32 weight"}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    auto weight = harness.random_weight(c.dtype, {c.out, c.in}, 1.0f / std::sqrt(static_cast<float>(c.in)));
+    auto x = harness.f32(harness.inputs().uniform(c.rows * c.in), {c.rows, c.in});
+    auto y = harness.poisoned(DType::F32, {c.rows, c.out});
+    harness.device().linear(x.device, {weight.device, {}, {}}, y.device);
+    harness.reference().linear(x.reference, {weight.reference, {}, {}}, y.reference);
+    harness.record("linear", fmt::format("T {} {}x{} {} ({})", c.rows, c.out, c.in, dtype_name(c.dtype), c.what), y,
+                   c.dtype == DType::F32 ? kF32Tolerance : kBf16Tolerance, seconds_since(start));
+  }
+}
+
+void test_rope_ssmax(Harness& harness) {
+  for (auto [heads, dim] : {std::pair{48, 128}, {8, 128}, {3, 16}}) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t rows = 37;
+    std::vector<int32_t> positions(rows);
+    for (auto& p : positions) p = static_cast<int32_t>(harness.inputs().rng()() % 1000000);
+    positions[0] = 0;
+    positions[1] = 511;
+    positions[2] = 512;
+    auto pos = harness.i32(positions, {rows});
+    auto x = harness.f32(harness.inputs().uniform(rows * heads * dim), {rows, int64_t{heads} * dim});
+    harness.device().rope(x.device, pos.device, heads, dim, 10000.0f);
+    harness.reference().rope(x.reference, pos.reference, heads, dim, 10000.0f);
+    harness.record("rope", fmt::format("T {} {}x{} positions to 1e6", rows, heads, dim), x, kF32Tolerance,
+                   seconds_since(start));
+    harness.device().ssmax_scale(x.device, pos.device, 2048.0f, 0.1f);
+    harness.reference().ssmax_scale(x.reference, pos.reference, 2048.0f, 0.1f);
+    harness.record("ssmax_scale", fmt::format("T {} width {}", rows, heads * dim), x, kF32Tolerance,
+                   seconds_since(start));
+  }
+}
+
+// write_kv then paged_attention over a shared random pool: sequences given as (cached positions, new tokens).
+struct AttentionCase {
+  std::string what;
+  int32_t heads, kv_heads, dim, block_size, window;
+  DType kv_dtype;
+  std::vector<std::pair<int32_t, int32_t>> sequences;
+};
+
+void test_attention_case(Harness& harness, const AttentionCase& c) {
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t slots = 2, slot = 1;
+  std::vector<int32_t> positions, query_start{0}, seq_lens;
+  int32_t width = 1, total_blocks = 0;
+  for (auto [cached, added] : c.sequences) {
+    for (int32_t i = 0; i < added; ++i) positions.push_back(cached + i);
+    query_start.push_back(query_start.back() + added);
+    seq_lens.push_back(cached + added);
+    const int32_t blocks = (cached + added + c.block_size - 1) / c.block_size;
+    width = std::max(width, blocks);
+    total_blocks += blocks;
+  }
+  const int32_t pool_blocks = total_blocks + 3;
+  // Blocks in a shuffled order; for windowed layers, blocks wholly before every query's window are given back.
+  std::vector<int32_t> order(static_cast<std::size_t>(pool_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), harness.inputs().rng());
+  std::vector<int32_t> table(c.sequences.size() * static_cast<std::size_t>(width), -1);
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < c.sequences.size(); ++s) {
+    const auto [cached, added] = c.sequences[s];
+    const int32_t blocks = (cached + added + c.block_size - 1) / c.block_size;
+    const int32_t first_visible = c.window > 0 ? std::max(0, cached - c.window + 1) : 0;
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t block = order[next++];
+      if ((b + 1) * c.block_size > first_visible) table[s * static_cast<std::size_t>(width) + b] = block;
+    }
+  }
+  const auto rows = static_cast<int64_t>(positions.size());
+  const auto sequences = static_cast<int64_t>(c.sequences.size());
+  const std::vector<int64_t> pool_shape{pool_blocks, slots, c.block_size, c.kv_heads, c.dim};
+  const int64_t pool_elements = int64_t{pool_blocks} * slots * c.block_size * c.kv_heads * c.dim;
+  auto pool_tensor = [&](Backend& backend, const std::vector<float>& values) {
+    if (c.kv_dtype == DType::F32) return backend.upload_f32(values, pool_shape);
+    std::vector<uint16_t> bits(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+    return backend.upload(bits.data(), DType::BF16, pool_shape);
+  };
+  const std::vector<float> k_pool = harness.inputs().uniform(pool_elements), v_pool = harness.inputs().uniform(pool_elements);
+  PagedKvPool device_pool{pool_tensor(harness.device(), k_pool), pool_tensor(harness.device(), v_pool)};
+  PagedKvPool reference_pool{pool_tensor(harness.reference(), k_pool), pool_tensor(harness.reference(), v_pool)};
+  auto block_table = harness.i32(table, {sequences, width});
+  const AttentionBatch device_batch = harness.batch(harness.device(), positions, query_start, seq_lens);
+  const AttentionBatch reference_batch = harness.batch(harness.reference(), positions, query_start, seq_lens);
+  const int64_t kv_width = int64_t{c.kv_heads} * c.dim, q_width = int64_t{c.heads} * c.dim;
+  auto k = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
+  auto v = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
+  auto q = harness.f32(harness.inputs().uniform(rows * q_width), {rows, q_width});
+  const std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} {}", c.what, c.heads, c.kv_heads, c.dim,
+                                        c.block_size, c.window, dtype_name(c.kv_dtype));
+
+  harness.device().write_kv(k.device, v.device, device_pool, slot, block_table.device, device_batch);
+  harness.reference().write_kv(k.reference, v.reference, reference_pool, slot, block_table.reference, reference_batch);
+  harness.record("write_kv", shape, {device_pool.k, reference_pool.k}, 0.0, seconds_since(start), "K pool, exact");
+  harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
+
+  AttentionParams params;
+  params.num_heads = c.heads;
+  params.num_kv_heads = c.kv_heads;
+  params.head_dim = c.dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+  params.sliding_window = c.window;
+  params.slot = slot;
+  auto out = harness.poisoned(DType::F32, {rows, q_width});
+  harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  harness.reference().paged_attention(q.reference, reference_pool, block_table.reference, reference_batch, params,
+                                      out.reference);
+  harness.record("paged_attention", shape, out, kF32Tolerance, seconds_since(start));
+}
+
+void test_attention(Harness& harness) {
+  std::vector<AttentionCase> cases{
+      {"decode", 48, 8, 128, 16, 0, DType::F32, {{0, 1}, {15, 1}, {16, 1}, {600, 1}}},
+      {"decode", 48, 8, 128, 16, 512, DType::BF16, {{510, 1}, {511, 1}, {512, 1}, {1500, 1}}},
+      {"varlen prefill", 4, 2, 16, 8, 8, DType::F32, {{0, 1}, {5, 17}, {33, 40}}},
+      {"chunked prefill", 48, 8, 128, 16, 512, DType::F32, {{530, 70}, {0, 129}}},
+      {"prefill global", 8, 2, 128, 16, 0, DType::BF16, {{0, 300}, {7, 9}}},
+      {"odd dims", 6, 3, 40, 4, 5, DType::F32, {{3, 11}, {0, 2}}},
+  };
+  for (const AttentionCase& c : cases) test_attention_case(harness, c);
+}
+
+void test_route(Harness& harness) {
+  struct Case {
+    int64_t rows, hidden;
+    int32_t experts;
+    RouterParams params;
+    bool ties;
+    const char* what;
+  };
+  const std::vector<Case> cases{{1, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0 decode"},
+                                {64, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0"},
+                                {33, 64, 8, {4, 2, 2, true, 2.5f}, false, "tiny"},
+                                {17, 96, 24, {3, 2, 5, false, 1.0f}, false, "odd, unnormalised"},
+                                {40, 128, 64, {8, 3, 6, true, 2.5f}, true, "exact ties"}};
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> router = harness.inputs().uniform(int64_t{c.experts} * c.hidden, 0.05f);
+    std::vector<float> bias = harness.inputs().uniform(c.experts, 0.01f);
+    if (c.ties)  // experts 2i and 2i+1 identical: every choice between them is a tie, the lower index must win
+      for (int32_t e = 1; e < c.experts; e += 2) {
+        std::copy_n(router.begin() + (e - 1) * c.hidden, c.hidden, router.begin() + e * c.hidden);
+        bias[static_cast<std::size_t>(e)] = bias[static_cast<std::size_t>(e - 1)];
+      }
+    auto router_tensor = harness.f32(router, {c.experts, c.hidden});
+    auto bias_tensor = harness.f32(bias, {c.experts});
+    auto h = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
+    auto ids = harness.poisoned(DType::I32, {c.rows, c.params.top_k});
+    auto weights = harness.poisoned(DType::F32, {c.rows, c.params.top_k});
+    harness.device().route(h.device, router_tensor.device, bias_tensor.device, c.params, ids.device, weights.device);
+    harness.reference().route(h.reference, router_tensor.reference, bias_tensor.reference, c.params, ids.reference,
+                              weights.reference);
+    const std::vector<int32_t> device_ids = harness.device().download_i32(ids.device);
+    const std::vector<int32_t> reference_ids = harness.reference().download_i32(ids.reference);
+    int64_t mismatched = 0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      mismatched += !std::equal(device_ids.begin() + r * c.params.top_k, device_ids.begin() + (r + 1) * c.params.top_k,
+                                reference_ids.begin() + r * c.params.top_k);
+    const std::string shape = fmt::format("T {} E {} H {} groups {}/{} top {} ({})", c.rows, c.experts, c.hidden,
+                                          c.params.n_group, c.params.topk_group, c.params.top_k, c.what);
+    Result result{"route ids", shape, static_cast<double>(mismatched), 0.0,
+                  fmt::format("{} of {} rows differ", mismatched, c.rows), mismatched == 0, seconds_since(start)};
+    harness.record_result(std::move(result));
+    harness.record("route weights", shape, weights, kF32Tolerance, seconds_since(start));
+  }
+}
+
+// Expert ids of `rows` tokens: top_k distinct experts each, in random order; weights positive.
+std::pair<std::vector<int32_t>, std::vector<float>> random_assignment(Inputs& inputs, int64_t rows, int32_t experts,
+                                                                      int32_t top_k) {
+  std::vector<int32_t> ids, all(static_cast<std::size_t>(experts));
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::shuffle(all.begin(), all.end(), inputs.rng());
+    ids.insert(ids.end(), all.begin(), all.begin() + top_k);
+  }
+  std::vector<float> weights = inputs.uniform(rows * top_k, 0.5f);
+  for (float& w : weights) w += 0.6f;
+  return {ids, weights};
+}
+
+void test_moe(Harness& harness) {
+  struct Case {
+    int64_t rows, hidden, intermediate;
+    int32_t experts, top_k, distinct;
+    const char* what;
+  };
+  std::vector<Case> cases{{1, 5120, 2560, 256, 8, 31, "beam-1.0 decode"},
+                          {64, 5120, 2560, 256, 8, 31, "beam-1.0"},
+                          {300, 5120, 2560, 256, 8, 31, "beam-1.0 prefill"},
+                          {33, 64, 32, 8, 2, 8, "tiny"},
+                          {70, 200, 72, 12, 3, 12, "odd"}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    // Beam-sized stacks reuse `distinct` (a prime) random experts cyclically to bound host memory; neighbouring
+    // experts still differ, so a wrong expert index shows.
+    std::vector<SwigluTensors> device_experts, reference_experts;
+    std::vector<Harness::Pair> gate, up, down;
+    for (int32_t e = 0; e < c.distinct; ++e) {
+      const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+      gate.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
+      up.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
+      down.push_back(harness.random_weight(DType::BF16, {c.hidden, c.intermediate},
+                                           1.0f / std::sqrt(static_cast<float>(c.intermediate))));
+    }
+    MoeTensors device_moe, reference_moe;
+    for (int32_t e = 0; e < c.experts; ++e) {
+      const auto i = static_cast<std::size_t>(e % c.distinct);
+      device_moe.experts.push_back({{gate[i].device, {}, {}}, {up[i].device, {}, {}}, {down[i].device, {}, {}}});
+      reference_moe.experts.push_back(
+          {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
+    }
+    harness.device().prepare_moe(device_moe);
+    harness.reference().prepare_moe(reference_moe);
+    auto [id_values, weight_values] = random_assignment(harness.inputs(), c.rows, c.experts, c.top_k);
+    auto ids = harness.i32(id_values, {c.rows, c.top_k});
+    auto weights = harness.f32(weight_values, {c.rows, c.top_k});
+    auto h = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
+    auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
+    harness.device().moe(h.device, ids.device, weights.device, device_moe, out.device);
+    harness.reference().moe(h.reference, ids.reference, weights.reference, reference_moe, out.reference);
+    harness.record("moe", fmt::format("T {} H {} E {}x{} top {} ({})", c.rows, c.hidden, c.experts, c.intermediate,
+                                      c.top_k, c.what),
+                   out, kBf16Tolerance, seconds_since(start));
+  }
+}
+
+void test_swiglu(Harness& harness) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> cases{{1, 5120, 20480}, {64, 5120, 20480}, {65, 100, 36}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 2);
+  for (auto [rows, hidden, intermediate] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
+    auto gate = harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale);
+    auto up = harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale);
+    auto down = harness.random_weight(DType::BF16, {hidden, intermediate},
+                                      1.0f / std::sqrt(static_cast<float>(intermediate)));
+    auto h = harness.f32(harness.inputs().uniform(rows * hidden), {rows, hidden});
+    auto out = harness.poisoned(DType::F32, {rows, hidden});
+    harness.device().swiglu(h.device, {{gate.device, {}, {}}, {up.device, {}, {}}, {down.device, {}, {}}}, out.device);
+    harness.reference().swiglu(h.reference, {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
+                               out.reference);
+    harness.record("swiglu", fmt::format("T {} H {} I {}", rows, hidden, intermediate), out, kBf16Tolerance,
+                   seconds_since(start));
+  }
+}
+
+void test_lm_head(Harness& harness) {
+  std::vector<std::tuple<int64_t, int64_t, float>> cases{{201088, 5120, 30.0f}, {1000, 96, 0.0f}, {4097, 64, 30.0f}};
+  if (harness.small_only()) cases.erase(cases.begin());
+  for (auto [vocab, hidden, softcap] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t rows = 9;
+    auto head = harness.random_weight(DType::BF16, {vocab, hidden}, 4.0f / std::sqrt(static_cast<float>(hidden)));
+    auto norm = harness.random_weight(DType::BF16, {hidden}, 1.0f);
+    auto x = harness.f32(harness.inputs().uniform(rows * hidden, 2.0f), {rows, hidden});
+    auto selected = harness.i32({8, 0, 3}, {3});
+    auto logits = harness.poisoned(DType::F32, {3, vocab});
+    harness.device().lm_head(x.device, selected.device, norm.device, 1e-6f, {head.device, {}, {}}, softcap,
+                             logits.device);
+    harness.reference().lm_head(x.reference, selected.reference, norm.reference, 1e-6f, {head.reference, {}, {}}, softcap,
+                                logits.reference);
+    harness.record("lm_head", fmt::format("rows 3 of {} V {} H {} softcap {}", rows, vocab, hidden, softcap), logits,
+                   kBf16Tolerance, seconds_since(start));
+  }
+}
+
+void run(const Options& options) {
+  std::unique_ptr<Backend> device = create_backend(options.device);
+  std::unique_ptr<Backend> reference = create_backend(options.reference);
+  Harness harness(*device, *reference, options);
+  spdlog::info("test-backend-ops: {} against {} (seed {})", device->name(), reference->name(), options.seed);
+  const std::vector<std::pair<const char*, void (*)(Harness&)>> groups{
+      {"embedding", test_embedding}, {"rms_norm", test_norms},        {"linear", test_linear},
+      {"rope", test_rope_ssmax},     {"attention", test_attention}, {"route", test_route},
+      {"moe", test_moe},             {"swiglu", test_swiglu},       {"lm_head", test_lm_head}};
+  for (const auto& [name, body] : groups)
+    if (harness.wanted(name)) body(harness);
+  harness.print_table();
+  require(harness.failures() == 0, "test-backend-ops: {} case(s) failed", harness.failures());
+}
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto options = std::make_shared<Options>();
+  CLI::App* command = app.add_subcommand(
+      "test-backend-ops",
+      "Check every op of a backend against the reference backend on random inputs (Beam-1.0 shapes, odd sizes, "
+      "window and block boundaries); prints a results table, exits 1 on any failure");
+  command->add_option("--device", options->device, "backend under test")->capture_default_str();
+  command->add_option("--reference", options->reference, "reference backend")->capture_default_str();
+  command->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
+  command->add_option("--filter", options->filter,
+                      "only the op groups whose name contains this (embedding, rms_norm, linear, rope, attention, "
+                      "route, moe, swiglu, lm_head)");
+  command->add_flag("--small", options->small_only, "skip the Beam-1.0-sized cases (quick runs on a CPU)");
+  command->callback([options] { run(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Checks of the GPU run (bench/gpu_check.sh), printed as Markdown table rows; exit 1 when a check fails.
+
+  compare_logits.py logits CUDA.npy CPU.npy NAME         same argmax at >= 99% of positions, relative error <= 2e-2
+  compare_logits.py decode LOGITS.npy PROMPT_LEN IDS NAME  greedy ids decoded step by step (IDS, comma-separated)
+                                                            equal the argmax of one-shot prefill logits over
+                                                            prompt + ids (teacher forcing)
+"""
+import sys
+
+import numpy as np
+
+ARGMAX_AGREEMENT = 0.99
+RELATIVE_ERROR = 2e-2
+
+
+def row(name, measured, limit, passed):
+    print(f"| {name} | {measured} | {limit} | {'pass' if passed else '**FAIL**'} |")
+    return passed
+
+
+def compare_logits(cuda_path, cpu_path, name):
+    cuda, cpu = np.load(cuda_path).astype(np.float64), np.load(cpu_path).astype(np.float64)
+    if cuda.shape != cpu.shape:
+        return row(name, f"shapes {cuda.shape} vs {cpu.shape}", "equal shapes", False)
+    if np.isnan(cuda).any() or np.isnan(cpu).any():
+        return row(name, "NaN in the logits", "no NaN", False)
+    agreement = float(np.mean(cuda.argmax(axis=-1) == cpu.argmax(axis=-1)))
+    error = float(np.linalg.norm(cuda - cpu) / np.linalg.norm(cpu))
+    ok = agreement >= ARGMAX_AGREEMENT and error <= RELATIVE_ERROR
+    return row(name, f"argmax agreement {agreement:.4f} over {cuda.shape[0]} positions, rel. error {error:.2e}",
+               f">= {ARGMAX_AGREEMENT}, <= {RELATIVE_ERROR:.0e}", ok)
+
+
+def compare_decode(logits_path, prompt_length, ids_text, name):
+    logits = np.load(logits_path)
+    ids = [int(t) for t in ids_text.strip().split(",") if t]
+    prompt_length = int(prompt_length)
+    # Position prompt_length - 1 + i predicts generated token i.
+    predicted = logits[prompt_length - 1:prompt_length - 1 + len(ids)].argmax(axis=-1).tolist()
+    matches = sum(int(a == b) for a, b in zip(predicted, ids))
+    return row(name, f"{matches} of {len(ids)} decoded tokens equal the prefill argmax", "all", matches == len(ids))
+
+
+def main(argv):
+    if len(argv) >= 5 and argv[1] == "logits":
+        return compare_logits(argv[2], argv[3], argv[4])
+    if len(argv) >= 6 and argv[1] == "decode":
+        return compare_decode(argv[2], argv[3], argv[4], argv[5])
+    print(__doc__, file=sys.stderr)
+    return False
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(sys.argv) else 1)

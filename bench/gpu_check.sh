@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Every GPU check of the CUDA backend in one go, for the GPU machine (device time is scarce: one call).
+# Usage: bench/gpu_check.sh [BUILD_DIR]   (default build-cuda-dev; a build made elsewhere with
+#        -DBEAMLINE_CUDA=ON, i.e. -gencode=arch=compute_90a,code=sm_90a; its COMMIT file names the commit)
+# Writes $OUT/gpu_check.md (the results table: date, GPU, commit, commands) and $OUT/gpu_check.log; exits 1 when a
+# check fails. Checks: binary portability (ldd), the op-by-op harness, `logits --device cuda` against `--device
+# cpu` on the tiny and small presets, decode after prefill against one-shot prefill (`generate`), the full-width
+# layer timing, and the serving comparison when this build has `beamline serve`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-cuda-dev}
+OUT=${OUT:-$(mktemp -d)}
+BIN=$PWD/$BUILD/apps/beamline/beamline
+WORK=$(mktemp -d)
+REPORT=$OUT/gpu_check.md
+LOG=$OUT/gpu_check.log
+failures=0
+: >"$LOG"
+
+# cuBLAS is linked dynamically (the toolkit has no static cuBLAS); on the GPU machine it comes with the CUDA
+# toolkit there or with PyTorch's pip package nvidia-cublas.
+if ! ldd "$BIN" | grep -q 'libcublas.so.13 => /'; then
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+             $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d) for p in nvidia.__path__ for d in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
+    if [ -e "$dir/libcublas.so.13" ]; then export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
+  done
+fi
+
+section() { printf '\n## %s\n\n' "$1" >>"$REPORT"; }
+# Runs a command, logging it and its output; its status is returned.
+logged() {
+  printf '\n$ %s\n' "$*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1
+}
+check_row() {  # name, measured, limit, passed(0/1)
+  printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$([ "$4" = 1 ] && echo pass || echo '**FAIL**')" >>"$REPORT"
+  [ "$4" = 1 ] || failures=$((failures + 1))
+}
+
+commit=$(cat "$BUILD/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+{
+  echo "# CUDA backend GPU check"
+  echo
+  echo "| | |"
+  echo "| --- | --- |"
+  echo "| date | $(date -u '+%Y-%m-%d %H:%M UTC') |"
+  echo "| GPU | ${gpu:-unknown} |"
+  echo "| commit | $commit |"
+  echo "| command | \`bench/gpu_check.sh $BUILD\` |"
+  echo "| host | $(nproc) cores, $(uname -r) |"
+} >"$REPORT"
+
+section "Checks"
+echo "| check | measured | limit | result |" >>"$REPORT"
+echo "| --- | --- | --- | --- |" >>"$REPORT"
+
+# 1. The binary needs nothing beyond glibc, the driver, cuBLAS, and the server's HTTP stack (cpp-httplib carried
+#    in apps/beamline/lib; OpenSSL, zlib and brotli from the image).
+extra=$(ldd "$BIN" | awk '{print $1}' | grep -v -E '^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libgcc_s|libdl|librt|libpthread|libcuda\.so|libcublas(Lt)?\.so|libcpp-httplib|libssl|libcrypto|libz\.so|libbrotli)' | tr '\n' ' ')
+missing=$(ldd "$BIN" | grep -c 'not found')
+logged ldd "$BIN"
+check_row "portable binary (ldd)" "extra: ${extra:-none}; not found: $missing" "glibc, cuBLAS, HTTP stack only" \
+  "$([ -z "$extra" ] && [ "$missing" = 0 ] && echo 1 || echo 0)"
+
+# 2. Op-by-op harness.
+start=$SECONDS
+logged "$BIN" test-backend-ops --device cuda --reference cpu --seed "$RANDOM"
+status=$?
+ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$LOG")
+summary=$(echo "$ops_table" | tail -1)
+check_row "test-backend-ops (every op, cuda vs cpu)" "${summary:-no table} in $((SECONDS - start)) s" "0 failed" \
+  "$([ $status = 0 ] && echo 1 || echo 0)"
+
+# 3. Whole-model logits and decode on both devices.
+for preset in tiny small; do
+  model=$WORK/$preset
+  logged "$BIN" make-model --preset "$preset" --out "$model" --seed 7 || { check_row "make-model $preset" failed "" 0; continue; }
+  vocab=$(python3 -c "import json; print(json.load(open('$model/config.json'))['vocab_size'])")
+  length=$([ $preset = tiny ] && echo 96 || echo 300)
+  tokens=$(python3 -c "import random; r = random.Random(11); print(','.join(str(r.randrange(1000 if $vocab > 1000 else $vocab)) for _ in range($length)))")
+  for device in cpu cuda; do
+    logged "$BIN" logits --model "$model" --tokens "$tokens" --out "$WORK/$preset-$device.npy" --device "$device"
+  done
+  python3 bench/compare_logits.py logits "$WORK/$preset-cuda.npy" "$WORK/$preset-cpu.npy" \
+    "logits $preset preset, $length tokens, cuda vs cpu" >>"$REPORT" || failures=$((failures + 1))
+
+  prompt=$(echo "$tokens" | cut -d, -f1-24)
+  for device in cpu cuda; do
+    "$BIN" generate --model "$model" --tokens "$prompt" --max-tokens 24 --ignore-eos --device "$device" \
+      >"$WORK/$preset-generate-$device.txt" 2>>"$LOG"
+    printf '\n$ generate %s %s -> %s\n' "$preset" "$device" "$(cat "$WORK/$preset-generate-$device.txt")" >>"$LOG"
+  done
+  # stdout also carries the log lines: the ids are the line of comma-separated numbers.
+  ids=$(grep -E '^[0-9]+(,[0-9]+)*$' "$WORK/$preset-generate-cuda.txt" | tail -1)
+  cpu_ids=$(grep -E '^[0-9]+(,[0-9]+)*$' "$WORK/$preset-generate-cpu.txt" | tail -1)
+  logged "$BIN" logits --model "$model" --tokens "$prompt,$ids" --out "$WORK/$preset-forced.npy" --device cuda
+  python3 bench/compare_logits.py decode "$WORK/$preset-forced.npy" 24 "$ids" \
+    "decode after prefill = one-shot prefill ($preset, cuda, 24 tokens)" >>"$REPORT" || failures=$((failures + 1))
+  same=$(python3 -c "a='$ids'.split(','); b='$cpu_ids'.split(','); print(sum(x == y for x, y in zip(a, b)), len(b))")
+  check_row "greedy generate $preset: cuda tokens equal cpu tokens" "${same% *} of ${same#* }" "informational" 1
+done
+
+# 4. Serving comparison (needs `beamline serve`, which is built separately).
+if "$BIN" serve --help >/dev/null 2>&1; then
+  python3 bench/serve_check.py "$BIN" "$WORK/small" >>"$REPORT" 2>>"$LOG" || failures=$((failures + 1))
+else
+  check_row "serve --device cuda, 32 concurrent requests" "not run: this build has no \`beamline serve\`" "" 1
+fi
+
+# 5. A first timing of one full-width Beam-1.0 layer, random weights made on the device.
+section "One full-width Beam-1.0 decoder layer (random on-device weights, BF16, KV BF16, context 4096)"
+logged "$BIN" bench-layer --preset beam-1.0 --batch 1,64 --context 4096 --iterations 20
+sed -n '/^| layer | batch/,/^$/p' "$LOG" >>"$REPORT"
+grep 'device allocations after warm-up' "$LOG" >>"$REPORT"
+echo >>"$REPORT"
+echo "Floor: weights, routed experts and visible KV read once at 4.8 TB/s (PERF.md); PERF.md's peers: MoE 1 token" \
+  "0.131 ms floor / vLLM 0.163 ms; 64 tokens 3.57 / 3.84 ms." >>"$REPORT"
+
+section "Op-by-op harness"
+echo "$ops_table" >>"$REPORT"
+
+section "Result"
+echo "$failures failed check(s)." >>"$REPORT"
+cat "$REPORT"
+rm -rf "$WORK"
+[ "$failures" = 0 ]

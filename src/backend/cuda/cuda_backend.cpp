@@ -1,0 +1,501 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "backend/cuda/kernels.h"
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+constexpr std::size_t kCublasWorkspaceBytes = 32u << 20;
+constexpr std::size_t kWeightLogInterval = 1ull << 30;
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("cuda backend: {} failed: {}", what, cublasGetStatusString(status));
+}
+#define BEAMLINE_CUBLAS_CHECK(expr) check_cublas((expr), #expr)
+
+void check_launch(cudaError_t status, std::string_view op) {
+  if (status != cudaSuccess)
+    fail("cuda backend: {}: kernel launch failed: {} ({})", op, cudaGetErrorName(status), cudaGetErrorString(status));
+}
+
+void require_device(const Tensor& tensor, std::string_view op, std::string_view what) {
+  require(tensor.defined(), "{}: {} is not allocated", op, what);
+  require(tensor.device() == Device::Cuda, "{}: {} is not a CUDA tensor", op, what);
+}
+
+void require_float_weight(const Tensor& weight, std::string_view op, std::string_view what) {
+  require_device(weight, op, what);
+  const DType dtype = weight.dtype();
+  require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, "{}: {} is {}, expected F32, BF16 or F16",
+          op, what, dtype_name(dtype));
+}
+
+void require_unquantized(const LinearTensors& weight, std::string_view op) {
+  require(!weight.scale.defined(), "{}: quantized weight {} is not supported by the cuda backend yet", op,
+          describe(weight.weight));
+}
+
+int to_int(int64_t value, std::string_view what) {
+  require(value >= 0 && value <= std::numeric_limits<int>::max(), "cuda backend: {} = {} is out of cuBLAS's range",
+          what, value);
+  return static_cast<int>(value);
+}
+
+cudaDataType_t cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      fail("cuda backend: no cuBLAS type for {}", dtype_name(dtype));
+  }
+}
+
+void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
+  require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
+          describe(pool.k));
+  require_device(pool.k, op, "k pool");
+  require_device(pool.v, op, "v pool");
+  require_shape(pool.v, pool.k.shape(), op, "v pool");
+  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
+          op, dtype_name(pool.k.dtype()));
+  require_dtype(pool.v, pool.k.dtype(), op, "v pool");
+  require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
+          pool.slots_per_block());
+}
+
+cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
+  cuda::PoolGeometry geometry;
+  geometry.k = pool.k.raw();
+  geometry.v = pool.v.raw();
+  geometry.dtype = pool.k.dtype();
+  geometry.num_blocks = pool.num_blocks();
+  geometry.slots_per_block = pool.slots_per_block();
+  geometry.block_size = pool.block_size();
+  geometry.num_kv_heads = pool.num_kv_heads();
+  geometry.head_dim = pool.head_dim();
+  return geometry;
+}
+
+cuda::BatchGeometry batch_geometry(const AttentionBatch& batch, const Tensor& block_table, std::string_view op) {
+  require(block_table.rank() == 2 && block_table.dim(0) == batch.num_sequences(),
+          "{}: block table {} does not have one row per sequence ({})", op, describe(block_table),
+          batch.num_sequences());
+  require_dtype(block_table, DType::I32, op, "block table");
+  require_device(block_table, op, "block table");
+  require_device(batch.positions, op, "batch positions");
+  cuda::BatchGeometry geometry;
+  geometry.positions = batch.positions.data<const int32_t>();
+  geometry.row_sequence = batch.row_sequence.data<const int32_t>();
+  geometry.seq_lens = batch.seq_lens.data<const int32_t>();
+  geometry.block_table = block_table.data<const int32_t>();
+  geometry.rows = batch.num_rows();
+  geometry.table_width = static_cast<int32_t>(block_table.dim(1));
+  return geometry;
+}
+
+// The device pointer tables of one MoE layer's experts, made by prepare_moe.
+struct PackedExperts {
+  Tensor pointers;  // I64 [3, E]: gate, up, down
+  DType dtype = DType::BF16;
+  int64_t hidden = 0, intermediate = 0;
+};
+
+void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
+  for (const LinearTensors* w : {&mlp.gate, &mlp.up, &mlp.down}) {
+    require_device(w->weight, op, "expert weight");
+    require(w->weight.rank() == 2, "{}: expert weight {} is not a matrix", op, describe(w->weight));
+    require_unquantized(*w, op);
+    require(w->weight.dtype() == DType::BF16 || w->weight.dtype() == DType::F16,
+            "{}: weight {} must be BF16 or F16 on the cuda backend (its tensor-core GEMMs)", op,
+            describe(w->weight));
+    require_dtype(w->weight, mlp.gate.weight.dtype(), op, "expert weight");
+  }
+  const int64_t intermediate = mlp.gate.weight.dim(0);
+  require_shape(mlp.gate.weight, {intermediate, hidden}, op, "gate");
+  require_shape(mlp.up.weight, {intermediate, hidden}, op, "up");
+  require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
+}
+
+int64_t round_up_rows(int64_t rows) {
+  return (rows + cuda::kGroupedTileRows - 1) / cuda::kGroupedTileRows * cuda::kGroupedTileRows;
+}
+
+struct Registration {
+  Registration() {
+    register_backend("cuda", [] { return make_cuda_backend(); });
+  }
+} registration;
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  require(status == cudaSuccess && count > device,
+          "device 'cuda': no usable CUDA device {} ({}; {} devices found). Use --device cpu on this machine", device,
+          status == cudaSuccess ? "no error" : cudaGetErrorString(status), count);
+  BEAMLINE_CUDA_CHECK(cudaSetDevice(device_));
+  BEAMLINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  BEAMLINE_CUBLAS_CHECK(cublasCreate(&cublas_));
+  BEAMLINE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // Default math: BF16/F16 GEMMs on the tensor cores, FP32 GEMMs (router, F32 weights) in true FP32 (no TF32).
+  BEAMLINE_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
+  BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
+  staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  spdlog::info("cuda backend: {}", device_description());
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  const cuda::AllocatorStats stats = allocator_.stats();
+  spdlog::debug("cuda backend: {} device allocations, {:.1f} MiB reserved; weights {:.1f} MiB in {} chunks",
+                stats.device_allocations, static_cast<double>(stats.reserved_bytes) / (1 << 20),
+                static_cast<double>(weights_.bytes_used()) / (1 << 20), weights_.chunks());
+  staging_.reset();
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::device_description() const {
+  cudaDeviceProp properties{};
+  BEAMLINE_CUDA_CHECK(cudaGetDeviceProperties(&properties, device_));
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.0f} GiB)", properties.name, properties.major, properties.minor,
+                     properties.multiProcessorCount, static_cast<double>(properties.totalGlobalMem) / (1ull << 30));
+}
+
+// ---- memory ----
+
+Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {
+  for (int64_t d : shape) require(d >= 0, "alloc: negative dimension in shape {}", shape_string(shape));
+  Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
+  std::shared_ptr<void> storage = allocator_.allocate(probe.nbytes());
+  auto* data = static_cast<std::byte*>(storage.get());
+  return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(storage));
+}
+
+void CudaBackend::fill_zero(Tensor& tensor) {
+  require_device(tensor, "fill_zero", "tensor");
+  BEAMLINE_CUDA_CHECK(cudaMemsetAsync(tensor.raw(), 0, tensor.nbytes(), stream_));
+}
+
+Tensor CudaBackend::upload(const void* host, DType dtype, std::vector<int64_t> shape) {
+  Tensor tensor = alloc(dtype, std::move(shape));
+  staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
+  return tensor;
+}
+
+void CudaBackend::download(const Tensor& tensor, void* host) {
+  require_device(tensor, "download", "tensor");
+  BEAMLINE_CUDA_CHECK(cudaMemcpyAsync(host, tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() { BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+Tensor CudaBackend::load_weight(const TensorView& view) {
+  require(view.data != nullptr, "load_weight: tensor {} has no data", view.name);
+  Tensor probe(Device::Cuda, view.dtype, view.shape, nullptr, nullptr);
+  require(probe.nbytes() <= view.nbytes, "load_weight: tensor {} {} needs {} bytes, the view has {}", view.name,
+          shape_string(view.shape), probe.nbytes(), view.nbytes);
+  std::shared_ptr<std::byte> memory = weights_.allocate(probe.nbytes());
+  staging_->copy_to_device(memory.get(), view.data, probe.nbytes());
+  ++weights_loaded_;
+  if (weights_.bytes_used() >= weight_bytes_logged_ + kWeightLogInterval || weights_loaded_ == 1) {
+    weight_bytes_logged_ = weights_.bytes_used();
+    spdlog::info("cuda backend: {} weight tensors, {:.2f} GiB on the device", weights_loaded_,
+                 static_cast<double>(weights_.bytes_used()) / (1ull << 30));
+  }
+  std::byte* data = memory.get();
+  return Tensor(Device::Cuda, view.dtype, view.shape, data, std::move(memory));
+}
+
+Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t seed, float scale) {
+  Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
+  std::shared_ptr<std::byte> memory = weights_.allocate(probe.nbytes());
+  check_launch(cuda::fill_random(memory.get(), dtype, probe.numel(), seed, scale, stream_), "random_weight");
+  std::byte* data = memory.get();
+  return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(memory));
+}
+
+void CudaBackend::prepare_moe(MoeTensors& moe) {
+  require(!moe.experts.empty(), "prepare_moe: no experts");
+  const int64_t experts = static_cast<int64_t>(moe.experts.size());
+  const int64_t hidden = moe.experts.front().gate.weight.dim(1);
+  std::vector<int64_t> pointers(static_cast<std::size_t>(3 * experts));
+  for (int64_t e = 0; e < experts; ++e) {
+    const SwigluTensors& expert = moe.experts[static_cast<std::size_t>(e)];
+    check_swiglu(expert, hidden, "prepare_moe");
+    require_shape(expert.gate.weight, moe.experts.front().gate.weight.shape(), "prepare_moe", "expert gate");
+    require_dtype(expert.gate.weight, moe.experts.front().gate.weight.dtype(), "prepare_moe", "expert gate");
+    pointers[static_cast<std::size_t>(e)] = reinterpret_cast<int64_t>(expert.gate.weight.raw());
+    pointers[static_cast<std::size_t>(experts + e)] = reinterpret_cast<int64_t>(expert.up.weight.raw());
+    pointers[static_cast<std::size_t>(2 * experts + e)] = reinterpret_cast<int64_t>(expert.down.weight.raw());
+  }
+  auto packed = std::make_shared<PackedExperts>();
+  packed->pointers = upload(pointers.data(), DType::I64, {3, experts});
+  packed->dtype = moe.experts.front().gate.weight.dtype();
+  packed->hidden = hidden;
+  packed->intermediate = moe.experts.front().gate.weight.dim(0);
+  moe.packed = std::move(packed);
+}
+
+// ---- ops ----
+
+void CudaBackend::embedding(const Tensor& table, const Tensor& tokens, Tensor& out) {
+  require_float_weight(table, "embedding", "table");
+  require_dtype(tokens, DType::I32, "embedding", "tokens");
+  require_device(tokens, "embedding", "tokens");
+  const int64_t rows = tokens.numel(), hidden = table.dim(1);
+  require_shape(out, {rows, hidden}, "embedding", "out");
+  require_dtype(out, DType::F32, "embedding", "out");
+  check_launch(cuda::embedding(table.raw(), table.dtype(), table.dim(0), tokens.data<const int32_t>(), rows, hidden,
+                               out.data<float>(), stream_),
+               "embedding");
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  require_device(x, "rms_norm", "x");
+  require(x.rank() == 2, "rms_norm: x must be [T, H], got {}", describe(x));
+  const int64_t rows = x.dim(0), hidden = x.dim(1);
+  require_float_weight(weight, "rms_norm", "weight");
+  require_shape(weight, {hidden}, "rms_norm", "weight");
+  require_shape(out, x.shape(), "rms_norm", "out");
+  check_launch(cuda::rms_norm(x.data<const float>(), weight.raw(), weight.dtype(), eps, rows, hidden, out.data<float>(),
+                              stream_),
+               "rms_norm");
+}
+
+void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) {
+  require_device(residual, "add_rms_norm", "residual");
+  require(residual.rank() == 2, "add_rms_norm: residual must be [T, H], got {}", describe(residual));
+  const int64_t rows = residual.dim(0), hidden = residual.dim(1);
+  require_float_weight(weight, "add_rms_norm", "weight");
+  require_shape(weight, {hidden}, "add_rms_norm", "weight");
+  require_shape(y, residual.shape(), "add_rms_norm", "y");
+  check_launch(cuda::add_rms_norm(residual.data<float>(), y.data<const float>(), weight.raw(), weight.dtype(), eps,
+                                  scale, rows, hidden, stream_),
+               "add_rms_norm");
+}
+
+void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y) {
+  const int64_t out = weight.dim(0);
+  if (rows == 0 || out == 0) return;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cudaDataType_t type = cuda_type(dtype);
+  // Row-major y = x Wᵀ is column-major yᵀ = W xᵀ: W [out, in] row-major is Wᵀ column-major, so transpose it.
+  BEAMLINE_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, to_int(out, "out features"),
+                                     to_int(rows, "rows"), to_int(in, "in features"), &alpha, weight.raw(), type,
+                                     to_int(in, "in features"), x, type, to_int(in, "in features"), &beta, y,
+                                     CUDA_R_32F, to_int(out, "out features"), CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
+  require_float_weight(weight.weight, "linear", "weight");
+  require_unquantized(weight, "linear");
+  require(weight.weight.rank() == 2, "linear: weight must be [out, in], got {}", describe(weight.weight));
+  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
+  require_device(x, "linear", "x");
+  require_shape(x, {rows, in}, "linear", "x");
+  require_shape(y, {rows, out}, "linear", "y");
+  require_dtype(x, DType::F32, "linear", "x");
+  require_dtype(y, DType::F32, "linear", "y");
+  const DType dtype = weight.weight.dtype();
+  if (dtype == DType::F32) {
+    gemm_wt(x.raw(), dtype, rows, in, weight.weight, y.data<float>());
+    return;
+  }
+  Tensor converted = scratch(dtype, {rows, in});
+  check_launch(cuda::convert_f32(x.data<const float>(), rows * in, converted.raw(), dtype, stream_), "linear");
+  gemm_wt(converted.raw(), dtype, rows, in, weight.weight, y.data<float>());
+}
+
+void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
+  require_device(x, "rope", "x");
+  const int64_t rows = x.dim(0);
+  require(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} is not even and positive", head_dim);
+  require_shape(x, {rows, int64_t{num_heads} * head_dim}, "rope", "x");
+  require_shape(positions, {rows}, "rope", "positions");
+  require_device(positions, "rope", "positions");
+  check_launch(cuda::rope(x.data<float>(), positions.data<const int32_t>(), rows, num_heads, head_dim, theta, stream_),
+               "rope");
+}
+
+void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) {
+  require_device(q, "ssmax_scale", "q");
+  const int64_t rows = q.dim(0), width = q.numel() / std::max<int64_t>(1, rows);
+  require_shape(positions, {rows}, "ssmax_scale", "positions");
+  require_device(positions, "ssmax_scale", "positions");
+  check_launch(cuda::ssmax_scale(q.data<float>(), positions.data<const int32_t>(), rows, width, base, exponent, stream_),
+               "ssmax_scale");
+}
+
+void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
+                           const AttentionBatch& batch) {
+  check_pool(pool, slot, "write_kv");
+  const int64_t rows = batch.num_rows(), width = int64_t{pool.num_kv_heads()} * pool.head_dim();
+  require_shape(k, {rows, width}, "write_kv", "k");
+  require_shape(v, {rows, width}, "write_kv", "v");
+  require_device(k, "write_kv", "k");
+  require_device(v, "write_kv", "v");
+  check_launch(cuda::write_kv(k.data<const float>(), v.data<const float>(), pool_geometry(pool), slot,
+                              batch_geometry(batch, block_table, "write_kv"), stream_),
+               "write_kv");
+}
+
+void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                  const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
+  check_pool(pool, params.slot, "paged_attention");
+  const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
+  require(kv_heads == pool.num_kv_heads() && dim == pool.head_dim(),
+          "paged_attention: params ({} kv heads x {}) do not match the pool ({} x {})", kv_heads, dim,
+          pool.num_kv_heads(), pool.head_dim());
+  require(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: {} query heads for {} kv heads", heads, kv_heads);
+  require(dim <= cuda::kMaxAttentionHeadDim && heads / kv_heads <= cuda::kMaxAttentionGroup,
+          "paged_attention: head_dim {} / {} query heads per kv head exceed the cuda kernel's {} / {}", dim,
+          heads / kv_heads, cuda::kMaxAttentionHeadDim, cuda::kMaxAttentionGroup);
+  const int64_t rows = batch.num_rows();
+  require_shape(q, {rows, int64_t{heads} * dim}, "paged_attention", "q");
+  require_shape(out, q.shape(), "paged_attention", "out");
+  require_device(q, "paged_attention", "q");
+  require_device(out, "paged_attention", "out");
+  check_launch(cuda::paged_attention(q.data<const float>(), pool_geometry(pool), params.slot,
+                                     batch_geometry(batch, block_table, "paged_attention"), heads, params.scale,
+                                     params.sliding_window, out.data<float>(), stream_),
+               "paged_attention");
+}
+
+void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
+                        Tensor& expert_ids, Tensor& expert_weights) {
+  require_device(h, "route", "h");
+  const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);
+  require_dtype(router, DType::F32, "route", "router");
+  require_dtype(bias, DType::F32, "route", "bias");
+  require_device(router, "route", "router");
+  require_device(bias, "route", "bias");
+  require_shape(router, {experts, hidden}, "route", "router");
+  require_shape(bias, {experts}, "route", "bias");
+  require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
+          cuda::kMaxRouterExperts);
+  require(params.n_group > 0 && experts % params.n_group == 0, "route: {} experts do not split into {} groups", experts,
+          params.n_group);
+  const int64_t group_size = experts / params.n_group;
+  require(params.topk_group > 0 && params.topk_group <= params.n_group, "route: topk_group {} of {} groups",
+          params.topk_group, params.n_group);
+  require(params.top_k > 0 && params.top_k <= params.topk_group * group_size,
+          "route: top_k {} exceeds the {} experts of the kept groups", params.top_k, params.topk_group * group_size);
+  require_shape(expert_ids, {rows, params.top_k}, "route", "expert_ids");
+  require_shape(expert_weights, {rows, params.top_k}, "route", "expert_weights");
+  require_dtype(expert_ids, DType::I32, "route", "expert_ids");
+  require_dtype(expert_weights, DType::F32, "route", "expert_weights");
+  Tensor logits = scratch(DType::F32, {rows, experts});
+  gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
+  check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
+                                static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
+                                params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),
+                                expert_weights.data<float>(), stream_),
+               "route");
+}
+
+void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                      Tensor& out) {
+  require(moe.packed != nullptr, "moe: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
+  const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
+  require_device(h, "moe", "h");
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  const auto experts = static_cast<int32_t>(moe.experts.size());
+  require(hidden == packed.hidden, "moe: h has {} features, the experts take {}", hidden, packed.hidden);
+  require_shape(expert_ids, {rows, top_k}, "moe", "expert_ids");
+  require_shape(expert_weights, {rows, top_k}, "moe", "expert_weights");
+  require_dtype(expert_ids, DType::I32, "moe", "expert_ids");
+  require_dtype(expert_weights, DType::F32, "moe", "expert_weights");
+  require_shape(out, h.shape(), "moe", "out");
+  if (rows == 0) return;
+
+  const int64_t assignments = rows * top_k;
+  const int64_t max_tiles = cuda::moe_max_tiles(assignments, experts);
+  const int64_t padded_rows = max_tiles * cuda::kGroupedTileRows;
+  Tensor counts = scratch(DType::I32, {3, experts});
+  Tensor tile_expert = scratch(DType::I32, {max_tiles});
+  Tensor slot_row = scratch(DType::I32, {assignments});
+  Tensor gathered = scratch(packed.dtype, {padded_rows, hidden});
+  Tensor activated = scratch(packed.dtype, {padded_rows, packed.intermediate});
+  Tensor expert_out = scratch(DType::F32, {padded_rows, hidden});
+
+  cuda::ExpertPointers pointers;
+  const auto* table = packed.pointers.data<const void* const>();
+  pointers.gate = table;
+  pointers.up = table + experts;
+  pointers.down = table + 2 * int64_t{experts};
+  pointers.dtype = packed.dtype;
+  pointers.experts = experts;
+  pointers.hidden = hidden;
+  pointers.intermediate = packed.intermediate;
+  cuda::MoeWorkspace workspace;
+  workspace.counts = counts.data<int32_t>();
+  workspace.cursor = workspace.counts + experts;
+  workspace.offsets = workspace.cursor + experts;
+  workspace.tile_expert = tile_expert.data<int32_t>();
+  workspace.slot_row = slot_row.data<int32_t>();
+  workspace.gathered = gathered.raw();
+  workspace.activated = activated.raw();
+  workspace.expert_out = expert_out.data<float>();
+  workspace.max_tiles = max_tiles;
+  check_launch(cuda::moe(h.data<const float>(), expert_ids.data<const int32_t>(), expert_weights.data<const float>(),
+                         rows, static_cast<int32_t>(top_k), pointers, workspace, out.data<float>(), stream_),
+               "moe");
+}
+
+void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  require_device(h, "swiglu", "h");
+  const int64_t rows = h.dim(0), hidden = h.dim(1);
+  check_swiglu(mlp, hidden, "swiglu");
+  require_shape(out, h.shape(), "swiglu", "out");
+  const int64_t intermediate = mlp.gate.weight.dim(0), padded = round_up_rows(rows);
+  const DType dtype = mlp.gate.weight.dtype();
+  Tensor gathered = scratch(dtype, {padded, hidden});
+  Tensor activated = scratch(dtype, {padded, intermediate});
+  check_launch(cuda::swiglu(h.data<const float>(), rows, mlp.gate.weight.raw(), mlp.up.weight.raw(),
+                            mlp.down.weight.raw(), dtype, hidden, intermediate, gathered.raw(), activated.raw(),
+                            out.data<float>(), stream_),
+               "swiglu");
+}
+
+void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
+                          float softcap, Tensor& logits) {
+  require_float_weight(head.weight, "lm_head", "head");
+  require_unquantized(head, "lm_head");
+  require_float_weight(norm, "lm_head", "norm");
+  require_device(x, "lm_head", "x");
+  require_device(rows, "lm_head", "rows");
+  const int64_t hidden = x.dim(1), selected = rows.numel(), vocab = head.weight.dim(0);
+  require_shape(head.weight, {vocab, hidden}, "lm_head", "head");
+  require_shape(norm, {hidden}, "lm_head", "norm");
+  require_dtype(rows, DType::I32, "lm_head", "rows");
+  require_shape(logits, {selected, vocab}, "lm_head", "logits");
+  require_dtype(logits, DType::F32, "lm_head", "logits");
+  if (selected == 0) return;
+  const DType dtype = head.weight.dtype();
+  Tensor normed = scratch(dtype, {selected, hidden});
+  check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
+                                     norm.dtype(), eps, hidden, normed.raw(), dtype, stream_),
+               "lm_head");
+  gemm_wt(normed.raw(), dtype, selected, hidden, head.weight, logits.data<float>());
+  if (softcap > 0.0f) check_launch(cuda::soft_cap(logits.data<float>(), selected * vocab, softcap, stream_), "lm_head");
+}
+
+}  // namespace beamline

@@ -1,0 +1,78 @@
+#pragma once
+// The CUDA backend (Hopper, sm_90a): the op set of backend.h on one device and one stream. Linear layers and
+// the router's logits go through cuBLAS (BF16/F16 operands, FP32 accumulation; the router in FP32); the other
+// ops are this folder's kernels (kernels.h). Registered as device "cuda" when the library is linked in.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_memory.h"
+
+namespace beamline {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::Cuda; }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
+  void fill_zero(Tensor& tensor) override;
+  Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
+  void download(const Tensor& tensor, void* host) override;
+  void synchronize() override;
+  Tensor load_weight(const TensorView& view) override;
+  void prepare_moe(MoeTensors& moe) override;
+
+  void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
+  void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
+  void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
+  void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
+  void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
+                const AttentionBatch& batch) override;
+  void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                       const AttentionBatch& batch, const AttentionParams& params, Tensor& out) override;
+  void route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
+             Tensor& expert_ids, Tensor& expert_weights) override;
+  void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+           Tensor& out) override;
+  void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
+  void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
+               float softcap, Tensor& logits) override;
+
+  // ---- beyond the interface: the harness and on-device random weights ----
+  // A weight-arena tensor of uniform values in [-scale, scale) drawn on the device from `seed` (no host copy).
+  Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t seed, float scale);
+  std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
+  cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
+  void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
+  Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cuda::CachingAllocator allocator_;
+  cuda::WeightArena weights_;
+  std::unique_ptr<cuda::PinnedStaging> staging_;
+  Tensor cublas_workspace_;
+  int64_t weights_loaded_ = 0;
+  std::size_t weight_bytes_logged_ = 0;
+};
+
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace beamline

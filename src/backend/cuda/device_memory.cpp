@@ -1,0 +1,149 @@
+#include "backend/cuda/device_memory.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace beamline::cuda {
+namespace {
+
+constexpr std::size_t kAlignment = 256;
+constexpr std::size_t kSmallLimit = 1u << 20;
+constexpr std::size_t kLargeGranule = 2u << 20;
+constexpr std::size_t kFirstWeightChunk = 256u << 20;
+constexpr std::size_t kMaxWeightChunk = 8ull << 30;
+
+std::size_t round_up(std::size_t value, std::size_t granule) { return (value + granule - 1) / granule * granule; }
+
+}  // namespace
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    fail("cuda backend: {} failed: {} ({})", what, cudaGetErrorName(status), cudaGetErrorString(status));
+}
+
+CachingAllocator::State::~State() {
+  for (auto& [size, block] : free_blocks) cudaFree(block);
+}
+
+std::shared_ptr<void> CachingAllocator::allocate(std::size_t bytes) {
+  const std::size_t size = bytes <= kSmallLimit ? round_up(std::max<std::size_t>(bytes, 1), kAlignment)
+                                                : round_up(bytes, kLargeGranule);
+  void* block = nullptr;
+  std::size_t block_size = size;
+  {
+    std::lock_guard lock(state_->mutex);
+    // Best fit among cached blocks up to twice the size, so odd sizes do not each pin a block of their own.
+    auto found = state_->free_blocks.lower_bound(size);
+    if (found != state_->free_blocks.end() && found->first <= 2 * size) {
+      block_size = found->first;
+      block = found->second;
+      state_->free_blocks.erase(found);
+      state_->stats.cached_bytes -= block_size;
+    }
+  }
+  if (block == nullptr) {
+    cudaError_t status = cudaMalloc(&block, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_cached();
+      status = cudaMalloc(&block, size);
+    }
+    if (status != cudaSuccess)
+      fail("cuda backend: cannot allocate {} bytes of device memory: {} ({} bytes reserved)", size,
+           cudaGetErrorString(status), stats().reserved_bytes);
+    std::lock_guard lock(state_->mutex);
+    ++state_->stats.device_allocations;
+    state_->stats.reserved_bytes += size;
+  }
+  std::weak_ptr<State> owner = state_;
+  return std::shared_ptr<void>(block, [owner, block_size](void* pointer) {
+    if (auto state = owner.lock()) {
+      std::lock_guard lock(state->mutex);
+      state->free_blocks.emplace(block_size, pointer);
+      state->stats.cached_bytes += block_size;
+    } else {
+      cudaFree(pointer);
+    }
+  });
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->stats;
+}
+
+void CachingAllocator::release_cached() {
+  BEAMLINE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::lock_guard lock(state_->mutex);
+  for (auto& [size, block] : state_->free_blocks) {
+    BEAMLINE_CUDA_CHECK(cudaFree(block));
+    state_->stats.reserved_bytes -= size;
+  }
+  state_->free_blocks.clear();
+  state_->stats.cached_bytes = 0;
+}
+
+std::shared_ptr<std::byte> WeightArena::allocate(std::size_t bytes) {
+  const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), kAlignment);
+  if (!chunk_ || chunk_used_ + size > chunk_size_) {
+    // Chunks grow with what is loaded already, so a model takes a handful of allocations, not one per tensor.
+    chunk_size_ = std::max(size, std::clamp(used_total_, kFirstWeightChunk, kMaxWeightChunk));
+    void* memory = nullptr;
+    const cudaError_t status = cudaMalloc(&memory, chunk_size_);
+    if (status != cudaSuccess)
+      fail("cuda backend: cannot allocate {} bytes for weights ({} bytes loaded so far): {}", chunk_size_, used_total_,
+           cudaGetErrorString(status));
+    chunk_.reset(static_cast<std::byte*>(memory), [](std::byte* pointer) { cudaFree(pointer); });
+    chunk_used_ = 0;
+    ++chunks_allocated_;
+  }
+  std::shared_ptr<std::byte> result(chunk_, chunk_.get() + chunk_used_);
+  chunk_used_ += size;
+  used_total_ += size;
+  return result;
+}
+
+PinnedStaging::~PinnedStaging() {
+  if (buffer_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(buffer_);
+  }
+  for (cudaEvent_t event : done_)
+    if (event != nullptr) cudaEventDestroy(event);
+}
+
+void PinnedStaging::next_slot() {
+  BEAMLINE_CUDA_CHECK(cudaEventRecord(done_[slot_], stream_));
+  slot_ = (slot_ + 1) % kSlots;
+  // The copies out of the slot we enter were enqueued before its event: wait for them before overwriting it.
+  BEAMLINE_CUDA_CHECK(cudaEventSynchronize(done_[slot_]));
+  offset_ = 0;
+}
+
+void PinnedStaging::copy_to_device(void* device, const void* host, std::size_t bytes) {
+  if (buffer_ == nullptr) {
+    void* memory = nullptr;
+    BEAMLINE_CUDA_CHECK(cudaMallocHost(&memory, kSlotBytes * kSlots));
+    buffer_ = static_cast<std::byte*>(memory);
+    for (cudaEvent_t& event : done_) BEAMLINE_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  const auto* source = static_cast<const std::byte*>(host);
+  auto* destination = static_cast<std::byte*>(device);
+  while (bytes > 0) {
+    if (offset_ == kSlotBytes) next_slot();
+    const std::size_t piece = std::min(bytes, kSlotBytes - offset_);
+    std::byte* staging = buffer_ + static_cast<std::size_t>(slot_) * kSlotBytes + offset_;
+    std::memcpy(staging, source, piece);
+    BEAMLINE_CUDA_CHECK(cudaMemcpyAsync(destination, staging, piece, cudaMemcpyHostToDevice, stream_));
+    offset_ = std::min(kSlotBytes, offset_ + round_up(piece, kAlignment));
+    source += piece;
+    destination += piece;
+    bytes -= piece;
+  }
+}
+
+}  // namespace beamline::cuda

@@ -1,0 +1,81 @@
+#pragma once
+// Device memory of the CUDA backend (internal to backend/cuda):
+//  - CachingAllocator: activations, scratch and the KV pool. Freed blocks go back to a size-keyed cache and are
+//    reused in stream order (all work is on one stream), so a steady decode loop makes no cudaMalloc.
+//  - WeightArena: weights, bump-allocated from a few large chunks, never freed one by one.
+//  - PinnedStaging: host-to-device copies through page-locked buffers (weights streamed from the mmap'd
+//    checkpoint, and the small per-step uploads of the batch description).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace beamline::cuda {
+
+// Throws beamline::Error naming the call and CUDA's message.
+void check(cudaError_t status, const char* what);
+#define BEAMLINE_CUDA_CHECK(expr) ::beamline::cuda::check((expr), #expr)
+
+struct AllocatorStats {
+  int64_t device_allocations = 0;  // cudaMalloc calls so far
+  std::size_t reserved_bytes = 0;  // held from the device (in use + cached)
+  std::size_t cached_bytes = 0;    // free for reuse
+};
+
+class CachingAllocator {
+ public:
+  CachingAllocator() : state_(std::make_shared<State>()) {}
+  // A block of at least `bytes`, 256-byte aligned; the shared_ptr gives it back to the cache.
+  std::shared_ptr<void> allocate(std::size_t bytes);
+  AllocatorStats stats() const;
+  void release_cached();  // cudaFree of every cached block (after a device synchronisation)
+
+ private:
+  struct State {
+    mutable std::mutex mutex;
+    std::multimap<std::size_t, void*> free_blocks;  // size -> block
+    AllocatorStats stats;
+    ~State();
+  };
+  std::shared_ptr<State> state_;
+};
+
+class WeightArena {
+ public:
+  // `bytes` of device memory that lives as long as any returned pointer's owner (the chunk).
+  std::shared_ptr<std::byte> allocate(std::size_t bytes);
+  std::size_t bytes_used() const { return used_total_; }
+  int64_t chunks() const { return static_cast<int64_t>(chunks_allocated_); }
+
+ private:
+  std::shared_ptr<std::byte> chunk_;
+  std::size_t chunk_size_ = 0, chunk_used_ = 0, used_total_ = 0, chunks_allocated_ = 0;
+};
+
+class PinnedStaging {
+ public:
+  explicit PinnedStaging(cudaStream_t stream) : stream_(stream) {}
+  ~PinnedStaging();
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+
+  // Enqueues a copy of `bytes` host bytes to `device`; the host buffer may be reused as soon as this returns.
+  void copy_to_device(void* device, const void* host, std::size_t bytes);
+
+ private:
+  static constexpr std::size_t kSlotBytes = 32u << 20;
+  static constexpr int kSlots = 4;
+  void next_slot();
+
+  cudaStream_t stream_;
+  std::byte* buffer_ = nullptr;  // kSlots slots of kSlotBytes
+  cudaEvent_t done_[kSlots] = {};
+  int slot_ = 0;
+  std::size_t offset_ = 0;
+};
+
+}  // namespace beamline::cuda

@@ -1,0 +1,111 @@
+#pragma once
+// Launchers of the CUDA backend's kernels (internal to backend/cuda). They take raw device pointers and sizes
+// that the backend has already validated, enqueue on `stream` and return the launch's error code, so each
+// kernel can be replaced (the performance work) without touching the backend's checks or the model.
+// Float buffers whose element type varies (weights, the KV pool) come as void* with their DType.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace beamline::cuda {
+
+// ---- elementwise and per-row ----
+// Token ids outside [0, vocab) give NaN rows (validated on the host beforehand).
+cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* tokens, int64_t rows,
+                      int64_t hidden, float* out, cudaStream_t stream);
+cudaError_t rms_norm(const float* x, const void* weight, DType weight_dtype, float eps, int64_t rows, int64_t hidden,
+                     float* out, cudaStream_t stream);
+// residual += scale * rms(y, weight)
+cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DType weight_dtype, float eps,
+                         float scale, int64_t rows, int64_t hidden, cudaStream_t stream);
+// out[i] = rms(x[rows[i]], weight) stored as `out_dtype` (BF16/F16/F32), the input of the LM head GEMM; a row
+// outside the x_rows rows of x gives NaN.
+cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows, int64_t selected, const void* weight,
+                            DType weight_dtype, float eps, int64_t hidden, void* out, DType out_dtype,
+                            cudaStream_t stream);
+cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, int32_t head_dim, float theta,
+                 cudaStream_t stream);
+cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
+                        cudaStream_t stream);
+// F32 values to `dtype` (BF16, F16 or F32), the operand of a tensor-core GEMM.
+cudaError_t convert_f32(const float* in, int64_t n, void* out, DType dtype, cudaStream_t stream);
+// x = cap * tanh(x / cap) in place.
+cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
+// Deterministic pseudo-random values uniform in [-scale, scale) (counter-based hash of seed and index),
+// stored as `dtype` (F32, F16 or BF16): on-device random weights.
+cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+
+// ---- paged KV ----
+struct PoolGeometry {
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::F32;  // F32 or BF16
+  int32_t num_blocks = 0, slots_per_block = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
+};
+
+struct BatchGeometry {
+  const int32_t* positions = nullptr;     // [rows]
+  const int32_t* row_sequence = nullptr;  // [rows]
+  const int32_t* seq_lens = nullptr;      // [sequences]
+  const int32_t* block_table = nullptr;   // [sequences, table_width]
+  int64_t rows = 0;
+  int32_t table_width = 0;
+};
+
+// Rows whose block is missing or out of the pool are skipped by write_kv and make paged_attention write NaN
+// for that row and head (the CPU backend throws there; a device cannot without a host synchronisation).
+cudaError_t write_kv(const float* k, const float* v, const PoolGeometry& pool, int32_t slot,
+                     const BatchGeometry& batch, cudaStream_t stream);
+cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                            int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream);
+constexpr int32_t kMaxAttentionHeadDim = 256;
+constexpr int32_t kMaxAttentionGroup = 32;  // query heads per kv head
+
+// ---- router and experts ----
+// Group-limited top-k over router logits [rows, experts] (computed by a GEMM beforehand).
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+constexpr int32_t kMaxRouterExperts = 1024;
+
+// Rows of the grouped GEMMs are padded per expert to a multiple of this tile height.
+constexpr int32_t kGroupedTileRows = 64;
+
+// Device pointers of each expert's weights, in the stored dtype (BF16 or F16, all experts alike).
+struct ExpertPointers {
+  const void* const* gate = nullptr;  // [E] -> [I, H]
+  const void* const* up = nullptr;    // [E] -> [I, H]
+  const void* const* down = nullptr;  // [E] -> [H, I]
+  DType dtype = DType::BF16;
+  int32_t experts = 0;
+  int64_t hidden = 0, intermediate = 0;
+};
+
+// Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
+struct MoeWorkspace {
+  int32_t* counts = nullptr;       // [E]
+  int32_t* cursor = nullptr;       // [E]
+  int32_t* offsets = nullptr;      // [E] first padded row of each expert
+  int32_t* tile_expert = nullptr;  // [max_tiles] expert of each row tile, -1 past the last
+  int32_t* slot_row = nullptr;     // [rows * top_k] padded row of each (token, j)
+  void* gathered = nullptr;        // [max_tiles * tile, H] in the weights' dtype
+  void* activated = nullptr;       // [max_tiles * tile, I] in the weights' dtype
+  float* expert_out = nullptr;     // [max_tiles * tile, H]
+  int64_t max_tiles = 0;
+};
+int64_t moe_max_tiles(int64_t assignments, int32_t experts);
+
+// out[t] = sum_j weights[t, j] * SwiGLU_{ids[t, j]}(h[t]) with no host synchronisation: count, pad and
+// scatter the rows per expert, two grouped GEMMs (gate|up with the SwiGLU fused, then down), combine in j
+// order. Expert ids outside [0, E) make the token's output NaN.
+cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream);
+// The dense MLP through the same grouped GEMMs with one expert: gate/up [I, H] and down [H, I] in `dtype`
+// (BF16 or F16). `gathered` [rows rounded up to the tile, H] and `activated` [same rows, I] are scratch in dtype.
+cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
+                   int64_t hidden, int64_t intermediate, void* gathered, void* activated, float* out,
+                   cudaStream_t stream);
+
+}  // namespace beamline::cuda

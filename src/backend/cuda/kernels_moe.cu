@@ -1,0 +1,349 @@
+// The FP32 router's group-limited top-k, and the experts: rows permuted per expert (padded to the tile
+// height), grouped tensor-core GEMMs that read each tile's expert from device memory (so nothing waits for the
+// host), the SwiGLU fused into the gate|up GEMM, and the weighted combine in j order.
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace beamline::cuda {
+namespace {
+
+// ---- router ----
+constexpr int kRouterThreads = 128;
+
+// Index of the largest candidate value (lower index on ties), or -1 when none is left.
+__device__ int32_t argmax_lower(const float* values, const bool* taken, int32_t begin, int32_t end) {
+  int32_t best = -1;
+  for (int32_t i = begin; i < end; ++i)
+    if (!taken[i] && (best < 0 || values[i] > values[best])) best = i;
+  return best;
+}
+
+__global__ void route_kernel(const float* logits, const float* bias, int32_t experts, int32_t n_group,
+                             int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                             int32_t* expert_ids, float* expert_weights) {
+  __shared__ float score[kMaxRouterExperts], choice[kMaxRouterExperts], group_score[kMaxRouterExperts];
+  __shared__ bool taken[kMaxRouterExperts], group_taken[kMaxRouterExperts];
+  const int64_t row = blockIdx.x;
+  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+    const float logit = logits[row * experts + e];
+    score[e] = 1.0f / (1.0f + expf(-logit));
+    choice[e] = score[e] + bias[e];
+    taken[e] = false;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // Serial on purpose: the selection must follow the reference's tie rules exactly, and it is tiny.
+  const int32_t group_size = experts / n_group;
+  const int32_t best_of_group = min(2, group_size);
+  for (int32_t g = 0; g < n_group; ++g) {
+    float sum = 0.0f;
+    for (int32_t pick = 0; pick < best_of_group; ++pick) {
+      const int32_t e = argmax_lower(choice, taken, g * group_size, (g + 1) * group_size);
+      sum += choice[e];
+      taken[e] = true;
+    }
+    for (int32_t e = g * group_size; e < (g + 1) * group_size; ++e) taken[e] = false;
+    group_score[g] = sum;
+    group_taken[g] = false;
+  }
+  for (int32_t pick = 0; pick < topk_group; ++pick) group_taken[argmax_lower(group_score, group_taken, 0, n_group)] = true;
+  for (int32_t e = 0; e < experts; ++e)
+    if (!group_taken[e / group_size]) choice[e] = -INFINITY;
+  int32_t* ids = expert_ids + row * top_k;
+  float* weights = expert_weights + row * top_k;
+  float total = 0.0f;
+  for (int32_t j = 0; j < top_k; ++j) {
+    const int32_t e = argmax_lower(choice, taken, 0, experts);
+    taken[e] = true;
+    ids[j] = e;
+    total += score[e];
+  }
+  for (int32_t j = 0; j < top_k; ++j) {
+    const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
+    weights[j] = weight * routed_scaling_factor;
+  }
+}
+
+// ---- permutation ----
+__global__ void count_kernel(const int32_t* ids, int64_t assignments, int32_t experts, int32_t* counts) {
+  const int64_t slot = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (slot >= assignments) return;
+  const int32_t e = ids[slot];
+  if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
+}
+
+// One block: each expert's first padded row and the expert of every row tile (-1 past the used tiles).
+__global__ void plan_kernel(const int32_t* counts, int32_t experts, int64_t max_tiles, int32_t* offsets,
+                            int32_t* tile_expert) {
+  __shared__ int32_t used_tiles;
+  if (threadIdx.x == 0) {
+    int32_t next = 0;
+    for (int32_t e = 0; e < experts; ++e) {
+      offsets[e] = next;
+      next += (counts[e] + kGroupedTileRows - 1) / kGroupedTileRows * kGroupedTileRows;
+    }
+    used_tiles = next / kGroupedTileRows;
+  }
+  __syncthreads();
+  for (int64_t tile = threadIdx.x; tile < max_tiles; tile += blockDim.x)
+    if (tile >= used_tiles) tile_expert[tile] = -1;
+  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+    const int32_t first = offsets[e] / kGroupedTileRows;
+    const int32_t tiles = (counts[e] + kGroupedTileRows - 1) / kGroupedTileRows;
+    for (int32_t i = 0; i < tiles; ++i) tile_expert[first + i] = e;
+  }
+}
+
+// One block per (token, j): claims a row in its expert's range and copies the token there in the GEMM dtype.
+template <typename W>
+__global__ void scatter_kernel(const float* h, const int32_t* ids, int32_t top_k, int32_t experts, int64_t hidden,
+                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, W* gathered) {
+  __shared__ int32_t row;
+  const int64_t slot = blockIdx.x;
+  const int32_t e = ids[slot];
+  if (e < 0 || e >= experts) {
+    if (threadIdx.x == 0) slot_row[slot] = -1;
+    return;
+  }
+  if (threadIdx.x == 0) {
+    row = offsets[e] + atomicAdd(&cursor[e], 1);
+    slot_row[slot] = row;
+  }
+  __syncthreads();
+  const float* source = h + (slot / top_k) * hidden;
+  W* destination = gathered + int64_t{row} * hidden;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) destination[i] = from_float<W>(source[i]);
+}
+
+__global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights, int32_t top_k,
+                               int64_t hidden, float* out) {
+  const int64_t token = blockIdx.x;
+  bool valid = true;
+  for (int32_t j = 0; j < top_k; ++j) valid = valid && slot_row[token * top_k + j] >= 0;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j)
+      if (valid) sum += weights[token * top_k + j] * expert_out[int64_t{slot_row[token * top_k + j]} * hidden + i];
+    out[token * hidden + i] = valid ? sum : __int_as_float(0x7fc00000);
+  }
+}
+
+// ---- grouped GEMM: C[r, n] = sum_k A[r, k] * B_e[n, k] for the rows of tile blockIdx.x, e its expert ----
+constexpr int kTileN = 64, kTileK = 32, kGemmThreads = 128;
+constexpr int kLoadStride = kTileK + 8;  // bf16/f16 rows padded to keep WMMA loads 16-byte aligned
+constexpr int kStoreStride = kTileN + 4;
+
+struct GroupedOperands {
+  const void* const* b0_table = nullptr;  // per expert, used with tile_expert
+  const void* const* b1_table = nullptr;
+  const void* b0 = nullptr;  // the one expert when tile_expert is null
+  const void* b1 = nullptr;
+  const int32_t* tile_expert = nullptr;
+  int64_t rows_limit = 0;  // rows of C that exist
+};
+
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
+
+// kDual: C = silu(A B0ᵀ) * (A B1ᵀ) stored as W (gate|up with the SwiGLU fused); else C = A B0ᵀ as float.
+template <typename W, bool kDual>
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, GroupedOperands operands, int64_t n,
+                                                                    int64_t k, void* c) {
+  using namespace nvcuda;
+  constexpr int kMatrices = kDual ? 2 : 1;
+  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (kGroupedTileRows + kMatrices * kTileN);
+  constexpr size_t kStoreBytes = sizeof(float) * kStoreStride * kGroupedTileRows * kMatrices;
+  __shared__ __align__(128) unsigned char shared[kLoadBytes > kStoreBytes ? kLoadBytes : kStoreBytes];
+  W* a_tile = reinterpret_cast<W*>(shared);
+  W* b_tiles = a_tile + kGroupedTileRows * kLoadStride;
+  float* c_tiles = reinterpret_cast<float*>(shared);
+
+  const int64_t tile = blockIdx.x;
+  const W* b[kMatrices];
+  if (operands.tile_expert != nullptr) {
+    const int32_t expert = operands.tile_expert[tile];
+    if (expert < 0) return;
+    b[0] = static_cast<const W*>(operands.b0_table[expert]);
+    if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1_table[expert]);
+  } else {
+    b[0] = static_cast<const W*>(operands.b0);
+    if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1);
+  }
+  const int64_t row0 = tile * kGroupedTileRows, col0 = int64_t{blockIdx.y} * kTileN;
+  const int warp = threadIdx.x / 32, warp_m = warp / 2, warp_n = warp % 2;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2];
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+
+  const W zero = from_float<W>(0.0f);
+  for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    for (int i = threadIdx.x; i < kGroupedTileRows * kTileK; i += kGemmThreads) {
+      const int r = i / kTileK, kk = i % kTileK;
+      const int64_t row = row0 + r;
+      a_tile[r * kLoadStride + kk] = (k0 + kk < k && row < operands.rows_limit) ? a[row * k + k0 + kk] : zero;
+    }
+#pragma unroll
+    for (int m = 0; m < kMatrices; ++m)
+      for (int i = threadIdx.x; i < kTileN * kTileK; i += kGemmThreads) {
+        const int col = i / kTileK, kk = i % kTileK;
+        b_tiles[(m * kTileN + col) * kLoadStride + kk] =
+            (k0 + kk < k && col0 + col < n) ? b[m][(col0 + col) * k + k0 + kk] : zero;
+      }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a_fragment[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        wmma::load_matrix_sync(a_fragment[i], a_tile + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+#pragma unroll
+      for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> b_fragment;
+          wmma::load_matrix_sync(b_fragment, b_tiles + (m * kTileN + warp_n * 32 + j * 16) * kLoadStride + kk,
+                                 kLoadStride);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(accumulator[m][i][j], a_fragment[i], b_fragment, accumulator[m][i][j]);
+        }
+    }
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(
+            c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
+            accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroupedTileRows * kTileN; i += kGemmThreads) {
+    const int r = i / kTileN, col = i % kTileN;
+    const int64_t row = row0 + r;
+    if (row >= operands.rows_limit || col0 + col >= n) continue;
+    const float value = c_tiles[r * kStoreStride + col];
+    if constexpr (kDual) {
+      const float up = c_tiles[(kGroupedTileRows + r) * kStoreStride + col];
+      static_cast<W*>(c)[row * n + col0 + col] = from_float<W>(silu(value) * up);
+    } else {
+      static_cast<float*>(c)[row * n + col0 + col] = value;
+    }
+  }
+}
+
+template <typename W>
+cudaError_t run_swiglu_gemms(const void* gathered, int64_t tiles, const GroupedOperands& up_operands,
+                             const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
+                             void* activated, float* out, cudaStream_t stream) {
+  const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
+  grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(static_cast<const W*>(gathered), up_operands,
+                                                                      intermediate, hidden, activated);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
+  grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(static_cast<const W*>(activated),
+                                                                         down_operands, hidden, intermediate, out);
+  return cudaGetLastError();
+}
+
+template <typename Body>
+bool dispatch_tensor_core(DType dtype, Body&& body) {
+  if (dtype == DType::BF16) {
+    body(__nv_bfloat16{});
+    return true;
+  }
+  if (dtype == DType::F16) {
+    body(__half{});
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (experts > kMaxRouterExperts) return cudaErrorInvalidValue;
+  route_kernel<<<static_cast<unsigned int>(rows), kRouterThreads, 0, stream>>>(
+      logits, bias, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
+      expert_weights);
+  return cudaGetLastError();
+}
+
+int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
+  // Each expert pads its rows to whole tiles: at most one partial tile per expert on top of the full ones.
+  return assignments / kGroupedTileRows + std::min<int64_t>(experts, assignments) + 1;
+}
+
+cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int64_t assignments = rows * top_k;
+  const size_t count_bytes = sizeof(int32_t) * static_cast<size_t>(experts.experts);
+  if (cudaError_t status = cudaMemsetAsync(workspace.counts, 0, count_bytes, stream); status != cudaSuccess)
+    return status;
+  if (cudaError_t status = cudaMemsetAsync(workspace.cursor, 0, count_bytes, stream); status != cudaSuccess)
+    return status;
+  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts.experts, workspace.counts);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts.experts, workspace.max_tiles, workspace.offsets,
+                                      workspace.tile_expert);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+
+  GroupedOperands up_operands, down_operands;
+  up_operands.b0_table = experts.gate;
+  up_operands.b1_table = experts.up;
+  down_operands.b0_table = experts.down;
+  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
+  up_operands.rows_limit = down_operands.rows_limit = workspace.max_tiles * kGroupedTileRows;
+  cudaError_t status = cudaErrorInvalidValue;
+  dispatch_tensor_core(experts.dtype, [&](auto tag) {
+    using W = decltype(tag);
+    scatter_kernel<W><<<static_cast<unsigned int>(assignments), 256, 0, stream>>>(
+        h, ids, top_k, experts.experts, experts.hidden, workspace.offsets, workspace.cursor, workspace.slot_row,
+        static_cast<W*>(workspace.gathered));
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return;
+    status = run_swiglu_gemms<W>(workspace.gathered, workspace.max_tiles, up_operands, down_operands, experts.hidden,
+                                 experts.intermediate, workspace.activated, workspace.expert_out, stream);
+  });
+  if (status != cudaSuccess) return status;
+  combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,
+                                                                      weights, top_k, experts.hidden, out);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
+                   int64_t hidden, int64_t intermediate, void* gathered, void* activated, float* out,
+                   cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (cudaError_t status = convert_f32(h, rows * hidden, gathered, dtype, stream); status != cudaSuccess) return status;
+  GroupedOperands up_operands, down_operands;
+  up_operands.b0 = gate;
+  up_operands.b1 = up;
+  down_operands.b0 = down;
+  up_operands.rows_limit = down_operands.rows_limit = rows;
+  const int64_t tiles = (rows + kGroupedTileRows - 1) / kGroupedTileRows;
+  cudaError_t status = cudaErrorInvalidValue;
+  dispatch_tensor_core(dtype, [&](auto tag) {
+    using W = decltype(tag);
+    status = run_swiglu_gemms<W>(gathered, tiles, up_operands, down_operands, hidden, intermediate, activated, out,
+                                 stream);
+  });
+  return status;
+}
+
+}  // namespace beamline::cuda
