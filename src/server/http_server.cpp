@@ -233,7 +233,13 @@ void ApiServer::chat_completions(const httplib::Request& request, httplib::Respo
   ChatPlan plan = plan_chat_completion(body, context_);
   const std::string id = new_response_id("chatcmpl");
   plan.request.request_id = id;
-  std::shared_ptr<OutputStream> stream = submit(plan.request);
+  std::shared_ptr<OutputStream> stream;
+  try {
+    stream = submit(plan.request);
+  } catch (const InvalidRequest& invalid) {
+    // A chat request has no `prompt`: what the engine calls the prompt comes from `messages`.
+    throw invalid_request(invalid.param() == "prompt" ? "messages" : invalid.param(), invalid.what());
+  }
   if (plan.stream.stream) {
     respond_stream(response, std::move(stream), chat_completion_stream(id, context_, std::move(plan)));
     return;

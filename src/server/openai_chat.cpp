@@ -236,7 +236,10 @@ ChatChoice::ChatChoice(const ServingContext& context, const std::vector<TokenId>
       parser_(context.tokenizer, harmony::ParserOptions{harmony::Role::Assistant, /*strict=*/false,
                                                         context.harmony_template.channels}),
       mapper_(context.harmony_template) {
-  for (TokenId id : prefill) map(parser_.push(id));
+  for (TokenId id : prefill) {
+    std::vector<harmony::ChatDelta> deltas = map(parser_.push(id));
+    prefill_deltas_.insert(prefill_deltas_.end(), deltas.begin(), deltas.end());
+  }
 }
 
 std::vector<harmony::ChatDelta> ChatChoice::map(const std::vector<harmony::ParseEvent>& events) {
@@ -248,7 +251,8 @@ std::vector<harmony::ChatDelta> ChatChoice::map(const std::vector<harmony::Parse
 }
 
 std::vector<harmony::ChatDelta> ChatChoice::push(const std::vector<TokenId>& ids) {
-  std::vector<harmony::ChatDelta> deltas;
+  std::vector<harmony::ChatDelta> deltas = std::move(prefill_deltas_);
+  prefill_deltas_.clear();
   for (TokenId id : ids) {
     std::vector<harmony::ChatDelta> more = map(parser_.push(id));
     deltas.insert(deltas.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
@@ -256,7 +260,13 @@ std::vector<harmony::ChatDelta> ChatChoice::push(const std::vector<TokenId>& ids
   return deltas;
 }
 
-std::vector<harmony::ChatDelta> ChatChoice::finish() { return map(parser_.finish()); }
+std::vector<harmony::ChatDelta> ChatChoice::finish() {
+  std::vector<harmony::ChatDelta> deltas = std::move(prefill_deltas_);
+  prefill_deltas_.clear();
+  std::vector<harmony::ChatDelta> last = map(parser_.finish());
+  deltas.insert(deltas.end(), std::make_move_iterator(last.begin()), std::make_move_iterator(last.end()));
+  return deltas;
+}
 
 std::string ChatChoice::finish_reason(FinishReason engine_reason) const {
   switch (engine_reason) {

@@ -42,6 +42,7 @@ class ChatChoice {
   const ServingContext& context_;
   harmony::StreamingParser parser_;
   harmony::ChatStreamMapper mapper_;
+  std::vector<harmony::ChatDelta> prefill_deltas_;  // e.g. a forced tool call's id and name: sent with the first push
 };
 
 Json usage_json(const Usage& usage);

@@ -1,0 +1,122 @@
+// Starts `beamline serve` on a random tiny model for the end-to-end tests, and small HTTP helpers.
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export const BEAMLINE = process.env.BEAMLINE_EXE;
+if (!BEAMLINE) throw new Error('set BEAMLINE_EXE to the beamline binary');
+
+// A random tiny checkpoint (weights, tokenizer.json, generation_config.json, harmony.json) in a temp dir.
+export function makeTinyModel(name = 'tiny') {
+  const root = mkdtempSync(join(tmpdir(), 'beamline-serve-'));
+  const dir = join(root, name);
+  execFileSync(BEAMLINE, ['make-model', '--preset', 'tiny', '--out', dir, '--seed', '3'], { stdio: 'pipe' });
+  return { dir, cleanup: () => rmSync(root, { recursive: true, force: true }) };
+}
+
+// Starts the server on a free port (--port 0; the port is read from its start-up log line).
+export async function startServer(modelDir, extraArgs = []) {
+  const args = ['serve', '--model', modelDir, '--port', '0', '--max-model-len', '4096', '--kv-cache-memory', '64M',
+    '--block-size', '16', ...extraArgs];
+  const proc = spawn(BEAMLINE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`server did not start in 60 s:\n${log}`)), 60000);
+    const onData = (chunk) => {
+      log += chunk.toString();
+      const match = log.match(/at http:\/\/[^:]+:(\d+)\/v1/);
+      if (match) {
+        clearTimeout(timer);
+        resolve(Number(match[1]));
+      }
+    };
+    proc.stdout.on('data', onData);
+    proc.stderr.on('data', onData);
+    proc.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`server exited with ${code} before listening:\n${log}`));
+    });
+  });
+  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+  proc.stdout.on('data', (chunk) => { log += chunk.toString(); });
+  proc.stderr.on('data', (chunk) => { log += chunk.toString(); });
+  return {
+    proc,
+    port,
+    base: `http://127.0.0.1:${port}`,
+    exited,
+    log: () => log,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+export async function postJson(base, path, body, headers = {}) {
+  const response = await fetch(base + path, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+  const text = await response.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* checked by the caller */ }
+  return { status: response.status, text, json };
+}
+
+// Prometheus text → Map of 'name{labels}' → number.
+export function parseMetrics(text) {
+  const samples = new Map();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const space = line.lastIndexOf(' ');
+    samples.set(line.slice(0, space), Number(line.slice(space + 1)));
+  }
+  return samples;
+}
+
+export async function metrics(base) {
+  const response = await fetch(base + '/metrics');
+  const text = await response.text();
+  return { text, samples: parseMetrics(text) };
+}
+
+// The value of a metric whose labels contain `labelFilter` (first match).
+export function metricValue(samples, name, labelFilter = '') {
+  for (const [key, value] of samples) {
+    if (key.startsWith(name + '{') && key.includes(labelFilter)) return value;
+  }
+  return undefined;
+}
+
+export async function waitFor(condition, timeoutMs, what) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await condition()) return;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+// Reads an SSE response to its end: the parsed `data:` JSON events and whether [DONE] came last.
+export async function readSse(response) {
+  const text = await response.text();
+  const events = [];
+  let done = false;
+  for (const block of text.split('\n\n')) {
+    for (const line of block.split('\n')) {
+      if (!line.startsWith('data: ')) continue;
+      const data = line.slice(6);
+      if (data === '[DONE]') { done = true; continue; }
+      assertNotAfterDone(done);
+      events.push(JSON.parse(data));
+    }
+  }
+  return { events, done };
+}
+
+function assertNotAfterDone(done) {
+  if (done) throw new Error('an SSE event came after [DONE]');
+}
