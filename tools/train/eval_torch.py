@@ -9,7 +9,6 @@ right function and schema-valid JSON arguments (and % with exactly the expected 
 answers that are correct, and % of other checks passed.
 """
 import argparse
-import collections
 import json
 import os
 import sys
@@ -23,11 +22,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from beam_torch import greedy_generate, load_checkpoint  # noqa: E402
 from bpe import Tokenizer  # noqa: E402
-from harmony_check import score  # noqa: E402
-
-
-def pct(part, whole):
-    return f"{100.0 * part / whole:.1f}% ({part}/{whole})" if whole else "n/a"
+from harmony_check import score, summarize  # noqa: E402
 
 
 def main():
@@ -64,28 +59,8 @@ def main():
             results.append({"kind": kind, "check": check, "completion": completion, **score(completion, check)})
     seconds = time.time() - started
 
-    by_kind = collections.defaultdict(list)
-    for r in results:
-        by_kind[r["kind"]].append(r)
     print(f"{len(results)} turns decoded in {seconds:.0f} s")
-    for kind in sorted(by_kind):
-        rs = by_kind[kind]
-        print(f"  {kind:18s} valid {pct(sum(r['valid'] for r in rs), len(rs))}  "
-              f"check passed {pct(sum(r['ok'] for r in rs), len(rs))}")
-    tool = [r for r in results if r["check"]["type"] == "tool_call"]
-    numeric = [r for r in results if r["check"]["type"] == "final_number"]
-    arith = [r for r in numeric if r["kind"] in ("arith", "arith_with_tools")]
-    other = [r for r in results if r["check"]["type"] == "final_contains"]
-    print(f"valid Harmony:                         {pct(sum(r['valid'] for r in results), len(results))}")
-    print(f"tool call: right function + schema-valid JSON args: {pct(sum(r['ok'] for r in tool), len(tool))}")
-    print(f"tool call: exactly the expected arguments:          "
-          f"{pct(sum(r.get('args_exact', False) for r in tool), len(tool))}")
-    print(f"arithmetic answers correct:            {pct(sum(r['ok'] for r in arith), len(arith))}")
-    print(f"arithmetic + unit conversion correct:  {pct(sum(r['ok'] for r in numeric), len(numeric))}")
-    print(f"other checks (facts, tool results in answers): {pct(sum(r['ok'] for r in other), len(other))}")
-    failures = [r for r in results if not r["ok"]][:8]
-    for r in failures:
-        print("FAIL", r["kind"], r.get("error", ""), repr(r["completion"][-300:]))
+    summarize(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

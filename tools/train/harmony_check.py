@@ -116,3 +116,31 @@ def score(completion, check):
     else:
         raise ValueError(f"unknown check type {kind}")
     return result
+
+
+def pct(part, whole):
+    return f"{100.0 * part / whole:.1f}% ({part}/{whole})" if whole else "n/a"
+
+
+def summarize(results):
+    """Prints per-kind and overall figures of scored turns ({kind, check, completion, **score(...)})."""
+    by_kind = {}
+    for r in results:
+        by_kind.setdefault(r["kind"], []).append(r)
+    for kind in sorted(by_kind):
+        rs = by_kind[kind]
+        print(f"  {kind:18s} valid {pct(sum(r['valid'] for r in rs), len(rs))}  "
+              f"check passed {pct(sum(r['ok'] for r in rs), len(rs))}")
+    tool = [r for r in results if r["check"]["type"] == "tool_call"]
+    numeric = [r for r in results if r["check"]["type"] == "final_number"]
+    arith = [r for r in numeric if r["kind"] in ("arith", "arith_with_tools")]
+    other = [r for r in results if r["check"]["type"] == "final_contains"]
+    print(f"valid Harmony:                         {pct(sum(r['valid'] for r in results), len(results))}")
+    print(f"tool call: right function + schema-valid JSON args: {pct(sum(r['ok'] for r in tool), len(tool))}")
+    print(f"tool call: exactly the expected arguments:          "
+          f"{pct(sum(r.get('args_exact', False) for r in tool), len(tool))}")
+    print(f"arithmetic answers correct:            {pct(sum(r['ok'] for r in arith), len(arith))}")
+    print(f"arithmetic + unit conversion correct:  {pct(sum(r['ok'] for r in numeric), len(numeric))}")
+    print(f"other checks (facts, tool results in answers): {pct(sum(r['ok'] for r in other), len(other))}")
+    for r in [r for r in results if not r["ok"]][:8]:
+        print("FAIL", r["kind"], r.get("error", ""), repr(r["completion"][-300:]))
