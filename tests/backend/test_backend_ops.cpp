@@ -1,0 +1,253 @@
+// Every op of the Backend interface against naive host loops (double accumulation) on random inputs of
+// several shapes, odd sizes included, on each backend this build has.
+#include <algorithm>
+#include <numeric>
+
+#include "backend_test_support.h"
+#include "util/error.h"
+
+namespace beamline::testing {
+namespace {
+
+std::vector<double> naive_rms(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n,
+                              double eps) {
+  std::vector<double> out(x.size());
+  for (int64_t t = 0; t < rows; ++t) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double{x[t * n + i]} * x[t * n + i];
+    const double inverse = 1.0 / std::sqrt(sum / static_cast<double>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[t * n + i] = x[t * n + i] * inverse * w[i];
+  }
+  return out;
+}
+
+std::vector<double> naive_matmul_wt(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t in,
+                                    int64_t out) {
+  std::vector<double> y(static_cast<std::size_t>(rows * out));
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int64_t i = 0; i < in; ++i) sum += double{x[t * in + i]} * w[o * in + i];
+      y[t * out + o] = sum;
+    }
+  return y;
+}
+
+using OpTest = BackendTest;
+
+TEST_P(OpTest, EmbeddingGathersRowsOfEveryFloatDtype) {
+  Random random(1);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    const int64_t vocab = 37, hidden = 19, rows = 11;
+    const HostWeight table = make_weight(backend(), dtype, {vocab, hidden}, random.normal(vocab * hidden));
+    std::vector<int32_t> ids(rows);
+    for (auto& id : ids) id = random.integer(0, vocab - 1);
+    ids[0] = vocab - 1;
+    Tensor out = backend().alloc(DType::F32, {rows, hidden});
+    backend().embedding(table.tensor, backend().upload_i32(ids, {rows}), out);
+    std::vector<double> expected;
+    for (int32_t id : ids)
+      for (int64_t i = 0; i < hidden; ++i) expected.push_back(table.values[id * hidden + i]);
+    expect_close(backend().download_f32(out), expected, 0.0, std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_P(OpTest, EmbeddingRejectsOutOfRangeIds) {
+  Random random(2);
+  const HostWeight table = make_weight(backend(), DType::F32, {5, 3}, random.normal(15));
+  Tensor out = backend().alloc(DType::F32, {1, 3});
+  const std::vector<int32_t> ids{5};
+  EXPECT_THROW(backend().embedding(table.tensor, backend().upload_i32(ids, {1}), out), Error);
+}
+
+TEST_P(OpTest, RmsNormAndResidualVariant) {
+  Random random(3);
+  for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {3, 129}, {17, 1000}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      const std::vector<float> x = random.normal(rows * hidden, 3.0f), residual = random.normal(rows * hidden);
+      const HostWeight w = make_weight(backend(), dtype, {hidden}, random.normal(hidden));
+      const float eps = 1e-6f, scale = 0.37f;
+      Tensor xt = backend().upload_f32(x, {rows, hidden}), out = backend().alloc(DType::F32, {rows, hidden});
+      backend().rms_norm(xt, w.tensor, eps, out);
+      const std::vector<double> normed = naive_rms(x, w.values, rows, hidden, eps);
+      expect_close(backend().download_f32(out), normed, 1e-5, "rms_norm");
+
+      Tensor r = backend().upload_f32(residual, {rows, hidden});
+      backend().add_rms_norm(r, xt, w.tensor, eps, scale);
+      std::vector<double> expected(residual.size());
+      for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = residual[i] + scale * normed[i];
+      expect_close(backend().download_f32(r), expected, 1e-5, "add_rms_norm");
+    }
+  }
+}
+
+TEST_P(OpTest, LinearInEveryStoredDtype) {
+  Random random(4);
+  struct Shape {
+    int64_t rows, in, out;
+  };
+  for (Shape s : {Shape{1, 1, 1}, Shape{3, 17, 5}, Shape{7, 64, 33}, Shape{2, 130, 100}, Shape{33, 256, 7},
+                  Shape{1, 5000, 9}}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      const std::vector<float> x = random.normal(s.rows * s.in);
+      const HostWeight w = make_weight(backend(), dtype, {s.out, s.in},
+                                       random.normal(s.out * s.in, 1.0f / std::sqrt(static_cast<float>(s.in))));
+      Tensor y = backend().alloc(DType::F32, {s.rows, s.out});
+      backend().linear(backend().upload_f32(x, {s.rows, s.in}), LinearTensors{w.tensor, {}, {}}, y);
+      expect_close(backend().download_f32(y), naive_matmul_wt(x, w.values, s.rows, s.in, s.out), 2e-5,
+                   fmt::format("linear {}x{}x{} {}", s.rows, s.in, s.out, dtype_name(dtype)));
+    }
+  }
+}
+
+TEST_P(OpTest, LinearRowsDoNotDependOnBatching) {
+  Random random(5);
+  const int64_t in = 77, out = 13;
+  const std::vector<float> x = random.normal(9 * in);
+  const HostWeight w = make_weight(backend(), DType::BF16, {out, in}, random.normal(out * in));
+  Tensor all = backend().alloc(DType::F32, {9, out});
+  backend().linear(backend().upload_f32(x, {9, in}), LinearTensors{w.tensor, {}, {}}, all);
+  const std::vector<float> batched = backend().download_f32(all);
+  for (int64_t t = 0; t < 9; ++t) {
+    Tensor one = backend().alloc(DType::F32, {1, out});
+    backend().linear(backend().upload_f32(std::span(x).subspan(t * in, in), {1, in}), LinearTensors{w.tensor, {}, {}},
+                     one);
+    const std::vector<float> alone = backend().download_f32(one);
+    for (int64_t o = 0; o < out; ++o) EXPECT_EQ(alone[o], batched[t * out + o]) << "row " << t << " column " << o;
+  }
+}
+
+TEST_P(OpTest, RopeRotatesHalvesByPosition) {
+  Random random(6);
+  for (auto [heads, dim] : {std::pair<int32_t, int32_t>{1, 2}, {3, 16}, {4, 128}, {5, 6}}) {
+    const int64_t rows = 6;
+    const std::vector<float> x = random.normal(rows * heads * dim);
+    const std::vector<int32_t> positions{0, 1, 7, 511, 4096, 100000};
+    const double theta = 10000.0;
+    Tensor xt = backend().upload_f32(x, {rows, int64_t{heads} * dim});
+    backend().rope(xt, backend().upload_i32(positions, {rows}), heads, dim, static_cast<float>(theta));
+    std::vector<double> expected(x.size());
+    const int32_t half = dim / 2;
+    for (int64_t t = 0; t < rows; ++t)
+      for (int32_t h = 0; h < heads; ++h)
+        for (int32_t j = 0; j < half; ++j) {
+          const double angle = positions[t] * std::pow(theta, -2.0 * j / dim);
+          const std::size_t base = static_cast<std::size_t>((t * heads + h) * dim);
+          const double a = x[base + j], b = x[base + j + half];
+          expected[base + j] = a * std::cos(angle) - b * std::sin(angle);
+          expected[base + j + half] = b * std::cos(angle) + a * std::sin(angle);
+        }
+    expect_close(backend().download_f32(xt), expected, 1e-5, fmt::format("rope {}x{}", heads, dim));
+  }
+}
+
+TEST_P(OpTest, SsmaxScalesQueriesByPosition) {
+  Random random(7);
+  const int64_t rows = 5, width = 24;
+  const std::vector<float> q = random.normal(rows * width);
+  const std::vector<int32_t> positions{0, 1, 2047, 2048, 1000000};
+  Tensor qt = backend().upload_f32(q, {rows, width});
+  backend().ssmax_scale(qt, backend().upload_i32(positions, {rows}), 2048.0f, 0.1f);
+  std::vector<double> expected(q.size());
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < width; ++i)
+      expected[t * width + i] = q[t * width + i] * std::pow(1.0 + positions[t] / 2048.0, 0.1);
+  expect_close(backend().download_f32(qt), expected, 1e-6, "ssmax");
+}
+
+std::vector<double> naive_swiglu(const std::vector<float>& x, int64_t rows, int64_t hidden, int64_t inter,
+                                 const HostWeight& gate, const HostWeight& up, const HostWeight& down) {
+  const std::vector<double> g = naive_matmul_wt(x, gate.values, rows, hidden, inter),
+                            u = naive_matmul_wt(x, up.values, rows, hidden, inter);
+  std::vector<float> act(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) act[i] = static_cast<float>(g[i] / (1.0 + std::exp(-g[i])) * u[i]);
+  return naive_matmul_wt(act, down.values, rows, inter, hidden);
+}
+
+struct HostExpert {
+  HostWeight gate, up, down;
+  SwigluTensors tensors() const { return {{gate.tensor, {}, {}}, {up.tensor, {}, {}}, {down.tensor, {}, {}}}; }
+};
+
+HostExpert make_expert(Backend& backend, Random& random, int64_t hidden, int64_t inter, DType dtype) {
+  const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden)),
+              out_scale = 1.0f / std::sqrt(static_cast<float>(inter));
+  return {make_weight(backend, dtype, {inter, hidden}, random.normal(inter * hidden, in_scale)),
+          make_weight(backend, dtype, {inter, hidden}, random.normal(inter * hidden, in_scale)),
+          make_weight(backend, dtype, {hidden, inter}, random.normal(hidden * inter, out_scale))};
+}
+
+TEST_P(OpTest, DenseSwiglu) {
+  Random random(8);
+  for (auto [rows, hidden, inter] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 16}, {5, 33, 70}, {12, 64, 128}}) {
+    const HostExpert mlp = make_expert(backend(), random, hidden, inter, DType::BF16);
+    const std::vector<float> x = random.normal(rows * hidden);
+    Tensor out = backend().alloc(DType::F32, {rows, hidden});
+    backend().swiglu(backend().upload_f32(x, {rows, hidden}), mlp.tensors(), out);
+    expect_close(backend().download_f32(out), naive_swiglu(x, rows, hidden, inter, mlp.gate, mlp.up, mlp.down), 1e-4,
+                 "swiglu");
+  }
+}
+
+TEST_P(OpTest, MoeCombinesWeightedExperts) {
+  Random random(9);
+  const int64_t hidden = 24, inter = 40, experts = 6;
+  for (auto [rows, top_k] : {std::pair<int64_t, int64_t>{1, 2}, {7, 3}, {20, 1}, {9, 6}}) {
+    MoeTensors moe;
+    std::vector<HostExpert> host;
+    for (int64_t e = 0; e < experts; ++e) {
+      host.push_back(make_expert(backend(), random, hidden, inter, DType::BF16));
+      moe.experts.push_back(host.back().tensors());
+    }
+    backend().prepare_moe(moe);
+    const std::vector<float> x = random.normal(rows * hidden), weights = random.normal(rows * top_k);
+    std::vector<int32_t> ids;
+    for (int64_t t = 0; t < rows; ++t) {
+      std::vector<int32_t> order(experts);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), random.engine());
+      ids.insert(ids.end(), order.begin(), order.begin() + top_k);
+    }
+    Tensor out = backend().alloc(DType::F32, {rows, hidden});
+    backend().moe(backend().upload_f32(x, {rows, hidden}), backend().upload_i32(ids, {rows, top_k}),
+                  backend().upload_f32(weights, {rows, top_k}), moe, out);
+    std::vector<double> expected(static_cast<std::size_t>(rows * hidden), 0.0);
+    for (int64_t t = 0; t < rows; ++t) {
+      const std::vector<float> row(x.begin() + t * hidden, x.begin() + (t + 1) * hidden);
+      for (int64_t j = 0; j < top_k; ++j) {
+        const HostExpert& e = host[ids[t * top_k + j]];
+        const std::vector<double> y = naive_swiglu(row, 1, hidden, inter, e.gate, e.up, e.down);
+        for (int64_t i = 0; i < hidden; ++i) expected[t * hidden + i] += weights[t * top_k + j] * y[i];
+      }
+    }
+    expect_close(backend().download_f32(out), expected, 1e-4, fmt::format("moe rows {} top_k {}", rows, top_k));
+  }
+}
+
+TEST_P(OpTest, LmHeadNormsSelectedRowsAndSoftCaps) {
+  Random random(10);
+  const int64_t rows = 6, hidden = 40, vocab = 103;
+  const std::vector<float> x = random.normal(rows * hidden);
+  const HostWeight norm = make_weight(backend(), DType::BF16, {hidden}, random.normal(hidden));
+  const HostWeight head = make_weight(backend(), DType::BF16, {vocab, hidden}, random.normal(vocab * hidden, 2.0f));
+  const std::vector<int32_t> selected{5, 0, 3};
+  for (float cap : {30.0f, 0.0f}) {
+    Tensor logits = backend().alloc(DType::F32, {3, vocab});
+    backend().lm_head(backend().upload_f32(x, {rows, hidden}), backend().upload_i32(selected, {3}), norm.tensor, 1e-6f,
+                      LinearTensors{head.tensor, {}, {}}, cap, logits);
+    const std::vector<double> normed = naive_rms(x, norm.values, rows, hidden, 1e-6);
+    std::vector<double> expected;
+    for (int32_t row : selected)
+      for (int64_t v = 0; v < vocab; ++v) {
+        double sum = 0;
+        for (int64_t i = 0; i < hidden; ++i) sum += normed[row * hidden + i] * head.values[v * hidden + i];
+        expected.push_back(cap > 0 ? cap * std::tanh(sum / cap) : sum);
+      }
+    expect_close(backend().download_f32(logits), expected, 2e-5, fmt::format("lm_head cap {}", cap));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, OpTest, ::testing::ValuesIn(backend_names()));
+
+}  // namespace
+}  // namespace beamline::testing

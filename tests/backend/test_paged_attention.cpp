@@ -1,0 +1,217 @@
+// write_kv + paged_attention against a naive softmax over the visible keys: causal, sliding windows (exactly
+// at the boundary), GQA, varlen batches over shuffled block tables, F32 and BF16 pools, given-back blocks.
+#include <algorithm>
+#include <numeric>
+
+#include "backend_test_support.h"
+#include "model/forward_batch.h"
+#include "util/error.h"
+
+namespace beamline::testing {
+namespace {
+
+struct Case {
+  int32_t heads, kv_heads, dim, window, block_size;
+  DType pool_dtype;
+  std::vector<int32_t> lengths;  // positions per sequence after the step
+  std::vector<int32_t> queries;  // new rows per sequence (its last positions)
+};
+
+struct PoolSetup {
+  PagedKvPool pool;
+  Tensor block_table;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<std::vector<float>> k, v;  // per sequence [length, kv_heads * dim], rounded through the pool dtype
+};
+
+float round_through(float value, DType dtype) { return dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(value)) : value; }
+
+// Writes every position of every sequence into a fresh pool through shuffled block tables.
+PoolSetup write_sequences(Backend& backend, Random& random, const Case& c) {
+  PoolSetup setup;
+  const int64_t width = int64_t{c.kv_heads} * c.dim;
+  int32_t max_blocks = 0, total_blocks = 0;
+  for (int32_t length : c.lengths) {
+    const int32_t blocks = (length + c.block_size - 1) / c.block_size;
+    max_blocks = std::max(max_blocks, blocks);
+    total_blocks += blocks;
+  }
+  const int32_t pool_blocks = total_blocks + 3;
+  const std::vector<int64_t> shape{pool_blocks, 2, c.block_size, c.kv_heads, c.dim};
+  setup.pool.k = backend.alloc(c.pool_dtype, shape);
+  setup.pool.v = backend.alloc(c.pool_dtype, shape);
+  backend.fill_zero(setup.pool.k);
+  backend.fill_zero(setup.pool.v);
+  std::vector<int32_t> blocks(static_cast<std::size_t>(pool_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), random.engine());
+  std::vector<int32_t> flat_table(c.lengths.size() * static_cast<std::size_t>(max_blocks), kNullBlock);
+  std::size_t next = 0;
+  std::vector<int32_t> positions, query_start{0};
+  std::vector<float> k_rows, v_rows;
+  for (std::size_t s = 0; s < c.lengths.size(); ++s) {
+    setup.tables.emplace_back();
+    for (int32_t i = 0; i * c.block_size < c.lengths[s]; ++i) {
+      setup.tables[s].push_back(blocks[next++]);
+      flat_table[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(i)] = setup.tables[s].back();
+    }
+    std::vector<float> k = random.normal(static_cast<std::size_t>(c.lengths[s] * width));
+    std::vector<float> v = random.normal(k.size());
+    k_rows.insert(k_rows.end(), k.begin(), k.end());
+    v_rows.insert(v_rows.end(), v.begin(), v.end());
+    for (float& value : k) value = round_through(value, c.pool_dtype);
+    for (float& value : v) value = round_through(value, c.pool_dtype);
+    setup.k.push_back(std::move(k));
+    setup.v.push_back(std::move(v));
+    for (int32_t p = 0; p < c.lengths[s]; ++p) positions.push_back(p);
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+  }
+  const auto rows = static_cast<int64_t>(positions.size());
+  setup.block_table = backend.upload_i32(flat_table, {static_cast<int64_t>(c.lengths.size()), max_blocks});
+  const AttentionBatch all = backend.make_attention_batch(positions, query_start, c.lengths);
+  backend.write_kv(backend.upload_f32(k_rows, {rows, width}), backend.upload_f32(v_rows, {rows, width}), setup.pool, 1,
+                   setup.block_table, all);
+  return setup;
+}
+
+AttentionBatch query_batch(Backend& backend, const Case& c) {
+  std::vector<int32_t> positions, query_start{0};
+  for (std::size_t s = 0; s < c.lengths.size(); ++s) {
+    for (int32_t p = c.lengths[s] - c.queries[s]; p < c.lengths[s]; ++p) positions.push_back(p);
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+  }
+  return backend.make_attention_batch(positions, query_start, c.lengths);
+}
+
+AttentionParams params_of(const Case& c) {
+  AttentionParams params;
+  params.num_heads = c.heads;
+  params.num_kv_heads = c.kv_heads;
+  params.head_dim = c.dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+  params.sliding_window = c.window;
+  params.slot = 1;
+  return params;
+}
+
+std::vector<double> naive_attention(const Case& c, const PoolSetup& setup, const std::vector<float>& q) {
+  std::vector<double> out;
+  const int32_t group = c.heads / c.kv_heads;
+  std::size_t row = 0;
+  for (std::size_t s = 0; s < c.lengths.size(); ++s) {
+    for (int32_t p = c.lengths[s] - c.queries[s]; p < c.lengths[s]; ++p, ++row) {
+      for (int32_t h = 0; h < c.heads; ++h) {
+        const float* query = q.data() + (row * c.heads + h) * c.dim;
+        const int32_t kv = h / group;
+        std::vector<double> scores;
+        std::vector<int32_t> keys;
+        for (int32_t t = 0; t <= p; ++t) {
+          if (c.window > 0 && p - t >= c.window) continue;
+          const float* key = setup.k[s].data() + (int64_t{t} * c.kv_heads + kv) * c.dim;
+          double dot = 0;
+          for (int32_t d = 0; d < c.dim; ++d) dot += double{query[d]} * key[d];
+          scores.push_back(dot / std::sqrt(static_cast<double>(c.dim)));
+          keys.push_back(t);
+        }
+        const double max_score = *std::max_element(scores.begin(), scores.end());
+        double total = 0;
+        for (double& score : scores) total += (score = std::exp(score - max_score));
+        for (int32_t d = 0; d < c.dim; ++d) {
+          double sum = 0;
+          for (std::size_t i = 0; i < keys.size(); ++i)
+            sum += scores[i] / total * setup.v[s][(int64_t{keys[i]} * c.kv_heads + kv) * c.dim + d];
+          out.push_back(sum);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+using AttentionTest = BackendTest;
+
+TEST_P(AttentionTest, MatchesNaiveSoftmaxOverVisibleKeys) {
+  Random random(20);
+  const std::vector<Case> cases{
+      {1, 1, 8, 0, 4, DType::F32, {1}, {1}},                      // a single token
+      {4, 2, 16, 0, 16, DType::F32, {37}, {37}},                  // causal prefill, GQA 2
+      {6, 3, 12, 8, 4, DType::F32, {30}, {30}},                   // window smaller than the prompt
+      {3, 1, 10, 5, 1, DType::F32, {23, 5, 14}, {23, 1, 4}},      // odd heads, 1 KV head, varlen, block size 1
+      {8, 8, 32, 16, 8, DType::F32, {70, 3}, {1, 3}},             // decode row next to a prefill, MHA
+      {4, 1, 64, 0, 16, DType::BF16, {50, 17}, {2, 17}},          // BF16 pool
+      {5, 5, 6, 4, 2, DType::BF16, {9, 9, 9}, {1, 9, 3}},         // BF16, window 4
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const PoolSetup setup = write_sequences(backend(), random, c);
+    const AttentionBatch batch = query_batch(backend(), c);
+    const int64_t rows = batch.num_rows(), width = int64_t{c.heads} * c.dim;
+    const std::vector<float> q = random.normal(static_cast<std::size_t>(rows * width));
+    Tensor out = backend().alloc(DType::F32, {rows, width});
+    backend().paged_attention(backend().upload_f32(q, {rows, width}), setup.pool, setup.block_table, batch,
+                              params_of(c), out);
+    expect_close(backend().download_f32(out), naive_attention(c, setup, q), 1e-5, fmt::format("case {}", i));
+  }
+}
+
+// q = 0 makes the softmax uniform over the visible keys; V[t] = one-hot(t) then shows exactly which keys those are.
+TEST_P(AttentionTest, SlidingWindowBoundaryIsExact) {
+  for (int32_t window : {1, 2, 3, 4, 7}) {
+    const int32_t length = 12, dim = 16, block_size = 1;
+    PagedKvPool pool{backend().alloc(DType::F32, {length, 1, block_size, 1, dim}),
+                     backend().alloc(DType::F32, {length, 1, block_size, 1, dim})};
+    std::vector<float> k(static_cast<std::size_t>(length * dim), 0.5f), v(k.size(), 0.0f);
+    for (int32_t t = 0; t < length; ++t) v[t * dim + t] = 1.0f;
+    std::vector<int32_t> positions(length), table(length);
+    std::iota(positions.begin(), positions.end(), 0);
+    std::iota(table.begin(), table.end(), 0);
+    const AttentionBatch batch = backend().make_attention_batch(positions, {0, length}, {length});
+    const Tensor block_table = backend().upload_i32(table, {1, length});
+    backend().write_kv(backend().upload_f32(k, {length, dim}), backend().upload_f32(v, {length, dim}), pool, 0,
+                       block_table, batch);
+    AttentionParams params;
+    params.num_heads = params.num_kv_heads = 1;
+    params.head_dim = dim;
+    params.scale = 1.0f;
+    params.sliding_window = window;
+    Tensor out = backend().alloc(DType::F32, {length, dim});
+    backend().paged_attention(backend().upload_f32(std::vector<float>(k.size(), 0.0f), {length, dim}), pool,
+                              block_table, batch, params, out);
+    const std::vector<float> result = backend().download_f32(out);
+    for (int32_t p = 0; p < length; ++p) {
+      const int32_t visible = std::min(p + 1, window);
+      for (int32_t t = 0; t < dim; ++t) {
+        const bool expected_visible = t <= p && p - t < window;
+        EXPECT_NEAR(result[p * dim + t], expected_visible ? 1.0 / visible : 0.0, 1e-6)
+            << "window " << window << " query " << p << " key " << t;
+      }
+    }
+  }
+}
+
+TEST_P(AttentionTest, GivenBackBlocksOutsideTheWindowAreNeverRead) {
+  Random random(21);
+  Case c{4, 2, 8, 8, 4, DType::F32, {29}, {3}};
+  PoolSetup setup = write_sequences(backend(), random, c);
+  // Queries at 26..28 with window 8 see keys >= 19: blocks 0..3 (positions 0..15) are not needed.
+  std::vector<int32_t> table = setup.tables[0];
+  for (int i = 0; i < 4; ++i) table[i] = kNullBlock;
+  const Tensor trimmed = backend().upload_i32(table, {1, static_cast<int64_t>(table.size())});
+  const AttentionBatch batch = query_batch(backend(), c);
+  const std::vector<float> q = random.normal(3 * 4 * 8);
+  Tensor out = backend().alloc(DType::F32, {3, 32});
+  backend().paged_attention(backend().upload_f32(q, {3, 32}), setup.pool, trimmed, batch, params_of(c), out);
+  expect_close(backend().download_f32(out), naive_attention(c, setup, q), 1e-5, "trimmed table");
+  if (backend().name() == "cpu") {  // the reference checks what a device kernel may only assume
+    table[4] = kNullBlock;          // positions 16..19: 19 is still visible
+    const Tensor broken = backend().upload_i32(table, {1, static_cast<int64_t>(table.size())});
+    EXPECT_THROW(backend().paged_attention(backend().upload_f32(q, {3, 32}), setup.pool, broken, batch, params_of(c),
+                                           out),
+                 Error);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest, ::testing::ValuesIn(backend_names()));
+
+}  // namespace
+}  // namespace beamline::testing

@@ -1,0 +1,42 @@
+#pragma once
+// Random checkpoints written to a temporary directory and loaded back, for the model tests.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+#include "model/checkpoint_writer.h"
+#include "model/weights.h"
+
+namespace beamline::testing {
+
+// A fresh directory under the system temp dir, removed at destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& label) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = std::filesystem::temp_directory_path() /
+            ("beamline-" + label + "-" + (info ? std::string(info->name()) : "test") + "-" +
+             std::to_string(::getpid()));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline BeamWeights write_and_load(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed,
+                                  DType dtype = DType::BF16) {
+  write_random_checkpoint(config, dir, seed, dtype);
+  return BeamWeights::load(dir);
+}
+
+}  // namespace beamline::testing
