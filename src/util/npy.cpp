@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -77,9 +78,14 @@ NpyArray read_npy(const std::filesystem::path& path) {
   for (std::size_t at = 0; at < dims.size();) {
     const std::size_t comma = dims.find(',', at);
     const std::string dim = dims.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    if (dim.find_first_not_of(' ') != std::string::npos) {
-      array.shape.push_back(std::stoll(dim));
-      count *= array.shape.back();
+    const std::size_t digits = dim.find_first_not_of(' ');
+    if (digits != std::string::npos) {
+      int64_t value = -1;
+      const auto [end, error] = std::from_chars(dim.data() + digits, dim.data() + dim.size(), value);
+      require(error == std::errc() && value >= 0 && dim.find_first_not_of(' ', end - dim.data()) == std::string::npos,
+              "{}: malformed shape entry \"{}\" in the header", path.string(), dim);
+      array.shape.push_back(value);
+      count *= value;
     }
     if (comma == std::string::npos) break;
     at = comma + 1;
