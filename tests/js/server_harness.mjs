@@ -1,5 +1,6 @@
 // Starts `beamline serve` on a random tiny model for the end-to-end tests, and small HTTP helpers.
 import { spawn, execFileSync } from 'node:child_process';
+import http from 'node:http';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,7 +19,7 @@ export function makeTinyModel(name = 'tiny') {
 // Starts the server on a free port (--port 0; the port is read from its start-up log line).
 export async function startServer(modelDir, extraArgs = []) {
   const args = ['serve', '--model', modelDir, '--port', '0', '--max-model-len', '4096', '--kv-cache-memory', '64M',
-    '--block-size', '16', ...extraArgs];
+    '--block-size', '8', ...extraArgs];
   const proc = spawn(BEAMLINE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
@@ -119,4 +120,25 @@ export async function readSse(response) {
 
 function assertNotAfterDone(done) {
   if (done) throw new Error('an SSE event came after [DONE]');
+}
+
+// A streaming POST over its own TCP connection (node:http, no pooling limit): resolves to readSse's result.
+export function rawStream(port, body, path = '/v1/completions') {
+  return new Promise((resolve, reject) => {
+    const request = http.request({
+      host: '127.0.0.1', port, path, method: 'POST', agent: false,
+      headers: { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) },
+    }, (response) => {
+      let text = '';
+      response.setEncoding('utf8');
+      response.on('data', (chunk) => { text += chunk; });
+      response.on('end', () => {
+        if (response.statusCode !== 200) reject(new Error(`HTTP ${response.statusCode}: ${text}`));
+        else resolve(readSse({ text: async () => text }));
+      });
+      response.on('error', reject);
+    });
+    request.on('error', reject);
+    request.end(body);
+  });
 }
