@@ -4,13 +4,19 @@
 # core. Figures are MB per CPU-second (Google Benchmark's default for beamline, process.cpuUsage() for
 # node), so a busy machine slows neither side. Writes bench/results/YYYY-MM-DD-tokenizer.md.
 # Usage: bench/tokenizer_vs_js_tiktoken.sh [BUILD_DIR]   (default: build; configured already)
+# BENCH_TOKENIZER=path runs that bench_tokenizer binary instead of building BUILD_DIR's.
 set -euo pipefail
+load_at_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 js="$root/tests/js"
 work="$build/tokenizer_bench"
 [ -d "$js/node_modules/js-tiktoken" ] || { echo "tests/js/node_modules is missing: run scripts/setup.sh" >&2; exit 1; }
-cmake --build "$build" --target bench_tokenizer >/dev/null
+bench_exe="${BENCH_TOKENIZER:-}"
+if [ -z "$bench_exe" ]; then
+  cmake --build "$build" --target bench_tokenizer >/dev/null
+  bench_exe="$build/bench/bench_tokenizer"
+fi
 mkdir -p "$work"
 [ -s "$work/o200k_base.tiktoken" ] || node "$js/export_o200k.mjs" "$work/o200k_base.tiktoken"
 node "$js/tokenizer_bench_texts.mjs" "$work/texts" 2
@@ -20,10 +26,11 @@ command -v taskset >/dev/null && pin=(taskset -c 0)
 texts=("$work/texts/english.txt" "$work/texts/code.txt" "$work/texts/cjk.txt")
 (cd "$js" && "${pin[@]}" node bench_js_tiktoken.mjs "${texts[@]}") > "$work/js_tiktoken.jsonl"
 BEAMLINE_TIKTOKEN_RANKS="$work/o200k_base.tiktoken" BEAMLINE_TOKENIZER_TEXTS="$work/texts" \
-  "${pin[@]}" "$build/bench/bench_tokenizer" --benchmark_filter='encode|load' --benchmark_format=json \
+  "${pin[@]}" "$bench_exe" --benchmark_filter='encode|load' --benchmark_format=json \
   > "$work/beamline.json"
 
 date="$(date -u +%F)"
+command_line="${BENCH_TOKENIZER:+BENCH_TOKENIZER=$BENCH_TOKENIZER }bench/tokenizer_vs_js_tiktoken.sh $*"
 result="$root/bench/results/$date-tokenizer.md"
 mkdir -p "$root/bench/results"
 node - "$work/beamline.json" "$work/js_tiktoken.jsonl" > "$result" <<NODE
@@ -42,9 +49,9 @@ const load = beamline.benchmarks.find((b) => b.name.startsWith("load"));
 console.log([
   "# Tokenizer: beamline vs js-tiktoken (o200k_base encode), $date",
   "",
-  "- Machine: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the start",
+  "- Machine: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, load average $load_at_start at the start",
   "- Commit: $(git -C "$root" rev-parse --short HEAD), js-tiktoken $(node -p "require('$js/node_modules/js-tiktoken/package.json').version"), node $(node --version)",
-  "- Command: \`bench/tokenizer_vs_js_tiktoken.sh\` (both pinned to one core; MB per CPU-second; same texts, same run; identical token counts checked)",
+  "- Command: \`$command_line\` (both pinned to one core; MB per CPU-second; same texts, same run; identical token counts checked)",
   "",
   "| text | MB | tokens | beamline MB/s | js-tiktoken MB/s | ratio |",
   "| --- | --- | --- | --- | --- | --- |",
