@@ -57,7 +57,7 @@ echo "| --- | --- | --- | --- |" >>"$REPORT"
 
 # 1. The binary needs nothing beyond glibc, the driver, cuBLAS, and the server's HTTP stack (cpp-httplib carried
 #    in apps/beamline/lib; OpenSSL, zlib and brotli from the image).
-extra=$(ldd "$BIN" | awk '{print $1}' | grep -v -E '^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libgcc_s|libdl|librt|libpthread|libcuda\.so|libcublas(Lt)?\.so|libcpp-httplib|libssl|libcrypto|libz\.so|libbrotli)' | tr '\n' ' ')
+extra=$(ldd "$BIN" | awk '{print $1}' | grep -v -E '^(linux-vdso|/lib64/ld-linux|libc\.so|libm\.so|libgcc_s|libdl|librt|libpthread|libcuda\.so|libcublas(Lt)?\.so|libcpp-httplib|libstdc\+\+|libssl|libcrypto|libz\.so|libbrotli)' | tr '\n' ' ')
 missing=$(ldd "$BIN" | grep -c 'not found')
 logged ldd "$BIN"
 check_row "portable binary (ldd)" "extra: ${extra:-none}; not found: $missing" "glibc, cuBLAS, HTTP stack only" \

@@ -20,7 +20,7 @@ REQUIRED = 0.9
 
 def start_server(binary, model, device, port):
     process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=sys.stderr)
+                               stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300
     while time.time() < deadline:
         try:
