@@ -3,6 +3,8 @@
 // in the pool blocks the batch's block tables name, and computes each logit row from what it reads back
 // through those tables: every position for full-attention groups, the last `sliding_window` positions for
 // sliding groups. A wrong, missing or reused block changes the logits or throws.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -85,9 +87,8 @@ class FakeModelRunner : public ModelRunner {
         for (int32_t p = first; p <= position; ++p) {
           const Cell& value = cell(slice.block_tables[g], p);
           if (value.position != p || value.group != g) {
-            throw std::runtime_error("fake model: group " + std::to_string(g) + " reads position " + std::to_string(p) +
-                                     " and finds position " + std::to_string(value.position) + " of group " +
-                                     std::to_string(value.group));
+            throw std::runtime_error(fmt::format("fake model: group {} reads position {} and finds position {} of group {}",
+                                                 g, p, value.position, value.group));
           }
           h = fake_mix(h ^ (static_cast<uint64_t>(value.token) << 32 | static_cast<uint32_t>(p)));
         }
@@ -108,9 +109,9 @@ class FakeModelRunner : public ModelRunner {
   };
   Cell& cell(const std::vector<int32_t>& table, int32_t position) {
     const auto index = static_cast<std::size_t>(position / layout_.block_size);
-    if (index >= table.size()) throw std::runtime_error("fake model: block table too short for position " + std::to_string(position));
+    if (index >= table.size()) throw std::runtime_error(fmt::format("fake model: block table too short for position {}", position));
     const int32_t block = table[index];
-    if (block < 0 || block >= layout_.num_blocks) throw std::runtime_error("fake model: position " + std::to_string(position) + " maps to block " + std::to_string(block));
+    if (block < 0 || block >= layout_.num_blocks) throw std::runtime_error(fmt::format("fake model: position {} maps to block {}", position, block));
     return cells_[static_cast<std::size_t>(block) * layout_.block_size + position % layout_.block_size];
   }
 

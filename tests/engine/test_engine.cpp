@@ -1,6 +1,7 @@
 // The engine with a fake model that checks paging: concurrent requests all finish, batched results equal
 // one-at-a-time results (greedy and seeded), preemption and prefix caching do not change outputs, abort
 // and shutdown free everything, bad requests are refused naming the field.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -113,7 +114,7 @@ void expect_same_tokens(const Results& a, const Results& b) {
 TEST(Engine, ConcurrentRequestsAllFinishWithTheirSingleRequestResults) {
   std::mt19937 rng(1);
   std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 24; ++i) requests.push_back(random_request(rng, "r" + std::to_string(i), 1 + rng() % 50));
+  for (int i = 0; i < 24; ++i) requests.push_back(random_request(rng, fmt::format("r{}", i), 1 + rng() % 50));
   auto engine = make_engine(small_config(), 400);
   const Results batched = run_concurrently(*engine, requests);
   for (const auto& [id, output] : batched) {
@@ -136,7 +137,7 @@ TEST(Engine, PreemptionAndResumeGiveTheSameOutputs) {
   std::mt19937 rng(2);
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 12; ++i) {
-    auto request = random_request(rng, "p" + std::to_string(i), 10 + rng() % 30);
+    auto request = random_request(rng, fmt::format("p{}", i), 10 + rng() % 30);
     request.sampling.max_tokens = 60 + static_cast<int32_t>(rng() % 40);
     request.sampling.ignore_eos = true;
     requests.push_back(request);
@@ -199,7 +200,7 @@ TEST(Engine, ParallelSamplesShareThePromptAndMatchSingleSeededRequests) {
   EXPECT_EQ(output.usage.cached_tokens, 0);
   for (int32_t i = 0; i < 3; ++i) {
     GenerationRequest single = request;
-    single.request_id = "single" + std::to_string(i);
+    single.request_id = fmt::format("single{}", i);
     single.sampling.n = 1;
     single.sampling.seed = 100 + i;
     const RequestOutput alone = collect_output(*engine->add_request(single));
@@ -214,7 +215,7 @@ TEST(Engine, ParallelSamplesShareThePromptAndMatchSingleSeededRequests) {
 TEST(Engine, ChunkedPrefillAndBudgetsDoNotChangeOutputs) {
   std::mt19937 rng(5);
   std::vector<GenerationRequest> requests;
-  for (int i = 0; i < 8; ++i) requests.push_back(random_request(rng, "c" + std::to_string(i), 40 + rng() % 60));
+  for (int i = 0; i < 8; ++i) requests.push_back(random_request(rng, fmt::format("c{}", i), 40 + rng() % 60));
   EngineConfig tight = small_config();
   tight.max_num_seqs = 2;
   tight.max_num_batched_tokens = 5;
@@ -256,7 +257,7 @@ TEST(Engine, ShutdownDrainsOrAborts) {
     auto engine = make_engine(small_config(), 400, std::chrono::milliseconds(1));
     std::vector<std::shared_ptr<OutputStream>> streams;
     for (int i = 0; i < 6; ++i) {
-      auto request = random_request(rng, "s" + std::to_string(i), 10);
+      auto request = random_request(rng, fmt::format("s{}", i), 10);
       request.sampling.max_tokens = 100;
       request.sampling.ignore_eos = true;
       streams.push_back(engine->add_request(request));

@@ -1,6 +1,9 @@
 // The engine over the real model (make-model's `tiny` preset, random weights, CPU backend): batched greedy
 // outputs equal one-at-a-time outputs, also under preemption, chunked prefill and prefix-cache hits.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -20,7 +23,7 @@ class TinyModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
-                                     ("beamline-engine-tiny-" + std::to_string(::getpid())));
+                                     fmt::format("beamline-engine-tiny-{}", ::getpid()));
     write_random_checkpoint(preset_config("tiny"), *dir_, 7, DType::BF16);
   }
   static void TearDownTestSuite() {
@@ -50,7 +53,7 @@ class TinyModel : public ::testing::Test {
     std::vector<GenerationRequest> out;
     for (int i = 0; i < count; ++i) {
       GenerationRequest r;
-      r.request_id = "tiny" + std::to_string(i);
+      r.request_id = fmt::format("tiny{}", i);
       r.detokenize = false;
       for (int t = 0, n = 3 + static_cast<int>(rng() % 70); t < n; ++t) r.prompt.push_back(static_cast<TokenId>(rng() % 400));
       r.sampling.temperature = 0.0f;
