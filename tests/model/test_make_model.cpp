@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -283,17 +282,16 @@ TEST_F(MakeModelTest, Beam10DryRunHasTheDocumentedTensors) {
   expect("model.norm.weight", "BF16", "[5120]");
   std::set<int> layers, dense_layers, moe_layers;
   std::map<int, std::set<int>> experts;
-  const std::regex layer_name(R"(model\.layers\.(\d+)\.(.*))"), expert_name(R"(mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  const std::string layer_prefix = "model.layers.", expert_infix = "mlp.experts.";
   for (const auto& [name, tensor] : tensors) {
-    std::smatch match;
-    if (!std::regex_match(name, match, layer_name)) continue;
-    const int layer = std::stoi(match[1]);
-    const std::string rest = match[2];
+    if (!name.starts_with(layer_prefix)) continue;
+    std::size_t digits = 0;
+    const int layer = std::stoi(name.substr(layer_prefix.size()), &digits);
+    const std::string rest = name.substr(layer_prefix.size() + digits + 1);
     layers.insert(layer);
     if (rest == "mlp.gate_proj.weight") dense_layers.insert(layer);
     if (rest == "mlp.gate.weight") moe_layers.insert(layer);
-    std::smatch expert;
-    if (std::regex_match(rest, expert, expert_name)) experts[layer].insert(std::stoi(expert[1]));
+    if (rest.starts_with(expert_infix)) experts[layer].insert(std::stoi(rest.substr(expert_infix.size())));
   }
   EXPECT_EQ(layers.size(), 52u);
   EXPECT_EQ(*layers.rbegin(), 51);

@@ -101,7 +101,7 @@ TEST_F(SafetensorsTest, RandomTensorsOfEveryDtypeRoundTrip) {
       EXPECT_EQ(view.dtype, expected_meta[name].first);
       EXPECT_EQ(view.shape, expected_meta[name].second);
       ASSERT_EQ(view.nbytes, bytes.size());
-      EXPECT_EQ(std::memcmp(view.data, bytes.data(), bytes.size()), 0) << name;
+      EXPECT_TRUE(bytes.empty() || std::memcmp(view.data, bytes.data(), bytes.size()) == 0) << name;
       EXPECT_EQ(reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype), 0u) << name;
       EXPECT_EQ(archive->file_of(name), file);
     }
