@@ -17,10 +17,11 @@ export function makeTinyModel(name = 'tiny') {
 }
 
 // Starts the server on a free port (--port 0; the port is read from its start-up log line).
-export async function startServer(modelDir, extraArgs = []) {
-  const args = ['serve', '--model', modelDir, '--port', '0', '--max-model-len', '4096', '--kv-cache-memory', '64M',
-    '--block-size', '8', ...extraArgs];
-  const proc = spawn(BEAMLINE, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+// modelDir null serves the default model (models/beam-nano), from the `cwd` given in options.
+export async function startServer(modelDir, extraArgs = [], options = {}) {
+  const args = ['serve', ...(modelDir ? ['--model', modelDir] : []), '--port', '0', '--max-model-len', '4096',
+    '--kv-cache-memory', '64M', '--block-size', '8', ...extraArgs];
+  const proc = spawn(BEAMLINE, args, { stdio: ['ignore', 'pipe', 'pipe'], cwd: options.cwd });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`server did not start in 60 s:\n${log}`)), 60000);
