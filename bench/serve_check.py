@@ -19,7 +19,8 @@ REQUIRED = 0.9
 
 
 def start_server(binary, model, device, port):
-    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port)],
+    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port),
+                                "--kv-cache-memory", "4G"],
                                stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300
     while time.time() < deadline:
