@@ -6,22 +6,12 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/op_checks.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
 namespace beamline {
 namespace {
-
-void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
-  require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
-          describe(pool.k));
-  require_shape(pool.v, pool.k.shape(), op, "v pool");
-  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
-          op, dtype_name(pool.k.dtype()));
-  require_dtype(pool.v, pool.k.dtype(), op, "v pool");
-  require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
-          pool.slots_per_block());
-}
 
 // Element offset of (block, slot, offset in block, kv head) in the pool.
 int64_t pool_offset(const PagedKvPool& pool, int32_t block, int32_t slot, int32_t in_block, int32_t kv_head) {
@@ -42,7 +32,7 @@ int32_t block_of(const Tensor& block_table, int32_t sequence, int64_t position, 
 
 void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                           const AttentionBatch& batch) {
-  check_pool(pool, slot, "write_kv");
+  check_kv_pool(pool, slot, "write_kv");
   const int64_t rows = batch.num_rows(), width = int64_t{pool.num_kv_heads()} * pool.head_dim();
   require_shape(k, {rows, width}, "write_kv", "k");
   require_shape(v, {rows, width}, "write_kv", "v");
@@ -62,18 +52,9 @@ void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, i
 
 void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                  const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
-  check_pool(pool, params.slot, "paged_attention");
+  check_attention_args(q, pool, block_table, batch, params, out);
   const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
-  require(kv_heads == pool.num_kv_heads() && dim == pool.head_dim(),
-          "paged_attention: params ({} kv heads x {}) do not match the pool ({} x {})", kv_heads, dim,
-          pool.num_kv_heads(), pool.head_dim());
-  require(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: {} query heads for {} kv heads", heads, kv_heads);
   const int64_t rows = batch.num_rows();
-  require_shape(q, {rows, int64_t{heads} * dim}, "paged_attention", "q");
-  require_shape(out, q.shape(), "paged_attention", "out");
-  require(block_table.rank() == 2 && block_table.dim(0) == batch.num_sequences(),
-          "paged_attention: block table {} does not have one row per sequence ({})", describe(block_table),
-          batch.num_sequences());
   const int32_t group = heads / kv_heads, block_size = pool.block_size();
   const bool convert = pool.k.dtype() != DType::F32;
 

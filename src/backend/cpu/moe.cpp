@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/op_checks.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -51,20 +52,8 @@ void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op)
 void CpuBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                        Tensor& expert_ids, Tensor& expert_weights) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);
-  require_dtype(router, DType::F32, "route", "router");
-  require_dtype(bias, DType::F32, "route", "bias");
-  require_shape(router, {experts, hidden}, "route", "router");
-  require_shape(bias, {experts}, "route", "bias");
-  require(params.n_group > 0 && experts % params.n_group == 0, "route: {} experts do not split into {} groups", experts,
-          params.n_group);
+  check_route_args(h, router, bias, params, expert_ids, expert_weights);
   const int64_t group_size = experts / params.n_group;
-  require(params.topk_group > 0 && params.topk_group <= params.n_group, "route: topk_group {} of {} groups",
-          params.topk_group, params.n_group);
-  require(params.top_k > 0 && params.top_k <= params.topk_group * group_size,
-          "route: top_k {} exceeds the {} experts of the kept groups", params.top_k, params.topk_group * group_size);
-  require_shape(expert_ids, {rows, params.top_k}, "route", "expert_ids");
-  require_shape(expert_weights, {rows, params.top_k}, "route", "expert_weights");
-  require_dtype(expert_ids, DType::I32, "route", "expert_ids");
 
   ThreadPool::global().parallel_for(static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
     std::vector<float> score(static_cast<std::size_t>(experts)), choice(score.size()),

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backend/cuda/kernels.h"
+#include "backend/op_checks.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -62,16 +63,9 @@ cudaDataType_t cuda_type(DType dtype) {
 }
 
 void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
-  require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
-          describe(pool.k));
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
-  require_shape(pool.v, pool.k.shape(), op, "v pool");
-  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
-          op, dtype_name(pool.k.dtype()));
-  require_dtype(pool.v, pool.k.dtype(), op, "v pool");
-  require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
-          pool.slots_per_block());
+  check_kv_pool(pool, slot, op);
 }
 
 cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
@@ -359,18 +353,13 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, 
 
 void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                   const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
-  check_pool(pool, params.slot, "paged_attention");
+  require_device(pool.k, "paged_attention", "k pool");
+  require_device(pool.v, "paged_attention", "v pool");
+  check_attention_args(q, pool, block_table, batch, params, out);
   const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
-  require(kv_heads == pool.num_kv_heads() && dim == pool.head_dim(),
-          "paged_attention: params ({} kv heads x {}) do not match the pool ({} x {})", kv_heads, dim,
-          pool.num_kv_heads(), pool.head_dim());
-  require(kv_heads > 0 && heads % kv_heads == 0, "paged_attention: {} query heads for {} kv heads", heads, kv_heads);
   require(dim <= cuda::kMaxAttentionHeadDim && heads / kv_heads <= cuda::kMaxAttentionGroup,
           "paged_attention: head_dim {} / {} query heads per kv head exceed the cuda kernel's {} / {}", dim,
           heads / kv_heads, cuda::kMaxAttentionHeadDim, cuda::kMaxAttentionGroup);
-  const int64_t rows = batch.num_rows();
-  require_shape(q, {rows, int64_t{heads} * dim}, "paged_attention", "q");
-  require_shape(out, q.shape(), "paged_attention", "out");
   require_device(q, "paged_attention", "q");
   require_device(out, "paged_attention", "out");
   check_launch(cuda::paged_attention(q.data<const float>(), pool_geometry(pool), params.slot,
@@ -383,25 +372,11 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
                         Tensor& expert_ids, Tensor& expert_weights) {
   require_device(h, "route", "h");
   const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);
-  require_dtype(router, DType::F32, "route", "router");
-  require_dtype(bias, DType::F32, "route", "bias");
   require_device(router, "route", "router");
   require_device(bias, "route", "bias");
-  require_shape(router, {experts, hidden}, "route", "router");
-  require_shape(bias, {experts}, "route", "bias");
+  check_route_args(h, router, bias, params, expert_ids, expert_weights);
   require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
           cuda::kMaxRouterExperts);
-  require(params.n_group > 0 && experts % params.n_group == 0, "route: {} experts do not split into {} groups", experts,
-          params.n_group);
-  const int64_t group_size = experts / params.n_group;
-  require(params.topk_group > 0 && params.topk_group <= params.n_group, "route: topk_group {} of {} groups",
-          params.topk_group, params.n_group);
-  require(params.top_k > 0 && params.top_k <= params.topk_group * group_size,
-          "route: top_k {} exceeds the {} experts of the kept groups", params.top_k, params.topk_group * group_size);
-  require_shape(expert_ids, {rows, params.top_k}, "route", "expert_ids");
-  require_shape(expert_weights, {rows, params.top_k}, "route", "expert_weights");
-  require_dtype(expert_ids, DType::I32, "route", "expert_ids");
-  require_dtype(expert_weights, DType::F32, "route", "expert_weights");
   Tensor logits = scratch(DType::F32, {rows, experts});
   gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
   check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,

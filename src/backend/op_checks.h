@@ -1,0 +1,20 @@
+#pragma once
+// Argument checks shared by every backend's ops, so each op's contract is enforced in one place and all
+// backends reject a bad call with the same message. Backend-specific limits stay in the backends.
+#include <cstdint>
+#include <string_view>
+
+#include "backend/backend.h"
+
+namespace beamline {
+
+// K/V pool layout and dtype, and `slot` inside it.
+void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op);
+// paged_attention's q/out shapes, heads against the pool, one block-table row per sequence.
+void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                          const AttentionBatch& batch, const AttentionParams& params, const Tensor& out);
+// route's router/bias dtypes and shapes, group parameters, output shapes and dtypes.
+void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
+                      const Tensor& expert_ids, const Tensor& expert_weights);
+
+}  // namespace beamline
