@@ -99,25 +99,20 @@ __global__ void plan_kernel(const int32_t* counts, int32_t experts, int64_t max_
   }
 }
 
-// One block per (token, j): claims a row in its expert's range and copies the token there in the GEMM dtype.
-template <typename W>
-__global__ void scatter_kernel(const float* h, const int32_t* ids, int32_t top_k, int32_t experts, int64_t hidden,
-                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, W* gathered) {
-  __shared__ int32_t row;
-  const int64_t slot = blockIdx.x;
+// One thread per (token, j): claims a row in its expert's range and records which token feeds it (the grouped
+// GEMM reads h through this map, so the rows are never copied).
+__global__ void scatter_kernel(const int32_t* ids, int64_t assignments, int32_t top_k, int32_t experts,
+                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, int32_t* row_token) {
+  const int64_t slot = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (slot >= assignments) return;
   const int32_t e = ids[slot];
   if (e < 0 || e >= experts) {
-    if (threadIdx.x == 0) slot_row[slot] = -1;
+    slot_row[slot] = -1;
     return;
   }
-  if (threadIdx.x == 0) {
-    row = offsets[e] + atomicAdd(&cursor[e], 1);
-    slot_row[slot] = row;
-  }
-  __syncthreads();
-  const float* source = h + (slot / top_k) * hidden;
-  W* destination = gathered + int64_t{row} * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) destination[i] = from_float<W>(source[i]);
+  const int32_t row = offsets[e] + atomicAdd(&cursor[e], 1);
+  slot_row[slot] = row;
+  row_token[row] = static_cast<int32_t>(slot / top_k);
 }
 
 __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights, int32_t top_k,
@@ -134,6 +129,8 @@ __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row,
 }
 
 // ---- grouped GEMM: C[r, n] = sum_k A[r, k] * B_e[n, k] for the rows of tile blockIdx.x, e its expert ----
+// A is F32 and enters the tensor cores as hi + lo in W (split_f32's scheme, done while staging the tile), so the
+// products are FP32-accurate at twice the MMA work; these GEMMs are bound by streaming the expert weights.
 constexpr int kTileN = 64, kTileK = 32, kGemmThreads = 128;
 constexpr int kLoadStride = kTileK + 8;  // bf16/f16 rows padded to keep WMMA loads 16-byte aligned
 constexpr int kStoreStride = kTileN + 4;
@@ -144,22 +141,25 @@ struct GroupedOperands {
   const void* b0 = nullptr;  // the one expert when tile_expert is null
   const void* b1 = nullptr;
   const int32_t* tile_expert = nullptr;
-  int64_t rows_limit = 0;  // rows of C that exist
+  const int32_t* row_source = nullptr;  // row of A behind each row of C (-1: padding); null: the same row
+  int64_t rows_limit = 0;               // rows of C that exist
 };
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
-// kDual: C = silu(A B0ᵀ) * (A B1ᵀ) stored as W (gate|up with the SwiGLU fused); else C = A B0ᵀ as float.
+// kDual: C = silu(A B0ᵀ) * (A B1ᵀ) (gate|up with the SwiGLU fused); else C = A B0ᵀ. C is F32.
 template <typename W, bool kDual>
-__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, GroupedOperands operands, int64_t n,
-                                                                    int64_t k, void* c) {
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float* a, GroupedOperands operands,
+                                                                    int64_t n, int64_t k, float* c) {
   using namespace nvcuda;
   constexpr int kMatrices = kDual ? 2 : 1;
-  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (kGroupedTileRows + kMatrices * kTileN);
+  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (2 * kGroupedTileRows + kMatrices * kTileN);
   constexpr size_t kStoreBytes = sizeof(float) * kStoreStride * kGroupedTileRows * kMatrices;
   __shared__ __align__(128) unsigned char shared[kLoadBytes > kStoreBytes ? kLoadBytes : kStoreBytes];
-  W* a_tile = reinterpret_cast<W*>(shared);
-  W* b_tiles = a_tile + kGroupedTileRows * kLoadStride;
+  __shared__ int32_t source_row[kGroupedTileRows];
+  W* a_high = reinterpret_cast<W*>(shared);
+  W* a_low = a_high + kGroupedTileRows * kLoadStride;
+  W* b_tiles = a_low + kGroupedTileRows * kLoadStride;
   float* c_tiles = reinterpret_cast<float*>(shared);
 
   const int64_t tile = blockIdx.x;
@@ -175,6 +175,12 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, 
   }
   const int64_t row0 = tile * kGroupedTileRows, col0 = int64_t{blockIdx.y} * kTileN;
   const int warp = threadIdx.x / 32, warp_m = warp / 2, warp_n = warp % 2;
+  for (int r = threadIdx.x; r < kGroupedTileRows; r += kGemmThreads) {
+    const int64_t row = row0 + r;
+    source_row[r] = row >= operands.rows_limit ? -1
+                    : operands.row_source != nullptr ? operands.row_source[row]
+                                                     : static_cast<int32_t>(row);
+  }
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2];
 #pragma unroll
@@ -186,10 +192,14 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, 
 
   const W zero = from_float<W>(0.0f);
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    __syncthreads();  // the previous tiles are consumed (and source_row is written before the first)
     for (int i = threadIdx.x; i < kGroupedTileRows * kTileK; i += kGemmThreads) {
       const int r = i / kTileK, kk = i % kTileK;
-      const int64_t row = row0 + r;
-      a_tile[r * kLoadStride + kk] = (k0 + kk < k && row < operands.rows_limit) ? a[row * k + k0 + kk] : zero;
+      const int32_t source = source_row[r];
+      const float value = (k0 + kk < k && source >= 0) ? a[int64_t{source} * k + k0 + kk] : 0.0f;
+      const W high = from_float<W>(value);
+      a_high[r * kLoadStride + kk] = high;
+      a_low[r * kLoadStride + kk] = from_float<W>(isfinite(value) ? value - to_float(high) : 0.0f);
     }
 #pragma unroll
     for (int m = 0; m < kMatrices; ++m)
@@ -201,10 +211,12 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, 
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a_fragment[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> high_fragment[2], low_fragment[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        wmma::load_matrix_sync(a_fragment[i], a_tile + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(high_fragment[i], a_high + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+        wmma::load_matrix_sync(low_fragment[i], a_low + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+      }
 #pragma unroll
       for (int m = 0; m < kMatrices; ++m)
 #pragma unroll
@@ -213,11 +225,14 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, 
           wmma::load_matrix_sync(b_fragment, b_tiles + (m * kTileN + warp_n * 32 + j * 16) * kLoadStride + kk,
                                  kLoadStride);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) wmma::mma_sync(accumulator[m][i][j], a_fragment[i], b_fragment, accumulator[m][i][j]);
+          for (int i = 0; i < 2; ++i) {
+            wmma::mma_sync(accumulator[m][i][j], low_fragment[i], b_fragment, accumulator[m][i][j]);
+            wmma::mma_sync(accumulator[m][i][j], high_fragment[i], b_fragment, accumulator[m][i][j]);
+          }
         }
     }
-    __syncthreads();
   }
+  __syncthreads();
 
 #pragma unroll
   for (int m = 0; m < kMatrices; ++m)
@@ -236,24 +251,23 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const W* a, 
     const float value = c_tiles[r * kStoreStride + col];
     if constexpr (kDual) {
       const float up = c_tiles[(kGroupedTileRows + r) * kStoreStride + col];
-      static_cast<W*>(c)[row * n + col0 + col] = from_float<W>(silu(value) * up);
+      c[row * n + col0 + col] = silu(value) * up;
     } else {
-      static_cast<float*>(c)[row * n + col0 + col] = value;
+      c[row * n + col0 + col] = value;
     }
   }
 }
 
 template <typename W>
-cudaError_t run_swiglu_gemms(const void* gathered, int64_t tiles, const GroupedOperands& up_operands,
+cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
                              const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
-                             void* activated, float* out, cudaStream_t stream) {
+                             float* activated, float* out, cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
-  grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(static_cast<const W*>(gathered), up_operands,
-                                                                      intermediate, hidden, activated);
+  grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
-  grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(static_cast<const W*>(activated),
-                                                                         down_operands, hidden, intermediate, out);
+  grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden,
+                                                                         intermediate, out);
   return cudaGetLastError();
 }
 
@@ -303,22 +317,26 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
                                       workspace.tile_expert);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
 
+  const int64_t padded_rows = workspace.max_tiles * kGroupedTileRows;
+  if (cudaError_t status = cudaMemsetAsync(workspace.row_token, 0xff, sizeof(int32_t) * padded_rows, stream);
+      status != cudaSuccess)
+    return status;
+  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts.experts,
+                                                                   workspace.offsets, workspace.cursor,
+                                                                   workspace.slot_row, workspace.row_token);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+
   GroupedOperands up_operands, down_operands;
   up_operands.b0_table = experts.gate;
   up_operands.b1_table = experts.up;
   down_operands.b0_table = experts.down;
   up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
-  up_operands.rows_limit = down_operands.rows_limit = workspace.max_tiles * kGroupedTileRows;
+  up_operands.row_source = workspace.row_token;
+  up_operands.rows_limit = down_operands.rows_limit = padded_rows;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
-    using W = decltype(tag);
-    scatter_kernel<W><<<static_cast<unsigned int>(assignments), 256, 0, stream>>>(
-        h, ids, top_k, experts.experts, experts.hidden, workspace.offsets, workspace.cursor, workspace.slot_row,
-        static_cast<W*>(workspace.gathered));
-    status = cudaGetLastError();
-    if (status != cudaSuccess) return;
-    status = run_swiglu_gemms<W>(workspace.gathered, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                 experts.intermediate, workspace.activated, workspace.expert_out, stream);
+    status = run_swiglu_gemms<decltype(tag)>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
+                                             experts.intermediate, workspace.activated, workspace.expert_out, stream);
   });
   if (status != cudaSuccess) return status;
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,
@@ -327,10 +345,8 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
 }
 
 cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
-                   int64_t hidden, int64_t intermediate, void* gathered, void* activated, float* out,
-                   cudaStream_t stream) {
+                   int64_t hidden, int64_t intermediate, float* activated, float* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (cudaError_t status = convert_f32(h, rows * hidden, gathered, dtype, stream); status != cudaSuccess) return status;
   GroupedOperands up_operands, down_operands;
   up_operands.b0 = gate;
   up_operands.b1 = up;
@@ -339,9 +355,8 @@ cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* u
   const int64_t tiles = (rows + kGroupedTileRows - 1) / kGroupedTileRows;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(dtype, [&](auto tag) {
-    using W = decltype(tag);
-    status = run_swiglu_gemms<W>(gathered, tiles, up_operands, down_operands, hidden, intermediate, activated, out,
-                                 stream);
+    status = run_swiglu_gemms<decltype(tag)>(h, tiles, up_operands, down_operands, hidden, intermediate, activated,
+                                             out, stream);
   });
   return status;
 }

@@ -87,9 +87,18 @@ __global__ void ssmax_kernel(float* q, const int32_t* positions, int64_t width, 
 }
 
 template <typename O>
-__global__ void convert_kernel(const float* in, int64_t n, O* out) {
+__global__ void split_kernel(const float* in, int64_t n, O* hi, O* lo) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = from_float<O>(in[i]);
+  if (i >= n) return;
+  const float value = in[i];
+  const O high = from_float<O>(value);
+  hi[i] = high;
+  lo[i] = from_float<O>(isfinite(value) ? value - to_float(high) : 0.0f);
+}
+
+__global__ void add_halves_kernel(const float* halves, int64_t n, float* out) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = halves[i] + halves[n + i];
 }
 
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
@@ -179,13 +188,20 @@ cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_
   return cudaGetLastError();
 }
 
-cudaError_t convert_f32(const float* in, int64_t n, void* out, DType dtype, cudaStream_t stream) {
+cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool known = dispatch_float(dtype, [&](auto tag) {
     using O = decltype(tag);
-    convert_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(in, n, static_cast<O*>(out));
+    split_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(in, n, static_cast<O*>(hi),
+                                                                               static_cast<O*>(lo));
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  add_halves_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(halves, n, out);
+  return cudaGetLastError();
 }
 
 cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {

@@ -1,0 +1,145 @@
+// beamline bench-moe: times one MoE layer of a preset (the FP32 router with its group-limited top-k, and the
+// experts) on the CUDA backend per token count, with random weights drawn on the device, replayed as a CUDA graph
+// as the decode loop runs it; prints a Markdown table next to the HBM floor (the bytes of the router and of every
+// expert the routing touched, read once, / 4.8 TB/s; PERF.md).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "model/presets.h"
+#include "util/error.h"
+
+#ifdef BEAMLINE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace beamline::cli {
+namespace {
+
+struct BenchOptions {
+  std::string preset = "beam-1.0";
+  std::vector<int64_t> tokens{1, 16, 64, 256, 1024};
+  int64_t iterations = 50;
+  uint64_t seed = 1;
+};
+
+#ifdef BEAMLINE_HAVE_CUDA
+constexpr double kHbmBytesPerSecond = 4.8e12;
+
+void check(cudaError_t status, const char* what) {
+  require(status == cudaSuccess, "bench-moe: {} failed: {}", what, cudaGetErrorString(status));
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+void run_bench(const BenchOptions& options) {
+  const ModelConfig config = preset_config(options.preset);
+  require(config.n_routed_experts > 0, "bench-moe: preset {} has no MoE layers", options.preset);
+  require(options.iterations >= 1, "bench-moe: --iterations must be >= 1");
+  CudaBackend backend;
+  const int64_t hidden = config.hidden_size, experts = config.n_routed_experts,
+                intermediate = config.moe_intermediate_size, top_k = config.num_experts_per_tok;
+  uint64_t seed = options.seed;
+  auto weight = [&](std::vector<int64_t> shape, float scale, DType dtype = DType::BF16) {
+    return backend.random_weight(dtype, std::move(shape), seed++, scale);
+  };
+  MoeTensors moe;
+  moe.router = weight({experts, hidden}, 0.05f, DType::F32);
+  moe.router_bias = weight({experts}, 0.01f, DType::F32);
+  for (int64_t e = 0; e < experts; ++e)
+    moe.experts.push_back(
+        {{weight({intermediate, hidden}, 1.0f / std::sqrt(static_cast<float>(hidden))), {}, {}},
+         {weight({intermediate, hidden}, 1.0f / std::sqrt(static_cast<float>(hidden))), {}, {}},
+         {weight({hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))), {}, {}}});
+  backend.prepare_moe(moe);
+  const RouterParams router{static_cast<int32_t>(config.n_group), static_cast<int32_t>(config.topk_group),
+                            static_cast<int32_t>(top_k), config.norm_topk_prob,
+                            static_cast<float>(config.routed_scaling_factor)};
+  spdlog::info("bench-moe: {} MoE layer ({} experts x {}x{}, top {}) on {}", options.preset, experts, intermediate,
+               hidden, top_k, backend.device_description());
+
+  std::printf("\n| tokens | experts hit | MoE ms (route + experts, graph) | eager ms | floor ms | floor / time | "
+              "TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const int64_t tokens : options.tokens) {
+    require(tokens >= 1, "bench-moe: --tokens must be >= 1");
+    Tensor h = backend.random_weight(DType::F32, {tokens, hidden}, seed++, 1.0f);
+    Tensor ids = backend.alloc(DType::I32, {tokens, top_k}), weights = backend.alloc(DType::F32, {tokens, top_k});
+    Tensor out = backend.alloc(DType::F32, {tokens, hidden});
+    auto layer = [&] {
+      backend.route(h, moe.router, moe.router_bias, router, ids, weights);
+      backend.moe(h, ids, weights, moe, out);
+    };
+    // Warm-up also fills the allocator's cache, so the capture below allocates nothing.
+    for (int i = 0; i < 3; ++i) layer();
+    backend.synchronize();
+
+    std::vector<cudaEvent_t> marks(static_cast<std::size_t>(options.iterations) + 1);
+    for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
+    auto time_runs = [&](auto&& run) {
+      check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
+      for (std::size_t i = 1; i < marks.size(); ++i) {
+        run();
+        check(cudaEventRecord(marks[i], backend.stream()), "cudaEventRecord");
+      }
+      check(cudaEventSynchronize(marks.back()), "cudaEventSynchronize");
+      std::vector<double> ms;
+      for (std::size_t i = 1; i < marks.size(); ++i) {
+        float elapsed = 0;
+        check(cudaEventElapsedTime(&elapsed, marks[i - 1], marks[i]), "cudaEventElapsedTime");
+        ms.push_back(elapsed);
+      }
+      return median(ms);
+    };
+    const double eager_ms = time_runs(layer);
+
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t graph_exec = nullptr;
+    check(cudaStreamBeginCapture(backend.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    layer();
+    check(cudaStreamEndCapture(backend.stream(), &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&graph_exec, graph, 0), "cudaGraphInstantiate");
+    const double graph_ms = time_runs([&] { check(cudaGraphLaunch(graph_exec, backend.stream()), "cudaGraphLaunch"); });
+    cudaGraphExecDestroy(graph_exec);
+    cudaGraphDestroy(graph);
+    for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
+
+    const std::vector<int32_t> routed = backend.download_i32(ids);
+    const std::set<int32_t> hit(routed.begin(), routed.end());
+    const double bytes = 4.0 * static_cast<double>(experts * hidden) +
+                         2.0 * 3.0 * static_cast<double>(hidden * intermediate) * static_cast<double>(hit.size());
+    const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
+    std::printf("| %lld | %zu | %.3f | %.3f | %.3f | %.2f | %.2f |\n", static_cast<long long>(tokens), hit.size(),
+                graph_ms, eager_ms, floor_ms, floor_ms / graph_ms, bytes / (graph_ms * 1e-3) / 1e12);
+  }
+}
+#else
+void run_bench(const BenchOptions&) { fail("bench-moe needs the CUDA backend: configure with -DBEAMLINE_CUDA=ON"); }
+#endif
+
+const CommandRegistration registration([](CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* command = app.add_subcommand(
+      "bench-moe", "Time one MoE layer (router + experts) of a preset on the GPU with random on-device weights, per "
+                   "token count, as a CUDA graph, next to the HBM floor");
+  command->add_option("--preset", options->preset, "model shape")->capture_default_str();
+  command->add_option("--tokens", options->tokens, "token counts")->delimiter(',')->capture_default_str();
+  command->add_option("--iterations", options->iterations, "timed runs per case (median reported)")
+      ->capture_default_str();
+  command->add_option("--seed", options->seed, "seed of the random weights")->capture_default_str();
+  command->callback([options] { run_bench(*options); });
+});
+
+}  // namespace
+}  // namespace beamline::cli
