@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "backend/tensor.h"
 #include "tensor/tensor_view.h"
 
@@ -90,6 +91,16 @@ struct AttentionParams {
   int32_t slot = 0;            // layer slot inside each block
 };
 
+// The outputs of Backend::sample for N rows. `tokens` is always needed; the logprob tensors only when some row
+// has num_logprobs >= 0 (then all four, with K >= the largest num_logprobs).
+struct SampleOutputs {
+  Tensor tokens;        // I32 [N]: the chosen token of each row
+  Tensor logprobs;      // F32 [N]: log_softmax(raw row)[token]
+  Tensor ranks;         // I32 [N]: 1 + the number of tokens with a higher raw logit
+  Tensor top_ids;       // I32 [N, K]: the row's num_logprobs most likely tokens, best first (ties: lower id)
+  Tensor top_logprobs;  // F32 [N, K]: their log_softmax
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -148,6 +159,14 @@ class Backend {
   // x [T, H]; rows I32 [R]; norm [H]; head [V, H]; logits [R, V] F32.
   virtual void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                        float softcap, Tensor& logits) = 0;
+  // Chooses one token per entry of `rows` (host data, N entries) from logits [R, V] F32 (backend/sampling.h's
+  // sample_row is the definition): greedy argmax with ties to the lower id, or temperature -> min_p -> top_k
+  // (ties with the k-th kept) -> top_p (smallest most-likely set, ties by lower id) -> the inverse-CDF draw of
+  // rows[i].uniform over the kept tokens in token-id order. NaN logits count as -inf; a row with no finite
+  // logit gives token 0. Logprobs (rows with num_logprobs >= 0) are of the RAW row (vLLM's default). Logit
+  // bias, penalties and min_tokens masking are not applied here: the engine samples such rows on the host
+  // (engine/sampler.h). Outputs of rows that ask for fewer logprobs than K, or none, are left as they are.
+  virtual void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) = 0;
 
   // ---- conveniences over the virtual memory functions ----
   Tensor upload_f32(std::span<const float> host, std::vector<int64_t> shape);

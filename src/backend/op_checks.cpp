@@ -1,5 +1,8 @@
 #include "backend/op_checks.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "util/error.h"
 
 namespace beamline {
@@ -48,6 +51,43 @@ void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias,
   require_shape(expert_weights, {rows, params.top_k}, "route", "expert_weights");
   require_dtype(expert_ids, DType::I32, "route", "expert_ids");
   require_dtype(expert_weights, DType::F32, "route", "expert_weights");
+}
+
+int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out) {
+  require(logits.rank() == 2, "sample: logits must be [R, V], got {}", describe(logits));
+  require_dtype(logits, DType::F32, "sample", "logits");
+  const int64_t count = static_cast<int64_t>(rows.size()), vocab = logits.dim(1);
+  require(vocab > 0, "sample: logits {} have no tokens", describe(logits));
+  int32_t max_logprobs = -1;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& row = rows[i];
+    require(row.logit_row >= 0 && row.logit_row < logits.dim(0), "sample: row {} reads logit row {} of {}", i,
+            row.logit_row, logits.dim(0));
+    require(row.num_logprobs >= -1 && row.num_logprobs <= vocab, "sample: row {} asks for {} logprobs of {} tokens",
+            i, row.num_logprobs, vocab);
+    if (!row.greedy) {
+      require(row.temperature > 0.0f && std::isfinite(row.temperature), "sample: row {} has temperature {}", i,
+              row.temperature);
+      require(row.min_p >= 0.0f && row.min_p <= 1.0f, "sample: row {} has min_p {} outside [0, 1]", i, row.min_p);
+      require(row.top_p > 0.0f && row.top_p <= 1.0f, "sample: row {} has top_p {} outside (0, 1]", i, row.top_p);
+      require(row.uniform >= 0.0 && row.uniform < 1.0, "sample: row {} has uniform {} outside [0, 1)", i, row.uniform);
+    }
+    max_logprobs = std::max(max_logprobs, row.num_logprobs);
+  }
+  require_shape(out.tokens, {count}, "sample", "tokens");
+  require_dtype(out.tokens, DType::I32, "sample", "tokens");
+  if (max_logprobs >= 0) {
+    require_shape(out.logprobs, {count}, "sample", "logprobs");
+    require_dtype(out.logprobs, DType::F32, "sample", "logprobs");
+    require_shape(out.ranks, {count}, "sample", "ranks");
+    require_dtype(out.ranks, DType::I32, "sample", "ranks");
+    require(out.top_ids.rank() == 2 && out.top_ids.dim(0) == count && out.top_ids.dim(1) >= max_logprobs,
+            "sample: top_ids {} must be [{}, K] with K >= {}", describe(out.top_ids), count, max_logprobs);
+    require_dtype(out.top_ids, DType::I32, "sample", "top_ids");
+    require_shape(out.top_logprobs, out.top_ids.shape(), "sample", "top_logprobs");
+    require_dtype(out.top_logprobs, DType::F32, "sample", "top_logprobs");
+  }
+  return max_logprobs;
 }
 
 }  // namespace beamline

@@ -2,6 +2,7 @@
 // Argument checks shared by every backend's ops, so each op's contract is enforced in one place and all
 // backends reject a bad call with the same message. Backend-specific limits stay in the backends.
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "backend/backend.h"
@@ -16,5 +17,8 @@ void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor
 // route's router/bias dtypes and shapes, group parameters, output shapes and dtypes.
 void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                       const Tensor& expert_ids, const Tensor& expert_weights);
+// sample's logits [R, V] F32, each row's settings (logit_row, ranges), output shapes and dtypes. Returns K,
+// the most logprobs any row asks for (-1 when none asks).
+int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out);
 
 }  // namespace beamline

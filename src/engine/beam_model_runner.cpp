@@ -38,7 +38,7 @@ BeamModelRunner::BeamModelRunner(const std::filesystem::path& model_dir, std::st
                bytes_per_block_, backend_->name());
 }
 
-std::vector<float> BeamModelRunner::forward(const ForwardBatch& batch) {
+Tensor BeamModelRunner::forward(const ForwardBatch& batch) {
   if (batch.logit_rows.empty() && !batch.tokens.empty()) {
     // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
     // ask for one and drop it.
@@ -47,8 +47,7 @@ std::vector<float> BeamModelRunner::forward(const ForwardBatch& batch) {
     model_->forward(with_row, *cache_);
     return {};
   }
-  const Tensor logits = model_->forward(batch, *cache_);
-  return backend_->download_f32(logits);
+  return model_->forward(batch, *cache_);
 }
 
 }  // namespace beamline

@@ -26,7 +26,8 @@ class BeamModelRunner : public ModelRunner {
   int32_t sliding_window() const override { return static_cast<int32_t>(model_->config().sliding_window); }
   int64_t max_position_embeddings() const override { return model_->config().max_position_embeddings; }
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
-  std::vector<float> forward(const ForwardBatch& batch) override;
+  Tensor forward(const ForwardBatch& batch) override;
+  Backend& backend() override { return *backend_; }
 
   const ModelConfig& model_config() const { return model_->config(); }
 

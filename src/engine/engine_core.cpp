@@ -227,12 +227,20 @@ std::vector<std::string> EngineCore::step() {
     if (!request.first_scheduled) request.first_scheduled = scheduled_at;
   }
 
-  std::vector<float> logits;
+  std::vector<const ScheduledSequence*> producing;
+  for (const ScheduledSequence& s : plan.scheduled) {
+    if (s.logit_index >= 0) producing.push_back(&s);
+  }
+  std::vector<SampledToken> sampled_tokens;
   try {
-    logits = runner_.forward(plan.batch);
-    require(logits.size() == plan.batch.logit_rows.size() * static_cast<std::size_t>(vocab_size_),
-            "model runner returned {} logits for {} rows of {} tokens", logits.size(), plan.batch.logit_rows.size(),
-            vocab_size_);
+    const Tensor logits = runner_.forward(plan.batch);
+    if (!plan.batch.logit_rows.empty()) {
+      require(logits.rank() == 2 && logits.dim(0) == static_cast<int64_t>(plan.batch.logit_rows.size()) &&
+                  logits.dim(1) == vocab_size_,
+              "model runner returned logits {} for {} rows of {} tokens", describe(logits),
+              plan.batch.logit_rows.size(), vocab_size_);
+    }
+    sampled_tokens = sample_tokens(producing, logits);
   } catch (const std::exception& error) {
     spdlog::error("forward step failed: {}; failing the {} requests in it", error.what(), plan.scheduled.size());
     std::vector<RequestState*> failed;
@@ -248,26 +256,6 @@ std::vector<std::string> EngineCore::step() {
   }
   scheduler_.complete(plan);
   ++counters_.steps_total;
-
-  // Sampling touches only each sample's own state (its random stream is keyed by its seed), so the rows
-  // can be sampled in parallel without changing any result.
-  std::vector<const ScheduledSequence*> producing;
-  for (const ScheduledSequence& s : plan.scheduled) {
-    if (s.logit_index >= 0) producing.push_back(&s);
-  }
-  std::vector<SampledToken> sampled_tokens(producing.size());
-  ThreadPool::global().parallel_for(
-      producing.size(),
-      [&](std::size_t begin, std::size_t end) {
-        for (std::size_t i = begin; i < end; ++i) {
-          SampleState& sample = *samples_by_sequence_.at(producing[i]->sequence->id);
-          const std::span<const float> row(
-              logits.data() + static_cast<std::size_t>(producing[i]->logit_index) * vocab_size_, vocab_size_);
-          sampled_tokens[i] = sample_token(row, sample.request->request.sampling, sample.sampler,
-                                           sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
-        }
-      },
-      std::max<std::size_t>(1, 65536 / static_cast<std::size_t>(vocab_size_)));
 
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
@@ -302,6 +290,90 @@ std::vector<std::string> EngineCore::step() {
   }
   for (RequestState* request : touched) flush(*request, ended);
   return ended;
+}
+
+std::vector<SampledToken> EngineCore::sample_tokens(const std::vector<const ScheduledSequence*>& producing,
+                                             const Tensor& logits) {
+  std::vector<SampledToken> sampled(producing.size());
+  std::vector<SampleRow> device_rows;
+  std::vector<std::size_t> on_device, on_host;
+  int32_t max_logprobs = -1;
+  for (std::size_t i = 0; i < producing.size(); ++i) {
+    SampleState& sample = *samples_by_sequence_.at(producing[i]->sequence->id);
+    const SamplingParams& params = sample.request->request.sampling;
+    if (needs_host_edits(params, sample.stop.masked_tokens(sample.sequence.num_output_tokens()))) {
+      on_host.push_back(i);
+      continue;
+    }
+    device_rows.push_back(sample_settings(params, sample.sampler, producing[i]->logit_index));
+    on_device.push_back(i);
+    max_logprobs = std::max(max_logprobs, device_rows.back().num_logprobs);
+  }
+  Backend& backend = runner_.backend();
+
+  if (!device_rows.empty()) {
+    const auto count = static_cast<int64_t>(device_rows.size());
+    const int64_t width = std::max(1, max_logprobs);
+    SampleOutputs out;
+    out.tokens = backend.alloc(DType::I32, {count});
+    if (max_logprobs >= 0) {
+      out.logprobs = backend.alloc(DType::F32, {count});
+      out.ranks = backend.alloc(DType::I32, {count});
+      out.top_ids = backend.alloc(DType::I32, {count, width});
+      out.top_logprobs = backend.alloc(DType::F32, {count, width});
+    }
+    backend.sample(logits, device_rows, out);
+    const std::vector<int32_t> tokens = backend.download_i32(out.tokens);
+    std::vector<float> logprobs, top_logprobs;
+    std::vector<int32_t> ranks, top_ids;
+    if (max_logprobs >= 0) {
+      logprobs = backend.download_f32(out.logprobs);
+      ranks = backend.download_i32(out.ranks);
+      top_ids = backend.download_i32(out.top_ids);
+      top_logprobs = backend.download_f32(out.top_logprobs);
+    }
+    for (std::size_t d = 0; d < on_device.size(); ++d) {
+      SampledToken& result = sampled[on_device[d]];
+      result.token = tokens[d];
+      const int32_t wanted = device_rows[d].num_logprobs;
+      if (wanted >= 0) {
+        TokenLogprob& logprob = result.logprob.emplace();
+        logprob.token = result.token;
+        logprob.logprob = logprobs[d];
+        logprob.rank = ranks[d];
+        for (int32_t j = 0; j < wanted; ++j) {
+          const auto at = static_cast<std::size_t>(static_cast<int64_t>(d) * width + j);
+          logprob.top.emplace_back(top_ids[at], top_logprobs[at]);
+        }
+      }
+      samples_by_sequence_.at(producing[on_device[d]]->sequence->id)->sampler.record_output(result.token);
+    }
+  }
+
+  if (!on_host.empty()) {
+    // Only these rows cross to the host, each as its own download of the logits tensor's row.
+    const auto vocab = static_cast<std::size_t>(vocab_size_);
+    std::vector<float> rows(on_host.size() * vocab);
+    for (std::size_t h = 0; h < on_host.size(); ++h) {
+      const auto row = static_cast<std::size_t>(producing[on_host[h]]->logit_index);
+      const Tensor view(logits.device(), DType::F32, {vocab_size_},
+                        logits.raw() + row * vocab * sizeof(float), nullptr);
+      backend.download(view, rows.data() + h * vocab);
+    }
+    // Each row touches only its own sample's state, so the rows can be sampled in parallel.
+    ThreadPool::global().parallel_for(
+        on_host.size(),
+        [&](std::size_t begin, std::size_t end) {
+          for (std::size_t h = begin; h < end; ++h) {
+            SampleState& sample = *samples_by_sequence_.at(producing[on_host[h]]->sequence->id);
+            sampled[on_host[h]] = sample_token(std::span<const float>(rows.data() + h * vocab, vocab),
+                                               sample.request->request.sampling, sample.sampler,
+                                               sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+          }
+        },
+        std::max<std::size_t>(1, 65536 / vocab));
+  }
+  return sampled;
 }
 
 EngineStats EngineCore::stats() const {

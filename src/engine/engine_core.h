@@ -68,6 +68,10 @@ class EngineCore {
     bool has_pending = false;
   };
 
+  // The next token of each producing sequence from this step's logits: rows that need logit bias, penalties
+  // or masked tokens are downloaded and sampled on the host, the rest by Backend::sample on the runner's
+  // backend (only their tokens and requested logprobs come back).
+  std::vector<SampledToken> sample_tokens(const std::vector<const ScheduledSequence*>& producing, const Tensor& logits);
   void finish_sample(SampleState& sample, FinishReason reason);
   void fail_request(RequestState& request, const std::string& message);
   // Pushes the request's pending event; when every sample is done, closes the stream and forgets the request.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/forward_batch.h"
 
 namespace beamline {
@@ -20,9 +21,11 @@ class ModelRunner {
   virtual int64_t max_position_embeddings() const = 0;
   virtual int64_t kv_bytes_per_block() const = 0;  // all slots of one pool block, K and V
 
-  // Writes the K/V of every token of `batch` and returns the logits of batch.logit_rows, row-major
-  // [logit_rows.size(), vocab_size()], after the final soft-capping.
-  virtual std::vector<float> forward(const ForwardBatch& batch) = 0;
+  // Writes the K/V of every token of `batch` and returns the logits of batch.logit_rows, F32
+  // [logit_rows.size(), vocab_size()] on backend(), after the final soft-capping (undefined when there are no
+  // logit rows). They stay there: the engine samples them with Backend::sample.
+  virtual Tensor forward(const ForwardBatch& batch) = 0;
+  virtual Backend& backend() = 0;
 };
 
 }  // namespace beamline

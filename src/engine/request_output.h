@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "backend/sampling.h"
 #include "text/tokenizer.h"
 
 namespace beamline {
@@ -19,21 +20,15 @@ namespace beamline {
 enum class FinishReason { Stop, Length, Abort, Error };
 std::string_view to_string(FinishReason reason);  // "stop", "length", "abort", "error"
 
-// Raw log-softmax of the soft-capped logits (before penalties, bias, temperature and truncation).
-struct TokenLogprob {
-  TokenId token = 0;
-  float logprob = 0.0f;
-  int32_t rank = 1;                                // 1 = the most likely token
-  std::vector<std::pair<TokenId, float>> top;      // the `logprobs` most likely tokens, best first
-};
-
 // Progress of one of the n samples since the previous event.
 struct SampleOutput {
   int32_t index = 0;
   std::vector<TokenId> token_ids;
   std::string text;                                // new text; stop strings (and text that may still turn
                                                    // into one) are held back
-  std::vector<TokenLogprob> logprobs;              // one per new token, when the request asked
+  // One per new token, when the request asked: the raw log-softmax of the soft-capped logits (before penalties,
+  // bias, temperature and truncation), backend/sampling.h.
+  std::vector<TokenLogprob> logprobs;
   std::optional<FinishReason> finish_reason;       // set once, on the sample's last event
   std::variant<std::monostate, TokenId, std::string> stop_reason;  // the stop token id or stop string met
 };

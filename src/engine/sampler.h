@@ -2,7 +2,9 @@
 // Turns one row of logits into the next token of one sample. The order follows vLLM's sampler:
 //   raw logprobs (if asked) -> logit bias, min_tokens masking -> repetition, frequency, presence penalties
 //   -> greedy argmax, or: temperature -> min_p -> top_k -> top_p -> draw from the softmax.
-// Each transform is a free function over a row so tests can check it against a naive version.
+// The row transforms after the penalties are backend/sampling.h's, run by Backend::sample; this file holds
+// what is per sample (its random stream, the tokens the penalties look at) and the host path of rows that
+// need logit bias, penalties or masked tokens, which Backend::sample does not do.
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -10,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/request_output.h"
+#include "backend/sampling.h"
 #include "engine/sampling_params.h"
 #include "text/tokenizer.h"
 
@@ -41,21 +43,14 @@ uint64_t sample_seed(const std::optional<uint64_t>& request_seed, int32_t index,
 void apply_logit_bias(std::span<float> logits, const std::vector<std::pair<TokenId, float>>& bias);
 void mask_tokens(std::span<float> logits, std::span<const TokenId> tokens);  // to -inf
 void apply_penalties(std::span<float> logits, const SamplingParams& params, const SamplerState& state);
-void apply_temperature(std::span<float> logits, float temperature);
-void apply_min_p(std::span<float> logits, float min_p);
-void apply_top_k(std::span<float> logits, int32_t top_k);  // keeps every token tied with the k-th
-void apply_top_p(std::span<float> logits, float top_p);    // smallest most-likely set (ties by lower id) with mass >= top_p
-TokenId argmax(std::span<const float> logits);             // ties: the lower id
-// Inverse-CDF draw from softmax(logits) in token-id order with `uniform` in [0, 1).
-TokenId draw_token(std::span<const float> logits, double uniform);
-// Log-softmax of `logits` at `token`, its rank, and the `num_top` best tokens.
-TokenLogprob token_logprob(std::span<const float> logits, TokenId token, int32_t num_top);
 
-struct SampledToken {
-  TokenId token = 0;
-  std::optional<TokenLogprob> logprob;  // when params.logprobs is set
-};
+// Does this step's row of the sample need the host path (logit bias, penalties, or `masked` tokens)?
+bool needs_host_edits(const SamplingParams& params, std::span<const TokenId> masked);
+// The Backend::sample settings of the sample's next token from logits row `logit_row`; draws the sample's
+// uniform when it is not greedy (so a step consumes the same draws on either path).
+SampleRow sample_settings(const SamplingParams& params, SamplerState& state, int32_t logit_row);
 
+// The host path, whole: edits, then the same row sampling as Backend::sample, then record_output.
 // `masked` are tokens that must not be chosen now (eos and stop ids before min_tokens).
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
                           std::span<const TokenId> masked);

@@ -2,17 +2,20 @@
 // A deterministic stand-in for the model that checks the engine's paging: it stores (token, position, group)
 // in the pool blocks the batch's block tables name, and computes each logit row from what it reads back
 // through those tables: every position for full-attention groups, the last `sliding_window` positions for
-// sliding groups. A wrong, missing or reused block changes the logits or throws.
+// sliding groups. A wrong, missing or reused block changes the logits or throws. The logits live on a CPU
+// backend, so the engine samples them through Backend::sample as it does a real model's.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "engine/model_runner.h"
 
 namespace beamline::testing {
@@ -58,7 +61,9 @@ class FakeModelRunner : public ModelRunner {
   int64_t max_batch_tokens = 0;
   std::chrono::microseconds step_delay{0};  // makes steps slow enough for tests that race the engine thread
 
-  std::vector<float> forward(const ForwardBatch& batch) override {
+  Backend& backend() override { return *backend_; }
+
+  Tensor forward(const ForwardBatch& batch) override {
     ++forward_calls;
     if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     max_batch_tokens = std::max<int64_t>(max_batch_tokens, static_cast<int64_t>(batch.tokens.size()));
@@ -100,7 +105,8 @@ class FakeModelRunner : public ModelRunner {
         logits.push_back(static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f);
       }
     }
-    return logits;
+    if (batch.logit_rows.empty()) return {};
+    return backend_->upload_f32(logits, {static_cast<int64_t>(batch.logit_rows.size()), vocab_});
   }
 
  private:
@@ -120,6 +126,7 @@ class FakeModelRunner : public ModelRunner {
   int32_t vocab_;
   int64_t max_positions_;
   std::vector<Cell> cells_;
+  std::unique_ptr<Backend> backend_ = make_cpu_backend();
 };
 
 }  // namespace beamline::testing

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;  // sample.cpp
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

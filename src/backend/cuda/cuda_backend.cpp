@@ -473,4 +473,39 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   if (softcap > 0.0f) check_launch(cuda::soft_cap(logits.data<float>(), selected * vocab, softcap, stream_), "lm_head");
 }
 
+void CudaBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) {
+  require_device(logits, "sample", "logits");
+  const int32_t max_logprobs = check_sample_args(logits, rows, out);
+  require_device(out.tokens, "sample", "tokens");
+  if (rows.empty()) return;
+  std::vector<cuda::SampleRowParams> params(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& row = rows[i];
+    params[i].uniform = row.uniform;
+    params[i].logit_row = row.logit_row;
+    params[i].greedy = row.greedy ? 1 : 0;
+    params[i].top_k = row.top_k;
+    params[i].num_logprobs = row.num_logprobs;
+    params[i].temperature = row.temperature;
+    params[i].min_p = row.min_p;
+    params[i].top_p = row.top_p;
+  }
+  const Tensor device_params = upload(params.data(), DType::U8,
+                                      {static_cast<int64_t>(params.size() * sizeof(cuda::SampleRowParams))});
+  int32_t width = 0;
+  if (max_logprobs >= 0) {
+    for (const Tensor* t : {&out.logprobs, &out.ranks, &out.top_ids, &out.top_logprobs})
+      require_device(*t, "sample", "logprob output");
+    width = static_cast<int32_t>(out.top_ids.dim(1));
+  }
+  check_launch(cuda::sample(logits.data<const float>(), logits.dim(1),
+                            reinterpret_cast<const cuda::SampleRowParams*>(device_params.raw()),
+                            static_cast<int32_t>(rows.size()), out.tokens.data<int32_t>(),
+                            max_logprobs >= 0 ? out.logprobs.data<float>() : nullptr,
+                            max_logprobs >= 0 ? out.ranks.data<int32_t>() : nullptr,
+                            max_logprobs >= 0 ? out.top_ids.data<int32_t>() : nullptr,
+                            max_logprobs >= 0 ? out.top_logprobs.data<float>() : nullptr, width, stream_),
+               "sample");
+}
+
 }  // namespace beamline

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;
+  void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;
 
   // ---- beyond the interface: the harness and on-device random weights ----
   // A weight-arena tensor of uniform values in [-scale, scale) drawn on the device from `seed` (no host copy).
