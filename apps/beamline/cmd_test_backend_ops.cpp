@@ -23,7 +23,10 @@ namespace beamline::cli {
 namespace {
 
 constexpr double kF32Tolerance = 1e-5;
-constexpr double kBf16Tolerance = 1e-2;
+// BF16/F16 weights times F32 activations: the CUDA GEMMs split each activation into two 16-bit operands, so their
+// error is near FP32's (measured up to 7e-5 with K = 20480 on the tensor cores, whose FP32 accumulation is not
+// IEEE), not a BF16 rounding's (2^-9: it would pass 1e-2 and fails the whole-model comparison).
+constexpr double kSplitOperandTolerance = 2e-4;
 
 struct Options {
   std::string device = "cuda", reference = "cpu", filter;
@@ -244,7 +247,7 @@ void test_linear(Harness& harness) {
     harness.device().linear(x.device, {weight.device, {}, {}}, y.device);
     harness.reference().linear(x.reference, {weight.reference, {}, {}}, y.reference);
     harness.record("linear", fmt::format("T {} {}x{} {} ({})", c.rows, c.out, c.in, dtype_name(c.dtype), c.what), y,
-                   c.dtype == DType::F32 ? kF32Tolerance : kBf16Tolerance, seconds_since(start));
+                   c.dtype == DType::F32 ? kF32Tolerance : kSplitOperandTolerance, seconds_since(start));
   }
 }
 
@@ -430,7 +433,9 @@ void test_moe(Harness& harness) {
                           {64, 5120, 2560, 256, 8, 31, "beam-1.0"},
                           {300, 5120, 2560, 256, 8, 31, "beam-1.0 prefill"},
                           {33, 64, 32, 8, 2, 8, "tiny"},
-                          {70, 200, 72, 12, 3, 12, "odd"}};
+                          {70, 200, 72, 12, 3, 12, "odd"},
+                          {256, 256, 128, 8, 8, 8, "every token on every expert: streaming in passes"},
+                          {1100, 64, 32, 8, 2, 8, "tiny, past the streaming limit: grouped GEMM"}};
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
@@ -463,7 +468,7 @@ void test_moe(Harness& harness) {
     harness.reference().moe(h.reference, ids.reference, weights.reference, reference_moe, out.reference);
     harness.record("moe", fmt::format("T {} H {} E {}x{} top {} ({})", c.rows, c.hidden, c.experts, c.intermediate,
                                       c.top_k, c.what),
-                   out, kBf16Tolerance, seconds_since(start));
+                   out, kSplitOperandTolerance, seconds_since(start));
   }
 }
 
@@ -482,7 +487,7 @@ void test_swiglu(Harness& harness) {
     harness.device().swiglu(h.device, {{gate.device, {}, {}}, {up.device, {}, {}}, {down.device, {}, {}}}, out.device);
     harness.reference().swiglu(h.reference, {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
                                out.reference);
-    harness.record("swiglu", fmt::format("T {} H {} I {}", rows, hidden, intermediate), out, kBf16Tolerance,
+    harness.record("swiglu", fmt::format("T {} H {} I {}", rows, hidden, intermediate), out, kSplitOperandTolerance,
                    seconds_since(start));
   }
 }
@@ -503,7 +508,7 @@ void test_lm_head(Harness& harness) {
     harness.reference().lm_head(x.reference, selected.reference, norm.reference, 1e-6f, {head.reference, {}, {}}, softcap,
                                 logits.reference);
     harness.record("lm_head", fmt::format("rows 3 of {} V {} H {} softcap {}", rows, vocab, hidden, softcap), logits,
-                   kBf16Tolerance, seconds_since(start));
+                   kSplitOperandTolerance, seconds_since(start));
   }
 }
 
