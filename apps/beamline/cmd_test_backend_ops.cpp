@@ -279,7 +279,25 @@ struct AttentionCase {
   int32_t heads, kv_heads, dim, block_size, window;
   DType kv_dtype;
   std::vector<std::pair<int32_t, int32_t>> sequences;
+  // >= 0: that sequence's first block is given back although its queries need it; the device must write NaN
+  // for its rows (kernels.h) and finite values elsewhere, and there is no reference (the CPU backend throws).
+  int32_t drop_sequence = -1;
 };
+
+// The rows of the dropped sequence are all NaN, every other row is finite.
+void record_missing_block(Harness& harness, const std::string& shape, const Tensor& out,
+                          const std::vector<int32_t>& query_start, int32_t dropped, double seconds) {
+  const std::vector<float> values = harness.device().download_f32(out);
+  const int64_t width = out.dim(1);
+  int64_t wrong = 0;
+  for (int64_t row = 0; row < out.dim(0); ++row) {
+    const bool poisoned = row >= query_start[dropped] && row < query_start[dropped + 1];
+    for (int64_t i = 0; i < width; ++i)
+      wrong += std::isnan(values[static_cast<std::size_t>(row * width + i)]) != poisoned;
+  }
+  harness.record_result({"paged_attention", shape, static_cast<double>(wrong), 0.0,
+                         "missing block: its rows NaN, others finite (error = wrong elements)", wrong == 0, seconds});
+}
 
 void test_attention_case(Harness& harness, const AttentionCase& c) {
   const auto start = std::chrono::steady_clock::now();
@@ -307,7 +325,8 @@ void test_attention_case(Harness& harness, const AttentionCase& c) {
     const int32_t first_visible = c.window > 0 ? std::max(0, cached - c.window + 1) : 0;
     for (int32_t b = 0; b < blocks; ++b) {
       const int32_t block = order[next++];
-      if ((b + 1) * c.block_size > first_visible) table[s * static_cast<std::size_t>(width) + b] = block;
+      const bool dropped = static_cast<int32_t>(s) == c.drop_sequence && b == 0;
+      if ((b + 1) * c.block_size > first_visible && !dropped) table[s * static_cast<std::size_t>(width) + b] = block;
     }
   }
   const auto rows = static_cast<int64_t>(positions.size());
@@ -347,6 +366,10 @@ void test_attention_case(Harness& harness, const AttentionCase& c) {
   params.slot = slot;
   auto out = harness.poisoned(DType::F32, {rows, q_width});
   harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  if (c.drop_sequence >= 0) {
+    record_missing_block(harness, shape, out.device, query_start, c.drop_sequence, seconds_since(start));
+    return;
+  }
   harness.reference().paged_attention(q.reference, reference_pool, block_table.reference, reference_batch, params,
                                       out.reference);
   harness.record("paged_attention", shape, out, kF32Tolerance, seconds_since(start));
@@ -360,8 +383,42 @@ void test_attention(Harness& harness) {
       {"chunked prefill", 48, 8, 128, 16, 512, DType::F32, {{530, 70}, {0, 129}}},
       {"prefill global", 8, 2, 128, 16, 0, DType::BF16, {{0, 300}, {7, 9}}},
       {"odd dims", 6, 3, 40, 4, 5, DType::F32, {{3, 11}, {0, 2}}},
+      // Split-KV decode (<= 4 query rows per sequence) and tiled prefill (more) at head_dim 128: long contexts,
+      // split and window boundaries, block sizes, GQA groups, mixed batches.
+      {"decode split ends", 48, 8, 128, 16, 0, DType::BF16,
+       {{126, 1}, {127, 1}, {128, 1}, {4094, 1}, {4095, 1}, {4096, 1}, {0, 1}, {31, 1}}},
+      {"decode 8K window", 48, 8, 128, 16, 512, DType::BF16, {{8190, 1}, {8191, 1}, {511, 1}, {512, 1}, {513, 1}}},
+      {"decode bs 32", 48, 8, 128, 32, 0, DType::F32, {{1000, 1}, {33, 1}, {64, 1}}},
+      {"decode GQA 6/3", 6, 3, 128, 16, 0, DType::BF16, {{2500, 1}, {17, 1}}},
+      {"decode GQA 4/1", 4, 1, 128, 32, 0, DType::F32, {{3000, 1}, {5, 1}}},
+      {"decode GQA 10/2", 10, 2, 128, 16, 0, DType::BF16, {{1234, 1}, {99, 1}}},
+      {"decode 3 rows", 48, 8, 128, 16, 0, DType::BF16, {{700, 3}, {2, 4}}},
+      {"mixed decode+prefill", 48, 8, 128, 16, 0, DType::BF16,
+       {{1000, 1}, {0, 100}, {300, 2}, {50, 37}, {2000, 4}, {20, 5}, {0, 1}}},
+      {"mixed decode+prefill", 48, 8, 128, 16, 512, DType::F32,
+       {{1000, 1}, {0, 600}, {300, 2}, {450, 77}, {2000, 4}, {20, 5}}},
+      {"prefill bs 32", 48, 8, 128, 32, 0, DType::F32, {{0, 333}, {40, 70}}},
+      {"prefill GQA 6/3", 6, 3, 128, 16, 7, DType::BF16, {{0, 150}, {10, 31}}},
+      {"prefill GQA 4/1", 4, 1, 128, 16, 0, DType::BF16, {{5, 200}}},
+      {"prefill GQA 10/2", 10, 2, 128, 16, 64, DType::F32, {{100, 130}}},
+      {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
+      {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
   };
-  for (const AttentionCase& c : cases) test_attention_case(harness, c);
+  if (!harness.small_only()) {
+    cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
+    cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::F32, {{32767, 1}, {100, 1}}});
+    cases.push_back({"prefill global 1K", 48, 8, 128, 16, 0, DType::BF16, {{0, 1024}}});
+    cases.push_back({"prefill window 2K", 48, 8, 128, 16, 512, DType::BF16, {{0, 2048}}});
+    AttentionCase batch128{"decode B=128", 48, 8, 128, 16, 0, DType::BF16, {}};
+    for (int i = 0; i < 128; ++i)
+      batch128.sequences.emplace_back(static_cast<int32_t>(harness.inputs().rng()() % 3000), 1);
+    cases.push_back(batch128);
+  }
+  // The CPU backend throws on a missing block instead of writing NaN: those cases are for device backends.
+  const bool device_semantics = harness.device().device() != Device::Cpu;
+  for (const AttentionCase& c : cases)
+    if (c.drop_sequence < 0 || device_semantics) test_attention_case(harness, c);
 }
 
 void test_route(Harness& harness) {

@@ -362,9 +362,28 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
           heads / kv_heads, cuda::kMaxAttentionHeadDim, cuda::kMaxAttentionGroup);
   require_device(q, "paged_attention", "q");
   require_device(out, "paged_attention", "out");
-  check_launch(cuda::paged_attention(q.data<const float>(), pool_geometry(pool), params.slot,
-                                     batch_geometry(batch, block_table, "paged_attention"), heads, params.scale,
-                                     params.sliding_window, out.data<float>(), stream_),
+  const std::vector<int32_t>& starts = batch.host_query_start;
+  require(static_cast<int64_t>(starts.size()) == batch.num_sequences() + 1 && starts.front() == 0 &&
+              starts.back() == batch.num_rows() && std::is_sorted(starts.begin(), starts.end()),
+          "paged_attention: the batch's {} query starts do not split its {} rows into {} sequences", starts.size(),
+          batch.num_rows(), batch.num_sequences());
+  const cuda::PoolGeometry geometry = pool_geometry(pool);
+  cuda::AttentionHostBatch host;
+  host.query_start = batch.host_query_start.data();
+  host.positions = batch.host_positions.data();
+  host.seq_lens = batch.host_seq_lens.data();
+  host.sequences = batch.num_sequences();
+  host.rows = batch.num_rows();
+  const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+  const cuda::AttentionPlan plan = cuda::plan_attention(host, geometry, heads, params.sliding_window, aligned);
+  Tensor work, partials;
+  if (!plan.work.empty()) work = upload_i32(plan.work, {static_cast<int64_t>(plan.work.size())});
+  if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
+  check_launch(cuda::paged_attention(q.data<const float>(), geometry, params.slot,
+                                     batch_geometry(batch, block_table, "paged_attention"), plan,
+                                     plan.work.empty() ? nullptr : work.data<const int32_t>(),
+                                     plan.scratch_floats > 0 ? partials.data<float>() : nullptr, heads,
+                                     params.scale, params.sliding_window, out.data<float>(), stream_),
                "paged_attention");
 }
 

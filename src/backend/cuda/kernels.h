@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -58,8 +59,36 @@ struct BatchGeometry {
 // for that row and head (the CPU backend throws there; a device cannot without a host synchronisation).
 cudaError_t write_kv(const float* k, const float* v, const PoolGeometry& pool, int32_t slot,
                      const BatchGeometry& batch, cudaStream_t stream);
+
+// Host-side facts of a batch (AttentionBatch's host copies) from which paged_attention's kernels are chosen.
+struct AttentionHostBatch {
+  const int32_t* query_start = nullptr;  // [sequences + 1]
+  const int32_t* positions = nullptr;    // [rows]
+  const int32_t* seq_lens = nullptr;     // [sequences]
+  int32_t sequences = 0;
+  int64_t rows = 0;
+};
+
+// Sequences with at most this many query rows (decode, short speculative chunks) take the split-KV decode
+// kernel; longer ones the tiled prefill kernel.
+constexpr int32_t kDecodeMaxQueryRows = 4;
+
+// The kernels paged_attention runs for one batch, chosen on the host from AttentionHostBatch (no device read).
+struct AttentionPlan {
+  bool generic = false;        // head_dim != 128, > 8 query heads per kv head or unaligned q/out: one kernel
+  int64_t decode_rows = 0;     // rows of the split-KV decode kernel
+  bool decode_rows_listed = false;  // they are work[0, decode_rows) (else rows 0 .. decode_rows - 1)
+  int32_t splits = 1;          // key ranges per (decode row, kv head)
+  int64_t prefill_tiles = 0;   // (sequence, first row, rows) triples in work after the decode rows
+  std::vector<int32_t> work;   // for the caller to upload (empty when nothing needs listing)
+  int64_t scratch_floats = 0;  // F32 scratch for the split-KV partial results
+};
+AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry& pool, int32_t num_heads,
+                             int32_t sliding_window, bool aligned);
+// `work` is plan.work on the device, `scratch` plan.scratch_floats floats.
 cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                            int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream);
+                            const AttentionPlan& plan, const int32_t* work, float* scratch, int32_t num_heads,
+                            float scale, int32_t sliding_window, float* out, cudaStream_t stream);
 constexpr int32_t kMaxAttentionHeadDim = 256;
 constexpr int32_t kMaxAttentionGroup = 32;  // query heads per kv head
 

@@ -1,32 +1,20 @@
-// Paged KV writes and paged attention: one kernel for prefill, chunked prefill and decode (varlen rows, causal,
-// sliding window, GQA). A block serves one row and one KV head: its warps are the query heads of that group,
-// so each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
+// Paged KV writes, and paged attention's dispatcher: the host-side plan picks, per batch, the split-KV decode
+// kernel (kernels_attention_decode.cu) for sequences with few query rows, the tiled prefill kernel
+// (kernels_attention_prefill.cu) for the others, and the generic kernel below for shapes those do not cover.
+// The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
+// each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>
 
-#include "backend/cuda/device_common.cuh"
-#include "backend/cuda/kernels.h"
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/attention_common.cuh"
 
 namespace beamline::cuda {
 namespace {
 
 constexpr int kKeysPerTile = 32;  // one key per lane when scoring
 constexpr int kWriteThreads = 256;
-
-__device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const BatchGeometry& batch, int32_t sequence,
-                                                int64_t position) {
-  const int64_t index = position / pool.block_size;
-  if (index >= batch.table_width) return -1;
-  const int32_t block = batch.block_table[int64_t{sequence} * batch.table_width + index];
-  return block < pool.num_blocks ? block : -1;
-}
-
-__device__ __forceinline__ int64_t pool_offset(const PoolGeometry& pool, int32_t block, int32_t slot, int64_t position,
-                                               int32_t kv_head) {
-  return ((((int64_t{block} * pool.slots_per_block + slot) * pool.block_size + position % pool.block_size) *
-               pool.num_kv_heads +
-           kv_head) *
-          pool.head_dim);
-}
 
 template <typename P>
 __global__ void write_kv_kernel(const float* k, const float* v, PoolGeometry pool, int32_t slot, BatchGeometry batch) {
@@ -177,16 +165,118 @@ cudaError_t write_kv(const float* k, const float* v, const PoolGeometry& pool, i
   return cudaGetLastError();
 }
 
-cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                            int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  if (batch.rows == 0) return cudaSuccess;
-  if (pool.head_dim > kMaxAttentionHeadDim || num_heads / pool.num_kv_heads > kMaxAttentionGroup)
-    return cudaErrorInvalidValue;
+cudaError_t launch_generic_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                     cudaStream_t stream) {
   if (pool.dtype == DType::F32)
     return attention_for_pool<float>(q, pool, slot, batch, num_heads, scale, sliding_window, out, stream);
   if (pool.dtype == DType::BF16)
     return attention_for_pool<__nv_bfloat16>(q, pool, slot, batch, num_heads, scale, sliding_window, out, stream);
   return cudaErrorInvalidValue;
+}
+
+namespace {
+
+constexpr int32_t kMinKeysPerSplit = 128;  // 64 KiB of BF16 K and V per block at head_dim 128
+constexpr int32_t kMaxSplits = 128;
+constexpr int64_t kBlockOverheadKeys = 64;  // a block's fixed cost (q load, combining its slots, the merge), in keys
+
+int multiprocessors() {
+  static const int count = [] {
+    int device = 0, result = 1;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&result, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      result = 1;
+    return result;
+  }();
+  return count;
+}
+
+// Splits per (row, kv head): the fewest that minimise waves x (keys per block + a block's fixed cost), waves
+// counted in resident blocks (a wave that is only partly full still takes a whole block's time).
+int32_t choose_splits(int64_t pairs, int64_t keys, DType dtype, int32_t group) {
+  const int64_t capacity = int64_t{multiprocessors()} * decode_blocks_per_multiprocessor(dtype, group);
+  const int64_t most = std::clamp<int64_t>((keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, kMaxSplits);
+  int32_t best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int64_t splits = 1; splits <= most; ++splits) {
+    const int64_t waves = (pairs * splits + capacity - 1) / capacity;
+    const int64_t cost = waves * ((keys + splits - 1) / splits + kBlockOverheadKeys);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = static_cast<int32_t>(splits);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry& pool, int32_t num_heads,
+                             int32_t sliding_window, bool aligned) {
+  AttentionPlan plan;
+  const int32_t group = num_heads / pool.num_kv_heads;
+  plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !aligned;
+  if (plan.generic) return plan;
+  std::vector<int32_t> decode_rows;
+  struct Tile {
+    int32_t sequence, first_row, rows;
+    int64_t keys;
+  };
+  std::vector<Tile> tiles;
+  int64_t decode_keys = 1;
+  const int32_t rows_per_tile = prefill_rows_per_tile(group);
+  auto visible_range = [&](int32_t sequence, int64_t position) {
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, position - sliding_window + 1) : 0;
+    const int64_t last = std::min<int64_t>(position, int64_t{batch.seq_lens[sequence]} - 1);
+    return std::pair{first, last};
+  };
+  for (int32_t s = 0; s < batch.sequences; ++s) {
+    const int32_t begin = batch.query_start[s], end = batch.query_start[s + 1];
+    if (end - begin <= kDecodeMaxQueryRows) {
+      for (int32_t row = begin; row < end; ++row) {
+        decode_rows.push_back(row);
+        const auto [first, last] = visible_range(s, batch.positions[row]);
+        decode_keys = std::max(decode_keys, last - first + 1);
+      }
+      continue;
+    }
+    for (int32_t row = begin; row < end; row += rows_per_tile) {
+      const int32_t rows = std::min(rows_per_tile, end - row);
+      const int64_t first = visible_range(s, batch.positions[row]).first;
+      const int64_t last = visible_range(s, batch.positions[row + rows - 1]).second;
+      tiles.push_back({s, row, rows, last - first + 1});
+    }
+  }
+  plan.decode_rows = static_cast<int64_t>(decode_rows.size());
+  plan.decode_rows_listed = plan.decode_rows > 0 && plan.decode_rows < batch.rows;
+  if (plan.decode_rows_listed) plan.work = decode_rows;
+  if (plan.decode_rows > 0) {
+    plan.splits = choose_splits(plan.decode_rows * pool.num_kv_heads, decode_keys, pool.dtype, group);
+    plan.scratch_floats = decode_partials_floats(plan.decode_rows, num_heads, plan.splits);
+  }
+  // The longest tiles first, so that the short ones fill the last wave.
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
+  plan.prefill_tiles = static_cast<int64_t>(tiles.size());
+  for (const Tile& tile : tiles) plan.work.insert(plan.work.end(), {tile.sequence, tile.first_row, tile.rows});
+  return plan;
+}
+
+cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                            const AttentionPlan& plan, const int32_t* work, float* scratch, int32_t num_heads,
+                            float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
+  if (batch.rows == 0) return cudaSuccess;
+  if (pool.head_dim > kMaxAttentionHeadDim || num_heads / pool.num_kv_heads > kMaxAttentionGroup)
+    return cudaErrorInvalidValue;
+  if (plan.generic)
+    return launch_generic_attention(q, pool, slot, batch, num_heads, scale, sliding_window, out, stream);
+  const cudaError_t decoded =
+      launch_decode_attention(q, pool, slot, batch, plan.decode_rows_listed ? work : nullptr, plan.decode_rows,
+                              plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
+  if (decoded != cudaSuccess) return decoded;
+  const int32_t* tile_list = work + (plan.decode_rows_listed ? plan.decode_rows : 0);
+  return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
+                                  sliding_window, out, stream);
 }
 
 }  // namespace beamline::cuda

@@ -1,0 +1,77 @@
+#pragma once
+// Shared by the paged-attention kernels (kernels_attention*.cu): pool addressing and the launchers of each path.
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace beamline::cuda {
+
+// The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
+__device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const BatchGeometry& batch, int32_t sequence,
+                                                int64_t position) {
+  const int64_t index = position / pool.block_size;
+  if (index >= batch.table_width) return -1;
+  const int32_t block = batch.block_table[int64_t{sequence} * batch.table_width + index];
+  return block < pool.num_blocks ? block : -1;
+}
+
+__device__ __forceinline__ int64_t pool_offset(const PoolGeometry& pool, int32_t block, int32_t slot, int64_t position,
+                                               int32_t kv_head) {
+  return ((((int64_t{block} * pool.slots_per_block + slot) * pool.block_size + position % pool.block_size) *
+               pool.num_kv_heads +
+           kv_head) *
+          pool.head_dim);
+}
+
+// 16 pool bytes as floats: 8 BF16 values (exact: a BF16 is the top half of an F32) or 4 F32 values.
+__device__ __forceinline__ void unpack(const uint4& raw, float (&out)[8]) {
+  const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void unpack(const uint4& raw, float (&out)[4]) {
+  out[0] = __uint_as_float(raw.x);
+  out[1] = __uint_as_float(raw.y);
+  out[2] = __uint_as_float(raw.z);
+  out[3] = __uint_as_float(raw.w);
+}
+
+// Streaming 16-byte load of pool data (read once per kernel: keep it out of L1).
+__device__ __forceinline__ uint4 load_stream(const void* address) {
+  return __ldcs(static_cast<const uint4*>(address));
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+// The fast paths cover head_dim 128 (Beam-1.0) and up to 8 query heads per kv head; AttentionPlan::generic
+// sends other shapes to the one-block-per-(row, kv head) kernel.
+constexpr int32_t kFastHeadDim = 128;
+constexpr int32_t kFastMaxGroup = 8;
+
+cudaError_t launch_generic_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                     cudaStream_t stream);
+// Split-KV decode: rows `rows` (or 0..count-1 when null), `splits` key ranges each, merged into `out`.
+cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                                    const int32_t* rows, int64_t count, int32_t splits, float* partials,
+                                    int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                    cudaStream_t stream);
+// Floats of split-KV scratch launch_decode_attention needs (0 for one split).
+int64_t decode_partials_floats(int64_t count, int32_t num_heads, int32_t splits);
+// Resident decode blocks per multiprocessor for this pool dtype and group (the split heuristic's wave size).
+int decode_blocks_per_multiprocessor(DType dtype, int32_t group);
+// Query rows of one prefill tile for this many query heads per kv head.
+int32_t prefill_rows_per_tile(int32_t group);
+// Tiled prefill over `tiles` work items (sequence, first row, rows) of `tile_list`.
+cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, int32_t slot,
+                                     const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
+                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                     cudaStream_t stream);
+
+}  // namespace beamline::cuda
