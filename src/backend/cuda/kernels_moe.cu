@@ -13,22 +13,49 @@ namespace beamline::cuda {
 namespace {
 
 // ---- router ----
-constexpr int kRouterThreads = 128;
+constexpr int kRouterThreads = 256;
+constexpr int kRouterWarps = kRouterThreads / 32;
 
-// Index of the largest candidate value (lower index on ties), or -1 when none is left.
-__device__ int32_t argmax_lower(const float* values, const bool* taken, int32_t begin, int32_t end) {
-  int32_t best = -1;
-  for (int32_t i = begin; i < end; ++i)
-    if (!taken[i] && (best < 0 || values[i] > values[best])) best = i;
-  return best;
+// An expert candidate; `better` orders by value, then the lower index (the reference's tie rule).
+struct Candidate {
+  float value;
+  int32_t index;
+};
+
+__device__ __forceinline__ bool better(const Candidate& a, const Candidate& b) {
+  return a.value > b.value || (a.value == b.value && a.index < b.index);
 }
 
-__global__ void route_kernel(const float* logits, const float* bias, int32_t experts, int32_t n_group,
-                             int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
-                             int32_t* expert_ids, float* expert_weights) {
+__device__ __forceinline__ Candidate warp_best(Candidate c) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const Candidate other{__shfl_xor_sync(0xffffffffu, c.value, offset), __shfl_xor_sync(0xffffffffu, c.index, offset)};
+    if (other.index >= 0 && (c.index < 0 || better(other, c))) c = other;
+  }
+  return c;
+}
+
+// The best candidate in [begin, end) not yet taken, over one warp (index -1 when none is left).
+__device__ Candidate warp_argmax(const float* values, const bool* taken, int32_t begin, int32_t end) {
+  Candidate best{-INFINITY, -1};
+  for (int32_t i = begin + static_cast<int32_t>(threadIdx.x % 32); i < end; i += 32) {
+    const Candidate c{values[i], i};
+    if (!taken[i] && (best.index < 0 || better(c, best))) best = c;
+  }
+  return warp_best(best);
+}
+
+// One block per row. Parallel everywhere but the choice of the top groups (a handful of values).
+__global__ void __launch_bounds__(kRouterThreads) route_kernel(const float* logits, const float* bias,
+                                                               int32_t experts, int32_t n_group, int32_t topk_group,
+                                                               int32_t top_k, bool norm_topk_prob,
+                                                               float routed_scaling_factor, int32_t* expert_ids,
+                                                               float* expert_weights) {
   __shared__ float score[kMaxRouterExperts], choice[kMaxRouterExperts], group_score[kMaxRouterExperts];
   __shared__ bool taken[kMaxRouterExperts], group_taken[kMaxRouterExperts];
+  __shared__ Candidate warp_winner[kRouterWarps];
+  __shared__ int32_t picked[kMaxRouterExperts];
   const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
     const float logit = logits[row * experts + e];
     score[e] = 1.0f / (1.0f + expf(-logit));
@@ -36,36 +63,68 @@ __global__ void route_kernel(const float* logits, const float* bias, int32_t exp
     taken[e] = false;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  // Serial on purpose: the selection must follow the reference's tie rules exactly, and it is tiny.
+  // Group score = the sum of its 2 best choices, one warp per group.
   const int32_t group_size = experts / n_group;
   const int32_t best_of_group = min(2, group_size);
-  for (int32_t g = 0; g < n_group; ++g) {
+  for (int32_t g = warp; g < n_group; g += kRouterWarps) {
     float sum = 0.0f;
     for (int32_t pick = 0; pick < best_of_group; ++pick) {
-      const int32_t e = argmax_lower(choice, taken, g * group_size, (g + 1) * group_size);
-      sum += choice[e];
-      taken[e] = true;
+      const Candidate c = warp_argmax(choice, taken, g * group_size, (g + 1) * group_size);
+      sum += c.value;
+      if (lane == 0) taken[c.index] = true;
+      __syncwarp();
     }
-    for (int32_t e = g * group_size; e < (g + 1) * group_size; ++e) taken[e] = false;
-    group_score[g] = sum;
-    group_taken[g] = false;
+    if (lane == 0) {
+      for (int32_t e = g * group_size; e < (g + 1) * group_size; ++e) taken[e] = false;
+      group_score[g] = sum;
+      group_taken[g] = false;
+    }
+    __syncwarp();
   }
-  for (int32_t pick = 0; pick < topk_group; ++pick) group_taken[argmax_lower(group_score, group_taken, 0, n_group)] = true;
-  for (int32_t e = 0; e < experts; ++e)
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int32_t pick = 0; pick < topk_group; ++pick) {
+      int32_t best = -1;
+      for (int32_t g = 0; g < n_group; ++g)
+        if (!group_taken[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+      group_taken[best] = true;
+    }
+  }
+  __syncthreads();
+  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x)
     if (!group_taken[e / group_size]) choice[e] = -INFINITY;
-  int32_t* ids = expert_ids + row * top_k;
-  float* weights = expert_weights + row * top_k;
-  float total = 0.0f;
+  __syncthreads();
+  // top_k rounds of a block-wide argmax.
   for (int32_t j = 0; j < top_k; ++j) {
-    const int32_t e = argmax_lower(choice, taken, 0, experts);
-    taken[e] = true;
-    ids[j] = e;
-    total += score[e];
+    Candidate best{-INFINITY, -1};
+    for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+      const Candidate c{choice[e], e};
+      if (!taken[e] && (best.index < 0 || better(c, best))) best = c;
+    }
+    best = warp_best(best);
+    if (lane == 0) warp_winner[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Candidate winner = warp_winner[0];
+      for (int w = 1; w < kRouterWarps; ++w)
+        if (warp_winner[w].index >= 0 && (winner.index < 0 || better(warp_winner[w], winner))) winner = warp_winner[w];
+      taken[winner.index] = true;
+      picked[j] = winner.index;
+    }
+    __syncthreads();
   }
-  for (int32_t j = 0; j < top_k; ++j) {
-    const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
-    weights[j] = weight * routed_scaling_factor;
+  if (threadIdx.x == 0) {
+    int32_t* ids = expert_ids + row * top_k;
+    float* weights = expert_weights + row * top_k;
+    float total = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j) {
+      ids[j] = picked[j];
+      total += score[picked[j]];
+    }
+    for (int32_t j = 0; j < top_k; ++j) {
+      const float weight = norm_topk_prob ? score[picked[j]] / total : score[picked[j]];
+      weights[j] = weight * routed_scaling_factor;
+    }
   }
 }
 
