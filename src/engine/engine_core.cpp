@@ -306,6 +306,7 @@ std::vector<SampledToken> EngineCore::sample_tokens(const std::vector<const Sche
       continue;
     }
     device_rows.push_back(sample_settings(params, sample.sampler, producing[i]->logit_index));
+    device_rows.back().num_logprobs = std::min(device_rows.back().num_logprobs, vocab_size_);
     on_device.push_back(i);
     max_logprobs = std::max(max_logprobs, device_rows.back().num_logprobs);
   }
