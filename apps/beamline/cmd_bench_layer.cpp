@@ -56,7 +56,7 @@ void run_bench(const BenchOptions& options) {
                 top_k = config.num_experts_per_tok;
   uint64_t seed = options.seed;
   auto weight = [&](std::vector<int64_t> shape, float scale, DType dtype = DType::BF16) {
-    return backend.random_weight(dtype, std::move(shape), seed++, scale);
+    return backend.random_weight(dtype, std::move(shape), seed++, 0.0f, scale);
   };
   const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
   const Tensor input_norm = weight({hidden}, 1.0f), post_attention_norm = weight({hidden}, 1.0f);

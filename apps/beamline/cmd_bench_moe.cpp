@@ -53,7 +53,7 @@ void run_bench(const BenchOptions& options) {
                 intermediate = config.moe_intermediate_size, top_k = config.num_experts_per_tok;
   uint64_t seed = options.seed;
   auto weight = [&](std::vector<int64_t> shape, float scale, DType dtype = DType::BF16) {
-    return backend.random_weight(dtype, std::move(shape), seed++, scale);
+    return backend.random_weight(dtype, std::move(shape), seed++, 0.0f, scale);
   };
   MoeTensors moe;
   moe.router = weight({experts, hidden}, 0.05f, DType::F32);
@@ -74,7 +74,7 @@ void run_bench(const BenchOptions& options) {
               "TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n");
   for (const int64_t tokens : options.tokens) {
     require(tokens >= 1, "bench-moe: --tokens must be >= 1");
-    Tensor h = backend.random_weight(DType::F32, {tokens, hidden}, seed++, 1.0f);
+    Tensor h = backend.random_weight(DType::F32, {tokens, hidden}, seed++, 0.0f, 1.0f);
     Tensor ids = backend.alloc(DType::I32, {tokens, top_k}), weights = backend.alloc(DType::F32, {tokens, top_k});
     Tensor out = backend.alloc(DType::F32, {tokens, hidden});
     auto layer = [&] {

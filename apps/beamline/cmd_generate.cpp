@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "commands.h"
+#include "model_options.h"
 #include "model/beam_model.h"
 #include "model/sequence_runner.h"
 #include "model/weights.h"
@@ -23,7 +24,8 @@ namespace beamline::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, tokens, device = "cpu", kv_dtype = "f32";
+  ModelSource source;
+  std::string tokens, device = "cpu", kv_dtype = "f32";
   int64_t max_tokens = 16;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -59,7 +61,7 @@ void run_generate(const GenerateOptions& options) {
           "--temperature: {} must be a finite number >= 0", options.temperature);
   require(options.top_p > 0.0 && options.top_p <= 1.0, "--top-p: {} must be in (0, 1]", options.top_p);
   std::unique_ptr<Backend> backend = create_backend(options.device);
-  const BeamWeights weights = BeamWeights::load(options.model);
+  const BeamWeights weights = options.source.load();
   const ModelConfig& config = weights.config;
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
@@ -92,7 +94,7 @@ const CommandRegistration registration([](CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
   CLI::App* command = app.add_subcommand(
       "generate", "Prefill a token sequence, decode up to --max-tokens tokens through the KV cache, print their ids");
-  command->add_option("--model", options->model, "checkpoint directory")->required();
+  add_model_source_options(*command, options->source);
   command->add_option("--tokens", options->tokens, "prompt: comma-separated token ids, e.g. 1,2,3")->required();
   command->add_option("--max-tokens", options->max_tokens, "tokens to generate")->capture_default_str();
   command->add_option("--temperature", options->temperature, "sampling temperature (0 = greedy)")

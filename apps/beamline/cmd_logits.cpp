@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "commands.h"
+#include "model_options.h"
 #include "model/beam_model.h"
 #include "model/sequence_runner.h"
 #include "model/weights.h"
@@ -16,12 +17,13 @@ namespace beamline::cli {
 namespace {
 
 struct LogitsOptions {
-  std::string model, tokens, out, device = "cpu", kv_dtype = "f32";
+  ModelSource source;
+  std::string tokens, out, device = "cpu", kv_dtype = "f32";
 };
 
 void run_logits(const LogitsOptions& options) {
   std::unique_ptr<Backend> backend = create_backend(options.device);
-  const BeamWeights weights = BeamWeights::load(options.model);
+  const BeamWeights weights = options.source.load();
   const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
   const auto count = static_cast<int64_t>(tokens.size());
@@ -39,7 +41,7 @@ const CommandRegistration registration([](CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "logits", "Write the soft-capped logits of every position of a token sequence (one prefill) to a float32 .npy "
                 "of shape [num_tokens, vocab_size]");
-  command->add_option("--model", options->model, "checkpoint directory")->required();
+  add_model_source_options(*command, options->source);
   command->add_option("--tokens", options->tokens, "comma-separated token ids, e.g. 5,17,300")->required();
   command->add_option("--out", options->out, "output .npy file")->required();
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();

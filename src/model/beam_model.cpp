@@ -2,56 +2,65 @@
 
 #include <cmath>
 
+#include "util/counter_random.h"
 #include "util/error.h"
 
 namespace beamline {
 namespace {
 
-LinearTensors load_linear(Backend& backend, const LinearWeight& weight) {
+// A checkpoint tensor handed to the backend, or for a random model (BeamWeights::random) drawn by it.
+Tensor materialise(Backend& backend, const BeamWeights& weights, const TensorView& view) {
+  if (!weights.random_seed) return backend.load_weight(view);
+  const RandomInit& init = weights.random_inits.at(view.name);
+  return backend.random_weight(view.dtype, view.shape, stream_key(*weights.random_seed, view.name), init.mean,
+                               init.stddev);
+}
+
+LinearTensors load_linear(Backend& backend, const BeamWeights& weights, const LinearWeight& weight) {
   LinearTensors tensors;
-  tensors.weight = backend.load_weight(weight.weight);
+  tensors.weight = materialise(backend, weights, weight.weight);
   if (weight.scale.data) tensors.scale = backend.load_weight(weight.scale);
   if (weight.scale_2.data) tensors.scale_2 = backend.load_weight(weight.scale_2);
   return tensors;
 }
 
-SwigluTensors load_swiglu(Backend& backend, const ExpertWeights& weights) {
-  return {load_linear(backend, weights.gate_proj), load_linear(backend, weights.up_proj),
-          load_linear(backend, weights.down_proj)};
+SwigluTensors load_swiglu(Backend& backend, const BeamWeights& weights, const ExpertWeights& expert) {
+  return {load_linear(backend, weights, expert.gate_proj), load_linear(backend, weights, expert.up_proj),
+          load_linear(backend, weights, expert.down_proj)};
 }
 
 }  // namespace
 
 BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
   const ModelConfig& config = weights_.config;
-  embed_tokens_ = backend_.load_weight(weights_.embed_tokens);
-  final_norm_ = backend_.load_weight(weights_.norm);
-  lm_head_ = load_linear(backend_, weights_.lm_head);
+  embed_tokens_ = materialise(backend_, weights_, weights_.embed_tokens);
+  final_norm_ = materialise(backend_, weights_, weights_.norm);
+  lm_head_ = load_linear(backend_, weights_, weights_.lm_head);
   require(static_cast<int64_t>(weights_.layers.size()) == config.num_hidden_layers,
           "model: {} layers of weights for num_hidden_layers {}", weights_.layers.size(), config.num_hidden_layers);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const LayerWeights& source = weights_.layers[static_cast<std::size_t>(i)];
     Layer layer;
-    layer.input_norm = backend_.load_weight(source.input_layernorm);
-    layer.post_attention_norm = backend_.load_weight(source.post_attention_layernorm);
-    layer.pre_feedforward_norm = backend_.load_weight(source.pre_feedforward_layernorm);
-    layer.post_feedforward_norm = backend_.load_weight(source.post_feedforward_layernorm);
-    layer.q = load_linear(backend_, source.q_proj);
-    layer.k = load_linear(backend_, source.k_proj);
-    layer.v = load_linear(backend_, source.v_proj);
-    layer.o = load_linear(backend_, source.o_proj);
+    layer.input_norm = materialise(backend_, weights_, source.input_layernorm);
+    layer.post_attention_norm = materialise(backend_, weights_, source.post_attention_layernorm);
+    layer.pre_feedforward_norm = materialise(backend_, weights_, source.pre_feedforward_layernorm);
+    layer.post_feedforward_norm = materialise(backend_, weights_, source.post_feedforward_layernorm);
+    layer.q = load_linear(backend_, weights_, source.q_proj);
+    layer.k = load_linear(backend_, weights_, source.k_proj);
+    layer.v = load_linear(backend_, weights_, source.v_proj);
+    layer.o = load_linear(backend_, weights_, source.o_proj);
     layer.sliding = config.layer_types.at(static_cast<std::size_t>(i)) == LayerType::Sliding;
     layer.moe = config.is_moe_layer(i);
     if (layer.moe) {
       require(static_cast<int64_t>(source.experts.size()) == config.n_routed_experts,
               "model: layer {} has {} experts, config says {}", i, source.experts.size(), config.n_routed_experts);
-      layer.experts.router = backend_.load_weight(source.router);
-      layer.experts.router_bias = backend_.load_weight(source.router_bias);
-      for (const ExpertWeights& expert : source.experts) layer.experts.experts.push_back(load_swiglu(backend_, expert));
+      layer.experts.router = materialise(backend_, weights_, source.router);
+      layer.experts.router_bias = materialise(backend_, weights_, source.router_bias);
+      for (const ExpertWeights& expert : source.experts) layer.experts.experts.push_back(load_swiglu(backend_, weights_, expert));
       backend_.prepare_moe(layer.experts);
     } else {
       require(source.mlp.has_value(), "model: dense layer {} has no mlp weights", i);
-      layer.mlp = load_swiglu(backend_, *source.mlp);
+      layer.mlp = load_swiglu(backend_, weights_, *source.mlp);
     }
     layers_.push_back(std::move(layer));
   }

@@ -10,8 +10,10 @@
 #include <set>
 
 #include "model/checkpoint_layout.h"
+#include "model/random_init.h"
 #include "model/safetensors.h"
 #include "model/synthetic_tokenizer.h"
+#include "util/counter_random.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -48,54 +50,9 @@ class OutputFile {
   std::FILE* file_;
 };
 
-void store_float(DType dtype, float value, std::byte* out) {
-  switch (dtype) {
-    case DType::F32:
-      std::memcpy(out, &value, sizeof value);
-      return;
-    case DType::BF16: {
-      const uint16_t bits = f32_to_bf16(value);
-      std::memcpy(out, &bits, sizeof bits);
-      return;
-    }
-    case DType::F16: {
-      const uint16_t bits = f32_to_f16(value);
-      std::memcpy(out, &bits, sizeof bits);
-      return;
-    }
-    default:
-      fail("cannot store floats as {}", dtype_name(dtype));
-  }
-}
-
 void require_float_dtype(DType dtype, std::string_view what) {
   require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
           "{}: dtype {} is not a float storage type (F32, BF16, F16)", what, dtype_name(dtype));
-}
-
-// Counter-based randomness: value i of a stream depends only on (key, i), so chunks can be generated in
-// any order on any thread and the bytes stay the same.
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t stream_key(uint64_t seed, std::string_view name) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a of the tensor name
-  for (char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return mix64(seed ^ mix64(hash));
-}
-
-// Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled to unit
-// variance. One hash per value keeps multi-terabyte checkpoints fast to generate.
-float standard_normal(uint64_t key, uint64_t index) {
-  const uint64_t bits = mix64(key + index * 0x9e3779b97f4a7c15ull);
-  const double sum = static_cast<double>((bits & 0xffff) + ((bits >> 16) & 0xffff) + ((bits >> 32) & 0xffff) + (bits >> 48));
-  constexpr double kMean = 4 * 65535.0 / 2;
-  const double kStddev = std::sqrt(4 * (65536.0 * 65536.0 - 1) / 12);
-  return static_cast<float>((sum - kMean) / kStddev);
 }
 
 TensorSource random_tensor(std::string name, DType dtype, std::vector<int64_t> shape, uint64_t seed, float mean,
@@ -105,7 +62,7 @@ TensorSource random_tensor(std::string name, DType dtype, std::vector<int64_t> s
   auto fill = [=](std::size_t byte_offset, std::span<std::byte> out) {
     const std::size_t first = byte_offset / element_size, count = out.size() / element_size;
     for (std::size_t i = 0; i < count; ++i)
-      store_float(dtype, mean + stddev * standard_normal(key, first + i), out.data() + i * element_size);
+      store_float(dtype, normal_value(key, first + i, mean, stddev), out.data() + i * element_size);
   };
   return TensorSource{std::move(name), dtype, std::move(shape), std::move(fill)};
 }
@@ -263,20 +220,11 @@ std::vector<std::filesystem::path> write_safetensors_checkpoint(const std::files
 }
 
 std::vector<TensorSource> random_checkpoint_tensors(const ModelConfig& config, uint64_t seed, DType dtype) {
-  require_float_dtype(dtype, "random checkpoint");
   std::vector<TensorSource> tensors;
   for (ExpectedTensor& expected : expected_tensors(config)) {
-    const float fan_in_stddev = expected.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(expected.shape[1])) : 1.0f;
-    DType stored = dtype;
-    float mean = 0.0f, stddev = 1.0f;
-    switch (expected.role) {
-      case TensorRole::Embedding: break;
-      case TensorRole::Norm: mean = 1.0f, stddev = 0.1f; break;
-      case TensorRole::Projection: stddev = fan_in_stddev; break;
-      case TensorRole::Router: stored = DType::F32, stddev = fan_in_stddev; break;
-      case TensorRole::RouterBias: stored = DType::F32, stddev = 0.05f; break;
-    }
-    tensors.push_back(random_tensor(std::move(expected.name), stored, std::move(expected.shape), seed, mean, stddev));
+    const RandomInit init = random_init(expected, dtype);
+    tensors.push_back(random_tensor(std::move(expected.name), init.dtype, std::move(expected.shape), seed, init.mean,
+                                    init.stddev));
   }
   return tensors;
 }

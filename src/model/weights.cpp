@@ -125,19 +125,9 @@ class WeightChecker {
   std::set<std::string, std::less<>> used_;
 };
 
-}  // namespace
-
-BeamWeights BeamWeights::load(const std::filesystem::path& dir) {
-  BeamWeights weights;
-  weights.config = ModelConfig::load(dir / "config.json");
-  weights.archive = SafetensorsArchive::open(dir);
+// Puts the checked tensors, by name, into the per-layer structure.
+void assemble(BeamWeights& weights, const std::map<std::string, LinearWeight, std::less<>>& checked) {
   const ModelConfig& config = weights.config;
-
-  WeightChecker checker(*weights.archive, config, dir);
-  std::map<std::string, LinearWeight, std::less<>> checked;
-  for (const ExpectedTensor& expected : expected_tensors(config)) checked.emplace(expected.name, checker.check(expected));
-  checker.warn_unused();
-
   const auto take = [&](const std::string& name) -> const LinearWeight& { return checked.at(name); };
   weights.embed_tokens = take("model.embed_tokens.weight").weight;
   weights.norm = take("model.norm.weight").weight;
@@ -167,6 +157,37 @@ BeamWeights BeamWeights::load(const std::filesystem::path& dir) {
                                             take(expert_tensor_name(i, e, "up_proj")),
                                             take(expert_tensor_name(i, e, "down_proj"))});
   }
+}
+
+}  // namespace
+
+BeamWeights BeamWeights::load(const std::filesystem::path& dir) {
+  BeamWeights weights;
+  weights.config = ModelConfig::load(dir / "config.json");
+  weights.archive = SafetensorsArchive::open(dir);
+  const ModelConfig& config = weights.config;
+
+  WeightChecker checker(*weights.archive, config, dir);
+  std::map<std::string, LinearWeight, std::less<>> checked;
+  for (const ExpectedTensor& expected : expected_tensors(config)) checked.emplace(expected.name, checker.check(expected));
+  checker.warn_unused();
+  assemble(weights, checked);
+  return weights;
+}
+
+BeamWeights BeamWeights::random(const ModelConfig& config, uint64_t seed, DType dtype) {
+  BeamWeights weights;
+  weights.config = config;
+  weights.random_seed = seed;
+  std::map<std::string, LinearWeight, std::less<>> views;
+  for (const ExpectedTensor& expected : expected_tensors(config)) {
+    const RandomInit init = random_init(expected, dtype);
+    TensorView view{expected.name, init.dtype, expected.shape, nullptr, 0};
+    view.nbytes = static_cast<std::size_t>(view.numel()) * dtype_size(init.dtype);
+    weights.random_inits.emplace(expected.name, init);
+    views.emplace(expected.name, LinearWeight{std::move(view), {}, {}});
+  }
+  assemble(weights, views);
   return weights;
 }
 

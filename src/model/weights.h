@@ -2,11 +2,14 @@
 // The tensors of a Beam checkpoint, found by name and checked against the config (MODEL_FORMAT.md section 3)
 // before any compute. Views point into the mmap'd safetensors files, which this object keeps open.
 #include <filesystem>
+#include <map>
+#include <string>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "model/config.h"
+#include "model/random_init.h"
 #include "tensor/tensor_view.h"
 
 namespace beamline {
@@ -48,6 +51,13 @@ struct BeamWeights {
   // Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist
   // with the expected shape and a supported dtype, or this throws naming the file and tensor.
   static BeamWeights load(const std::filesystem::path& dir);
+
+  // No checkpoint (vLLM's --load-format dummy): every view has its name, dtype and shape but no data, and the
+  // backend draws it (Backend::random_weight), on the device for a GPU, exactly as make-model would have written it
+  // with this seed and dtype.
+  static BeamWeights random(const ModelConfig& config, uint64_t seed, DType dtype = DType::BF16);
+  std::optional<uint64_t> random_seed;                              // set by random()
+  std::map<std::string, RandomInit, std::less<>> random_inits;      // by tensor name, set by random()
 };
 
 }  // namespace beamline

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "util/error.h"
+
 namespace beamline {
 namespace {
 struct DTypeInfo {
@@ -76,6 +78,26 @@ float e2m1_to_f32(uint8_t nibble) {
   static constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const float magnitude = kValues[nibble & 7];
   return (nibble & 8) ? -magnitude : magnitude;
+}
+
+void store_float(DType dtype, float value, std::byte* out) {
+  switch (dtype) {
+    case DType::F32:
+      std::memcpy(out, &value, sizeof value);
+      return;
+    case DType::BF16: {
+      const uint16_t bits = f32_to_bf16(value);
+      std::memcpy(out, &bits, sizeof bits);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t bits = f32_to_f16(value);
+      std::memcpy(out, &bits, sizeof bits);
+      return;
+    }
+    default:
+      fail("cannot store floats as {}", dtype_name(dtype));
+  }
 }
 
 }  // namespace beamline

@@ -30,6 +30,9 @@ inline uint16_t f32_to_bf16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// Stores `value` as one element of a float dtype (F32, BF16, F16; rounding to nearest even); Error otherwise.
+void store_float(DType dtype, float value, std::byte* out);
+
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float value);
 float fp8_e4m3_to_f32(uint8_t bits);   // OCP E4M3 (no infinities, 0x7f/0xff are NaN)

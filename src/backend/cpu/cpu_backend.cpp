@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "util/counter_random.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -61,6 +62,18 @@ Tensor CpuBackend::load_weight(const TensorView& view) {
   require(view.data != nullptr, "load_weight: tensor {} has no data", view.name);
   require(tensor.nbytes() <= view.nbytes, "load_weight: tensor {} {} needs {} bytes, the view has {}", view.name,
           shape_string(view.shape), tensor.nbytes(), view.nbytes);
+  return tensor;
+}
+
+Tensor CpuBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) {
+  require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+          "random_weight: dtype {} is not a float storage type (F32, BF16, F16)", dtype_name(dtype));
+  Tensor tensor = alloc(dtype, std::move(shape));
+  std::byte* data = tensor.raw();
+  const std::size_t element = dtype_size(dtype);
+  ThreadPool::global().parallel_for(static_cast<std::size_t>(tensor.numel()), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) store_float(dtype, normal_value(key, i, mean, stddev), data + i * element);
+  });
   return tensor;
 }
 

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "util/counter_random.h"
 
 namespace beamline::cuda {
 namespace {
@@ -106,19 +107,10 @@ __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
   if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
-__device__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 template <typename O>
-__global__ void fill_random_kernel(O* out, int64_t n, uint64_t seed, float scale) {
+__global__ void fill_random_kernel(O* out, int64_t n, uint64_t key, float mean, float stddev) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const uint64_t bits = mix64(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
-  const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-  out[i] = from_float<O>((2.0f * unit - 1.0f) * scale);
+  if (i < n) out[i] = from_float<O>(normal_value(key, static_cast<uint64_t>(i), mean, stddev));
 }
 
 }  // namespace
@@ -210,12 +202,12 @@ cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
+cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t key, float mean, float stddev, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool known = dispatch_float(dtype, [&](auto tag) {
     using O = decltype(tag);
-    fill_random_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(static_cast<O*>(out), n, seed,
-                                                                                        scale);
+    fill_random_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(static_cast<O*>(out), n, key, mean,
+                                                                                        stddev);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }

@@ -1,0 +1,23 @@
+#pragma once
+// Where a model's weights come from, with vLLM's option names: a checkpoint directory (`--load-format auto`), or
+// random weights drawn by the backend itself, on the device for a GPU (`--load-format dummy`), from the config.json
+// of a directory or from a preset name, with `--hf-overrides` (a JSON object merged into the config, e.g.
+// {"num_hidden_layers": 8}) — full-width models run with no checkpoint on disk.
+#include <cstdint>
+#include <string>
+
+#include "model/weights.h"
+
+namespace beamline {
+
+struct ModelSource {
+  std::string model;               // checkpoint directory; with dummy, also a preset name (tiny, small, beam-1.0)
+  std::string load_format = "auto";  // auto | dummy
+  std::string hf_overrides;        // JSON object applied to the config (dummy only)
+  uint64_t dummy_seed = 0;         // seed of the dummy weights: equal to make-model --seed's checkpoint
+
+  // Validates the combination and loads; errors name the option.
+  BeamWeights load() const;
+};
+
+}  // namespace beamline
