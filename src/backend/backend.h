@@ -118,6 +118,10 @@ class Backend {
   // A weight as the ops read it. The CPU backend borrows the mmap'd bytes (no copy; the view's owner must
   // outlive the tensor); a device backend copies it to device memory.
   virtual Tensor load_weight(const TensorView& view) = 0;
+  // A weight drawn by the backend itself, with no checkpoint (and, on a device, no host copy): element i is
+  // normal_value(key, i, mean, stddev) (util/counter_random.h) stored as `dtype` (F32, BF16, F16), so every backend
+  // and make-model's checkpoints hold the same bytes for the same key (--load-format dummy).
+  virtual Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) = 0;
   // A chance to repack one MoE layer's experts (fill MoeTensors::packed). Default: nothing.
   virtual void prepare_moe(MoeTensors& moe) { (void)moe; }
 

@@ -18,6 +18,7 @@ class CpuBackend final : public Backend {
   Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
   void download(const Tensor& tensor, void* host) override;
   Tensor load_weight(const TensorView& view) override;
+  Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
 
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
