@@ -171,6 +171,13 @@ __global__ void combine_kernel(const float* expert_out, const int32_t* ids, int3
 
 }  // namespace
 
+cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
+                        int64_t hidden, float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(expert_out, ids, top_k, experts, hidden, out);
+  return cudaGetLastError();
+}
+
 bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate) {
   return assignments <= kMaxStreamingAssignments && hidden % kElementsPerLoad == 0 && intermediate % kElementsPerLoad == 0;
 }
@@ -190,9 +197,7 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
     down_kernel<W><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts, expert_out);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
-    combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(expert_out, ids, top_k, experts.experts,
-                                                                        experts.hidden, out);
-    status = cudaGetLastError();
+    status = moe_combine(expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
   };
   if (experts.dtype == DType::BF16) launch(__nv_bfloat16{});
   if (experts.dtype == DType::F16) launch(__half{});
