@@ -22,6 +22,39 @@ __device__ __forceinline__ int64_t pool_offset(const PoolGeometry& pool, int32_t
           pool.head_dim);
 }
 
+// One sequence's keys of one kv head and layer slot, for the fast kernels: the block size is a power of two, so
+// a position splits into table index and offset in the block by shift and mask (no division in the key loops).
+struct KeyRows {
+  const int32_t* table;  // the sequence's block-table row
+  int32_t table_width, num_blocks, shift, mask;
+  int64_t block_stride, slot_offset, position_stride;  // in pool elements
+
+  // The block holding position t, or -1 when the table has none.
+  __device__ __forceinline__ int32_t block_of(int32_t t) const {
+    const int32_t index = t >> shift;
+    if (index >= table_width) return -1;
+    const int32_t block = table[index];
+    return block >= 0 && block < num_blocks ? block : -1;
+  }
+  __device__ __forceinline__ int64_t offset(int32_t block, int32_t t) const {
+    return block * block_stride + slot_offset + (t & mask) * position_stride;
+  }
+};
+
+__device__ __forceinline__ KeyRows key_rows(const PoolGeometry& pool, const BatchGeometry& batch, int32_t sequence,
+                                            int32_t slot, int32_t kv_head) {
+  KeyRows rows;
+  rows.table = batch.block_table + int64_t{sequence} * batch.table_width;
+  rows.table_width = batch.table_width;
+  rows.num_blocks = pool.num_blocks;
+  rows.shift = __ffs(pool.block_size) - 1;
+  rows.mask = pool.block_size - 1;
+  rows.position_stride = int64_t{pool.num_kv_heads} * pool.head_dim;
+  rows.block_stride = int64_t{pool.slots_per_block} * pool.block_size * rows.position_stride;
+  rows.slot_offset = int64_t{slot} * pool.block_size * rows.position_stride + int64_t{kv_head} * pool.head_dim;
+  return rows;
+}
+
 // 16 pool bytes as floats: 8 BF16 values (exact: a BF16 is the top half of an F32) or 4 F32 values.
 __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[8]) {
   const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -49,8 +82,8 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 
-// The fast paths cover head_dim 128 (Beam-1.0) and up to 8 query heads per kv head; AttentionPlan::generic
-// sends other shapes to the one-block-per-(row, kv head) kernel.
+// The fast paths cover head_dim 128 (Beam-1.0), up to 8 query heads per kv head and power-of-two block sizes;
+// AttentionPlan::generic sends other shapes to the one-block-per-(row, kv head) kernel.
 constexpr int32_t kFastHeadDim = 128;
 constexpr int32_t kFastMaxGroup = 8;
 

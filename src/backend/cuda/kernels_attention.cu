@@ -216,7 +216,8 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
                              int32_t sliding_window, bool aligned) {
   AttentionPlan plan;
   const int32_t group = num_heads / pool.num_kv_heads;
-  plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !aligned;
+  const bool power_of_two_blocks = pool.block_size > 0 && (pool.block_size & (pool.block_size - 1)) == 0;
+  plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned;
   if (plan.generic) return plan;
   std::vector<int32_t> decode_rows;
   struct Tile {

@@ -3,6 +3,8 @@
 // heads of the group (GQA), 16 bytes per lane with several keys in flight, F32 math throughout. Each key is
 // spread over kLanesPerKey lanes (a "key slot"); a slot keeps its own online softmax (running max and sum), the
 // block combines its slots in shared memory, and a second kernel combines the splits (log-sum-exp weights).
+// The score sums are reduce-scattered over the slot's lanes and shared back through shared memory, so shuffles
+// and exponentials are not repeated on every lane: the key loop stays below the HBM rate in instructions.
 #include <cmath>
 
 #include "backend/cuda/attention_common.cuh"
@@ -22,6 +24,37 @@ struct DecodeShape {
   static constexpr int kKeysPerStep = kKeySlots * kKeysInFlight;
 };
 
+// Complete sums each lane holds after reduce_scatter of `count` values over lanes `offset`, `offset / 2`, ... 1.
+constexpr int owned_sums(int count, int offset) {
+  return offset == 0 ? count : count % 2 == 0 ? owned_sums(count / 2, offset / 2) : owned_sums(count, offset / 2);
+}
+
+// Sums v[0, kCount) over the lanes that differ in bits kOffset, kOffset / 2, ... 1, leaving each lane a share:
+// while the count is even, each level keeps one half (by the lane's bit) and adds the partner's copy of it (one
+// shuffle per kept value instead of one per value and level); an odd count finishes with full butterflies.
+// On return v[0, owned_sums(kCount, kOffset)) hold the complete sums of values base, base + 1, ...
+template <int kCount, int kOffset, int kSize>
+__device__ __forceinline__ void reduce_scatter(float (&v)[kSize], int lane, int& base) {
+  if constexpr (kOffset > 0) {
+    if constexpr (kCount % 2 == 0) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float keep = upper ? v[i + kHalf] : v[i];
+        const float send = upper ? v[i] : v[i + kHalf];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+      }
+      if (upper) base += kHalf;
+      reduce_scatter<kHalf, kOffset / 2>(v, lane, base);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], kOffset);
+      reduce_scatter<kCount, kOffset / 2>(v, lane, base);
+    }
+  }
+}
+
 // Partials of split s of (decode row x, head h): acc [x][h][s][dim], then max and sum [x][h][s][2].
 __host__ __device__ inline int64_t stats_offset(int64_t count, int32_t num_heads, int32_t splits) {
   return count * num_heads * splits * kFastHeadDim;
@@ -35,12 +68,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
   constexpr int kVec = Shape::kValuesPerLoad, kLanes = Shape::kLanesPerKey, kSlots = Shape::kKeySlots;
   __shared__ float slot_max[kSlots][kGroup], slot_sum[kSlots][kGroup];
   __shared__ float slot_acc[kSlots][kGroup][kFastHeadDim];
+  // Per step, each key slot's (key, head) scores, probabilities and running maxima, shared among its lanes.
+  constexpr int kScores = kKeysInFlight * kGroup;
+  constexpr int kOwned = owned_sums(kScores, kLanes / 2);
+  static_assert(kScores % 4 == 0, "scores are read back as float4");
+  __shared__ __align__(16) float step_score[kSlots][kScores];
+  __shared__ __align__(16) float step_probability[kSlots][kScores];
+  __shared__ float step_max[kSlots][kGroup];
 
   const int64_t item = blockIdx.x;
   const int64_t row = rows != nullptr ? rows[item] : item;
   const int32_t kv_head = blockIdx.y, split = blockIdx.z;
   const int32_t group = num_heads / pool.num_kv_heads;
-  const int key_slot = threadIdx.x / kLanes, part = threadIdx.x % kLanes;
+  const int key_slot = threadIdx.x / kLanes, part = threadIdx.x % kLanes, lane = threadIdx.x % 32;
   const int32_t sequence = batch.row_sequence[row];
   const int64_t position = batch.positions[row];
   const int64_t first = sliding_window > 0 ? max(int64_t{0}, position - sliding_window + 1) : 0;
@@ -77,45 +117,60 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
   bool missing = false;
   const P* k_pool = static_cast<const P*>(pool.k);
   const P* v_pool = static_cast<const P*>(pool.v);
+  const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
+  const int32_t last_key = static_cast<int32_t>(end);
 
-  // Keys two steps ahead go to L2 while this step waits on its own loads: more bytes in flight than the
-  // registers hold. One lane per 128-byte line of each K and V row.
-  auto prefetch = [&](int64_t step) {
-    if ((part * kVec * static_cast<int>(sizeof(P))) % 128 != 0) return;
+  // Block-table entries run three steps ahead of the K/V loads, and the keys two steps ahead are prefetched to
+  // L2 (one lane per 128-byte line of each row): more bytes in flight than the registers hold, and no wait on
+  // the table before a step's loads. kPastEnd marks keys beyond this split's range.
+  constexpr int32_t kPastEnd = -2;
+  auto table_entries = [&](int32_t step, int32_t (&blocks)[kKeysInFlight]) {
 #pragma unroll
     for (int c = 0; c < kKeysInFlight; ++c) {
-      const int64_t t = step + c * kSlots + key_slot;
-      if (t > end) return;
-      const int32_t block = lookup_block(pool, batch, sequence, t);
-      if (block < 0) return;
-      const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + part * kVec;
+      const int32_t t = step + c * kSlots + key_slot;
+      blocks[c] = t <= last_key ? key_rows_of_sequence.block_of(t) : kPastEnd;
+    }
+  };
+  const bool prefetcher = (part * kVec * static_cast<int>(sizeof(P))) % 128 == 0;
+  auto prefetch = [&](int32_t step, const int32_t (&blocks)[kKeysInFlight]) {
+    if (!prefetcher) return;
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      if (blocks[c] < 0) continue;
+      const int64_t offset = key_rows_of_sequence.offset(blocks[c], step + c * kSlots + key_slot) + part * kVec;
       prefetch_l2(k_pool + offset);
       prefetch_l2(v_pool + offset);
     }
   };
-  prefetch(begin + Shape::kKeysPerStep);
-  for (int64_t step = begin; step <= end; step += Shape::kKeysPerStep) {
-    prefetch(step + 2 * Shape::kKeysPerStep);
+  constexpr int32_t kStep = Shape::kKeysPerStep;
+  const int32_t first_step = static_cast<int32_t>(begin);
+  int32_t blocks_now[kKeysInFlight], blocks_next[kKeysInFlight], blocks_ahead[kKeysInFlight];
+  table_entries(first_step, blocks_now);
+  table_entries(first_step + kStep, blocks_next);
+  table_entries(first_step + 2 * kStep, blocks_ahead);
+  prefetch(first_step + kStep, blocks_next);
+
+  for (int32_t step = first_step; step <= last_key; step += kStep) {
     uint4 k_raw[kKeysInFlight], v_raw[kKeysInFlight];
-    bool valid[kKeysInFlight];
+    unsigned int valid = 0;  // bit c: key c of this step is visible and present
 #pragma unroll
     for (int c = 0; c < kKeysInFlight; ++c) {
-      const int64_t t = step + c * kSlots + key_slot;
-      valid[c] = t <= end;
       k_raw[c] = v_raw[c] = uint4{0, 0, 0, 0};
-      if (valid[c]) {
-        const int32_t block = lookup_block(pool, batch, sequence, t);
-        if (block < 0) {
-          missing = true;
-          valid[c] = false;
-        } else {
-          const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + part * kVec;
-          k_raw[c] = load_stream(k_pool + offset);
-          v_raw[c] = load_stream(v_pool + offset);
-        }
+      missing |= blocks_now[c] == -1;
+      if (blocks_now[c] >= 0) {
+        valid |= 1u << c;
+        const int64_t offset = key_rows_of_sequence.offset(blocks_now[c], step + c * kSlots + key_slot) + part * kVec;
+        k_raw[c] = load_stream(k_pool + offset);
+        v_raw[c] = load_stream(v_pool + offset);
       }
     }
-    float score[kKeysInFlight][kGroup];
+    prefetch(step + 2 * kStep, blocks_ahead);
+    int32_t blocks_later[kKeysInFlight];
+    table_entries(step + 3 * kStep, blocks_later);
+
+    // Partial dots of this lane's dims, summed over the key slot's lanes by reduce_scatter: each lane ends with
+    // kOwned complete scores, and exponentiates only those.
+    float partial[kScores];
 #pragma unroll
     for (int c = 0; c < kKeysInFlight; ++c) {
       float key[kVec];
@@ -125,10 +180,27 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) dot = fmaf(query[h][j], key[j], dot);
-#pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        score[c][h] = valid[c] ? scale * dot : -INFINITY;
+        partial[c * kGroup + h] = dot;
       }
+    }
+    int base = 0;
+    reduce_scatter<kScores, kLanes / 2>(partial, lane, base);
+    float owned[kOwned];
+#pragma unroll
+    for (int j = 0; j < kOwned; ++j) {
+      const int c = (base + j) / kGroup;
+      owned[j] = (valid >> c) & 1u ? scale * partial[j] : -INFINITY;
+      step_score[key_slot][base + j] = owned[j];
+    }
+    __syncwarp();
+    float score[kScores];
+#pragma unroll
+    for (int i = 0; i < kScores; i += 4) {
+      const float4 four = *reinterpret_cast<const float4*>(&step_score[key_slot][i]);
+      score[i] = four.x;
+      score[i + 1] = four.y;
+      score[i + 2] = four.z;
+      score[i + 3] = four.w;
     }
     bool grew = false;
     float new_max[kGroup];
@@ -136,7 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
     for (int h = 0; h < kGroup; ++h) {
       new_max[h] = running_max[h];
 #pragma unroll
-      for (int c = 0; c < kKeysInFlight; ++c) new_max[h] = fmaxf(new_max[h], score[c][h]);
+      for (int c = 0; c < kKeysInFlight; ++c) new_max[h] = fmaxf(new_max[h], score[c * kGroup + h]);
       grew |= new_max[h] > running_max[h];
     }
     if (__any_sync(0xffffffffu, grew)) {
@@ -149,17 +221,44 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
         running_max[h] = new_max[h];
       }
     }
+    if (part == 0) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) step_max[key_slot][h] = running_max[h];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kOwned; ++j) {
+      const int h = (base + j) % kGroup;
+      step_probability[key_slot][base + j] =
+          owned[j] == -INFINITY ? 0.0f : expf(owned[j] - step_max[key_slot][h]);
+    }
+    __syncwarp();
+    float probability[kScores];
+#pragma unroll
+    for (int i = 0; i < kScores; i += 4) {
+      const float4 four = *reinterpret_cast<const float4*>(&step_probability[key_slot][i]);
+      probability[i] = four.x;
+      probability[i + 1] = four.y;
+      probability[i + 2] = four.z;
+      probability[i + 3] = four.w;
+    }
 #pragma unroll
     for (int c = 0; c < kKeysInFlight; ++c) {
       float value[kVec];
       unpack(v_raw[c], value);
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) {
-        const float p = valid[c] ? expf(score[c][h] - running_max[h]) : 0.0f;
+        const float p = probability[c * kGroup + h];
         running_sum[h] += p;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) acc[h][j] = fmaf(p, value[j], acc[h][j]);
       }
+    }
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      blocks_now[c] = blocks_next[c];
+      blocks_next[c] = blocks_ahead[c];
+      blocks_ahead[c] = blocks_later[c];
     }
   }
 

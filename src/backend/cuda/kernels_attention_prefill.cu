@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const P* k_pool = static_cast<const P*>(pool.k);
   const P* v_pool = static_cast<const P*>(pool.v);
+  const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
   uint4 k_next[Load::kLoadsPerThread], v_next[Load::kLoadsPerThread];
   bool next_missing[Load::kLoadsPerThread];
   auto fetch = [&](int32_t tile_start) {
@@ -120,15 +121,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < Load::kLoadsPerThread; ++i) {
       const int chunk = threadIdx.x + kThreads * i;
       const int key = chunk / Load::kLoadsPerKey, part = chunk % Load::kLoadsPerKey;
-      const int64_t t = int64_t{tile_start} + key;
+      const int32_t t = tile_start + key;
       k_next[i] = v_next[i] = uint4{0, 0, 0, 0};
       next_missing[i] = false;
       if (t <= last_key) {
-        const int32_t block = lookup_block(pool, batch, sequence, t);
+        const int32_t block = key_rows_of_sequence.block_of(t);
         if (block < 0) {
           next_missing[i] = true;
         } else {
-          const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + part * Load::kValuesPerLoad;
+          const int64_t offset = key_rows_of_sequence.offset(block, t) + part * Load::kValuesPerLoad;
           k_next[i] = __ldg(reinterpret_cast<const uint4*>(k_pool + offset));
           v_next[i] = __ldg(reinterpret_cast<const uint4*>(v_pool + offset));
         }
