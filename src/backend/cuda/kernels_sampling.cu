@@ -1,7 +1,7 @@
 // Backend::sample on the device: one block per row, FP32, no sort of the vocabulary. top_k and top_p find their
-// cut by radix select over the order-preserving bits of the logits (4 passes of 256-bin histograms, by count
-// for top_k, by probability mass for top_p); the draw is an ordered block scan in token-id order that stops at
-// the tile holding the uniform's token. The reference is backend/sampling.h's sample_row.
+// cut by bisection over the order-preserving bits of the logits (by count for top_k, by probability mass for
+// top_p; block reductions, no atomics); the draw is an ordered block scan in token-id order that stops at the
+// tile holding the uniform's token. The reference is backend/sampling.h's sample_row.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -16,7 +16,6 @@ namespace {
 
 constexpr int kSampleThreads = 512;
 constexpr int kScanItems = 4;  // consecutive tokens per thread in a scan tile
-constexpr int kBins = 256;
 
 // NaN counts as -inf; -0 becomes +0 so that equal floats have equal keys.
 __device__ __forceinline__ float clean(float v) {
@@ -80,94 +79,28 @@ __device__ Candidate block_best(int64_t vocab, Value value_of, Eligible eligible
   return block_reduce(best, BetterCandidate{});
 }
 
-struct Cut {
-  uint32_t key = 0;       // the selected key
-  float mass_above = 0;   // of the included tokens with a higher key (by-mass selection)
-  int32_t ties = 0;       // included tokens with exactly this key
-};
-
-// Radix select from the top: the highest key at which the running quantity (1 per token, or its weight
-// when kByMass) over included tokens in descending key order reaches `target` (> 0). `entry(i, key, weight)`
-// returns whether token i is included. By mass, float rounding may leave the target unreached: then the
-// lowest included key is selected (everything is kept).
-template <bool kByMass, typename Entry>
-__device__ Cut radix_select(int64_t vocab, float target, Entry entry) {
-  __shared__ float quantity[kBins];
-  __shared__ int32_t count[kBins];
-  __shared__ uint32_t chosen_bin;
-  __shared__ float chosen_above;
-  __shared__ int32_t chosen_count;
-  uint32_t prefix = 0, mask = 0;
-  float remaining = target, above_total = 0.0f;
-  int32_t ties = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
-      quantity[b] = 0.0f;
-      count[b] = 0;
-    }
-    __syncthreads();
+// The highest key K whose measure, the block sum of quantity(i) over the tokens with key(i) >= K, reaches
+// `target`, by bisection over the 32 key bits: one pass over the row per bit, no atomics, and a fixed summation
+// order, so the measure is monotonic in K and the result deterministic. Needs measure(low) >= target and
+// measure(high) < target; the result is the key of a token. `entry(i, key, quantity)` describes token i.
+template <typename T, typename Entry>
+__device__ uint32_t highest_key_reaching(int64_t vocab, T target, uint32_t low, uint32_t high, Entry entry) {
+  while (high - low > 1) {
+    const uint32_t middle = low + (high - low) / 2;
+    T local = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
       uint32_t key;
-      float weight;
-      if (!entry(i, key, weight) || (key & mask) != prefix) continue;
-      const uint32_t bin = (key >> shift) & (kBins - 1);
-      atomicAdd(&count[bin], 1);
-      atomicAdd(&quantity[bin], kByMass ? weight : 1.0f);
+      T quantity;
+      entry(i, key, quantity);
+      if (key >= middle) local += quantity;
     }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane l holds bins 255 - 8l down to 248 - 8l: lanes in descending key order.
-      const int lane = threadIdx.x;
-      float lane_quantity = 0.0f;
-      int32_t lane_count = 0;
-      for (int j = 0; j < 8; ++j) {
-        lane_quantity += quantity[kBins - 1 - (lane * 8 + j)];
-        lane_count += count[kBins - 1 - (lane * 8 + j)];
-      }
-      float inclusive = lane_quantity;
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) inclusive += up;
-      }
-      const unsigned reaching = __ballot_sync(0xffffffffu, lane_count > 0 && inclusive >= remaining);
-      const unsigned occupied = __ballot_sync(0xffffffffu, lane_count > 0);
-      // The first lane that reaches the target, else the last occupied lane (the lowest keys).
-      const int owner = reaching != 0 ? __ffs(reaching) - 1 : 31 - __clz(occupied);
-      if (lane == owner) {
-        float running = inclusive - lane_quantity;
-        int last_occupied = -1;
-        float above_last = 0.0f;
-        int pick = -1;
-        float pick_above = 0.0f;
-        for (int j = 0; j < 8 && pick < 0; ++j) {
-          const int bin = kBins - 1 - (lane * 8 + j);
-          if (count[bin] == 0) continue;
-          if (reaching != 0 && running + quantity[bin] >= remaining) {
-            pick = bin;
-            pick_above = running;
-          }
-          last_occupied = bin;
-          above_last = running;
-          running += quantity[bin];
-        }
-        if (pick < 0) {
-          pick = last_occupied;
-          pick_above = above_last;
-        }
-        chosen_bin = static_cast<uint32_t>(pick);
-        chosen_above = pick_above;
-        chosen_count = count[pick];
-      }
+    if (block_reduce(local, Sum{}) >= target) {
+      low = middle;
+    } else {
+      high = middle;
     }
-    __syncthreads();
-    prefix |= chosen_bin << shift;
-    mask |= static_cast<uint32_t>(kBins - 1) << shift;
-    remaining -= chosen_above;
-    above_total += chosen_above;
-    ties = chosen_count;
-    __syncthreads();
   }
-  return Cut{prefix, above_total, ties};
+  return low;
 }
 
 struct ScanPart {
@@ -194,12 +127,12 @@ __device__ int32_t draw(const float* x, int64_t vocab, const SampleRowParams& p)
   };
   float kth = -INFINITY;
   if (p.top_k > 0 && p.top_k < vocab) {
-    const Cut cut = radix_select<false>(vocab, static_cast<float>(p.top_k), [&](int64_t i, uint32_t& key, float& weight) {
-      key = order_key(filtered(i));
-      weight = 1.0f;
-      return true;
-    });
-    kth = key_value(cut.key);
+    // Every token counts at key(-inf) or above (vocab >= top_k), none above the best.
+    kth = key_value(highest_key_reaching(vocab, p.top_k, order_key(-INFINITY), order_key(best) + 1,
+                                         [&](int64_t i, uint32_t& key, int32_t& quantity) {
+                                           key = order_key(filtered(i));
+                                           quantity = 1;
+                                         }));
   }
   auto kept = [&](int64_t i) {
     const float s = filtered(i);
@@ -207,28 +140,44 @@ __device__ int32_t draw(const float* x, int64_t vocab, const SampleRowParams& p)
   };
   auto weight_of = [&](float v) { return v == -INFINITY ? 0.0f : expf(v - best); };
 
+  auto kept_entry = [&](int64_t i, uint32_t& key, float& weight) {
+    const float v = kept(i);
+    key = order_key(v);
+    weight = weight_of(v);
+  };
+  // The kept mass, summed as highest_key_reaching sums it (every kept key is above key(-inf)).
   float local_total = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_total += weight_of(kept(i));
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    uint32_t key;
+    float weight;
+    kept_entry(i, key, weight);
+    local_total += weight;
+  }
   float total = block_reduce(local_total, Sum{});
 
   const bool nucleus = p.top_p < 1.0f;
-  uint32_t boundary = 0;  // with no nucleus every finite kept token is above it (no ties: the lowest key is -NaN's)
+  uint32_t boundary = 0;  // with no nucleus every finite kept token is above it
   float tie_weight = 0.0f;
   int32_t kept_ties = 0;
   if (nucleus) {
+    // The nucleus edge: the key at which the mass of the keys at or above it first reaches top_p of the total.
     const float target = p.top_p * total;
-    const Cut cut = radix_select<true>(vocab, target, [&](int64_t i, uint32_t& key, float& weight) {
-      const float v = kept(i);
-      key = order_key(v);
-      weight = weight_of(v);
-      return v != -INFINITY;
-    });
-    boundary = cut.key;
-    tie_weight = weight_of(key_value(cut.key));
-    kept_ties = tie_weight > 0.0f
-                    ? max(1, min(cut.ties, static_cast<int32_t>(ceilf((target - cut.mass_above) / tie_weight))))
-                    : cut.ties;
-    total = cut.mass_above + static_cast<float>(kept_ties) * tie_weight;
+    boundary = highest_key_reaching(vocab, target, order_key(-INFINITY), order_key(best) + 1, kept_entry);
+    float local_above = 0.0f;
+    int32_t local_ties = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      uint32_t key;
+      float weight;
+      kept_entry(i, key, weight);
+      if (key > boundary) local_above += weight;
+      local_ties += key == boundary;
+    }
+    const float above = block_reduce(local_above, Sum{});
+    const int32_t ties = block_reduce(local_ties, Sum{});
+    // Of the tokens tied at the edge, the lower ids first, as many as the target needs.
+    tie_weight = weight_of(key_value(boundary));
+    kept_ties = max(1, min(ties, static_cast<int32_t>(ceilf((target - above) / tie_weight))));
+    total = above + static_cast<float>(kept_ties) * tie_weight;
   }
 
   const auto draw_target = static_cast<float>(p.uniform * static_cast<double>(total));
