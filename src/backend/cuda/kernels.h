@@ -75,7 +75,8 @@ constexpr int32_t kDecodeMaxQueryRows = 4;
 
 // The kernels paged_attention runs for one batch, chosen on the host from AttentionHostBatch (no device read).
 struct AttentionPlan {
-  bool generic = false;        // head_dim != 128, > 8 query heads per kv head or unaligned q/out: one kernel
+  bool generic = false;  // head_dim != 128, > 8 query heads per kv head, block size not a power of two or
+                         // unaligned q/out: the one-block-per-(row, kv head) kernel
   int64_t decode_rows = 0;     // rows of the split-KV decode kernel
   bool decode_rows_listed = false;  // they are work[0, decode_rows) (else rows 0 .. decode_rows - 1)
   int32_t splits = 1;          // key ranges per (decode row, kv head)
