@@ -80,8 +80,8 @@ void run_bench(const BenchOptions& options) {
     pool_blocks = std::max(pool_blocks, c.batch * per_sequence);
   }
   const std::vector<int64_t> pool_shape{pool_blocks, 1, kBlockSize, kKvHeads, kDim};
-  PagedKvPool pool{backend.random_weight(DType::BF16, pool_shape, options.seed, 1.0f),
-                   backend.random_weight(DType::BF16, pool_shape, options.seed + 1, 1.0f)};
+  PagedKvPool pool{backend.random_weight(DType::BF16, pool_shape, options.seed, 0.0f, 1.0f),
+                   backend.random_weight(DType::BF16, pool_shape, options.seed + 1, 0.0f, 1.0f)};
   const double block_bytes = 2.0 * 2.0 * kBlockSize * kKvHeads * kDim;  // K and V, BF16
   spdlog::info("bench-attention: {}, BF16 KV pool of {} blocks ({:.2f} GiB)", backend.device_description(),
                pool_blocks, static_cast<double>(pool_blocks) * block_bytes / (1ull << 30));
@@ -120,7 +120,7 @@ void run_bench(const BenchOptions& options) {
     for (int64_t r = 0; r < rotations; ++r)
       tables.push_back(backend.upload_i32(
           std::vector<int32_t>(order.begin() + r * needed, order.begin() + (r + 1) * needed), {c.batch, per_sequence}));
-    const Tensor q = backend.random_weight(DType::F32, {rows, kHeads * kDim}, options.seed + 2, 1.0f);
+    const Tensor q = backend.random_weight(DType::F32, {rows, kHeads * kDim}, options.seed + 2, 0.0f, 1.0f);
     Tensor out = backend.alloc(DType::F32, {rows, kHeads * kDim});
     AttentionParams params;
     params.num_heads = kHeads;

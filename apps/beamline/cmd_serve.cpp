@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
+#include "model/model_source.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
 #include "text/harmony_template.h"
@@ -31,6 +32,7 @@ constexpr const char* kDefaultModelDir = "models/beam-nano";
 
 struct ServeOptions {
   std::string model;
+  std::string load_format = "auto", hf_overrides;
   std::string served_model_name;
   std::string device = "cpu";
   std::string api_key;
@@ -128,7 +130,8 @@ void serve(ServeOptions& options) {
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
-  auto runner = std::make_unique<BeamModelRunner>(model_dir, options.device, options.engine);
+  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  auto runner = std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine);
   const GenerationConfig generation = GenerationConfig::load(model_dir, runner->model_config());
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_tokenizer_json(model_dir / "tokenizer.json");
   harmony::HarmonyTemplate harmony_template = harmony::HarmonyTemplate::for_model(model_dir);
@@ -155,6 +158,13 @@ const CommandRegistration registration([](CLI::App& app) {
   auto options = std::make_shared<ServeOptions>();
   command->add_option("--model", options->model,
                       std::string("checkpoint directory (default: ") + kDefaultModelDir + ")");
+  command
+      ->add_option("--load-format", options->load_format,
+                   "auto: the checkpoint's safetensors; dummy: random weights drawn on the device from the model "
+                   "directory's config.json (its tokenizer and templates are still used)")
+      ->capture_default_str();
+  command->add_option("--hf-overrides", options->hf_overrides,
+                      "JSON object merged into the config with --load-format dummy, e.g. '{\"num_hidden_layers\": 8}'");
   command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
   command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))

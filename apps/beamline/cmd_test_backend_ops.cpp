@@ -480,20 +480,60 @@ std::pair<std::vector<int32_t>, std::vector<float>> random_assignment(Inputs& in
   return {ids, weights};
 }
 
+// Expert ids of `rows` tokens giving expert e exactly counts[e] slots (each at most `rows`, rows * top_k in all):
+// the experts laid out in order and slot (t, j) taking entry j * rows + t, so no token meets an expert twice; each
+// token's j order is then shuffled.
+std::vector<int32_t> assignment_with_counts(Inputs& inputs, const std::vector<int32_t>& counts, int64_t rows,
+                                            int32_t top_k) {
+  std::vector<int32_t> layout;
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    require(counts[e] <= rows, "test-backend-ops: moe case gives expert {} {} of {} tokens", e, counts[e], rows);
+    layout.insert(layout.end(), static_cast<std::size_t>(counts[e]), static_cast<int32_t>(e));
+  }
+  require(static_cast<int64_t>(layout.size()) == rows * top_k, "test-backend-ops: moe case counts sum to {}, not {}",
+          layout.size(), rows * top_k);
+  std::vector<int32_t> ids(layout.size());
+  for (int64_t t = 0; t < rows; ++t)
+    for (int32_t j = 0; j < top_k; ++j)
+      ids[static_cast<std::size_t>(t * top_k + j)] = layout[static_cast<std::size_t>(j * rows + t)];
+  for (int64_t t = 0; t < rows; ++t)
+    std::shuffle(ids.begin() + t * top_k, ids.begin() + (t + 1) * top_k, inputs.rng());
+  return ids;
+}
+
+// Slot counts per expert, zero but for the (expert, slots) pairs given.
+std::vector<int32_t> sparse_counts(int32_t experts, const std::vector<std::pair<int32_t, int32_t>>& slots) {
+  std::vector<int32_t> counts(static_cast<std::size_t>(experts), 0);
+  for (const auto& [expert, count] : slots) counts[static_cast<std::size_t>(expert)] = count;
+  return counts;
+}
+
 void test_moe(Harness& harness) {
   struct Case {
     int64_t rows, hidden, intermediate;
     int32_t experts, top_k, distinct;
     const char* what;
+    std::vector<int32_t> counts = {};  // slots per expert; empty: random distinct experts per token
   };
-  std::vector<Case> cases{{1, 5120, 2560, 256, 8, 31, "beam-1.0 decode"},
-                          {64, 5120, 2560, 256, 8, 31, "beam-1.0"},
-                          {300, 5120, 2560, 256, 8, 31, "beam-1.0 prefill"},
-                          {33, 64, 32, 8, 2, 8, "tiny"},
-                          {70, 200, 72, 12, 3, 12, "odd"},
-                          {256, 256, 128, 8, 8, 8, "every token on every expert: streaming in passes"},
-                          {1100, 64, 32, 8, 2, 8, "tiny, past the streaming limit: grouped GEMM"}};
-  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
+  std::vector<Case> cases{
+      {1, 5120, 2560, 256, 8, 31, "beam-1.0 decode: streaming"},
+      {64, 5120, 2560, 256, 8, 31, "beam-1.0"},
+      {300, 5120, 2560, 256, 8, 31, "beam-1.0 prefill"},
+      {208, 5120, 2560, 256, 8, 31, "beam-1.0, tokens per expert 200/65/64/9/8/7/1, most experts idle",
+       sparse_counts(256, {{3, 200}, {17, 65}, {42, 64}, {100, 9}, {101, 8}, {200, 7}, {255, 1}, {128, 1}, {5, 187},
+                           {6, 187}, {7, 187}, {8, 187}, {9, 187}, {10, 187}, {11, 187}})},
+      {1, 64, 32, 8, 2, 8, "tiny, one token: streaming"},
+      {2, 64, 32, 8, 2, 8, "tiny, two tokens: the fewest on the tensor cores"},
+      {33, 64, 32, 8, 2, 8, "tiny"},
+      {70, 200, 72, 12, 3, 12, "odd"},
+      {242, 200, 72, 10, 2, 10, "odd, tokens per expert 1/7/8/9/0/64/65/200/0/130",
+       {1, 7, 8, 9, 0, 64, 65, 200, 0, 130}},
+      {60, 200, 72, 64, 2, 16, "odd, few tokens per expert (16-token tiles): 1/7/8/9/16/17/22/40, most idle",
+       sparse_counts(64, {{0, 1}, {5, 7}, {9, 8}, {20, 9}, {33, 16}, {40, 17}, {50, 22}, {63, 40}})},
+      {40, 60, 36, 6, 2, 6, "H not a multiple of 8: grouped GEMM"},
+      {256, 256, 128, 8, 8, 8, "every token on every expert: four full tiles each"},
+      {1100, 64, 32, 8, 2, 8, "tiny, 1100 tokens: many tiles per expert"}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
     // Beam-sized stacks reuse `distinct` (a prime) random experts cyclically to bound host memory; neighbouring
@@ -517,6 +557,7 @@ void test_moe(Harness& harness) {
     harness.device().prepare_moe(device_moe);
     harness.reference().prepare_moe(reference_moe);
     auto [id_values, weight_values] = random_assignment(harness.inputs(), c.rows, c.experts, c.top_k);
+    if (!c.counts.empty()) id_values = assignment_with_counts(harness.inputs(), c.counts, c.rows, c.top_k);
     auto ids = harness.i32(id_values, {c.rows, c.top_k});
     auto weights = harness.f32(weight_values, {c.rows, c.top_k});
     auto h = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});

@@ -6,11 +6,10 @@
 
 namespace beamline {
 
-BeamModelRunner::BeamModelRunner(const std::filesystem::path& model_dir, std::string_view device,
+BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device,
                                  const EngineConfig& config, DType kv_dtype)
     : backend_(create_backend(device)) {
   config.validate();
-  const BeamWeights weights = BeamWeights::load(model_dir);
   model_ = std::make_unique<BeamModel>(weights, *backend_);
   const ModelConfig& model_config = model_->config();
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);

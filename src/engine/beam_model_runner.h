@@ -18,7 +18,8 @@ class BeamModelRunner : public ModelRunner {
  public:
   // `device` is "cpu" or "cuda". The KV budget is --kv-cache-memory, or --gpu-memory-utilization of the
   // device (on the CPU backend: of kCpuKvCacheDefaultBytes); the pool gets as many blocks as fit.
-  BeamModelRunner(const std::filesystem::path& model_dir, std::string_view device, const EngineConfig& config,
+  // `weights` come from a checkpoint or are random (BeamWeights::random, --load-format dummy).
+  BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config,
                   DType kv_dtype = DType::F32);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }

@@ -43,7 +43,7 @@ class TinyModel : public ::testing::Test {
 
   static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching) {
     const EngineConfig c = config(kv_bytes, prefix_caching);
-    auto runner = std::make_unique<BeamModelRunner>(*dir_, "cpu", c);
+    auto runner = std::make_unique<BeamModelRunner>(BeamWeights::load(*dir_), "cpu", c);
     const GenerationConfig generation = GenerationConfig::load(*dir_, runner->model_config());
     return std::make_unique<Engine>(c, std::move(runner), nullptr, generation.eos_token_ids);
   }

@@ -121,10 +121,6 @@ void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op)
   require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
 }
 
-int64_t round_up_rows(int64_t rows) {
-  return (rows + cuda::kGroupedTileRows - 1) / cuda::kGroupedTileRows * cuda::kGroupedTileRows;
-}
-
 struct Registration {
   Registration() {
     register_backend("cuda", [] { return make_cuda_backend(); });
@@ -217,10 +213,12 @@ Tensor CudaBackend::load_weight(const TensorView& view) {
   return Tensor(Device::Cuda, view.dtype, view.shape, data, std::move(memory));
 }
 
-Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t seed, float scale) {
+Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) {
+  require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+          "random_weight: dtype {} is not a float storage type (F32, BF16, F16)", dtype_name(dtype));
   Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
   std::shared_ptr<std::byte> memory = weights_.allocate(probe.nbytes());
-  check_launch(cuda::fill_random(memory.get(), dtype, probe.numel(), seed, scale, stream_), "random_weight");
+  check_launch(cuda::fill_random(memory.get(), dtype, probe.numel(), key, mean, stddev, stream_), "random_weight");
   std::byte* data = memory.get();
   return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(memory));
 }
@@ -298,6 +296,22 @@ void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, 
                                      CUBLAS_GEMM_DEFAULT));
 }
 
+void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, float* y) {
+  const int64_t in = weight.dim(1), out = weight.dim(0);
+  const DType dtype = weight.dtype();
+  if (dtype == DType::F32) {
+    gemm_wt(x, dtype, rows, in, weight, y);
+    return;
+  }
+  // One GEMM over [hi; lo] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
+  Tensor split = scratch(dtype, {2 * rows, in});
+  Tensor halves = scratch(DType::F32, {2 * rows, out});
+  std::byte* lo = split.raw() + static_cast<std::size_t>(rows * in) * dtype_size(dtype);
+  check_launch(cuda::split_f32(x, rows * in, split.raw(), lo, dtype, stream_), "linear");
+  gemm_wt(split.raw(), dtype, 2 * rows, in, weight, halves.data<float>());
+  check_launch(cuda::add_halves(halves.data<const float>(), rows * out, y, stream_), "linear");
+}
+
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
   require_float_weight(weight.weight, "linear", "weight");
   require_unquantized(weight, "linear");
@@ -308,14 +322,7 @@ void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y
   require_shape(y, {rows, out}, "linear", "y");
   require_dtype(x, DType::F32, "linear", "x");
   require_dtype(y, DType::F32, "linear", "y");
-  const DType dtype = weight.weight.dtype();
-  if (dtype == DType::F32) {
-    gemm_wt(x.raw(), dtype, rows, in, weight.weight, y.data<float>());
-    return;
-  }
-  Tensor converted = scratch(dtype, {rows, in});
-  check_launch(cuda::convert_f32(x.data<const float>(), rows * in, converted.raw(), dtype, stream_), "linear");
-  gemm_wt(converted.raw(), dtype, rows, in, weight.weight, y.data<float>());
+  project(x.data<const float>(), rows, weight.weight, y.data<float>());
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
@@ -420,16 +427,6 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   require_shape(out, h.shape(), "moe", "out");
   if (rows == 0) return;
 
-  const int64_t assignments = rows * top_k;
-  const int64_t max_tiles = cuda::moe_max_tiles(assignments, experts);
-  const int64_t padded_rows = max_tiles * cuda::kGroupedTileRows;
-  Tensor counts = scratch(DType::I32, {3, experts});
-  Tensor tile_expert = scratch(DType::I32, {max_tiles});
-  Tensor slot_row = scratch(DType::I32, {assignments});
-  Tensor gathered = scratch(packed.dtype, {padded_rows, hidden});
-  Tensor activated = scratch(packed.dtype, {padded_rows, packed.intermediate});
-  Tensor expert_out = scratch(DType::F32, {padded_rows, hidden});
-
   cuda::ExpertPointers pointers;
   const auto* table = packed.pointers.data<const void* const>();
   pointers.gate = table;
@@ -439,14 +436,59 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   pointers.experts = experts;
   pointers.hidden = hidden;
   pointers.intermediate = packed.intermediate;
+  const int64_t assignments = rows * top_k;
+  // One token: each expert has a single column, so the tensor-core tiles would be 1/8 full and the plan pass is
+  // pure overhead; the streaming kernels do it in fewer launches. From two tokens on the tensor cores win
+  // (bench/results/2026-11-30-moe.md).
+  constexpr int64_t kMinMmaRows = 2;
+  if (rows >= kMinMmaRows && cuda::moe_mma_supported(packed.dtype, experts, hidden, packed.intermediate)) {
+    const int64_t max_tiles = cuda::moe_mma_max_tiles(assignments, experts);
+    Tensor h_split = scratch(DType::BF16, {2, rows, hidden});
+    Tensor grouped = scratch(DType::I32, {assignments});
+    Tensor tiles = scratch(DType::I32, {max_tiles, 4});
+    Tensor activated_split = scratch(DType::BF16, {2, assignments, packed.intermediate});
+    Tensor expert_out = scratch(DType::F32, {assignments, hidden});
+    cuda::MoeMmaWorkspace workspace;
+    workspace.h_hi = h_split.raw();
+    workspace.h_lo = h_split.raw() + sizeof(uint16_t) * rows * hidden;
+    workspace.grouped = grouped.data<int32_t>();
+    workspace.tiles = tiles.data<int32_t>();
+    workspace.activated_hi = activated_split.raw();
+    workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * packed.intermediate;
+    workspace.expert_out = expert_out.data<float>();
+    workspace.max_tiles = max_tiles;
+    check_launch(cuda::moe_mma(h.data<const float>(), expert_ids.data<const int32_t>(),
+                               expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), pointers,
+                               workspace, out.data<float>(), stream_),
+                 "moe");
+    return;
+  }
+  if (cuda::moe_streaming_supported(assignments, hidden, packed.intermediate)) {
+    Tensor activated = scratch(DType::F32, {assignments, packed.intermediate});
+    Tensor expert_out = scratch(DType::F32, {assignments, hidden});
+    check_launch(cuda::moe_streaming(h.data<const float>(), expert_ids.data<const int32_t>(),
+                                     expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), pointers,
+                                     activated.data<float>(), expert_out.data<float>(), out.data<float>(), stream_),
+                 "moe");
+    return;
+  }
+  const int64_t max_tiles = cuda::moe_max_tiles(assignments, experts);
+  const int64_t padded_rows = max_tiles * cuda::kGroupedTileRows;
+  Tensor counts = scratch(DType::I32, {3, experts});
+  Tensor tile_expert = scratch(DType::I32, {max_tiles});
+  Tensor slot_row = scratch(DType::I32, {assignments});
+  Tensor row_token = scratch(DType::I32, {padded_rows});
+  Tensor activated = scratch(DType::F32, {padded_rows, packed.intermediate});
+  Tensor expert_out = scratch(DType::F32, {padded_rows, hidden});
+
   cuda::MoeWorkspace workspace;
   workspace.counts = counts.data<int32_t>();
   workspace.cursor = workspace.counts + experts;
   workspace.offsets = workspace.cursor + experts;
   workspace.tile_expert = tile_expert.data<int32_t>();
   workspace.slot_row = slot_row.data<int32_t>();
-  workspace.gathered = gathered.raw();
-  workspace.activated = activated.raw();
+  workspace.row_token = row_token.data<int32_t>();
+  workspace.activated = activated.data<float>();
   workspace.expert_out = expert_out.data<float>();
   workspace.max_tiles = max_tiles;
   check_launch(cuda::moe(h.data<const float>(), expert_ids.data<const int32_t>(), expert_weights.data<const float>(),
@@ -459,13 +501,11 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   const int64_t rows = h.dim(0), hidden = h.dim(1);
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
-  const int64_t intermediate = mlp.gate.weight.dim(0), padded = round_up_rows(rows);
-  const DType dtype = mlp.gate.weight.dtype();
-  Tensor gathered = scratch(dtype, {padded, hidden});
-  Tensor activated = scratch(dtype, {padded, intermediate});
+  const int64_t intermediate = mlp.gate.weight.dim(0);
+  Tensor activated = scratch(DType::F32, {rows, intermediate});
   check_launch(cuda::swiglu(h.data<const float>(), rows, mlp.gate.weight.raw(), mlp.up.weight.raw(),
-                            mlp.down.weight.raw(), dtype, hidden, intermediate, gathered.raw(), activated.raw(),
-                            out.data<float>(), stream_),
+                            mlp.down.weight.raw(), mlp.gate.weight.dtype(), hidden, intermediate,
+                            activated.data<float>(), out.data<float>(), stream_),
                "swiglu");
 }
 
@@ -483,12 +523,11 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   require_shape(logits, {selected, vocab}, "lm_head", "logits");
   require_dtype(logits, DType::F32, "lm_head", "logits");
   if (selected == 0) return;
-  const DType dtype = head.weight.dtype();
-  Tensor normed = scratch(dtype, {selected, hidden});
+  Tensor normed = scratch(DType::F32, {selected, hidden});
   check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
-                                     norm.dtype(), eps, hidden, normed.raw(), dtype, stream_),
+                                     norm.dtype(), eps, hidden, normed.data<float>(), DType::F32, stream_),
                "lm_head");
-  gemm_wt(normed.raw(), dtype, selected, hidden, head.weight, logits.data<float>());
+  project(normed.data<const float>(), selected, head.weight, logits.data<float>());
   if (softcap > 0.0f) check_launch(cuda::soft_cap(logits.data<float>(), selected * vocab, softcap, stream_), "lm_head");
 }
 

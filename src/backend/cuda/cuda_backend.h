@@ -1,6 +1,7 @@
 #pragma once
 // The CUDA backend (Hopper, sm_90a): the op set of backend.h on one device and one stream. Linear layers and
-// the router's logits go through cuBLAS (BF16/F16 operands, FP32 accumulation; the router in FP32); the other
+// the router's logits go through cuBLAS (BF16/F16 weights times F32 activations split into two BF16/F16
+// operands, FP32 accumulation; the router in FP32); the other
 // ops are this folder's kernels (kernels.h). Registered as device "cuda" when the library is linked in.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -30,6 +31,7 @@ class CudaBackend final : public Backend {
   void download(const Tensor& tensor, void* host) override;
   void synchronize() override;
   Tensor load_weight(const TensorView& view) override;
+  Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
   void prepare_moe(MoeTensors& moe) override;
 
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
@@ -51,14 +53,14 @@ class CudaBackend final : public Backend {
                float softcap, Tensor& logits) override;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;
 
-  // ---- beyond the interface: the harness and on-device random weights ----
-  // A weight-arena tensor of uniform values in [-scale, scale) drawn on the device from `seed` (no host copy).
-  Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t seed, float scale);
+  // ---- beyond the interface: the harness and benchmarks ----
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
 
  private:
+  // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32 (FP32-accurate).
+  void project(const float* x, int64_t rows, const Tensor& weight, float* y);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }

@@ -30,13 +30,18 @@ cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_h
                  cudaStream_t stream);
 cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
                         cudaStream_t stream);
-// F32 values to `dtype` (BF16, F16 or F32), the operand of a tensor-core GEMM.
-cudaError_t convert_f32(const float* in, int64_t n, void* out, DType dtype, cudaStream_t stream);
+// F32 activations as two tensor-core operands in `dtype` (BF16 or F16): hi = round(x), lo = round(x - hi), so
+// x = hi + lo to about 16 significant bits. A GEMM over the rows [hi; lo] followed by add_halves multiplies F32
+// activations by BF16 weights with an error near FP32's (about 2^-17 relative) where a single BF16 rounding of the
+// activations gives 2^-9 — the difference between matching the CPU backend's argmax everywhere and at 97%.
+cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream);
+// out[i] = halves[i] + halves[n + i]: the hi and lo products of split_f32's operands summed.
+cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream);
 // x = cap * tanh(x / cap) in place.
 cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
-// Deterministic pseudo-random values uniform in [-scale, scale) (counter-based hash of seed and index),
-// stored as `dtype` (F32, F16 or BF16): on-device random weights.
-cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t seed, float scale, cudaStream_t stream);
+// normal_value(key, i, mean, stddev) (util/counter_random.h) stored as `dtype` (F32, F16, BF16): on-device random
+// weights, the same bytes as the CPU backend's and make-model's.
+cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t key, float mean, float stddev, cudaStream_t stream);
 
 // ---- paged KV ----
 struct PoolGeometry {
@@ -120,23 +125,59 @@ struct MoeWorkspace {
   int32_t* offsets = nullptr;      // [E] first padded row of each expert
   int32_t* tile_expert = nullptr;  // [max_tiles] expert of each row tile, -1 past the last
   int32_t* slot_row = nullptr;     // [rows * top_k] padded row of each (token, j)
-  void* gathered = nullptr;        // [max_tiles * tile, H] in the weights' dtype
-  void* activated = nullptr;       // [max_tiles * tile, I] in the weights' dtype
+  int32_t* row_token = nullptr;    // [max_tiles * tile] token feeding each padded row, -1 for padding
+  float* activated = nullptr;      // [max_tiles * tile, I]
   float* expert_out = nullptr;     // [max_tiles * tile, H]
   int64_t max_tiles = 0;
 };
 int64_t moe_max_tiles(int64_t assignments, int32_t experts);
 
 // out[t] = sum_j weights[t, j] * SwiGLU_{ids[t, j]}(h[t]) with no host synchronisation: count, pad and
-// scatter the rows per expert, two grouped GEMMs (gate|up with the SwiGLU fused, then down), combine in j
-// order. Expert ids outside [0, E) make the token's output NaN.
+// map the rows per expert, two grouped GEMMs reading h through the map (gate|up with the SwiGLU fused, then down;
+// F32 activations split hi + lo onto the tensor cores), combine in j order. Expert ids outside [0, E) make the
+// token's output NaN.
 cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                 const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream);
+// The same for few tokens, bound by reading the routed experts' weights: one block per (routed expert, slice of
+// output rows) streams each weight row once and dots it with the F32 activations of all the expert's tokens
+// (no tensor cores, no rounding), then a combine in j order. Supported when rows * top_k <=
+// kMaxStreamingAssignments and H and I are multiples of 8 (16-byte loads; the arena aligns every weight).
+// `activated` [rows * top_k, I] and `expert_out` [rows * top_k, H] are scratch.
+constexpr int32_t kMaxStreamingAssignments = 2048;
+bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate);
+cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                          const ExpertPointers& experts, float* activated, float* expert_out, float* out,
+                          cudaStream_t stream);
+// out[t] = sum over j in order of expert_out[t * top_k + j] (the routing weights already applied); NaN for a token
+// with an expert id outside [0, experts).
+cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
+                        int64_t hidden, float* out, cudaStream_t stream);
+// The same on the tensor cores for 2 tokens and more (kernels_moe_mma.cu): per expert C^T = W · X^T, the weight
+// rows as M streamed once per tile of up to 16 or 64 of the expert's tokens (N), X (h, then the SwiGLU output)
+// split once into hi + lo BF16 rows and read through the expert's slot list into two MMAs (FP32-accurate products),
+// SwiGLU fused into gate|up, the routing weight into down, then moe_combine. One block groups the slots by expert
+// first, so nothing waits for the host. Supported for BF16 experts, at most kMaxMmaExperts of them, H and I
+// multiples of 8.
+constexpr int32_t kMaxMmaExperts = 1024;
+struct MoeMmaWorkspace {
+  void* h_hi = nullptr;          // [rows, H] BF16
+  void* h_lo = nullptr;          // [rows, H] BF16
+  int32_t* grouped = nullptr;    // [rows * top_k] slots grouped by expert
+  int32_t* tiles = nullptr;      // [max_tiles * 4] (expert, first grouped entry, slots, unused) per token tile
+  void* activated_hi = nullptr;  // [rows * top_k, I] BF16
+  void* activated_lo = nullptr;  // [rows * top_k, I] BF16
+  float* expert_out = nullptr;   // [rows * top_k, H]
+  int64_t max_tiles = 0;         // at least moe_mma_max_tiles
+};
+bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t intermediate);
+int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
+cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                    const ExpertPointers& experts, const MoeMmaWorkspace& workspace, float* out,
+                    cudaStream_t stream);
 // The dense MLP through the same grouped GEMMs with one expert: gate/up [I, H] and down [H, I] in `dtype`
-// (BF16 or F16). `gathered` [rows rounded up to the tile, H] and `activated` [same rows, I] are scratch in dtype.
+// (BF16 or F16). `activated` [rows, I] is scratch.
 cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
-                   int64_t hidden, int64_t intermediate, void* gathered, void* activated, float* out,
-                   cudaStream_t stream);
+                   int64_t hidden, int64_t intermediate, float* activated, float* out, cudaStream_t stream);
 
 // ---- sampling ----
 // One row of Backend::sample as the kernel reads it (uploaded per call).
