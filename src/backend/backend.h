@@ -122,6 +122,9 @@ class Backend {
   // normal_value(key, i, mean, stddev) (util/counter_random.h) stored as `dtype` (F32, BF16, F16), so every backend
   // and make-model's checkpoints hold the same bytes for the same key (--load-format dummy).
   virtual Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) = 0;
+  // Before a model's weights arrive: the byte size of each, so a device backend can take them in one allocation.
+  // Default: nothing.
+  virtual void reserve_weights(std::span<const std::size_t> tensor_bytes) { (void)tensor_bytes; }
   // A chance to repack one MoE layer's experts (fill MoeTensors::packed). Default: nothing.
   virtual void prepare_moe(MoeTensors& moe) { (void)moe; }
 

@@ -33,6 +33,9 @@ SwigluTensors load_swiglu(Backend& backend, const BeamWeights& weights, const Ex
 
 BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
   const ModelConfig& config = weights_.config;
+  std::vector<std::size_t> sizes;
+  for (const TensorView* view : weights_.views()) sizes.push_back(static_cast<std::size_t>(view->numel()) * dtype_size(view->dtype));
+  backend_.reserve_weights(sizes);
   embed_tokens_ = materialise(backend_, weights_, weights_.embed_tokens);
   final_norm_ = materialise(backend_, weights_, weights_.norm);
   lm_head_ = load_linear(backend_, weights_, weights_.lm_head);

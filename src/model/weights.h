@@ -48,6 +48,9 @@ struct BeamWeights {
   LinearWeight lm_head;                       // [V,H] (embed_tokens when tie_word_embeddings)
   std::shared_ptr<const SafetensorsArchive> archive;  // keeps the mappings alive
 
+  // Every tensor the model is made of (quantization scales included), each once, for sizing.
+  std::vector<const TensorView*> views() const;
+
   // Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist
   // with the expected shape and a supported dtype, or this throws naming the file and tensor.
   static BeamWeights load(const std::filesystem::path& dir);

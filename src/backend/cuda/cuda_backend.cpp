@@ -152,7 +152,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   const cuda::AllocatorStats stats = allocator_.stats();
-  spdlog::debug("cuda backend: {} device allocations, {:.1f} MiB reserved; weights {:.1f} MiB in {} chunks",
+  spdlog::info("cuda backend: {} device allocations, {:.1f} MiB reserved; weights {:.1f} MiB in {} allocation(s)",
                 stats.device_allocations, static_cast<double>(stats.reserved_bytes) / (1 << 20),
                 static_cast<double>(weights_.bytes_used()) / (1 << 20), weights_.chunks());
   staging_.reset();

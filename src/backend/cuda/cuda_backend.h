@@ -32,6 +32,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
+  void reserve_weights(std::span<const std::size_t> tensor_bytes) override { weights_.reserve(tensor_bytes); }
   void prepare_moe(MoeTensors& moe) override;
 
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;

@@ -87,11 +87,19 @@ void CachingAllocator::release_cached() {
   state_->stats.cached_bytes = 0;
 }
 
+void WeightArena::reserve(std::span<const std::size_t> tensor_bytes) {
+  if (chunk_) return;
+  std::size_t total = 0;
+  for (std::size_t bytes : tensor_bytes) total += round_up(std::max<std::size_t>(bytes, 1), kAlignment);
+  reserved_ = total;
+}
+
 std::shared_ptr<std::byte> WeightArena::allocate(std::size_t bytes) {
   const std::size_t size = round_up(std::max<std::size_t>(bytes, 1), kAlignment);
   if (!chunk_ || chunk_used_ + size > chunk_size_) {
     // Chunks grow with what is loaded already, so a model takes a handful of allocations, not one per tensor.
-    chunk_size_ = std::max(size, std::clamp(used_total_, kFirstWeightChunk, kMaxWeightChunk));
+    chunk_size_ = std::max(size, reserved_ > 0 ? reserved_ : std::clamp(used_total_, kFirstWeightChunk, kMaxWeightChunk));
+    reserved_ = 0;
     void* memory = nullptr;
     const cudaError_t status = cudaMalloc(&memory, chunk_size_);
     if (status != cudaSuccess)

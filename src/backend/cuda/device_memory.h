@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 namespace beamline::cuda {
@@ -48,12 +49,15 @@ class WeightArena {
  public:
   // `bytes` of device memory that lives as long as any returned pointer's owner (the chunk).
   std::shared_ptr<std::byte> allocate(std::size_t bytes);
+  // Makes the next chunk hold exactly these tensors (as allocate would round them), so a whole model is one
+  // cudaMalloc. Only before the first allocation; later calls change nothing.
+  void reserve(std::span<const std::size_t> tensor_bytes);
   std::size_t bytes_used() const { return used_total_; }
   int64_t chunks() const { return static_cast<int64_t>(chunks_allocated_); }
 
  private:
   std::shared_ptr<std::byte> chunk_;
-  std::size_t chunk_size_ = 0, chunk_used_ = 0, used_total_ = 0, chunks_allocated_ = 0;
+  std::size_t chunk_size_ = 0, chunk_used_ = 0, used_total_ = 0, chunks_allocated_ = 0, reserved_ = 0;
 };
 
 class PinnedStaging {

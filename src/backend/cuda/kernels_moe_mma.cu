@@ -23,14 +23,13 @@ constexpr int kSubTileRows = kWarps * 16;  // weight rows of each of the block's
 constexpr int kPlanThreads = 1024;
 // Up to this many slots per expert on average, tiles of 16 tokens (room for a fourth pipeline stage in the same
 // shared memory); above it, tiles of 64 tokens, so that an expert's weights are streamed once for more tokens.
-constexpr int64_t kFewSlotsPerExpert = 8;
+constexpr int64_t kFewSlotsPerExpert = 4;
 constexpr int kSmallTile = 16, kLargeTile = 64;
 
 // The pipeline of each tile size: k per stage, stages, resident blocks per SM.
 template <int kTokens>
 struct Pipeline {
-  static constexpr int kBlockK = kTokens <= kSmallTile ? 128 : 64, kStages = kTokens <= kSmallTile ? 4 : 3,
-                       kBlocksPerSm = kTokens <= kSmallTile ? 1 : 2;
+  static constexpr int kBlockK = 64, kStages = kTokens <= kSmallTile ? 4 : 3, kBlocksPerSm = 2;
   static constexpr int kStride = kBlockK + 8;  // bf16 per staged row; the 16-byte skew keeps ldmatrix conflict-free
   // One stage: the two weight sub-tiles, then the tokens' hi rows, then their lo rows.
   static constexpr int kStageElements = (2 * kSubTileRows + 2 * kTokens) * kStride;
