@@ -101,6 +101,11 @@ for preset in tiny small; do
   check_row "greedy generate $preset: cuda tokens equal cpu tokens" "${same% *} of ${same#* }" "informational" 1
 done
 
+# Weights arrive in one device allocation (Backend::reserve_weights), logged when each cuda backend closes.
+arenas=$(sed -n '/make-model/,$p' "$LOG" | grep -oE 'weights [0-9.]+ MiB in [0-9]+ allocation' | awk '{print $5}' | sort -u | tr '\n' ' ')
+check_row "weights in one device allocation (every cuda logits/generate run)" "allocations per model: ${arenas:-none logged}" "1" \
+  "$([ "$(echo $arenas)" = 1 ] && echo 1 || echo 0)"
+
 # 4. Serving comparison (needs `beamline serve`, which is built separately).
 if "$BIN" serve --help >/dev/null 2>&1; then
   python3 bench/serve_check.py "$BIN" "$WORK/small" >>"$REPORT" 2>>"$LOG" || failures=$((failures + 1))
