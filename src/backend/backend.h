@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -113,6 +114,12 @@ class Backend {
   virtual Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) = 0;
   virtual void download(const Tensor& tensor, void* host) = 0;  // waits for pending work
   virtual void synchronize() {}
+  // The device's total memory and the part in use (by this process and any other), for
+  // --gpu-memory-utilization; nullopt where the backend has no device memory of its own (the CPU).
+  struct MemoryInfo {
+    int64_t total_bytes = 0, used_bytes = 0;
+  };
+  virtual std::optional<MemoryInfo> memory_info() { return std::nullopt; }
 
   // ---- weights, once at model load ----
   // A weight as the ops read it. The CPU backend borrows the mmap'd bytes (no copy; the view's owner must

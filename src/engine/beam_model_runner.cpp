@@ -21,9 +21,12 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
   if (backend_->device() == Device::Cpu) {
     budget = kv_cache_budget_bytes(config, kCpuKvCacheDefaultBytes, 0);
   } else {
-    require(config.kv_cache_memory_bytes > 0,
-            "--kv-cache-memory is needed on the {} backend (it does not report its free memory yet)", backend_->name());
-    budget = config.kv_cache_memory_bytes;
+    const std::optional<Backend::MemoryInfo> memory = backend_->memory_info();
+    require(config.kv_cache_memory_bytes > 0 || memory.has_value(),
+            "--kv-cache-memory is needed on the {} backend (it does not report its memory)", backend_->name());
+    // What the weights and the backend hold now, plus headroom for a step's activations and GEMM workspaces.
+    const int64_t used = memory ? memory->used_bytes + kDeviceActivationHeadroomBytes : 0;
+    budget = kv_cache_budget_bytes(config, memory ? memory->total_bytes : 0, used);
   }
   const int64_t num_blocks = budget / bytes_per_block_;
   require(num_blocks >= 1 && num_blocks <= INT32_MAX,

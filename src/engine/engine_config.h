@@ -12,6 +12,9 @@ namespace beamline {
 // The KV budget of --gpu-memory-utilization on the CPU backend: that fraction of this many bytes
 // (vLLM's CPU backend default KV space).
 inline constexpr int64_t kCpuKvCacheDefaultBytes = int64_t{4} << 30;
+// Kept free on a device beyond the weights when sizing the KV cache from --gpu-memory-utilization: one step's
+// activations, scratch and cuBLAS workspaces.
+inline constexpr int64_t kDeviceActivationHeadroomBytes = int64_t{4} << 30;
 
 struct EngineConfig {
   int32_t max_num_seqs = 256;             // --max-num-seqs: sequences running at once

@@ -194,6 +194,13 @@ void CudaBackend::download(const Tensor& tensor, void* host) {
   BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+std::optional<Backend::MemoryInfo> CudaBackend::memory_info() {
+  // The allocator's cached blocks count as used: they are this process's.
+  std::size_t free = 0, total = 0;
+  BEAMLINE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return MemoryInfo{static_cast<int64_t>(total), static_cast<int64_t>(total - free)};
+}
+
 void CudaBackend::synchronize() { BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 Tensor CudaBackend::load_weight(const TensorView& view) {

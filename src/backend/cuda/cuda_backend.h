@@ -30,6 +30,7 @@ class CudaBackend final : public Backend {
   Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
   void download(const Tensor& tensor, void* host) override;
   void synchronize() override;
+  std::optional<MemoryInfo> memory_info() override;
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
   void reserve_weights(std::span<const std::size_t> tensor_bytes) override { weights_.reserve(tensor_bytes); }
