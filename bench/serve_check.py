@@ -19,8 +19,9 @@ REQUIRED = 0.9
 
 
 def start_server(binary, model, device, port):
-    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port),
-                                "--kv-cache-memory", "4G"],
+    # The GPU server sizes its KV cache from the device's memory, as `vllm serve` does.
+    budget = ["--gpu-memory-utilization", "0.3"] if device == "cuda" else ["--kv-cache-memory", "4G"]
+    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port), *budget],
                                stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300
     while time.time() < deadline:
