@@ -508,12 +508,13 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   const int64_t rows = h.dim(0), hidden = h.dim(1);
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
+  // Three weight-streaming GEMMs through cuBLAS with split operands (each weight read once, FP32-accurate).
   const int64_t intermediate = mlp.gate.weight.dim(0);
-  Tensor activated = scratch(DType::F32, {rows, intermediate});
-  check_launch(cuda::swiglu(h.data<const float>(), rows, mlp.gate.weight.raw(), mlp.up.weight.raw(),
-                            mlp.down.weight.raw(), mlp.gate.weight.dtype(), hidden, intermediate,
-                            activated.data<float>(), out.data<float>(), stream_),
-               "swiglu");
+  Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
+  project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
+  project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
+  project(gate.data<const float>(), rows, mlp.down.weight, out.data<float>());
 }
 
 void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,

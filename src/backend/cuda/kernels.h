@@ -37,6 +37,8 @@ cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_
 cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream);
 // out[i] = halves[i] + halves[n + i]: the hi and lo products of split_f32's operands summed.
 cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream);
+// gate[i] = silu(gate[i]) * up[i] in place: the dense MLP's activation between its GEMMs.
+cudaError_t silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream);
 // x = cap * tanh(x / cap) in place.
 cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
 // normal_value(key, i, mean, stddev) (util/counter_random.h) stored as `dtype` (F32, F16, BF16): on-device random
@@ -174,10 +176,6 @@ int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, const MoeMmaWorkspace& workspace, float* out,
                     cudaStream_t stream);
-// The dense MLP through the same grouped GEMMs with one expert: gate/up [I, H] and down [H, I] in `dtype`
-// (BF16 or F16). `activated` [rows, I] is scratch.
-cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
-                   int64_t hidden, int64_t intermediate, float* activated, float* out, cudaStream_t stream);
 
 // ---- sampling ----
 // One row of Backend::sample as the kernel reads it (uploaded per call).

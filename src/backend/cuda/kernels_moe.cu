@@ -197,8 +197,6 @@ constexpr int kStoreStride = kTileN + 4;
 struct GroupedOperands {
   const void* const* b0_table = nullptr;  // per expert, used with tile_expert
   const void* const* b1_table = nullptr;
-  const void* b0 = nullptr;  // the one expert when tile_expert is null
-  const void* b1 = nullptr;
   const int32_t* tile_expert = nullptr;
   const int32_t* row_source = nullptr;  // row of A behind each row of C (-1: padding); null: the same row
   int64_t rows_limit = 0;               // rows of C that exist
@@ -223,15 +221,10 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
 
   const int64_t tile = blockIdx.x;
   const W* b[kMatrices];
-  if (operands.tile_expert != nullptr) {
-    const int32_t expert = operands.tile_expert[tile];
-    if (expert < 0) return;
-    b[0] = static_cast<const W*>(operands.b0_table[expert]);
-    if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1_table[expert]);
-  } else {
-    b[0] = static_cast<const W*>(operands.b0);
-    if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1);
-  }
+  const int32_t expert = operands.tile_expert[tile];
+  if (expert < 0) return;
+  b[0] = static_cast<const W*>(operands.b0_table[expert]);
+  if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1_table[expert]);
   const int64_t row0 = tile * kGroupedTileRows, col0 = int64_t{blockIdx.y} * kTileN;
   const int warp = threadIdx.x / 32, warp_m = warp / 2, warp_n = warp % 2;
   for (int r = threadIdx.x; r < kGroupedTileRows; r += kGemmThreads) {
@@ -401,23 +394,6 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,
                                                                       weights, top_k, experts.hidden, out);
   return cudaGetLastError();
-}
-
-cudaError_t swiglu(const float* h, int64_t rows, const void* gate, const void* up, const void* down, DType dtype,
-                   int64_t hidden, int64_t intermediate, float* activated, float* out, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  GroupedOperands up_operands, down_operands;
-  up_operands.b0 = gate;
-  up_operands.b1 = up;
-  down_operands.b0 = down;
-  up_operands.rows_limit = down_operands.rows_limit = rows;
-  const int64_t tiles = (rows + kGroupedTileRows - 1) / kGroupedTileRows;
-  cudaError_t status = cudaErrorInvalidValue;
-  dispatch_tensor_core(dtype, [&](auto tag) {
-    status = run_swiglu_gemms<decltype(tag)>(h, tiles, up_operands, down_operands, hidden, intermediate, activated,
-                                             out, stream);
-  });
-  return status;
 }
 
 }  // namespace beamline::cuda

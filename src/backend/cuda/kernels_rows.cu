@@ -97,6 +97,11 @@ __global__ void split_kernel(const float* in, int64_t n, O* hi, O* lo) {
   lo[i] = from_float<O>(isfinite(value) ? value - to_float(high) : 0.0f);
 }
 
+__global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 __global__ void add_halves_kernel(const float* halves, int64_t n, float* out) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < n) out[i] = halves[i] + halves[n + i];
@@ -188,6 +193,12 @@ cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtyp
                                                                                static_cast<O*>(lo));
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  silu_mul_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(gate, up, n);
+  return cudaGetLastError();
 }
 
 cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream) {
