@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "gpu_bench.h"
 #include "util/error.h"
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -33,8 +34,6 @@ struct BenchOptions {
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
-constexpr double kHbmBytesPerSecond = 4.8e12;
-constexpr double kBf16FlopsPerSecond = 758e12;
 constexpr int64_t kHeads = 48, kKvHeads = 8, kDim = 128;
 constexpr int32_t kBlockSize = 16, kWindow = 512;
 // Batches whose KV fits in L2 (60 MB) are replicated over this many bytes of the pool, used in turn.
@@ -48,14 +47,7 @@ struct Case {
   int32_t window;
 };
 
-void check(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, "bench-attention: {} failed: {}", what, cudaGetErrorString(status));
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+void check(cudaError_t status, const char* what) { check_cuda(status, "bench-attention", what); }
 
 int64_t visible_keys(int64_t position, int32_t window) {
   return window > 0 ? std::min<int64_t>(position + 1, window) : position + 1;

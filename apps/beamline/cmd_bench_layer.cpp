@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "gpu_bench.h"
 #include "model/presets.h"
 #include "util/error.h"
 
@@ -34,17 +35,8 @@ struct BenchOptions {
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
-constexpr double kHbmBytesPerSecond = 4.8e12;
 
-void check(cudaError_t status, const char* what) {
-  require(status == cudaSuccess, "bench-layer: {} failed: {}", what, cudaGetErrorString(status));
-}
-
-// Milliseconds between two recorded events, median over the runs.
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+void check(cudaError_t status, const char* what) { check_cuda(status, "bench-layer", what); }
 
 void run_bench(const BenchOptions& options) {
   const ModelConfig config = preset_config(options.preset);

@@ -11,6 +11,13 @@
 
 namespace beamline {
 
+Tensor Tensor::slice_first(int64_t index) const {
+  require(rank() >= 1 && index >= 0 && index < dim(0), "slice_first: index {} of {}", index, describe(*this));
+  std::vector<int64_t> shape(shape_.begin() + 1, shape_.end());
+  const std::size_t stride = nbytes() / static_cast<std::size_t>(dim(0));
+  return Tensor(device_, dtype_, std::move(shape), data_ + static_cast<std::size_t>(index) * stride, storage_);
+}
+
 Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
   Tensor result = *this;
   result.shape_ = std::move(shape);

@@ -42,6 +42,8 @@ class Tensor {
 
   // Same buffer, other shape of equal element count.
   Tensor reshaped(std::vector<int64_t> shape) const;
+  // Entry `index` along the first axis: a view into the same buffer, which it keeps alive.
+  Tensor slice_first(int64_t index) const;
 
  private:
   Device device_ = Device::Cpu;

@@ -66,10 +66,13 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, KvCacheLayout layo
   require(layout_.num_blocks > 0, "KV cache: the layout has no blocks");
   const std::vector<int64_t> shape{layout_.num_blocks, layout_.slots_per_block, layout_.block_size,
                                    config.num_key_value_heads, config.head_dim};
-  pool_.k = backend.alloc(dtype, shape);
-  pool_.v = backend.alloc(dtype, shape);
-  backend.fill_zero(pool_.k);
-  backend.fill_zero(pool_.v);
+  // K and V in one allocation: the pool is one buffer, as the device's memory plan assumes.
+  std::vector<int64_t> both_shape{2};
+  both_shape.insert(both_shape.end(), shape.begin(), shape.end());
+  Tensor both = backend.alloc(dtype, both_shape);
+  backend.fill_zero(both);
+  pool_.k = both.slice_first(0);
+  pool_.v = both.slice_first(1);
 }
 
 SingleSequenceBlocks::SingleSequenceBlocks(const KvCacheLayout& layout, int64_t sliding_window)
