@@ -18,6 +18,7 @@ namespace {
 constexpr int kStreamWarps = 8;            // output rows per block, one per warp
 constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kTokensPerPass = 8;          // tokens whose sums a warp keeps while streaming a row once
+// A single token (decode at batch 1) needs one accumulator per row, which leaves registers for more loads in flight.
 constexpr int kElementsPerLoad = 8;        // 16 bytes of BF16/F16
 constexpr int kElementsPerWarpStep = 32 * kElementsPerLoad;
 
@@ -80,7 +81,7 @@ __device__ int32_t claim_expert(const int32_t* ids, int32_t assignments, int32_t
 }
 
 // activated[slot, i] = silu(gate_e[i] · h[token]) * (up_e[i] · h[token]) for every slot routed to expert e.
-template <typename W>
+template <typename W, int kTokens>
 __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h, const int32_t* ids,
                                                                  int32_t assignments, int32_t top_k,
                                                                  ExpertPointers experts, float* activated) {
@@ -93,16 +94,17 @@ __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h,
   const int64_t hidden = experts.hidden;
   const W* gate = static_cast<const W*>(experts.gate[expert]) + row * hidden;
   const W* up = static_cast<const W*>(experts.up[expert]) + row * hidden;
-  for (int32_t first = 0; first < count; first += kTokensPerPass) {
-    const int32_t tokens = min(kTokensPerPass, count - first);
-    float gate_sum[kTokensPerPass] = {}, up_sum[kTokensPerPass] = {};
-#pragma unroll 4
+  for (int32_t first = 0; first < count; first += kTokens) {
+    const int32_t tokens = min(kTokens, count - first);
+    float gate_sum[kTokens] = {}, up_sum[kTokens] = {};
+    constexpr int kUnroll = kTokens == 1 ? 8 : 4;
+#pragma unroll kUnroll
     for (int64_t k = int64_t{lane} * kElementsPerLoad; k < hidden; k += kElementsPerWarpStep) {
       float g[kElementsPerLoad], u[kElementsPerLoad];
       unpack(load_streaming(gate + k), g, W{});
       unpack(load_streaming(up + k), u, W{});
 #pragma unroll
-      for (int t = 0; t < kTokensPerPass; ++t) {
+      for (int t = 0; t < kTokens; ++t) {
         if (t < tokens) {
           const float* x = h + int64_t{slots[first + t] / top_k} * hidden + k;
           gate_sum[t] += dot8(g, x);
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h,
       }
     }
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
+    for (int t = 0; t < kTokens; ++t) {
       const float g = warp_sum(gate_sum[t]), u = warp_sum(up_sum[t]);
       if (lane == 0 && t < tokens) activated[int64_t{slots[first + t]} * experts.intermediate + row] = silu(g) * u;
     }
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h,
 }
 
 // expert_out[slot, n] = weight[slot] * (down_e[n] · activated[slot]) for every slot routed to expert e.
-template <typename W>
+template <typename W, int kTokens>
 __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activated, const int32_t* ids,
                                                               const float* weights, int32_t assignments,
                                                               ExpertPointers experts, float* expert_out) {
@@ -131,19 +133,20 @@ __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activ
   const int lane = threadIdx.x % 32;
   const int64_t intermediate = experts.intermediate;
   const W* down = static_cast<const W*>(experts.down[expert]) + row * intermediate;
-  for (int32_t first = 0; first < count; first += kTokensPerPass) {
-    const int32_t tokens = min(kTokensPerPass, count - first);
-    float sum[kTokensPerPass] = {};
-#pragma unroll 2
+  for (int32_t first = 0; first < count; first += kTokens) {
+    const int32_t tokens = min(kTokens, count - first);
+    float sum[kTokens] = {};
+    constexpr int kUnroll = kTokens == 1 ? 8 : 2;
+#pragma unroll kUnroll
     for (int64_t k = int64_t{lane} * kElementsPerLoad; k < intermediate; k += kElementsPerWarpStep) {
       float w[kElementsPerLoad];
       unpack(load_streaming(down + k), w, W{});
 #pragma unroll
-      for (int t = 0; t < kTokensPerPass; ++t)
+      for (int t = 0; t < kTokens; ++t)
         if (t < tokens) sum[t] += dot8(w, activated + int64_t{slots[first + t]} * intermediate + k);
     }
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
+    for (int t = 0; t < kTokens; ++t) {
       const float total = warp_sum(sum[t]);
       if (lane == 0 && t < tokens) {
         const int32_t slot = slots[first + t];
@@ -192,10 +195,20 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
   auto launch = [&](auto tag) {
     using W = decltype(tag);
     const dim3 up_grid(blocks_for(experts.intermediate, kStreamWarps), static_cast<unsigned int>(assignments));
-    gate_up_kernel<W><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts, activated);
+    // The router names an expert once per token, so one token gives each expert one slot (more take more passes).
+    if (rows == 1)
+      gate_up_kernel<W, 1><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts, activated);
+    else
+      gate_up_kernel<W, kTokensPerPass><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts,
+                                                                                activated);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
-    down_kernel<W><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts, expert_out);
+    if (rows == 1)
+      down_kernel<W, 1><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts,
+                                                                  expert_out);
+    else
+      down_kernel<W, kTokensPerPass><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments,
+                                                                               experts, expert_out);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
     status = moe_combine(expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
   };
