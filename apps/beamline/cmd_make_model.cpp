@@ -28,6 +28,7 @@ struct MakeModelOptions {
   std::optional<int64_t> layers;
   uint64_t max_shard_mb = kDefaultMaxShardBytes >> 20;
   bool dry_run = false;
+  bool no_weights = false;
   bool force = false;
 };
 
@@ -87,6 +88,12 @@ void make_model(const MakeModelOptions& options) {
   require(!options.out.empty(), "make-model: --out DIR is required (unless --dry-run)");
   const std::filesystem::path dir(options.out);
   prepare_output_dir(dir, options.force);
+  if (options.no_weights) {
+    write_model_files(config, dir);
+    spdlog::info("wrote the config, tokenizer and templates of {} ({} layers) to {}: serve it with --load-format dummy",
+                 options.preset.empty() ? options.config_file : options.preset, config.num_hidden_layers, dir.string());
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   write_random_checkpoint(config, dir, options.seed, dtype, max_shard_bytes);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -117,6 +124,8 @@ const CommandRegistration registration([](CLI::App& app) {
                       "largest safetensors file in MiB; bigger checkpoints are sharded with an index")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command->add_flag("--no-weights", options->no_weights,
+                    "write config.json, the tokenizer and templates only: a model directory for --load-format dummy");
   command->add_flag("--dry-run", options->dry_run, "print the tensors (name dtype shape) and totals; write nothing");
   command->add_flag("--force", options->force, "write into a non-empty --out, replacing the checkpoint files there");
   command->callback([options] { make_model(*options); });

@@ -229,8 +229,7 @@ std::vector<TensorSource> random_checkpoint_tensors(const ModelConfig& config, u
   return tensors;
 }
 
-void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed, DType dtype,
-                             uint64_t max_shard_bytes) {
+void write_model_files(const ModelConfig& config, const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) fail("{}: cannot create directory: {}", dir.string(), error.message());
@@ -239,6 +238,11 @@ void write_random_checkpoint(const ModelConfig& config, const std::filesystem::p
   write_text_file(dir / "harmony.json", harmony_template_json().dump(2) + "\n");
   if (config.vocab_size >= kMinSyntheticTokenizerVocab)
     write_text_file(dir / "tokenizer.json", synthetic_tokenizer_json(config.vocab_size) + "\n");
+}
+
+void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed, DType dtype,
+                             uint64_t max_shard_bytes) {
+  write_model_files(config, dir);
   write_safetensors_checkpoint(dir, random_checkpoint_tensors(config, seed, dtype), max_shard_bytes);
 }
 

@@ -52,6 +52,10 @@ std::vector<std::filesystem::path> write_safetensors_checkpoint(const std::files
 // storage type of everything but the router.
 std::vector<TensorSource> random_checkpoint_tensors(const ModelConfig& config, uint64_t seed, DType dtype);
 
+// Everything of a model directory but the weights: config.json, generation_config.json, harmony.json and the
+// tokenizer.json (when the vocabulary has room for one) — what `serve --load-format dummy` reads.
+void write_model_files(const ModelConfig& config, const std::filesystem::path& dir);
+
 // A complete checkpoint directory: config.json, the weights (random_checkpoint_tensors), generation_config.json,
 // harmony.json, and a byte-level BPE tokenizer.json when the vocabulary has room for one.
 void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed = 0,
