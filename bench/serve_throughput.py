@@ -12,6 +12,7 @@ Usage: python3 bench/serve_throughput.py BINARY MODEL_DIR [--batches 1,16,64] [-
 import argparse
 import concurrent.futures
 import json
+import os
 import random
 import subprocess
 import sys
@@ -28,9 +29,9 @@ def post(body):
         return json.load(response)
 
 
-def run_batch(batch, prompt_length, max_tokens, vocab, seed):
+def run_batch(batch, prompt_length, max_tokens, vocab, seed, name):
     rng = random.Random(seed)
-    bodies = [{"model": "m", "prompt": [rng.randrange(vocab) for _ in range(prompt_length)], "max_tokens": max_tokens,
+    bodies = [{"model": name, "prompt": [rng.randrange(vocab) for _ in range(prompt_length)], "max_tokens": max_tokens,
                "temperature": 0, "ignore_eos": True} for _ in range(batch)]
     start = time.time()
     with concurrent.futures.ThreadPoolExecutor(batch) as pool:
@@ -51,6 +52,7 @@ def main():
     parser.add_argument("--floor-bytes", type=float, default=0.0, help="bytes one decode step must read at batch 1")
     args = parser.parse_args()
     vocab = json.load(open(f"{args.model}/config.json"))["vocab_size"]
+    name = os.path.basename(os.path.normpath(args.model))  # the served model name
     batches = [int(b) for b in args.batches.split(",")]
     command = [args.binary, "serve", "--model", args.model, "--load-format", "dummy", "--device", "cuda",
                "--port", str(PORT), "--gpu-memory-utilization", "0.95", "--max-num-seqs", str(max(batches)),
@@ -68,14 +70,14 @@ def main():
                 if server.poll() is not None or time.time() > deadline:
                     sys.exit("serve_throughput: the server did not start")
                 time.sleep(1)
-        run_batch(1, 64, 4, vocab, 0)  # warm-up: allocator caches, cuBLAS plans
+        run_batch(1, 64, 4, vocab, 0, name)  # warm-up: allocator caches, cuBLAS plans
         floor_ms = args.floor_bytes / 4.8e12 * 1e3
         print(f"\n`{' '.join(command[1:])}`; prompt {args.prompt} tokens, decode {args.decode} tokens, greedy\n")
         print("| batch | prefill s | prefill tokens/s | decode tokens/s | ms per decode step | step floor ms (weights, batch 1) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for batch in batches:
-            prefill_s, _ = run_batch(batch, args.prompt, 1, vocab, batch)
-            total_s, produced = run_batch(batch, args.prompt, 1 + args.decode, vocab, batch + 1000)
+            prefill_s, _ = run_batch(batch, args.prompt, 1, vocab, batch, name)
+            total_s, produced = run_batch(batch, args.prompt, 1 + args.decode, vocab, batch + 1000, name)
             decode_s = max(total_s - prefill_s, 1e-9)
             step_ms = decode_s / args.decode * 1e3
             print(f"| {batch} | {prefill_s:.2f} | {batch * args.prompt / prefill_s:.0f} | "
