@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "backend/backend.h"
 #include "model/beam_model.h"
+#include "model/checkpoint_writer.h"
 #include "model/model_source.h"
 #include "model/presets.h"
 #include "model/sequence_runner.h"
@@ -60,6 +62,25 @@ TEST(ModelSource, PresetWithOverridesKeepsTheLayerPattern) {
   for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(weights.config.layer_types[i], full.layer_types[i]) << i;
   EXPECT_EQ(weights.layers[5].experts.size(), 256u);
   EXPECT_EQ(weights.layers[5].experts[3].down_proj.weight.data, nullptr);
+}
+
+TEST(ModelSource, DummyFromAModelDirectoryWithoutWeights) {
+  testing::TempDir dir("no-weights");
+  ModelConfig config = preset_config("small");
+  write_model_files(config, dir.path());
+  for (const char* file : {"config.json", "generation_config.json", "harmony.json", "tokenizer.json"})
+    EXPECT_TRUE(std::filesystem::exists(dir.path() / file)) << file;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "model.safetensors"));
+  ModelSource source;
+  source.model = dir.path().string();
+  source.load_format = "dummy";
+  source.hf_overrides = R"({"num_hidden_layers": 3})";
+  const BeamWeights weights = source.load();
+  EXPECT_EQ(weights.config.hidden_size, config.hidden_size);
+  EXPECT_EQ(weights.layers.size(), 3u);
+  source.load_format = "auto";
+  source.hf_overrides.clear();
+  EXPECT_THROW((void)source.load(), Error);  // no safetensors there
 }
 
 TEST(ModelSource, BadOptionsSayWhich) {
