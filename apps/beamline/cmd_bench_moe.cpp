@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "gpu_bench.h"
+#include "model/beam_model.h"
 #include "model/presets.h"
 #include "util/error.h"
 
@@ -59,9 +60,7 @@ void run_bench(const BenchOptions& options) {
          {weight({intermediate, hidden}, 1.0f / std::sqrt(static_cast<float>(hidden))), {}, {}},
          {weight({hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))), {}, {}}});
   backend.prepare_moe(moe);
-  const RouterParams router{static_cast<int32_t>(config.n_group), static_cast<int32_t>(config.topk_group),
-                            static_cast<int32_t>(top_k), config.norm_topk_prob,
-                            static_cast<float>(config.routed_scaling_factor)};
+  const RouterParams router = router_params(config);
   spdlog::info("bench-moe: {} MoE layer ({} experts x {}x{}, top {}) on {}", options.preset, experts, intermediate,
                hidden, top_k, backend.device_description());
 

@@ -31,6 +31,12 @@ SwigluTensors load_swiglu(Backend& backend, const BeamWeights& weights, const Ex
 
 }  // namespace
 
+RouterParams router_params(const ModelConfig& config) {
+  return {static_cast<int32_t>(config.n_group), static_cast<int32_t>(config.topk_group),
+          static_cast<int32_t>(config.num_experts_per_tok), config.norm_topk_prob,
+          static_cast<float>(config.routed_scaling_factor)};
+}
+
 BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
   const ModelConfig& config = weights_.config;
   std::vector<std::size_t> sizes;
@@ -157,9 +163,7 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
     expert_ids = backend_.alloc(DType::I32, {rows, config.num_experts_per_tok});
     expert_weights = backend_.alloc(DType::F32, {rows, config.num_experts_per_tok});
   }
-  const RouterParams router{static_cast<int32_t>(config.n_group), static_cast<int32_t>(config.topk_group),
-                            static_cast<int32_t>(config.num_experts_per_tok), config.norm_topk_prob,
-                            static_cast<float>(config.routed_scaling_factor)};
+  const RouterParams router = router_params(config);
 
   backend_.embedding(embed_tokens_, tokens, x);
   for (std::size_t i = 0; i < layers_.size(); ++i) {

@@ -10,6 +10,9 @@
 
 namespace beamline {
 
+// The router settings of a config's MoE layers, as the backend's route op takes them.
+RouterParams router_params(const ModelConfig& config);
+
 class BeamModel {
  public:
   // Hands every weight to the backend once (load_weight / prepare_moe). Keeps a copy of `weights` (and so its
