@@ -17,14 +17,7 @@ LOG=$OUT/gpu_check.log
 failures=0
 : >"$LOG"
 
-# cuBLAS is linked dynamically (the toolkit has no static cuBLAS); on the GPU machine it comes with the CUDA
-# toolkit there or with PyTorch's pip package nvidia-cublas.
-if ! ldd "$BIN" | grep -q 'libcublas.so.13 => /'; then
-  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-             $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d) for p in nvidia.__path__ for d in ("cu13/lib", "cublas/lib")))' 2>/dev/null); do
-    if [ -e "$dir/libcublas.so.13" ]; then export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; break; fi
-  done
-fi
+source bench/cuda_env.sh
 
 section() { printf '\n## %s\n\n' "$1" >>"$REPORT"; }
 # Runs a command, logging it and its output; its status is returned.

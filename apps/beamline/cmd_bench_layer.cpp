@@ -58,14 +58,7 @@ void run_bench(const BenchOptions& options) {
   const LinearTensors k_proj{weight({kv_heads * dim, hidden}, in_scale), {}, {}};
   const LinearTensors v_proj{weight({kv_heads * dim, hidden}, in_scale), {}, {}};
   const LinearTensors o_proj{weight({hidden, heads * dim}, 1.0f / std::sqrt(static_cast<float>(heads * dim))), {}, {}};
-  MoeTensors moe;
-  moe.router = weight({experts, hidden}, 0.05f, DType::F32);
-  moe.router_bias = weight({experts}, 0.01f, DType::F32);
-  for (int64_t e = 0; e < experts; ++e)
-    moe.experts.push_back({{weight({intermediate, hidden}, in_scale), {}, {}},
-                           {weight({intermediate, hidden}, in_scale), {}, {}},
-                           {weight({hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))), {}, {}}});
-  backend.prepare_moe(moe);
+  const MoeTensors moe = random_moe_layer(backend, config, seed, 0.05f, 0.01f);
   const RouterParams router = router_params(config);
   const auto eps = static_cast<float>(config.rms_norm_eps);
   const auto residual_scale = static_cast<float>(config.residual_scale);

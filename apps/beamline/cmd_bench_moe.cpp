@@ -46,20 +46,9 @@ void run_bench(const BenchOptions& options) {
   const int64_t hidden = config.hidden_size, experts = config.n_routed_experts,
                 intermediate = config.moe_intermediate_size, top_k = config.num_experts_per_tok;
   uint64_t seed = options.seed;
-  auto weight = [&](std::vector<int64_t> shape, float scale, DType dtype = DType::BF16) {
-    return backend.random_weight(dtype, std::move(shape), seed++, 0.0f, scale);
-  };
-  MoeTensors moe;
   // Near-zero router logits and no bias make the routing close to uniform over the experts, as in PERF.md's
   // measurements (16 tokens touch about 100 experts, 64 about 218, 256 nearly all), so the rows compare.
-  moe.router = weight({experts, hidden}, 1e-3f, DType::F32);
-  moe.router_bias = weight({experts}, 0.0f, DType::F32);
-  for (int64_t e = 0; e < experts; ++e)
-    moe.experts.push_back(
-        {{weight({intermediate, hidden}, 1.0f / std::sqrt(static_cast<float>(hidden))), {}, {}},
-         {weight({intermediate, hidden}, 1.0f / std::sqrt(static_cast<float>(hidden))), {}, {}},
-         {weight({hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))), {}, {}}});
-  backend.prepare_moe(moe);
+  const MoeTensors moe = random_moe_layer(backend, config, seed, 1e-3f, 0.0f);
   const RouterParams router = router_params(config);
   spdlog::info("bench-moe: {} MoE layer ({} experts x {}x{}, top {}) on {}", options.preset, experts, intermediate,
                hidden, top_k, backend.device_description());

@@ -66,7 +66,7 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, KvCacheLayout layo
   require(layout_.num_blocks > 0, "KV cache: the layout has no blocks");
   const std::vector<int64_t> shape{layout_.num_blocks, layout_.slots_per_block, layout_.block_size,
                                    config.num_key_value_heads, config.head_dim};
-  // K and V in one allocation: the pool is one buffer, as the device's memory plan assumes.
+  // K and V in one allocation and one memset.
   std::vector<int64_t> both_shape{2};
   both_shape.insert(both_shape.end(), shape.begin(), shape.end());
   Tensor both = backend.alloc(dtype, both_shape);

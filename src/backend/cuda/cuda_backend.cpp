@@ -376,11 +376,7 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
           heads / kv_heads, cuda::kMaxAttentionHeadDim, cuda::kMaxAttentionGroup);
   require_device(q, "paged_attention", "q");
   require_device(out, "paged_attention", "out");
-  const std::vector<int32_t>& starts = batch.host_query_start;
-  require(static_cast<int64_t>(starts.size()) == batch.num_sequences() + 1 && starts.front() == 0 &&
-              starts.back() == batch.num_rows() && std::is_sorted(starts.begin(), starts.end()),
-          "paged_attention: the batch's {} query starts do not split its {} rows into {} sequences", starts.size(),
-          batch.num_rows(), batch.num_sequences());
+  // The host copies were checked once, when the step's batch was made (Backend::make_attention_batch).
   const cuda::PoolGeometry geometry = pool_geometry(pool);
   cuda::AttentionHostBatch host;
   host.query_start = batch.host_query_start.data();
