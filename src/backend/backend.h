@@ -102,6 +102,13 @@ struct SampleOutputs {
   Tensor top_logprobs;  // F32 [N, K]: their log_softmax
 };
 
+// How F32 activations meet BF16/F16 weights on matrix units (`--dtype`, vLLM's flag and meaning for the compute
+// precision). Float32: products as accurate as FP32 (a device backend splits each activation into two BF16
+// operands, hi + lo: twice the tensor-core work). BFloat16: activations rounded to BF16 once where they enter a
+// matrix unit (what vLLM computes; half the work). Activations stay F32 between ops either way, and the CPU
+// backend always computes in FP32.
+enum class ComputeDType { Float32, BFloat16 };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +127,9 @@ class Backend {
     int64_t total_bytes = 0, used_bytes = 0;
   };
   virtual std::optional<MemoryInfo> memory_info() { return std::nullopt; }
+  // Before the first op. Default: FP32 everywhere (the CPU backend), whatever is asked.
+  virtual void set_compute_dtype(ComputeDType dtype) { (void)dtype; }
+  virtual ComputeDType compute_dtype() const { return ComputeDType::Float32; }
 
   // ---- weights, once at model load ----
   // A weight as the ops read it. The CPU backend borrows the mmap'd bytes (no copy; the view's owner must

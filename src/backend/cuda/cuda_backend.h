@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/kernels.h"
 
 namespace beamline {
 
@@ -31,6 +32,8 @@ class CudaBackend final : public Backend {
   void download(const Tensor& tensor, void* host) override;
   void synchronize() override;
   std::optional<MemoryInfo> memory_info() override;
+  void set_compute_dtype(ComputeDType dtype) override { compute_dtype_ = dtype; }
+  ComputeDType compute_dtype() const override { return compute_dtype_; }
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
   void reserve_weights(std::span<const std::size_t> tensor_bytes) override { weights_.reserve(tensor_bytes); }
@@ -67,7 +70,12 @@ class CudaBackend final : public Backend {
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
 
+  cuda::OperandPrecision operand_precision() const {
+    return compute_dtype_ == ComputeDType::Float32 ? cuda::OperandPrecision::Split : cuda::OperandPrecision::Bf16;
+  }
+
   int device_ = 0;
+  ComputeDType compute_dtype_ = ComputeDType::Float32;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cuda::CachingAllocator allocator_;

@@ -12,6 +12,11 @@
 
 namespace beamline::cuda {
 
+// How the compute-bound kernels feed F32 activations to the tensor cores (Backend::compute_dtype): Split = hi + lo
+// BF16 operands (FP32-accurate products, two MMAs per product), Bf16 = one rounding to BF16 (one MMA). Kernels
+// bound by memory read F32 as it is whatever this says.
+enum class OperandPrecision { Split, Bf16 };
+
 // ---- elementwise and per-row ----
 // Token ids outside [0, vocab) give NaN rows (validated on the host beforehand).
 cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* tokens, int64_t rows,
