@@ -2,6 +2,8 @@
 """Checks of the GPU run (bench/gpu_check.sh), printed as Markdown table rows; exit 1 when a check fails.
 
   compare_logits.py logits CUDA.npy CPU.npy NAME         same argmax at >= 99% of positions, relative error <= 2e-2
+  compare_logits.py logits-bf16 CUDA.npy CPU.npy NAME    the same for --dtype bfloat16 on the GPU (activations rounded
+                                                            to BF16 at every matrix unit): >= 90%, <= 1e-1
   compare_logits.py decode LOGITS.npy PROMPT_LEN IDS NAME  greedy ids decoded step by step (IDS, comma-separated)
                                                             equal the argmax of one-shot prefill logits over
                                                             prompt + ids (teacher forcing)
@@ -12,6 +14,9 @@ import numpy as np
 
 ARGMAX_AGREEMENT = 0.99
 RELATIVE_ERROR = 2e-2
+# One BF16 rounding per matrix input (2^-9 relative) over a few layers of a random model; a wrong kernel is off by ~1.
+BF16_ARGMAX_AGREEMENT = 0.90
+BF16_RELATIVE_ERROR = 1e-1
 
 
 def row(name, measured, limit, passed):
@@ -19,7 +24,7 @@ def row(name, measured, limit, passed):
     return passed
 
 
-def compare_logits(cuda_path, cpu_path, name):
+def compare_logits(cuda_path, cpu_path, name, min_agreement=ARGMAX_AGREEMENT, max_error=RELATIVE_ERROR):
     cuda, cpu = np.load(cuda_path).astype(np.float64), np.load(cpu_path).astype(np.float64)
     if cuda.shape != cpu.shape:
         return row(name, f"shapes {cuda.shape} vs {cpu.shape}", "equal shapes", False)
@@ -27,9 +32,9 @@ def compare_logits(cuda_path, cpu_path, name):
         return row(name, "NaN in the logits", "no NaN", False)
     agreement = float(np.mean(cuda.argmax(axis=-1) == cpu.argmax(axis=-1)))
     error = float(np.linalg.norm(cuda - cpu) / np.linalg.norm(cpu))
-    ok = agreement >= ARGMAX_AGREEMENT and error <= RELATIVE_ERROR
+    ok = agreement >= min_agreement and error <= max_error
     return row(name, f"argmax agreement {agreement:.4f} over {cuda.shape[0]} positions, rel. error {error:.2e}",
-               f">= {ARGMAX_AGREEMENT}, <= {RELATIVE_ERROR:.0e}", ok)
+               f">= {min_agreement}, <= {max_error:.0e}", ok)
 
 
 def compare_decode(logits_path, prompt_length, ids_text, name):
@@ -45,6 +50,8 @@ def compare_decode(logits_path, prompt_length, ids_text, name):
 def main(argv):
     if len(argv) >= 5 and argv[1] == "logits":
         return compare_logits(argv[2], argv[3], argv[4])
+    if len(argv) >= 5 and argv[1] == "logits-bf16":
+        return compare_logits(argv[2], argv[3], argv[4], BF16_ARGMAX_AGREEMENT, BF16_RELATIVE_ERROR)
     if len(argv) >= 6 and argv[1] == "decode":
         return compare_decode(argv[2], argv[3], argv[4], argv[5])
     print(__doc__, file=sys.stderr)

@@ -56,38 +56,54 @@ logged ldd "$BIN"
 check_row "portable binary (ldd)" "extra: ${extra:-none}; not found: $missing" "glibc, cuBLAS, HTTP stack only" \
   "$([ -z "$extra" ] && [ "$missing" = 0 ] && echo 1 || echo 0)"
 
-# 2. Op-by-op harness.
-start=$SECONDS
-logged "$BIN" test-backend-ops --device cuda --reference cpu --seed "$RANDOM"
-status=$?
-ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$LOG")
-summary=$(echo "$ops_table" | tail -1)
-check_row "test-backend-ops (every op, cuda vs cpu)" "${summary:-no table} in $((SECONDS - start)) s" "0 failed" \
-  "$([ $status = 0 ] && echo 1 || echo 0)"
+# 2. Op-by-op harness, in both compute dtypes (float32: FP32-accurate tolerances; bfloat16: BF16 ones).
+ops_tables=""
+for dtype in float32 bfloat16; do
+  start=$SECONDS
+  "$BIN" test-backend-ops --device cuda --reference cpu --dtype "$dtype" --seed "$RANDOM" >"$WORK/ops-$dtype.log" 2>&1
+  status=$?
+  cat "$WORK/ops-$dtype.log" >>"$LOG"
+  ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$WORK/ops-$dtype.log")
+  summary=$(echo "$ops_table" | tail -1)
+  check_row "test-backend-ops --dtype $dtype (every op, cuda vs cpu)" "${summary:-no table} in $((SECONDS - start)) s" \
+    "0 failed" "$([ $status = 0 ] && echo 1 || echo 0)"
+  ops_tables="$ops_tables
+### --dtype $dtype
+
+$ops_table
+"
+done
 
 # 3. Whole-model logits and decode on both devices.
+EXACT="--dtype float32 --kv-cache-dtype float32"
 for preset in tiny small; do
   model=$WORK/$preset
   logged "$BIN" make-model --preset "$preset" --out "$model" --seed 7 || { check_row "make-model $preset" failed "" 0; continue; }
   vocab=$(python3 -c "import json; print(json.load(open('$model/config.json'))['vocab_size'])")
   length=$([ $preset = tiny ] && echo 96 || echo 300)
   tokens=$(python3 -c "import random; r = random.Random(11); print(','.join(str(r.randrange(1000 if $vocab > 1000 else $vocab)) for _ in range($length)))")
+  # The exact checks run the GPU in --dtype float32 with an F32 KV cache, like the CPU; --dtype auto (bfloat16
+  # operands, BF16 KV) gets its own looser row.
   for device in cpu cuda; do
-    logged "$BIN" logits --model "$model" --tokens "$tokens" --out "$WORK/$preset-$device.npy" --device "$device"
+    logged "$BIN" logits --model "$model" --tokens "$tokens" --out "$WORK/$preset-$device.npy" --device "$device" $EXACT
   done
+  logged "$BIN" logits --model "$model" --tokens "$tokens" --out "$WORK/$preset-cuda-bf16.npy" --device cuda
   python3 bench/compare_logits.py logits "$WORK/$preset-cuda.npy" "$WORK/$preset-cpu.npy" \
-    "logits $preset preset, $length tokens, cuda vs cpu" >>"$REPORT" || failures=$((failures + 1))
+    "logits $preset preset, $length tokens, cuda (--dtype float32) vs cpu" >>"$REPORT" || failures=$((failures + 1))
+  python3 bench/compare_logits.py logits-bf16 "$WORK/$preset-cuda-bf16.npy" "$WORK/$preset-cpu.npy" \
+    "logits $preset preset, $length tokens, cuda (--dtype auto: bfloat16, BF16 KV) vs cpu" >>"$REPORT" ||
+    failures=$((failures + 1))
 
   prompt=$(echo "$tokens" | cut -d, -f1-24)
   for device in cpu cuda; do
-    "$BIN" generate --model "$model" --tokens "$prompt" --max-tokens 24 --ignore-eos --device "$device" \
+    "$BIN" generate --model "$model" --tokens "$prompt" --max-tokens 24 --ignore-eos --device "$device" $EXACT \
       >"$WORK/$preset-generate-$device.txt" 2>>"$LOG"
     printf '\n$ generate %s %s -> %s\n' "$preset" "$device" "$(cat "$WORK/$preset-generate-$device.txt")" >>"$LOG"
   done
   # stdout also carries the log lines: the ids are the line of comma-separated numbers.
   ids=$(grep -E '^[0-9]+(,[0-9]+)*$' "$WORK/$preset-generate-cuda.txt" | tail -1)
   cpu_ids=$(grep -E '^[0-9]+(,[0-9]+)*$' "$WORK/$preset-generate-cpu.txt" | tail -1)
-  logged "$BIN" logits --model "$model" --tokens "$prompt,$ids" --out "$WORK/$preset-forced.npy" --device cuda
+  logged "$BIN" logits --model "$model" --tokens "$prompt,$ids" --out "$WORK/$preset-forced.npy" --device cuda $EXACT
   python3 bench/compare_logits.py decode "$WORK/$preset-forced.npy" 24 "$ids" \
     "decode after prefill = one-shot prefill ($preset, cuda, 24 tokens)" >>"$REPORT" || failures=$((failures + 1))
   same=$(python3 -c "a='$ids'.split(','); b='$cpu_ids'.split(','); print(sum(x == y for x, y in zip(a, b)), len(b))")
@@ -116,7 +132,7 @@ echo "Floor: weights, routed experts and visible KV read once at 4.8 TB/s (PERF.
   "0.131 ms floor / vLLM 0.163 ms; 64 tokens 3.57 / 3.84 ms." >>"$REPORT"
 
 section "Op-by-op harness"
-echo "$ops_table" >>"$REPORT"
+echo "$ops_tables" >>"$REPORT"
 
 section "Result"
 echo "$failures failed check(s)." >>"$REPORT"

@@ -45,7 +45,7 @@ printf '\n## Decode step and prefill, beam-1.0 shapes with 8 layers, batch 1 (`b
 prompt=$(python3 -c "import random; r = random.Random(3); print(','.join(str(r.randrange(200000)) for _ in range(8192)))")
 printf '\n$ generate beam-1.0 8 layers, 8192-token prompt, 64 new tokens\n' >>"$LOG"
 "$BIN" generate --model beam-1.0 --load-format dummy --hf-overrides '{"num_hidden_layers": 8}' --device cuda \
-  --kv-dtype bf16 --tokens "$prompt" --max-tokens 64 --ignore-eos >>"$LOG" 2>&1
+  --kv-cache-dtype bfloat16 --tokens "$prompt" --max-tokens 64 --ignore-eos >>"$LOG" 2>&1
 line=$(grep -E 'prefill [0-9]+ tokens in' "$LOG" | tail -1)
 python3 - "$line" >>"$REPORT" <<'EOF'
 import re, sys

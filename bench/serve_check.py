@@ -21,6 +21,8 @@ REQUIRED = 0.9
 def start_server(binary, model, device, port):
     # The GPU server sizes its KV cache from the device's memory, as `vllm serve` does.
     budget = ["--gpu-memory-utilization", "0.3"] if device == "cuda" else ["--kv-cache-memory", "4G"]
+    # Both servers compute in FP32 with an F32 KV cache, so their tokens can be compared one for one.
+    budget += ["--dtype", "float32", "--kv-cache-dtype", "float32"]
     process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port), *budget],
                                stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300

@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "commands.h"
+#include "engine/engine_config.h"
 #include "model_options.h"
 #include "model/beam_model.h"
 #include "model/sequence_runner.h"
@@ -25,7 +26,7 @@ namespace {
 
 struct GenerateOptions {
   ModelSource source;
-  std::string tokens, device = "cpu", kv_dtype = "f32";
+  std::string tokens, device = "cpu", dtype = "auto", kv_cache_dtype = "auto";
   int64_t max_tokens = 16;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -61,12 +62,13 @@ void run_generate(const GenerateOptions& options) {
           "--temperature: {} must be a finite number >= 0", options.temperature);
   require(options.top_p > 0.0 && options.top_p <= 1.0, "--top-p: {} must be in (0, 1]", options.top_p);
   std::unique_ptr<Backend> backend = create_backend(options.device);
+  backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   const BeamWeights weights = options.source.load();
   const ModelConfig& config = weights.config;
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
   const auto prompt_length = static_cast<int64_t>(prompt.size());
-  SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_dtype(options.kv_dtype));
+  SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_cache_dtype(options.kv_cache_dtype, backend->device()));
   std::mt19937_64 rng(options.seed);
 
   using Clock = std::chrono::steady_clock;
@@ -103,7 +105,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--seed", options->seed, "random seed for sampling")->capture_default_str();
   command->add_flag("--ignore-eos", options->ignore_eos, "keep generating after an end-of-sequence token");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
-  command->add_option("--kv-dtype", options->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
+  add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
   command->callback([options] { run_generate(*options); });
 });
 

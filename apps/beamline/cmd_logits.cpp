@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "commands.h"
+#include "engine/engine_config.h"
 #include "model_options.h"
 #include "model/beam_model.h"
 #include "model/sequence_runner.h"
@@ -18,16 +19,17 @@ namespace {
 
 struct LogitsOptions {
   ModelSource source;
-  std::string tokens, out, device = "cpu", kv_dtype = "f32";
+  std::string tokens, out, device = "cpu", dtype = "auto", kv_cache_dtype = "auto";
 };
 
 void run_logits(const LogitsOptions& options) {
   std::unique_ptr<Backend> backend = create_backend(options.device);
+  backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   const BeamWeights weights = options.source.load();
   const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
   const auto count = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, count, count, parse_kv_dtype(options.kv_dtype));
+  SequenceRunner runner(model, count, count, parse_kv_cache_dtype(options.kv_cache_dtype, backend->device()));
   const auto start = std::chrono::steady_clock::now();
   const std::vector<float> logits = runner.step(tokens, true);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -45,7 +47,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--tokens", options->tokens, "comma-separated token ids, e.g. 5,17,300")->required();
   command->add_option("--out", options->out, "output .npy file")->required();
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
-  command->add_option("--kv-dtype", options->kv_dtype, "KV cache dtype: f32 or bf16")->capture_default_str();
+  add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
   command->callback([options] { run_logits(*options); });
 });
 

@@ -28,10 +28,4 @@ std::vector<int32_t> parse_token_list(std::string_view text, int64_t vocab_size,
   return tokens;
 }
 
-DType parse_kv_dtype(std::string_view name) {
-  if (name == "f32") return DType::F32;
-  if (name == "bf16") return DType::BF16;
-  fail("--kv-dtype: \"{}\" is not a KV cache dtype (f32 or bf16)", name);
-}
-
 }  // namespace beamline::cli

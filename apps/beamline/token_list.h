@@ -1,5 +1,5 @@
 #pragma once
-// Shared parsing of the `--tokens 5,17,300` and `--device` options of the model commands.
+// Shared parsing of the `--tokens 5,17,300` option of the model commands.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,8 +13,5 @@ namespace beamline::cli {
 
 // Comma-separated token ids, each in [0, vocab_size); an Error names the option, the entry and its index.
 std::vector<int32_t> parse_token_list(std::string_view text, int64_t vocab_size, std::string_view option);
-
-// "f32" or "bf16" (the KV cache dtype).
-DType parse_kv_dtype(std::string_view name);
 
 }  // namespace beamline::cli

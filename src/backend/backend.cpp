@@ -114,6 +114,21 @@ void register_backend(std::string name, BackendFactory factory) {
   registry()[std::move(name)] = std::move(factory);
 }
 
+ComputeDType parse_compute_dtype(std::string_view name, Device device) {
+  if (name == "auto") return device == Device::Cpu ? ComputeDType::Float32 : ComputeDType::BFloat16;
+  if (name == "bfloat16" || name == "bf16") return ComputeDType::BFloat16;
+  if (name == "float32" || name == "float" || name == "f32") return ComputeDType::Float32;
+  fail("--dtype: \"{}\" is not a compute dtype (auto, bfloat16 or float32)", name);
+}
+
+DType parse_kv_cache_dtype(std::string_view name, Device device) {
+  if (name == "auto") return device == Device::Cpu ? DType::F32 : DType::BF16;
+  if (name == "bfloat16" || name == "bf16") return DType::BF16;
+  if (name == "float32" || name == "float" || name == "f32") return DType::F32;
+  fail("--kv-cache-dtype: \"{}\" is not a KV cache dtype (auto, bfloat16 or float32; fp8 is not supported yet)",
+       name);
+}
+
 std::unique_ptr<Backend> create_backend(std::string_view device) {
   if (device == "cpu") return make_cpu_backend();
   {

@@ -209,6 +209,12 @@ using BackendFactory = std::function<std::unique_ptr<Backend>()>;
 void register_backend(std::string name, BackendFactory factory);
 std::unique_ptr<Backend> create_backend(std::string_view device);
 
+// vLLM's --dtype and --kv-cache-dtype for a backend on `device`. --dtype: auto (BF16 operands on a device with
+// matrix units, FP32 on the CPU), bfloat16, float32. --kv-cache-dtype: auto (BF16 on a device, F32 on the CPU),
+// bfloat16, float32 (bf16 / f32 too). Anything else is an Error naming the flag and the accepted values.
+ComputeDType parse_compute_dtype(std::string_view name, Device device);
+DType parse_kv_cache_dtype(std::string_view name, Device device);
+
 // Checks used by every backend's ops: a clear Error naming the op and argument when a shape or dtype is wrong.
 void require_shape(const Tensor& tensor, const std::vector<int64_t>& shape, std::string_view op, std::string_view what);
 void require_dtype(const Tensor& tensor, DType dtype, std::string_view op, std::string_view what);

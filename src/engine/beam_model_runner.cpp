@@ -6,10 +6,11 @@
 
 namespace beamline {
 
-BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device,
-                                 const EngineConfig& config, DType kv_dtype)
+BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config)
     : backend_(create_backend(device)) {
   config.validate();
+  backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
+  const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->device());
   model_ = std::make_unique<BeamModel>(weights, *backend_);
   const ModelConfig& model_config = model_->config();
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
@@ -35,9 +36,10 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
   cache_ = std::make_unique<KvCache>(*backend_, model_config,
                                      make_kv_cache_layout(model_config, block_size, static_cast<int32_t>(num_blocks)),
                                      kv_dtype);
-  spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each) on {}",
+  spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each, {}) on {}; compute {}",
                static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
-               bytes_per_block_, backend_->name());
+               bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
+               backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
 }
 
 Tensor BeamModelRunner::forward(const ForwardBatch& batch) {

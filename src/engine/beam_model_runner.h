@@ -18,9 +18,9 @@ class BeamModelRunner : public ModelRunner {
  public:
   // `device` is "cpu" or "cuda". The KV budget is --kv-cache-memory, or --gpu-memory-utilization of the
   // device (on the CPU backend: of kCpuKvCacheDefaultBytes); the pool gets as many blocks as fit.
-  // `weights` come from a checkpoint or are random (BeamWeights::random, --load-format dummy).
-  BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config,
-                  DType kv_dtype = DType::F32);
+  // `weights` come from a checkpoint or are random (BeamWeights::random, --load-format dummy). The compute and KV
+  // dtypes are the config's --dtype and --kv-cache-dtype.
+  BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }
   const KvCacheLayout& kv_layout() const override { return cache_->layout(); }

@@ -6,11 +6,14 @@
 #include <charconv>
 #include <string>
 
+#include "backend/backend.h"
 #include "util/error.h"
 
 namespace beamline {
 
 void EngineConfig::validate() const {
+  parse_compute_dtype(dtype, Device::Cpu);  // the names; what "auto" means waits for the backend
+  parse_kv_cache_dtype(kv_cache_dtype, Device::Cpu);
   require(max_num_seqs >= 1, "--max-num-seqs must be at least 1 (got {})", max_num_seqs);
   require(max_num_batched_tokens >= max_num_seqs,
           "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({}): every running sequence needs a "
@@ -83,6 +86,19 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
       ->capture_default_str();
   command.add_option("--seed", config.seed, "Random seed for requests that do not set one")->capture_default_str();
   command.add_option("--max-logprobs", config.max_logprobs, "Largest top_logprobs / logprobs a request may ask for")
+      ->capture_default_str();
+  add_dtype_options(command, config.dtype, config.kv_cache_dtype);
+}
+
+void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {
+  command
+      .add_option("--dtype", dtype,
+                  "Precision of activations on the matrix units: auto (bfloat16 on cuda, float32 on cpu), bfloat16, "
+                  "or float32 (FP32-accurate products from split BF16 operands, twice the tensor-core work)")
+      ->capture_default_str();
+  command
+      .add_option("--kv-cache-dtype,--kv-dtype", kv_cache_dtype,
+                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16 or float32")
       ->capture_default_str();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Engine options, shared by every command that runs the engine (serve, bench). Flag names follow vLLM's.
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace CLI {
@@ -27,6 +28,8 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
   uint64_t seed = 0;                      // --seed: for requests without their own seed
   int32_t max_logprobs = 20;              // --max-logprobs: top_logprobs limit per token
+  std::string dtype = "auto";             // --dtype: tensor-core operand precision (Backend::set_compute_dtype)
+  std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
 
   // Throws beamline::Error naming the flag of the first bad value.
   void validate() const;
@@ -34,6 +37,10 @@ struct EngineConfig {
 
 // Registers the flags above on `command`, writing into `config`.
 void add_engine_options(CLI::App& command, EngineConfig& config);
+
+// --dtype and --kv-cache-dtype (backend.h's parse_compute_dtype / parse_kv_cache_dtype read them), for commands that
+// run a model without the engine too.
+void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype);
 
 // Parses a byte count: a plain integer or one with a K/M/G/T suffix (powers of 1024; "KiB", "GB" etc. too).
 int64_t parse_byte_size(std::string_view text, std::string_view flag);

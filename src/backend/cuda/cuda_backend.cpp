@@ -310,6 +310,12 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
     gemm_wt(x, dtype, rows, in, weight, y);
     return;
   }
+  if (operand_precision() == cuda::OperandPrecision::Bf16) {
+    Tensor rounded = scratch(dtype, {rows, in});
+    check_launch(cuda::split_f32(x, rows * in, rounded.raw(), nullptr, dtype, stream_), "linear");
+    gemm_wt(rounded.raw(), dtype, rows, in, weight, y);
+    return;
+  }
   // One GEMM over [hi; lo] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
   Tensor split = scratch(dtype, {2 * rows, in});
   Tensor halves = scratch(DType::F32, {2 * rows, out});

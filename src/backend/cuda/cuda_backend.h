@@ -64,7 +64,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32 (FP32-accurate).
+  // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
+  // or hi alone (OperandPrecision::Bf16).
   void project(const float* x, int64_t rows, const Tensor& weight, float* y);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);

@@ -39,6 +39,7 @@ cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_
 // x = hi + lo to about 16 significant bits. A GEMM over the rows [hi; lo] followed by add_halves multiplies F32
 // activations by BF16 weights with an error near FP32's (about 2^-17 relative) where a single BF16 rounding of the
 // activations gives 2^-9 — the difference between matching the CPU backend's argmax everywhere and at 97%.
+// A null `lo` gives the single rounding of OperandPrecision::Bf16.
 cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream);
 // out[i] = halves[i] + halves[n + i]: the hi and lo products of split_f32's operands summed.
 cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream);

@@ -94,7 +94,7 @@ __global__ void split_kernel(const float* in, int64_t n, O* hi, O* lo) {
   const float value = in[i];
   const O high = from_float<O>(value);
   hi[i] = high;
-  lo[i] = from_float<O>(isfinite(value) ? value - to_float(high) : 0.0f);
+  if (lo != nullptr) lo[i] = from_float<O>(isfinite(value) ? value - to_float(high) : 0.0f);
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
