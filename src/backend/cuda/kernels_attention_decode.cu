@@ -320,6 +320,7 @@ constexpr int kTileKeys = 16;                         // the MMA's M
 constexpr int kMmaHeads = 8;                          // the MMA's N: query heads per kv head, padded
 constexpr int kDimSteps = kFastHeadDim / 16;          // MMA k-steps over head_dim for QK, m-tiles for PV
 constexpr int kStages = 3;                            // tiles per warp in flight or in use
+constexpr int kPrefetchTiles = 0;                     // tiles per warp prefetched to L2 beyond the stages
 constexpr int kRowBytes = kFastHeadDim * 2;           // one BF16 key or value row
 constexpr int kTileBytes = kTileKeys * kRowBytes;     // 4 KiB of K, as much of V
 constexpr int kStageBytes = 2 * kTileBytes;
@@ -413,22 +414,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
   const int32_t split_end = min(first_tile + tiles, split_begin + per_split);
   const int32_t warp_tiles = max(0, (split_end - split_begin - warp + kMmaWarps - 1) / kMmaWarps);
 
-  // B fragments of Q^T for each k-step: lane holds head fragment_row, dims 16 s + 2 pair (+1) and the same + 8.
-  uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
-  {
-    const bool real_head = fragment_row < group;
-    const float* query = q + (row * num_heads + int64_t{kv_head} * group + fragment_row) * kFastHeadDim;
-    const float q_scale = scale * kLog2E;  // scores in base 2: exp2 in the loop
-#pragma unroll
-    for (int s = 0; s < kDimSteps; ++s)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float2 pair{0.0f, 0.0f};
-        if (real_head) pair = *reinterpret_cast<const float2*>(query + 16 * s + 2 * fragment_pair + 8 * half);
-        split_pair(pair.x * q_scale, pair.y * q_scale, q_hi[s][half], q_lo[s][half]);
-      }
-  }
-
   const auto* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
   const auto* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
@@ -460,6 +445,17 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     }
     commit_copies();
   };
+  // Tile k of this warp prefetched to L2: lane covers the 128-byte half lane % 2 of K and V row lane / 2.
+  auto prefetch_tile = [&](int32_t k) {
+    if (k >= warp_tiles) return;
+    const int32_t t = (split_begin + warp + k * kMmaWarps) * kTileKeys + lane / 2;
+    if (t < first || t > last) return;
+    const int32_t block = key_rows_of_sequence.block_of(t);
+    if (block < 0) return;
+    const int64_t offset = key_rows_of_sequence.offset(block, t) + 64 * (lane % 2);
+    prefetch_l2(k_pool + offset);
+    prefetch_l2(v_pool + offset);
+  };
 
   // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
   // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
@@ -471,9 +467,30 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
 
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
+  if constexpr (kPrefetchTiles > 0)
+    for (int k = kStages - 1; k < kStages - 1 + kPrefetchTiles; ++k) prefetch_tile(k);
+
+  // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
+  // dims 16 s + 2 pair (+1) and the same + 8.
+  uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
+  {
+    const bool real_head = fragment_row < group;
+    const float* query = q + (row * num_heads + int64_t{kv_head} * group + fragment_row) * kFastHeadDim;
+    const float q_scale = scale * kLog2E;  // scores in base 2: exp2 in the loop
+#pragma unroll
+    for (int s = 0; s < kDimSteps; ++s)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float2 pair{0.0f, 0.0f};
+        if (real_head) pair = *reinterpret_cast<const float2*>(query + 16 * s + 2 * fragment_pair + 8 * half);
+        split_pair(pair.x * q_scale, pair.y * q_scale, q_hi[s][half], q_lo[s][half]);
+      }
+  }
+
   for (int32_t k = 0; k < warp_tiles; ++k) {
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
     issue(k + kStages - 1);
+    if constexpr (kPrefetchTiles > 0) prefetch_tile(k + kStages - 1 + kPrefetchTiles);
     wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
     const unsigned char* k_tile = stages + (k % kStages) * kStageBytes;
@@ -598,34 +615,71 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
   }
 }
 
-// out = Σ_s w_s acc_s / Σ_s w_s sum_s with w_s = exp(max_s − max): the softmax over all splits' keys.
+// out = Σ_s w_s acc_s / Σ_s w_s sum_s with w_s = exp(max_s − max): the softmax over all splits' keys. Thread s
+// weighs split s (splits <= kMergeThreads), then warp w sums the accumulators of splits w, w + kMergeWarps, ...,
+// four dims per lane: no thread walks all the splits one after another.
+constexpr int kMergeWarps = kMergeThreads / 32;
+static_assert(kFastHeadDim == 32 * 4, "a warp covers head_dim with one float4 per lane");
+
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32_t* rows, int64_t count,
                                                                      int32_t splits, const float* partials,
                                                                      int32_t num_heads, float* out) {
+  __shared__ float weight[kMergeThreads];
+  __shared__ float warp_result[kMergeWarps];
+  __shared__ float4 warp_value[kMergeWarps][32];
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
   const int64_t item = blockIdx.x;
   const int64_t row = rows != nullptr ? rows[item] : item;
   const int32_t head = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const float* stats = partials + stats_offset(count, num_heads, splits);
   const int64_t first_split = (item * num_heads + head) * splits;
-  float total_max = -INFINITY;
-  bool poisoned = false;
-  for (int s = 0; s < splits; ++s) {
-    total_max = fmaxf(total_max, stats[2 * (first_split + s)]);
-    poisoned |= isnan(stats[2 * (first_split + s) + 1]);
+  const int s = threadIdx.x;
+  const float split_max = s < splits ? stats[2 * (first_split + s)] : -INFINITY;
+  const float split_sum = s < splits ? stats[2 * (first_split + s) + 1] : 0.0f;
+  const bool poisoned = __syncthreads_or(isnan(split_sum)) != 0;
+
+  float total_max = warp_max(split_max);
+  if (lane == 0) warp_result[warp] = total_max;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) total_max = fmaxf(total_max, warp_result[w]);
+  const float split_weight = split_max == -INFINITY ? 0.0f : expf(split_max - total_max);
+  weight[s] = split_weight;
+  const float weighted_sum = warp_sum(split_weight * split_sum);
+  __syncthreads();  // every warp has read warp_result's maxima
+  if (lane == 0) warp_result[warp] = weighted_sum;
+  __syncthreads();
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) sum += warp_result[w];
+
+  const float4* accumulators = reinterpret_cast<const float4*>(partials + first_split * kFastHeadDim) + lane;
+  float4 value{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int t = warp; t < splits; t += kMergeWarps) {
+    const float w = weight[t];
+    const float4 a = accumulators[int64_t{t} * (kFastHeadDim / 4)];
+    value.x += w * a.x;
+    value.y += w * a.y;
+    value.z += w * a.z;
+    value.w += w * a.w;
   }
-  for (int d = threadIdx.x; d < kFastHeadDim; d += kMergeThreads) {
-    float sum = 0.0f, value = 0.0f;
-    if (total_max != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float split_max = stats[2 * (first_split + s)];
-        const float weight = split_max == -INFINITY ? 0.0f : expf(split_max - total_max);
-        sum += weight * stats[2 * (first_split + s) + 1];
-        value += weight * partials[(first_split + s) * kFastHeadDim + d];
-      }
-    }
-    out[(row * num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
+  warp_value[warp][lane] = value;
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) {
+    const float4 other = warp_value[w][lane];
+    value.x += other.x;
+    value.y += other.y;
+    value.z += other.z;
+    value.w += other.w;
   }
+  float4 result{0.0f, 0.0f, 0.0f, 0.0f};
+  if (sum > 0.0f) result = float4{value.x / sum, value.y / sum, value.z / sum, value.w / sum};
+  if (poisoned) result = float4{quiet_nan(), quiet_nan(), quiet_nan(), quiet_nan()};
+  reinterpret_cast<float4*>(out + (row * num_heads + head) * kFastHeadDim)[lane] = result;
 }
 
 // The merge as a programmatic dependent of the decode grid just enqueued: its blocks may be scheduled before that
@@ -733,6 +787,7 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
                                     cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
+  if (splits > kMergeThreads) return cudaErrorInvalidValue;
   if (pool.dtype == DType::BF16)
     return launch_decode_mma(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window,
                              out, stream);
