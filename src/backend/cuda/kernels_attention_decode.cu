@@ -1,11 +1,12 @@
 // Split-KV ("flash-decoding") paged attention for rows with few query rows per sequence. A block serves one row,
 // one kv head and one of `splits` key ranges, reading each key and value of its range once for all the query
-// heads of the group (GQA); a second kernel combines the splits (log-sum-exp weights), launched as a programmatic
-// dependent so that its launch overlaps the first kernel. BF16 pools (the served dtype) take the tensor-core
-// kernel below; F32 pools the CUDA-core kernel, F32 math throughout: each key is spread over kLanesPerKey lanes
-// (a "key slot") with several keys in flight, a slot keeps its own online softmax (running max and sum) and the
-// block combines its slots in shared memory. There the score sums are reduce-scattered over the slot's lanes and
-// shared back through shared memory, so shuffles and exponentials are not repeated on every lane.
+// heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
+// programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
+// - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
+// - F32: F32 math on the CUDA cores. Each key is spread over kLanesPerKey lanes (a "key slot") with several keys
+//   in flight; a slot keeps its own online softmax (running max and sum) and the block combines its slots in
+//   shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
+//   memory, so shuffles and exponentials are not repeated on every lane.
 #include <algorithm>
 #include <cmath>
 
@@ -320,7 +321,6 @@ constexpr int kTileKeys = 16;                         // the MMA's M
 constexpr int kMmaHeads = 8;                          // the MMA's N: query heads per kv head, padded
 constexpr int kDimSteps = kFastHeadDim / 16;          // MMA k-steps over head_dim for QK, m-tiles for PV
 constexpr int kStages = 3;                            // tiles per warp in flight or in use
-constexpr int kPrefetchTiles = 0;                     // tiles per warp prefetched to L2 beyond the stages
 constexpr int kRowBytes = kFastHeadDim * 2;           // one BF16 key or value row
 constexpr int kTileBytes = kTileKeys * kRowBytes;     // 4 KiB of K, as much of V
 constexpr int kStageBytes = 2 * kTileBytes;
@@ -445,17 +445,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     }
     commit_copies();
   };
-  // Tile k of this warp prefetched to L2: lane covers the 128-byte half lane % 2 of K and V row lane / 2.
-  auto prefetch_tile = [&](int32_t k) {
-    if (k >= warp_tiles) return;
-    const int32_t t = (split_begin + warp + k * kMmaWarps) * kTileKeys + lane / 2;
-    if (t < first || t > last) return;
-    const int32_t block = key_rows_of_sequence.block_of(t);
-    if (block < 0) return;
-    const int64_t offset = key_rows_of_sequence.offset(block, t) + 64 * (lane % 2);
-    prefetch_l2(k_pool + offset);
-    prefetch_l2(v_pool + offset);
-  };
+
 
   // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
   // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
@@ -467,8 +457,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
 
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
-  if constexpr (kPrefetchTiles > 0)
-    for (int k = kStages - 1; k < kStages - 1 + kPrefetchTiles; ++k) prefetch_tile(k);
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
   // dims 16 s + 2 pair (+1) and the same + 8.
@@ -490,7 +478,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
   for (int32_t k = 0; k < warp_tiles; ++k) {
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
     issue(k + kStages - 1);
-    if constexpr (kPrefetchTiles > 0) prefetch_tile(k + kStages - 1 + kPrefetchTiles);
     wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
     const unsigned char* k_tile = stages + (k % kStages) * kStageBytes;
