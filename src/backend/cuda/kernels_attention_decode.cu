@@ -446,7 +446,6 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     commit_copies();
   };
 
-
   // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
   // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
   float acc[kDimSteps][4];
