@@ -408,7 +408,23 @@ void test_attention(Harness& harness) {
       {"prefill GQA 6/3", 6, 3, 128, 16, 7, DType::BF16, {{0, 150}, {10, 31}}},
       {"prefill GQA 4/1", 4, 1, 128, 16, 0, DType::BF16, {{5, 200}}},
       {"prefill GQA 10/2", 10, 2, 128, 16, 64, DType::F32, {{100, 130}}},
+      // The tensor-core decode kernel (BF16 pools): 16-key tile edges, a single row over many splits, windows that
+      // start inside a tile, blocks smaller and larger than a tile, groups 1 to 8, speculative chunks.
+      {"decode tile edges", 48, 8, 128, 16, 0, DType::BF16,
+       {{14, 1}, {15, 1}, {16, 1}, {17, 1}, {31, 1}, {47, 2}, {63, 4}, {1, 1}}},
+      {"decode 1 row 8K", 48, 8, 128, 16, 0, DType::BF16, {{8191, 1}}},
+      {"decode 1 row window", 48, 8, 128, 16, 100, DType::BF16, {{2047, 1}}},
+      {"decode window 512 edges", 48, 8, 128, 16, 512, DType::BF16, {{527, 1}, {528, 1}, {529, 1}, {1000, 4}}},
+      {"decode bs 4", 48, 8, 128, 4, 0, DType::BF16, {{500, 1}, {37, 1}, {6, 2}}},
+      {"decode bs 8 window", 48, 8, 128, 8, 30, DType::BF16, {{300, 1}, {29, 3}}},
+      {"decode bs 64", 48, 8, 128, 64, 0, DType::BF16, {{1500, 1}, {64, 1}, {63, 4}}},
+      {"decode GQA 64/8", 64, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {200, 4}}},
+      {"decode GQA 14/2", 14, 2, 128, 16, 0, DType::BF16, {{777, 1}, {12, 2}}},
+      {"decode GQA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{1024, 1}, {3, 1}}},
+      {"decode GQA 32/8 window", 32, 8, 128, 32, 512, DType::BF16, {{4000, 4}, {600, 1}}},
+      {"decode 2 rows", 48, 8, 128, 16, 512, DType::BF16, {{5000, 2}, {0, 2}, {511, 2}}},
       {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      {"missing block, 1 row", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {6000, 1}}, 1},
       {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
       {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
   };
