@@ -27,6 +27,12 @@ constexpr double kF32Tolerance = 1e-5;
 // error is near FP32's (measured up to 7e-5 with K = 20480 on the tensor cores, whose FP32 accumulation is not
 // IEEE), not a BF16 rounding's (2^-9: it would pass 1e-2 and fails the whole-model comparison).
 constexpr double kSplitOperandTolerance = 2e-4;
+// One BF16 rounding of the tensor-core operands (compute dtype BFloat16), as in prefill attention: q and the
+// softmax probabilities P keep 8 significant bits (2^-9 relative) before their products with exact BF16 K and V,
+// which on these inputs gives a few 1e-3 of relative error in the output; 1e-2 leaves room for that and still
+// fails a lost or doubled tile. The masks and key ranges are the same code in both precisions and are held to
+// kF32Tolerance by the Float32 run of every case.
+constexpr double kBf16OperandTolerance = 1e-2;
 
 struct Options {
   std::string device = "cuda", reference = "cpu", filter;
@@ -299,7 +305,7 @@ void record_missing_block(Harness& harness, const std::string& shape, const Tens
                          "missing block: its rows NaN, others finite (error = wrong elements)", wrong == 0, seconds});
 }
 
-void test_attention_case(Harness& harness, const AttentionCase& c) {
+void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType compute) {
   const auto start = std::chrono::steady_clock::now();
   const int32_t slots = 2, slot = 1;
   std::vector<int32_t> positions, query_start{0}, seq_lens;
@@ -365,14 +371,19 @@ void test_attention_case(Harness& harness, const AttentionCase& c) {
   params.sliding_window = c.window;
   params.slot = slot;
   auto out = harness.poisoned(DType::F32, {rows, q_width});
+  harness.device().set_compute_dtype(compute);
   harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  harness.device().set_compute_dtype(ComputeDType::Float32);
+  const bool bf16 = compute == ComputeDType::BFloat16;
   if (c.drop_sequence >= 0) {
-    record_missing_block(harness, shape, out.device, query_start, c.drop_sequence, seconds_since(start));
+    record_missing_block(harness, bf16 ? shape + " compute bf16" : shape, out.device, query_start, c.drop_sequence,
+                         seconds_since(start));
     return;
   }
   harness.reference().paged_attention(q.reference, reference_pool, block_table.reference, reference_batch, params,
                                       out.reference);
-  harness.record("paged_attention", shape, out, kF32Tolerance, seconds_since(start));
+  harness.record("paged_attention", shape, out, bf16 ? kBf16OperandTolerance : kF32Tolerance, seconds_since(start),
+                 bf16 ? "compute bfloat16" : "");
 }
 
 void test_attention(Harness& harness) {
@@ -401,6 +412,13 @@ void test_attention(Harness& harness) {
       {"prefill GQA 6/3", 6, 3, 128, 16, 7, DType::BF16, {{0, 150}, {10, 31}}},
       {"prefill GQA 4/1", 4, 1, 128, 16, 0, DType::BF16, {{5, 200}}},
       {"prefill GQA 10/2", 10, 2, 128, 16, 64, DType::F32, {{100, 130}}},
+      // The tensor-core prefill kernel (BF16 pools): chunks after cached keys, windows, block sizes, groups 1-8.
+      {"chunked prefill", 48, 8, 128, 16, 512, DType::BF16, {{530, 70}, {0, 129}}},
+      {"chunked prefill long", 48, 8, 128, 16, 0, DType::BF16, {{2000, 150}, {31, 33}}},
+      {"prefill bs 8", 48, 8, 128, 8, 0, DType::BF16, {{0, 200}, {61, 67}}},
+      {"prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::BF16, {{3, 250}}},
+      {"prefill window 100 GQA 16/2", 16, 2, 128, 16, 100, DType::BF16, {{0, 300}, {250, 90}}},
+      {"prefill MHA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{0, 140}, {17, 6}}},
       {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
       {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
       {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
@@ -417,8 +435,13 @@ void test_attention(Harness& harness) {
   }
   // The CPU backend throws on a missing block instead of writing NaN: those cases are for device backends.
   const bool device_semantics = harness.device().device() != Device::Cpu;
-  for (const AttentionCase& c : cases)
-    if (c.drop_sequence < 0 || device_semantics) test_attention_case(harness, c);
+  for (const AttentionCase& c : cases) {
+    if (c.drop_sequence >= 0 && !device_semantics) continue;
+    test_attention_case(harness, c, ComputeDType::Float32);
+    // The compute dtype picks the operands of the tensor-core prefill kernel: cases of one query row per sequence run once.
+    if (std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > 1; }))
+      test_attention_case(harness, c, ComputeDType::BFloat16);
+  }
 }
 
 void test_route(Harness& harness) {

@@ -385,7 +385,8 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   host.sequences = batch.num_sequences();
   host.rows = batch.num_rows();
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
-  const cuda::AttentionPlan plan = cuda::plan_attention(host, geometry, heads, params.sliding_window, aligned);
+  const cuda::AttentionPlan plan = cuda::plan_attention(host, geometry, heads, params.sliding_window, aligned,
+                                                       operand_precision());
   Tensor work, partials;
   if (!plan.work.empty()) work = upload_i32(plan.work, {static_cast<int64_t>(plan.work.size())});
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
