@@ -19,24 +19,26 @@ namespace beamline::cuda {
 namespace {
 
 constexpr int kDim = kFastHeadDim;
-constexpr int kKeys = 32;            // keys per tile (64 would not fit the S and O accumulators in registers)
 constexpr int kRowBytes = kDim * 2;  // a BF16 row of q, K or V
 constexpr int kChunks = kRowBytes / 16;
-constexpr int kStages = 3;  // K/V tiles in flight or in use
 constexpr int kVectors = 128;                       // query vectors per block
-constexpr int kStageBytes = 2 * kKeys * kRowBytes;  // K then V
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The block's shape per precision. Each K/V fragment read from shared memory should feed two MMAs, or shared
-// memory bandwidth bounds the kernel: Bf16 gives each warp two 16-vector MMA tiles (4 warps), Split's hi and lo
-// halves of q and P already make two MMAs per fragment, so one tile per warp (8 warps) keeps its accumulators in
-// registers.
+// The block's shape per precision, the fastest of the shapes measured on the H200 (bench/results/
+// 2026-12-01-prefill.md). A K/V fragment read from shared memory should feed two MMAs: Bf16 gives each warp two
+// 16-vector MMA tiles (4 warps), with 32-key tiles (64 keys would spill the S and O accumulators) 4 deep, two
+// blocks per multiprocessor; Split's hi and lo halves of q and P already make two MMAs per fragment, so one tile per
+// warp (8 warps) leaves registers for 64-key tiles, 3 deep, one block per multiprocessor.
 template <OperandPrecision kPrecision>
 struct Shape {
-  static constexpr int kQueryParts = kPrecision == OperandPrecision::Split ? 2 : 1;  // q as BF16 rows: hi (, lo)
-  static constexpr int kMTiles = kPrecision == OperandPrecision::Split ? 1 : 2;
+  static constexpr bool kSplit = kPrecision == OperandPrecision::Split;
+  static constexpr int kQueryParts = kSplit ? 2 : 1;  // q as BF16 rows: hi (, lo)
+  static constexpr int kMTiles = kSplit ? 1 : 2;
   static constexpr int kWarps = kVectors / (16 * kMTiles);
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kKeys = kSplit ? 64 : 32;  // keys per tile
+  static constexpr int kStages = kSplit ? 3 : 4;  // K/V tiles in flight or in use
+  static constexpr int kStageBytes = 2 * kKeys * kRowBytes;  // K then V
   static constexpr int kLoadsPerThread = kKeys * kChunks / kThreads;  // 16-byte chunks of K (and of V) per tile
   static constexpr size_t kSharedBytes = size_t{kQueryParts} * kVectors * kRowBytes + size_t{kStages} * kStageBytes;
   static_assert(kLoadsPerThread * kThreads == kKeys * kChunks, "K/V tiles split evenly over the threads");
@@ -101,7 +103,8 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
                                  const int32_t* tile_list, int32_t num_heads, float scale, int32_t sliding_window,
                                  float* out) {
   using S = Shape<kPrecision>;
-  constexpr int kParts = S::kQueryParts, kMTiles = S::kMTiles, kThreads = S::kThreads;
+  constexpr int kParts = S::kQueryParts, kMTiles = S::kMTiles, kThreads = S::kThreads, kKeys = S::kKeys;
+  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes;
   extern __shared__ __align__(128) unsigned char shared[];
   unsigned char* stages = shared + kParts * kVectors * kRowBytes;
   __shared__ int key_missing[kStages][kKeys];
@@ -195,17 +198,26 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
   const __nv_bfloat16* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
   const __nv_bfloat16* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
-  // Starts copying the tile of keys [tile_start, tile_start + kKeys) into `stage`; whether this thread met a key
-  // <= last_key whose block is missing (such keys, and those past last_key, are zeros in the tile).
-  auto fetch = [&](int32_t tile_start, int stage) {
+  // The pool blocks of this thread's chunks of the tile of keys [tile_start, tile_start + kKeys) (-1 for none, and
+  // past last_key), read from the block table before the MMAs that hide their latency.
+  using Blocks = int32_t[S::kLoadsPerThread];
+  auto locate = [&](int32_t tile_start, Blocks& blocks) {
+#pragma unroll
+    for (int i = 0; i < S::kLoadsPerThread; ++i) {
+      const int32_t t = tile_start + (threadIdx.x + kThreads * i) / kChunks;
+      blocks[i] = t <= last_key ? key_rows_of_sequence.block_of(t) : -1;
+    }
+  };
+  // Starts copying that tile into `stage`; whether this thread met a key <= last_key whose block is missing (such
+  // keys, and those past last_key, are zeros in the tile).
+  auto fetch = [&](int32_t tile_start, int stage, const Blocks& blocks) {
     const uint32_t k_tile = shared_address(stages + stage * kStageBytes), v_tile = k_tile + kKeys * kRowBytes;
     bool missing = false;
 #pragma unroll
     for (int i = 0; i < S::kLoadsPerThread; ++i) {
       const int chunk = threadIdx.x + kThreads * i;
       const int key = chunk / kChunks, part = chunk % kChunks;
-      const int32_t t = tile_start + key;
-      const int32_t block = t <= last_key ? key_rows_of_sequence.block_of(t) : -1;
+      const int32_t t = tile_start + key, block = blocks[i];
       const bool absent = t <= last_key && block < 0;
       const int64_t offset = block >= 0 ? key_rows_of_sequence.offset(block, t) + part * 8 : 0;
       copy_async(k_tile + swizzled(key, part), k_pool + offset, block >= 0);
@@ -222,7 +234,11 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
   uint32_t fetched_missing = 0;
 #pragma unroll
   for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < tiles && fetch(first_key + stage * kKeys, stage)) fetched_missing |= 1u << stage;
+    if (stage < tiles) {
+      Blocks blocks;
+      locate(first_key + stage * kKeys, blocks);
+      if (fetch(first_key + stage * kKeys, stage, blocks)) fetched_missing |= 1u << stage;
+    }
     copy_async_commit();
   }
   const uint32_t q_tile = shared_address(shared);
@@ -234,11 +250,12 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     // fetch overwrites.
     const bool tile_missing = __syncthreads_or((fetched_missing >> stage) & 1u);
     const int refill = (tile + kStages - 1) % kStages;
+    const int32_t refill_start = tile_start + (kStages - 1) * kKeys;
+    const bool refilling = tile + kStages - 1 < tiles;
     fetched_missing &= ~(1u << refill);
-    if (tile + kStages - 1 < tiles && fetch(tile_start + (kStages - 1) * kKeys, refill))
-      fetched_missing |= 1u << refill;
-    copy_async_commit();
-    if (tile_end < lowest_min || tile_start > highest_max) continue;  // no vector of this warp sees these keys
+    Blocks blocks;
+    if (refilling) locate(refill_start, blocks);
+    const bool seen = tile_end >= lowest_min && tile_start <= highest_max;  // by some vector of this warp
     const uint32_t k_tile = shared_address(stages + stage * kStageBytes), v_tile = k_tile + kKeys * kRowBytes;
 
 #pragma unroll
@@ -247,28 +264,33 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
       for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) score[i][j][e] = 0.0f;
+    if (seen) {
 #pragma unroll
-    for (int step = 0; step < kDim / 16; ++step) {
-      uint32_t query[kParts][kMTiles][4];
+      for (int step = 0; step < kDim / 16; ++step) {
+        uint32_t query[kParts][kMTiles][4];
 #pragma unroll
-      for (int part = 0; part < kParts; ++part)
+        for (int part = 0; part < kParts; ++part)
 #pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
-          load_matrices(query[part][i], q_tile + part * kVectors * kRowBytes +
-                                            swizzled(warp_first_vector + 16 * i + lane % 16, 2 * step + lane / 16));
+          for (int i = 0; i < kMTiles; ++i)
+            load_matrices(query[part][i], q_tile + part * kVectors * kRowBytes +
+                                              swizzled(warp_first_vector + 16 * i + lane % 16, 2 * step + lane / 16));
 #pragma unroll
-      for (int pair = 0; pair < kKeys / 16; ++pair) {
-        uint32_t key[4];
-        load_matrices(key, k_tile + swizzled(16 * pair + lane % 8 + lane / 16 * 8, 2 * step + lane / 8 % 2));
+        for (int pair = 0; pair < kKeys / 16; ++pair) {
+          uint32_t key[4];
+          load_matrices(key, k_tile + swizzled(16 * pair + lane % 8 + lane / 16 * 8, 2 * step + lane / 8 % 2));
 #pragma unroll
-        for (int i = 0; i < kMTiles; ++i)
+          for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-          for (int part = 0; part < kParts; ++part) {
-            mma(score[i][2 * pair], query[part][i], key[0], key[1]);
-            mma(score[i][2 * pair + 1], query[part][i], key[2], key[3]);
-          }
+            for (int part = 0; part < kParts; ++part) {
+              mma(score[i][2 * pair], query[part][i], key[0], key[1]);
+              mma(score[i][2 * pair + 1], query[part][i], key[2], key[3]);
+            }
+        }
       }
     }
+    if (refilling && fetch(refill_start, refill, blocks)) fetched_missing |= 1u << refill;
+    copy_async_commit();
+    if (!seen) continue;
 
     if (tile_missing || tile_start < lowest_max || tile_end > highest_min) {
 #pragma unroll
@@ -392,7 +414,7 @@ cudaError_t launch(const float* q, const PoolGeometry& pool, int32_t slot, const
                    float* out, cudaStream_t stream) {
   auto kernel = prefill_attention_mma_kernel<kPrecision>;
   constexpr size_t bytes = Shape<kPrecision>::kSharedBytes;
-  // All of the multiprocessor's L1 as shared memory: two Bf16 blocks fit (K/V bypass L1 anyway).
+  // All of the multiprocessor's L1 as shared memory, so that two Bf16 blocks fit (K/V copies bypass L1 anyway).
   static const cudaError_t configured = [&] {
     const cudaError_t status =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
