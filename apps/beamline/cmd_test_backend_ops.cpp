@@ -438,7 +438,8 @@ void test_attention(Harness& harness) {
   for (const AttentionCase& c : cases) {
     if (c.drop_sequence >= 0 && !device_semantics) continue;
     test_attention_case(harness, c, ComputeDType::Float32);
-    // The compute dtype picks the operands of the tensor-core prefill kernel: cases of one query row per sequence run once.
+    // The compute dtype picks the operands of the tensor-core prefill kernel; cases of one query row per sequence
+    // (decode only) run once.
     if (std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > 1; }))
       test_attention_case(harness, c, ComputeDType::BFloat16);
   }

@@ -10,6 +10,8 @@
 // in the pool, exact operands either way.
 // Key tiles that no vector of a warp sees are skipped by that warp; masks (causal, window, keys past the sequence)
 // are applied only to tiles that are not wholly visible to every vector of the warp.
+// mma.sync is the first step on Hopper; what limits it and the wgmma design that should follow are in
+// bench/results/2026-12-01-prefill.md.
 #include <climits>
 #include <cmath>
 
@@ -24,7 +26,7 @@ constexpr int kChunks = kRowBytes / 16;
 constexpr int kVectors = 128;                       // query vectors per block
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The block's shape per precision, the fastest of the shapes measured on the H200 (bench/results/
+// The block's shape per precision: the fastest of the spill-free shapes measured on the H200 (bench/results/
 // 2026-12-01-prefill.md). A K/V fragment read from shared memory should feed two MMAs: Bf16 gives each warp two
 // 16-vector MMA tiles (4 warps), with 32-key tiles (64 keys would spill the S and O accumulators) 4 deep, two
 // blocks per multiprocessor; Split's hi and lo halves of q and P already make two MMAs per fragment, so one tile per
