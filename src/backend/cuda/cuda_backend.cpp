@@ -448,7 +448,8 @@ cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, con
   host.seq_lens = batch.host_seq_lens.data();
   host.sequences = batch.num_sequences();
   host.rows = batch.num_rows();
-  return cuda::plan_attention(host, pool_geometry(pool), params.num_heads, params.sliding_window, aligned);
+  return cuda::plan_attention(host, pool_geometry(pool), params.num_heads, params.sliding_window, aligned,
+                              operand_precision());
 }
 
 std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
