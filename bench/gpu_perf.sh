@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every performance row of the GPU issue in one go, ours and PyTorch's side by side, for the GPU machine.
 # Usage: bench/gpu_perf.sh [CARRY_DIR]   (default build-cuda-carry; made by bench/make_carry.sh)
+#        PEERS=0 skips the PyTorch peers (when a run of the same day already measured them on the same machine kind);
+#        SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT (8192) size the serving-throughput rows.
 # Writes $OUT/gpu_perf.md (date, GPU, commit, commands, tables) and $OUT/gpu_perf.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,41 +37,25 @@ table() {
 } >"$REPORT"
 
 table "MoE layer: ours (route + experts, CUDA graph)" "$BIN" bench-moe --iterations 30
-table "MoE layer: PyTorch (route + torch._grouped_mm, eager)" python3 bench/torch_moe_peers.py --iterations 30
-table "Paged attention: ours" "$BIN" bench-attention
-table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
+[ "${PEERS:-1}" = 0 ] || table "MoE layer: PyTorch (route + torch._grouped_mm, eager)" python3 bench/torch_moe_peers.py --iterations 30
+table "Paged attention: ours, --dtype bfloat16 (one BF16 rounding of q and P in prefill; decode exact)" \
+  "$BIN" bench-attention --dtype bfloat16
+table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$BIN" bench-attention --dtype float32 --filter prefill
+[ "${PEERS:-1}" = 0 ] || table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
 table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
 
-# Decode step of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.
-printf '\n## Decode step and prefill, beam-1.0 shapes with 8 layers, batch 1 (`beamline generate`, dummy weights)\n\n' >>"$REPORT"
-prompt=$(python3 -c "import random; r = random.Random(3); print(','.join(str(r.randrange(200000)) for _ in range(8192)))")
-printf '\n$ generate beam-1.0 8 layers, 8192-token prompt, 64 new tokens\n' >>"$LOG"
-"$BIN" generate --model beam-1.0 --load-format dummy --hf-overrides '{"num_hidden_layers": 8}' --device cuda \
-  --kv-cache-dtype bfloat16 --tokens "$prompt" --max-tokens 64 --ignore-eos >>"$LOG" 2>&1
-line=$(grep -E 'prefill [0-9]+ tokens in' "$LOG" | tail -1)
-python3 - "$line" >>"$REPORT" <<'EOF'
-import re, sys
-m = re.search(r"prefill (\d+) tokens in ([\d.]+) s; decoded (\d+) tokens in ([\d.]+) s", sys.argv[1])
-if not m:
-    print("(generate failed: see the log)")
-    sys.exit()
-prompt, prefill_s, decoded, decode_s = int(m[1]), float(m[2]), int(m[3]), float(m[4])
-H, V, HQ, HKV, D, I_DENSE, I_MOE, E, K = 5120, 201088, 48, 8, 128, 20480, 2560, 256, 8
-BF16 = 2  # bytes per weight
-attention = H * (HQ * D + 2 * HKV * D) + HQ * D * H  # parameters of q, k, v, o
-dense = 3 * H * I_DENSE
-expert = 3 * H * I_MOE
-router = E * H  # per MoE layer, F32 (4 bytes per parameter)
-# Batch 1 reads 8 experts per MoE layer, the LM head whole, one row of the embedding.
-weights_step = BF16 * (8 * attention + 3 * dense + 5 * K * expert + V * H) + 4 * 5 * router
-step_ms = decode_s / decoded * 1e3
-floor_ms = weights_step / 4.8e12 * 1e3
-print("| work | measured | floor | floor / measured |")
-print("| --- | --- | --- | --- |")
-print(f"| decode step, batch 1 (context ~8K, host sampling included) | {step_ms:.3f} ms | {floor_ms:.3f} ms (weights read once) | {floor_ms / step_ms:.2f} |")
-all_weights = BF16 * (8 * attention + 3 * dense + 5 * E * expert + V * H) + 4 * 5 * router
-flops = 2 * prompt * (8 * attention + 3 * dense + 5 * K * expert) + 2 * V * H  # GEMMs; logits of the last position
-prefill_floor_s = max(flops / 758e12, all_weights / 4.8e12)
-print(f"| prefill {prompt} tokens, batch 1 | {prefill_s * 1e3:.1f} ms ({prompt / prefill_s:.0f} tokens/s) | {prefill_floor_s * 1e3:.1f} ms (GEMM FLOPs / 758 TFLOP/s, attention excluded) | {prefill_floor_s / prefill_s:.3f} |")
-EOF
+# Serving throughput of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.
+WORK=$(mktemp -d)
+"$BIN" make-model --preset beam-1.0 --layers 8 --no-weights --out "$WORK/beam-1.0-8" >>"$LOG" 2>&1
+printf '\n## Serving throughput, beam-1.0 shapes with 8 layers (`beamline serve --load-format dummy`, defaults)\n\n' >>"$REPORT"
+printf '\n$ serve_throughput\n' >>"$LOG"
+python3 bench/serve_throughput.py "$BIN" "$WORK/beam-1.0-8" --batches "${SERVE_BATCHES:-1,16,64}" \
+  --prompt "${SERVE_PROMPT:-8192}" --decode 64 --floor-bytes 8292925440 2>>"$LOG" | tee -a "$LOG" | grep -E '^[|`]' >>"$REPORT" ||
+  echo "(failed: see the log)" >>"$REPORT"
+cat >>"$REPORT" <<'NOTE'
+
+Step floor: the bytes a batch-1 decode step must read at 4.8 TB/s (attention and dense weights, 8 routed experts per
+MoE layer, the LM head; 8,292,925,440 bytes). Prefill's GEMM-FLOP floor is 67.1 ms per 8192 tokens (122K tokens/s).
+NOTE
+rm -rf "$WORK"
 cat "$REPORT"

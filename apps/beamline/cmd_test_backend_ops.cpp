@@ -131,7 +131,17 @@ class Harness {
   Backend& device() { return device_; }
   Backend& reference() { return reference_; }
   bool small_only() const { return options_.small_only; }
-  bool wanted(std::string_view op) const { return options_.filter.empty() || op.find(options_.filter) != op.npos; }
+  // --filter is a comma-separated list; an op group runs when its name contains any entry.
+  bool wanted(std::string_view op) const {
+    if (options_.filter.empty()) return true;
+    std::string_view rest = options_.filter;
+    for (;;) {
+      const std::size_t comma = rest.find(',');
+      if (op.find(rest.substr(0, comma)) != op.npos) return true;
+      if (comma == rest.npos) return false;
+      rest.remove_prefix(comma + 1);
+    }
+  }
   // The tolerance of an op whose products run on the device's matrix units, for the --dtype under test.
   double operand_tolerance() const {
     return device_.compute_dtype() == ComputeDType::BFloat16 ? kBf16OperandTolerance : kSplitOperandTolerance;
@@ -864,7 +874,8 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--reference", options->reference, "reference backend")->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
   command->add_option("--filter", options->filter,
-                      "only the op groups whose name contains this (embedding, rms_norm, linear, rope, attention, "
+                      "only the op groups whose name contains this, or one of a comma-separated list (embedding, rms_norm, linear, "
+                      "rope, attention, "
                       "route, moe, swiglu, lm_head, sample)");
   command
       ->add_option("--dtype", options->dtype,
