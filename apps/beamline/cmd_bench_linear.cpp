@@ -1,7 +1,7 @@
 // beamline bench-linear: times the non-MoE weight reads of one decode step of a preset on the CUDA backend, per row
 // count: a layer's q|k|v (linear_many) and o projections, a dense SwiGLU MLP and the LM head (soft cap included),
-// each through the weight-streaming kernels (the backend's path for few rows) and through cuBLAS with split
-// operands (the path for many rows), replayed as CUDA graphs; prints a Markdown table next to the HBM floor (the
+// each through the weight-streaming kernels (the backend's path for few rows) and through cuBLAS (the path for
+// many rows) with split operands (--dtype float32) and with BF16 ones (--dtype bfloat16), replayed as CUDA graphs; prints a Markdown table next to the HBM floor (the
 // weight bytes read once / 4.8 TB/s, PERF.md). Weights smaller than a few L2s are drawn in several copies that
 // the graph cycles through, so that every replay reads them from HBM as a decode step does.
 #include <fmt/format.h>
@@ -116,8 +116,8 @@ void run_bench(const BenchOptions& options) {
   spdlog::info("bench-linear: {} on {}; copies: q|k|v {}, o {}, MLP {}", options.preset, backend.device_description(),
                qkv_copies, o_copies, mlp.size());
 
-  std::printf("\n| op | weights | rows | floor ms | streaming ms | streaming TB/s | floor / streaming | cuBLAS ms "
-              "(split) | cuBLAS TB/s | cuBLAS / streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+  std::printf("\n| op | weights | rows | floor ms | streaming ms | streaming TB/s | floor / streaming | cuBLAS split "
+              "ms | cuBLAS BF16 ms | cuBLAS BF16 / streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | "
               "--- |\n");
   for (const int64_t rows : options.rows) {
     require(rows >= 1, "bench-linear: --rows must be >= 1");
@@ -156,17 +156,20 @@ void run_bench(const BenchOptions& options) {
       const bool streams = rows <= CudaBackend::kStreamingMaxRows;
       const double streaming_ms = streams ? time_graph(backend, op.run, op.copies, options.iterations) : 0.0;
       backend.set_streaming_max_rows(0);
-      const double cublas_ms = time_graph(backend, op.run, op.copies, options.iterations);
+      const double split_ms = time_graph(backend, op.run, op.copies, options.iterations);
+      backend.set_compute_dtype(ComputeDType::BFloat16);
+      const double bf16_ms = time_graph(backend, op.run, op.copies, options.iterations);
+      backend.set_compute_dtype(ComputeDType::Float32);
       backend.set_streaming_max_rows(CudaBackend::kStreamingMaxRows);
       const double floor_ms = op.bytes / kHbmBytesPerSecond * 1e3;
-      auto rate = [&](double ms) { return op.bytes / (ms * 1e-3) / 1e12; };
       if (streams)
-        std::printf("| %s | %.0f MB | %lld | %.4f | %.4f | %.2f | %.2f | %.4f | %.2f | %.2f |\n", op.name,
-                    op.bytes / 1e6, static_cast<long long>(rows), floor_ms, streaming_ms, rate(streaming_ms),
-                    floor_ms / streaming_ms, cublas_ms, rate(cublas_ms), cublas_ms / streaming_ms);
+        std::printf("| %s | %.0f MB | %lld | %.4f | %.4f | %.2f | %.2f | %.4f | %.4f | %.2f |\n", op.name,
+                    op.bytes / 1e6, static_cast<long long>(rows), floor_ms, streaming_ms,
+                    op.bytes / (streaming_ms * 1e-3) / 1e12, floor_ms / streaming_ms, split_ms, bf16_ms,
+                    bf16_ms / streaming_ms);
       else
-        std::printf("| %s | %.0f MB | %lld | %.4f | — | — | — | %.4f | %.2f | — |\n", op.name, op.bytes / 1e6,
-                    static_cast<long long>(rows), floor_ms, cublas_ms, rate(cublas_ms));
+        std::printf("| %s | %.0f MB | %lld | %.4f | — | — | — | %.4f | %.4f | — |\n", op.name, op.bytes / 1e6,
+                    static_cast<long long>(rows), floor_ms, split_ms, bf16_ms);
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -162,6 +163,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
   BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
+  if (const char* rows = std::getenv("BEAMLINE_CUDA_STREAMING_ROWS")) streaming_max_rows_ = std::max(0, std::atoi(rows));
   spdlog::info("cuda backend: {}", device_description());
 }
 
