@@ -31,9 +31,9 @@ constexpr double kSplitOperandTolerance = 2e-4;
 // product; a wrong index or a missed tile is off by ~1.
 constexpr double kBf16OperandTolerance = 1e-2;
 // Up to this many rows the CUDA backend streams BF16/F16 weights whose width is a multiple of 8 through the CUDA
-// cores with F32 activations whatever the --dtype (CudaBackend::kStreamingMaxRows): exact products, so the F32
-// tolerance applies.
-constexpr int64_t kStreamingRows = 16;
+// cores with F32 activations whatever the --dtype (CudaBackend::kStreamingMaxRows, kStreamingSwigluMaxRows):
+// exact products, so the F32 tolerance applies.
+constexpr int64_t kStreamingRows = 2, kStreamingSwigluRows = 1;
 
 struct Options {
   std::string device = "cuda", reference = "cpu", filter, dtype = "float32";
@@ -270,9 +270,9 @@ void test_linear(Harness& harness) {
   }
 }
 
-// The streaming projections of few rows, 1 to 16 of them, over one weight per shape: Beam-1.0's o, k (too few
-// rows to fill the GPU alone: the warps split each row) and LM-head-like widths, and odd ones (a width that is no
-// multiple of a warp's 256-element step, a split row with a ragged end, a single output, F16).
+// Projections of 1 to 16 rows (streamed up to kStreamingRows, cuBLAS above) over one weight per shape: Beam-1.0's o
+// and k (too few rows to fill the GPU alone: the warps split each row), and odd ones (a width that is no multiple
+// of a warp's 256-element step, a split row with a ragged end, a single output, F16).
 void test_linear_rows(Harness& harness) {
   struct Case {
     int64_t in, out;
@@ -662,7 +662,7 @@ void test_swiglu(Harness& harness) {
     int64_t hidden, intermediate;
     std::vector<int64_t> rows;
   };
-  // Few rows stream the weights (gate|up with the SwiGLU fused, then down); 64 and the odd widths take cuBLAS.
+  // One row streams the weights (gate|up with the SwiGLU fused, then down); more and the odd widths take cuBLAS.
   std::vector<Case> cases{{5120, 20480, {1, 2, 5, 8, 9, 16, 64}}, {520, 136, {1, 3, 16, 17}}, {100, 36, {1, 65}}};
   if (harness.small_only()) cases.erase(cases.begin());
   for (const Case& c : cases) {
@@ -680,7 +680,7 @@ void test_swiglu(Harness& harness) {
       harness.reference().swiglu(h.reference,
                                  {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
                                  out.reference);
-      const bool streamed = rows <= kStreamingRows && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
+      const bool streamed = rows <= kStreamingSwigluRows && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
       harness.record("swiglu", fmt::format("T {} H {} I {}", rows, c.hidden, c.intermediate), out,
                      streamed ? kF32Tolerance : harness.operand_tolerance(), seconds_since(start));
     }

@@ -556,7 +556,7 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
 
 bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
-  if (rows > std::min(streaming_max_rows_, cuda::kMaxProjectionRows) ||
+  if (rows > std::min(streaming_max_rows_, kStreamingSwigluMaxRows) ||
       !cuda::moe_streaming_supported(rows, hidden, intermediate))
     return false;
   const std::array<const void*, 3> key{mlp.gate.weight.raw(), mlp.up.weight.raw(), mlp.down.weight.raw()};
@@ -567,8 +567,8 @@ bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Te
     table->second = upload(pointers, DType::I64, {3});
   }
   if (!dense_expert_ids_.defined()) {
-    dense_expert_ids_ = upload_i32(std::vector<int32_t>(cuda::kMaxProjectionRows, 0), {cuda::kMaxProjectionRows, 1});
-    dense_expert_weights_ = upload_f32(std::vector<float>(cuda::kMaxProjectionRows, 1.0f), {cuda::kMaxProjectionRows, 1});
+    dense_expert_ids_ = upload_i32(std::vector<int32_t>(kStreamingSwigluMaxRows, 0), {kStreamingSwigluMaxRows, 1});
+    dense_expert_weights_ = upload_f32(std::vector<float>(kStreamingSwigluMaxRows, 1.0f), {kStreamingSwigluMaxRows, 1});
   }
   cuda::ExpertPointers pointers;
   const auto* entries = table->second.data<const void* const>();

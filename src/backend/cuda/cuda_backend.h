@@ -68,12 +68,15 @@ class CudaBackend final : public Backend {
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
-  // Up to this many rows, projections and the dense SwiGLU stream their weights through the CUDA cores (exact,
-  // one pass); more go to cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison).
+  // Up to this many rows, projections (and the dense SwiGLU up to kStreamingSwigluMaxRows) stream their weights
+  // through the CUDA cores (exact, one pass); more go to cuBLAS. 0 sends everything to cuBLAS (the benchmarks'
+  // comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at start, for A/B runs of whole decode steps).
   void set_streaming_max_rows(int64_t rows) { streaming_max_rows_ = rows; }
   int64_t streaming_max_rows() const { return streaming_max_rows_; }
-  // Bench-measured crossover with the cuBLAS GEMMs (bench/results/2026-12-01-linear.md).
-  static constexpr int64_t kStreamingMaxRows = 16;
+  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md): the SwiGLU
+  // streams through the experts' one-token kernels, whose several-token variant is slower than cuBLAS.
+  static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
+  static constexpr int64_t kStreamingSwigluMaxRows = 1;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)

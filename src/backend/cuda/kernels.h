@@ -58,7 +58,7 @@ cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t key, float m
 // OperandPrecision (decode is bound by the weight bytes, not by arithmetic). softcap > 0 stores
 // softcap * tanh(y / softcap) instead. Supported for 1..kMaxProjectionRows rows and `in` a multiple of 8.
 constexpr int32_t kMaxProjectionWeights = 4;
-constexpr int64_t kMaxProjectionRows = 16;
+constexpr int64_t kMaxProjectionRows = 2;
 struct ProjectionBatch {
   const void* weight[kMaxProjectionWeights] = {};
   float* y[kMaxProjectionWeights] = {};

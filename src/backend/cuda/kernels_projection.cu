@@ -1,10 +1,13 @@
-// Projections y = x Wᵀ for few activation rows (decode): the work is reading W once, with two FLOPs per weight
-// per row, so it is a bandwidth problem, not a GEMM. Each warp streams two weight rows with 16-byte loads, several
-// of them in flight before the first use, and dots them with the F32 activation rows (read through L1, each chunk
-// serving both weight rows); no rounding of the activations and no tensor cores, so the result is FP32-exact up to
-// summation order, in one launch. Several weights of the same width (q, k and v) are one grid over their stacked
-// rows. When the rows are too few to fill the GPU (k or v alone), the warps of a block split each row's chunks
-// between them and sum their parts in a fixed order (deterministic, no atomics).
+// Projections y = x Wᵀ for one or two activation rows (decode): the work is reading W once, with two FLOPs per
+// weight per row, so it is a bandwidth problem, not a GEMM. Each warp streams two weight rows with 16-byte loads,
+// several of them in flight before the first use, and dots them with the F32 activation rows (read through L1, each
+// chunk serving both weight rows); no rounding of the activations and no tensor cores, so the result is FP32-exact
+// up to summation order, in one launch. Several weights of the same width (q, k and v) are one grid over their
+// stacked rows. When the rows are too few to fill the GPU (k or v alone), the warps of a block split each row's
+// chunks between them and sum their parts in a fixed order (deterministic, no atomics).
+// More activation rows do not pay on the CUDA cores: every row re-reads its activations from L1 for each weight
+// chunk, and at 4 rows that traffic, not HBM, sets the pace (bench/results/2026-12-01-linear.md), where cuBLAS's
+// tensor-core GEMMs read the weights at the same speed for 1 row as for 32.
 #include <algorithm>
 #include <cmath>
 
@@ -151,14 +154,23 @@ int64_t resident_blocks() {
   return blocks;
 }
 
-// The k_split whose blocks fill the GPU's block slots in the most even waves (a partial last wave leaves slots
-// idle while the bandwidth-bound blocks before it finish), keeping at least two chunks per lane per row.
+// How many warps of a block share each pair of weight rows. One wave of blocks that all fit on the GPU at once
+// does equal work everywhere and ends together, so when the rows allow it the split is the largest that still
+// fits in one wave (k or v alone need 8 to fill the GPU; q|k|v and o need none). Otherwise the split whose last
+// wave is fullest (a partial last wave leaves slots idle while the bandwidth-bound blocks before it finish). Each
+// warp keeps at least two chunks per lane of its rows.
 int32_t choose_k_split(int64_t warp_tasks, int64_t in, int64_t slots) {
+  auto blocks = [&](int32_t k_split) { return (warp_tasks * k_split + kWarps - 1) / kWarps; };
+  auto allowed = [&](int32_t k_split) { return in >= int64_t{2} * kElementsPerWarpStep * k_split; };
+  if (blocks(1) <= slots) {
+    int32_t k_split = 1;
+    while (k_split < kWarps && allowed(2 * k_split) && blocks(2 * k_split) <= slots) k_split *= 2;
+    return k_split;
+  }
   int32_t best = 1;
   double best_fill = 0.0;
-  for (int32_t k_split = 1; k_split <= kWarps; k_split *= 2) {
-    if (k_split > 1 && in < int64_t{2} * kElementsPerWarpStep * k_split) break;
-    const double waves = static_cast<double>((warp_tasks * k_split + kWarps - 1) / kWarps) / static_cast<double>(slots);
+  for (int32_t k_split = 1; k_split <= kWarps && (k_split == 1 || allowed(k_split)); k_split *= 2) {
+    const double waves = static_cast<double>(blocks(k_split)) / static_cast<double>(slots);
     const double fill = waves / std::ceil(waves);
     if (fill > best_fill + 0.02) {
       best = k_split;
@@ -204,17 +216,11 @@ cudaError_t project_rows(const float* x, int64_t rows, const ProjectionBatch& ba
   cudaError_t status = cudaErrorInvalidValue;
   auto dispatch = [&](auto tag) {
     using W = decltype(tag);
-    // Fewer sums leave registers for more loads in flight and more blocks per multiprocessor.
+    // One row's sums leave registers for four blocks per multiprocessor.
     if (rows == 1)
-      status = launch<W, 1, 4, 3>(x, count, stacked, stream);
-    else if (rows == 2)
-      status = launch<W, 2, 4, 2>(x, count, stacked, stream);
-    else if (rows <= 4)
-      status = launch<W, 4, 4, 2>(x, count, stacked, stream);
-    else if (rows <= 8)
-      status = launch<W, 8, 2, 2>(x, count, stacked, stream);
+      status = launch<W, 1, 3, 4>(x, count, stacked, stream);
     else
-      status = launch<W, 16, 2, 2>(x, count, stacked, stream);
+      status = launch<W, 2, 3, 3>(x, count, stacked, stream);
   };
   if (batch.dtype == DType::BF16) dispatch(__nv_bfloat16{});
   if (batch.dtype == DType::F16) dispatch(__half{});
