@@ -38,6 +38,8 @@ table "MoE layer: ours (route + experts, CUDA graph)" "$BIN" bench-moe --iterati
 table "MoE layer: PyTorch (route + torch._grouped_mm, eager)" python3 bench/torch_moe_peers.py --iterations 30
 table "Paged attention: ours" "$BIN" bench-attention
 table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
+table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$BIN" bench-linear
+table "Dense weights of a decode step: PyTorch (F.linear in BF16, CUDA graphs)" python3 bench/torch_linear_peers.py
 table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
 
 # Decode step of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.

@@ -76,9 +76,9 @@ def main():
         def lm_head(c):
             return SOFTCAP * torch.tanh(F.linear(h, head).float() / SOFTCAP)
 
-        cases = [("q|k|v (fused weight)", qkv_bytes, len(qkv), lambda c: F.linear(h, qkv[c])),
+        cases = [("q, k, v (one fused weight)", qkv_bytes, len(qkv), lambda c: F.linear(h, qkv[c])),
                  ("o", o_bytes, len(o), lambda c: F.linear(attended, o[c])),
-                 ("dense SwiGLU MLP (gate|up fused)", mlp_bytes, len(gate_up), mlp),
+                 ("dense SwiGLU MLP (gate, up fused)", mlp_bytes, len(gate_up), mlp),
                  ("LM head (soft cap)", head_bytes, 1, lm_head)]
         for name, nbytes, count, op in cases:
             ms = time_graph(op, count, args.iterations)

@@ -134,11 +134,11 @@ void run_bench(const BenchOptions& options) {
       const char* name;
       double bytes;
       int copies;
-      int64_t streaming_rows;  // the most rows the backend streams for this op
+      int64_t streaming_rows;  // the most rows the backend streams the weights of this op for
       std::function<void(int)> run;
     };
     const std::array<Op, 4> ops{
-        Op{"q|k|v (linear_many)", qkv_bytes, qkv_copies, CudaBackend::kStreamingMaxRows,
+        Op{"q, k, v (linear_many)", qkv_bytes, qkv_copies, CudaBackend::kStreamingMaxRows,
            [&](int c) {
              const Attention& a = attention[static_cast<std::size_t>(c)];
              const std::array<const LinearTensors*, 3> weights{&a.q, &a.k, &a.v};
@@ -147,7 +147,7 @@ void run_bench(const BenchOptions& options) {
            }},
         Op{"o", o_bytes, o_copies, CudaBackend::kStreamingMaxRows,
            [&](int c) { backend.linear(attended, attention[static_cast<std::size_t>(c)].o, out); }},
-        Op{"dense SwiGLU MLP", mlp_bytes, static_cast<int>(mlp.size()), CudaBackend::kStreamingSwigluMaxRows,
+        Op{"dense SwiGLU MLP", mlp_bytes, static_cast<int>(mlp.size()), CudaBackend::kStreamingMaxRows,
            [&](int c) { backend.swiglu(h, mlp[static_cast<std::size_t>(c)], out); }},
         Op{"LM head (norm + soft cap)", head_bytes, 1, CudaBackend::kStreamingMaxRows,
            [&](int) { backend.lm_head(h, logit_rows, final_norm, eps, head, softcap, logits); }},

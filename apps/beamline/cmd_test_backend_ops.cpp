@@ -31,9 +31,9 @@ constexpr double kSplitOperandTolerance = 2e-4;
 // product; a wrong index or a missed tile is off by ~1.
 constexpr double kBf16OperandTolerance = 1e-2;
 // Up to this many rows the CUDA backend streams BF16/F16 weights whose width is a multiple of 8 through the CUDA
-// cores with F32 activations whatever the --dtype (CudaBackend::kStreamingMaxRows, kStreamingSwigluMaxRows):
-// exact products, so the F32 tolerance applies.
-constexpr int64_t kStreamingRows = 2, kStreamingSwigluRows = 1;
+// cores with F32 activations whatever the --dtype (CudaBackend::kStreamingMaxRows): exact products, so the F32
+// tolerance applies (the dense SwiGLU too: one row as a streamed one-expert MoE, two as streamed projections).
+constexpr int64_t kStreamingRows = 2;
 
 struct Options {
   std::string device = "cuda", reference = "cpu", filter, dtype = "float32";
@@ -662,7 +662,8 @@ void test_swiglu(Harness& harness) {
     int64_t hidden, intermediate;
     std::vector<int64_t> rows;
   };
-  // One row streams the weights (gate|up with the SwiGLU fused, then down); more and the odd widths take cuBLAS.
+  // One row streams the weights through the experts' kernels (gate|up with the SwiGLU fused, then down), two
+  // through three streamed projections; more rows and the odd widths take cuBLAS.
   std::vector<Case> cases{{5120, 20480, {1, 2, 5, 8, 9, 16, 64}}, {520, 136, {1, 3, 16, 17}}, {100, 36, {1, 65}}};
   if (harness.small_only()) cases.erase(cases.begin());
   for (const Case& c : cases) {
@@ -680,7 +681,7 @@ void test_swiglu(Harness& harness) {
       harness.reference().swiglu(h.reference,
                                  {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
                                  out.reference);
-      const bool streamed = rows <= kStreamingSwigluRows && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
+      const bool streamed = rows <= kStreamingRows && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
       harness.record("swiglu", fmt::format("T {} H {} I {}", rows, c.hidden, c.intermediate), out,
                      streamed ? kF32Tolerance : harness.operand_tolerance(), seconds_since(start));
     }

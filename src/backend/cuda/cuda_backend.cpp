@@ -593,7 +593,7 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
   if (rows == 0 || swiglu_streaming(h, mlp, out)) return;
-  // Three weight-streaming GEMMs through cuBLAS with split operands (each weight read once, FP32-accurate).
+  // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
   project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());

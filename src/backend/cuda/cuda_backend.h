@@ -68,13 +68,14 @@ class CudaBackend final : public Backend {
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
-  // Up to this many rows, projections (and the dense SwiGLU up to kStreamingSwigluMaxRows) stream their weights
-  // through the CUDA cores (exact, one pass); more go to cuBLAS. 0 sends everything to cuBLAS (the benchmarks'
-  // comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at start, for A/B runs of whole decode steps).
+  // Up to this many rows, projections stream their weights through the CUDA cores (exact, one pass); more go to
+  // cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at
+  // start, for A/B runs of whole decode steps).
   void set_streaming_max_rows(int64_t rows) { streaming_max_rows_ = rows; }
   int64_t streaming_max_rows() const { return streaming_max_rows_; }
-  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md): the SwiGLU
-  // streams through the experts' one-token kernels, whose several-token variant is slower than cuBLAS.
+  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md). The SwiGLU
+  // of one row streams through the experts' one-token kernels (their several-token variant is slower than cuBLAS),
+  // of two through three streamed projections.
   static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
 
@@ -86,8 +87,8 @@ class CudaBackend final : public Backend {
   // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.
   bool project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
                          std::span<float* const> ys, float softcap);
-  // The dense SwiGLU for few rows as a one-expert MoE through the experts' streaming kernels (gate|up with the
-  // SwiGLU fused, then down); false (nothing done) when they do not apply.
+  // The dense SwiGLU of kStreamingSwigluMaxRows rows as a one-expert MoE through the experts' streaming kernels
+  // (gate|up with the SwiGLU fused, then down); false (nothing done) when they do not apply.
   bool swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
