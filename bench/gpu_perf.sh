@@ -42,6 +42,8 @@ table "Paged attention: ours, --dtype bfloat16 (one BF16 rounding of q and P in 
   "$BIN" bench-attention --dtype bfloat16
 table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$BIN" bench-attention --dtype float32 --filter prefill
 [ "${PEERS:-1}" = 0 ] || table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
+table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$BIN" bench-linear
+[ "${PEERS:-1}" = 0 ] || table "Dense weights of a decode step: PyTorch (F.linear in BF16, CUDA graphs)" python3 bench/torch_linear_peers.py
 table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
 
 # Serving throughput of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.

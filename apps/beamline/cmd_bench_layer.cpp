@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -103,9 +104,9 @@ void run_bench(const BenchOptions& options) {
       auto step = [&](bool timed) {
         if (timed) check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
         backend.rms_norm(x, input_norm, eps, h);
-        backend.linear(h, q_proj, q);
-        backend.linear(h, k_proj, k);
-        backend.linear(h, v_proj, v);
+        const std::array<const LinearTensors*, 3> qkv_weights{&q_proj, &k_proj, &v_proj};
+        const std::array<Tensor*, 3> qkv{&q, &k, &v};
+        backend.linear_many(h, qkv_weights, qkv);
         if (sliding) {
           backend.rope(q, attention_batch.positions, params.num_heads, params.head_dim, static_cast<float>(config.rope_theta));
           backend.rope(k, attention_batch.positions, params.num_kv_heads, params.head_dim,

@@ -33,6 +33,10 @@ constexpr double kSplitOperandTolerance = 2e-4;
 // fails a lost or doubled tile. The masks and key ranges are the same code in both precisions and are held to
 // kF32Tolerance by the Float32 run of every case.
 constexpr double kBf16OperandTolerance = 1e-2;
+// Up to this many rows the CUDA backend streams BF16/F16 weights whose width is a multiple of 8 through the CUDA
+// cores with F32 activations whatever the --dtype (CudaBackend::kStreamingMaxRows): exact products, so the F32
+// tolerance applies (the dense SwiGLU too: one row as a streamed one-expert MoE, two as streamed projections).
+constexpr int64_t kStreamingRows = 2;
 
 struct Options {
   std::string device = "cuda", reference = "cpu", filter, dtype = "float32";
@@ -59,7 +63,7 @@ class Inputs {
     for (float& v : values) v = distribution(rng_);
     return values;
   }
-  // Stored bytes of a random tensor of `dtype` (F32 or BF16), kept alive by this object.
+  // Stored bytes of a random tensor of `dtype` (F32, BF16 or F16), kept alive by this object.
   TensorView weight(DType dtype, std::vector<int64_t> shape, float scale) {
     TensorView view;
     view.name = fmt::format("random {}", shape_string(shape));
@@ -78,6 +82,9 @@ class Inputs {
     if (dtype == DType::BF16) {
       auto* out = reinterpret_cast<uint16_t*>(bytes.data());
       for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(next() * scale);
+    } else if (dtype == DType::F16) {
+      auto* out = reinterpret_cast<uint16_t*>(bytes.data());
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(next() * scale);
     } else {
       auto* out = reinterpret_cast<float*>(bytes.data());
       for (int64_t i = 0; i < n; ++i) out[i] = next() * scale;
@@ -145,6 +152,11 @@ class Harness {
   // The tolerance of an op whose products run on the device's matrix units, for the --dtype under test.
   double operand_tolerance() const {
     return device_.compute_dtype() == ComputeDType::BFloat16 ? kBf16OperandTolerance : kSplitOperandTolerance;
+  }
+  // A projection's: exact where the weights stream (few rows), else on the matrix units.
+  double projection_tolerance(int64_t rows, int64_t in, DType dtype) const {
+    if (dtype == DType::F32 || (rows <= kStreamingRows && in % 8 == 0)) return kF32Tolerance;
+    return operand_tolerance();
   }
 
   // The same tensor on both backends.
@@ -267,7 +279,75 @@ void test_linear(Harness& harness) {
     harness.device().linear(x.device, {weight.device, {}, {}}, y.device);
     harness.reference().linear(x.reference, {weight.reference, {}, {}}, y.reference);
     harness.record("linear", fmt::format("T {} {}x{} {} ({})", c.rows, c.out, c.in, dtype_name(c.dtype), c.what), y,
-                   c.dtype == DType::F32 ? kF32Tolerance : harness.operand_tolerance(), seconds_since(start));
+                   harness.projection_tolerance(c.rows, c.in, c.dtype), seconds_since(start));
+  }
+}
+
+// Projections of 1 to 16 rows (streamed up to kStreamingRows, cuBLAS above) over one weight per shape: Beam-1.0's o
+// and k (too few rows to fill the GPU alone: the warps split each row), and odd ones (a width that is no multiple
+// of a warp's 256-element step, a split row with a ragged end, a single output, F16).
+void test_linear_rows(Harness& harness) {
+  struct Case {
+    int64_t in, out;
+    DType dtype;
+    const char* what;
+  };
+  std::vector<Case> cases{{6144, 5120, DType::BF16, "o"},      {5120, 1024, DType::BF16, "k"},
+                          {520, 77, DType::BF16, "odd"},       {4104, 77, DType::BF16, "odd, split rows"},
+                          {8, 1, DType::BF16, "one output"},   {1032, 333, DType::F16, "F16"}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 2);
+  for (const Case& c : cases) {
+    auto weight = harness.random_weight(c.dtype, {c.out, c.in}, 1.0f / std::sqrt(static_cast<float>(c.in)));
+    for (int64_t rows : {1L, 2L, 3L, 4L, 5L, 8L, 9L, 13L, 16L}) {
+      const auto start = std::chrono::steady_clock::now();
+      auto x = harness.f32(harness.inputs().uniform(rows * c.in), {rows, c.in});
+      auto y = harness.poisoned(DType::F32, {rows, c.out});
+      harness.device().linear(x.device, {weight.device, {}, {}}, y.device);
+      harness.reference().linear(x.reference, {weight.reference, {}, {}}, y.reference);
+      harness.record("linear", fmt::format("T {} {}x{} {} ({})", rows, c.out, c.in, dtype_name(c.dtype), c.what), y,
+                     harness.projection_tolerance(rows, c.in, c.dtype), seconds_since(start));
+    }
+  }
+}
+
+// q|k|v in one op: Beam-1.0's widths, and odd ones; each output against the reference's.
+void test_linear_many(Harness& harness) {
+  struct Case {
+    int64_t in;
+    std::vector<int64_t> outs;
+    std::vector<int64_t> rows;
+  };
+  std::vector<Case> cases{{5120, {6144, 1024, 1024}, {1, 2, 4, 7, 16, 64}}, {520, {77, 5, 130}, {1, 3, 16, 17}}};
+  if (harness.small_only()) cases.erase(cases.begin());
+  for (const Case& c : cases) {
+    std::vector<Harness::Pair> weights;
+    for (int64_t out : c.outs)
+      weights.push_back(harness.random_weight(DType::BF16, {out, c.in}, 1.0f / std::sqrt(static_cast<float>(c.in))));
+    for (int64_t rows : c.rows) {
+      const auto start = std::chrono::steady_clock::now();
+      auto x = harness.f32(harness.inputs().uniform(rows * c.in), {rows, c.in});
+      std::vector<Harness::Pair> ys;
+      std::vector<LinearTensors> device_weights, reference_weights;
+      for (std::size_t i = 0; i < c.outs.size(); ++i) {
+        ys.push_back(harness.poisoned(DType::F32, {rows, c.outs[i]}));
+        device_weights.push_back({weights[i].device, {}, {}});
+        reference_weights.push_back({weights[i].reference, {}, {}});
+      }
+      std::vector<const LinearTensors*> device_list, reference_list;
+      std::vector<Tensor*> device_ys, reference_ys;
+      for (std::size_t i = 0; i < c.outs.size(); ++i) {
+        device_list.push_back(&device_weights[i]);
+        reference_list.push_back(&reference_weights[i]);
+        device_ys.push_back(&ys[i].device);
+        reference_ys.push_back(&ys[i].reference);
+      }
+      harness.device().linear_many(x.device, device_list, device_ys);
+      harness.reference().linear_many(x.reference, reference_list, reference_ys);
+      for (std::size_t i = 0; i < c.outs.size(); ++i)
+        harness.record("linear_many", fmt::format("T {} {}x{}, output {} of {}", rows, c.outs[i], c.in, i + 1,
+                                                  c.outs.size()),
+                       ys[i], harness.projection_tolerance(rows, c.in, DType::BF16), seconds_since(start));
+    }
   }
 }
 
@@ -626,42 +706,64 @@ void test_moe(Harness& harness) {
 }
 
 void test_swiglu(Harness& harness) {
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> cases{{1, 5120, 20480}, {64, 5120, 20480}, {65, 100, 36}};
-  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 2);
-  for (auto [rows, hidden, intermediate] : cases) {
-    const auto start = std::chrono::steady_clock::now();
-    const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
-    auto gate = harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale);
-    auto up = harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale);
-    auto down = harness.random_weight(DType::BF16, {hidden, intermediate},
-                                      1.0f / std::sqrt(static_cast<float>(intermediate)));
-    auto h = harness.f32(harness.inputs().uniform(rows * hidden), {rows, hidden});
-    auto out = harness.poisoned(DType::F32, {rows, hidden});
-    harness.device().swiglu(h.device, {{gate.device, {}, {}}, {up.device, {}, {}}, {down.device, {}, {}}}, out.device);
-    harness.reference().swiglu(h.reference, {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
-                               out.reference);
-    harness.record("swiglu", fmt::format("T {} H {} I {}", rows, hidden, intermediate), out,
-                   harness.operand_tolerance(), seconds_since(start));
+  struct Case {
+    int64_t hidden, intermediate;
+    std::vector<int64_t> rows;
+  };
+  // One row streams the weights through the experts' kernels (gate|up with the SwiGLU fused, then down), two
+  // through three streamed projections; more rows and the odd widths take cuBLAS.
+  std::vector<Case> cases{{5120, 20480, {1, 2, 5, 8, 9, 16, 64}}, {520, 136, {1, 3, 16, 17}}, {100, 36, {1, 65}}};
+  if (harness.small_only()) cases.erase(cases.begin());
+  for (const Case& c : cases) {
+    const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+    auto gate = harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale);
+    auto up = harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale);
+    auto down = harness.random_weight(DType::BF16, {c.hidden, c.intermediate},
+                                      1.0f / std::sqrt(static_cast<float>(c.intermediate)));
+    for (int64_t rows : c.rows) {
+      const auto start = std::chrono::steady_clock::now();
+      auto h = harness.f32(harness.inputs().uniform(rows * c.hidden), {rows, c.hidden});
+      auto out = harness.poisoned(DType::F32, {rows, c.hidden});
+      harness.device().swiglu(h.device, {{gate.device, {}, {}}, {up.device, {}, {}}, {down.device, {}, {}}},
+                              out.device);
+      harness.reference().swiglu(h.reference,
+                                 {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
+                                 out.reference);
+      const bool streamed = rows <= kStreamingRows && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
+      harness.record("swiglu", fmt::format("T {} H {} I {}", rows, c.hidden, c.intermediate), out,
+                     streamed ? kF32Tolerance : harness.operand_tolerance(), seconds_since(start));
+    }
   }
 }
 
 void test_lm_head(Harness& harness) {
-  std::vector<std::tuple<int64_t, int64_t, float>> cases{{201088, 5120, 30.0f}, {1000, 96, 0.0f}, {4097, 64, 30.0f}};
+  struct Case {
+    int64_t vocab, hidden;
+    float softcap;
+    std::vector<int64_t> selected;
+  };
+  std::vector<Case> cases{{201088, 5120, 30.0f, {1, 3, 16, 17}}, {1000, 96, 0.0f, {3}}, {4097, 64, 30.0f, {1, 3, 16}},
+                          {1003, 100, 30.0f, {3}}};
   if (harness.small_only()) cases.erase(cases.begin());
-  for (auto [vocab, hidden, softcap] : cases) {
-    const auto start = std::chrono::steady_clock::now();
-    const int64_t rows = 9;
-    auto head = harness.random_weight(DType::BF16, {vocab, hidden}, 4.0f / std::sqrt(static_cast<float>(hidden)));
-    auto norm = harness.random_weight(DType::BF16, {hidden}, 1.0f);
-    auto x = harness.f32(harness.inputs().uniform(rows * hidden, 2.0f), {rows, hidden});
-    auto selected = harness.i32({8, 0, 3}, {3});
-    auto logits = harness.poisoned(DType::F32, {3, vocab});
-    harness.device().lm_head(x.device, selected.device, norm.device, 1e-6f, {head.device, {}, {}}, softcap,
-                             logits.device);
-    harness.reference().lm_head(x.reference, selected.reference, norm.reference, 1e-6f, {head.reference, {}, {}}, softcap,
-                                logits.reference);
-    harness.record("lm_head", fmt::format("rows 3 of {} V {} H {} softcap {}", rows, vocab, hidden, softcap), logits,
-                   harness.operand_tolerance(), seconds_since(start));
+  for (const Case& c : cases) {
+    const int64_t rows = 20;
+    auto head = harness.random_weight(DType::BF16, {c.vocab, c.hidden}, 4.0f / std::sqrt(static_cast<float>(c.hidden)));
+    auto norm = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+    for (int64_t count : c.selected) {
+      const auto start = std::chrono::steady_clock::now();
+      auto x = harness.f32(harness.inputs().uniform(rows * c.hidden, 2.0f), {rows, c.hidden});
+      std::vector<int32_t> picked(static_cast<std::size_t>(count));
+      for (int64_t i = 0; i < count; ++i) picked[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 7 + 8) % rows);
+      auto selected = harness.i32(picked, {count});
+      auto logits = harness.poisoned(DType::F32, {count, c.vocab});
+      harness.device().lm_head(x.device, selected.device, norm.device, 1e-6f, {head.device, {}, {}}, c.softcap,
+                               logits.device);
+      harness.reference().lm_head(x.reference, selected.reference, norm.reference, 1e-6f, {head.reference, {}, {}},
+                                  c.softcap, logits.reference);
+      harness.record("lm_head", fmt::format("rows {} of {} V {} H {} softcap {}", count, rows, c.vocab, c.hidden,
+                                            c.softcap),
+                     logits, harness.projection_tolerance(count, c.hidden, DType::BF16), seconds_since(start));
+    }
   }
 }
 
@@ -854,10 +956,10 @@ void run(const Options& options) {
   spdlog::info("test-backend-ops: {} (--dtype {}) against {} (seed {})", device->name(), options.dtype,
                reference->name(), options.seed);
   const std::vector<std::pair<const char*, void (*)(Harness&)>> groups{
-      {"embedding", test_embedding}, {"rms_norm", test_norms},        {"linear", test_linear},
-      {"rope", test_rope_ssmax},     {"attention", test_attention}, {"route", test_route},
-      {"moe", test_moe},             {"swiglu", test_swiglu},       {"lm_head", test_lm_head},
-      {"sample", test_sample}};
+      {"embedding", test_embedding},   {"rms_norm", test_norms},         {"linear", test_linear},
+      {"linear_rows", test_linear_rows}, {"linear_many", test_linear_many}, {"rope", test_rope_ssmax},
+      {"attention", test_attention},   {"route", test_route},            {"moe", test_moe},
+      {"swiglu", test_swiglu},         {"lm_head", test_lm_head},        {"sample", test_sample}};
   for (const auto& [name, body] : groups)
     if (harness.wanted(name)) body(harness);
   harness.print_table();
@@ -874,9 +976,8 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--reference", options->reference, "reference backend")->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
   command->add_option("--filter", options->filter,
-                      "only the op groups whose name contains this, or one of a comma-separated list (embedding, rms_norm, linear, "
-                      "rope, attention, "
-                      "route, moe, swiglu, lm_head, sample)");
+                      "only the op groups whose name contains this, or one of a comma-separated list (embedding, "
+                      "rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, lm_head, sample)");
   command
       ->add_option("--dtype", options->dtype,
                    "compute dtype of the backend under test (float32: FP32-accurate tolerances; bfloat16: BF16 ones)")

@@ -50,6 +50,11 @@ void require_dtype(const Tensor& tensor, DType dtype, std::string_view op, std::
           dtype_name(dtype));
 }
 
+void Backend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights, std::span<Tensor* const> ys) {
+  require(weights.size() == ys.size(), "linear_many: {} weights for {} outputs", weights.size(), ys.size());
+  for (std::size_t i = 0; i < weights.size(); ++i) linear(x, *weights[i], *ys[i]);
+}
+
 Tensor Backend::upload_f32(std::span<const float> host, std::vector<int64_t> shape) {
   Tensor tensor = upload(host.data(), DType::F32, std::move(shape));
   require(static_cast<std::size_t>(tensor.numel()) == host.size(), "upload_f32: {} values for shape {}",

@@ -180,6 +180,9 @@ class Backend {
   virtual void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) = 0;
   // y = x Wᵀ. x [T, in] F32, weight [out, in], y [T, out] F32.
   virtual void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) = 0;
+  // ys[i] = x weights[i]ᵀ for weights of one input width (q, k and v of a layer): one op, so that a device backend
+  // can stream all of them in one pass. Default: linear once per weight.
+  virtual void linear_many(const Tensor& x, std::span<const LinearTensors* const> weights, std::span<Tensor* const> ys);
   // In place, NeoX rotate-half over the full head_dim: for each head, pairs (j, j + D/2) rotate by
   // angle positions[t] * theta^(-2j/D). x [T, num_heads * head_dim].
   virtual void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) = 0;

@@ -1,5 +1,6 @@
 #include "model/beam_model.h"
 
+#include <array>
 #include <cmath>
 
 #include "util/counter_random.h"
@@ -244,9 +245,9 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCache& cache) {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
     backend_.rms_norm(x, layer.input_norm, eps, h);
-    backend_.linear(h, layer.q, q);
-    backend_.linear(h, layer.k, k);
-    backend_.linear(h, layer.v, v);
+    const std::array<const LinearTensors*, 3> qkv_weights{&layer.q, &layer.k, &layer.v};
+    const std::array<Tensor*, 3> qkv{&q, &k, &v};
+    backend_.linear_many(h, qkv_weights, qkv);
     if (layer.sliding) {
       const auto theta = static_cast<float>(config.rope_theta);
       backend_.rope(q, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);

@@ -117,6 +117,29 @@ TEST_P(OpTest, LinearRowsDoNotDependOnBatching) {
   }
 }
 
+TEST_P(OpTest, LinearManyEqualsOneLinearPerWeight) {
+  Random random(11);
+  for (auto [rows, in] : {std::pair<int64_t, int64_t>{1, 64}, {5, 520}, {3, 77}, {40, 64}}) {
+    const std::vector<float> x = random.normal(rows * in);
+    const Tensor xt = backend().upload_f32(x, {rows, in});
+    std::vector<HostWeight> weights;
+    std::vector<LinearTensors> linears;
+    std::vector<Tensor> ys;
+    for (int64_t out : {48, 8, 13}) {
+      weights.push_back(make_weight(backend(), DType::BF16, {out, in},
+                                    random.normal(out * in, 1.0f / std::sqrt(static_cast<float>(in)))));
+      linears.push_back({weights.back().tensor, {}, {}});
+      ys.push_back(backend().alloc(DType::F32, {rows, out}));
+    }
+    const std::vector<const LinearTensors*> list{&linears[0], &linears[1], &linears[2]};
+    const std::vector<Tensor*> outputs{&ys[0], &ys[1], &ys[2]};
+    backend().linear_many(xt, list, outputs);
+    for (std::size_t i = 0; i < ys.size(); ++i)
+      expect_close(backend().download_f32(ys[i]), naive_matmul_wt(x, weights[i].values, rows, in, ys[i].dim(1)), 2e-5,
+                   fmt::format("linear_many {} rows, in {}, output {}", rows, in, i));
+  }
+}
+
 TEST_P(OpTest, RopeRotatesHalvesByPosition) {
   Random random(6);
   for (auto [heads, dim] : {std::pair<int32_t, int32_t>{1, 2}, {3, 16}, {4, 128}, {5, 6}}) {

@@ -4,7 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdlib>
 #include <limits>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "backend/op_checks.h"
@@ -121,6 +124,20 @@ void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op)
   require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
 }
 
+void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y, std::string_view op) {
+  require_float_weight(weight.weight, op, "weight");
+  require_unquantized(weight, op);
+  require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
+  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
+  require_device(x, op, "x");
+  require_shape(x, {rows, in}, op, "x");
+  require_shape(y, {rows, out}, op, "y");
+  require_dtype(x, DType::F32, op, "x");
+  require_dtype(y, DType::F32, op, "y");
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
 struct Registration {
   Registration() {
     register_backend("cuda", [] { return make_cuda_backend(); });
@@ -146,6 +163,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
   BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
+  if (const char* rows = std::getenv("BEAMLINE_CUDA_STREAMING_ROWS")) streaming_max_rows_ = std::max(0, std::atoi(rows));
   spdlog::info("cuda backend: {}", device_description());
 }
 
@@ -346,7 +365,31 @@ void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, 
                                      CUBLAS_GEMM_DEFAULT));
 }
 
+bool CudaBackend::project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
+                                    std::span<float* const> ys, float softcap) {
+  if (rows > streaming_max_rows_ || weights.empty() || weights.size() > cuda::kMaxProjectionWeights || !aligned16(x))
+    return false;
+  cuda::ProjectionBatch batch;
+  batch.count = static_cast<int32_t>(weights.size());
+  batch.dtype = weights.front()->dtype();
+  batch.in = weights.front()->dim(1);
+  batch.softcap = softcap;
+  if (!cuda::projection_supported(batch.dtype, rows, batch.in)) return false;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const Tensor& weight = *weights[i];
+    if (weight.dtype() != batch.dtype || weight.dim(1) != batch.in || !aligned16(weight.raw())) return false;
+    batch.weight[i] = weight.raw();
+    batch.y[i] = ys[i];
+    batch.out[i] = weight.dim(0);
+  }
+  check_launch(cuda::project_rows(x, rows, batch, stream_), "linear");
+  return true;
+}
+
 void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, float* y) {
+  const Tensor* const weights[] = {&weight};
+  float* const outputs[] = {y};
+  if (project_streaming(x, rows, weights, outputs, 0.0f)) return;
   const int64_t in = weight.dim(1), out = weight.dim(0);
   const DType dtype = weight.dtype();
   if (dtype == DType::F32) {
@@ -369,16 +412,22 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
-  require_float_weight(weight.weight, "linear", "weight");
-  require_unquantized(weight, "linear");
-  require(weight.weight.rank() == 2, "linear: weight must be [out, in], got {}", describe(weight.weight));
-  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
-  require_device(x, "linear", "x");
-  require_shape(x, {rows, in}, "linear", "x");
-  require_shape(y, {rows, out}, "linear", "y");
-  require_dtype(x, DType::F32, "linear", "x");
-  require_dtype(y, DType::F32, "linear", "y");
-  project(x.data<const float>(), rows, weight.weight, y.data<float>());
+  check_linear(x, weight, y, "linear");
+  project(x.data<const float>(), x.dim(0), weight.weight, y.data<float>());
+}
+
+void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
+                              std::span<Tensor* const> ys) {
+  require(weights.size() == ys.size(), "linear_many: {} weights for {} outputs", weights.size(), ys.size());
+  std::vector<const Tensor*> matrices;
+  std::vector<float*> outputs;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    check_linear(x, *weights[i], *ys[i], "linear_many");
+    matrices.push_back(&weights[i]->weight);
+    outputs.push_back(ys[i]->data<float>());
+  }
+  if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f)) return;
+  for (std::size_t i = 0; i < weights.size(); ++i) project(x.data<const float>(), x.dim(0), *matrices[i], outputs[i]);
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
@@ -563,12 +612,46 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
                "moe");
 }
 
+bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
+  if (rows > std::min(streaming_max_rows_, kStreamingSwigluMaxRows) ||
+      !cuda::moe_streaming_supported(rows, hidden, intermediate))
+    return false;
+  const std::array<const void*, 3> key{mlp.gate.weight.raw(), mlp.up.weight.raw(), mlp.down.weight.raw()};
+  auto [table, inserted] = dense_expert_tables_.try_emplace(key);
+  if (inserted) {
+    const int64_t pointers[3] = {reinterpret_cast<int64_t>(key[0]), reinterpret_cast<int64_t>(key[1]),
+                                 reinterpret_cast<int64_t>(key[2])};
+    table->second = upload(pointers, DType::I64, {3});
+  }
+  if (!dense_expert_ids_.defined()) {
+    dense_expert_ids_ = upload_i32(std::vector<int32_t>(kStreamingSwigluMaxRows, 0), {kStreamingSwigluMaxRows, 1});
+    dense_expert_weights_ = upload_f32(std::vector<float>(kStreamingSwigluMaxRows, 1.0f), {kStreamingSwigluMaxRows, 1});
+  }
+  cuda::ExpertPointers pointers;
+  const auto* entries = table->second.data<const void* const>();
+  pointers.gate = entries;
+  pointers.up = entries + 1;
+  pointers.down = entries + 2;
+  pointers.dtype = mlp.gate.weight.dtype();
+  pointers.experts = 1;
+  pointers.hidden = hidden;
+  pointers.intermediate = intermediate;
+  Tensor activated = scratch(DType::F32, {rows, intermediate}), expert_out = scratch(DType::F32, {rows, hidden});
+  check_launch(cuda::moe_streaming(h.data<const float>(), dense_expert_ids_.data<const int32_t>(),
+                                   dense_expert_weights_.data<const float>(), rows, 1, pointers,
+                                   activated.data<float>(), expert_out.data<float>(), out.data<float>(), stream_),
+               "swiglu");
+  return true;
+}
+
 void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   require_device(h, "swiglu", "h");
   const int64_t rows = h.dim(0), hidden = h.dim(1);
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
-  // Three weight-streaming GEMMs through cuBLAS with split operands (each weight read once, FP32-accurate).
+  if (rows == 0 || swiglu_streaming(h, mlp, out)) return;
+  // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
   project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
@@ -595,6 +678,9 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
                                      norm.dtype(), eps, hidden, normed.data<float>(), DType::F32, stream_),
                "lm_head");
+  const Tensor* const weights[] = {&head.weight};
+  float* const outputs[] = {logits.data<float>()};
+  if (project_streaming(normed.data<const float>(), selected, weights, outputs, softcap)) return;
   project(normed.data<const float>(), selected, head.weight, logits.data<float>());
   if (softcap > 0.0f) check_launch(cuda::soft_cap(logits.data<float>(), selected * vocab, softcap, stream_), "lm_head");
 }

@@ -1,13 +1,17 @@
 #pragma once
-// The CUDA backend (Hopper, sm_90a): the op set of backend.h on one device and one stream. Linear layers and
-// the router's logits go through cuBLAS (BF16/F16 weights times F32 activations split into two BF16/F16
-// operands, FP32 accumulation; the router in FP32); the other
-// ops are this folder's kernels (kernels.h). Registered as device "cuda" when the library is linked in.
+// The CUDA backend (Hopper, sm_90a): the op set of backend.h on one device and one stream. Linear layers of few
+// rows (decode) stream their weights through this folder's kernels with F32 activations; more rows, and the
+// router's logits, go through cuBLAS (BF16/F16 weights times F32 activations split into two BF16/F16 operands,
+// FP32 accumulation; the router in FP32); the other ops are this folder's kernels (kernels.h). Registered as
+// device "cuda" when the library is linked in.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,8 @@ class CudaBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
   void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
+  void linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
+                   std::span<Tensor* const> ys) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
   void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
@@ -71,11 +77,28 @@ class CudaBackend final : public Backend {
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
+  // Up to this many rows, projections stream their weights through the CUDA cores (exact, one pass); more go to
+  // cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at
+  // start, for A/B runs of whole decode steps).
+  void set_streaming_max_rows(int64_t rows) { streaming_max_rows_ = rows; }
+  int64_t streaming_max_rows() const { return streaming_max_rows_; }
+  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md). The SwiGLU
+  // of one row streams through the experts' one-token kernels (their several-token variant is slower than cuBLAS),
+  // of two through three streamed projections.
+  static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
+  static constexpr int64_t kStreamingSwigluMaxRows = 1;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
   // or hi alone (OperandPrecision::Bf16).
   void project(const float* x, int64_t rows, const Tensor& weight, float* y);
+  // ys[i] = x weights[i]ᵀ (soft-capped when softcap > 0) in one weight-streaming launch, when the rows are few
+  // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.
+  bool project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
+                         std::span<float* const> ys, float softcap);
+  // The dense SwiGLU of kStreamingSwigluMaxRows rows as a one-expert MoE through the experts' streaming kernels
+  // (gate|up with the SwiGLU fused, then down); false (nothing done) when they do not apply.
+  bool swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
@@ -99,6 +122,10 @@ class CudaBackend final : public Backend {
   // While a graph is recorded: every tensor allocated meanwhile, which the graph keeps.
   std::unique_ptr<std::vector<std::shared_ptr<void>>> captured_allocations_;
   int64_t weights_loaded_ = 0;
+  int64_t streaming_max_rows_ = kStreamingMaxRows;
+  // swiglu_streaming's one-expert pointer tables by (gate, up, down), and its routing: expert 0 with weight 1.
+  std::map<std::array<const void*, 3>, Tensor> dense_expert_tables_;
+  Tensor dense_expert_ids_, dense_expert_weights_;
   std::size_t weight_bytes_logged_ = 0;
 };
 

@@ -52,6 +52,39 @@ __device__ __forceinline__ float block_sum(float v) {
   return result;
 }
 
+// Eight 16-bit floats (one 16-byte load of a BF16/F16 weight row) as F32.
+__device__ __forceinline__ void unpack(const uint4& bits, float (&out)[8], __nv_bfloat16) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void unpack(const uint4& bits, float (&out)[8], __half) {
+  const auto* pairs = reinterpret_cast<const __half2*>(&bits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// Weights that are read once: past L1, so that the activations, read by every warp of the SM, stay there.
+__device__ __forceinline__ uint4 load_streaming(const void* address) {
+  return __ldcs(static_cast<const uint4*>(address));
+}
+
+// w · x[0, 8) for an unpacked weight chunk and 16-byte aligned F32 activations.
+__device__ __forceinline__ float dot8(const float (&w)[8], const float* x) {
+  const float4 a = *reinterpret_cast<const float4*>(x);
+  const float4 b = *reinterpret_cast<const float4*>(x + 4);
+  return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+}
+
 // Calls body(T{}) with T the C++ type of a float dtype (F32, F16, BF16); false for any other dtype.
 template <typename Body>
 bool dispatch_float(DType dtype, Body&& body) {

@@ -24,37 +24,6 @@ constexpr int kElementsPerWarpStep = 32 * kElementsPerLoad;
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
-__device__ __forceinline__ void unpack(const uint4& bits, float (&out)[kElementsPerLoad], __nv_bfloat16) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&bits);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-__device__ __forceinline__ void unpack(const uint4& bits, float (&out)[kElementsPerLoad], __half) {
-  const auto* pairs = reinterpret_cast<const __half2*>(&bits);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
-// Weights are read once: stream them past L1 so the activations, read by every warp, stay there.
-__device__ __forceinline__ uint4 load_streaming(const void* address) {
-  return __ldcs(static_cast<const uint4*>(address));
-}
-
-__device__ __forceinline__ float dot8(const float (&w)[kElementsPerLoad], const float* x) {
-  const float4 a = *reinterpret_cast<const float4*>(x);
-  const float4 b = *reinterpret_cast<const float4*>(x + 4);
-  return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
-}
-
 // The expert of slot blockIdx.y and, if this block owns it (first slot naming it), its slots in ascending order.
 // Returns the number of slots, 0 when the block has nothing to do.
 __device__ int32_t claim_expert(const int32_t* ids, int32_t assignments, int32_t experts, int32_t* slots,
