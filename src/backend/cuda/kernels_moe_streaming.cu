@@ -5,7 +5,8 @@
 //
 // Bookkeeping without a pass of its own: the grid's y index is an assignment slot (token, j); the block whose slot
 // is the first to name an expert owns that expert and collects that expert's slots itself, the blocks of the
-// expert's later slots return at once. So the router's output feeds these kernels directly.
+// expert's later slots return at once. So the router's output feeds these kernels directly. One token's down pass
+// instead covers all its experts per output row and sums them itself (down_combine_kernel).
 #include <algorithm>
 #include <cmath>
 
@@ -156,6 +157,52 @@ __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activ
   }
 }
 
+// One token, the combine fused: out[n] = sum over j in order of weight[j] * (down_{ids[j]}[n] · activated[j]), NaN
+// when an id is out of range. Each warp streams row n of all the token's experts with their loads in flight
+// together (kFusedTopK rows, two steps of each, per lane), so the down projection keeps as many bytes in flight as
+// gate|up although its rows are half as long, and no expert_out round trip or combine launch follows. Few warps per
+// block, so the blocks spread evenly over the SMs in one wave.
+constexpr int kFusedTopK = 8;  // the most experts per token this kernel takes
+constexpr int kCombineWarps = 2;
+template <typename W>
+__global__ void __launch_bounds__(kCombineWarps * 32) down_combine_kernel(const float* activated, const int32_t* ids,
+                                                                          const float* weights, int32_t top_k,
+                                                                          ExpertPointers experts, float* out) {
+  const int64_t row = int64_t{blockIdx.x} * kCombineWarps + threadIdx.x / 32;
+  if (row >= experts.hidden) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t intermediate = experts.intermediate;
+  const W* down[kFusedTopK];
+  bool valid = true;
+#pragma unroll
+  for (int j = 0; j < kFusedTopK; ++j) {
+    const int32_t e = j < top_k ? ids[j] : 0;
+    const bool known = e >= 0 && e < experts.experts;
+    valid = valid && known;
+    // An unknown expert reads expert 0's row, so every load stays in bounds; the output is NaN then anyway.
+    down[j] = static_cast<const W*>(experts.down[known ? e : 0]) + row * intermediate;
+  }
+  float sum[kFusedTopK] = {};
+#pragma unroll 2
+  for (int64_t k = int64_t{lane} * kElementsPerLoad; k < intermediate; k += kElementsPerWarpStep) {
+#pragma unroll
+    for (int j = 0; j < kFusedTopK; ++j) {
+      if (j < top_k) {
+        float w[kElementsPerLoad];
+        unpack(load_streaming(down[j] + k), w, W{});
+        sum[j] += dot8(w, activated + j * intermediate + k);
+      }
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kFusedTopK; ++j) {
+    const float dot = warp_sum(sum[j]);
+    if (j < top_k) total += weights[j] * dot;
+  }
+  if (lane == 0) out[row] = valid ? total : __int_as_float(0x7fc00000);
+}
+
 // out[t] = sum over j in order of expert_out[t * top_k + j]; NaN for a token with an expert id out of range.
 __global__ void combine_kernel(const float* expert_out, const int32_t* ids, int32_t top_k, int32_t experts,
                                int64_t hidden, float* out) {
@@ -202,6 +249,12 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
       gate_up_kernel<W, kTokensPerPass><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts,
                                                                                 activated);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
+    if (rows == 1 && top_k <= kFusedTopK) {
+      down_combine_kernel<W><<<blocks_for(experts.hidden, kCombineWarps), kCombineWarps * 32, 0, stream>>>(
+          activated, ids, weights, top_k, experts, out);
+      status = cudaGetLastError();
+      return;
+    }
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
     if (rows == 1)
       down_kernel<W, 1><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts,
