@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Serving comparison for bench/gpu_check.sh (python3 stdlib only): 32 concurrent greedy /v1/completions requests
-to `beamline serve --device cuda` against the same requests one at a time (>= 90% equal token for token), and
-their first 16 tokens against `beamline serve --device cpu` (>= 90% equal). Prints Markdown table rows.
+to `beamline serve --device cuda` against the same requests one at a time (>= 90% equal token for token), against
+the same concurrent requests with --enforce-eager (recorded decode graphs vs op by op), and their first 16 tokens
+against `beamline serve --device cpu` (>= 90% equal). Prints Markdown table rows.
 
   serve_check.py BEAMLINE_BINARY MODEL_DIR
 """
@@ -18,11 +19,11 @@ MAX_TOKENS = 16
 REQUIRED = 0.9
 
 
-def start_server(binary, model, device, port):
+def start_server(binary, model, device, port, extra=()):
     # The GPU server sizes its KV cache from the device's memory, as `vllm serve` does.
     budget = ["--gpu-memory-utilization", "0.3"] if device == "cuda" else ["--kv-cache-memory", "4G"]
     # Both servers compute in FP32 with an F32 KV cache, so their tokens can be compared one for one.
-    budget += ["--dtype", "float32", "--kv-cache-dtype", "float32"]
+    budget += ["--dtype", "float32", "--kv-cache-dtype", "float32", *extra]
     process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port), *budget],
                                stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300
@@ -89,6 +90,13 @@ def main(binary, model):
     finally:
         server.terminate()
         server.wait()
+    # The same concurrent requests with every decode step run op by op instead of replaying recorded graphs.
+    server = start_server(binary, model, "cuda", 8313, ["--enforce-eager"])
+    try:
+        eager = run_all(8313, prompts, concurrent=True)
+    finally:
+        server.terminate()
+        server.wait()
     server = start_server(binary, model, "cpu", 8312)
     try:
         cpu = run_all(8312, prompts, concurrent=False)
@@ -97,6 +105,8 @@ def main(binary, model):
         server.wait()
     ok = row("serve --device cuda: 32 concurrent vs one at a time (greedy, 16 tokens)",
              sum(a == b for a, b in zip(batched, alone)), REQUIRED)
+    ok &= row("serve --device cuda: 32 concurrent, decode graphs vs --enforce-eager",
+              sum(a == b for a, b in zip(batched, eager)), REQUIRED)
     ok &= row("serve: cuda vs cpu, first 16 tokens", sum(a == b for a, b in zip(alone, cpu)), REQUIRED)
     return ok
 

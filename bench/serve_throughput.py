@@ -7,7 +7,7 @@ max_tokens 1 (the prefill, plus one step) and with max_tokens 1 + D (ignore_eos)
 first run's wall time; decode throughput is B*D over the difference of the two. Prints a Markdown table.
 
 Usage: python3 bench/serve_throughput.py BINARY MODEL_DIR [--batches 1,16,64] [--prompt 8192] [--decode 64]
-                                         [--hf-overrides JSON] [--floor-bytes N]
+                                         [--hf-overrides JSON] [--floor-bytes N] [--serve-args '--enforce-eager ...']
 """
 import argparse
 import concurrent.futures
@@ -50,6 +50,7 @@ def main():
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--hf-overrides", default="")
     parser.add_argument("--floor-bytes", type=float, default=0.0, help="bytes one decode step must read at batch 1")
+    parser.add_argument("--serve-args", default="", help="more flags for beamline serve, space-separated")
     args = parser.parse_args()
     vocab = json.load(open(f"{args.model}/config.json"))["vocab_size"]
     name = os.path.basename(os.path.normpath(args.model))  # the served model name
@@ -59,6 +60,7 @@ def main():
                "--max-model-len", str(args.prompt + args.decode + 16), "--max-num-batched-tokens", "8192"]
     if args.hf_overrides:
         command += ["--hf-overrides", args.hf_overrides]
+    command += args.serve_args.split()
     server = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
     try:
         deadline = time.time() + 600

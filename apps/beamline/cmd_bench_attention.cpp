@@ -1,7 +1,9 @@
 // beamline bench-attention: times paged attention on the CUDA backend at Beam-1.0's shapes (48 query heads,
 // 8 kv heads x 128, block size 16) over a random BF16 KV pool drawn on the device: decode batches (global and
 // sliding window) and prefill, each next to its floor (KV bytes / 4.8 TB/s for decode, FLOPs / 758 TFLOP/s for
-// prefill, PERF.md). Prints a Markdown table; bench/torch_attention_peers.py prints the same for PyTorch.
+// prefill, PERF.md). --dtype picks the backend's compute dtype (the prefill kernel's tensor-core operands: float32
+// = hi + lo BF16 pairs, bfloat16 = one rounding). Prints a Markdown table; bench/torch_attention_peers.py prints the
+// same for PyTorch.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -31,6 +33,7 @@ struct BenchOptions {
   int64_t repeats = 10;
   uint64_t seed = 1;
   std::string filter;
+  std::string dtype = "float32";
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -66,6 +69,7 @@ void run_bench(const BenchOptions& options) {
       {"prefill window-512 32K tokens", 1, 0, 32768, kWindow},
   };
   CudaBackend backend;
+  backend.set_compute_dtype(options.dtype == "float32" ? ComputeDType::Float32 : ComputeDType::BFloat16);
   int64_t pool_blocks = 0;
   for (const Case& c : cases) {
     const int64_t per_sequence = (c.cached + c.added + kBlockSize - 1) / kBlockSize;
@@ -75,8 +79,9 @@ void run_bench(const BenchOptions& options) {
   PagedKvPool pool{backend.random_weight(DType::BF16, pool_shape, options.seed, 0.0f, 1.0f),
                    backend.random_weight(DType::BF16, pool_shape, options.seed + 1, 0.0f, 1.0f)};
   const double block_bytes = 2.0 * 2.0 * kBlockSize * kKvHeads * kDim;  // K and V, BF16
-  spdlog::info("bench-attention: {}, BF16 KV pool of {} blocks ({:.2f} GiB)", backend.device_description(),
-               pool_blocks, static_cast<double>(pool_blocks) * block_bytes / (1ull << 30));
+  spdlog::info("bench-attention: {}, BF16 KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
+               backend.device_description(), pool_blocks, static_cast<double>(pool_blocks) * block_bytes / (1ull << 30),
+               options.dtype);
   std::mt19937_64 rng(options.seed);
   cudaEvent_t marks[2];
   for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
@@ -153,9 +158,11 @@ void run_bench(const BenchOptions& options) {
     std::fflush(stdout);
   }
   for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
-  std::printf("\nmedian of %lld samples of %lld back-to-back calls each; decode floors count K and V bytes read, "
-              "prefill floors 4 x head_dim FLOPs per (query head, visible key) at dense BF16 GEMM speed\n",
-              static_cast<long long>(options.iterations), static_cast<long long>(options.repeats));
+  std::printf("\ncompute dtype %s; median of %lld samples of %lld back-to-back calls each; decode floors count K and "
+              "V bytes read, prefill floors 4 x head_dim FLOPs per (query head, visible key) at dense BF16 GEMM "
+              "speed\n",
+              options.dtype.c_str(), static_cast<long long>(options.iterations),
+              static_cast<long long>(options.repeats));
 }
 #else
 void run_bench(const BenchOptions&) {
@@ -174,6 +181,10 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--repeats", options->repeats, "back-to-back calls per sample")->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random KV pool and queries")->capture_default_str();
   command->add_option("--filter", options->filter, "only the cases whose name contains this");
+  command->add_option("--dtype", options->dtype,
+                      "compute dtype: float32 (FP32-accurate split operands) or bfloat16 (one rounding)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
   command->callback([options] { run_bench(*options); });
 });
 

@@ -27,8 +27,11 @@ constexpr double kF32Tolerance = 1e-5;
 // error is near FP32's (measured up to 7e-5 with K = 20480 on the tensor cores, whose FP32 accumulation is not
 // IEEE), not a BF16 rounding's (2^-9: it would pass 1e-2 and fails the whole-model comparison).
 constexpr double kSplitOperandTolerance = 2e-4;
-// --dtype bfloat16: activations rounded once to BF16 (2^-9 relative) at each matrix input, errors of ~3e-3 per
-// product; a wrong index or a missed tile is off by ~1.
+// One BF16 rounding of the tensor-core operands (compute dtype BFloat16), as in prefill attention: q and the
+// softmax probabilities P keep 8 significant bits (2^-9 relative) before their products with exact BF16 K and V,
+// which on these inputs gives a few 1e-3 of relative error in the output; 1e-2 leaves room for that and still
+// fails a lost or doubled tile. The masks and key ranges are the same code in both precisions and are held to
+// kF32Tolerance by the Float32 run of every case.
 constexpr double kBf16OperandTolerance = 1e-2;
 
 struct Options {
@@ -306,7 +309,7 @@ void record_missing_block(Harness& harness, const std::string& shape, const Tens
                          "missing block: its rows NaN, others finite (error = wrong elements)", wrong == 0, seconds});
 }
 
-void test_attention_case(Harness& harness, const AttentionCase& c) {
+void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType compute) {
   const auto start = std::chrono::steady_clock::now();
   const int32_t slots = 2, slot = 1;
   std::vector<int32_t> positions, query_start{0}, seq_lens;
@@ -372,14 +375,20 @@ void test_attention_case(Harness& harness, const AttentionCase& c) {
   params.sliding_window = c.window;
   params.slot = slot;
   auto out = harness.poisoned(DType::F32, {rows, q_width});
+  const ComputeDType harness_dtype = harness.device().compute_dtype();
+  harness.device().set_compute_dtype(compute);
   harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  harness.device().set_compute_dtype(harness_dtype);
+  const bool bf16 = compute == ComputeDType::BFloat16;
   if (c.drop_sequence >= 0) {
-    record_missing_block(harness, shape, out.device, query_start, c.drop_sequence, seconds_since(start));
+    record_missing_block(harness, bf16 ? shape + " compute bf16" : shape, out.device, query_start, c.drop_sequence,
+                         seconds_since(start));
     return;
   }
   harness.reference().paged_attention(q.reference, reference_pool, block_table.reference, reference_batch, params,
                                       out.reference);
-  harness.record("paged_attention", shape, out, kF32Tolerance, seconds_since(start));
+  harness.record("paged_attention", shape, out, bf16 ? kBf16OperandTolerance : kF32Tolerance, seconds_since(start),
+                 bf16 ? "compute bfloat16" : "");
 }
 
 void test_attention(Harness& harness) {
@@ -408,7 +417,30 @@ void test_attention(Harness& harness) {
       {"prefill GQA 6/3", 6, 3, 128, 16, 7, DType::BF16, {{0, 150}, {10, 31}}},
       {"prefill GQA 4/1", 4, 1, 128, 16, 0, DType::BF16, {{5, 200}}},
       {"prefill GQA 10/2", 10, 2, 128, 16, 64, DType::F32, {{100, 130}}},
+      // The tensor-core decode kernel (BF16 pools): 16-key tile edges, a single row over many splits, windows that
+      // start inside a tile, blocks smaller and larger than a tile, groups 1 to 8, speculative chunks.
+      {"decode tile edges", 48, 8, 128, 16, 0, DType::BF16,
+       {{14, 1}, {15, 1}, {16, 1}, {17, 1}, {31, 1}, {47, 2}, {63, 4}, {1, 1}}},
+      {"decode 1 row 8K", 48, 8, 128, 16, 0, DType::BF16, {{8191, 1}}},
+      {"decode 1 row window", 48, 8, 128, 16, 100, DType::BF16, {{2047, 1}}},
+      {"decode window 512 edges", 48, 8, 128, 16, 512, DType::BF16, {{527, 1}, {528, 1}, {529, 1}, {1000, 4}}},
+      {"decode bs 4", 48, 8, 128, 4, 0, DType::BF16, {{500, 1}, {37, 1}, {6, 2}}},
+      {"decode bs 8 window", 48, 8, 128, 8, 30, DType::BF16, {{300, 1}, {29, 3}}},
+      {"decode bs 64", 48, 8, 128, 64, 0, DType::BF16, {{1500, 1}, {64, 1}, {63, 4}}},
+      {"decode GQA 64/8", 64, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {200, 4}}},
+      {"decode GQA 14/2", 14, 2, 128, 16, 0, DType::BF16, {{777, 1}, {12, 2}}},
+      {"decode GQA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{1024, 1}, {3, 1}}},
+      {"decode GQA 32/8 window", 32, 8, 128, 32, 512, DType::BF16, {{4000, 4}, {600, 1}}},
+      {"decode 2 rows", 48, 8, 128, 16, 512, DType::BF16, {{5000, 2}, {0, 2}, {511, 2}}},
+      // The tensor-core prefill kernel (BF16 pools): chunks after cached keys, windows, block sizes, groups 1-8.
+      {"chunked prefill", 48, 8, 128, 16, 512, DType::BF16, {{530, 70}, {0, 129}}},
+      {"chunked prefill long", 48, 8, 128, 16, 0, DType::BF16, {{2000, 150}, {31, 33}}},
+      {"prefill bs 8", 48, 8, 128, 8, 0, DType::BF16, {{0, 200}, {61, 67}}},
+      {"prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::BF16, {{3, 250}}},
+      {"prefill window 100 GQA 16/2", 16, 2, 128, 16, 100, DType::BF16, {{0, 300}, {250, 90}}},
+      {"prefill MHA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{0, 140}, {17, 6}}},
       {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      {"missing block, 1 row", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {6000, 1}}, 1},
       {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
       {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
   };
@@ -424,8 +456,14 @@ void test_attention(Harness& harness) {
   }
   // The CPU backend throws on a missing block instead of writing NaN: those cases are for device backends.
   const bool device_semantics = harness.device().device() != Device::Cpu;
-  for (const AttentionCase& c : cases)
-    if (c.drop_sequence < 0 || device_semantics) test_attention_case(harness, c);
+  for (const AttentionCase& c : cases) {
+    if (c.drop_sequence >= 0 && !device_semantics) continue;
+    test_attention_case(harness, c, ComputeDType::Float32);
+    // The compute dtype picks the operands of the tensor-core prefill kernel; cases of one query row per sequence
+    // (decode only) run once.
+    if (std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > 1; }))
+      test_attention_case(harness, c, ComputeDType::BFloat16);
+  }
 }
 
 void test_route(Harness& harness) {

@@ -18,6 +18,14 @@ Tensor Tensor::slice_first(int64_t index) const {
   return Tensor(device_, dtype_, std::move(shape), data_ + static_cast<std::size_t>(index) * stride, storage_);
 }
 
+Tensor Tensor::view(int64_t first, std::vector<int64_t> shape) const {
+  Tensor result(device_, dtype_, std::move(shape), nullptr, storage_);
+  require(first >= 0 && first + result.numel() <= numel(), "view of elements [{}, {}) of {}", first,
+          first + result.numel(), describe(*this));
+  result.data_ = data_ + static_cast<std::size_t>(first) * dtype_size(dtype_);
+  return result;
+}
+
 Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
   Tensor result = *this;
   result.shape_ = std::move(shape);
@@ -70,8 +78,8 @@ std::vector<int32_t> Backend::download_i32(const Tensor& tensor) {
   return host;
 }
 
-AttentionBatch Backend::make_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
-                                             std::vector<int32_t> seq_lens) {
+AttentionBatch Backend::describe_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
+                                                 std::vector<int32_t> seq_lens) {
   require(query_start.size() == seq_lens.size() + 1, "attention batch: {} query starts for {} sequences",
           query_start.size(), seq_lens.size());
   require(query_start.front() == 0 && static_cast<std::size_t>(query_start.back()) == positions.size(),
@@ -89,17 +97,26 @@ AttentionBatch Backend::make_attention_batch(std::vector<int32_t> positions, std
       batch.host_row_sequence[r] = static_cast<int32_t>(s);
     }
   }
-  const auto rows = static_cast<int64_t>(positions.size());
-  const auto sequences = static_cast<int64_t>(seq_lens.size());
-  batch.positions = upload_i32(positions, {rows});
-  batch.row_sequence = upload_i32(batch.host_row_sequence, {rows});
-  batch.query_start = upload_i32(query_start, {sequences + 1});
-  batch.seq_lens = upload_i32(seq_lens, {sequences});
   batch.host_positions = std::move(positions);
   batch.host_query_start = std::move(query_start);
   batch.host_seq_lens = std::move(seq_lens);
   return batch;
 }
+
+AttentionBatch Backend::make_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
+                                             std::vector<int32_t> seq_lens) {
+  AttentionBatch batch = describe_attention_batch(std::move(positions), std::move(query_start), std::move(seq_lens));
+  const int64_t rows = batch.num_rows(), sequences = batch.num_sequences();
+  batch.positions = upload_i32(batch.host_positions, {rows});
+  batch.row_sequence = upload_i32(batch.host_row_sequence, {rows});
+  batch.query_start = upload_i32(batch.host_query_start, {sequences + 1});
+  batch.seq_lens = upload_i32(batch.host_seq_lens, {sequences});
+  return batch;
+}
+
+void Backend::begin_capture() { fail("backend {} records no op graphs", name()); }
+std::unique_ptr<OpGraph> Backend::end_capture() { fail("backend {} records no op graphs", name()); }
+void Backend::replay(const OpGraph&) { fail("backend {} records no op graphs", name()); }
 
 namespace {
 std::mutex registry_mutex;

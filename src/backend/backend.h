@@ -109,6 +109,14 @@ struct SampleOutputs {
 // backend always computes in FP32.
 enum class ComputeDType { Float32, BFloat16 };
 
+// A recorded sequence of ops (a CUDA graph) that Backend::replay runs again on the buffers it was recorded with;
+// it holds every tensor allocated while it was recorded. What its ops read is refreshed in place between replays
+// (Backend::copy_to).
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +128,8 @@ class Backend {
   virtual void fill_zero(Tensor& tensor) = 0;
   virtual Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) = 0;
   virtual void download(const Tensor& tensor, void* host) = 0;  // waits for pending work
+  // Overwrites `tensor` with tensor.nbytes() host bytes, in order with the ops enqueued so far.
+  virtual void copy_to(Tensor& tensor, const void* host) = 0;
   virtual void synchronize() {}
   // The device's total memory and the part in use (by this process and any other), for
   // --gpu-memory-utilization; nullopt where the backend has no device memory of its own (the CPU).
@@ -130,6 +140,22 @@ class Backend {
   // Before the first op. Default: FP32 everywhere (the CPU backend), whatever is asked.
   virtual void set_compute_dtype(ComputeDType dtype) { (void)dtype; }
   virtual ComputeDType compute_dtype() const { return ComputeDType::Float32; }
+
+  // ---- op graphs, for steps whose shapes repeat (decode) ----
+  // Between begin_capture and end_capture, ops are recorded into a graph instead of running; replay runs it.
+  // Only what an op decides on the host from its arguments' shapes, and from what attention_signature covers, may
+  // differ between the recording and a replay. Backends without graphs say so with supports_graphs() == false.
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<OpGraph> end_capture();
+  virtual void replay(const OpGraph& graph);
+  // The host-side choices paged_attention makes for `batch` (kernels, splits): batches with equal signatures may
+  // share a recorded graph. nullopt where those choices need a per-step upload that a graph cannot hold.
+  virtual std::optional<std::string> attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
+                                                         const AttentionParams& params) const {
+    (void)batch, (void)pool, (void)params;
+    return std::string();
+  }
 
   // ---- weights, once at model load ----
   // A weight as the ops read it. The CPU backend borrows the mmap'd bytes (no copy; the view's owner must
@@ -200,6 +226,10 @@ class Backend {
   // The host-side batch description uploaded as an AttentionBatch. query_start has S+1 entries.
   AttentionBatch make_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
                                       std::vector<int32_t> seq_lens);
+  // Its host half, checked, with the device tensors left for the caller to set (BeamModel packs them into one
+  // upload).
+  static AttentionBatch describe_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
+                                                 std::vector<int32_t> seq_lens);
 };
 
 // Backends by device name ("cpu", "cuda"). The CPU backend is always there; others register a factory

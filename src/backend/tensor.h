@@ -44,6 +44,8 @@ class Tensor {
   Tensor reshaped(std::vector<int64_t> shape) const;
   // Entry `index` along the first axis: a view into the same buffer, which it keeps alive.
   Tensor slice_first(int64_t index) const;
+  // Elements [first, first + count) of the buffer, as `shape` (count = its element count): a view, kept alive.
+  Tensor view(int64_t first, std::vector<int64_t> shape) const;
 
  private:
   Device device_ = Device::Cpu;

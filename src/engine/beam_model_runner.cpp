@@ -40,6 +40,11 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
                static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
                backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
+  if (backend_->supports_graphs() && !config.enforce_eager) {
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
+    spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
+                 std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
+  }
 }
 
 Tensor BeamModelRunner::forward(const ForwardBatch& batch) {
@@ -50,6 +55,11 @@ Tensor BeamModelRunner::forward(const ForwardBatch& batch) {
     with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
     model_->forward(with_row, *cache_);
     return {};
+  }
+  if (graphs_) {
+    model_->validate(batch, *cache_);
+    if (std::optional<Tensor> logits = graphs_->forward(batch)) return *logits;
+    return model_->forward_validated(batch, *cache_);
   }
   return model_->forward(batch, *cache_);
 }

@@ -9,6 +9,7 @@
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "model/beam_model.h"
+#include "model/decode_graphs.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
 
@@ -36,6 +37,7 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<BeamModel> model_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int64_t bytes_per_block_ = 0;
 };
 

@@ -88,6 +88,8 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
   command.add_option("--max-logprobs", config.max_logprobs, "Largest top_logprobs / logprobs a request may ask for")
       ->capture_default_str();
   add_dtype_options(command, config.dtype, config.kv_cache_dtype);
+  command.add_flag("--enforce-eager", config.enforce_eager,
+                   "Run every step op by op: no recorded CUDA graphs for decode steps");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

@@ -121,14 +121,24 @@ void BeamModel::validate(const ForwardBatch& batch, const KvCache& cache) const 
 
 Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
   validate(batch, cache);
-  const ModelConfig& config = weights_.config;
-  const KvCacheLayout& layout = cache.layout();
-  const auto rows = static_cast<int64_t>(batch.tokens.size());
-  const auto sequences = static_cast<int64_t>(batch.sequences.size());
-  const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
-                head_dim = config.head_dim;
-  const auto eps = static_cast<float>(config.rms_norm_eps);
-  const auto residual_scale = static_cast<float>(config.residual_scale);
+  return forward_validated(batch, cache);
+}
+
+Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCache& cache) {
+  StepInputs inputs = prepare(batch, cache.layout());
+  upload(inputs);
+  return run(inputs, cache);
+}
+
+BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences,
+                                         const std::vector<int64_t>& table_widths) const {
+  const auto real_sequences = static_cast<int32_t>(batch.sequences.size());
+  const int32_t sequences = std::max(real_sequences, pad_sequences);
+  const int32_t padding = sequences - real_sequences;
+  const auto real_rows = static_cast<int32_t>(batch.tokens.size());
+  StepInputs inputs;
+  inputs.rows = real_rows + padding;
+  inputs.selected = static_cast<int64_t>(batch.logit_rows.size()) + padding;
 
   std::vector<int32_t> positions, query_start{0}, seq_lens;
   for (const SequenceSlice& sequence : batch.sequences) {
@@ -137,20 +147,85 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
     query_start.push_back(sequence.token_end);
     seq_lens.push_back(sequence.context_begin + (sequence.token_end - sequence.token_begin));
   }
-  const AttentionBatch attention_batch =
-      backend_.make_attention_batch(std::move(positions), std::move(query_start), std::move(seq_lens));
-  std::vector<Tensor> block_tables;
+  for (int32_t p = 0; p < padding; ++p) {
+    positions.push_back(0);
+    query_start.push_back(real_rows + p + 1);
+    seq_lens.push_back(1);
+  }
+  inputs.attention = Backend::describe_attention_batch(std::move(positions), std::move(query_start), std::move(seq_lens));
+
+  std::vector<int32_t>& packed = inputs.packed;
+  packed = batch.tokens;
+  packed.resize(static_cast<std::size_t>(inputs.rows), 0);
+  for (const std::vector<int32_t>* part : {&inputs.attention.host_positions, &inputs.attention.host_row_sequence,
+                                           &inputs.attention.host_query_start, &inputs.attention.host_seq_lens})
+    packed.insert(packed.end(), part->begin(), part->end());
   for (int32_t group = 0; group < layout.num_groups(); ++group) {
     std::size_t width = 1;
     for (const SequenceSlice& sequence : batch.sequences) width = std::max(width, sequence.block_tables[group].size());
-    std::vector<int32_t> table(static_cast<std::size_t>(sequences) * width, kNullBlock);
+    if (!table_widths.empty()) {
+      require(static_cast<int64_t>(width) <= table_widths.at(static_cast<std::size_t>(group)),
+              "forward batch: block table {} needs {} entries, more than the {} asked for", group, width,
+              table_widths[static_cast<std::size_t>(group)]);
+      width = static_cast<std::size_t>(table_widths[static_cast<std::size_t>(group)]);
+    }
+    inputs.table_widths.push_back(static_cast<int64_t>(width));
+    const std::size_t start = packed.size();
+    packed.resize(start + static_cast<std::size_t>(sequences) * width, kNullBlock);
     for (std::size_t s = 0; s < batch.sequences.size(); ++s)
       std::copy(batch.sequences[s].block_tables[group].begin(), batch.sequences[s].block_tables[group].end(),
-                table.begin() + static_cast<std::ptrdiff_t>(s * width));
-    block_tables.push_back(backend_.upload_i32(table, {sequences, static_cast<int64_t>(width)}));
+                packed.begin() + static_cast<std::ptrdiff_t>(start + s * width));
   }
+  packed.insert(packed.end(), batch.logit_rows.begin(), batch.logit_rows.end());
+  for (int32_t p = 0; p < padding; ++p) packed.push_back(real_rows + p);
+  return inputs;
+}
 
-  const Tensor tokens = backend_.upload_i32(batch.tokens, {rows});
+void BeamModel::upload(StepInputs& inputs) const {
+  const auto total = static_cast<int64_t>(inputs.packed.size());
+  inputs.device = backend_.alloc(DType::I32, {total});
+  backend_.copy_to(inputs.device, inputs.packed.data());
+  const int64_t rows = inputs.rows, sequences = inputs.attention.num_sequences();
+  int64_t at = 0;
+  auto next = [&](std::vector<int64_t> shape) {
+    Tensor view = inputs.device.view(at, shape);
+    at += view.numel();
+    return view;
+  };
+  inputs.tokens = next({rows});
+  inputs.attention.positions = next({rows});
+  inputs.attention.row_sequence = next({rows});
+  inputs.attention.query_start = next({sequences + 1});
+  inputs.attention.seq_lens = next({sequences});
+  inputs.block_tables.clear();
+  for (int64_t width : inputs.table_widths) inputs.block_tables.push_back(next({sequences, width}));
+  inputs.logit_rows = next({inputs.selected});
+  require(at == total, "step inputs: {} packed values, {} used", total, at);
+}
+
+AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayout& layout) const {
+  const ModelConfig& config = weights_.config;
+  AttentionParams params;
+  params.num_heads = static_cast<int32_t>(config.num_attention_heads);
+  params.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
+  params.head_dim = static_cast<int32_t>(config.head_dim);
+  params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)));
+  params.sliding_window = layers_.at(layer).sliding ? static_cast<int32_t>(config.sliding_window) : 0;
+  params.slot = layout.layer_slot.at(layer);
+  return params;
+}
+
+Tensor BeamModel::run(const StepInputs& inputs, KvCache& cache) {
+  const ModelConfig& config = weights_.config;
+  const KvCacheLayout& layout = cache.layout();
+  const int64_t rows = inputs.rows;
+  const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
+                head_dim = config.head_dim;
+  const auto eps = static_cast<float>(config.rms_norm_eps);
+  const auto residual_scale = static_cast<float>(config.residual_scale);
+  const AttentionBatch& attention_batch = inputs.attention;
+  const std::vector<Tensor>& block_tables = inputs.block_tables;
+  const Tensor& tokens = inputs.tokens;
   Tensor x = backend_.alloc(DType::F32, {rows, hidden});
   Tensor h = backend_.alloc(DType::F32, {rows, hidden});
   Tensor branch = backend_.alloc(DType::F32, {rows, hidden});
@@ -181,13 +256,7 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
                            static_cast<float>(config.ssmax_exponent));
     }
     const Tensor& table = block_tables[static_cast<std::size_t>(layout.layer_group[i])];
-    AttentionParams params;
-    params.num_heads = static_cast<int32_t>(heads);
-    params.num_kv_heads = static_cast<int32_t>(kv_heads);
-    params.head_dim = static_cast<int32_t>(head_dim);
-    params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-    params.sliding_window = layer.sliding ? static_cast<int32_t>(config.sliding_window) : 0;
-    params.slot = layout.layer_slot[i];
+    const AttentionParams params = attention_params(i, layout);
     backend_.write_kv(k, v, cache.pool(), params.slot, table, attention_batch);
     backend_.paged_attention(q, cache.pool(), table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
@@ -203,10 +272,8 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
     backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
   }
 
-  const auto selected = static_cast<int64_t>(batch.logit_rows.size());
-  const Tensor logit_rows = backend_.upload_i32(batch.logit_rows, {selected});
-  Tensor logits = backend_.alloc(DType::F32, {selected, config.vocab_size});
-  backend_.lm_head(x, logit_rows, final_norm_, eps, lm_head_, static_cast<float>(config.final_logit_softcapping),
+  Tensor logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});
+  backend_.lm_head(x, inputs.logit_rows, final_norm_, eps, lm_head_, static_cast<float>(config.final_logit_softcapping),
                    logits);
   return logits;
 }

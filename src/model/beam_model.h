@@ -27,6 +27,35 @@ class BeamModel {
   // [logit_rows.size(), vocab_size] on the backend. Validates the batch (token ids, row ranges, block table
   // coverage) and throws beamline::Error naming the field.
   Tensor forward(const ForwardBatch& batch, KvCache& cache);
+  // forward() of a batch that validate() has passed.
+  Tensor forward_validated(const ForwardBatch& batch, KvCache& cache);
+
+  // The same in three parts, for recorded steps (model/decode_graphs.h): what a step reads besides weights and
+  // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
+  // buffer every step.
+  struct StepInputs {
+    std::vector<int32_t> packed;  // tokens | positions | row_sequence | query_start | seq_lens | tables | logit rows
+    AttentionBatch attention;     // host copies; its tensors are views of `device`
+    std::vector<int64_t> table_widths;  // per KV group
+    int64_t rows = 0, selected = 0;
+    Tensor device;                // I32 [packed.size()] once uploaded
+    Tensor tokens, logit_rows;
+    std::vector<Tensor> block_tables;
+  };
+  // The inputs of a validated batch. `pad_sequences` > the batch's sequences appends one-token sequences at
+  // position 0 with no blocks (their rows compute NaN and write nothing) whose rows follow in the logit rows;
+  // `table_widths` (per KV group, or empty) widens the block tables, so that steps of different lengths share
+  // one layout.
+  StepInputs prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences = 0,
+                     const std::vector<int64_t>& table_widths = {}) const;
+  // Allocates inputs.device, copies `packed` there, and makes the tensors views of it.
+  void upload(StepInputs& inputs) const;
+  // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab].
+  Tensor run(const StepInputs& inputs, KvCache& cache);
+  void validate(const ForwardBatch& batch, const KvCache& cache) const;
+  // AttentionParams of layer `i`.
+  AttentionParams attention_params(std::size_t layer, const KvCacheLayout& layout) const;
+  std::size_t num_layers() const { return layers_.size(); }
 
  private:
   struct Layer {
@@ -37,8 +66,6 @@ class BeamModel {
     SwigluTensors mlp;  // dense layers
     MoeTensors experts; // MoE layers
   };
-
-  void validate(const ForwardBatch& batch, const KvCache& cache) const;
 
   BeamWeights weights_;
   Backend& backend_;

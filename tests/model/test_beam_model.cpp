@@ -163,6 +163,43 @@ TEST_P(BeamModelTest, SlidingGroupsKeepOnlyTheWindow) {
   }
 }
 
+// The inputs of a recorded decode graph: block tables widened past what the batch needs compute the same logits,
+// and padding sequences follow the real ones with no blocks, position 0 and their rows appended to the logit rows.
+TEST_P(BeamModelTest, WidenedAndPaddedStepInputs) {
+  KvCacheLayout layout = make_kv_cache_layout(config_, default_block_size(config_), 16);
+  KvCache cache(*backend_, config_, layout);
+  ForwardBatch batch;
+  batch.tokens = some_tokens(5, config_.vocab_size, 21);
+  SequenceSlice slice{0, 5, 0, {}};
+  const int32_t blocks = (5 + layout.block_size - 1) / layout.block_size;
+  for (int32_t g = 0; g < layout.num_groups(); ++g) {
+    slice.block_tables.emplace_back();
+    for (int32_t b = 0; b < blocks; ++b) slice.block_tables.back().push_back(g * blocks + b);
+  }
+  batch.sequences.push_back(slice);
+  batch.logit_rows = {4, 2};
+  const std::vector<float> reference = backend_->download_f32(model_->forward(batch, cache));
+
+  const std::vector<int64_t> widths(static_cast<std::size_t>(layout.num_groups()), 4);
+  BeamModel::StepInputs widened = model_->prepare(batch, layout, 0, widths);
+  model_->upload(widened);
+  ASSERT_EQ(widened.block_tables.size(), widths.size());
+  EXPECT_EQ(widened.block_tables[0].shape(), (std::vector<int64_t>{1, 4}));
+  expect_logits_close(backend_->download_f32(model_->run(widened, cache)), reference, 1e-6, "widened tables");
+
+  BeamModel::StepInputs padded = model_->prepare(batch, layout, 3, widths);
+  model_->upload(padded);
+  EXPECT_EQ(padded.rows, 7);
+  EXPECT_EQ(padded.selected, 4);
+  EXPECT_EQ(padded.attention.host_query_start, (std::vector<int32_t>{0, 5, 6, 7}));
+  EXPECT_EQ(padded.attention.host_seq_lens, (std::vector<int32_t>{5, 1, 1}));
+  EXPECT_EQ(backend_->download_i32(padded.logit_rows), (std::vector<int32_t>{4, 2, 5, 6}));
+  std::vector<int32_t> expected_table(12, kNullBlock);
+  std::copy(slice.block_tables[0].begin(), slice.block_tables[0].end(), expected_table.begin());
+  EXPECT_EQ(backend_->download_i32(padded.block_tables[0]), expected_table);
+  EXPECT_THROW(model_->prepare(batch, layout, 0, std::vector<int64_t>(widths.size(), 0)), Error);
+}
+
 TEST_P(BeamModelTest, RejectsMalformedBatches) {
   KvCacheLayout layout = make_kv_cache_layout(config_, default_block_size(config_), 16);
   KvCache cache(*backend_, config_, layout);

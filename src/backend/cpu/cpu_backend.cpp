@@ -56,6 +56,7 @@ Tensor CpuBackend::upload(const void* host, DType dtype, std::vector<int64_t> sh
 }
 
 void CpuBackend::download(const Tensor& tensor, void* host) { std::memcpy(host, tensor.raw(), tensor.nbytes()); }
+void CpuBackend::copy_to(Tensor& tensor, const void* host) { std::memcpy(tensor.raw(), host, tensor.nbytes()); }
 
 Tensor CpuBackend::load_weight(const TensorView& view) {
   Tensor tensor(Device::Cpu, view.dtype, view.shape, const_cast<std::byte*>(view.data), nullptr);

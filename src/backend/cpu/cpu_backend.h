@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   void fill_zero(Tensor& tensor) override;
   Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
   void download(const Tensor& tensor, void* host) override;
+  void copy_to(Tensor& tensor, const void* host) override;
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
 

@@ -173,6 +173,7 @@ Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   for (int64_t d : shape) require(d >= 0, "alloc: negative dimension in shape {}", shape_string(shape));
   Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
   std::shared_ptr<void> storage = allocator_.allocate(probe.nbytes());
+  if (captured_allocations_) captured_allocations_->push_back(storage);
   auto* data = static_cast<std::byte*>(storage.get());
   return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(storage));
 }
@@ -192,6 +193,48 @@ void CudaBackend::download(const Tensor& tensor, void* host) {
   require_device(tensor, "download", "tensor");
   BEAMLINE_CUDA_CHECK(cudaMemcpyAsync(host, tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost, stream_));
   BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_to(Tensor& tensor, const void* host) {
+  require_device(tensor, "copy_to", "tensor");
+  staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
+}
+
+namespace {
+
+struct CudaGraph final : OpGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  std::vector<std::shared_ptr<void>> allocations;
+  ~CudaGraph() override {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
+}  // namespace
+
+void CudaBackend::begin_capture() {
+  require(!captured_allocations_, "begin_capture: a graph is already being recorded");
+  // Relaxed: the caching allocator may still cudaMalloc while the ops are recorded.
+  BEAMLINE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  captured_allocations_ = std::make_unique<std::vector<std::shared_ptr<void>>>();
+}
+
+std::unique_ptr<OpGraph> CudaBackend::end_capture() {
+  require(captured_allocations_ != nullptr, "end_capture: no graph is being recorded");
+  auto graph = std::make_unique<CudaGraph>();
+  graph->allocations = std::move(*captured_allocations_);
+  captured_allocations_.reset();
+  BEAMLINE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph->graph));
+  BEAMLINE_CUDA_CHECK(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
+  return graph;
+}
+
+void CudaBackend::replay(const OpGraph& graph) {
+  const auto* cuda_graph = dynamic_cast<const CudaGraph*>(&graph);
+  require(cuda_graph != nullptr, "replay: the graph was not recorded by the cuda backend");
+  BEAMLINE_CUDA_CHECK(cudaGraphLaunch(cuda_graph->exec, stream_));
 }
 
 std::optional<Backend::MemoryInfo> CudaBackend::memory_info() {
@@ -384,14 +427,8 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   require_device(out, "paged_attention", "out");
   // The host copies were checked once, when the step's batch was made (Backend::make_attention_batch).
   const cuda::PoolGeometry geometry = pool_geometry(pool);
-  cuda::AttentionHostBatch host;
-  host.query_start = batch.host_query_start.data();
-  host.positions = batch.host_positions.data();
-  host.seq_lens = batch.host_seq_lens.data();
-  host.sequences = batch.num_sequences();
-  host.rows = batch.num_rows();
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
-  const cuda::AttentionPlan plan = cuda::plan_attention(host, geometry, heads, params.sliding_window, aligned);
+  const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
   Tensor work, partials;
   if (!plan.work.empty()) work = upload_i32(plan.work, {static_cast<int64_t>(plan.work.size())});
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
@@ -401,6 +438,27 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
                                      plan.scratch_floats > 0 ? partials.data<float>() : nullptr, heads,
                                      params.scale, params.sliding_window, out.data<float>(), stream_),
                "paged_attention");
+}
+
+cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, const PagedKvPool& pool,
+                                               const AttentionParams& params, bool aligned) const {
+  cuda::AttentionHostBatch host;
+  host.query_start = batch.host_query_start.data();
+  host.positions = batch.host_positions.data();
+  host.seq_lens = batch.host_seq_lens.data();
+  host.sequences = batch.num_sequences();
+  host.rows = batch.num_rows();
+  return cuda::plan_attention(host, pool_geometry(pool), params.num_heads, params.sliding_window, aligned,
+                              operand_precision());
+}
+
+std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
+                                                            const AttentionParams& params) const {
+  // Activations are 256-byte aligned by the allocator, so the graph's q and out are aligned too.
+  const cuda::AttentionPlan plan = attention_plan(batch, pool, params, true);
+  if (!plan.work.empty()) return std::nullopt;
+  return fmt::format("{}:{}:{}:{}:{}", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
+                     plan.scratch_floats);
 }
 
 void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/device_memory.h"
@@ -30,6 +31,7 @@ class CudaBackend final : public Backend {
   void fill_zero(Tensor& tensor) override;
   Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
   void download(const Tensor& tensor, void* host) override;
+  void copy_to(Tensor& tensor, const void* host) override;
   void synchronize() override;
   std::optional<MemoryInfo> memory_info() override;
   void set_compute_dtype(ComputeDType dtype) override { compute_dtype_ = dtype; }
@@ -38,6 +40,13 @@ class CudaBackend final : public Backend {
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
   void reserve_weights(std::span<const std::size_t> tensor_bytes) override { weights_.reserve(tensor_bytes); }
   void prepare_moe(MoeTensors& moe) override;
+
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<OpGraph> end_capture() override;
+  void replay(const OpGraph& graph) override;
+  std::optional<std::string> attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
+                                                 const AttentionParams& params) const override;
 
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
@@ -75,6 +84,10 @@ class CudaBackend final : public Backend {
     return compute_dtype_ == ComputeDType::Float32 ? cuda::OperandPrecision::Split : cuda::OperandPrecision::Bf16;
   }
 
+  // The plan paged_attention launches for `batch` (host data only).
+  cuda::AttentionPlan attention_plan(const AttentionBatch& batch, const PagedKvPool& pool, const AttentionParams& params,
+                                     bool aligned) const;
+
   int device_ = 0;
   ComputeDType compute_dtype_ = ComputeDType::Float32;
   cudaStream_t stream_ = nullptr;
@@ -83,6 +96,8 @@ class CudaBackend final : public Backend {
   cuda::WeightArena weights_;
   std::unique_ptr<cuda::PinnedStaging> staging_;
   Tensor cublas_workspace_;
+  // While a graph is recorded: every tensor allocated meanwhile, which the graph keeps.
+  std::unique_ptr<std::vector<std::shared_ptr<void>>> captured_allocations_;
   int64_t weights_loaded_ = 0;
   std::size_t weight_bytes_logged_ = 0;
 };

@@ -83,7 +83,8 @@ struct AttentionHostBatch {
 };
 
 // Sequences with at most this many query rows (decode, short speculative chunks) take the split-KV decode
-// kernel; longer ones the tiled prefill kernel.
+// kernel; longer ones the tiled prefill kernel (on the tensor cores for BF16 pools: q and P as `precision`
+// operands, K and V exact).
 constexpr int32_t kDecodeMaxQueryRows = 4;
 
 // The kernels paged_attention runs for one batch, chosen on the host from AttentionHostBatch (no device read).
@@ -96,9 +97,10 @@ struct AttentionPlan {
   int64_t prefill_tiles = 0;   // (sequence, first row, rows) triples in work after the decode rows
   std::vector<int32_t> work;   // for the caller to upload (empty when nothing needs listing)
   int64_t scratch_floats = 0;  // F32 scratch for the split-KV partial results
+  OperandPrecision precision = OperandPrecision::Split;  // of the tensor-core prefill kernel (BF16 pools)
 };
 AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry& pool, int32_t num_heads,
-                             int32_t sliding_window, bool aligned);
+                             int32_t sliding_window, bool aligned, OperandPrecision precision);
 // `work` is plan.work on the device, `scratch` plan.scratch_floats floats.
 cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                             const AttentionPlan& plan, const int32_t* work, float* scratch, int32_t num_heads,

@@ -1,6 +1,7 @@
 // Paged KV writes, and paged attention's dispatcher: the host-side plan picks, per batch, the split-KV decode
-// kernel (kernels_attention_decode.cu) for sequences with few query rows, the tiled prefill kernel
-// (kernels_attention_prefill.cu) for the others, and the generic kernel below for shapes those do not cover.
+// kernel (kernels_attention_decode.cu) for sequences with few query rows, the tiled prefill kernels
+// (kernels_attention_prefill_mma.cu on the tensor cores for BF16 pools, kernels_attention_prefill.cu for F32 pools)
+// for the others, and the generic kernel below for shapes those do not cover.
 // The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
 // each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>
@@ -213,8 +214,9 @@ int32_t choose_splits(int64_t pairs, int64_t keys, DType dtype, int32_t group) {
 }  // namespace
 
 AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry& pool, int32_t num_heads,
-                             int32_t sliding_window, bool aligned) {
+                             int32_t sliding_window, bool aligned, OperandPrecision precision) {
   AttentionPlan plan;
+  plan.precision = precision;
   const int32_t group = num_heads / pool.num_kv_heads;
   const bool power_of_two_blocks = pool.block_size > 0 && (pool.block_size & (pool.block_size - 1)) == 0;
   plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned;
@@ -226,7 +228,7 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   };
   std::vector<Tile> tiles;
   int64_t decode_keys = 1;
-  const int32_t rows_per_tile = prefill_rows_per_tile(group);
+  const int32_t rows_per_tile = prefill_rows_per_tile(group, pool.dtype);
   auto visible_range = [&](int32_t sequence, int64_t position) {
     const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, position - sliding_window + 1) : 0;
     const int64_t last = std::min<int64_t>(position, int64_t{batch.seq_lens[sequence]} - 1);
@@ -277,7 +279,7 @@ cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t sl
   if (decoded != cudaSuccess) return decoded;
   const int32_t* tile_list = work + (plan.decode_rows_listed ? plan.decode_rows : 0);
   return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
-                                  sliding_window, out, stream);
+                                  sliding_window, plan.precision, out, stream);
 }
 
 }  // namespace beamline::cuda

@@ -1,4 +1,5 @@
-// Tiled paged attention for prefill and chunked prefill. A block serves one tile of consecutive query rows of
+// Tiled paged attention for prefill and chunked prefill on the CUDA cores, for F32 KV pools (BF16 pools take the
+// tensor-core kernel, kernels_attention_prefill_mma.cu). A block serves one tile of consecutive query rows of
 // one sequence and one kv head: its kVectors query vectors are (row, head of the group) pairs, so every K/V
 // tile staged in shared memory is reused by all rows and all heads of the group. Key tiles outside the union of
 // the vectors' visible ranges (causal, sliding window) are never read; masks inside a tile are exact. F32 math
@@ -269,19 +270,21 @@ cudaError_t launch_prefill(const float* q, const PoolGeometry& pool, int32_t slo
 
 }  // namespace
 
-int32_t prefill_rows_per_tile(int32_t group) { return kVectors / group; }
+int32_t prefill_rows_per_tile(int32_t group, DType dtype) {
+  return dtype == DType::BF16 ? prefill_mma_rows_per_tile(group) : kVectors / group;
+}
 
 cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, int32_t slot,
                                      const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
-                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
-                                     cudaStream_t stream) {
+                                     int32_t num_heads, float scale, int32_t sliding_window,
+                                     OperandPrecision precision, float* out, cudaStream_t stream) {
   if (tiles == 0) return cudaSuccess;
   if (pool.dtype == DType::F32)
     return launch_prefill<float>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window, out,
                                  stream);
   if (pool.dtype == DType::BF16)
-    return launch_prefill<__nv_bfloat16>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
-                                         out, stream);
+    return launch_prefill_attention_mma(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
+                                        precision, out, stream);
   return cudaErrorInvalidValue;
 }
 
