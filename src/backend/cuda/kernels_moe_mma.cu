@@ -97,7 +97,8 @@ __device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity) {
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n.reg .pred ready;\nmbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\nselp.u32 %0, 1, 0, ready;\n}\n"
+        "{\n.reg .pred ready;\nmbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, ready;\n}\n"
         : "=r"(done)
         : "r"(shared_address(barrier)), "r"(parity)
         : "memory");
@@ -176,10 +177,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* ids, 
 }
 
 // One (tile, row block) of an expert GEMM, C[slot, row] for the tile's slots and the block's weight rows; X comes
-// as hi and (kSplit) lo BF16 rows, read through the slot list. kGateUp: the block owns rows
-// [R y, R y + R) of gate and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x),
-// stored as the down GEMM's operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] *
-// (down · x) in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
+// as hi and (kSplit) lo BF16 rows, read through the slot list. kGateUp: the block owns rows [R y, R y + R) of gate
+// and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored as the down GEMM's
+// operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
+// in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
 // of one (row, token) meet in one thread.
 template <bool kGateUp, int kTokens, bool kSplit>
 __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeline<kTokens, kSplit>::kBlocksPerSm))
