@@ -559,23 +559,27 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   constexpr int64_t kMinMmaRows = 2;
   if (rows >= kMinMmaRows && cuda::moe_mma_supported(packed.dtype, experts, hidden, packed.intermediate)) {
     const int64_t max_tiles = cuda::moe_mma_max_tiles(assignments, experts);
-    Tensor h_split = scratch(DType::BF16, {2, rows, hidden});
+    const cuda::OperandPrecision precision = operand_precision();
+    const int64_t operands = precision == cuda::OperandPrecision::Split ? 2 : 1;  // hi (and lo) BF16 rows
+    Tensor h_split = scratch(DType::BF16, {operands, rows, hidden});
     Tensor grouped = scratch(DType::I32, {assignments});
     Tensor tiles = scratch(DType::I32, {max_tiles, 4});
-    Tensor activated_split = scratch(DType::BF16, {2, assignments, packed.intermediate});
+    Tensor activated_split = scratch(DType::BF16, {operands, assignments, packed.intermediate});
     Tensor expert_out = scratch(DType::F32, {assignments, hidden});
     cuda::MoeMmaWorkspace workspace;
     workspace.h_hi = h_split.raw();
-    workspace.h_lo = h_split.raw() + sizeof(uint16_t) * rows * hidden;
     workspace.grouped = grouped.data<int32_t>();
     workspace.tiles = tiles.data<int32_t>();
     workspace.activated_hi = activated_split.raw();
-    workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * packed.intermediate;
+    if (operands == 2) {
+      workspace.h_lo = h_split.raw() + sizeof(uint16_t) * rows * hidden;
+      workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * packed.intermediate;
+    }
     workspace.expert_out = expert_out.data<float>();
     workspace.max_tiles = max_tiles;
     check_launch(cuda::moe_mma(h.data<const float>(), expert_ids.data<const int32_t>(),
                                expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), pointers,
-                               workspace, out.data<float>(), stream_),
+                               precision, workspace, out.data<float>(), stream_),
                  "moe");
     return;
   }

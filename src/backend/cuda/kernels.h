@@ -170,9 +170,10 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
                 const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream);
 // The same for few tokens, bound by reading the routed experts' weights: one block per (routed expert, slice of
 // output rows) streams each weight row once and dots it with the F32 activations of all the expert's tokens
-// (no tensor cores, no rounding), then a combine in j order. Supported when rows * top_k <=
+// (no tensor cores, no rounding), then a combine in j order (one token with top_k <= 8: fused into the down pass,
+// which then streams all the token's experts per output row). Supported when rows * top_k <=
 // kMaxStreamingAssignments and H and I are multiples of 8 (16-byte loads; the arena aligns every weight).
-// `activated` [rows * top_k, I] and `expert_out` [rows * top_k, H] are scratch.
+// `activated` [rows * top_k, I] and `expert_out` [rows * top_k, H] are scratch (expert_out unused when fused).
 constexpr int32_t kMaxStreamingAssignments = 2048;
 bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate);
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
@@ -184,26 +185,26 @@ cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t row
                         int64_t hidden, float* out, cudaStream_t stream);
 // The same on the tensor cores for 2 tokens and more (kernels_moe_mma.cu): per expert C^T = W · X^T, the weight
 // rows as M streamed once per tile of up to 16 or 64 of the expert's tokens (N), X (h, then the SwiGLU output)
-// split once into hi + lo BF16 rows and read through the expert's slot list into two MMAs (FP32-accurate products),
-// SwiGLU fused into gate|up, the routing weight into down, then moe_combine. One block groups the slots by expert
-// first, so nothing waits for the host. Supported for BF16 experts, at most kMaxMmaExperts of them, H and I
-// multiples of 8.
+// converted once to BF16 rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo
+// rows and two MMAs, FP32-accurate products; Bf16, one rounding and one MMA), SwiGLU fused into gate|up, the routing
+// weight into down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
+// Supported for BF16 experts, at most kMaxMmaExperts of them, H and I multiples of 8.
 constexpr int32_t kMaxMmaExperts = 1024;
 struct MoeMmaWorkspace {
   void* h_hi = nullptr;          // [rows, H] BF16
-  void* h_lo = nullptr;          // [rows, H] BF16
+  void* h_lo = nullptr;          // [rows, H] BF16 (Split only)
   int32_t* grouped = nullptr;    // [rows * top_k] slots grouped by expert
   int32_t* tiles = nullptr;      // [max_tiles * 4] (expert, first grouped entry, slots, unused) per token tile
   void* activated_hi = nullptr;  // [rows * top_k, I] BF16
-  void* activated_lo = nullptr;  // [rows * top_k, I] BF16
+  void* activated_lo = nullptr;  // [rows * top_k, I] BF16 (Split only)
   float* expert_out = nullptr;   // [rows * top_k, H]
   int64_t max_tiles = 0;         // at least moe_mma_max_tiles
 };
 bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t intermediate);
 int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                    const ExpertPointers& experts, const MoeMmaWorkspace& workspace, float* out,
-                    cudaStream_t stream);
+                    const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
+                    float* out, cudaStream_t stream);
 
 // ---- sampling ----
 // One row of Backend::sample as the kernel reads it (uploaded per call).

@@ -13,8 +13,13 @@ namespace beamline::cuda {
 namespace {
 
 // ---- router ----
-constexpr int kRouterThreads = 256;
-constexpr int kRouterWarps = kRouterThreads / 32;
+// One warp per row: nothing in the route needs more than a warp's shuffles, and a block-wide barrier per pick (what
+// a block per row would need) costs more than the picks themselves. Lane l owns experts l, l + 32, l + 64, ...; its
+// `taken` bit i marks expert l + 32 i.
+constexpr int kRouteWarps = 2;  // rows per block (26 KiB of shared memory)
+constexpr int kRouteThreads = kRouteWarps * 32;
+constexpr int kMaxExpertsPerLane = kMaxRouterExperts / 32;
+static_assert(kMaxExpertsPerLane <= 32, "a lane's taken experts are the bits of one word");
 
 // An expert candidate; `better` orders by value, then the lower index (the reference's tie rule).
 struct Candidate {
@@ -34,55 +39,49 @@ __device__ __forceinline__ Candidate warp_best(Candidate c) {
   return c;
 }
 
-// The best candidate in [begin, end) not yet taken, over one warp (index -1 when none is left).
-__device__ Candidate warp_argmax(const float* values, const bool* taken, int32_t begin, int32_t end) {
+// The best of values[begin, end) other than index `skip`, scanned by one thread (index -1 when there is none).
+__device__ Candidate best_in_range(const float* values, int32_t begin, int32_t end, int32_t skip) {
   Candidate best{-INFINITY, -1};
-  for (int32_t i = begin + static_cast<int32_t>(threadIdx.x % 32); i < end; i += 32) {
+  for (int32_t i = begin; i < end; ++i) {
     const Candidate c{values[i], i};
-    if (!taken[i] && (best.index < 0 || better(c, best))) best = c;
+    if (i != skip && (best.index < 0 || better(c, best))) best = c;
   }
-  return warp_best(best);
+  return best;
 }
 
-// One block per row. Parallel everywhere but the choice of the top groups (a handful of values).
-__global__ void __launch_bounds__(kRouterThreads) route_kernel(const float* logits, const float* bias,
-                                                               int32_t experts, int32_t n_group, int32_t topk_group,
-                                                               int32_t top_k, bool norm_topk_prob,
-                                                               float routed_scaling_factor, int32_t* expert_ids,
-                                                               float* expert_weights) {
-  __shared__ float score[kMaxRouterExperts], choice[kMaxRouterExperts], group_score[kMaxRouterExperts];
-  __shared__ bool taken[kMaxRouterExperts], group_taken[kMaxRouterExperts];
-  __shared__ Candidate warp_winner[kRouterWarps];
-  __shared__ int32_t picked[kMaxRouterExperts];
-  const int64_t row = blockIdx.x;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, const float* bias, int64_t rows,
+                                                              int32_t experts, int32_t n_group, int32_t topk_group,
+                                                              int32_t top_k, bool norm_topk_prob,
+                                                              float routed_scaling_factor, int32_t* expert_ids,
+                                                              float* expert_weights) {
+  __shared__ float score_of[kRouteWarps][kMaxRouterExperts], choice_of[kRouteWarps][kMaxRouterExperts];
+  __shared__ float group_score_of[kRouteWarps][kMaxRouterExperts];
+  __shared__ bool group_taken_of[kRouteWarps][kMaxRouterExperts];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * kRouteWarps + warp;
+  if (row >= rows) return;
+  float* score = score_of[warp];
+  float* choice = choice_of[warp];
+  float* group_score = group_score_of[warp];
+  bool* group_taken = group_taken_of[warp];
+  for (int32_t e = lane; e < experts; e += 32) {
     const float logit = logits[row * experts + e];
     score[e] = 1.0f / (1.0f + expf(-logit));
     choice[e] = score[e] + bias[e];
-    taken[e] = false;
   }
-  __syncthreads();
-  // Group score = the sum of its 2 best choices, one warp per group.
+  __syncwarp();
+  // Group score = the sum of its 2 best choices, one lane per group.
   const int32_t group_size = experts / n_group;
-  const int32_t best_of_group = min(2, group_size);
-  for (int32_t g = warp; g < n_group; g += kRouterWarps) {
-    float sum = 0.0f;
-    for (int32_t pick = 0; pick < best_of_group; ++pick) {
-      const Candidate c = warp_argmax(choice, taken, g * group_size, (g + 1) * group_size);
-      sum += c.value;
-      if (lane == 0) taken[c.index] = true;
-      __syncwarp();
-    }
-    if (lane == 0) {
-      for (int32_t e = g * group_size; e < (g + 1) * group_size; ++e) taken[e] = false;
-      group_score[g] = sum;
-      group_taken[g] = false;
-    }
-    __syncwarp();
+  for (int32_t g = lane; g < n_group; g += 32) {
+    const int32_t begin = g * group_size, end = begin + group_size;
+    const Candidate first = best_in_range(choice, begin, end, -1);
+    float sum = first.value;
+    if (group_size >= 2) sum += best_in_range(choice, begin, end, first.index).value;
+    group_score[g] = sum;
+    group_taken[g] = false;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  __syncwarp();
+  if (lane == 0) {
     for (int32_t pick = 0; pick < topk_group; ++pick) {
       int32_t best = -1;
       for (int32_t g = 0; g < n_group; ++g)
@@ -90,39 +89,30 @@ __global__ void __launch_bounds__(kRouterThreads) route_kernel(const float* logi
       group_taken[best] = true;
     }
   }
-  __syncthreads();
-  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x)
+  __syncwarp();
+  for (int32_t e = lane; e < experts; e += 32)
     if (!group_taken[e / group_size]) choice[e] = -INFINITY;
-  __syncthreads();
-  // top_k rounds of a block-wide argmax.
+  __syncwarp();
+  // top_k rounds of a warp-wide argmax; the winner's owner marks it taken.
+  uint32_t taken = 0;
+  int32_t* ids = expert_ids + row * top_k;
   for (int32_t j = 0; j < top_k; ++j) {
     Candidate best{-INFINITY, -1};
-    for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+    for (int32_t i = 0, e = lane; e < experts; ++i, e += 32) {
       const Candidate c{choice[e], e};
-      if (!taken[e] && (best.index < 0 || better(c, best))) best = c;
+      if (!(taken >> i & 1u) && (best.index < 0 || better(c, best))) best = c;
     }
     best = warp_best(best);
-    if (lane == 0) warp_winner[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      Candidate winner = warp_winner[0];
-      for (int w = 1; w < kRouterWarps; ++w)
-        if (warp_winner[w].index >= 0 && (winner.index < 0 || better(warp_winner[w], winner))) winner = warp_winner[w];
-      taken[winner.index] = true;
-      picked[j] = winner.index;
-    }
-    __syncthreads();
+    if (best.index % 32 == lane) taken |= 1u << (best.index / 32);
+    if (lane == 0) ids[j] = best.index;
   }
-  if (threadIdx.x == 0) {
-    int32_t* ids = expert_ids + row * top_k;
+  __syncwarp();
+  if (lane == 0) {
     float* weights = expert_weights + row * top_k;
     float total = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j) total += score[ids[j]];
     for (int32_t j = 0; j < top_k; ++j) {
-      ids[j] = picked[j];
-      total += score[picked[j]];
-    }
-    for (int32_t j = 0; j < top_k; ++j) {
-      const float weight = norm_topk_prob ? score[picked[j]] / total : score[picked[j]];
+      const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
       weights[j] = weight * routed_scaling_factor;
     }
   }
@@ -343,8 +333,8 @@ cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int
                        int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (experts > kMaxRouterExperts) return cudaErrorInvalidValue;
-  route_kernel<<<static_cast<unsigned int>(rows), kRouterThreads, 0, stream>>>(
-      logits, bias, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
+  route_kernel<<<blocks_for(rows, kRouteWarps), kRouteThreads, 0, stream>>>(
+      logits, bias, rows, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
       expert_weights);
   return cudaGetLastError();
 }

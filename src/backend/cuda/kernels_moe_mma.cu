@@ -1,11 +1,15 @@
 // The experts on the tensor cores for a few to many tokens per expert. The weights are the big operand, so the
 // GEMMs are "swapped": per expert C^T = W · X^T with the expert's weight rows as the MMA's M dimension (streamed
 // once per tile of up to 16 or 64 tokens, through a cp.async pipeline in shared memory) and the expert's tokens as
-// N. X (h for gate|up, the F32 SwiGLU output for down) enters the MMA as two BF16 operands hi = bf16(x),
-// lo = bf16(x - hi) accumulating into one F32 accumulator, so the products are as accurate as FP32 ones (the BF16
-// weights are exact). The split is done once per value, not per weight tile: h by split_f32 up front, the SwiGLU
-// output in the gate|up epilogue; the GEMMs read the hi and lo rows through the expert's slot list (never copied)
-// with ldmatrix, so the inner loop is loads and MMAs only.
+// N. One producer warp per block fills the stages with cp.async and signals each stage's "full" mbarrier when its
+// copies land; the compute warps wait on that barrier alone and release the stage through an "empty" mbarrier, so
+// no warp waits for the whole block at any k step and every stage but the one being read is in flight.
+// X (h for gate|up, the F32 SwiGLU output for down) enters the MMA as BF16: with OperandPrecision::Split as two
+// operands hi = bf16(x), lo = bf16(x - hi) accumulating into one F32 accumulator, so the products are as accurate
+// as FP32 ones (the BF16 weights are exact); with Bf16 as hi alone (one MMA per product, half the tensor-core work
+// and no lo rows to stage). The conversion is done once per value, not per weight tile: h by split_f32 up front,
+// the SwiGLU output in the gate|up epilogue; the GEMMs read the X rows through the expert's slot list (never
+// copied) with ldmatrix, so the inner loop is loads and MMAs only.
 //
 // Bookkeeping without a host sync: one block groups the slots by expert and lists the (expert, token tile) pairs;
 // the GEMM grids cover the most tiles there can be and the blocks past the listed ones return at once.
@@ -17,23 +21,36 @@
 namespace beamline::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-constexpr int kSubTileRows = kWarps * 16;  // weight rows of each of the block's two sub-tiles
 constexpr int kPlanThreads = 1024;
-// Up to this many slots per expert on average, tiles of 16 tokens (room for a fourth pipeline stage in the same
-// shared memory); above it, tiles of 64 tokens, so that an expert's weights are streamed once for more tokens.
+// Up to this many slots per expert on average, tiles of 16 tokens (smaller stages, so more of them in flight);
+// above it, tiles of 64 tokens, so that an expert's weights are streamed once for more tokens.
 constexpr int64_t kFewSlotsPerExpert = 4;
 constexpr int kSmallTile = 16, kLargeTile = 64;
 
-// The pipeline of each tile size: k per stage, stages, resident blocks per SM.
-template <int kTokens>
+// Dynamic shared memory of one block: two blocks per SM fit in the H100/H200's 228 KiB with the static arrays and
+// the per-block reservation to spare.
+constexpr size_t kStageBudgetBytes = 112 * 1024;
+
+// The block of 16-token tiles, where the weight stream is all that counts: compute warps and k per stage.
+constexpr int kSmallTileWarps = 4, kSmallTileK = 64;
+
+// The block and pipeline of each tile size and precision: compute warps (each 16 rows of both weight sub-tiles),
+// k per stage, stages, resident blocks per SM. The stages fill the budget, so the lo rows that Bf16 does not stage
+// can become one more stage.
+template <int kTokens, bool kSplit>
 struct Pipeline {
-  static constexpr int kBlockK = 64, kStages = kTokens <= kSmallTile ? 4 : 3, kBlocksPerSm = 2;
+  static constexpr int kWarps = kTokens <= kSmallTile ? kSmallTileWarps : 4;
+  static constexpr int kThreads = (kWarps + 1) * 32;  // and the producer warp
+  static constexpr int kSubTileRows = kWarps * 16;    // weight rows of each of the block's two sub-tiles
+  static constexpr int kBlockK = kTokens <= kSmallTile ? kSmallTileK : 64, kBlocksPerSm = 2;
   static constexpr int kStride = kBlockK + 8;  // bf16 per staged row; the 16-byte skew keeps ldmatrix conflict-free
-  // One stage: the two weight sub-tiles, then the tokens' hi rows, then their lo rows.
-  static constexpr int kStageElements = (2 * kSubTileRows + 2 * kTokens) * kStride;
-  static constexpr size_t kSharedBytes = sizeof(__nv_bfloat16) * kStages * kStageElements;
+  static constexpr int kOperands = kSplit ? 2 : 1;  // X rows per token: hi (and lo)
+  // One stage: the two weight sub-tiles, then the tokens' hi rows, then (kSplit) their lo rows.
+  static constexpr int kStageElements = (2 * kSubTileRows + kOperands * kTokens) * kStride;
+  static constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * kStageElements;
+  static constexpr int kStages = static_cast<int>(kStageBudgetBytes / kStageBytes);
+  static constexpr size_t kSharedBytes = kStages * kStageBytes;
+  static_assert(kStages >= 3, "the pipeline needs a stage in use and two in flight");
 };
 
 // One listed tile: the expert, its first entry in the grouped slot list and how many slots (1..tile size).
@@ -41,7 +58,7 @@ struct Tile {
   int32_t expert, first, count, unused;
 };
 
-// The SwiGLU output of gate|up as the down GEMM's operands: F32 values split into hi and lo.
+// The SwiGLU output of gate|up as the down GEMM's operands: F32 values as hi (and, when split, lo) BF16.
 struct SplitOutput {
   __nv_bfloat16* hi = nullptr;
   __nv_bfloat16* lo = nullptr;
@@ -55,11 +72,37 @@ __device__ __forceinline__ void copy_async16(void* shared, const void* global, b
                "r"(valid ? 16 : 0));
 }
 
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
 
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+__device__ __forceinline__ void init_barrier(uint64_t* barrier, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(arrivals) : "memory");
+}
+
+__device__ __forceinline__ void arrive(uint64_t* barrier) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   shared_address(barrier))
+               : "memory");
+}
+
+// One arrival on `barrier` once every cp.async this thread has issued so far has landed.
+__device__ __forceinline__ void arrive_when_copied(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+
+// Until the barrier's phase of this parity has completed (a fresh barrier counts its phase before 0, parity 1, as
+// completed, so the producer's first pass over the stages does not wait).
+__device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred ready;\nmbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, ready;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+  } while (done == 0);
 }
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8; each lane gets two elements of
@@ -134,23 +177,26 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* ids, 
 }
 
 // One (tile, row block) of an expert GEMM, C[slot, row] for the tile's slots and the block's weight rows; X comes
-// as hi and lo BF16 rows (the split F32 values), read through the slot list. kGateUp: the block owns rows
-// [64 y, 64 y + 64) of gate and of up, X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored split for the
-// down GEMM. Else: rows [128 y, 128 y + 128) of down, X = the SwiGLU output (row slot), C = weight[slot] *
-// (down · x) in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
+// as hi and (kSplit) lo BF16 rows, read through the slot list. kGateUp: the block owns rows [R y, R y + R) of gate
+// and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored as the down GEMM's
+// operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
+// in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
 // of one (row, token) meet in one thread.
-template <bool kGateUp, int kTokens>
-__global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
+template <bool kGateUp, int kTokens, bool kSplit>
+__global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeline<kTokens, kSplit>::kBlocksPerSm))
     expert_gemm_kernel(const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo, const int32_t* grouped,
                        const Tile* tiles, int32_t top_k, const void* const* first_table,
                        const void* const* second_table, const float* weights, int64_t m, int64_t k,
                        SplitOutput split_out, float* out) {
   constexpr int kColumnGroups = kTokens / 8;
-  constexpr int kBlockK = Pipeline<kTokens>::kBlockK, kStride = Pipeline<kTokens>::kStride;
-  constexpr int kStageCount = Pipeline<kTokens>::kStages;
-  constexpr int kElements = Pipeline<kTokens>::kStageElements;
+  using Stages = Pipeline<kTokens, kSplit>;
+  constexpr int kWarps = Stages::kWarps, kThreads = Stages::kThreads, kSubTileRows = Stages::kSubTileRows;
+  constexpr int kBlockK = Stages::kBlockK, kStride = Stages::kStride;
+  constexpr int kStageCount = Stages::kStages;
+  constexpr int kElements = Stages::kStageElements;
   extern __shared__ __align__(16) unsigned char shared[];
   __shared__ int32_t source_row[kTokens], slot_of[kTokens];
+  __shared__ uint64_t full[kStageCount], empty[kStageCount];  // stage landed / stage read by every compute warp
   const Tile tile = tiles[blockIdx.x];
   if (tile.expert < 0) return;
   const int64_t row0 = int64_t{blockIdx.y} * (kGateUp ? kSubTileRows : 2 * kSubTileRows);
@@ -171,17 +217,24 @@ __global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
     slot_of[n] = slot;
     source_row[n] = slot < 0 ? -1 : kGateUp ? slot / top_k : slot;
   }
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kStageCount; ++s) {
+      init_barrier(&full[s], 32);  // each producer lane, when its copies of the stage landed
+      init_barrier(&empty[s], kWarps);
+    }
   __syncthreads();
 
   auto* stages = reinterpret_cast<__nv_bfloat16*>(shared);
   const int64_t k_blocks = (k + kBlockK - 1) / kBlockK;
-  // Rows and k past the ends are zero-filled, so they add exact zeros (padded tokens only reach their own columns).
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // By the producer warp's lanes. Rows and k past the ends are zero-filled, so they add exact zeros (padded tokens
+  // only reach their own columns).
   auto load_stage = [&](int stage, int64_t k_block) {
     const int64_t k0 = k_block * kBlockK;
     __nv_bfloat16* base = stages + stage * kElements;
 #pragma unroll
     for (int sub = 0; sub < 2; ++sub)
-      for (int i = threadIdx.x; i < kSubTileRows * (kBlockK / 8); i += kThreads) {
+      for (int i = lane; i < kSubTileRows * (kBlockK / 8); i += 32) {
         const int r = i / (kBlockK / 8), chunk = i % (kBlockK / 8);
         const int64_t row = sub_row0[sub] + r, kk = k0 + chunk * 8;
         const bool valid = row < m && kk < k;
@@ -189,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
                      valid ? matrix[sub] + row * k + kk : matrix[sub], valid);
       }
     const int token_chunks = columns * 8 * (kBlockK / 8);
-    for (int i = threadIdx.x; i < token_chunks; i += kThreads) {
+    for (int i = lane; i < token_chunks; i += 32) {
       const int n = i / (kBlockK / 8), chunk = i % (kBlockK / 8);
       const int32_t source = source_row[n];
       const int64_t kk = k0 + chunk * 8;
@@ -197,26 +250,31 @@ __global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
       const int64_t offset = valid ? int64_t{source} * k + kk : 0;
       __nv_bfloat16* hi_row = base + (2 * kSubTileRows + n) * kStride + chunk * 8;
       copy_async16(hi_row, x_hi + offset, valid);
-      copy_async16(hi_row + kTokens * kStride, x_lo + offset, valid);
+      if constexpr (kSplit) copy_async16(hi_row + kTokens * kStride, x_lo + offset, valid);
     }
   };
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float accumulator[2][kColumnGroups][4] = {};
-#pragma unroll
-  for (int s = 0; s < kStageCount - 1; ++s) {
-    if (s < k_blocks) load_stage(s, s);
-    commit_copies();
+  if (warp == kWarps) {
+    for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
+      const int stage = static_cast<int>(k_block % kStageCount);
+      const auto use = static_cast<uint32_t>(k_block / kStageCount);
+      wait_phase(&empty[stage], (use & 1) ^ 1);
+      load_stage(stage, k_block);
+      arrive_when_copied(&full[stage]);
+    }
+    return;
   }
+
+  float accumulator[2][kColumnGroups][4] = {};
+  // The B matrices of one ldmatrix.x4: split, k 0-7 and 8-15 of the hi rows then of the lo rows of one column
+  // group; Bf16, k 0-7 and 8-15 of two neighbouring column groups.
   const int b_matrix = lane / 8;
-  const int b_row = 2 * kSubTileRows + (b_matrix / 2) * kTokens + lane % 8, b_column = (b_matrix % 2) * 8;
+  const int b_row = 2 * kSubTileRows + (b_matrix / 2) * (kSplit ? kTokens : 8) + lane % 8,
+            b_column = (b_matrix % 2) * 8;
   for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
-    wait_copies<kStageCount - 2>();
-    __syncthreads();  // this stage landed for every thread, and the stage refilled below was read by every warp
-    const int64_t next = k_block + kStageCount - 1;
-    if (next < k_blocks) load_stage(static_cast<int>(next % kStageCount), next);
-    commit_copies();
-    const __nv_bfloat16* base = stages + static_cast<int>(k_block % kStageCount) * kElements;
+    const int stage = static_cast<int>(k_block % kStageCount);
+    wait_phase(&full[stage], static_cast<uint32_t>(k_block / kStageCount) & 1);
+    const __nv_bfloat16* base = stages + stage * kElements;
 #pragma unroll
     for (int kk = 0; kk < kBlockK; kk += 16) {
       uint32_t a[2][4];
@@ -224,20 +282,37 @@ __global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
       for (int sub = 0; sub < 2; ++sub)
         load_matrices(a[sub], base + (sub * kSubTileRows + warp * 16 + (lane & 15)) * kStride + kk +
                                     (lane >> 4) * 8);
+      if constexpr (kSplit) {
 #pragma unroll
-      for (int g = 0; g < kColumnGroups; ++g) {
-        if (g >= columns) break;
-        uint32_t b[4];  // hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15
-        load_matrices(b, base + (b_row + g * 8) * kStride + kk + b_column);
+        for (int g = 0; g < kColumnGroups; ++g) {
+          if (g >= columns) break;
+          uint32_t b[4];  // hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15
+          load_matrices(b, base + (b_row + g * 8) * kStride + kk + b_column);
 #pragma unroll
-        for (int sub = 0; sub < 2; ++sub) {
-          mma_bf16(accumulator[sub][g], a[sub], b[2], b[3]);
-          mma_bf16(accumulator[sub][g], a[sub], b[0], b[1]);
+          for (int sub = 0; sub < 2; ++sub) {
+            mma_bf16(accumulator[sub][g], a[sub], b[2], b[3]);
+            mma_bf16(accumulator[sub][g], a[sub], b[0], b[1]);
+          }
+        }
+      } else {
+        static_assert(kColumnGroups % 2 == 0, "column groups are loaded in pairs");
+#pragma unroll
+        for (int g = 0; g < kColumnGroups; g += 2) {
+          if (g >= columns) break;
+          // Group g + 1 may hold no token (its rows not staged this time): its sums are never stored.
+          uint32_t b[4];  // group g k 0-7, k 8-15, group g + 1 k 0-7, k 8-15
+          load_matrices(b, base + (b_row + g * 8) * kStride + kk + b_column);
+#pragma unroll
+          for (int sub = 0; sub < 2; ++sub) {
+            mma_bf16(accumulator[sub][g], a[sub], b[0], b[1]);
+            mma_bf16(accumulator[sub][g + 1], a[sub], b[2], b[3]);
+          }
         }
       }
     }
+    __syncwarp();  // every lane's reads of the stage are done before the producer may refill it
+    if (lane == 0) arrive(&empty[stage]);
   }
-  wait_copies<0>();
 
   // Accumulator element i of group g: row lane / 4 (+8 for i >= 2) of the warp's 16, token g * 8 + (lane % 4) * 2
   // (+1 for odd i).
@@ -256,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, Pipeline<kTokens>::kBlocksPerSm)
         const float value = silu(accumulator[0][g][i]) * accumulator[1][g][i];
         const __nv_bfloat16 high = __float2bfloat16_rn(value);
         split_out.hi[slot * m + row] = high;
-        split_out.lo[slot * m + row] = __float2bfloat16_rn(isfinite(value) ? value - __bfloat162float(high) : 0.0f);
+        if constexpr (kSplit)
+          split_out.lo[slot * m + row] = __float2bfloat16_rn(isfinite(value) ? value - __bfloat162float(high) : 0.0f);
       } else {
         const float weight = weights[slot];
 #pragma unroll
@@ -275,21 +351,24 @@ int64_t tile_bound(int64_t assignments, int32_t experts) {
   return assignments / kTokens + std::min<int64_t>(experts, assignments);
 }
 
-// Once per process and tile size, outside any graph capture's stream work: the pipelines need more than 48 KiB.
-template <int kTokens>
+// Once per process, tile size and precision, outside any graph capture's stream work: the pipelines need more than
+// 48 KiB.
+template <int kTokens, bool kSplit>
 cudaError_t allow_large_shared_memory() {
-  const auto bytes = static_cast<int>(Pipeline<kTokens>::kSharedBytes);
-  if (cudaError_t status = cudaFuncSetAttribute(expert_gemm_kernel<true, kTokens>,
+  const auto bytes = static_cast<int>(Pipeline<kTokens, kSplit>::kSharedBytes);
+  if (cudaError_t status = cudaFuncSetAttribute(expert_gemm_kernel<true, kTokens, kSplit>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       status != cudaSuccess)
     return status;
-  return cudaFuncSetAttribute(expert_gemm_kernel<false, kTokens>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return cudaFuncSetAttribute(expert_gemm_kernel<false, kTokens, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes);
 }
 
-template <int kTokens>
+template <int kTokens, bool kSplit>
 cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
                         const ExpertPointers& experts, const MoeMmaWorkspace& workspace, cudaStream_t stream) {
-  static const cudaError_t configured = allow_large_shared_memory<kTokens>();
+  using Stages = Pipeline<kTokens, kSplit>;
+  static const cudaError_t configured = allow_large_shared_memory<kTokens, kSplit>();
   if (configured != cudaSuccess) return configured;
   const int64_t max_tiles = tile_bound<kTokens>(assignments, experts.experts);
   auto* tiles = reinterpret_cast<Tile*>(workspace.tiles);
@@ -299,14 +378,14 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
   const auto tile_count = static_cast<unsigned int>(max_tiles);
   auto* activated_hi = static_cast<__nv_bfloat16*>(workspace.activated_hi);
   auto* activated_lo = static_cast<__nv_bfloat16*>(workspace.activated_lo);
-  const dim3 up_grid(tile_count, blocks_for(experts.intermediate, kSubTileRows));
-  expert_gemm_kernel<true, kTokens><<<up_grid, kThreads, Pipeline<kTokens>::kSharedBytes, stream>>>(
+  const dim3 up_grid(tile_count, blocks_for(experts.intermediate, Stages::kSubTileRows));
+  expert_gemm_kernel<true, kTokens, kSplit><<<up_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
       static_cast<const __nv_bfloat16*>(workspace.h_hi), static_cast<const __nv_bfloat16*>(workspace.h_lo),
       workspace.grouped, tiles, top_k, experts.gate, experts.up, weights, experts.intermediate, experts.hidden,
       SplitOutput{activated_hi, activated_lo}, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * kSubTileRows));
-  expert_gemm_kernel<false, kTokens><<<down_grid, kThreads, Pipeline<kTokens>::kSharedBytes, stream>>>(
+  const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Stages::kSubTileRows));
+  expert_gemm_kernel<false, kTokens, kSplit><<<down_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
       activated_hi, activated_lo, workspace.grouped, tiles, top_k, experts.down, experts.down, weights,
       experts.hidden, experts.intermediate, SplitOutput{}, workspace.expert_out);
   return cudaGetLastError();
@@ -323,20 +402,24 @@ int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts) {
 }
 
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                    const ExpertPointers& experts, const MoeMmaWorkspace& workspace, float* out,
-                    cudaStream_t stream) {
+                    const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
+                    float* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const int64_t assignments = rows * top_k;
   if (!moe_mma_supported(experts.dtype, experts.experts, experts.hidden, experts.intermediate) ||
       assignments > INT32_MAX || workspace.max_tiles < moe_mma_max_tiles(assignments, experts.experts))
     return cudaErrorInvalidValue;
-  if (cudaError_t status = split_f32(h, rows * experts.hidden, workspace.h_hi, workspace.h_lo, DType::BF16, stream);
+  const bool split = precision == OperandPrecision::Split;
+  if (cudaError_t status =
+          split_f32(h, rows * experts.hidden, workspace.h_hi, split ? workspace.h_lo : nullptr, DType::BF16, stream);
       status != cudaSuccess)
     return status;
+  const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
   const cudaError_t status =
-      assignments <= kFewSlotsPerExpert * experts.experts
-          ? run_experts<kSmallTile>(ids, weights, assignments, top_k, experts, workspace, stream)
-          : run_experts<kLargeTile>(ids, weights, assignments, top_k, experts, workspace, stream);
+      split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, stream)
+                   : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, stream))
+            : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, stream)
+                   : run_experts<kLargeTile, false>(ids, weights, assignments, top_k, experts, workspace, stream));
   if (status != cudaSuccess) return status;
   return moe_combine(workspace.expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
 }

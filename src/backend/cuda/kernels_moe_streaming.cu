@@ -5,7 +5,8 @@
 //
 // Bookkeeping without a pass of its own: the grid's y index is an assignment slot (token, j); the block whose slot
 // is the first to name an expert owns that expert and collects that expert's slots itself, the blocks of the
-// expert's later slots return at once. So the router's output feeds these kernels directly.
+// expert's later slots return at once. So the router's output feeds these kernels directly. One token's down pass
+// instead covers all its experts per output row and sums them itself (down_combine_kernel).
 #include <algorithm>
 #include <cmath>
 
@@ -125,20 +126,69 @@ __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activ
   }
 }
 
-// out[t] = sum over j in order of expert_out[t * top_k + j]; NaN for a token with an expert id out of range.
-__global__ void combine_kernel(const float* expert_out, const int32_t* ids, int32_t top_k, int32_t experts,
-                               int64_t hidden, float* out) {
-  const int64_t token = blockIdx.x;
+// One token, the combine fused: out[n] = sum over j in order of weight[j] * (down_{ids[j]}[n] · activated[j]), NaN
+// when an id is out of range. Each warp streams row n of all the token's experts, one 16-byte load of each in flight
+// per lane and step, so the down projection keeps as many bytes in flight as gate|up although its rows are half as
+// long, and no expert_out round trip or combine launch follows. Small blocks held to 48 registers, so all of Beam's
+// 5120 rows are resident at once (20 blocks, 40 warps per SM) instead of a second, partly filled wave.
+constexpr int kFusedTopK = 8;  // the most experts per token this kernel takes
+constexpr int kFusedDownWarps = 2;
+constexpr int kFusedDownBlocksPerSm = 20;
+template <typename W>
+__global__ void __launch_bounds__(kFusedDownWarps * 32, kFusedDownBlocksPerSm)
+    down_combine_kernel(const float* activated, const int32_t* ids, const float* weights, int32_t top_k,
+                        ExpertPointers experts, float* out) {
+  const int64_t row = int64_t{blockIdx.x} * kFusedDownWarps + threadIdx.x / 32;
+  if (row >= experts.hidden) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t intermediate = experts.intermediate;
+  const W* down[kFusedTopK];
   bool valid = true;
+#pragma unroll
+  for (int j = 0; j < kFusedTopK; ++j) {
+    const int32_t e = j < top_k ? ids[j] : 0;
+    const bool known = e >= 0 && e < experts.experts;
+    valid = valid && known;
+    // An unknown expert reads expert 0's row, so every load stays in bounds; the output is NaN then anyway.
+    down[j] = static_cast<const W*>(experts.down[known ? e : 0]) + row * intermediate;
+  }
+  float sum[kFusedTopK] = {};
+#pragma unroll 1
+  for (int64_t k = int64_t{lane} * kElementsPerLoad; k < intermediate; k += kElementsPerWarpStep) {
+#pragma unroll
+    for (int j = 0; j < kFusedTopK; ++j) {
+      if (j < top_k) {
+        float w[kElementsPerLoad];
+        unpack(load_streaming(down[j] + k), w, W{});
+        sum[j] += dot8(w, activated + j * intermediate + k);
+      }
+    }
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kFusedTopK; ++j) {
+    const float dot = warp_sum(sum[j]);
+    if (j < top_k) total += weights[j] * dot;
+  }
+  if (lane == 0) out[row] = valid ? total : __int_as_float(0x7fc00000);
+}
+
+// out[t] = sum over j in order of expert_out[t * top_k + j]; NaN for a token with an expert id out of range. One
+// block per (token, slice of kCombineThreads features): enough blocks to keep the reads in flight for few tokens.
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* expert_out, const int32_t* ids,
+                                                                  int32_t top_k, int32_t experts, int64_t hidden,
+                                                                  float* out) {
+  const int64_t token = blockIdx.x, i = int64_t{blockIdx.y} * kCombineThreads + threadIdx.x;
+  if (i >= hidden) return;
+  bool valid = true;
+  float sum = 0.0f;
   for (int32_t j = 0; j < top_k; ++j) {
     const int32_t e = ids[token * top_k + j];
     valid = valid && e >= 0 && e < experts;
+    sum += expert_out[(token * top_k + j) * hidden + i];
   }
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float sum = 0.0f;
-    for (int32_t j = 0; j < top_k; ++j) sum += expert_out[(token * top_k + j) * hidden + i];
-    out[token * hidden + i] = valid ? sum : __int_as_float(0x7fc00000);
-  }
+  out[token * hidden + i] = valid ? sum : __int_as_float(0x7fc00000);
 }
 
 }  // namespace
@@ -146,7 +196,8 @@ __global__ void combine_kernel(const float* expert_out, const int32_t* ids, int3
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
                         int64_t hidden, float* out, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(expert_out, ids, top_k, experts, hidden, out);
+  const dim3 grid(static_cast<unsigned int>(rows), blocks_for(hidden, kCombineThreads));
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(expert_out, ids, top_k, experts, hidden, out);
   return cudaGetLastError();
 }
 
@@ -171,6 +222,12 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
       gate_up_kernel<W, kTokensPerPass><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts,
                                                                                 activated);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
+    if (rows == 1 && top_k <= kFusedTopK) {
+      down_combine_kernel<W><<<blocks_for(experts.hidden, kFusedDownWarps), kFusedDownWarps * 32, 0, stream>>>(
+          activated, ids, weights, top_k, experts, out);
+      status = cudaGetLastError();
+      return;
+    }
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
     if (rows == 1)
       down_kernel<W, 1><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts,
