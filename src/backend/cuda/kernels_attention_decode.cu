@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_common.cuh"
 
 namespace beamline::cuda {
@@ -334,19 +335,6 @@ static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(fl
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
 // rows one ldmatrix reads at the same chunk fall in different banks.
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
-
-__device__ __forceinline__ void copy_async16(void* shared, const void* global, bool valid) {
-  const auto destination = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global),
-               "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
 // columns (lane % 4) * 2 and + 1 of every matrix (the MMA's A fragment), or with `.trans` the same of every

@@ -15,6 +15,7 @@
 #include <climits>
 #include <cmath>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_common.cuh"
 
 namespace beamline::cuda {
@@ -50,22 +51,6 @@ struct Shape {
 // row's low 3 bits, so the 8 rows one ldmatrix matrix reads fall into 8 distinct bank groups.
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global -> shared, bypassing L1; zeros when !present (then nothing is read).
-__device__ __forceinline__ void copy_async(uint32_t destination, const void* source, bool present) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
-               "r"(present ? 16 : 0));
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most `pending` of this thread's newest groups are still in flight.
-template <int pending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
 __device__ __forceinline__ void load_matrices(uint32_t (&r)[4], uint32_t address) {
@@ -222,8 +207,8 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
       const int32_t t = tile_start + key, block = blocks[i];
       const bool absent = t <= last_key && block < 0;
       const int64_t offset = block >= 0 ? key_rows_of_sequence.offset(block, t) + part * 8 : 0;
-      copy_async(k_tile + swizzled(key, part), k_pool + offset, block >= 0);
-      copy_async(v_tile + swizzled(key, part), v_pool + offset, block >= 0);
+      copy_async16(k_tile + swizzled(key, part), k_pool + offset, block >= 0);
+      copy_async16(v_tile + swizzled(key, part), v_pool + offset, block >= 0);
       if (part == 0) key_missing[stage][key] = absent;
       missing |= absent;
     }
@@ -241,13 +226,13 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
       locate(first_key + stage * kKeys, blocks);
       if (fetch(first_key + stage * kKeys, stage, blocks)) fetched_missing |= 1u << stage;
     }
-    copy_async_commit();
+    commit_copies();
   }
   const uint32_t q_tile = shared_address(shared);
   for (int32_t tile = 0; tile < tiles; ++tile) {
     const int stage = tile % kStages;
     const int32_t tile_start = first_key + tile * kKeys, tile_end = tile_start + kKeys - 1;
-    copy_async_wait<kStages - 2>();
+    wait_copies<kStages - 2>();
     // The tile has landed for every thread, and every warp is done with the previous one, whose stage the next
     // fetch overwrites.
     const bool tile_missing = __syncthreads_or((fetched_missing >> stage) & 1u);
@@ -291,7 +276,7 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
       }
     }
     if (refilling && fetch(refill_start, refill, blocks)) fetched_missing |= 1u << refill;
-    copy_async_commit();
+    commit_copies();
     if (!seen) continue;
 
     if (tile_missing || tile_start < lowest_max || tile_end > highest_min) {

@@ -15,6 +15,7 @@
 // the GEMM grids cover the most tiles there can be and the blocks past the listed ones return at once.
 #include <algorithm>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -65,16 +66,6 @@ struct SplitOutput {
 };
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
-__device__ __forceinline__ void copy_async16(void* shared, const void* global, bool valid) {
-  const auto destination = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global),
-               "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
 
 __device__ __forceinline__ void init_barrier(uint64_t* barrier, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(arrivals) : "memory");
