@@ -2,7 +2,8 @@
 # Every performance row of the GPU issue in one go, ours and PyTorch's side by side, for the GPU machine.
 # Usage: bench/gpu_perf.sh [CARRY_DIR]   (default build-cuda-carry; made by bench/make_carry.sh)
 #        PEERS=0 skips the PyTorch peers (when a run of the same day already measured them on the same machine kind);
-#        SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT (8192) size the serving-throughput rows.
+#        LAYER=0 skips bench-layer (gpu_check.sh runs it too); SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT
+#        (8192) size the serving-throughput rows.
 # Writes $OUT/gpu_perf.md (date, GPU, commit, commands, tables) and $OUT/gpu_perf.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,7 @@ table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$BIN" 
 [ "${PEERS:-1}" = 0 ] || table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
 table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$BIN" bench-linear
 [ "${PEERS:-1}" = 0 ] || table "Dense weights of a decode step: PyTorch (F.linear in BF16, CUDA graphs)" python3 bench/torch_linear_peers.py
-table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
+[ "${LAYER:-1}" = 0 ] || table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
 
 # Serving throughput of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.
 WORK=$(mktemp -d)
