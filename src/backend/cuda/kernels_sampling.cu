@@ -33,7 +33,7 @@ constexpr int kSegmentTokens = 128;              // one warp-wide load
 constexpr int kWorkspaceBytes = 2 * kLevels * kSampleThreads * 4;  // the private level columns: 128 KiB
 constexpr int kValueCapacity = kWorkspaceBytes / 4;    // gathered values of one level
 constexpr int kPairCapacity = kWorkspaceBytes / 8;     // gathered (value, id) pairs for the top logprobs
-constexpr int kSegmentCapacity = kWorkspaceBytes / 8;  // segments of the draw (mass and tie count each)
+constexpr int kSegmentCapacity = kWorkspaceBytes / 12;  // segments of the draw (a double mass and a tie count each)
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // NaN counts as -inf; -0 becomes +0 so that equal floats have equal keys.
@@ -103,6 +103,10 @@ __device__ __forceinline__ int32_t warp_sum_int(int32_t v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
 }
+__device__ __forceinline__ double warp_sum_double(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
 template <typename T>
 __device__ __forceinline__ T warp_exclusive_sum(T v) {
   const int lane = threadIdx.x % 32;
@@ -113,6 +117,28 @@ __device__ __forceinline__ T warp_exclusive_sum(T v) {
   }
   const T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
   return lane == 0 ? T{0} : exclusive;
+}
+
+// Exclusive prefix sum over the block in thread order, and the block's total (cub's BlockScan of doubles needs
+// more than the 64 registers a thread has here).
+__device__ double block_exclusive_sum(double v, double& total) {
+  __shared__ double warp_before[kSampleThreads / 32];
+  __shared__ double block_total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const double in_warp = warp_exclusive_sum(v);
+  if (lane == 31) warp_before[warp] = in_warp + v;
+  __syncthreads();
+  if (warp == 0) {
+    const double warp_total = warp_before[lane];
+    const double before = warp_exclusive_sum(warp_total);
+    if (lane == 31) block_total = before + warp_total;
+    warp_before[lane] = before;
+  }
+  __syncthreads();
+  total = block_total;
+  const double result = warp_before[warp] + in_warp;
+  __syncthreads();  // before a later call reuses the arrays
+  return result;
 }
 
 extern __shared__ __align__(16) unsigned char workspace[];
@@ -372,8 +398,10 @@ struct KeptSet {
 // The inverse-CDF draw of `uniform` over the kept tokens in token-id order.
 __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
   __shared__ int32_t found, last_segment, token;
-  auto* segment_mass = reinterpret_cast<float*>(workspace);
-  auto* segment_ties = reinterpret_cast<int32_t*>(workspace) + kSegmentCapacity;
+  // Masses in double beyond the 4 tokens of a lane: a float running sum over 10^5 tokens drifts by more than
+  // the weight of the unlikely tokens it passes (the CPU sums in double).
+  auto* segment_mass = reinterpret_cast<double*>(workspace);
+  auto* segment_ties = reinterpret_cast<int32_t*>(segment_mass + kSegmentCapacity);
   const int64_t segments = (row.vocab + kSegmentTokens - 1) / kSegmentTokens;
   const int tid = threadIdx.x, lane = tid % 32;
   auto classify = [&](float v, float& weight, bool& tie) {
@@ -402,11 +430,11 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
       mass += weight;
       ties += tie;
     }
-    mass = warp_sum(mass);
+    const double segment_total = warp_sum_double(mass);
     ties = warp_sum_int(ties);
     const int64_t segment = quad / 32;
     if (lane == 0 && segment < segments) {
-      segment_mass[segment] = mass;
+      segment_mass[segment] = segment_total;
       segment_ties[segment] = ties;
     }
   });
@@ -422,24 +450,22 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
   __shared__ typename TieScan::TempStorage tie_scan;
   int32_t ties_before;
   TieScan(tie_scan).ExclusiveSum(run_ties, ties_before);
-  float run_mass = 0.0f;
+  double run_mass = 0.0;
   for (int64_t s = begin; s < end; ++s) {
     const int32_t ties = segment_ties[s];
     const int32_t kept_here = min(max(kept.edge.kept_ties - ties_before, 0), ties);
     segment_ties[s] = ties_before;
     ties_before += ties;
-    segment_mass[s] += static_cast<float>(kept_here) * kept.edge.tie_weight;
+    segment_mass[s] += static_cast<double>(kept_here) * kept.edge.tie_weight;
     run_mass += segment_mass[s];
   }
-  using MassScan = cub::BlockScan<float, kSampleThreads>;
-  __shared__ typename MassScan::TempStorage mass_scan;
-  float mass_before, total;
-  MassScan(mass_scan).ExclusiveSum(run_mass, mass_before, total);
-  const auto target = static_cast<float>(uniform * static_cast<double>(total));
+  double total;
+  double mass_before = block_exclusive_sum(run_mass, total);
+  const double target = uniform * total;
   for (int64_t s = begin; s < end; ++s) {
-    const float mass = segment_mass[s];
-    const float after = mass_before + mass;
-    if (mass > 0.0f) {
+    const double mass = segment_mass[s];
+    const double after = mass_before + mass;
+    if (mass > 0.0) {
       if (mass_before <= target && target < after) atomicMin(&found, static_cast<int32_t>(s));
       atomicMax(&last_segment, static_cast<int32_t>(s));
     }
@@ -466,7 +492,7 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
         lane_ties += tie[j];
       }
       int32_t tie_index = segment_ties[segment] + warp_exclusive_sum(lane_ties);
-      float lane_mass = 0.0f;
+      double lane_mass = 0.0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (tie[j]) {
@@ -475,7 +501,7 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
         }
         lane_mass += weight[j];
       }
-      float cumulative = segment_mass[segment] + warp_exclusive_sum(lane_mass);
+      double cumulative = segment_mass[segment] + warp_exclusive_sum(lane_mass);
       int32_t hit = INT_MAX, last = -1;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
