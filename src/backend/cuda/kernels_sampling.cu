@@ -26,7 +26,7 @@ namespace beamline::cuda {
 namespace {
 
 constexpr int kSampleThreads = 1024;
-constexpr int kUnroll = 4;                       // quads (16-byte loads) in flight per thread and pass
+constexpr int kUnroll = 3;                       // quads (16-byte loads) in flight per thread and pass
 constexpr int kLevels = 16;                      // distance levels of the first step
 constexpr int kLevelBase = (0x3F000000 >> 22) - 1;  // distance 0.5 (bits 0x3F000000) starts level 1
 constexpr int kSegmentTokens = 128;              // one warp-wide load
@@ -235,15 +235,18 @@ __device__ void level_histogram(const Row& row, float top, bool with_mass, Value
 }
 
 struct LevelValues {
-  int32_t count;
-  bool gathered;  // the values are in the workspace (floats, in no particular order)
-  uint32_t min_key, max_key;
+  int level;       // the level searched
+  int first;       // with `gathered`: the workspace holds the values of levels first..level
+  int32_t count;   // values in the workspace, or at `level` when not gathered
+  bool gathered;   // the values are in the workspace (floats, in no particular order)
+  uint32_t min_key, max_key;  // of the values at `level`
 };
 
-// The values of the tokens at `level` (value_of as for level_histogram; `count` of them): gathered into the
-// workspace when they fit, and their key range either way.
+// The values of the tokens at levels first..level (value_of as for level_histogram; `count` of them), gathered
+// into the workspace when they fit, and the key range of those at `level` either way.
 template <typename ValueOf>
-__device__ LevelValues gather_level(const Row& row, float top, int level, int32_t count, ValueOf value_of) {
+__device__ LevelValues gather_levels(const Row& row, float top, int first, int level, int32_t count,
+                                     ValueOf value_of) {
   __shared__ int32_t filled;
   auto* values = reinterpret_cast<float*>(workspace);
   const bool gather = count <= kValueCapacity;
@@ -254,13 +257,14 @@ __device__ LevelValues gather_level(const Row& row, float top, int level, int32_
   uint32_t min_key = UINT_MAX, max_key = 0;
   for_each_token(row, [&](int32_t, float v) {
     const float s = value_of(v);
-    const bool take = s != -INFINITY && level_of(top, s) == level;
-    if (take) {
+    const int at = s != -INFINITY ? level_of(top, s) : kLevels;
+    if (at == level) {
       min_key = min(min_key, order_key(s));
       max_key = max(max_key, order_key(s));
     }
     if (!gather) return;
     // One shared atomic per warp and step.
+    const bool take = at >= first && at <= level;
     const unsigned takers = __ballot_sync(kFullMask, take);
     if (takers == 0) return;
     const int leader = __ffs(takers) - 1;
@@ -270,40 +274,43 @@ __device__ LevelValues gather_level(const Row& row, float top, int level, int32_
     if (take) values[base + __popc(takers & ((1u << lane) - 1))] = s;
   });
   LevelValues out;
+  out.level = level;
+  out.first = gather ? first : level;
   out.count = count;
   out.gathered = gather;
-  out.min_key = block_reduce(min_key, Minimum{});
+  out.min_key = block_reduce(min_key, Minimum{});  // also the barrier after the gathering
   out.max_key = block_reduce(max_key, Maximum{});
   return out;
 }
 
-// visit(s) for every value of the level: from the workspace when gathered, else from the row.
+// visit(s) for every value at the level: from the workspace when gathered, else from the row.
 template <typename ValueOf, typename Visit>
-__device__ void visit_level(const Row& row, float top, int level, const LevelValues& values, ValueOf value_of,
-                            Visit visit) {
+__device__ void visit_level(const Row& row, float top, const LevelValues& values, ValueOf value_of, Visit visit) {
   if (values.gathered) {
     const auto* gathered = reinterpret_cast<const float*>(workspace);
-    for (int i = threadIdx.x; i < values.count; i += kSampleThreads) visit(gathered[i]);
+    for (int i = threadIdx.x; i < values.count; i += kSampleThreads) {
+      const float s = gathered[i];
+      if (values.first == values.level || level_of(top, s) == values.level) visit(s);
+    }
   } else {
     for_each_token(row, [&](int32_t, float v) {
       const float s = value_of(v);
-      if (s != -INFINITY && level_of(top, s) == level) visit(s);
+      if (s != -INFINITY && level_of(top, s) == values.level) visit(s);
     });
   }
 }
 
-// The highest key K of the level whose measure, `above` plus the block sum of measure(s) over the level's values
-// with key >= K, reaches `target`, by bisection over the level's key range; the level's lowest key when even the
-// whole level falls short (rounding). One value: no pass at all.
-template <typename T, typename ValueOf, typename Measure>
-__device__ uint32_t highest_key_reaching(const Row& row, float top, int level, const LevelValues& values,
-                                         ValueOf value_of, T above, T target, Measure measure) {
-  uint32_t low = values.min_key;
-  uint64_t high = uint64_t{values.max_key} + 1;
+// The highest key K in [low, max_key] whose measure, `above` plus the block sum of measure(s) over the values
+// (visit_values(f) calls f(s) for each) with key >= K, reaches `target`, by bisection; `low` when even all of
+// them fall short (rounding). low == max_key: no pass at all.
+template <typename T, typename Measure, typename VisitValues>
+__device__ uint32_t highest_key_reaching(uint32_t low, uint32_t max_key, T above, T target, Measure measure,
+                                         VisitValues visit_values) {
+  uint64_t high = uint64_t{max_key} + 1;
   while (high - low > 1) {
     const auto middle = static_cast<uint32_t>(low + (high - low) / 2);
     T local = 0;
-    visit_level(row, top, level, values, value_of, [&](float s) {
+    visit_values([&](float s) {
       if (order_key(s) >= middle) local += measure(s);
     });
     if (above + block_reduce(local, Sum{}) >= target) {
@@ -315,9 +322,15 @@ __device__ uint32_t highest_key_reaching(const Row& row, float top, int level, c
   return low;
 }
 
-// The k-th largest of the filtered values (value_of), ties included; -inf when fewer than k are finite.
+struct TopK {
+  float kth;        // the k-th largest value; -inf when fewer than k are finite (nothing is cut)
+  int32_t kept;     // >= 0: every value >= kth is in the workspace, among `kept` gathered ones; -1: not
+};
+
+// The k-th largest of the filtered values (value_of), ties included. The levels above the cut are gathered
+// with it when they fit, so that top_p can work on the kept values in shared memory.
 template <typename ValueOf>
-__device__ float kth_value(Row row, float top, int32_t k, ValueOf value_of, Levels& levels) {
+__device__ TopK kth_value(Row row, float top, int32_t k, ValueOf value_of, Levels& levels) {
   level_histogram(row, top, false, value_of, levels);
   int32_t above = 0;
   int level = -1;
@@ -328,10 +341,15 @@ __device__ float kth_value(Row row, float top, int32_t k, ValueOf value_of, Leve
       above += levels.count[l];
     }
   }
-  if (level < 0) return -INFINITY;
-  const LevelValues values = gather_level(row, top, level, levels.count[level], value_of);
-  return key_value(highest_key_reaching<int32_t>(row, top, level, values, value_of, above, k,
-                                                 [](float) { return 1; }));
+  if (level < 0) return TopK{-INFINITY, -1};
+  const int32_t through = above + levels.count[level];
+  const bool all = through <= kValueCapacity;
+  const LevelValues values =
+      gather_levels(row, top, all ? 0 : level, level, all ? through : levels.count[level], value_of);
+  const uint32_t key = highest_key_reaching<int32_t>(
+      values.min_key, values.max_key, above, k, [](float) { return 1; },
+      [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  return TopK{key_value(key), all ? through : -1};
 }
 
 struct Nucleus {
@@ -340,8 +358,34 @@ struct Nucleus {
   float tie_weight;
 };
 
-// The top_p edge over the filtered values (value_of): the key at which the mass of the keys at or above it first
-// reaches top_p of the total, and how many of the tokens tied there the target needs.
+// The nucleus edge among candidate values (visit_values as for highest_key_reaching; keys in [low, max_key])
+// that hold the edge, the kept mass above them being `above`: the highest key at which the mass at or above it
+// reaches the target, and how many of the tokens tied there the target needs.
+template <typename VisitValues>
+__device__ Nucleus nucleus_among(float top, float above, float target, uint32_t low, uint32_t max_key,
+                                 VisitValues visit_values) {
+  auto weight = [top](float s) { return expf(s - top); };
+  Nucleus edge;
+  edge.boundary = highest_key_reaching<float>(low, max_key, above, target, weight, visit_values);
+  float local_above = 0.0f;
+  int32_t local_ties = 0;
+  visit_values([&](float s) {
+    const uint32_t key = order_key(s);
+    if (key > edge.boundary) local_above += weight(s);
+    local_ties += key == edge.boundary;
+  });
+  const float above_boundary = above + block_reduce(local_above, Sum{});
+  const int32_t ties = block_reduce(local_ties, Sum{});
+  // Of the tokens tied at the edge, the lower ids first, as many as the target needs (at least one; all of them
+  // when their weight underflows).
+  edge.tie_weight = weight(key_value(edge.boundary));
+  const float needed = ceilf((target - above_boundary) / edge.tie_weight);
+  edge.kept_ties = needed < static_cast<float>(ties) ? max(1, static_cast<int32_t>(fmaxf(needed, 1.0f))) : ties;
+  return edge;
+}
+
+// The top_p edge over the filtered values (value_of) of the row: the level that holds it from the level masses,
+// then that level's values.
 template <typename ValueOf>
 __device__ Nucleus nucleus_edge(Row row, float top, float top_p, ValueOf value_of, Levels& levels) {
   level_histogram(row, top, true, value_of, levels);
@@ -366,25 +410,24 @@ __device__ Nucleus nucleus_edge(Row row, float top, float top_p, ValueOf value_o
     level = last;
     above = above_last;
   }
-  const LevelValues values = gather_level(row, top, level, levels.count[level], value_of);
-  auto weight = [top](float s) { return expf(s - top); };
-  Nucleus edge;
-  edge.boundary = highest_key_reaching<float>(row, top, level, values, value_of, above, target, weight);
-  float local_above = 0.0f;
-  int32_t local_ties = 0;
-  visit_level(row, top, level, values, value_of, [&](float s) {
-    const uint32_t key = order_key(s);
-    if (key > edge.boundary) local_above += weight(s);
-    local_ties += key == edge.boundary;
-  });
-  const float above_boundary = above + block_reduce(local_above, Sum{});
-  const int32_t ties = block_reduce(local_ties, Sum{});
-  // Of the tokens tied at the edge, the lower ids first, as many as the target needs (at least one; all of them
-  // when their weight underflows).
-  edge.tie_weight = weight(key_value(edge.boundary));
-  const float needed = ceilf((target - above_boundary) / edge.tie_weight);
-  edge.kept_ties = needed < static_cast<float>(ties) ? max(1, static_cast<int32_t>(fmaxf(needed, 1.0f))) : ties;
-  return edge;
+  const LevelValues values = gather_levels(row, top, level, level, levels.count[level], value_of);
+  return nucleus_among(top, above, target, values.min_key, values.max_key,
+                       [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+}
+
+// The top_p edge over the `count` values in the workspace, of which those >= kth are the kept ones.
+__device__ Nucleus nucleus_of_gathered(int32_t count, float top, float kth, float top_p) {
+  const auto* gathered = reinterpret_cast<const float*>(workspace);
+  auto visit_kept = [&](auto&& visit) {
+    for (int i = threadIdx.x; i < count; i += kSampleThreads) {
+      const float s = gathered[i];
+      if (s >= kth) visit(s);
+    }
+  };
+  float local_total = 0.0f;
+  visit_kept([&](float s) { local_total += expf(s - top); });
+  const float target = top_p * block_reduce(local_total, Sum{});
+  return nucleus_among(top, 0.0f, target, order_key(kth), order_key(top), visit_kept);
 }
 
 // What the draw keeps of s = raw / temperature: finite, at or above `floor` (min_p's threshold or the top_k-th
@@ -551,20 +594,24 @@ __device__ int32_t filter_and_draw(Row row, SampleRowParams p, float raw_max, Le
   kept.floor = p.min_p > 0.0f ? kept.top + logf(p.min_p) : -INFINITY;
   kept.nucleus = false;
   kept.edge = Nucleus{0, 0, 0.0f};
+  int32_t gathered = -1;
   if (p.top_k > 0 && p.top_k < row.vocab) {
     const float floor = kept.floor;
-    kept.floor = fmaxf(floor, kth_value(row, kept.top, p.top_k, [=](float v) {
-                         const float s = v / temperature;
-                         return s >= floor ? s : -INFINITY;
-                       }, levels));
+    const TopK cut = kth_value(row, kept.top, p.top_k, [=](float v) {
+      const float s = v / temperature;
+      return s >= floor ? s : -INFINITY;
+    }, levels);
+    kept.floor = fmaxf(floor, cut.kth);
+    gathered = cut.kept;
   }
   if (p.top_p < 1.0f) {
     const float floor = kept.floor;
     kept.nucleus = true;
-    kept.edge = nucleus_edge(row, kept.top, p.top_p, [=](float v) {
-      const float s = v / temperature;
-      return s >= floor ? s : -INFINITY;
-    }, levels);
+    kept.edge = gathered >= 0 ? nucleus_of_gathered(gathered, kept.top, floor, p.top_p)
+                              : nucleus_edge(row, kept.top, p.top_p, [=](float v) {
+                                  const float s = v / temperature;
+                                  return s >= floor ? s : -INFINITY;
+                                }, levels);
   }
   return draw_kept(row, kept, p.uniform);
 }
