@@ -7,12 +7,14 @@
 //     max - value, from the float bits), each thread counting into a private column of shared memory, so that
 //     a hot level costs no atomics and no contention; the level holding the cut follows from the merged counts;
 //  2. the values of that level (a few hundred on LM logits) are gathered into shared memory, and the cut is the
-//     bisection over their order-preserving keys, with block reductions over shared memory only. A level too
-//     large to gather (flat or heavily tied rows) is searched in the row instead: one key when the level holds a
-//     single value, a bisection over the level's key range otherwise.
-// The draw is one pass that writes the kept mass of each 128-token segment, a block scan over the segments in
-// token-id order, and one warp that scans the segment holding the uniform's token. The top logprobs come from the
-// levels of the raw row the same way (the best levels that hold them, gathered, then picked one by one).
+//     bisection over their order-preserving keys, with block reductions over shared memory only. For top_k every
+//     level up to the cut is gathered when it fits, so that top_p then works on the kept set in shared memory. A
+//     level too large to gather (flat or heavily tied rows) is searched in the row instead: one key when the
+//     level holds a single value, a bisection over the level's key range otherwise.
+// The draw is one pass that writes the kept mass of each 128-token segment, a block scan (in double, as the CPU
+// sums) over the segments in token-id order, and one warp that scans the segment holding the uniform's token.
+// The logprobs are a second kernel: the top ones come from the levels of the raw row the same way (the best
+// levels that hold them, gathered, then picked one by one).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -31,7 +33,7 @@ constexpr int kLevels = 16;                      // distance levels of the first
 constexpr int kLevelBase = (0x3F000000 >> 22) - 1;  // distance 0.5 (bits 0x3F000000) starts level 1
 constexpr int kSegmentTokens = 128;              // one warp-wide load
 constexpr int kWorkspaceBytes = 2 * kLevels * kSampleThreads * 4;  // the private level columns: 128 KiB
-constexpr int kValueCapacity = kWorkspaceBytes / 4;    // gathered values of one level
+constexpr int kValueCapacity = kWorkspaceBytes / 4;    // gathered values
 constexpr int kPairCapacity = kWorkspaceBytes / 8;     // gathered (value, id) pairs for the top logprobs
 constexpr int kSegmentCapacity = kWorkspaceBytes / 12;  // segments of the draw (a double mass and a tie count each)
 constexpr unsigned kFullMask = 0xffffffffu;
