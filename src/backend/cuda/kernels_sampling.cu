@@ -692,10 +692,11 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
   const float* x = logits + int64_t{p.logit_row} * vocab;
   const Row row{x, vocab, reinterpret_cast<uintptr_t>(x) % 16 == 0};
 
-  // The raw maximum and its lowest id (the padding past the end has higher ids, so never wins).
+  // The raw maximum and its lowest id: a thread visits its tokens in increasing id order, so a strictly higher
+  // value alone replaces its best; a row without a finite logit leaves the id at INT_MAX.
   Candidate local_best{-INFINITY, INT_MAX};
   for_each_token(row, [&](int32_t id, float v) {
-    if (ranks_before(v, id, local_best)) local_best = Candidate{v, id};
+    if (v > local_best.value) local_best = Candidate{v, id};
   });
   const Candidate raw_best = block_reduce(local_best, BetterCandidate{});
 
