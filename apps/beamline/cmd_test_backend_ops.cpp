@@ -828,28 +828,103 @@ bool tolerated_mismatch(const SampleMargins& margins, int32_t reference, int32_t
          std::binary_search(margins.kept_before_top_p.begin(), margins.kept_before_top_p.end(), device);
 }
 
+// Samples `rows` of `logits` [logit_rows, vocab] on both backends (the device twice, timing the second call) and
+// records the tokens and the logprobs, naming failing rows by row_mode.
+void check_sample(Harness& harness, const std::vector<float>& logits, int64_t logit_rows, int64_t vocab,
+                  const std::vector<SampleRow>& rows, const std::vector<const char*>& row_mode, const std::string& shape,
+                  std::chrono::steady_clock::time_point start) {
+  const auto count = static_cast<int64_t>(rows.size());
+  constexpr int64_t kWidth = 20;
+  auto input = harness.f32(logits, {logit_rows, vocab});
+  auto tokens = harness.poisoned(DType::I32, {count});
+  auto logprobs = harness.poisoned(DType::F32, {count});
+  auto ranks = harness.poisoned(DType::I32, {count});
+  auto top_ids = harness.poisoned(DType::I32, {count, kWidth});
+  auto top_logprobs = harness.poisoned(DType::F32, {count, kWidth});
+  SampleOutputs device_out{tokens.device, logprobs.device, ranks.device, top_ids.device, top_logprobs.device};
+  SampleOutputs reference_out{tokens.reference, logprobs.reference, ranks.reference, top_ids.reference,
+                              top_logprobs.reference};
+  harness.device().sample(input.device, rows, device_out);
+  harness.device().synchronize();
+  const auto device_start = std::chrono::steady_clock::now();
+  harness.device().sample(input.device, rows, device_out);
+  harness.device().synchronize();
+  const double device_ms = seconds_since(device_start) * 1e3;
+  harness.reference().sample(input.reference, rows, reference_out);
+
+  const std::vector<int32_t> device_tokens = harness.device().download_i32(tokens.device);
+  const std::vector<int32_t> reference_tokens = harness.reference().download_i32(tokens.reference);
+  const std::vector<float> device_logprobs = harness.device().download_f32(logprobs.device);
+  const std::vector<float> reference_logprobs = harness.reference().download_f32(logprobs.reference);
+  const std::vector<int32_t> device_ranks = harness.device().download_i32(ranks.device);
+  const std::vector<int32_t> reference_ranks = harness.reference().download_i32(ranks.reference);
+  const std::vector<int32_t> device_top = harness.device().download_i32(top_ids.device);
+  const std::vector<int32_t> reference_top = harness.reference().download_i32(top_ids.reference);
+  const std::vector<float> device_top_logprobs = harness.device().download_f32(top_logprobs.device);
+  const std::vector<float> reference_top_logprobs = harness.reference().download_f32(top_logprobs.reference);
+
+  int64_t wrong = 0, tolerated = 0, wrong_ids = 0;
+  double logprob_error = 0.0;
+  std::string failing;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto index = static_cast<std::size_t>(i);
+    const SampleRow& row = rows[index];
+    const int32_t reference = reference_tokens[index], device = device_tokens[index];
+    bool same = reference == device;
+    if (!same) {
+      const std::vector<float> raw(logits.begin() + row.logit_row * vocab, logits.begin() + (row.logit_row + 1) * vocab);
+      const bool in_range = device >= 0 && device < vocab;
+      if (in_range && !row.greedy && tolerated_mismatch(sample_margins(raw, row, reference), reference, device)) {
+        ++tolerated;
+      } else {
+        ++wrong;
+        if (failing.find(row_mode[index]) == std::string::npos) failing += fmt::format(" {}", row_mode[index]);
+      }
+    }
+    if (row.num_logprobs < 0) continue;
+    if (same) {
+      logprob_error = std::max(logprob_error, static_cast<double>(std::abs(device_logprobs[index] - reference_logprobs[index])));
+      wrong_ids += device_ranks[index] != reference_ranks[index];
+    }
+    for (int64_t j = 0; j < row.num_logprobs; ++j) {
+      const auto at = static_cast<std::size_t>(i * kWidth + j);
+      wrong_ids += device_top[at] != reference_top[at];
+      logprob_error = std::max(logprob_error, static_cast<double>(std::abs(device_top_logprobs[at] - reference_top_logprobs[at])));
+    }
+    if (std::isnan(logprob_error)) logprob_error = std::numeric_limits<double>::infinity();
+  }
+  harness.record_result({"sample tokens", shape, static_cast<double>(wrong), 0.0,
+                         fmt::format("{} near-boundary differences tolerated; device {:.3f} ms{}{}", tolerated, device_ms,
+                                     failing.empty() ? "" : "; failing:", failing),
+                         wrong == 0, seconds_since(start)});
+  harness.record_result({"sample logprobs", shape, logprob_error, 1e-4, fmt::format("{} rank/top-id differences", wrong_ids),
+                         logprob_error <= 1e-4 && wrong_ids == 0, seconds_since(start)});
+}
+
+struct SampleMode {
+  const char* name;
+  SampleRow settings;
+};
+
+SampleMode sample_mode(const char* name, bool greedy, float temperature, float min_p, int32_t top_k, float top_p) {
+  SampleRow row;
+  row.greedy = greedy;
+  row.temperature = temperature;
+  row.min_p = min_p;
+  row.top_k = top_k;
+  row.top_p = top_p;
+  return SampleMode{name, row};
+}
+
 void test_sample(Harness& harness) {
-  struct Mode {
-    const char* name;
-    SampleRow settings;
-  };
-  auto mode = [](const char* name, bool greedy, float temperature, float min_p, int32_t top_k, float top_p) {
-    SampleRow row;
-    row.greedy = greedy;
-    row.temperature = temperature;
-    row.min_p = min_p;
-    row.top_k = top_k;
-    row.top_p = top_p;
-    return Mode{name, row};
-  };
-  const std::vector<Mode> modes{mode("greedy", true, 1.0f, 0.0f, 0, 1.0f),
-                                mode("temperature", false, 0.7f, 0.0f, 0, 1.0f),
-                                mode("top_k 1", false, 1.0f, 0.0f, 1, 1.0f),
-                                mode("top_k 50", false, 1.3f, 0.0f, 50, 1.0f),
-                                mode("top_p 0.9", false, 1.0f, 0.0f, 0, 0.9f),
-                                mode("top_p 1e-6", false, 1.0f, 0.0f, 0, 1e-6f),
-                                mode("min_p 0.1", false, 1.0f, 0.1f, 0, 1.0f),
-                                mode("combined", false, 0.8f, 0.05f, 40, 0.95f)};
+  const std::vector<SampleMode> modes{sample_mode("greedy", true, 1.0f, 0.0f, 0, 1.0f),
+                                      sample_mode("temperature", false, 0.7f, 0.0f, 0, 1.0f),
+                                      sample_mode("top_k 1", false, 1.0f, 0.0f, 1, 1.0f),
+                                      sample_mode("top_k 50", false, 1.3f, 0.0f, 50, 1.0f),
+                                      sample_mode("top_p 0.9", false, 1.0f, 0.0f, 0, 0.9f),
+                                      sample_mode("top_p 1e-6", false, 1.0f, 0.0f, 0, 1e-6f),
+                                      sample_mode("min_p 0.1", false, 1.0f, 0.1f, 0, 1.0f),
+                                      sample_mode("combined", false, 0.8f, 0.05f, 40, 0.95f)};
   for (int64_t vocab : {201088L, 4096L, 1000L, 1001L}) {
     for (int64_t logit_rows : {1L, 7L, 64L}) {
       const auto start = std::chrono::steady_clock::now();
@@ -865,7 +940,7 @@ void test_sample(Harness& harness) {
       std::vector<SampleRow> rows;
       std::vector<const char*> row_mode;
       std::uniform_real_distribution<double> uniform(0.0, 1.0);
-      for (const Mode& m : modes) {
+      for (const SampleMode& m : modes) {
         for (int64_t r = 0; r < logit_rows; ++r) {
           SampleRow row = m.settings;
           row.logit_row = static_cast<int32_t>(r);
@@ -875,76 +950,52 @@ void test_sample(Harness& harness) {
           row_mode.push_back(m.name);
         }
       }
-      const auto count = static_cast<int64_t>(rows.size());
-      constexpr int64_t kWidth = 20;
-      auto input = harness.f32(logits, {logit_rows, vocab});
-      auto tokens = harness.poisoned(DType::I32, {count});
-      auto logprobs = harness.poisoned(DType::F32, {count});
-      auto ranks = harness.poisoned(DType::I32, {count});
-      auto top_ids = harness.poisoned(DType::I32, {count, kWidth});
-      auto top_logprobs = harness.poisoned(DType::F32, {count, kWidth});
-      SampleOutputs device_out{tokens.device, logprobs.device, ranks.device, top_ids.device, top_logprobs.device};
-      SampleOutputs reference_out{tokens.reference, logprobs.reference, ranks.reference, top_ids.reference,
-                                  top_logprobs.reference};
-      harness.device().sample(input.device, rows, device_out);
-      harness.device().synchronize();
-      const auto device_start = std::chrono::steady_clock::now();
-      harness.device().sample(input.device, rows, device_out);
-      harness.device().synchronize();
-      const double device_ms = seconds_since(device_start) * 1e3;
-      harness.reference().sample(input.reference, rows, reference_out);
-
-      const std::vector<int32_t> device_tokens = harness.device().download_i32(tokens.device);
-      const std::vector<int32_t> reference_tokens = harness.reference().download_i32(tokens.reference);
-      const std::vector<float> device_logprobs = harness.device().download_f32(logprobs.device);
-      const std::vector<float> reference_logprobs = harness.reference().download_f32(logprobs.reference);
-      const std::vector<int32_t> device_ranks = harness.device().download_i32(ranks.device);
-      const std::vector<int32_t> reference_ranks = harness.reference().download_i32(ranks.reference);
-      const std::vector<int32_t> device_top = harness.device().download_i32(top_ids.device);
-      const std::vector<int32_t> reference_top = harness.reference().download_i32(top_ids.reference);
-      const std::vector<float> device_top_logprobs = harness.device().download_f32(top_logprobs.device);
-      const std::vector<float> reference_top_logprobs = harness.reference().download_f32(top_logprobs.reference);
-
-      int64_t wrong = 0, tolerated = 0, wrong_ids = 0;
-      double logprob_error = 0.0;
-      std::string failing;
-      for (int64_t i = 0; i < count; ++i) {
-        const auto index = static_cast<std::size_t>(i);
-        const SampleRow& row = rows[index];
-        const int32_t reference = reference_tokens[index], device = device_tokens[index];
-        bool same = reference == device;
-        if (!same) {
-          const std::vector<float> raw(logits.begin() + row.logit_row * vocab,
-                                       logits.begin() + (row.logit_row + 1) * vocab);
-          const bool in_range = device >= 0 && device < vocab;
-          if (in_range && !row.greedy && tolerated_mismatch(sample_margins(raw, row, reference), reference, device)) {
-            ++tolerated;
-          } else {
-            ++wrong;
-            if (failing.find(row_mode[index]) == std::string::npos) failing += fmt::format(" {}", row_mode[index]);
-          }
-        }
-        if (row.num_logprobs < 0) continue;
-        if (same) {
-          logprob_error = std::max(logprob_error, static_cast<double>(std::abs(device_logprobs[index] - reference_logprobs[index])));
-          wrong_ids += device_ranks[index] != reference_ranks[index];
-        }
-        for (int64_t j = 0; j < row.num_logprobs; ++j) {
-          const auto at = static_cast<std::size_t>(i * kWidth + j);
-          wrong_ids += device_top[at] != reference_top[at];
-          logprob_error = std::max(logprob_error, static_cast<double>(std::abs(device_top_logprobs[at] - reference_top_logprobs[at])));
-        }
-        if (std::isnan(logprob_error)) logprob_error = std::numeric_limits<double>::infinity();
-      }
-      const std::string shape = fmt::format("V {} R {} ({} rows, {} modes)", vocab, logit_rows, count, modes.size());
-      harness.record_result({"sample tokens", shape, static_cast<double>(wrong), 0.0,
-                             fmt::format("{} near-boundary differences tolerated; device {:.3f} ms{}{}", tolerated,
-                                         device_ms, failing.empty() ? "" : "; failing:", failing),
-                             wrong == 0, seconds_since(start)});
-      harness.record_result({"sample logprobs", shape, logprob_error, 1e-4,
-                             fmt::format("{} rank/top-id differences", wrong_ids),
-                             logprob_error <= 1e-4 && wrong_ids == 0, seconds_since(start)});
+      check_sample(harness, logits, logit_rows, vocab, rows, row_mode,
+                   fmt::format("V {} R {} ({} rows, {} modes)", vocab, logit_rows, rows.size(), modes.size()), start);
     }
+  }
+  // Rows that reach the device's less common paths (its selection sorts tokens into levels by their distance
+  // from the maximum, gathers the level that holds a cut when it fits in shared memory and searches the row
+  // otherwise): no finite logit; one value everywhere; more distinct values in one level than fit; values on
+  // the level edges, each tied many times; three finite values (top_k and the top logprobs beyond them).
+  const std::vector<SampleMode> edge_modes{sample_mode("greedy", true, 1.0f, 0.0f, 0, 1.0f),
+                                           sample_mode("temperature 1", false, 1.0f, 0.0f, 0, 1.0f),
+                                           sample_mode("top_k 50", false, 1.0f, 0.0f, 50, 1.0f),
+                                           sample_mode("top_p 0.5", false, 1.0f, 0.0f, 0, 0.5f),
+                                           sample_mode("top_p 1", false, 0.9f, 0.0f, 0, 1.0f),
+                                           sample_mode("min_p 0.2", false, 1.0f, 0.2f, 0, 1.0f),
+                                           sample_mode("top_k 3 top_p 0.9", false, 1.0f, 0.0f, 3, 0.9f),
+                                           sample_mode("top_k V-1 top_p 0.99", false, 1.0f, 0.0f, -1, 0.99f)};
+  for (int64_t vocab : {201088L, 1001L}) {
+    const auto start = std::chrono::steady_clock::now();
+    constexpr int64_t kEdgeRows = 5;
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> logits(static_cast<std::size_t>(kEdgeRows * vocab));
+    std::uniform_real_distribution<float> narrow(-0.4f, 0.4f);
+    for (int64_t t = 0; t < vocab; ++t) {
+      logits[0 * vocab + t] = -inf;
+      logits[1 * vocab + t] = 1.5f;
+      logits[2 * vocab + t] = t % 2 ? narrow(harness.inputs().rng()) : -inf;
+      logits[3 * vocab + t] = 10.0f - 0.25f * static_cast<float>(t % 64);
+      logits[4 * vocab + t] = t == 5 || t == 77 || t == vocab - 1 ? static_cast<float>(t % 3) : -inf;
+    }
+    std::vector<SampleRow> rows;
+    std::vector<const char*> row_mode;
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (const SampleMode& m : edge_modes) {
+      for (int64_t r = 0; r < kEdgeRows; ++r) {
+        SampleRow row = m.settings;
+        if (row.top_k < 0) row.top_k = static_cast<int32_t>(vocab - 1);
+        row.logit_row = static_cast<int32_t>(r);
+        row.uniform = uniform(harness.inputs().rng());
+        // The reference's logprobs of a row without a finite logit are NaN: that row asks for none.
+        row.num_logprobs = r == 0 ? -1 : 5;
+        rows.push_back(row);
+        row_mode.push_back(m.name);
+      }
+    }
+    check_sample(harness, logits, kEdgeRows, vocab, rows, row_mode,
+                 fmt::format("edges V {} ({} rows, {} modes)", vocab, rows.size(), edge_modes.size()), start);
   }
 }
 

@@ -213,8 +213,9 @@ struct SampleRowParams {
   int32_t logit_row = 0, greedy = 0, top_k = 0, num_logprobs = -1;
   float temperature = 1.0f, min_p = 0.0f, top_p = 1.0f, unused = 0.0f;
 };
-// Backend::sample over `count` rows of logits [*, vocab]: one block per row (kernels_sampling.cu). The logprob
-// outputs may be null when no row has num_logprobs >= 0; top_* are [count, top_width].
+// Backend::sample over `count` rows of logits [*, vocab], vocab at most 1398016: one block per row, a second kernel for
+// the logprobs (kernels_sampling.cu). The logprob outputs may be null when no row has num_logprobs >= 0; top_* are
+// [count, top_width].
 cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t count, int32_t* tokens,
                    float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width,
                    cudaStream_t stream);

@@ -1,7 +1,20 @@
-// Backend::sample on the device: one block per row, FP32, no sort of the vocabulary. top_k and top_p find their
-// cut by bisection over the order-preserving bits of the logits (by count for top_k, by probability mass for
-// top_p; block reductions, no atomics); the draw is an ordered block scan in token-id order that stops at the
-// tile holding the uniform's token. The reference is backend/sampling.h's sample_row.
+// Backend::sample on the device: one block of 1024 threads per row, FP32, no sort of the vocabulary. The
+// reference is backend/sampling.h's sample_row.
+//
+// Every pass reads the row with coalesced 16-byte loads (a warp covers 128 consecutive tokens per load), the row
+// staying in L2 between passes. top_k (by count) and top_p (by probability mass) find their cut in two steps:
+//  1. one pass sorts the tokens into 16 levels by their distance from the row's maximum (half-octaves of
+//     max - value, from the float bits), each thread counting into a private column of shared memory, so that
+//     a hot level costs no atomics and no contention; the level holding the cut follows from the merged counts;
+//  2. the values of that level (a few hundred on LM logits) are gathered into shared memory, and the cut is the
+//     bisection over their order-preserving keys, with block reductions over shared memory only. For top_k every
+//     level up to the cut is gathered when it fits, so that top_p then works on the kept set in shared memory. A
+//     level too large to gather (flat or heavily tied rows) is searched in the row instead: one key when the
+//     level holds a single value, a bisection over the level's key range otherwise.
+// The draw is one pass that writes the kept mass of each 128-token segment, a block scan (in double, as the CPU
+// sums) over the segments in token-id order, and one warp that scans the segment holding the uniform's token.
+// The logprobs are a second kernel: the top ones come from the levels of the raw row the same way (the best
+// levels that hold them, gathered, then picked one by one).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -14,8 +27,16 @@
 namespace beamline::cuda {
 namespace {
 
-constexpr int kSampleThreads = 512;
-constexpr int kScanItems = 4;  // consecutive tokens per thread in a scan tile
+constexpr int kSampleThreads = 1024;
+constexpr int kUnroll = 3;                       // quads (16-byte loads) in flight per thread and pass
+constexpr int kLevels = 16;                      // distance levels of the first step
+constexpr int kLevelBase = (0x3F000000 >> 22) - 1;  // distance 0.5 (bits 0x3F000000) starts level 1
+constexpr int kSegmentTokens = 128;              // one warp-wide load
+constexpr int kWorkspaceBytes = 2 * kLevels * kSampleThreads * 4;  // the private level columns: 128 KiB
+constexpr int kValueCapacity = kWorkspaceBytes / 4;    // gathered values
+constexpr int kPairCapacity = kWorkspaceBytes / 8;     // gathered (value, id) pairs for the top logprobs
+constexpr int kSegmentCapacity = kWorkspaceBytes / 12;  // segments of the draw (a double mass and a tie count each)
+constexpr unsigned kFullMask = 0xffffffffu;
 
 // NaN counts as -inf; -0 becomes +0 so that equal floats have equal keys.
 __device__ __forceinline__ float clean(float v) {
@@ -32,6 +53,14 @@ __device__ __forceinline__ float key_value(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? key & 0x7fffffffu : ~key);
 }
 
+// The level of a finite value s <= top: 0 below distance 0.5, then half-octaves of top - s up to 15 (distance
+// 64 and beyond). Rounding of the subtraction is monotonic, so a lower level always means a higher value, and
+// equal values share a level.
+__device__ __forceinline__ int level_of(float top, float s) {
+  const int level = static_cast<int>(__float_as_uint(top - s) >> 22) - kLevelBase;
+  return min(max(level, 0), kLevels - 1);
+}
+
 struct Candidate {
   float value;
   int32_t id;
@@ -46,7 +75,12 @@ struct BetterCandidate {
   }
 };
 struct Maximum {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct Minimum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a < b ? a : b; }
 };
 struct Sum {
   template <typename T>
@@ -67,34 +101,221 @@ __device__ T block_reduce(T value, Op op) {
   return out;
 }
 
-// The best-ranked token among those `eligible(id, value)` admits; {-inf, INT_MAX} when none.
-template <typename Value, typename Eligible>
-__device__ Candidate block_best(int64_t vocab, Value value_of, Eligible eligible) {
-  Candidate best{-INFINITY, INT_MAX};
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = value_of(i);
-    const auto id = static_cast<int32_t>(i);
-    if (eligible(id, v) && ranks_before(v, id, best)) best = Candidate{v, id};
+__device__ __forceinline__ int32_t warp_sum_int(int32_t v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+__device__ __forceinline__ double warp_sum_double(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T warp_exclusive_sum(T v) {
+  const int lane = threadIdx.x % 32;
+  T inclusive = v;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const T other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
   }
-  return block_reduce(best, BetterCandidate{});
+  const T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
+  return lane == 0 ? T{0} : exclusive;
 }
 
-// The highest key K whose measure, the block sum of quantity(i) over the tokens with key(i) >= K, reaches
-// `target`, by bisection over the 32 key bits: one pass over the row per bit, no atomics, and a fixed summation
-// order, so the measure is monotonic in K and the result deterministic. Needs measure(low) >= target and
-// measure(high) < target; the result is the key of a token. `entry(i, key, quantity)` describes token i.
-template <typename T, typename Entry>
-__device__ uint32_t highest_key_reaching(int64_t vocab, T target, uint32_t low, uint32_t high, Entry entry) {
-  while (high - low > 1) {
-    const uint32_t middle = low + (high - low) / 2;
-    T local = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      uint32_t key;
-      T quantity;
-      entry(i, key, quantity);
-      if (key >= middle) local += quantity;
+// Exclusive prefix sum over the block in thread order, and the block's total (cub's BlockScan of doubles needs
+// more than the 64 registers a thread has here).
+__device__ double block_exclusive_sum(double v, double& total) {
+  __shared__ double warp_before[kSampleThreads / 32];
+  __shared__ double block_total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const double in_warp = warp_exclusive_sum(v);
+  if (lane == 31) warp_before[warp] = in_warp + v;
+  __syncthreads();
+  if (warp == 0) {
+    const double warp_total = warp_before[lane];
+    const double before = warp_exclusive_sum(warp_total);
+    if (lane == 31) block_total = before + warp_total;
+    warp_before[lane] = before;
+  }
+  __syncthreads();
+  total = block_total;
+  const double result = warp_before[warp] + in_warp;
+  __syncthreads();  // before a later call reuses the arrays
+  return result;
+}
+
+extern __shared__ __align__(16) unsigned char workspace[];
+
+struct Row {
+  const float* x;
+  int64_t vocab;
+  bool aligned;  // 16-byte loads possible
+};
+
+// Tokens 4q..4q+3, cleaned; -inf past the end of the row.
+__device__ __forceinline__ float4 load_quad(const Row& row, int64_t quad) {
+  const int64_t first = quad * 4;
+  float4 v;
+  if (row.aligned && first + 4 <= row.vocab) {
+    v = __ldg(reinterpret_cast<const float4*>(row.x) + quad);
+  } else {
+    v.x = first < row.vocab ? __ldg(row.x + first) : -INFINITY;
+    v.y = first + 1 < row.vocab ? __ldg(row.x + first + 1) : -INFINITY;
+    v.z = first + 2 < row.vocab ? __ldg(row.x + first + 2) : -INFINITY;
+    v.w = first + 3 < row.vocab ? __ldg(row.x + first + 3) : -INFINITY;
+  }
+  return float4{clean(v.x), clean(v.y), clean(v.z), clean(v.w)};
+}
+
+// visit(quad, values) for every quad of the row, padded with -inf to whole passes: the calls are the same for
+// every thread of a warp (warp collectives may be used inside), and the 32 lanes of a warp visit the 32 quads of
+// one segment together.
+template <typename Visit>
+__device__ void for_each_quad(const Row& row, Visit visit) {
+  const int64_t quads = (row.vocab + 3) / 4;
+  for (int64_t base = 0; base < quads; base += int64_t{kUnroll} * kSampleThreads) {
+    float4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_quad(row, base + u * kSampleThreads + threadIdx.x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) visit(base + u * kSampleThreads + threadIdx.x, v[u]);
+  }
+}
+
+// visit(id, value) for every token (and the -inf padding past the end, with ids past the end).
+template <typename Visit>
+__device__ void for_each_token(const Row& row, Visit visit) {
+  for_each_quad(row, [&](int64_t quad, const float4& v) {
+    const auto id = static_cast<int32_t>(quad * 4);
+    visit(id, v.x);
+    visit(id + 1, v.y);
+    visit(id + 2, v.z);
+    visit(id + 3, v.w);
+  });
+}
+
+struct Levels {
+  int32_t count[kLevels];
+  float mass[kLevels];  // of exp(s - top); only when asked
+};
+
+// Counts (and with `with_mass`, the mass of) the finite values value_of(raw) per level, into `levels` (shared).
+template <typename ValueOf>
+__device__ void level_histogram(const Row& row, float top, bool with_mass, ValueOf value_of, Levels& levels) {
+  auto* counts = reinterpret_cast<int32_t*>(workspace);
+  auto* masses = reinterpret_cast<float*>(workspace) + kLevels * kSampleThreads;
+  const int tid = threadIdx.x;
+  __syncthreads();  // the workspace's previous use is over
+  for (int l = 0; l < kLevels; ++l) {
+    counts[l * kSampleThreads + tid] = 0;
+    masses[l * kSampleThreads + tid] = 0.0f;
+  }
+  for_each_token(row, [&](int32_t, float v) {
+    const float s = value_of(v);
+    if (s == -INFINITY) return;
+    // Column `tid` of every level is this thread's alone: no atomics, and banks by thread.
+    const int at = level_of(top, s) * kSampleThreads + tid;
+    counts[at] += 1;
+    if (with_mass) masses[at] += expf(s - top);
+  });
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32;
+  if (warp < kLevels) {
+    int32_t count = 0;
+    float mass = 0.0f;
+    for (int j = lane; j < kSampleThreads; j += 32) {
+      count += counts[warp * kSampleThreads + j];
+      mass += masses[warp * kSampleThreads + j];
     }
-    if (block_reduce(local, Sum{}) >= target) {
+    count = warp_sum_int(count);
+    mass = warp_sum(mass);
+    if (lane == 0) {
+      levels.count[warp] = count;
+      levels.mass[warp] = mass;
+    }
+  }
+  __syncthreads();
+}
+
+struct LevelValues {
+  int level;       // the level searched
+  int first;       // with `gathered`: the workspace holds the values of levels first..level
+  int32_t count;   // values in the workspace, or at `level` when not gathered
+  bool gathered;   // the values are in the workspace (floats, in no particular order)
+  uint32_t min_key, max_key;  // of the values at `level`
+};
+
+// The values of the tokens at levels first..level (value_of as for level_histogram; `count` of them), gathered
+// into the workspace when they fit, and the key range of those at `level` either way.
+template <typename ValueOf>
+__device__ LevelValues gather_levels(const Row& row, float top, int first, int level, int32_t count,
+                                     ValueOf value_of) {
+  __shared__ int32_t filled;
+  auto* values = reinterpret_cast<float*>(workspace);
+  const bool gather = count <= kValueCapacity;
+  __syncthreads();  // the workspace's previous use is over
+  if (threadIdx.x == 0) filled = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  uint32_t min_key = UINT_MAX, max_key = 0;
+  for_each_token(row, [&](int32_t, float v) {
+    const float s = value_of(v);
+    const int at = s != -INFINITY ? level_of(top, s) : kLevels;
+    if (at == level) {
+      min_key = min(min_key, order_key(s));
+      max_key = max(max_key, order_key(s));
+    }
+    if (!gather) return;
+    // One shared atomic per warp and step.
+    const bool take = at >= first && at <= level;
+    const unsigned takers = __ballot_sync(kFullMask, take);
+    if (takers == 0) return;
+    const int leader = __ffs(takers) - 1;
+    int32_t base = 0;
+    if (lane == leader) base = atomicAdd(&filled, __popc(takers));
+    base = __shfl_sync(kFullMask, base, leader);
+    if (take) values[base + __popc(takers & ((1u << lane) - 1))] = s;
+  });
+  LevelValues out;
+  out.level = level;
+  out.first = gather ? first : level;
+  out.count = count;
+  out.gathered = gather;
+  out.min_key = block_reduce(min_key, Minimum{});  // also the barrier after the gathering
+  out.max_key = block_reduce(max_key, Maximum{});
+  return out;
+}
+
+// visit(s) for every value at the level: from the workspace when gathered, else from the row.
+template <typename ValueOf, typename Visit>
+__device__ void visit_level(const Row& row, float top, const LevelValues& values, ValueOf value_of, Visit visit) {
+  if (values.gathered) {
+    const auto* gathered = reinterpret_cast<const float*>(workspace);
+    for (int i = threadIdx.x; i < values.count; i += kSampleThreads) {
+      const float s = gathered[i];
+      if (values.first == values.level || level_of(top, s) == values.level) visit(s);
+    }
+  } else {
+    for_each_token(row, [&](int32_t, float v) {
+      const float s = value_of(v);
+      if (s != -INFINITY && level_of(top, s) == values.level) visit(s);
+    });
+  }
+}
+
+// The highest key K in [low, max_key] whose measure, `above` plus the block sum of measure(s) over the values
+// (visit_values(f) calls f(s) for each) with key >= K, reaches `target`, by bisection; `low` when even all of
+// them fall short (rounding). low == max_key: no pass at all.
+template <typename T, typename Measure, typename VisitValues>
+__device__ uint32_t highest_key_reaching(uint32_t low, uint32_t max_key, T above, T target, Measure measure,
+                                         VisitValues visit_values) {
+  uint64_t high = uint64_t{max_key} + 1;
+  while (high - low > 1) {
+    const auto middle = static_cast<uint32_t>(low + (high - low) / 2);
+    T local = 0;
+    visit_values([&](float s) {
+      if (order_key(s) >= middle) local += measure(s);
+    });
+    if (above + block_reduce(local, Sum{}) >= target) {
       low = middle;
     } else {
       high = middle;
@@ -103,178 +324,416 @@ __device__ uint32_t highest_key_reaching(int64_t vocab, T target, uint32_t low, 
   return low;
 }
 
-struct ScanPart {
-  float mass;    // of kept tokens that are not boundary ties
-  int32_t ties;  // boundary ties (all of weight `tie_weight`; the first `kept_ties` of them in id order are kept)
-};
-struct AddParts {
-  __device__ ScanPart operator()(const ScanPart& a, const ScanPart& b) const {
-    return ScanPart{a.mass + b.mass, a.ties + b.ties};
-  }
+struct TopK {
+  float kth;        // the k-th largest value; -inf when fewer than k are finite (nothing is cut)
+  int32_t kept;     // >= 0: every value >= kth is in the workspace, among `kept` gathered ones; -1: not
 };
 
-__device__ int32_t draw(const float* x, int64_t vocab, const SampleRowParams& p) {
-  const float temperature = p.temperature;
-  float local_max = -INFINITY;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_max = fmaxf(local_max, clean(x[i]));
-  // Division by a positive temperature is monotonic, so this is the maximum of the scaled row.
-  const float best = block_reduce(local_max, Maximum{}) / temperature;
-  if (best == -INFINITY) return 0;
-  const float threshold = p.min_p > 0.0f ? best + logf(p.min_p) : -INFINITY;
-  auto filtered = [&](int64_t i) {
-    const float s = clean(x[i]) / temperature;
-    return s >= threshold ? s : -INFINITY;
-  };
-  float kth = -INFINITY;
-  if (p.top_k > 0 && p.top_k < vocab) {
-    // Every token counts at key(-inf) or above (vocab >= top_k), none above the best.
-    kth = key_value(highest_key_reaching(vocab, p.top_k, order_key(-INFINITY), order_key(best) + 1,
-                                         [&](int64_t i, uint32_t& key, int32_t& quantity) {
-                                           key = order_key(filtered(i));
-                                           quantity = 1;
-                                         }));
-  }
-  auto kept = [&](int64_t i) {
-    const float s = filtered(i);
-    return s >= kth ? s : -INFINITY;
-  };
-  auto weight_of = [&](float v) { return v == -INFINITY ? 0.0f : expf(v - best); };
-
-  auto kept_entry = [&](int64_t i, uint32_t& key, float& weight) {
-    const float v = kept(i);
-    key = order_key(v);
-    weight = weight_of(v);
-  };
-  // The kept mass, summed as highest_key_reaching sums it (every kept key is above key(-inf)).
-  float local_total = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    uint32_t key;
-    float weight;
-    kept_entry(i, key, weight);
-    local_total += weight;
-  }
-  float total = block_reduce(local_total, Sum{});
-
-  const bool nucleus = p.top_p < 1.0f;
-  uint32_t boundary = 0;  // with no nucleus every finite kept token is above it
-  float tie_weight = 0.0f;
-  int32_t kept_ties = 0;
-  if (nucleus) {
-    // The nucleus edge: the key at which the mass of the keys at or above it first reaches top_p of the total.
-    const float target = p.top_p * total;
-    boundary = highest_key_reaching(vocab, target, order_key(-INFINITY), order_key(best) + 1, kept_entry);
-    float local_above = 0.0f;
-    int32_t local_ties = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      uint32_t key;
-      float weight;
-      kept_entry(i, key, weight);
-      if (key > boundary) local_above += weight;
-      local_ties += key == boundary;
+// The k-th largest of the filtered values (value_of), ties included. The levels above the cut are gathered
+// with it when they fit, so that top_p can work on the kept values in shared memory.
+template <typename ValueOf>
+__device__ TopK kth_value(Row row, float top, int32_t k, ValueOf value_of, Levels& levels) {
+  level_histogram(row, top, false, value_of, levels);
+  int32_t above = 0;
+  int level = -1;
+  for (int l = 0; l < kLevels && level < 0; ++l) {
+    if (above + levels.count[l] >= k) {
+      level = l;
+    } else {
+      above += levels.count[l];
     }
-    const float above = block_reduce(local_above, Sum{});
-    const int32_t ties = block_reduce(local_ties, Sum{});
-    // Of the tokens tied at the edge, the lower ids first, as many as the target needs.
-    tie_weight = weight_of(key_value(boundary));
-    kept_ties = max(1, min(ties, static_cast<int32_t>(ceilf((target - above) / tie_weight))));
-    total = above + static_cast<float>(kept_ties) * tie_weight;
   }
+  if (level < 0) return TopK{-INFINITY, -1};
+  const int32_t through = above + levels.count[level];
+  const bool all = through <= kValueCapacity;
+  const LevelValues values =
+      gather_levels(row, top, all ? 0 : level, level, all ? through : levels.count[level], value_of);
+  const uint32_t key = highest_key_reaching<int32_t>(
+      values.min_key, values.max_key, above, k, [](float) { return 1; },
+      [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  return TopK{key_value(key), all ? through : -1};
+}
 
-  const auto draw_target = static_cast<float>(p.uniform * static_cast<double>(total));
-  using Scan = cub::BlockScan<ScanPart, kSampleThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int32_t found, last_kept;
-  if (threadIdx.x == 0) {
+struct Nucleus {
+  uint32_t boundary;  // tokens above it are kept, and the first `kept_ties` tied with it in token-id order
+  int32_t kept_ties;
+  float tie_weight;
+};
+
+// The nucleus edge among candidate values (visit_values as for highest_key_reaching; keys in [low, max_key])
+// that hold the edge, the kept mass above them being `above`: the highest key at which the mass at or above it
+// reaches the target, and how many of the tokens tied there the target needs.
+template <typename VisitValues>
+__device__ Nucleus nucleus_among(float top, float above, float target, uint32_t low, uint32_t max_key,
+                                 VisitValues visit_values) {
+  auto weight = [top](float s) { return expf(s - top); };
+  Nucleus edge;
+  edge.boundary = highest_key_reaching<float>(low, max_key, above, target, weight, visit_values);
+  float local_above = 0.0f;
+  int32_t local_ties = 0;
+  visit_values([&](float s) {
+    const uint32_t key = order_key(s);
+    if (key > edge.boundary) local_above += weight(s);
+    local_ties += key == edge.boundary;
+  });
+  const float above_boundary = above + block_reduce(local_above, Sum{});
+  const int32_t ties = block_reduce(local_ties, Sum{});
+  // Of the tokens tied at the edge, the lower ids first, as many as the target needs (at least one; all of them
+  // when their weight underflows).
+  edge.tie_weight = weight(key_value(edge.boundary));
+  const float needed = ceilf((target - above_boundary) / edge.tie_weight);
+  edge.kept_ties = needed < static_cast<float>(ties) ? max(1, static_cast<int32_t>(fmaxf(needed, 1.0f))) : ties;
+  return edge;
+}
+
+// The top_p edge over the filtered values (value_of) of the row: the level that holds it from the level masses,
+// then that level's values.
+template <typename ValueOf>
+__device__ Nucleus nucleus_edge(Row row, float top, float top_p, ValueOf value_of, Levels& levels) {
+  level_histogram(row, top, true, value_of, levels);
+  float total = 0.0f;
+  for (int l = 0; l < kLevels; ++l) total += levels.mass[l];
+  const float target = top_p * total;
+  // The first level whose cumulative mass reaches the target (the best token's level has mass 1, so some
+  // non-empty level does; the last non-empty one should rounding say otherwise).
+  float above = 0.0f, above_last = 0.0f;
+  int level = -1, last = 0;
+  for (int l = 0; l < kLevels && level < 0; ++l) {
+    if (levels.count[l] == 0) continue;
+    if (above + levels.mass[l] >= target) {
+      level = l;
+    } else {
+      last = l;
+      above_last = above;
+      above += levels.mass[l];
+    }
+  }
+  if (level < 0) {
+    level = last;
+    above = above_last;
+  }
+  const LevelValues values = gather_levels(row, top, level, level, levels.count[level], value_of);
+  return nucleus_among(top, above, target, values.min_key, values.max_key,
+                       [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+}
+
+// The top_p edge over the `count` values in the workspace, of which those >= kth are the kept ones.
+__device__ Nucleus nucleus_of_gathered(int32_t count, float top, float kth, float top_p) {
+  const auto* gathered = reinterpret_cast<const float*>(workspace);
+  auto visit_kept = [&](auto&& visit) {
+    for (int i = threadIdx.x; i < count; i += kSampleThreads) {
+      const float s = gathered[i];
+      if (s >= kth) visit(s);
+    }
+  };
+  float local_total = 0.0f;
+  visit_kept([&](float s) { local_total += expf(s - top); });
+  const float target = top_p * block_reduce(local_total, Sum{});
+  return nucleus_among(top, 0.0f, target, order_key(kth), order_key(top), visit_kept);
+}
+
+// What the draw keeps of s = raw / temperature: finite, at or above `floor` (min_p's threshold or the top_k-th
+// value), and with a nucleus, above its boundary or among its first kept ties.
+struct KeptSet {
+  float temperature, top, floor;
+  bool nucleus;
+  Nucleus edge;
+};
+
+// The inverse-CDF draw of `uniform` over the kept tokens in token-id order.
+__device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
+  __shared__ int32_t found, last_segment, token;
+  // Masses in double beyond the 4 tokens of a lane: a float running sum over 10^5 tokens drifts by more than
+  // the weight of the unlikely tokens it passes (the CPU sums in double).
+  auto* segment_mass = reinterpret_cast<double*>(workspace);
+  auto* segment_ties = reinterpret_cast<int32_t*>(segment_mass + kSegmentCapacity);
+  const int64_t segments = (row.vocab + kSegmentTokens - 1) / kSegmentTokens;
+  const int tid = threadIdx.x, lane = tid % 32;
+  auto classify = [&](float v, float& weight, bool& tie) {
+    const float s = v / kept.temperature;
+    const bool keep = s != -INFINITY && s >= kept.floor && (!kept.nucleus || order_key(s) >= kept.edge.boundary);
+    tie = keep && kept.nucleus && order_key(s) == kept.edge.boundary;
+    weight = keep && !tie ? expf(s - kept.top) : 0.0f;
+    return keep;
+  };
+
+  // 1. The mass of the kept tokens that are not ties at the edge, and the tie count, of every segment.
+  __syncthreads();  // the workspace's previous use is over
+  if (tid == 0) {
     found = INT_MAX;
-    last_kept = -1;
+    last_segment = -1;
+  }
+  for_each_quad(row, [&](int64_t quad, const float4& v) {
+    float mass = 0.0f;
+    int32_t ties = 0;
+    const float values[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float weight;
+      bool tie;
+      classify(values[j], weight, tie);
+      mass += weight;
+      ties += tie;
+    }
+    const double segment_total = warp_sum_double(mass);
+    ties = warp_sum_int(ties);
+    const int64_t segment = quad / 32;
+    if (lane == 0 && segment < segments) {
+      segment_mass[segment] = segment_total;
+      segment_ties[segment] = ties;
+    }
+  });
+  __syncthreads();
+
+  // 2. Block scans over the segments in id order (each thread a run of consecutive ones): first the ties, to
+  // keep the first kept_ties of them, then the kept mass; each segment is left with its exclusive prefixes.
+  const int64_t per_thread = (segments + kSampleThreads - 1) / kSampleThreads;
+  const int64_t begin = min(int64_t{tid} * per_thread, segments), end = min(begin + per_thread, segments);
+  int32_t run_ties = 0;
+  for (int64_t s = begin; s < end; ++s) run_ties += segment_ties[s];
+  using TieScan = cub::BlockScan<int32_t, kSampleThreads>;
+  __shared__ typename TieScan::TempStorage tie_scan;
+  int32_t ties_before;
+  TieScan(tie_scan).ExclusiveSum(run_ties, ties_before);
+  double run_mass = 0.0;
+  for (int64_t s = begin; s < end; ++s) {
+    const int32_t ties = segment_ties[s];
+    const int32_t kept_here = min(max(kept.edge.kept_ties - ties_before, 0), ties);
+    segment_ties[s] = ties_before;
+    ties_before += ties;
+    segment_mass[s] += static_cast<double>(kept_here) * kept.edge.tie_weight;
+    run_mass += segment_mass[s];
+  }
+  double total;
+  double mass_before = block_exclusive_sum(run_mass, total);
+  const double target = uniform * total;
+  for (int64_t s = begin; s < end; ++s) {
+    const double mass = segment_mass[s];
+    const double after = mass_before + mass;
+    if (mass > 0.0) {
+      if (mass_before <= target && target < after) atomicMin(&found, static_cast<int32_t>(s));
+      atomicMax(&last_segment, static_cast<int32_t>(s));
+    }
+    segment_mass[s] = mass_before;
+    mass_before = after;
   }
   __syncthreads();
-  ScanPart running{0.0f, 0};
-  constexpr int64_t kTile = int64_t{kSampleThreads} * kScanItems;
-  for (int64_t tile = 0; tile < vocab; tile += kTile) {
-    float weight[kScanItems];
-    bool is_tie[kScanItems], is_kept[kScanItems];
-    ScanPart local{0.0f, 0};
-    const int64_t first = tile + int64_t{threadIdx.x} * kScanItems;
-    for (int j = 0; j < kScanItems; ++j) {
-      const int64_t i = first + j;
-      const float v = i < vocab ? kept(i) : -INFINITY;
-      const uint32_t key = order_key(v);
-      is_kept[j] = v != -INFINITY && key >= boundary;
-      is_tie[j] = is_kept[j] && nucleus && key == boundary;
-      weight[j] = is_kept[j] ? weight_of(v) : 0.0f;
-      if (is_tie[j]) {
-        ++local.ties;
-      } else {
-        local.mass += weight[j];
+
+  // 3. One warp scans the segment: the first kept token whose cumulative mass passes the target, or the last kept
+  // one of the last non-empty segment when rounding left the target at or above the total.
+  if (tid < 32) {
+    const bool passed = found != INT_MAX;
+    const int64_t segment = passed ? found : last_segment;
+    if (segment >= 0) {
+      const int64_t quad = segment * 32 + lane;
+      const float4 v = load_quad(row, quad);
+      const float values[4] = {v.x, v.y, v.z, v.w};
+      float weight[4];
+      bool keep[4], tie[4];
+      int32_t lane_ties = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        keep[j] = classify(values[j], weight[j], tie[j]);
+        lane_ties += tie[j];
       }
-    }
-    ScanPart before, aggregate;
-    Scan(scan_storage).ExclusiveScan(local, before, ScanPart{0.0f, 0}, AddParts{}, aggregate);
-    int32_t ties_before = running.ties + before.ties;
-    float cumulative = running.mass + before.mass + static_cast<float>(min(ties_before, kept_ties)) * tie_weight;
-    int32_t last = -1;
-    for (int j = 0; j < kScanItems; ++j) {
-      if (!is_kept[j]) continue;
-      if (is_tie[j] && ties_before++ >= kept_ties) continue;
-      cumulative += weight[j];
-      last = static_cast<int32_t>(first + j);
-      if (cumulative > draw_target) {
-        atomicMin(&found, last);
-        break;
+      int32_t tie_index = segment_ties[segment] + warp_exclusive_sum(lane_ties);
+      double lane_mass = 0.0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (tie[j]) {
+          keep[j] = tie_index++ < kept.edge.kept_ties;
+          weight[j] = keep[j] ? kept.edge.tie_weight : 0.0f;
+        }
+        lane_mass += weight[j];
       }
+      double cumulative = segment_mass[segment] + warp_exclusive_sum(lane_mass);
+      int32_t hit = INT_MAX, last = -1;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (!keep[j]) continue;
+        cumulative += weight[j];
+        last = static_cast<int32_t>(quad * 4 + j);
+        if (passed && hit == INT_MAX && cumulative > target) hit = last;
+      }
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        hit = min(hit, __shfl_xor_sync(kFullMask, hit, offset));
+        last = max(last, __shfl_xor_sync(kFullMask, last, offset));
+      }
+      if (lane == 0) token = hit != INT_MAX ? hit : max(last, 0);
+    } else if (lane == 0) {
+      token = 0;
     }
-    if (last >= 0) atomicMax(&last_kept, last);
-    running = AddParts{}(running, aggregate);
-    __syncthreads();
-    if (found != INT_MAX) break;
   }
-  const int32_t token = found != INT_MAX ? found : max(last_kept, 0);  // rounding left the target above the sum
   __syncthreads();
   return token;
 }
 
-__global__ void __launch_bounds__(kSampleThreads)
-    sample_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t* tokens, float* logprobs,
-                  int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width) {
-  const SampleRowParams p = rows[blockIdx.x];
-  const float* x = logits + int64_t{p.logit_row} * vocab;
-  auto raw = [&](int64_t i) { return clean(x[i]); };
-  int32_t token;
-  if (p.greedy) {
-    token = block_best(vocab, raw, [](int32_t, float) { return true; }).id;
-    if (token == INT_MAX) token = 0;
-  } else {
-    token = draw(x, vocab, p);
-  }
-  if (threadIdx.x == 0) tokens[blockIdx.x] = token;
-  if (p.num_logprobs < 0) return;
-
-  float local_max = -INFINITY;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_max = fmaxf(local_max, raw(i));
-  const float raw_max = block_reduce(local_max, Maximum{});
-  float local_sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_sum += expf(raw(i) - raw_max);
-  const float log_total = raw_max + logf(block_reduce(local_sum, Sum{}));
-  const float token_value = raw(token);
-  int32_t local_higher = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) local_higher += raw(i) > token_value;
-  const int32_t higher = block_reduce(local_higher, Sum{});
-  if (threadIdx.x == 0) {
-    logprobs[blockIdx.x] = token_value - log_total;
-    ranks[blockIdx.x] = 1 + higher;
-  }
-  // The best n one at a time: each pass takes the best token ranked after the previous one.
+// The best `count` raw tokens ranked after `previous` one at a time, from the row (no gathering).
+__device__ void top_from_row(Row row, int32_t count, float log_total, int32_t* ids, float* logprobs) {
   Candidate previous{INFINITY, -1};
-  for (int32_t j = 0; j < p.num_logprobs; ++j) {
-    previous = block_best(vocab, raw, [&](int32_t id, float v) {
-      return v < previous.value || (v == previous.value && id > previous.id);
+  for (int32_t j = 0; j < count; ++j) {
+    Candidate best{-INFINITY, INT_MAX};
+    for_each_token(row, [&](int32_t id, float v) {
+      const bool after = v < previous.value || (v == previous.value && id > previous.id);
+      if (after && id < row.vocab && ranks_before(v, id, best)) best = Candidate{v, id};
     });
+    previous = block_reduce(best, BetterCandidate{});
     if (threadIdx.x == 0) {
-      top_ids[int64_t{blockIdx.x} * top_width + j] = previous.id;
-      top_logprobs[int64_t{blockIdx.x} * top_width + j] = previous.value - log_total;
+      ids[j] = previous.id;
+      logprobs[j] = previous.value - log_total;
     }
   }
+}
+
+// Filters the scaled row (temperature -> min_p -> top_k -> top_p) and draws from what is kept; `raw_max` is the
+// finite maximum of the raw row.
+__device__ int32_t filter_and_draw(Row row, SampleRowParams p, float raw_max, Levels& levels) {
+  const float temperature = p.temperature;
+  KeptSet kept;
+  kept.temperature = temperature;
+  // Division by a positive temperature is monotonic, so this is the maximum of the scaled row.
+  kept.top = raw_max / temperature;
+  kept.floor = p.min_p > 0.0f ? kept.top + logf(p.min_p) : -INFINITY;
+  kept.nucleus = false;
+  kept.edge = Nucleus{0, 0, 0.0f};
+  int32_t gathered = -1;
+  if (p.top_k > 0 && p.top_k < row.vocab) {
+    const float floor = kept.floor;
+    const TopK cut = kth_value(row, kept.top, p.top_k, [=](float v) {
+      const float s = v / temperature;
+      return s >= floor ? s : -INFINITY;
+    }, levels);
+    kept.floor = fmaxf(floor, cut.kth);
+    gathered = cut.kept;
+  }
+  if (p.top_p < 1.0f) {
+    const float floor = kept.floor;
+    kept.nucleus = true;
+    kept.edge = gathered >= 0 ? nucleus_of_gathered(gathered, kept.top, floor, p.top_p)
+                              : nucleus_edge(row, kept.top, p.top_p, [=](float v) {
+                                  const float s = v / temperature;
+                                  return s >= floor ? s : -INFINITY;
+                                }, levels);
+  }
+  return draw_kept(row, kept, p.uniform);
+}
+
+// The logprob outputs of one row: log_softmax of the raw row at `token`, its rank, and the best `num_top`.
+__device__ void write_logprobs(Row row, int32_t token, float raw_max, int32_t num_top, float* logprob,
+                                            int32_t* rank, int32_t* ids, float* top, Levels& levels) {
+  // The sum of exp, the rank and (for the top ones) the levels, in one pass.
+  const float token_value = clean(row.x[token]);
+  float local_sum = 0.0f;
+  int32_t local_higher = 0;
+  level_histogram(row, raw_max, false, [&](float v) {
+    local_sum += expf(v - raw_max);
+    local_higher += v > token_value;
+    return num_top > 0 ? v : -INFINITY;
+  }, levels);
+  const float log_total = raw_max + logf(block_reduce(local_sum, Sum{}));
+  const int32_t higher = block_reduce(local_higher, Sum{});
+  if (threadIdx.x == 0) {
+    *logprob = token_value - log_total;
+    *rank = 1 + higher;
+  }
+  if (num_top == 0) return;
+
+  // The best levels that hold num_top tokens hold the best num_top.
+  int32_t candidates = 0;
+  int level = -1;
+  for (int l = 0; l < kLevels && level < 0; ++l) {
+    candidates += levels.count[l];
+    if (candidates >= num_top) level = l;
+  }
+  if (level < 0 || candidates > kPairCapacity) {
+    top_from_row(row, num_top, log_total, ids, top);
+    return;
+  }
+  __shared__ int32_t filled;
+  auto* pairs = reinterpret_cast<Candidate*>(workspace);
+  __syncthreads();  // the workspace's previous use is over
+  if (threadIdx.x == 0) filled = 0;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for_each_token(row, [&](int32_t id, float v) {
+    const bool take = v != -INFINITY && level_of(raw_max, v) <= level;
+    const unsigned takers = __ballot_sync(kFullMask, take);
+    if (takers == 0) return;
+    const int leader = __ffs(takers) - 1;
+    int32_t base = 0;
+    if (lane == leader) base = atomicAdd(&filled, __popc(takers));
+    base = __shfl_sync(kFullMask, base, leader);
+    if (take) pairs[base + __popc(takers & ((1u << lane) - 1))] = Candidate{v, id};
+  });
+  __syncthreads();
+  // Each pick takes the best candidate ranked after the previous pick.
+  Candidate previous{INFINITY, -1};
+  for (int32_t j = 0; j < num_top; ++j) {
+    Candidate best{-INFINITY, INT_MAX};
+    for (int i = threadIdx.x; i < candidates; i += kSampleThreads) {
+      const Candidate c = pairs[i];
+      const bool after = c.value < previous.value || (c.value == previous.value && c.id > previous.id);
+      if (after && ranks_before(c.value, c.id, best)) best = c;
+    }
+    previous = block_reduce(best, BetterCandidate{});
+    if (threadIdx.x == 0) {
+      ids[j] = previous.id;
+      top[j] = previous.value - log_total;
+    }
+  }
+}
+
+// The token of each row, one block per row. Rows that ask for logprobs leave the raw maximum in their logprob
+// slot for logprob_kernel (a kernel of its own, so that neither runs out of the 64 registers of 1024 threads).
+__global__ void __launch_bounds__(kSampleThreads, 1)
+    sample_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t* tokens, float* logprobs) {
+  __shared__ Levels levels;
+  const SampleRowParams p = rows[blockIdx.x];
+  const float* x = logits + int64_t{p.logit_row} * vocab;
+  const Row row{x, vocab, reinterpret_cast<uintptr_t>(x) % 16 == 0};
+
+  // The raw maximum and its lowest id: a thread visits its tokens in increasing id order, so a strictly higher
+  // value alone replaces its best; a row without a finite logit leaves the id at INT_MAX.
+  Candidate local_best{-INFINITY, INT_MAX};
+  for_each_token(row, [&](int32_t id, float v) {
+    if (v > local_best.value) local_best = Candidate{v, id};
+  });
+  const Candidate raw_best = block_reduce(local_best, BetterCandidate{});
+
+  int32_t token = 0;
+  if (p.greedy) {
+    token = raw_best.id < vocab ? raw_best.id : 0;
+  } else if (raw_best.value != -INFINITY) {
+    token = filter_and_draw(row, p, raw_best.value, levels);
+  }
+  if (threadIdx.x == 0) {
+    tokens[blockIdx.x] = token;
+    if (p.num_logprobs >= 0) logprobs[blockIdx.x] = raw_best.value;
+  }
+}
+
+// The logprob outputs of the rows that ask for them, after sample_kernel.
+__global__ void __launch_bounds__(kSampleThreads, 1)
+    logprob_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows, const int32_t* tokens,
+                   float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width) {
+  __shared__ Levels levels;
+  const SampleRowParams p = rows[blockIdx.x];
+  if (p.num_logprobs < 0) return;
+  const float* x = logits + int64_t{p.logit_row} * vocab;
+  const Row row{x, vocab, reinterpret_cast<uintptr_t>(x) % 16 == 0};
+  const int64_t at = int64_t{blockIdx.x} * top_width;
+  write_logprobs(row, tokens[blockIdx.x], logprobs[blockIdx.x], p.num_logprobs, logprobs + blockIdx.x,
+                 ranks + blockIdx.x, top_ids + at, top_logprobs + at, levels);
+}
+
+cudaError_t allow_workspace() {
+  static const cudaError_t status = [] {
+    const cudaError_t sample_status =
+        cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWorkspaceBytes);
+    if (sample_status != cudaSuccess) return sample_status;
+    return cudaFuncSetAttribute(logprob_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWorkspaceBytes);
+  }();
+  return status;
 }
 
 }  // namespace
@@ -283,8 +742,14 @@ cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* ro
                    float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width,
                    cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  sample_kernel<<<static_cast<unsigned int>(count), kSampleThreads, 0, stream>>>(
-      logits, vocab, rows, tokens, logprobs, ranks, top_ids, top_logprobs, top_width);
+  // The draw keeps one mass and one tie count per 128-token segment in the workspace.
+  if (vocab <= 0 || (vocab + kSegmentTokens - 1) / kSegmentTokens > kSegmentCapacity) return cudaErrorInvalidValue;
+  if (const cudaError_t status = allow_workspace(); status != cudaSuccess) return status;
+  const auto blocks = static_cast<unsigned int>(count);
+  sample_kernel<<<blocks, kSampleThreads, kWorkspaceBytes, stream>>>(logits, vocab, rows, tokens, logprobs);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || logprobs == nullptr) return status;
+  logprob_kernel<<<blocks, kSampleThreads, kWorkspaceBytes, stream>>>(logits, vocab, rows, tokens, logprobs, ranks,
+                                                                      top_ids, top_logprobs, top_width);
   return cudaGetLastError();
 }
 
