@@ -63,7 +63,8 @@ ops_tables=""
 for dtype in float32 bfloat16; do
   start=$SECONDS
   filter=$([ $dtype = bfloat16 ] && echo "--filter linear_many,moe,swiglu,lm_head" || echo "")
-  "$BIN" test-backend-ops --device cuda --reference cpu --dtype "$dtype" --seed "$RANDOM" $filter >"$WORK/ops-$dtype.log" 2>&1
+  timeout 360 "$BIN" test-backend-ops --device cuda --reference cpu --dtype "$dtype" --seed "$RANDOM" $filter \
+    >"$WORK/ops-$dtype.log" 2>&1
   status=$?
   cat "$WORK/ops-$dtype.log" >>"$LOG"
   ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$WORK/ops-$dtype.log")
