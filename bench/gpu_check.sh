@@ -30,7 +30,7 @@ check_row() {  # name, measured, limit, passed(0/1)
   [ "$4" = 1 ] || failures=$((failures + 1))
 }
 
-commit=$(cat "$BUILD/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
+commit=$(cat "$BUILD/apps/beamline/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
 {
   echo "# CUDA backend GPU check"
