@@ -145,9 +145,9 @@ void run_bench(const BenchOptions& options) {
              const std::array<Tensor*, 3> ys{&q, &k, &v};
              backend.linear_many(h, weights, ys);
            }},
-        Op{"o", o_bytes, o_copies, CudaBackend::kStreamingMaxRows,
+        Op{"o", o_bytes, o_copies, CudaBackend::kStreamingSingleMaxRows,
            [&](int c) { backend.linear(attended, attention[static_cast<std::size_t>(c)].o, out); }},
-        Op{"dense SwiGLU MLP", mlp_bytes, static_cast<int>(mlp.size()), CudaBackend::kStreamingMaxRows,
+        Op{"dense SwiGLU MLP", mlp_bytes, static_cast<int>(mlp.size()), CudaBackend::kStreamingSwigluMaxRows,
            [&](int c) { backend.swiglu(h, mlp[static_cast<std::size_t>(c)], out); }},
         Op{"LM head (norm + soft cap)", head_bytes, 1, CudaBackend::kStreamingMaxRows,
            [&](int) { backend.lm_head(h, logit_rows, final_norm, eps, head, softcap, logits); }},

@@ -366,8 +366,8 @@ void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, 
 }
 
 bool CudaBackend::project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
-                                    std::span<float* const> ys, float softcap) {
-  if (rows > streaming_max_rows_ || weights.empty() || weights.size() > cuda::kMaxProjectionWeights || !aligned16(x))
+                                    std::span<float* const> ys, float softcap, int64_t max_rows) {
+  if (rows > std::min(streaming_max_rows_, max_rows) || weights.empty() || weights.size() > cuda::kMaxProjectionWeights || !aligned16(x))
     return false;
   cuda::ProjectionBatch batch;
   batch.count = static_cast<int32_t>(weights.size());
@@ -389,7 +389,7 @@ bool CudaBackend::project_streaming(const float* x, int64_t rows, std::span<cons
 void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, float* y) {
   const Tensor* const weights[] = {&weight};
   float* const outputs[] = {y};
-  if (project_streaming(x, rows, weights, outputs, 0.0f)) return;
+  if (project_streaming(x, rows, weights, outputs, 0.0f, kStreamingSingleMaxRows)) return;
   const int64_t in = weight.dim(1), out = weight.dim(0);
   const DType dtype = weight.dtype();
   if (dtype == DType::F32) {
@@ -426,7 +426,7 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
     matrices.push_back(&weights[i]->weight);
     outputs.push_back(ys[i]->data<float>());
   }
-  if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f)) return;
+  if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f, kStreamingMaxRows)) return;
   for (std::size_t i = 0; i < weights.size(); ++i) project(x.data<const float>(), x.dim(0), *matrices[i], outputs[i]);
 }
 
@@ -684,7 +684,7 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
                "lm_head");
   const Tensor* const weights[] = {&head.weight};
   float* const outputs[] = {logits.data<float>()};
-  if (project_streaming(normed.data<const float>(), selected, weights, outputs, softcap)) return;
+  if (project_streaming(normed.data<const float>(), selected, weights, outputs, softcap, kStreamingMaxRows)) return;
   project(normed.data<const float>(), selected, head.weight, logits.data<float>());
   if (softcap > 0.0f) check_launch(cuda::soft_cap(logits.data<float>(), selected * vocab, softcap, stream_), "lm_head");
 }

@@ -82,10 +82,12 @@ class CudaBackend final : public Backend {
   // start, for A/B runs of whole decode steps).
   void set_streaming_max_rows(int64_t rows) { streaming_max_rows_ = rows; }
   int64_t streaming_max_rows() const { return streaming_max_rows_; }
-  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md). The SwiGLU
-  // of one row streams through the experts' one-token kernels (their several-token variant is slower than cuBLAS),
-  // of two through three streamed projections.
+  // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md and
+  // -gpu-perf.md): q|k|v in one launch and the LM head stream up to 2 rows; a lone projection (o, the dense MLP's)
+  // only 1, since at 2 rows cuBLAS reads o and the dense MLP faster (0.020 against 0.024 ms, 0.169 against 0.209).
+  // The SwiGLU of one row streams through the experts' one-token kernels.
   static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
+  static constexpr int64_t kStreamingSingleMaxRows = 1;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
 
  private:
@@ -95,7 +97,7 @@ class CudaBackend final : public Backend {
   // ys[i] = x weights[i]ᵀ (soft-capped when softcap > 0) in one weight-streaming launch, when the rows are few
   // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.
   bool project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
-                         std::span<float* const> ys, float softcap);
+                         std::span<float* const> ys, float softcap, int64_t max_rows);
   // The dense SwiGLU of kStreamingSwigluMaxRows rows as a one-expert MoE through the experts' streaming kernels
   // (gate|up with the SwiGLU fused, then down); false (nothing done) when they do not apply.
   bool swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
