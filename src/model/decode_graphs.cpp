@@ -70,25 +70,33 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
     Graph graph;
     graph.inputs = std::move(inputs);
     model_.upload(graph.inputs);
+    // This step runs op by op first: what ops make lazily on the device (weight pointer tables, cuBLAS's plans) then
+    // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once.
+    const Tensor logits = model_.run(graph.inputs, cache_);
     backend.begin_capture();
     try {
       graph.logits = model_.run(graph.inputs, cache_);
     } catch (...) {
-      backend.end_capture();
+      // The op's own error is the one to report, not the aborted capture's.
+      try {
+        backend.end_capture();
+      } catch (const Error&) {
+      }
       throw;
     }
     graph.graph = backend.end_capture();
-    found = graphs_.emplace(*graph_key, std::move(graph)).first;
+    graph.last_used = ++steps_;
+    graphs_.emplace(*graph_key, std::move(graph));
     ++recorded_;
     spdlog::debug("decode graphs: recorded {} ({} graphs)", *graph_key, graphs_.size());
-  } else {
-    require(found->second.inputs.packed.size() == inputs.packed.size(),
-            "decode graphs: inputs of {} values for a graph recorded with {}", inputs.packed.size(),
-            found->second.inputs.packed.size());
-    backend.copy_to(found->second.inputs.device, inputs.packed.data());
-    ++replayed_;
+    return logits.view(0, {sequences, logits.dim(1)});
   }
+  require(found->second.inputs.packed.size() == inputs.packed.size(),
+          "decode graphs: inputs of {} values for a graph recorded with {}", inputs.packed.size(),
+          found->second.inputs.packed.size());
   Graph& graph = found->second;
+  backend.copy_to(graph.inputs.device, inputs.packed.data());
+  ++replayed_;
   graph.last_used = ++steps_;
   backend.replay(*graph.graph);
   return graph.logits.view(0, {sequences, graph.logits.dim(1)});

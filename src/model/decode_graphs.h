@@ -1,9 +1,8 @@
 #pragma once
 // Decode steps as recorded op graphs (CUDA graphs; vLLM's default, off with --enforce-eager). A step of one-token
 // sequences is padded to a batch-size bucket and its block tables to a power-of-two width; the first step of each
-// (bucket, widths, attention plans) records the forward pass once, every later one copies its inputs into the
-// recorded buffers in a single upload and replays it. That removes the host's per-op work and launch gaps, which
-// at small batches cost as much as the kernels themselves.
+// (bucket, widths, attention plans) runs op by op and records the forward pass once, every later one copies its
+// inputs into the recorded buffers in a single upload and replays it, without the host's per-op work and launch gaps.
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -1,6 +1,7 @@
 // Which steps DecodeGraphs takes: only batches of one-token sequences whose logits are wanted in order, up to its
 // largest bucket. The recording itself needs a device backend (bench/serve_check.py compares it with eager steps
-// on the GPU); on the CPU backend an eligible batch reaches begin_capture, which says that it records no graphs.
+// on the GPU); on the CPU backend an eligible batch runs op by op and then reaches begin_capture, which says that it
+// records no graphs.
 #include "model/decode_graphs.h"
 
 #include "backend/backend.h"
@@ -67,7 +68,8 @@ TEST_F(DecodeGraphsTest, DeclinesStepsThatAreNotPlainDecode) {
 
 TEST_F(DecodeGraphsTest, AnEligibleStepAsksTheBackendToRecord) {
   DecodeGraphs graphs(*model_, *cache_, 4);
-  EXPECT_THROW(graphs.forward(decode_batch(3)), Error);  // the CPU backend records no op graphs
+  // A full bucket (no padding rows, which the CPU's attention refuses): the step runs, then recording fails.
+  EXPECT_THROW(graphs.forward(decode_batch(4)), Error);  // the CPU backend records no op graphs
   EXPECT_EQ(graphs.recorded(), 0);
   EXPECT_THROW(DecodeGraphs(*model_, *cache_, 0), Error);
 }

@@ -202,7 +202,15 @@ void CudaBackend::fill_zero(Tensor& tensor) {
   BEAMLINE_CUDA_CHECK(cudaMemsetAsync(tensor.raw(), 0, tensor.nbytes(), stream_));
 }
 
+// A copy from the pinned staging ring cannot be part of a recorded graph: a replay would copy whatever that slot
+// holds by then.
+void CudaBackend::require_not_capturing(std::string_view op) const {
+  require(!captured_allocations_, "{}: a host-to-device copy cannot be recorded into a graph (make it before "
+          "begin_capture)", op);
+}
+
 Tensor CudaBackend::upload(const void* host, DType dtype, std::vector<int64_t> shape) {
+  require_not_capturing("upload");
   Tensor tensor = alloc(dtype, std::move(shape));
   staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
   return tensor;
@@ -216,6 +224,7 @@ void CudaBackend::download(const Tensor& tensor, void* host) {
 
 void CudaBackend::copy_to(Tensor& tensor, const void* host) {
   require_device(tensor, "copy_to", "tensor");
+  require_not_capturing("copy_to");
   staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
 }
 

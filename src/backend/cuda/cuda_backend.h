@@ -109,6 +109,7 @@ class CudaBackend final : public Backend {
     return compute_dtype_ == ComputeDType::Float32 ? cuda::OperandPrecision::Split : cuda::OperandPrecision::Bf16;
   }
 
+  void require_not_capturing(std::string_view op) const;
   // The plan paged_attention launches for `batch` (host data only).
   cuda::AttentionPlan attention_plan(const AttentionBatch& batch, const PagedKvPool& pool, const AttentionParams& params,
                                      bool aligned) const;
