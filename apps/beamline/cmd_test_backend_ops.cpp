@@ -245,6 +245,34 @@ void test_embedding(Harness& harness) {
   }
 }
 
+// The next step's token ids from the previous step's device samples, and their read-back queued behind later work.
+void test_place_tokens(Harness& harness) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t sampled = 300, rows = 517;
+  std::vector<int32_t> source_ids(sampled), token_ids(rows), pairs;
+  for (auto& id : source_ids) id = static_cast<int32_t>(harness.inputs().rng()() % 201088);
+  for (auto& id : token_ids) id = static_cast<int32_t>(harness.inputs().rng()() % 201088);
+  for (int32_t row = 0; row < rows; row += 3)
+    pairs.insert(pairs.end(), {row, (row * 7) % static_cast<int32_t>(sampled)});
+  auto source = harness.i32(source_ids, {sampled});
+  auto tokens = harness.i32(token_ids, {rows});
+  harness.device().place_tokens(source.device, pairs, tokens.device);
+  harness.reference().place_tokens(source.reference, pairs, tokens.reference);
+  harness.record("place_tokens", fmt::format("{} of {} rows from {}", pairs.size() / 2, rows, sampled), tokens,
+                 0.0, seconds_since(start));
+
+  // Queued behind an op that overwrites the source afterwards: the read-back must see the values of its turn.
+  std::vector<int32_t> read(static_cast<std::size_t>(rows), -1);
+  const std::unique_ptr<PendingDownload> pending = harness.device().download_later(tokens.device, read.data());
+  harness.device().place_tokens(source.device, std::vector<int32_t>{0, 1}, tokens.device);
+  pending->wait();
+  std::vector<int32_t> expected = harness.reference().download_i32(tokens.reference);
+  Result result{"download_later", fmt::format("{} I32 behind a later op", rows), 0.0, 0.0, {}, read == expected,
+                seconds_since(start)};
+  result.error = read == expected ? 0.0 : 1.0;
+  harness.record_result(std::move(result));
+}
+
 void test_norms(Harness& harness) {
   for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}}) {
     const auto start = std::chrono::steady_clock::now();
@@ -1011,7 +1039,7 @@ void run(const Options& options) {
   spdlog::info("test-backend-ops: {} (--dtype {}) against {} (seed {})", device->name(), options.dtype,
                reference->name(), options.seed);
   const std::vector<std::pair<const char*, void (*)(Harness&)>> groups{
-      {"embedding", test_embedding},   {"rms_norm", test_norms},         {"linear", test_linear},
+      {"place_tokens", test_place_tokens}, {"embedding", test_embedding}, {"rms_norm", test_norms},         {"linear", test_linear},
       {"linear_rows", test_linear_rows}, {"linear_many", test_linear_many}, {"rope", test_rope_ssmax},
       {"attention", test_attention},   {"route", test_route},            {"moe", test_moe},
       {"swiglu", test_swiglu},         {"lm_head", test_lm_head},        {"sample", test_sample}};
@@ -1031,7 +1059,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--reference", options->reference, "reference backend")->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
   command->add_option("--filter", options->filter,
-                      "only the op groups whose name contains this, or one of a comma-separated list (embedding, "
+                      "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, embedding, "
                       "rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, lm_head, sample)");
   command
       ->add_option("--dtype", options->dtype,

@@ -119,6 +119,17 @@ AttentionBatch Backend::make_attention_batch(std::vector<int32_t> positions, std
   return batch;
 }
 
+namespace {
+struct CompletedDownload final : PendingDownload {
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingDownload> Backend::download_later(const Tensor& tensor, void* host) {
+  download(tensor, host);
+  return std::make_unique<CompletedDownload>();
+}
+
 void Backend::begin_capture() { fail("backend {} records no op graphs", name()); }
 std::unique_ptr<OpGraph> Backend::end_capture() { fail("backend {} records no op graphs", name()); }
 void Backend::replay(const OpGraph&) { fail("backend {} records no op graphs", name()); }

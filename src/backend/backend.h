@@ -117,6 +117,14 @@ class OpGraph {
   virtual ~OpGraph() = default;
 };
 
+// A device-to-host copy queued behind the ops enqueued before it (Backend::download_later). The bytes are in the host
+// buffer once wait() returns; destroying the handle waits too, so the buffer is never written later.
+class PendingDownload {
+ public:
+  virtual ~PendingDownload() = default;
+  virtual void wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -128,6 +136,9 @@ class Backend {
   virtual void fill_zero(Tensor& tensor) = 0;
   virtual Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) = 0;
   virtual void download(const Tensor& tensor, void* host) = 0;  // waits for pending work
+  // download() without the wait: the host may enqueue more work before it needs the bytes (the engine's next step,
+  // with --async-scheduling). `host` must stay valid until the handle's wait() returns. Default: download at once.
+  virtual std::unique_ptr<PendingDownload> download_later(const Tensor& tensor, void* host);
   // Overwrites `tensor` with tensor.nbytes() host bytes, in order with the ops enqueued so far.
   virtual void copy_to(Tensor& tensor, const void* host) = 0;
   virtual void synchronize() {}
@@ -174,6 +185,10 @@ class Backend {
   // ---- ops ----
   // out[t] = table[tokens[t]] as F32. table [V, H] (any float dtype), tokens I32 [T], out [T, H].
   virtual void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) = 0;
+  // tokens[pairs[2j]] = source[pairs[2j + 1]] for each (row, source row) pair of the host list `pairs`: the ids of
+  // tokens that an earlier step sampled on the device and the host has not read yet (--async-scheduling).
+  // source I32 [N], tokens I32 [T]; a pair out of range is an Error.
+  virtual void place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) = 0;
   // out = rms(x, weight) = x / sqrt(mean(x²) + eps) * weight, per row. x, out [T, H]; weight [H].
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // residual += scale * rms(y, weight), per row (the sandwich-norm residual add). residual, y [T, H].

@@ -53,6 +53,20 @@ void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias,
   require_dtype(expert_weights, DType::F32, "route", "expert_weights");
 }
 
+void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pairs, const Tensor& tokens) {
+  require(source.rank() == 1 && tokens.rank() == 1, "place_tokens: source {} and tokens {} must be vectors",
+          describe(source), describe(tokens));
+  require_dtype(source, DType::I32, "place_tokens", "source");
+  require_dtype(tokens, DType::I32, "place_tokens", "tokens");
+  require(pairs.size() % 2 == 0, "place_tokens: {} values do not make (row, source row) pairs", pairs.size());
+  for (std::size_t j = 0; j < pairs.size(); j += 2) {
+    require(pairs[j] >= 0 && pairs[j] < tokens.dim(0), "place_tokens: pair {} writes token row {} of {}", j / 2,
+            pairs[j], tokens.dim(0));
+    require(pairs[j + 1] >= 0 && pairs[j + 1] < source.dim(0), "place_tokens: pair {} reads source row {} of {}",
+            j / 2, pairs[j + 1], source.dim(0));
+  }
+}
+
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out) {
   require(logits.rank() == 2, "sample: logits must be [R, V], got {}", describe(logits));
   require_dtype(logits, DType::F32, "sample", "logits");

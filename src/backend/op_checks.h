@@ -17,6 +17,8 @@ void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor
 // route's router/bias dtypes and shapes, group parameters, output shapes and dtypes.
 void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                       const Tensor& expert_ids, const Tensor& expert_weights);
+// place_tokens' dtypes and shapes, and every (row, source row) pair inside `tokens` and `source`.
+void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pairs, const Tensor& tokens);
 // sample's logits [R, V] F32, each row's settings (logit_row, ranges), output shapes and dtypes. Returns K,
 // the most logprobs any row asks for (-1 when none asks).
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out);

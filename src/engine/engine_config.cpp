@@ -90,6 +90,9 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
   add_dtype_options(command, config.dtype, config.kv_cache_dtype);
   command.add_flag("--enforce-eager", config.enforce_eager,
                    "Run every step op by op: no recorded CUDA graphs for decode steps");
+  command.add_flag("--async-scheduling,!--no-async-scheduling", config.async_scheduling,
+                   "Schedule and launch the next step while the device runs the current one; its decode tokens are "
+                   "read on the device from this step's samples (default off)");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

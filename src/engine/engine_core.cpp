@@ -207,67 +207,160 @@ void EngineCore::fail_request(RequestState& request, const std::string& message)
 
 std::vector<std::string> EngineCore::step() {
   std::vector<std::string> ended;
-  StepPlan plan = scheduler_.schedule();
-  if (plan.empty()) {
-    // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
-    // hang would be worse than failing the request at the head.
-    if (scheduler_.num_running() == 0 && scheduler_.num_waiting() > 0) {
-      for (auto& [id, request] : requests_) {
-        if (request->first_scheduled) continue;
-        fail_request(*request, "the KV cache cannot hold this request");
-        flush(*request, ended);
-        break;
+  if (!in_flight_) {
+    StepPlan plan = scheduler_.schedule();
+    if (plan.empty()) {
+      // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
+      // hang would be worse than failing the request at the head.
+      if (scheduler_.num_running() == 0 && scheduler_.num_waiting() > 0) {
+        for (auto& [id, request] : requests_) {
+          if (request->first_scheduled) continue;
+          fail_request(*request, "the KV cache cannot hold this request");
+          flush(*request, ended);
+          break;
+        }
       }
+      return ended;
     }
-    return ended;
+    in_flight_ = launch(std::move(plan), ended);
+    if (!in_flight_) return ended;
+    complete(*in_flight_);
   }
+  std::unique_ptr<InFlightStep> next;
+  if (config_.async_scheduling && in_flight_->device) next = launch_ahead(*in_flight_, ended);
+  const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
+  finish(*current, ended);
+  if (next) {
+    // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
+    complete(*next);
+    in_flight_ = std::move(next);
+  }
+  return ended;
+}
+
+EngineCore::SampleState* EngineCore::live_sample(kv::SeqId id) const {
+  const auto found = samples_by_sequence_.find(id);
+  return found == samples_by_sequence_.end() ? nullptr : found->second;
+}
+
+bool EngineCore::needs_host(const SampleState& sample) const {
+  return needs_host_edits(sample.request->request.sampling, sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+}
+
+void EngineCore::fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended) {
+  spdlog::error("forward step failed: {}; failing the {} requests in it", what, step.ids.size());
+  std::vector<RequestState*> failed;
+  for (const kv::SeqId id : step.ids) {
+    const SampleState* sample = live_sample(id);
+    if (sample != nullptr && std::find(failed.begin(), failed.end(), sample->request) == failed.end())
+      failed.push_back(sample->request);
+  }
+  for (RequestState* request : failed) {
+    fail_request(*request, std::string("the model failed: ") + what);
+    flush(*request, ended);
+  }
+}
+
+std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std::vector<std::string>& ended) {
+  auto step = std::make_unique<InFlightStep>();
+  step->plan = std::move(plan);
   const auto scheduled_at = Clock::now();
-  for (const ScheduledSequence& s : plan.scheduled) {
+  for (std::size_t i = 0; i < step->plan.scheduled.size(); ++i) {
+    const ScheduledSequence& s = step->plan.scheduled[i];
+    step->ids.push_back(s.sequence->id);
+    if (s.logit_index >= 0) step->producing.push_back(i);
     RequestState& request = *samples_by_sequence_.at(s.sequence->id)->request;
     if (!request.first_scheduled) request.first_scheduled = scheduled_at;
   }
-
-  std::vector<const ScheduledSequence*> producing;
-  for (const ScheduledSequence& s : plan.scheduled) {
-    if (s.logit_index >= 0) producing.push_back(&s);
+  try {
+    step->logits = runner_.forward(step->plan.batch);
+    const auto rows = static_cast<int64_t>(step->plan.batch.logit_rows.size());
+    if (rows > 0) {
+      require(step->logits.rank() == 2 && step->logits.dim(0) == rows && step->logits.dim(1) == vocab_size_,
+              "model runner returned logits {} for {} rows of {} tokens", describe(step->logits), rows, vocab_size_);
+    }
+    // A step whose rows all sample on the device is sampled now, so the next step can read its tokens there;
+    // rows that need the host are sampled when the step is finished, after the previous tokens are in.
+    const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
+      return needs_host(*samples_by_sequence_.at(step->ids[i]));
+    });
+    if (on_device && !step->producing.empty()) {
+      std::vector<std::size_t> all(step->producing.size());
+      for (std::size_t p = 0; p < all.size(); ++p) all[p] = p;
+      step->device = enqueue_device_sampling(*step, std::move(all));
+    }
+  } catch (const std::exception& error) {
+    fail_step(*step, error.what(), ended);
+    return nullptr;
   }
+  return step;
+}
+
+std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch_ahead(const InFlightStep& current,
+                                                                   std::vector<std::string>& ended) {
+  // A placeholder for each token `current` is sampling, unless it will be its sequence's last by length.
+  std::unordered_map<kv::SeqId, int32_t> source_rows;  // sequence -> its row of current's device samples
+  for (std::size_t d = 0; d < current.device->producing.size(); ++d) {
+    const kv::SeqId id = current.ids[current.producing[current.device->producing[d]]];
+    SampleState* sample = live_sample(id);
+    if (sample == nullptr || sample->sequence.num_output_tokens() + 1 >= sample->request->max_tokens) continue;
+    sample->sequence.tokens.push_back(0);
+    sample->token_pending = true;
+    source_rows.emplace(id, static_cast<int32_t>(d));
+  }
+  StepPlan plan = scheduler_.schedule();
+  if (plan.empty()) return nullptr;
+  for (std::size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const ScheduledSequence& s = plan.scheduled[i];
+    const auto source = source_rows.find(s.sequence->id);
+    if (source == source_rows.end()) continue;
+    // The scheduler takes a sequence that has just sampled as a one-token decode of that placeholder.
+    require(s.num_new_tokens == 1 && s.sequence->num_computed_tokens + 1 == s.sequence->num_tokens(),
+            "async scheduling: sequence {} was scheduled for {} tokens at {} of {}", s.sequence->id, s.num_new_tokens,
+            s.sequence->num_computed_tokens, s.sequence->num_tokens());
+    plan.batch.deferred_tokens.push_back({plan.batch.sequences[i].token_begin, source->second});
+  }
+  if (!plan.batch.deferred_tokens.empty()) plan.batch.token_source = current.device->out.tokens;
+  return launch(std::move(plan), ended);
+}
+
+void EngineCore::complete(const InFlightStep& step) {
+  StepPlan live;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i)
+    if (live_sample(step.ids[i]) != nullptr) live.scheduled.push_back(step.plan.scheduled[i]);
+  scheduler_.complete(live);
+}
+
+void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
   std::vector<SampledToken> sampled_tokens;
   try {
-    const Tensor logits = runner_.forward(plan.batch);
-    if (!plan.batch.logit_rows.empty()) {
-      require(logits.rank() == 2 && logits.dim(0) == static_cast<int64_t>(plan.batch.logit_rows.size()) &&
-                  logits.dim(1) == vocab_size_,
-              "model runner returned logits {} for {} rows of {} tokens", describe(logits),
-              plan.batch.logit_rows.size(), vocab_size_);
-    }
-    sampled_tokens = sample_tokens(producing, logits);
+    sampled_tokens = sample_tokens(step);
   } catch (const std::exception& error) {
-    spdlog::error("forward step failed: {}; failing the {} requests in it", error.what(), plan.scheduled.size());
-    std::vector<RequestState*> failed;
-    for (const ScheduledSequence& s : plan.scheduled) {
-      RequestState* request = samples_by_sequence_.at(s.sequence->id)->request;
-      if (std::find(failed.begin(), failed.end(), request) == failed.end()) failed.push_back(request);
-    }
-    for (RequestState* request : failed) {
-      fail_request(*request, std::string("the model failed: ") + error.what());
-      flush(*request, ended);
-    }
-    return ended;
+    fail_step(step, error.what(), ended);
+    return;
   }
-  scheduler_.complete(plan);
   ++counters_.steps_total;
 
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
-  std::size_t next_sampled = 0;
-  for (const ScheduledSequence& s : plan.scheduled) {
-    SampleState& sample = *samples_by_sequence_.at(s.sequence->id);
+  std::size_t next_producing = 0;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const bool producing = next_producing < step.producing.size() && step.producing[next_producing] == i;
+    const std::size_t p = producing ? next_producing++ : 0;
+    SampleState* live = live_sample(step.ids[i]);
+    if (live == nullptr) continue;  // ended (aborted, or stopped) while the step ran: its row is dropped
+    SampleState& sample = *live;
     RequestState& request = *sample.request;
     if (std::find(touched.begin(), touched.end(), &request) == touched.end()) touched.push_back(&request);
-    if (s.logit_index < 0) continue;
+    if (!producing) continue;
     Sequence& sequence = sample.sequence;
-    const SampledToken& sampled = sampled_tokens[next_sampled++];
-    sequence.tokens.push_back(sampled.token);
+    const SampledToken& sampled = sampled_tokens[p];
+    if (sample.token_pending) {
+      sequence.tokens.back() = sampled.token;
+      sample.token_pending = false;
+    } else {
+      sequence.tokens.push_back(sampled.token);
+    }
     ++counters_.generation_tokens_total;
     if (!request.first_token) {
       request.first_token = now;
@@ -289,76 +382,75 @@ std::vector<std::string> EngineCore::step() {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
-  return ended;
 }
 
-std::vector<SampledToken> EngineCore::sample_tokens(const std::vector<const ScheduledSequence*>& producing,
-                                             const Tensor& logits) {
-  std::vector<SampledToken> sampled(producing.size());
-  std::vector<SampleRow> device_rows;
-  std::vector<std::size_t> on_device, on_host;
+std::unique_ptr<EngineCore::DeviceSampling> EngineCore::enqueue_device_sampling(const InFlightStep& step,
+                                                                                std::vector<std::size_t> which) {
+  auto sampling = std::make_unique<DeviceSampling>();
+  sampling->producing = std::move(which);
   int32_t max_logprobs = -1;
-  for (std::size_t i = 0; i < producing.size(); ++i) {
-    SampleState& sample = *samples_by_sequence_.at(producing[i]->sequence->id);
-    const SamplingParams& params = sample.request->request.sampling;
-    if (needs_host_edits(params, sample.stop.masked_tokens(sample.sequence.num_output_tokens()))) {
-      on_host.push_back(i);
-      continue;
-    }
-    device_rows.push_back(sample_settings(params, sample.sampler, producing[i]->logit_index));
-    device_rows.back().num_logprobs = std::min(device_rows.back().num_logprobs, vocab_size_);
-    on_device.push_back(i);
-    max_logprobs = std::max(max_logprobs, device_rows.back().num_logprobs);
+  for (const std::size_t p : sampling->producing) {
+    const ScheduledSequence& s = step.plan.scheduled[step.producing[p]];
+    SampleState& sample = *samples_by_sequence_.at(step.ids[step.producing[p]]);
+    SampleRow row = sample_settings(sample.request->request.sampling, sample.sampler, s.logit_index);
+    row.num_logprobs = std::min(row.num_logprobs, vocab_size_);
+    max_logprobs = std::max(max_logprobs, row.num_logprobs);
+    sampling->rows.push_back(row);
   }
   Backend& backend = runner_.backend();
+  const auto count = static_cast<int64_t>(sampling->rows.size());
+  sampling->width = std::max(1, max_logprobs);
+  SampleOutputs& out = sampling->out;
+  out.tokens = backend.alloc(DType::I32, {count});
+  if (max_logprobs >= 0) {
+    out.logprobs = backend.alloc(DType::F32, {count});
+    out.ranks = backend.alloc(DType::I32, {count});
+    out.top_ids = backend.alloc(DType::I32, {count, sampling->width});
+    out.top_logprobs = backend.alloc(DType::F32, {count, sampling->width});
+  }
+  backend.sample(step.logits, sampling->rows, out);
+  auto read_back = [&](const Tensor& tensor, auto& host) {
+    host.resize(static_cast<std::size_t>(tensor.numel()));
+    sampling->downloads.push_back(backend.download_later(tensor, host.data()));
+  };
+  read_back(out.tokens, sampling->tokens);
+  if (max_logprobs >= 0) {
+    read_back(out.logprobs, sampling->logprobs);
+    read_back(out.ranks, sampling->ranks);
+    read_back(out.top_ids, sampling->top_ids);
+    read_back(out.top_logprobs, sampling->top_logprobs);
+  }
+  return sampling;
+}
 
-  if (!device_rows.empty()) {
-    const auto count = static_cast<int64_t>(device_rows.size());
-    const int64_t width = std::max(1, max_logprobs);
-    SampleOutputs out;
-    out.tokens = backend.alloc(DType::I32, {count});
-    if (max_logprobs >= 0) {
-      out.logprobs = backend.alloc(DType::F32, {count});
-      out.ranks = backend.alloc(DType::I32, {count});
-      out.top_ids = backend.alloc(DType::I32, {count, width});
-      out.top_logprobs = backend.alloc(DType::F32, {count, width});
+std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {
+  std::vector<SampledToken> sampled(step.producing.size());
+  if (!step.device) {
+    std::vector<std::size_t> on_device;
+    for (std::size_t p = 0; p < step.producing.size(); ++p) {
+      const SampleState* sample = live_sample(step.ids[step.producing[p]]);
+      if (sample != nullptr && !needs_host(*sample)) on_device.push_back(p);
     }
-    backend.sample(logits, device_rows, out);
-    const std::vector<int32_t> tokens = backend.download_i32(out.tokens);
-    std::vector<float> logprobs, top_logprobs;
-    std::vector<int32_t> ranks, top_ids;
-    if (max_logprobs >= 0) {
-      logprobs = backend.download_f32(out.logprobs);
-      ranks = backend.download_i32(out.ranks);
-      top_ids = backend.download_i32(out.top_ids);
-      top_logprobs = backend.download_f32(out.top_logprobs);
-    }
-    for (std::size_t d = 0; d < on_device.size(); ++d) {
-      SampledToken& result = sampled[on_device[d]];
-      result.token = tokens[d];
-      const int32_t wanted = device_rows[d].num_logprobs;
-      if (wanted >= 0) {
-        TokenLogprob& logprob = result.logprob.emplace();
-        logprob.token = result.token;
-        logprob.logprob = logprobs[d];
-        logprob.rank = ranks[d];
-        for (int32_t j = 0; j < wanted; ++j) {
-          const auto at = static_cast<std::size_t>(static_cast<int64_t>(d) * width + j);
-          logprob.top.emplace_back(top_ids[at], top_logprobs[at]);
-        }
-      }
-      samples_by_sequence_.at(producing[on_device[d]]->sequence->id)->sampler.record_output(result.token);
-    }
+    if (!on_device.empty()) step.device = enqueue_device_sampling(step, std::move(on_device));
   }
 
+  std::vector<std::size_t> on_host;
+  for (std::size_t p = 0; p < step.producing.size(); ++p) {
+    const SampleState* sample = live_sample(step.ids[step.producing[p]]);
+    const bool sampled_on_device =
+        step.device && std::find(step.device->producing.begin(), step.device->producing.end(), p) !=
+                           step.device->producing.end();
+    if (sample != nullptr && !sampled_on_device) on_host.push_back(p);
+  }
   if (!on_host.empty()) {
+    Backend& backend = runner_.backend();
+    const Tensor& logits = step.logits;
     // Only these rows cross to the host, each as its own download of the logits tensor's row.
     const auto vocab = static_cast<std::size_t>(vocab_size_);
     std::vector<float> rows(on_host.size() * vocab);
     for (std::size_t h = 0; h < on_host.size(); ++h) {
-      const auto row = static_cast<std::size_t>(producing[on_host[h]]->logit_index);
-      const Tensor view(logits.device(), DType::F32, {vocab_size_},
-                        logits.raw() + row * vocab * sizeof(float), nullptr);
+      const auto row = static_cast<std::size_t>(step.plan.scheduled[step.producing[on_host[h]]].logit_index);
+      const Tensor view(logits.device(), DType::F32, {vocab_size_}, logits.raw() + row * vocab * sizeof(float), nullptr);
       backend.download(view, rows.data() + h * vocab);
     }
     // Each row touches only its own sample's state, so the rows can be sampled in parallel.
@@ -366,13 +458,35 @@ std::vector<SampledToken> EngineCore::sample_tokens(const std::vector<const Sche
         on_host.size(),
         [&](std::size_t begin, std::size_t end) {
           for (std::size_t h = begin; h < end; ++h) {
-            SampleState& sample = *samples_by_sequence_.at(producing[on_host[h]]->sequence->id);
+            SampleState& sample = *samples_by_sequence_.at(step.ids[step.producing[on_host[h]]]);
             sampled[on_host[h]] = sample_token(std::span<const float>(rows.data() + h * vocab, vocab),
                                                sample.request->request.sampling, sample.sampler,
                                                sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
           }
         },
         std::max<std::size_t>(1, 65536 / vocab));
+  }
+
+  if (step.device) {
+    DeviceSampling& device = *step.device;
+    for (const std::unique_ptr<PendingDownload>& download : device.downloads) download->wait();
+    for (std::size_t d = 0; d < device.producing.size(); ++d) {
+      SampledToken& result = sampled[device.producing[d]];
+      result.token = device.tokens[d];
+      const int32_t wanted = device.rows[d].num_logprobs;
+      if (wanted >= 0) {
+        TokenLogprob& logprob = result.logprob.emplace();
+        logprob.token = result.token;
+        logprob.logprob = device.logprobs[d];
+        logprob.rank = device.ranks[d];
+        for (int32_t j = 0; j < wanted; ++j) {
+          const auto at = static_cast<std::size_t>(static_cast<int64_t>(d) * device.width + j);
+          logprob.top.emplace_back(device.top_ids[at], device.top_logprobs[at]);
+        }
+      }
+      if (SampleState* sample = live_sample(step.ids[step.producing[device.producing[d]]]))
+        sample->sampler.record_output(result.token);
+    }
   }
   return sampled;
 }

@@ -1,6 +1,11 @@
 #pragma once
 // The engine's state and one step of its loop, single-threaded: Engine runs it on its own thread, tests
 // drive it step by step. A step = schedule, forward, sample, check stops, push events to the streams.
+// With --async-scheduling (vLLM's overlapped scheduling) a step whose tokens were sampled on the device does not wait
+// for them before the next one is scheduled: each producing sequence gets a placeholder token, the next step is
+// scheduled and launched with those rows reading the sampled ids on the device (ForwardBatch::deferred_tokens), and
+// only then does the host wait for the tokens and check stops, while the device runs the next step. A sequence that
+// stopped meanwhile has its extra row dropped. Its outputs equal those of the synchronous loop.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -33,7 +38,7 @@ class EngineCore {
   void add_request(GenerationRequest request, std::shared_ptr<OutputStream> stream);
   void abort_request(const std::string& request_id);
   void abort_all();
-  bool has_work() const { return scheduler_.has_work(); }
+  bool has_work() const { return scheduler_.has_work() || in_flight_ != nullptr; }
   // One step; returns the ids of the requests that ended in it.
   std::vector<std::string> step();
 
@@ -51,6 +56,7 @@ class EngineCore {
     SamplerState sampler;
     StopChecker stop;
     bool finished = false;
+    bool token_pending = false;  // sequence.tokens ends with the placeholder of a token still being sampled
     Clock::time_point last_token_time;
     SampleState(RequestState* owner, int32_t sample_index, Sequence seq, uint64_t seed, const Tokenizer* tokenizer,
                 std::span<const TokenId> eos, int32_t max_tokens);
@@ -68,10 +74,44 @@ class EngineCore {
     bool has_pending = false;
   };
 
-  // The next token of each producing sequence from this step's logits: rows that need logit bias, penalties
-  // or masked tokens are downloaded and sampled on the host, the rest by Backend::sample on the runner's
-  // backend (only their tokens and requested logprobs come back).
-  std::vector<SampledToken> sample_tokens(const std::vector<const ScheduledSequence*>& producing, const Tensor& logits);
+  // Backend::sample of some producing rows of a step, enqueued, with the read-backs of its outputs.
+  struct DeviceSampling {
+    std::vector<std::size_t> producing;  // which of the step's producing rows
+    std::vector<SampleRow> rows;
+    int64_t width = 1;                   // of the top-logprob outputs
+    SampleOutputs out;
+    std::vector<int32_t> tokens, ranks, top_ids;
+    std::vector<float> logprobs, top_logprobs;
+    std::vector<std::unique_ptr<PendingDownload>> downloads;
+  };
+  // A step whose forward pass is enqueued on the backend and whose outputs the host has not taken yet.
+  struct InFlightStep {
+    StepPlan plan;
+    std::vector<kv::SeqId> ids;  // of plan.scheduled, whose Sequence may end (and go) before the step is finished
+    std::vector<std::size_t> producing;  // entries of plan.scheduled with a logit row, in logit order
+    Tensor logits;
+    // Set when every producing row was sampled on the device at launch (the next step may read the tokens there).
+    std::unique_ptr<DeviceSampling> device;
+  };
+
+  // Enqueues the step's forward pass (and its sampling when no row needs the host); null after failing its requests.
+  std::unique_ptr<InFlightStep> launch(StepPlan plan, std::vector<std::string>& ended);
+  // With --async-scheduling: the step after `current`, scheduled and launched before `current`'s tokens are read.
+  std::unique_ptr<InFlightStep> launch_ahead(const InFlightStep& current, std::vector<std::string>& ended);
+  // Waits for the step's tokens and hands them to its sequences (stops, streams); skips sequences that ended.
+  void finish(InFlightStep& step, std::vector<std::string>& ended);
+  // scheduler_.complete of the step's sequences that are still there.
+  void complete(const InFlightStep& step);
+  void fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended);
+  SampleState* live_sample(kv::SeqId id) const;
+
+  // Device sampling settings of the step's producing rows `which`, enqueued with their read-backs.
+  std::unique_ptr<DeviceSampling> enqueue_device_sampling(const InFlightStep& step, std::vector<std::size_t> which);
+  // The next token of each producing row of the step: rows that need logit bias, penalties or masked tokens are
+  // downloaded and sampled on the host, the rest by Backend::sample on the runner's backend (only their tokens and
+  // requested logprobs come back). Rows that step.device sampled at launch are only read back.
+  std::vector<SampledToken> sample_tokens(InFlightStep& step);
+  bool needs_host(const SampleState& sample) const;
   void finish_sample(SampleState& sample, FinishReason reason);
   void fail_request(RequestState& request, const std::string& message);
   // Pushes the request's pending event; when every sample is done, closes the stream and forgets the request.
@@ -93,6 +133,7 @@ class EngineCore {
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<kv::SeqId, SampleState*> samples_by_sequence_;
   EngineStats counters_;
+  std::unique_ptr<InFlightStep> in_flight_;  // --async-scheduling: launched in the previous step() call
 };
 
 // Fills in max_model_len and block_size from the runner and checks them against it and against the pool:

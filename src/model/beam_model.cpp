@@ -114,6 +114,17 @@ void BeamModel::validate(const ForwardBatch& batch, const KvCache& cache) const 
   }
   require(expected_begin == static_cast<int32_t>(batch.tokens.size()),
           "forward batch: the sequences cover {} rows of {} tokens", expected_begin, batch.tokens.size());
+  if (!batch.deferred_tokens.empty()) {
+    require(batch.token_source.rank() == 1 && batch.token_source.dtype() == DType::I32 &&
+                batch.token_source.device() == backend_.device(),
+            "forward batch: token_source {} must be an I32 vector on the {} backend", describe(batch.token_source),
+            backend_.name());
+    for (const DeferredToken& deferred : batch.deferred_tokens)
+      require(deferred.row >= 0 && deferred.row < static_cast<int32_t>(batch.tokens.size()) && deferred.source >= 0 &&
+                  deferred.source < batch.token_source.dim(0),
+              "forward batch: deferred token (row {}, source {}) is outside the {} rows or the {} sampled tokens",
+              deferred.row, deferred.source, batch.tokens.size(), batch.token_source.dim(0));
+  }
   require(!batch.logit_rows.empty(), "forward batch: no logit rows requested");
   for (int32_t row : batch.logit_rows)
     require(row >= 0 && row < static_cast<int32_t>(batch.tokens.size()),
@@ -128,7 +139,17 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
 Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCache& cache) {
   StepInputs inputs = prepare(batch, cache.layout());
   upload(inputs);
+  place_deferred_tokens(batch, inputs.tokens);
   return run(inputs, cache);
+}
+
+void BeamModel::place_deferred_tokens(const ForwardBatch& batch, Tensor& tokens) const {
+  if (batch.deferred_tokens.empty()) return;
+  std::vector<int32_t> pairs;
+  pairs.reserve(2 * batch.deferred_tokens.size());
+  for (const DeferredToken& deferred : batch.deferred_tokens)
+    pairs.insert(pairs.end(), {deferred.row, deferred.source});
+  backend_.place_tokens(batch.token_source, pairs, tokens);
 }
 
 BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences,

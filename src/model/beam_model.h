@@ -50,6 +50,8 @@ class BeamModel {
                      const std::vector<int64_t>& table_widths = {}) const;
   // Allocates inputs.device, copies `packed` there, and makes the tensors views of it.
   void upload(StepInputs& inputs) const;
+  // Writes the batch's deferred tokens (the previous step's device samples) into uploaded `tokens`.
+  void place_deferred_tokens(const ForwardBatch& batch, Tensor& tokens) const;
   // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab].
   Tensor run(const StepInputs& inputs, KvCache& cache);
   void validate(const ForwardBatch& batch, const KvCache& cache) const;

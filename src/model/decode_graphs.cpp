@@ -70,6 +70,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
     Graph graph;
     graph.inputs = std::move(inputs);
     model_.upload(graph.inputs);
+    model_.place_deferred_tokens(batch, graph.inputs.tokens);
     // This step runs op by op first: what ops make lazily on the device (weight pointer tables, cuBLAS's plans) then
     // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once.
     const Tensor logits = model_.run(graph.inputs, cache_);
@@ -96,6 +97,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
           found->second.inputs.packed.size());
   Graph& graph = found->second;
   backend.copy_to(graph.inputs.device, inputs.packed.data());
+  model_.place_deferred_tokens(batch, graph.inputs.tokens);
   ++replayed_;
   graph.last_used = ++steps_;
   backend.replay(*graph.graph);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/tensor.h"
+
 namespace beamline {
 
 // How the paged KV pool maps onto layers (vLLM's hybrid layout).
@@ -33,10 +35,19 @@ struct SequenceSlice {
   std::vector<std::vector<int32_t>> block_tables;
 };
 
+// A token row whose id the host does not know yet (overlapped scheduling, --async-scheduling): the previous step
+// sampled it on the device, as element `source` of ForwardBatch::token_source; tokens[row] holds a placeholder.
+struct DeferredToken {
+  int32_t row = 0;
+  int32_t source = 0;
+};
+
 struct ForwardBatch {
   std::vector<int32_t> tokens;             // all new tokens, sequence after sequence
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logit_rows;         // token rows whose logits are wanted (e.g. the last of each sequence)
+  std::vector<DeferredToken> deferred_tokens;
+  Tensor token_source;                     // I32 [N] on the model's backend, read before the step runs
 };
 
 }  // namespace beamline

@@ -60,6 +60,19 @@ TEST_P(OpTest, EmbeddingRejectsOutOfRangeIds) {
   EXPECT_THROW(backend().embedding(table.tensor, backend().upload_i32(ids, {1}), out), Error);
 }
 
+TEST_P(OpTest, PlaceTokensWritesSampledIdsAndChecksEveryPair) {
+  Tensor source = backend().upload_i32(std::vector<int32_t>{7, 8, 9}, {3});
+  Tensor tokens = backend().upload_i32(std::vector<int32_t>{1, 2, 3, 4}, {4});
+  backend().place_tokens(source, std::vector<int32_t>{3, 0, 1, 2}, tokens);
+  std::vector<int32_t> later(4, -1);
+  const std::unique_ptr<PendingDownload> pending = backend().download_later(tokens, later.data());
+  pending->wait();
+  EXPECT_EQ(later, (std::vector<int32_t>{1, 9, 3, 7}));
+  EXPECT_THROW(backend().place_tokens(source, std::vector<int32_t>{4, 0}, tokens), Error);  // row 4 of 4
+  EXPECT_THROW(backend().place_tokens(source, std::vector<int32_t>{0, 3}, tokens), Error);  // source 3 of 3
+  EXPECT_THROW(backend().place_tokens(source, std::vector<int32_t>{0}, tokens), Error);     // half a pair
+}
+
 TEST_P(OpTest, RmsNormAndResidualVariant) {
   Random random(3);
   for (auto [rows, hidden] : {std::pair<int64_t, int64_t>{1, 7}, {5, 64}, {3, 129}, {17, 1000}}) {

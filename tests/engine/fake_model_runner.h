@@ -59,6 +59,7 @@ class FakeModelRunner : public ModelRunner {
 
   int64_t forward_calls = 0;
   int64_t max_batch_tokens = 0;
+  int64_t deferred_steps = 0;  // steps with tokens read from the previous step's samples
   std::chrono::microseconds step_delay{0};  // makes steps slow enough for tests that race the engine thread
 
   Backend& backend() override { return *backend_; }
@@ -67,6 +68,13 @@ class FakeModelRunner : public ModelRunner {
     ++forward_calls;
     if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     max_batch_tokens = std::max<int64_t>(max_batch_tokens, static_cast<int64_t>(batch.tokens.size()));
+    // --async-scheduling: rows whose ids the previous step sampled, read where a device would read them.
+    std::vector<int32_t> tokens = batch.tokens;
+    if (!batch.deferred_tokens.empty()) {
+      ++deferred_steps;
+      const std::vector<int32_t> source = backend_->download_i32(batch.token_source);
+      for (const DeferredToken& deferred : batch.deferred_tokens) tokens.at(deferred.row) = source.at(deferred.source);
+    }
     std::vector<int32_t> row_sequence(batch.tokens.size(), -1);
     for (std::size_t s = 0; s < batch.sequences.size(); ++s) {
       const SequenceSlice& slice = batch.sequences[s];
@@ -75,7 +83,7 @@ class FakeModelRunner : public ModelRunner {
         row_sequence[row] = static_cast<int32_t>(s);
         const int32_t position = slice.context_begin + (row - slice.token_begin);
         for (int32_t g = 0; g < layout_.num_groups(); ++g) {
-          cell(slice.block_tables[g], position) = Cell{batch.tokens[row], position, g};
+          cell(slice.block_tables[g], position) = Cell{tokens[row], position, g};
         }
       }
     }

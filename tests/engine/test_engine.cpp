@@ -377,6 +377,101 @@ TEST(Engine, TextStopStringsAndLogprobsThroughTheEngine) {
   EXPECT_EQ(std::get<std::string>(stopped.samples[0].stop_reason), request.sampling.stop[0]);
 }
 
+// --async-scheduling: every scenario above gives the outputs of the synchronous loop, one request at a time.
+EngineConfig async_config(EngineConfig config) {
+  config.async_scheduling = true;
+  return config;
+}
+
+TEST(AsyncScheduling, ConcurrentRequestsPreemptionAndChunksGiveTheSynchronousOutputs) {
+  std::mt19937 rng(11);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 18; ++i) {
+    GenerationRequest request = random_request(rng, fmt::format("a{}", i), 1 + rng() % 40);
+    if (i % 3 == 0) request.sampling.ignore_eos = true;
+    if (i % 4 == 1) request.sampling.logprobs = 2;
+    if (i % 5 == 2) request.sampling.presence_penalty = 0.5f;  // sampled on the host: that step waits
+    requests.push_back(request);
+  }
+  const Results alone = run_one_at_a_time(requests, 400);
+  struct Case {
+    const char* name;
+    int32_t max_num_seqs, max_num_batched_tokens, num_blocks;
+  };
+  for (const Case& c : {Case{"roomy", 6, 24, 400}, Case{"preempting", 6, 24, 70}, Case{"chunked", 2, 5, 400}}) {
+    SCOPED_TRACE(c.name);
+    EngineConfig config = async_config(small_config());
+    config.max_num_seqs = c.max_num_seqs;
+    config.max_num_batched_tokens = c.max_num_batched_tokens;
+    auto runner = make_runner(c.num_blocks);
+    auto* fake = runner.get();
+    Engine engine(config, std::move(runner), nullptr, {0});
+    const Results overlapped = run_concurrently(engine, requests);
+    for (const auto& [id, output] : overlapped) {
+      EXPECT_FALSE(output.error) << id << ": " << *output.error;
+      EXPECT_EQ(output.usage.completion_tokens, static_cast<int32_t>(output.samples[0].token_ids.size())) << id;
+      EXPECT_EQ(output.samples[0].logprobs.size(), alone.at(id).samples[0].logprobs.size()) << id;
+    }
+    expect_same_tokens(overlapped, alone);
+    engine.shutdown(ShutdownMode::Drain);
+    const EngineStats stats = engine.stats();
+    EXPECT_GT(fake->deferred_steps, 0) << "steps must have read their tokens from the previous step's samples";
+    EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+    EXPECT_EQ(stats.num_running + stats.num_waiting, 0);
+    EXPECT_EQ(stats.requests_finished_total, requests.size());
+  }
+}
+
+TEST(AsyncScheduling, StopStringsParallelSamplesAndAbortMidFlight) {
+  std::vector<std::string> pieces;
+  for (int i = 0; i < kVocab; ++i) pieces.push_back(std::string(1, static_cast<char>('a' + i % 26)));
+  auto tokenizer = std::make_shared<testing::FakeTokenizer>(pieces, std::vector<TokenId>{});
+  std::mt19937 rng(12);
+  GenerationRequest request = random_request(rng, "t", 8);
+  request.detokenize = true;
+  request.sampling.temperature = 0.0f;
+  request.sampling.ignore_eos = true;
+  request.sampling.max_tokens = 40;
+  Engine sync_engine(small_config(), make_runner(400), tokenizer, {0});
+  const RequestOutput reference = collect_output(*sync_engine.add_request(request));
+  const std::string text = reference.samples[0].text;
+  request.request_id = "t-stop";
+  request.sampling.stop = {text.substr(10, 3)};
+  const RequestOutput stopped_sync = collect_output(*sync_engine.add_request(request));
+  EXPECT_EQ(stopped_sync.samples[0].token_ids.size(), text.find(request.sampling.stop[0]) + 3);
+
+  auto runner = make_runner(400);
+  runner->step_delay = std::chrono::milliseconds(1);
+  Engine engine(async_config(small_config()), std::move(runner), tokenizer, {0});
+  const RequestOutput stopped = collect_output(*engine.add_request(request));
+  EXPECT_EQ(stopped.samples[0].text, stopped_sync.samples[0].text);
+  EXPECT_EQ(stopped.samples[0].token_ids, stopped_sync.samples[0].token_ids);
+
+  GenerationRequest parallel = random_request(rng, "n2", 20);
+  parallel.sampling.n = 2;
+  parallel.sampling.temperature = 1.0f;
+  parallel.sampling.seed = 7;
+  parallel.sampling.max_tokens = 12;
+  const RequestOutput parallel_async = collect_output(*engine.add_request(parallel));
+  parallel.request_id = "n2-sync";
+  const RequestOutput parallel_sync = collect_output(*sync_engine.add_request(parallel));
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(parallel_async.samples[s].token_ids, parallel_sync.samples[s].token_ids) << "sample " << s;
+
+  GenerationRequest long_request = random_request(rng, "long", 20);
+  long_request.sampling.max_tokens = 130;
+  long_request.sampling.ignore_eos = true;
+  auto stream = engine.add_request(long_request);
+  auto first = stream->next();
+  ASSERT_TRUE(first);
+  engine.abort("long");
+  RequestOutput rest = collect_output(*stream);
+  merge_output(*first, std::move(rest));
+  EXPECT_EQ(first->samples[0].finish_reason, FinishReason::Abort);
+  const EngineStats stats = wait_for_stats(engine, [](const EngineStats& s) { return s.requests_finished_total == 3; });
+  EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+}
+
 TEST(EngineCore, HybridSavingsAreReportedPerRequestAndInTotal) {
   auto runner = make_runner(400);
   const EngineConfig config = resolve_engine_config(small_config(), *runner);

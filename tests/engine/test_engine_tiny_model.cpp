@@ -41,8 +41,9 @@ class TinyModel : public ::testing::Test {
     return c;
   }
 
-  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching) {
-    const EngineConfig c = config(kv_bytes, prefix_caching);
+  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = false) {
+    EngineConfig c = config(kv_bytes, prefix_caching);
+    c.async_scheduling = async_scheduling;
     auto runner = std::make_unique<BeamModelRunner>(BeamWeights::load(*dir_), "cpu", c);
     const GenerationConfig generation = GenerationConfig::load(*dir_, runner->model_config());
     return std::make_unique<Engine>(c, std::move(runner), nullptr, generation.eos_token_ids);
@@ -95,6 +96,16 @@ TEST_F(TinyModel, BatchedGreedyEqualsOneAtATime) {
   EXPECT_EQ(batched, run_alone(rs));
   e->shutdown(ShutdownMode::Drain);
   EXPECT_EQ(e->stats().requests_finished_total, 10u);
+}
+
+// The real model reads the deferred tokens through Backend::place_tokens (and the CPU backend's sampling).
+TEST_F(TinyModel, AsyncSchedulingEqualsOneAtATime) {
+  const auto rs = requests(4, 10);
+  auto e = engine(int64_t{8} << 20, true, true);
+  EXPECT_EQ(run_batched(*e, rs), run_alone(rs));
+  e->shutdown(ShutdownMode::Drain);
+  EXPECT_EQ(e->stats().requests_finished_total, 10u);
+  EXPECT_EQ(e->stats().kv_blocks_free, e->stats().kv_blocks_total);
 }
 
 TEST_F(TinyModel, PreemptionKeepsGreedyOutputs) {

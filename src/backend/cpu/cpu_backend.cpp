@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/op_checks.h"
 #include "util/counter_random.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -76,6 +77,12 @@ Tensor CpuBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64
     for (std::size_t i = begin; i < end; ++i) store_float(dtype, normal_value(key, i, mean, stddev), data + i * element);
   });
   return tensor;
+}
+
+void CpuBackend::place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) {
+  check_place_tokens_args(source, pairs, tokens);
+  for (std::size_t j = 0; j < pairs.size(); j += 2)
+    tokens.data<int32_t>()[pairs[j]] = source.data<const int32_t>()[pairs[j + 1]];
 }
 
 void CpuBackend::embedding(const Tensor& table, const Tensor& tokens, Tensor& out) {

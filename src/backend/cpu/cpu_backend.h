@@ -21,6 +21,7 @@ class CpuBackend final : public Backend {
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
 
+  void place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) override;
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;

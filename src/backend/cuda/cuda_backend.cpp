@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -222,6 +223,54 @@ void CudaBackend::download(const Tensor& tensor, void* host) {
   BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+namespace {
+
+// The copy lands in a pinned buffer behind an event; wait() moves it to the caller's memory.
+class CudaPendingDownload final : public PendingDownload {
+ public:
+  CudaPendingDownload(cuda::PinnedReadbackPool& pool, std::size_t bytes, void* host)
+      : pool_(pool), bytes_(bytes), host_(host), pinned_(pool.acquire(bytes)) {
+    const cudaError_t status = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+    if (status != cudaSuccess) {
+      pool_.release(pinned_, bytes_);
+      cuda::check(status, "cudaEventCreateWithFlags");
+    }
+  }
+  ~CudaPendingDownload() override {
+    // The copy may still be writing the pinned buffer; it goes back to the pool only once it is done.
+    if (!waited_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    pool_.release(pinned_, bytes_);
+  }
+  void enqueue(const void* device, cudaStream_t stream) {
+    BEAMLINE_CUDA_CHECK(cudaMemcpyAsync(pinned_, device, bytes_, cudaMemcpyDeviceToHost, stream));
+    BEAMLINE_CUDA_CHECK(cudaEventRecord(done_, stream));
+  }
+  void wait() override {
+    if (waited_) return;
+    BEAMLINE_CUDA_CHECK(cudaEventSynchronize(done_));
+    std::memcpy(host_, pinned_, bytes_);
+    waited_ = true;
+  }
+
+ private:
+  cuda::PinnedReadbackPool& pool_;
+  std::size_t bytes_;
+  void* host_;
+  void* pinned_;
+  cudaEvent_t done_ = nullptr;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingDownload> CudaBackend::download_later(const Tensor& tensor, void* host) {
+  require_device(tensor, "download_later", "tensor");
+  auto pending = std::make_unique<CudaPendingDownload>(readback_, tensor.nbytes(), host);
+  pending->enqueue(tensor.raw(), stream_);
+  return pending;
+}
+
 void CudaBackend::copy_to(Tensor& tensor, const void* host) {
   require_device(tensor, "copy_to", "tensor");
   require_not_capturing("copy_to");
@@ -324,6 +373,17 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
 }
 
 // ---- ops ----
+
+void CudaBackend::place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) {
+  check_place_tokens_args(source, pairs, tokens);
+  require_device(source, "place_tokens", "source");
+  require_device(tokens, "place_tokens", "tokens");
+  if (pairs.empty()) return;
+  const Tensor device_pairs = upload(pairs.data(), DType::I32, {static_cast<int64_t>(pairs.size())});
+  check_launch(cuda::place_tokens(source.data<const int32_t>(), device_pairs.data<const int32_t>(),
+                                  static_cast<int64_t>(pairs.size() / 2), tokens.data<int32_t>(), stream_),
+               "place_tokens");
+}
 
 void CudaBackend::embedding(const Tensor& table, const Tensor& tokens, Tensor& out) {
   require_float_weight(table, "embedding", "table");

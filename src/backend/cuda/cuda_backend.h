@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   void fill_zero(Tensor& tensor) override;
   Tensor upload(const void* host, DType dtype, std::vector<int64_t> shape) override;
   void download(const Tensor& tensor, void* host) override;
+  std::unique_ptr<PendingDownload> download_later(const Tensor& tensor, void* host) override;
   void copy_to(Tensor& tensor, const void* host) override;
   void synchronize() override;
   std::optional<MemoryInfo> memory_info() override;
@@ -52,6 +53,7 @@ class CudaBackend final : public Backend {
   std::optional<std::string> attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
                                                  const AttentionParams& params) const override;
 
+  void place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) override;
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
@@ -121,6 +123,7 @@ class CudaBackend final : public Backend {
   cuda::CachingAllocator allocator_;
   cuda::WeightArena weights_;
   std::unique_ptr<cuda::PinnedStaging> staging_;
+  cuda::PinnedReadbackPool readback_;
   Tensor cublas_workspace_;
   // While a graph is recorded: every tensor allocated meanwhile, which the graph keeps.
   std::unique_ptr<std::vector<std::shared_ptr<void>>> captured_allocations_;

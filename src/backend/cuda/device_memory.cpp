@@ -1,5 +1,8 @@
 #include "backend/cuda/device_memory.h"
 
+#include <algorithm>
+#include <bit>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -113,6 +116,35 @@ std::shared_ptr<std::byte> WeightArena::allocate(std::size_t bytes) {
   chunk_used_ += size;
   used_total_ += size;
   return result;
+}
+
+std::size_t PinnedReadbackPool::rounded(std::size_t bytes) { return std::bit_ceil(std::max<std::size_t>(bytes, 256)); }
+
+void* PinnedReadbackPool::acquire(std::size_t bytes) {
+  const std::size_t size = rounded(bytes);
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = free_.find(size);
+    if (found != free_.end()) {
+      void* buffer = found->second;
+      free_.erase(found);
+      return buffer;
+    }
+  }
+  void* buffer = nullptr;
+  BEAMLINE_CUDA_CHECK(cudaMallocHost(&buffer, size));
+  const std::lock_guard<std::mutex> lock(mutex_);
+  all_.push_back(buffer);
+  return buffer;
+}
+
+void PinnedReadbackPool::release(void* buffer, std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  free_.emplace(rounded(bytes), buffer);
+}
+
+PinnedReadbackPool::~PinnedReadbackPool() {
+  for (void* buffer : all_) cudaFreeHost(buffer);
 }
 
 PinnedStaging::~PinnedStaging() {

@@ -82,4 +82,24 @@ class PinnedStaging {
   std::size_t offset_ = 0;
 };
 
+// Page-locked host buffers for device-to-host copies the host waits for later (Backend::download_later): one
+// buffer per pending copy, from a size-keyed free list, so a steady loop makes no cudaMallocHost.
+class PinnedReadbackPool {
+ public:
+  PinnedReadbackPool() = default;
+  ~PinnedReadbackPool();
+  PinnedReadbackPool(const PinnedReadbackPool&) = delete;
+  PinnedReadbackPool& operator=(const PinnedReadbackPool&) = delete;
+
+  // At least `bytes` (rounded up to a power of two); give it back with release(buffer, bytes).
+  void* acquire(std::size_t bytes);
+  void release(void* buffer, std::size_t bytes);
+
+ private:
+  static std::size_t rounded(std::size_t bytes);
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+  std::vector<void*> all_;
+};
+
 }  // namespace beamline::cuda

@@ -18,6 +18,9 @@ namespace beamline::cuda {
 enum class OperandPrecision { Split, Bf16 };
 
 // ---- elementwise and per-row ----
+// tokens[pairs[2j]] = source[pairs[2j + 1]] for j < num_pairs (pairs validated on the host).
+cudaError_t place_tokens(const int32_t* source, const int32_t* pairs, int64_t num_pairs, int32_t* tokens,
+                         cudaStream_t stream);
 // Token ids outside [0, vocab) give NaN rows (validated on the host beforehand).
 cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* tokens, int64_t rows,
                       int64_t hidden, float* out, cudaStream_t stream);

@@ -1,5 +1,5 @@
-// Per-row and elementwise kernels: embedding, RMSNorm (plain, fused residual add, gathered for the LM head),
-// RoPE, SSMax, dtype conversion, soft-cap, random and poison fills.
+// Per-row and elementwise kernels: token placement, embedding, RMSNorm (plain, fused residual add, gathered for the
+// LM head), RoPE, SSMax, dtype conversion, soft-cap, random and poison fills.
 #include <cmath>
 
 #include "backend/cuda/device_common.cuh"
@@ -118,7 +118,21 @@ __global__ void fill_random_kernel(O* out, int64_t n, uint64_t key, float mean, 
   if (i < n) out[i] = from_float<O>(normal_value(key, static_cast<uint64_t>(i), mean, stddev));
 }
 
+__global__ void place_tokens_kernel(const int32_t* source, const int32_t* pairs, int64_t num_pairs, int32_t* tokens) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j < num_pairs) tokens[pairs[2 * j]] = source[pairs[2 * j + 1]];
+}
+
 }  // namespace
+
+cudaError_t place_tokens(const int32_t* source, const int32_t* pairs, int64_t num_pairs, int32_t* tokens,
+                         cudaStream_t stream) {
+  if (num_pairs == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned int>((num_pairs + kThreads - 1) / kThreads);
+  place_tokens_kernel<<<blocks, kThreads, 0, stream>>>(source, pairs, num_pairs, tokens);
+  return cudaGetLastError();
+}
 
 cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* tokens, int64_t rows,
                       int64_t hidden, float* out, cudaStream_t stream) {
