@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Serving comparison for bench/gpu_check.sh (python3 stdlib only): 32 concurrent greedy /v1/completions requests
 to `beamline serve --device cuda` against the same requests one at a time (>= 90% equal token for token), against
-the same concurrent requests with --enforce-eager (recorded decode graphs vs op by op), and their first 16 tokens
+the same concurrent requests with --enforce-eager (recorded decode graphs vs op by op) and with --async-scheduling
+(the next step launched before this step's tokens are read), and their first 16 tokens
 against `beamline serve --device cpu` (>= 90% equal). Prints Markdown table rows.
 
   serve_check.py BEAMLINE_BINARY MODEL_DIR
@@ -97,6 +98,13 @@ def main(binary, model):
     finally:
         server.terminate()
         server.wait()
+    # And with each step scheduled and launched while the previous one runs, its tokens read on the device.
+    server = start_server(binary, model, "cuda", 8314, ["--async-scheduling"])
+    try:
+        overlapped = run_all(8314, prompts, concurrent=True)
+    finally:
+        server.terminate()
+        server.wait()
     server = start_server(binary, model, "cpu", 8312)
     try:
         cpu = run_all(8312, prompts, concurrent=False)
@@ -107,6 +115,8 @@ def main(binary, model):
              sum(a == b for a, b in zip(batched, alone)), REQUIRED)
     ok &= row("serve --device cuda: 32 concurrent, decode graphs vs --enforce-eager",
               sum(a == b for a, b in zip(batched, eager)), REQUIRED)
+    ok &= row("serve --device cuda: 32 concurrent, --async-scheduling vs synchronous",
+              sum(a == b for a, b in zip(batched, overlapped)), REQUIRED)
     ok &= row("serve: cuda vs cpu, first 16 tokens", sum(a == b for a, b in zip(alone, cpu)), REQUIRED)
     return ok
 
