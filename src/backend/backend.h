@@ -109,9 +109,10 @@ struct SampleOutputs {
 // backend always computes in FP32.
 enum class ComputeDType { Float32, BFloat16 };
 
-// A recorded sequence of ops (a CUDA graph) that Backend::replay runs again on the buffers it was recorded with;
-// it holds every tensor allocated while it was recorded. What its ops read is refreshed in place between replays
-// (Backend::copy_to).
+// A recorded sequence of ops (a CUDA graph) that Backend::replay runs again on the buffers it was recorded with.
+// What its ops read is refreshed in place between replays (Backend::copy_to). The tensors allocated while it was
+// recorded come from one pool that every graph shares: what a replay writes (its logits) must be used, in stream
+// order, before the next step runs.
 class OpGraph {
  public:
   virtual ~OpGraph() = default;

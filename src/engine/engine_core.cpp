@@ -244,7 +244,8 @@ EngineCore::SampleState* EngineCore::live_sample(kv::SeqId id) const {
 }
 
 bool EngineCore::needs_host(const SampleState& sample) const {
-  return needs_host_edits(sample.request->request.sampling, sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+  return needs_host_edits(sample.request->request.sampling,
+                          sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
 }
 
 void EngineCore::fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended) {

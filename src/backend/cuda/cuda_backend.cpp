@@ -172,8 +172,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   const cuda::AllocatorStats stats = allocator_.stats();
-  spdlog::info("cuda backend: {} device allocations, {:.1f} MiB reserved; weights {:.1f} MiB in {} allocation(s)",
+  spdlog::info("cuda backend: {} device allocations, {:.1f} MiB reserved ({:.1f} MiB graph pool); weights {:.1f} MiB "
+               "in {} allocation(s)",
                 stats.device_allocations, static_cast<double>(stats.reserved_bytes) / (1 << 20),
+                static_cast<double>(stats.graph_pool_bytes) / (1 << 20),
                 static_cast<double>(weights_.bytes_used()) / (1 << 20), weights_.chunks());
   staging_.reset();
   cublasDestroy(cublas_);
@@ -193,7 +195,6 @@ Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   for (int64_t d : shape) require(d >= 0, "alloc: negative dimension in shape {}", shape_string(shape));
   Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
   std::shared_ptr<void> storage = allocator_.allocate(probe.nbytes());
-  if (captured_allocations_) captured_allocations_->push_back(storage);
   auto* data = static_cast<std::byte*>(storage.get());
   return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(storage));
 }
@@ -206,7 +207,7 @@ void CudaBackend::fill_zero(Tensor& tensor) {
 // A copy from the pinned staging ring cannot be part of a recorded graph: a replay would copy whatever that slot
 // holds by then.
 void CudaBackend::require_not_capturing(std::string_view op) const {
-  require(!captured_allocations_, "{}: a host-to-device copy cannot be recorded into a graph (make it before "
+  require(!capturing_, "{}: a host-to-device copy cannot be recorded into a graph (make it before "
           "begin_capture)", op);
 }
 
@@ -282,7 +283,6 @@ namespace {
 struct CudaGraph final : OpGraph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  std::vector<std::shared_ptr<void>> allocations;
   ~CudaGraph() override {
     if (exec != nullptr) cudaGraphExecDestroy(exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -292,17 +292,18 @@ struct CudaGraph final : OpGraph {
 }  // namespace
 
 void CudaBackend::begin_capture() {
-  require(!captured_allocations_, "begin_capture: a graph is already being recorded");
+  require(!capturing_, "begin_capture: a graph is already being recorded");
   // Relaxed: the caching allocator may still cudaMalloc while the ops are recorded.
   BEAMLINE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-  captured_allocations_ = std::make_unique<std::vector<std::shared_ptr<void>>>();
+  allocator_.begin_recording();
+  capturing_ = true;
 }
 
 std::unique_ptr<OpGraph> CudaBackend::end_capture() {
-  require(captured_allocations_ != nullptr, "end_capture: no graph is being recorded");
+  require(capturing_, "end_capture: no graph is being recorded");
+  capturing_ = false;
+  allocator_.end_recording();
   auto graph = std::make_unique<CudaGraph>();
-  graph->allocations = std::move(*captured_allocations_);
-  captured_allocations_.reset();
   BEAMLINE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph->graph));
   BEAMLINE_CUDA_CHECK(cudaGraphInstantiate(&graph->exec, graph->graph, 0));
   return graph;

@@ -125,8 +125,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PinnedStaging> staging_;
   cuda::PinnedReadbackPool readback_;
   Tensor cublas_workspace_;
-  // While a graph is recorded: every tensor allocated meanwhile, which the graph keeps.
-  std::unique_ptr<std::vector<std::shared_ptr<void>>> captured_allocations_;
+  bool capturing_ = false;  // a graph is being recorded (its tensors come from the allocator's graph pool)
   int64_t weights_loaded_ = 0;
   int64_t streaming_max_rows_ = kStreamingMaxRows;
   // swiglu_streaming's one-expert pointer tables by (gate, up, down), and its routing: expert 0 with weight 1.

@@ -1,11 +1,9 @@
 #include "backend/cuda/device_memory.h"
 
-#include <algorithm>
-#include <bit>
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "util/error.h"
@@ -30,6 +28,25 @@ void check(cudaError_t status, const char* what) {
 
 CachingAllocator::State::~State() {
   for (auto& [size, block] : free_blocks) cudaFree(block);
+  for (auto& [size, block] : graph_blocks) cudaFree(block);
+}
+
+void* CachingAllocator::device_malloc(std::size_t size) {
+  void* block = nullptr;
+  cudaError_t status = cudaMalloc(&block, size);
+  if (status == cudaErrorMemoryAllocation && !state_->recording) {
+    // cudaDeviceSynchronize (in release_cached) is not allowed while a stream is being recorded.
+    (void)cudaGetLastError();
+    release_cached();
+    status = cudaMalloc(&block, size);
+  }
+  if (status != cudaSuccess)
+    fail("cuda backend: cannot allocate {} bytes of device memory: {} ({} bytes reserved)", size,
+         cudaGetErrorString(status), stats().reserved_bytes);
+  std::lock_guard lock(state_->mutex);
+  ++state_->stats.device_allocations;
+  state_->stats.reserved_bytes += size;
+  return block;
 }
 
 std::shared_ptr<void> CachingAllocator::allocate(std::size_t bytes) {
@@ -37,32 +54,41 @@ std::shared_ptr<void> CachingAllocator::allocate(std::size_t bytes) {
                                                 : round_up(bytes, kLargeGranule);
   void* block = nullptr;
   std::size_t block_size = size;
+  bool for_graph = false;
   {
     std::lock_guard lock(state_->mutex);
+    for_graph = state_->recording;
+    auto& free_blocks = for_graph ? state_->graph_free : state_->free_blocks;
     // Best fit among cached blocks up to twice the size, so odd sizes do not each pin a block of their own.
-    auto found = state_->free_blocks.lower_bound(size);
-    if (found != state_->free_blocks.end() && found->first <= 2 * size) {
+    auto found = free_blocks.lower_bound(size);
+    if (found != free_blocks.end() && found->first <= 2 * size) {
       block_size = found->first;
       block = found->second;
-      state_->free_blocks.erase(found);
-      state_->stats.cached_bytes -= block_size;
+      free_blocks.erase(found);
+      if (!for_graph) state_->stats.cached_bytes -= block_size;
     }
   }
   if (block == nullptr) {
-    cudaError_t status = cudaMalloc(&block, size);
-    if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      release_cached();
-      status = cudaMalloc(&block, size);
+    block = device_malloc(size);
+    if (for_graph) {
+      std::lock_guard lock(state_->mutex);
+      state_->graph_blocks.emplace_back(size, block);
+      state_->stats.graph_pool_bytes += size;
     }
-    if (status != cudaSuccess)
-      fail("cuda backend: cannot allocate {} bytes of device memory: {} ({} bytes reserved)", size,
-           cudaGetErrorString(status), stats().reserved_bytes);
-    std::lock_guard lock(state_->mutex);
-    ++state_->stats.device_allocations;
-    state_->stats.reserved_bytes += size;
   }
   std::weak_ptr<State> owner = state_;
+  if (for_graph) {
+    std::lock_guard lock(state_->mutex);
+    state_->graph_handed_out.insert(block);
+    return std::shared_ptr<void>(block, [owner, block_size](void* pointer) {
+      // Later in the same recording the block serves again; afterwards it stays in the pool for every recording.
+      if (auto state = owner.lock()) {
+        std::lock_guard lock(state->mutex);
+        if (state->recording && state->graph_handed_out.erase(pointer) > 0)
+          state->graph_free.emplace(block_size, pointer);
+      }
+    });
+  }
   return std::shared_ptr<void>(block, [owner, block_size](void* pointer) {
     if (auto state = owner.lock()) {
       std::lock_guard lock(state->mutex);
@@ -72,6 +98,21 @@ std::shared_ptr<void> CachingAllocator::allocate(std::size_t bytes) {
       cudaFree(pointer);
     }
   });
+}
+
+void CachingAllocator::begin_recording() {
+  std::lock_guard lock(state_->mutex);
+  state_->recording = true;
+  state_->graph_free.clear();
+  for (const auto& [size, block] : state_->graph_blocks) state_->graph_free.emplace(size, block);
+  state_->graph_handed_out.clear();
+}
+
+void CachingAllocator::end_recording() {
+  std::lock_guard lock(state_->mutex);
+  state_->recording = false;
+  state_->graph_free.clear();
+  state_->graph_handed_out.clear();
 }
 
 AllocatorStats CachingAllocator::stats() const {

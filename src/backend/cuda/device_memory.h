@@ -1,7 +1,8 @@
 #pragma once
 // Device memory of the CUDA backend (internal to backend/cuda):
 //  - CachingAllocator: activations, scratch and the KV pool. Freed blocks go back to a size-keyed cache and are
-//    reused in stream order (all work is on one stream), so a steady decode loop makes no cudaMalloc.
+//    reused in stream order (all work is on one stream), so a steady decode loop makes no cudaMalloc. What recorded
+//    graphs allocate comes from one graph pool instead (begin_recording).
 //  - WeightArena: weights, bump-allocated from a few large chunks, never freed one by one.
 //  - PinnedStaging: host-to-device copies through page-locked buffers (weights streamed from the mmap'd
 //    checkpoint, and the small per-step uploads of the batch description).
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -25,6 +27,7 @@ struct AllocatorStats {
   int64_t device_allocations = 0;  // cudaMalloc calls so far
   std::size_t reserved_bytes = 0;  // held from the device (in use + cached)
   std::size_t cached_bytes = 0;    // free for reuse
+  std::size_t graph_pool_bytes = 0;  // of those reserved, the graph pool's
 };
 
 class CachingAllocator {
@@ -35,13 +38,25 @@ class CachingAllocator {
   AllocatorStats stats() const;
   void release_cached();  // cudaFree of every cached block (after a device synchronisation)
 
+  // Between these, allocations come from the graph pool, shared by every recorded graph (PyTorch's and vLLM's
+  // design): one step runs at a time and each step's tensors are consumed before the next one runs, in stream
+  // order, so a recording may use every block of the pool, and a block freed during it serves again later in it.
+  // Pool blocks never return to the cache, whose later (eager) allocations could outlive a replay.
+  void begin_recording();
+  void end_recording();
+
  private:
   struct State {
     mutable std::mutex mutex;
     std::multimap<std::size_t, void*> free_blocks;  // size -> block
+    bool recording = false;
+    std::vector<std::pair<std::size_t, void*>> graph_blocks;  // the graph pool
+    std::multimap<std::size_t, void*> graph_free;              // while recording: pool blocks not in use
+    std::set<void*> graph_handed_out;                          // while recording: pool blocks in use
     AllocatorStats stats;
     ~State();
   };
+  void* device_malloc(std::size_t size);
   std::shared_ptr<State> state_;
 };
 
