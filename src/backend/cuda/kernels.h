@@ -146,6 +146,9 @@ struct ExpertPointers {
   DType dtype = DType::BF16;
   int32_t experts = 0;
   int64_t hidden = 0, intermediate = 0;
+  // [3, E] TMA descriptors of the gate, up and down matrices (encode_expert_tensor_map), for the wgmma GEMMs of
+  // moe_mma; null: those GEMMs are not used.
+  const void* tensor_maps = nullptr;
 };
 
 // Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
@@ -201,6 +204,11 @@ struct MoeMmaWorkspace {
   int64_t max_tiles = 0;         // at least moe_mma_max_tiles
 };
 bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t intermediate);
+// With OperandPrecision::Bf16 the GEMMs run on Hopper's warpgroup MMAs (wgmma), the weights streamed by TMA through
+// one tensor map per expert matrix: this encodes the map of a BF16 weight [rows, cols] (cols a multiple of 8, the
+// weight 16-byte aligned) into the kTensorMapBytes at host address `map`, to be uploaded 64-byte aligned.
+constexpr size_t kTensorMapBytes = 128;
+cudaError_t encode_expert_tensor_map(const void* weight, int64_t rows, int64_t cols, void* map);
 int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
