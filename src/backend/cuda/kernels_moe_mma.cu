@@ -343,28 +343,34 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
 }
 
 // ---- Hopper wgmma (OperandPrecision::Bf16) ----
-// The same swapped GEMMs with warpgroup MMAs: one consumer warpgroup per block owns 64 rows of each of the two weight
-// sub-tiles (the M of one wgmma), the tile's tokens are N in chunks of kChunkTokens (only the chunks holding tokens
-// are multiplied), FP32 accumulators in registers. Both operands sit in shared memory K-major in the 128-byte
-// swizzle that wgmma's matrix descriptors read: the weights arrive by TMA (one 2D box of 64 rows x 64 k per sub-tile
-// and stage, through each expert matrix's tensor map; rows and k past the ends are zero-filled), the tokens by
-// cp.async through the slot list into the same swizzle (the gather stays fused into the load). One producer warp
-// fills the stages; a stage's "full" barrier completes when its TMA bytes and every lane's copies have landed.
-constexpr int kWgmmaRows = 64;            // rows of one sub-tile: one wgmma's M
+// The same swapped GEMMs with warpgroup MMAs: each of a block's kConsumers warpgroups owns 64 rows of each of the
+// two weight sub-tiles (the M of one wgmma), the tile's tokens are N in chunks of kChunkTokens (only the chunks
+// holding tokens are multiplied), FP32 accumulators in registers. Both operands sit in shared memory K-major in the
+// 128-byte swizzle that wgmma's matrix descriptors read: the weights arrive by TMA (2D boxes of 64 rows x 64 k
+// through each expert matrix's tensor map; rows and k past the ends are zero-filled), the tokens by cp.async
+// through the slot list into the same swizzle (the gather stays fused into the load), staged once for all the
+// block's warpgroups. One producer warp fills the stages; a stage's "full" barrier completes when its TMA bytes and
+// every lane's copies have landed.
+constexpr int kWgmmaRows = 64;            // rows of one warpgroup's share of a sub-tile: one wgmma's M
 constexpr int kWgmmaK = 64;               // k per stage: one 128-byte swizzle row
-constexpr int kWgmmaThreads = 128 + 32;   // the consumer warpgroup and the producer warp
-constexpr int kWgmmaBlocksPerSm = 2;      // so that one block's epilogue and pipeline fill overlap another's loop
 constexpr int kSwizzleBytes = 1024;       // 8 rows of 128 bytes: the swizzle pattern's period and alignment
-constexpr size_t kWgmmaStageBudget = 96 * 1024;
-constexpr int kSubTileBytes = kWgmmaRows * kWgmmaK * 2;
+constexpr int kBoxBytes = kWgmmaRows * kWgmmaK * 2;  // one TMA box
 
-template <int kChunkTokens, int kChunks>
+// kConsumers 1: two blocks per SM, so that one block's epilogue and pipeline fill overlap the other's loop. 2: the
+// staged tokens serve twice the weight rows (half the token traffic from L2 per weight byte), one block per SM.
+template <int kChunkTokens, int kChunks, int kConsumers>
 struct WgmmaTiling {
   static_assert(kChunkTokens % 8 == 0 && kChunkTokens >= 8 && kChunkTokens <= 256, "wgmma's N");
+  static_assert(kConsumers == 1 || kConsumers == 2, "the block shapes below");
+  static constexpr int kThreads = 128 * kConsumers + 32;  // the consumer warpgroups, then the producer warp
+  static constexpr int kBlocksPerSm = kConsumers == 1 ? 2 : 1;
+  static constexpr int kRows = kWgmmaRows * kConsumers;  // rows of one sub-tile
+  static constexpr int kSubTileBytes = kConsumers * kBoxBytes;
   static constexpr int kTokens = kChunkTokens * kChunks;
   static constexpr int kTokenBytes = kTokens * kWgmmaK * 2;
   static constexpr int kStageBytes = 2 * kSubTileBytes + kTokenBytes;  // both sub-tiles, then the tokens
-  static constexpr int kStages = static_cast<int>(kWgmmaStageBudget / kStageBytes);
+  static constexpr size_t kStageBudget = kConsumers == 1 ? 96 * 1024 : 200 * 1024;
+  static constexpr int kStages = static_cast<int>(kStageBudget / kStageBytes);
   static constexpr size_t kSharedBytes = size_t{kStages} * kStageBytes + kSwizzleBytes;  // + aligning the base
   static_assert(kStageBytes % kSwizzleBytes == 0, "every operand tile starts on a swizzle period");
   static_assert(kStages >= 3, "the pipeline needs a stage in use and two in flight");
@@ -431,27 +437,37 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t 
       : "l"(a), "l"(b), "r"(1));
 }
 
+__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(1));
+}
+
 // One (tile, row block) of an expert GEMM as expert_gemm_kernel<kGateUp, kTokens, false> computes it, on wgmma:
 // X = one BF16 row per token, C stored as the down GEMM's BF16 operand (gate|up) or as the weighted F32 expert output
 // (down). `first_maps` / `second_maps`: the tensor maps of every expert's gate and up matrices, or its down matrix
-// twice (sub-tile 1 then covers the block's second 64 rows).
-template <bool kGateUp, int kChunkTokens, int kChunks>
-__global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
+// twice (sub-tile 1 then covers the block's second kRows rows).
+template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers>
+__global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kThreads),
+                                  (WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kBlocksPerSm))
     expert_wgmma_kernel(const __nv_bfloat16* x, const int32_t* grouped, const Tile* tiles, int32_t top_k,
                         const unsigned char* first_maps, const unsigned char* second_maps, const float* weights,
                         int64_t m, int64_t k, __nv_bfloat16* activated, float* out) {
-  using Tiling = WgmmaTiling<kChunkTokens, kChunks>;
+  using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens, kStageCount = Tiling::kStages, kStageBytes = Tiling::kStageBytes;
+  constexpr int kThreads = Tiling::kThreads, kRows = Tiling::kRows, kSubTileBytes = Tiling::kSubTileBytes;
   constexpr int kFragment = kChunkTokens / 2;  // accumulators per thread of one 64 x kChunkTokens wgmma
   extern __shared__ unsigned char shared[];
   __shared__ int32_t source_row[kTokens], slot_of[kTokens];
   __shared__ uint64_t full[kStageCount], empty[kStageCount];
   const Tile tile = tiles[blockIdx.x];
   if (tile.expert < 0) return;
-  const int64_t row0 = int64_t{blockIdx.y} * (kGateUp ? kWgmmaRows : 2 * kWgmmaRows);
-  const int64_t sub_row0[2] = {row0, kGateUp ? row0 : row0 + kWgmmaRows};
+  const int64_t row0 = int64_t{blockIdx.y} * (kGateUp ? kRows : 2 * kRows);
+  const int64_t sub_row0[2] = {row0, kGateUp ? row0 : row0 + kRows};
   const int chunks = (tile.count + kChunkTokens - 1) / kChunkTokens;  // chunks holding tokens
-  for (int n = threadIdx.x; n < kTokens; n += kWgmmaThreads) {
+  for (int n = threadIdx.x; n < kTokens; n += kThreads) {
     const int32_t slot = n < tile.count ? grouped[tile.first + n] : -1;
     slot_of[n] = slot;
     source_row[n] = slot < 0 ? -1 : kGateUp ? slot / top_k : slot;
@@ -459,7 +475,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStageCount; ++s) {
       init_barrier(&full[s], 32 + 1);  // each producer lane's copies, and the arrival that expects the TMA bytes
-      init_barrier(&empty[s], 4);      // each consumer warp
+      init_barrier(&empty[s], 4 * kConsumers);  // each consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
@@ -468,7 +484,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
   const uint32_t stages = (shared_address(shared) + kSwizzleBytes - 1) & ~uint32_t{kSwizzleBytes - 1};
   const int64_t k_blocks = (k + kWgmmaK - 1) / kWgmmaK;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp == 4) {
+  if (warp == 4 * kConsumers) {
     const void* map[2] = {first_maps + size_t{kTensorMapBytes} * tile.expert,
                           second_maps + size_t{kTensorMapBytes} * tile.expert};
     if (lane < 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane == 0 ? map[0] : map[1]) : "memory");
@@ -482,7 +498,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       if (lane == 0) {
         arrive_expecting(&full[stage], 2 * kSubTileBytes);
         for (int sub = 0; sub < 2; ++sub)
-          load_box(base + sub * kSubTileBytes, map[sub], k0, static_cast<int32_t>(sub_row0[sub]), &full[stage]);
+          for (int group = 0; group < kConsumers; ++group)
+            load_box(base + sub * kSubTileBytes + group * kBoxBytes, map[sub], k0,
+                     static_cast<int32_t>(sub_row0[sub] + group * kWgmmaRows), &full[stage]);
       }
       // Token n's 16-byte piece c goes to piece c ^ (n % 8) of its 128-byte row: the swizzle TMA applies to the
       // weights. Tokens past the tile's count and k past the end are zeros.
@@ -499,6 +517,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
     return;
   }
 
+  const int group = warp / 4;  // this warpgroup's rows: [group * 64, group * 64 + 64) of each sub-tile
   float accumulator[2][kChunks][kFragment];
 #pragma unroll
   for (int sub = 0; sub < 2; ++sub)
@@ -525,7 +544,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       for (int kk = 0; kk < kWgmmaK / 16; ++kk)  // 16 k = 32 bytes along the swizzled rows
 #pragma unroll
         for (int sub = 0; sub < 2; ++sub) {
-          const uint64_t a = matrix_descriptor(base + sub * kSubTileBytes + kk * 32);
+          const uint64_t a = matrix_descriptor(base + sub * kSubTileBytes + group * kBoxBytes + kk * 32);
 #pragma unroll
           for (int c = 0; c < kUsed; ++c)
             wgmma_bf16(accumulator[sub][c], a,
@@ -540,16 +559,24 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       if (lane == 0) arrive(&empty[stage]);
     }
   };
-  static_assert(kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
-  if (chunks == 1) {
-    multiply(std::integral_constant<int, 1>{});
-  } else if (chunks == 2) {
-    multiply(std::integral_constant<int, 2>{});
-  } else if constexpr (kChunks == 4) {
-    if (chunks == 3)
-      multiply(std::integral_constant<int, 3>{});
+  static_assert(kChunks == 1 || kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if constexpr (kChunks == 1) {
+    multiply(One{});
+  } else if constexpr (kChunks == 2) {
+    if (chunks == 1)
+      multiply(One{});
     else
-      multiply(std::integral_constant<int, 4>{});
+      multiply(Two{});
+  } else if (chunks == 1) {
+    multiply(One{});
+  } else if (chunks == 2) {
+    multiply(Two{});
+  } else if (chunks == 3) {
+    multiply(std::integral_constant<int, 3>{});
+  } else {
+    multiply(std::integral_constant<int, 4>{});
   }
 
   // Accumulator i of chunk c: row warp * 16 + lane / 4 (+8 when i % 4 >= 2) of the sub-tile, token
@@ -562,10 +589,11 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaBlocksPerSm)
       const int n = c * kChunkTokens + (i / 4) * 8 + (lane % 4) * 2 + (i & 1);
       if (n >= tile.count) continue;
       const int64_t slot = slot_of[n];
-      const int row_in_sub = warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0);
+      const int row_in_sub = warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0);  // warp = group * 4 + warp in group
       if constexpr (kGateUp) {
         const int64_t row = row0 + row_in_sub;
-        if (row < m) activated[slot * m + row] = __float2bfloat16_rn(silu(accumulator[0][c][i]) * accumulator[1][c][i]);
+        if (row < m)
+          activated[slot * m + row] = __float2bfloat16_rn(silu(accumulator[0][c][i]) * accumulator[1][c][i]);
       } else {
         const float weight = weights[slot];
 #pragma unroll
@@ -626,23 +654,23 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
 
 
 // Once per process and configuration, outside any graph capture's stream work (more than 48 KiB per block).
-template <int kChunkTokens, int kChunks>
+template <int kChunkTokens, int kChunks, int kConsumers>
 cudaError_t allow_wgmma_shared_memory() {
-  const auto bytes = static_cast<int>(WgmmaTiling<kChunkTokens, kChunks>::kSharedBytes);
-  if (cudaError_t status = cudaFuncSetAttribute(expert_wgmma_kernel<true, kChunkTokens, kChunks>,
+  const auto bytes = static_cast<int>(WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kSharedBytes);
+  if (cudaError_t status = cudaFuncSetAttribute(expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       status != cudaSuccess)
     return status;
-  return cudaFuncSetAttribute(expert_wgmma_kernel<false, kChunkTokens, kChunks>,
+  return cudaFuncSetAttribute(expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-template <int kChunkTokens, int kChunks>
+template <int kChunkTokens, int kChunks, int kConsumers>
 cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
                               const ExpertPointers& experts, const MoeMmaWorkspace& workspace, cudaStream_t stream) {
-  using Tiling = WgmmaTiling<kChunkTokens, kChunks>;
+  using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens;
-  static const cudaError_t configured = allow_wgmma_shared_memory<kChunkTokens, kChunks>();
+  static const cudaError_t configured = allow_wgmma_shared_memory<kChunkTokens, kChunks, kConsumers>();
   if (configured != cudaSuccess) return configured;
   const int64_t max_tiles = tile_bound<kTokens>(assignments, experts.experts);
   auto* tiles = reinterpret_cast<Tile*>(workspace.tiles);
@@ -653,15 +681,17 @@ cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t 
   const auto* maps = static_cast<const unsigned char*>(experts.tensor_maps);
   const size_t matrix_maps = size_t{kTensorMapBytes} * experts.experts;  // one matrix of every expert
   auto* activated = static_cast<__nv_bfloat16*>(workspace.activated_hi);
-  const dim3 up_grid(tile_count, blocks_for(experts.intermediate, kWgmmaRows));
-  expert_wgmma_kernel<true, kChunkTokens, kChunks><<<up_grid, kWgmmaThreads, Tiling::kSharedBytes, stream>>>(
-      static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps, maps + matrix_maps,
-      weights, experts.intermediate, experts.hidden, activated, nullptr);
+  const dim3 up_grid(tile_count, blocks_for(experts.intermediate, Tiling::kRows));
+  expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>
+      <<<up_grid, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+          static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps,
+          maps + matrix_maps, weights, experts.intermediate, experts.hidden, activated, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * kWgmmaRows));
-  expert_wgmma_kernel<false, kChunkTokens, kChunks><<<down_grid, kWgmmaThreads, Tiling::kSharedBytes, stream>>>(
-      activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
-      experts.hidden, experts.intermediate, nullptr, workspace.expert_out);
+  const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Tiling::kRows));
+  expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>
+      <<<down_grid, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+          activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
+          experts.hidden, experts.intermediate, nullptr, workspace.expert_out);
   return cudaGetLastError();
 }
 
@@ -715,25 +745,28 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
       status != cudaSuccess)
     return status;
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
-  // EXPERIMENT (removed before the commit): BEAMLINE_MOE_EXPERT_KERNEL=mma|wgmma16|wgmma32|wgmma64 forces one
-  // kernel family for bfloat16 so that one device call measures them all.
+  // EXPERIMENT (removed before the commit): BEAMLINE_MOE_EXPERT_KERNEL=mma|wgmma16|wgmma32|wgmma64 (one consumer
+  // warpgroup) or wide16|wide32|wide64|wide128 (two) forces one kernel family for bfloat16, so that one device call
+  // measures them all.
   static const std::string forced = [] {
     const char* value = std::getenv("BEAMLINE_MOE_EXPERT_KERNEL");
     return std::string(value == nullptr ? "" : value);
   }();
   const int64_t per_expert = assignments / experts.experts;
-  int chunk = 0;
+  std::string family = "mma";
   if (!split && experts.tensor_maps != nullptr) {
-    chunk = per_expert <= kFewSlotsPerExpert ? 16 : per_expert <= 64 ? 32 : 64;
-    if (forced == "mma") chunk = 0;
-    if (forced == "wgmma16") chunk = 16;
-    if (forced == "wgmma32") chunk = 32;
-    if (forced == "wgmma64") chunk = 64;
+    family = per_expert <= kFewSlotsPerExpert ? "wgmma16" : per_expert <= 64 ? "wide16" : "wide128";
+    if (!forced.empty()) family = forced;
   }
+  const auto run = [&](auto wgmma) { return wgmma(ids, weights, assignments, top_k, experts, workspace, stream); };
   const cudaError_t status =
-      chunk == 16 ? run_experts_wgmma<16, 4>(ids, weights, assignments, top_k, experts, workspace, stream)
-      : chunk == 32 ? run_experts_wgmma<32, 2>(ids, weights, assignments, top_k, experts, workspace, stream)
-      : chunk == 64 ? run_experts_wgmma<64, 2>(ids, weights, assignments, top_k, experts, workspace, stream)
+      family == "wgmma16"   ? run(run_experts_wgmma<16, 4, 1>)
+      : family == "wgmma32" ? run(run_experts_wgmma<32, 2, 1>)
+      : family == "wgmma64" ? run(run_experts_wgmma<64, 2, 1>)
+      : family == "wide16"  ? run(run_experts_wgmma<16, 4, 2>)
+      : family == "wide32"  ? run(run_experts_wgmma<32, 2, 2>)
+      : family == "wide64"  ? run(run_experts_wgmma<64, 2, 2>)
+      : family == "wide128" ? run(run_experts_wgmma<128, 1, 2>)
       : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, stream)
                      : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, stream))
               : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, stream)
