@@ -11,14 +11,15 @@
 // the SwiGLU output in the gate|up epilogue; the GEMMs read the X rows through the expert's slot list (never
 // copied) with ldmatrix, so the inner loop is loads and MMAs only.
 //
+// With OperandPrecision::Bf16 the same GEMMs run on Hopper's warpgroup MMAs instead (the wgmma section below: TMA
+// weight tiles, larger N per instruction), faster at every token count measured; Split keeps mma.sync.
+//
 // Bookkeeping without a host sync: one block groups the slots by expert and lists the (expert, token tile) pairs;
 // the GEMM grids cover the most tiles there can be and the blocks past the listed ones return at once.
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
@@ -32,6 +33,9 @@ constexpr int kPlanThreads = 1024;
 // Up to this many slots per expert on average, tiles of 16 tokens (smaller stages, so more of them in flight);
 // above it, tiles of 64 tokens, so that an expert's weights are streamed once for more tokens.
 constexpr int64_t kFewSlotsPerExpert = 4;
+// Bf16 on wgmma: up to this many slots per expert on average, blocks of two warpgroups sharing the staged tokens;
+// above it, the prefill tiles.
+constexpr int64_t kSharedTokensSlotsPerExpert = 64;
 constexpr int kSmallTile = 16, kLargeTile = 64;
 
 // Dynamic shared memory of one block: two blocks per SM fit in the H100/H200's 228 KiB with the static arrays and
@@ -388,8 +392,8 @@ __device__ __forceinline__ void arrive_expecting(uint64_t* barrier, uint32_t byt
 __device__ __forceinline__ void load_box(uint32_t shared, const void* tensor_map, int32_t k0, int32_t row,
                                          uint64_t* barrier) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
-          "r"(shared),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared),
       "l"(tensor_map), "r"(k0), "r"(row), "r"(shared_address(barrier))
       : "memory");
 }
@@ -416,32 +420,24 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[kCount]) {
 __device__ __forceinline__ void wgmma_bf16(float (&d)[8], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, accumulate, 1, 1, 0, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, accumulate, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_bf16(float (&d)[16], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, accumulate, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "l"(a), "l"(b), "r"(1));
 }
 
 __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a), "l"(b), "r"(1));
-}
-
-__device__ __forceinline__ void wgmma_bf16(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, accumulate, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a), "l"(b), "r"(1));
 }
 
@@ -559,18 +555,13 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
       if (lane == 0) arrive(&empty[stage]);
     }
   };
-  static_assert(kChunks == 1 || kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
+  static_assert(kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if constexpr (kChunks == 1) {
+  if (chunks == 1) {
     multiply(One{});
   } else if constexpr (kChunks == 2) {
-    if (chunks == 1)
-      multiply(One{});
-    else
-      multiply(Two{});
-  } else if (chunks == 1) {
-    multiply(One{});
+    multiply(Two{});
   } else if (chunks == 2) {
     multiply(Two{});
   } else if (chunks == 3) {
@@ -745,28 +736,19 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
       status != cudaSuccess)
     return status;
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
-  // EXPERIMENT (removed before the commit): BEAMLINE_MOE_EXPERT_KERNEL=mma|wgmma16|wgmma32|wgmma64 (one consumer
-  // warpgroup) or wide16|wide32|wide64|wide128 (two) forces one kernel family for bfloat16, so that one device call
-  // measures them all.
-  static const std::string forced = [] {
-    const char* value = std::getenv("BEAMLINE_MOE_EXPERT_KERNEL");
-    return std::string(value == nullptr ? "" : value);
-  }();
-  const int64_t per_expert = assignments / experts.experts;
-  std::string family = "mma";
-  if (!split && experts.tensor_maps != nullptr) {
-    family = per_expert <= kFewSlotsPerExpert ? "wgmma16" : per_expert <= 64 ? "wide16" : "wide128";
-    if (!forced.empty()) family = forced;
-  }
-  const auto run = [&](auto wgmma) { return wgmma(ids, weights, assignments, top_k, experts, workspace, stream); };
+  const int64_t slots_per_expert = assignments / experts.experts;  // on average
+  // Bf16 on wgmma wherever measured (bench/results/2026-12-01-moe-wgmma.md, Beam-1.0 shapes on an H200): 13-24%
+  // faster than the mma.sync kernels at 16-8192 tokens. Few slots per expert (up to 128 tokens): one warpgroup per
+  // block, N in chunks of 16. More: two warpgroups per block share the staged tokens (1.4% faster at 256 tokens, even
+  // at 1024). Prefill (over 64 per expert): one warpgroup, 128-token tiles in chunks of 64 (the fewest MMAs and
+  // shared-memory reads per weight byte of the sizes tried).
   const cudaError_t status =
-      family == "wgmma16"   ? run(run_experts_wgmma<16, 4, 1>)
-      : family == "wgmma32" ? run(run_experts_wgmma<32, 2, 1>)
-      : family == "wgmma64" ? run(run_experts_wgmma<64, 2, 1>)
-      : family == "wide16"  ? run(run_experts_wgmma<16, 4, 2>)
-      : family == "wide32"  ? run(run_experts_wgmma<32, 2, 2>)
-      : family == "wide64"  ? run(run_experts_wgmma<64, 2, 2>)
-      : family == "wide128" ? run(run_experts_wgmma<128, 1, 2>)
+      !split && experts.tensor_maps != nullptr
+          ? (slots_per_expert <= kFewSlotsPerExpert
+                 ? run_experts_wgmma<16, 4, 1>(ids, weights, assignments, top_k, experts, workspace, stream)
+             : slots_per_expert <= kSharedTokensSlotsPerExpert
+                 ? run_experts_wgmma<16, 4, 2>(ids, weights, assignments, top_k, experts, workspace, stream)
+                 : run_experts_wgmma<64, 2, 1>(ids, weights, assignments, top_k, experts, workspace, stream))
       : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, stream)
                      : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, stream))
               : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, stream)
