@@ -321,8 +321,7 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
   packed->dtype = moe.experts.front().gate.weight.dtype();
   packed->hidden = hidden;
   packed->intermediate = moe.experts.front().gate.weight.dim(0);
-  if (packed->dtype == DType::BF16 &&
-      cuda::moe_mma_supported(packed->dtype, static_cast<int32_t>(experts), hidden, packed->intermediate)) {
+  if (cuda::moe_mma_supported(packed->dtype, static_cast<int32_t>(experts), hidden, packed->intermediate)) {
     std::vector<unsigned char> maps(3 * static_cast<std::size_t>(experts) * cuda::kTensorMapBytes);
     for (std::size_t i = 0; i < pointers.size(); ++i) {
       const bool down = i >= 2 * static_cast<std::size_t>(experts);

@@ -187,10 +187,11 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
                         int64_t hidden, float* out, cudaStream_t stream);
 // The same on the tensor cores for 2 tokens and more (kernels_moe_mma.cu): per expert C^T = W · X^T, the weight
-// rows as M streamed once per tile of up to 16 or 64 of the expert's tokens (N), X (h, then the SwiGLU output)
-// converted once to BF16 rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo
-// rows and two MMAs, FP32-accurate products; Bf16, one rounding and one MMA), SwiGLU fused into gate|up, the routing
-// weight into down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
+// rows as M streamed once per tile of the expert's tokens (N), X (h, then the SwiGLU output) converted once to BF16
+// rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo rows and two mma.sync per
+// product, FP32-accurate products, tiles of 16 or 64 tokens; Bf16, one rounding and one wgmma per product when
+// ExpertPointers::tensor_maps is set, tiles of 64 or 128 tokens), SwiGLU fused into gate|up, the routing weight into
+// down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
 // Supported for BF16 experts, at most kMaxMmaExperts of them, H and I multiples of 8.
 constexpr int32_t kMaxMmaExperts = 1024;
 struct MoeMmaWorkspace {
