@@ -696,6 +696,11 @@ void test_moe(Harness& harness) {
        {1, 7, 8, 9, 0, 64, 65, 200, 0, 130}},
       {60, 200, 72, 64, 2, 16, "odd, few tokens per expert (16-token tiles): 1/7/8/9/16/17/22/40, most idle",
        sparse_counts(64, {{0, 1}, {5, 7}, {9, 8}, {20, 9}, {33, 16}, {40, 17}, {50, 22}, {63, 40}})},
+      {64, 200, 72, 64, 2, 16, "odd, few tokens per expert (bfloat16: wgmma chunks of 16): 64/40/24, most idle",
+       sparse_counts(64, {{3, 64}, {10, 40}, {20, 24}})},
+      {600, 200, 72, 10, 2, 10,
+       "odd, many tokens per expert (bfloat16: wgmma tiles of 128): 0/1/63/64/65/127/128/129/300/323",
+       {0, 1, 63, 64, 65, 127, 128, 129, 300, 323}},
       {40, 60, 36, 6, 2, 6, "H not a multiple of 8: grouped GEMM"},
       {256, 256, 128, 8, 8, 8, "every token on every expert: four full tiles each"},
       {1100, 64, 32, 8, 2, 8, "tiny, 1100 tokens: many tiles per expert"}};

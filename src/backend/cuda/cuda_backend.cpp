@@ -104,7 +104,8 @@ cuda::BatchGeometry batch_geometry(const AttentionBatch& batch, const Tensor& bl
 
 // The device pointer tables of one MoE layer's experts, made by prepare_moe.
 struct PackedExperts {
-  Tensor pointers;  // I64 [3, E]: gate, up, down
+  Tensor pointers;     // I64 [3, E]: gate, up, down
+  Tensor tensor_maps;  // U8 [3, E, kTensorMapBytes] of the same matrices when the wgmma GEMMs can take them
   DType dtype = DType::BF16;
   int64_t hidden = 0, intermediate = 0;
 };
@@ -370,6 +371,17 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
   packed->dtype = moe.experts.front().gate.weight.dtype();
   packed->hidden = hidden;
   packed->intermediate = moe.experts.front().gate.weight.dim(0);
+  if (cuda::moe_mma_supported(packed->dtype, static_cast<int32_t>(experts), hidden, packed->intermediate)) {
+    std::vector<unsigned char> maps(3 * static_cast<std::size_t>(experts) * cuda::kTensorMapBytes);
+    for (std::size_t i = 0; i < pointers.size(); ++i) {
+      const bool down = i >= 2 * static_cast<std::size_t>(experts);
+      const int64_t rows = down ? hidden : packed->intermediate, cols = down ? packed->intermediate : hidden;
+      BEAMLINE_CUDA_CHECK(cuda::encode_expert_tensor_map(reinterpret_cast<const void*>(pointers[i]), rows, cols,
+                                                         maps.data() + i * cuda::kTensorMapBytes));
+    }
+    packed->tensor_maps =
+        upload(maps.data(), DType::U8, {3, experts, static_cast<int64_t>(cuda::kTensorMapBytes)});
+  }
   moe.packed = std::move(packed);
 }
 
@@ -622,6 +634,7 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   pointers.experts = experts;
   pointers.hidden = hidden;
   pointers.intermediate = packed.intermediate;
+  pointers.tensor_maps = packed.tensor_maps.defined() ? packed.tensor_maps.raw() : nullptr;
   const int64_t assignments = rows * top_k;
   // One token: each expert has a single column, so the tensor-core tiles would be 1/8 full and the plan pass is
   // pure overhead; the streaming kernels do it in fewer launches. From two tokens on the tensor cores win

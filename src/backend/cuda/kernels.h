@@ -149,6 +149,9 @@ struct ExpertPointers {
   DType dtype = DType::BF16;
   int32_t experts = 0;
   int64_t hidden = 0, intermediate = 0;
+  // [3, E] TMA descriptors of the gate, up and down matrices (encode_expert_tensor_map), for the wgmma GEMMs of
+  // moe_mma; null: those GEMMs are not used.
+  const void* tensor_maps = nullptr;
 };
 
 // Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
@@ -187,10 +190,11 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
                         int64_t hidden, float* out, cudaStream_t stream);
 // The same on the tensor cores for 2 tokens and more (kernels_moe_mma.cu): per expert C^T = W · X^T, the weight
-// rows as M streamed once per tile of up to 16 or 64 of the expert's tokens (N), X (h, then the SwiGLU output)
-// converted once to BF16 rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo
-// rows and two MMAs, FP32-accurate products; Bf16, one rounding and one MMA), SwiGLU fused into gate|up, the routing
-// weight into down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
+// rows as M streamed once per tile of the expert's tokens (N), X (h, then the SwiGLU output) converted once to BF16
+// rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo rows and two mma.sync per
+// product, FP32-accurate products, tiles of 16 or 64 tokens; Bf16, one rounding and one wgmma per product when
+// ExpertPointers::tensor_maps is set, tiles of 64 or 128 tokens), SwiGLU fused into gate|up, the routing weight into
+// down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
 // Supported for BF16 experts, at most kMaxMmaExperts of them, H and I multiples of 8.
 constexpr int32_t kMaxMmaExperts = 1024;
 struct MoeMmaWorkspace {
@@ -204,6 +208,11 @@ struct MoeMmaWorkspace {
   int64_t max_tiles = 0;         // at least moe_mma_max_tiles
 };
 bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t intermediate);
+// With OperandPrecision::Bf16 the GEMMs run on Hopper's warpgroup MMAs (wgmma), the weights streamed by TMA through
+// one tensor map per expert matrix: this encodes the map of a BF16 weight [rows, cols] (cols a multiple of 8, the
+// weight 16-byte aligned) into the kTensorMapBytes at host address `map`, to be uploaded 64-byte aligned.
+constexpr size_t kTensorMapBytes = 128;
+cudaError_t encode_expert_tensor_map(const void* weight, int64_t rows, int64_t cols, void* map);
 int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
