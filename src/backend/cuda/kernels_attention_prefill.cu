@@ -282,6 +282,9 @@ cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, i
   if (pool.dtype == DType::F32)
     return launch_prefill<float>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window, out,
                                  stream);
+  if (pool.dtype == DType::BF16 && precision == OperandPrecision::Bf16)
+    return launch_prefill_attention_wgmma(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
+                                          out, stream);
   if (pool.dtype == DType::BF16)
     return launch_prefill_attention_mma(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
                                         precision, out, stream);

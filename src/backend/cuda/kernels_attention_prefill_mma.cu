@@ -24,7 +24,7 @@ namespace {
 constexpr int kDim = kFastHeadDim;
 constexpr int kRowBytes = kDim * 2;  // a BF16 row of q, K or V
 constexpr int kChunks = kRowBytes / 16;
-constexpr int kVectors = 128;                       // query vectors per block
+constexpr int kVectors = kPrefillTileVectors;       // query vectors per block
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The block's shape per precision: the fastest of the spill-free shapes measured on the H200 (bench/results/
