@@ -35,6 +35,8 @@ constexpr int kGroupThreads = 128;                           // a warpgroup
 constexpr int kThreads = kGroupThreads * (1 + kConsumerGroups);
 constexpr int kConsumerWarps = kConsumerGroups * kGroupThreads / 32;
 constexpr int kStages = 2;
+constexpr int kOffsetBuffers = 3;
+constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads)
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // 40 + 2 * 232 = 3 * 168, the launch's share
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -122,6 +124,14 @@ __device__ __forceinline__ void pin(float (&d)[64]) {
 // visible to the async proxy that wgmma reads shared memory through.
 __device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// 2^x by the special-function unit alone (exp2f adds a denormal-result path; a probability below 2^-126 is 0 for
+// every purpose here).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&pair);
@@ -133,9 +143,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                    int32_t sliding_window, float* out) {
   extern __shared__ unsigned char dynamic_shared[];
   __shared__ uint64_t key_full[kStages], key_empty[kStages], value_full[kStages], value_empty[kStages];
-  // Per stage, which keys of its tile have no pool block: word w holds keys k with k % 8 / 2 == w, bit k / 8 +
-  // 16 * (k % 2) — the keys of one consumer lane's S registers fall into word lane % 4.
-  __shared__ uint32_t missing_keys[kStages][4];
+  // Per stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
+  __shared__ __align__(16) uint32_t missing_keys[kStages][kKeys / 32];
+  __shared__ int64_t key_offsets[kOffsetBuffers][kKeys];  // the producer's pool offsets of a tile's keys
   __shared__ int range_first, range_last, group_first[kConsumerGroups], group_last[kConsumerGroups];
 
   unsigned char* shared =
@@ -232,37 +242,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    // Thread `thread` copies 16-byte chunk thread % 16 of key thread / 16 + 8 * pass in each of 16 passes: every
-    // pass reads 8 whole rows, and the swizzled destination moves by 8 rows per pass.
+    // Per tile, thread `thread` looks up key `thread` once: its pool offset (-1: past last_key or no block) goes to
+    // key_offsets, for the copies of K and, a tile later, V. Then it copies 16-byte chunk thread % 16 of key
+    // thread / 16 + 8 * pass in each of 16 passes: every pass reads 8 whole rows, and the swizzled destination
+    // moves by 8 rows per pass. Three offset buffers: the one written for tile t + 2 was last read for V of
+    // tile t - 1, before every producer thread passed the barrier that follows the lookups of tile t + 1.
     const int part = thread % 16, key_in_pass = thread / 16;
     const uint32_t destination = swizzled<kKeys>(key_in_pass, part);
     const KeyRows rows = key_rows(pool, batch, sequence, slot, kv_head);
-    // Starts copying the tile of keys from tile_start into `tile` (zeros for keys past last_key or without a
-    // block); bit `pass` of the result: this thread's key of that pass is <= last_key and has no block.
-    auto copy_tile = [&](int32_t tile_start, uint32_t tile, const __nv_bfloat16* source) {
-      uint32_t missing = 0;
-#pragma unroll 4
+    auto copy_tile = [&](const int64_t* offsets, uint32_t tile, const __nv_bfloat16* source) {
+#pragma unroll
       for (int pass = 0; pass < kKeys / 8; ++pass) {
-        const int32_t t = tile_start + 8 * pass + key_in_pass;
-        const int32_t block = t <= last_key ? rows.block_of(t) : -1;
-        const int64_t offset = block >= 0 ? rows.offset(block, t) + part * 8 : 0;
-        copy_async16(tile + destination + pass * kRowGroupBytes, source + offset, block >= 0);
-        missing |= static_cast<uint32_t>(t <= last_key && block < 0) << pass;
+        const int64_t offset = offsets[8 * pass + key_in_pass];
+        copy_async16(tile + destination + pass * kRowGroupBytes, source + (offset >= 0 ? offset + part * 8 : 0),
+                     offset >= 0);
       }
-      return missing;
     };
     const __nv_bfloat16* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
     const __nv_bfloat16* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
     for (int32_t tile = 0; tile <= tiles; ++tile) {
       if (tile < tiles) {
         const int stage = tile % kStages;
+        int64_t* offsets = key_offsets[tile % kOffsetBuffers];
+        const int32_t t = first_key + tile * kKeys + thread;
+        const int32_t block = t <= last_key ? rows.block_of(t) : -1;
+        offsets[thread] = block >= 0 ? rows.offset(block, t) : -1;
+        const uint32_t missing = __ballot_sync(0xffffffffu, t <= last_key && block < 0);
+        asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kGroupThreads) : "memory");
         wait_mbarrier(&key_empty[stage], ((tile / kStages) & 1) ^ 1);
-        const uint32_t missing = copy_tile(first_key + tile * kKeys, key_tiles + stage * kTileBytes, k_pool);
+        copy_tile(offsets, key_tiles + stage * kTileBytes, k_pool);
         arrive_mbarrier_when_copied(&key_full[stage]);
-        // Lanes 0 and 16 hold keys 8 * pass + 2 * warp and + 1 (chunk 0 of each).
-        const uint32_t even = __shfl_sync(0xffffffffu, missing, 0), odd = __shfl_sync(0xffffffffu, missing, 16);
         if (lane == 0) {
-          missing_keys[stage][warp] = even | odd << 16;
+          missing_keys[stage][warp] = missing;
           arrive_mbarrier(&key_full[stage]);
         }
       }
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int32_t previous = tile - 1;
         const int stage = previous % kStages;
         wait_mbarrier(&value_empty[stage], ((previous / kStages) & 1) ^ 1);
-        copy_tile(first_key + previous * kKeys, value_tiles + stage * kTileBytes, v_pool);
+        copy_tile(key_offsets[previous % kOffsetBuffers], value_tiles + stage * kTileBytes, v_pool);
         arrive_mbarrier_when_copied(&value_full[stage]);
       }
     }
@@ -304,25 +315,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncwarp();
   };
+  // The wgmma operands of a tile: wait until its copies have landed (then fence_async_proxy), and issue.
+  auto await_keys = [&](int32_t tile) { wait_mbarrier(&key_full[tile % kStages], (tile / kStages) & 1); };
+  auto await_values = [&](int32_t tile) { wait_mbarrier(&value_full[tile % kStages], (tile / kStages) & 1); };
   auto query_keys = [&](float(&score)[64], int32_t tile) {
-    const int stage = tile % kStages;
-    wait_mbarrier(&key_full[stage], (tile / kStages) & 1);
-    fence_async_proxy();
-    const uint32_t key_tile = key_tiles + stage * kTileBytes;
+    const uint32_t key_tile = key_tiles + tile % kStages * kTileBytes;
 #pragma unroll
     for (int step = 0; step < kDim / 16; ++step) {
       const uint32_t in_half = (step % 4) * 32;  // 16 BF16 per k step, 4 steps per 128-byte half
-      mma_shared(score,
-                 descriptor(query_tile + (step / 4) * kQueryHalfBytes + in_half, 16, kRowGroupBytes),
+      mma_shared(score, descriptor(query_tile + (step / 4) * kQueryHalfBytes + in_half, 16, kRowGroupBytes),
                  descriptor(key_tile + (step / 4) * kTileHalfBytes + in_half, 16, kRowGroupBytes), step > 0);
     }
     mma_commit();
   };
   auto probabilities_values = [&](float(&acc)[64], const uint32_t(&probability)[32], int32_t tile) {
-    const int stage = tile % kStages;
-    wait_mbarrier(&value_full[stage], (tile / kStages) & 1);
-    fence_async_proxy();
-    const uint32_t value_tile = value_tiles + stage * kTileBytes;
+    const uint32_t value_tile = value_tiles + tile % kStages * kTileBytes;
 #pragma unroll
     for (int step = 0; step < kKeys / 16; ++step) {
       const uint32_t(&a)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&probability[4 * step]);
@@ -343,9 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // releases the K stage (the S wgmma has read it, and the missing-key words are read).
   auto mask = [&](int32_t tile) {
     const int stage = tile % kStages;
-    const uint32_t missing = missing_keys[stage][lane % 4];
+    const uint4 missing = *reinterpret_cast<const uint4*>(missing_keys[stage]);
+    const uint32_t words[4] = {missing.x, missing.y, missing.z, missing.w};
     const int32_t tile_start = first_key + tile * kKeys, tile_end = tile_start + kKeys - 1;
-    if (missing != 0 || tile_start < lowest_max || tile_end > highest_min) {
+    if ((missing.x | missing.y | missing.z | missing.w) != 0 || tile_start < lowest_max || tile_end > highest_min) {
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
@@ -353,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int h = e / 2;
           const int32_t t = tile_start + 8 * j + 2 * (lane % 4) + e % 2;
           const bool visible = t >= lowest[h] && t <= highest[h];
-          poisoned[h] |= visible && ((missing >> (j + 16 * (e % 2))) & 1u) != 0;
+          poisoned[h] |= visible && ((words[j / 4] >> (8 * (j % 4) + 2 * (lane % 4) + e % 2)) & 1u) != 0;
           if (!visible) score[4 * j + e] = -INFINITY;
         }
     }
@@ -373,14 +381,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float new_max = fmaxf(running_max[h], tile_max);
       // While nothing is visible yet the maximum is -inf: subtract 0 instead (every exponent is -inf then).
       const float max_scaled = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-      correction[h] = exp2f(running_max[h] * scale_log2 - max_scaled);
+      correction[h] = exp2_ftz(running_max[h] * scale_log2 - max_scaled);
       running_max[h] = new_max;
       float tile_sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          score[4 * j + e] = exp2f(fmaf(score[4 * j + e], scale_log2, -max_scaled));
+          score[4 * j + e] = exp2_ftz(fmaf(score[4 * j + e], scale_log2, -max_scaled));
           tile_sum += score[4 * j + e];
         }
       running_sum[h] = running_sum[h] * correction[h] + tile_sum;
@@ -408,6 +416,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int32_t tile = 0; tile < min(seen_first, tiles); ++tile) pass_over(tile);
   if (seen_first <= seen_last) {
+    await_keys(seen_first);
+    fence_async_proxy();
     mma_fence();
     query_keys(score, seen_first);
     mma_wait<0>();
@@ -416,7 +426,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax();
     round_probabilities();
     for (int32_t tile = seen_first + 1; tile <= seen_last; ++tile) {
-      // S of this tile and P V of the previous one in flight together; the softmax waits for S only.
+      // S of this tile and P V of the previous one in flight together; the softmax waits for S only. One proxy
+      // fence for both tiles' copies (V of the previous tile lands right after K of this one).
+      await_keys(tile);
+      await_values(tile - 1);
+      fence_async_proxy();
       mma_fence();
       query_keys(score, tile);
       probabilities_values(acc, probability, tile - 1);
@@ -430,6 +444,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       rescale();
       round_probabilities();
     }
+    await_values(seen_last);
+    fence_async_proxy();
     mma_fence();
     probabilities_values(acc, probability, seen_last);
     mma_wait<0>();
