@@ -6,15 +6,17 @@
 // numerics (q rounded to BF16 once, P once per tile, FP32 accumulation).
 //
 // Warp specialization, three warpgroups: warpgroup 0 produces, copying 128-key K and V tiles of the paged pool with
-// cp.async (a paged block need not hold a whole tile, so no tensor map describes a tile) into kStages stages of
+// 16-byte cp.async (a tile starts at any key and spans several pool blocks) into kStages stages of
 // 128-byte-swizzled shared memory, signalling each stage's "full" mbarrier as its copies land and waiting on its
-// "empty" one before refilling it; K of tile t + 1 is copied before V of tile t, the order the consumers need them.
+// "empty" one before refilling it; each key's block is looked up once per tile, and K of tile t + 1 is copied
+// before V of tile t, the order the consumers need them.
 // Warpgroups 1 and 2 consume, 64 vectors each: S = q Kᵀ is an m64n128k16 wgmma with q and K both read from
 // shared memory through matrix descriptors (head dim contiguous: K-major), O += P V one with P from the S registers
 // (the accumulator layout is the A operand's register layout) and V from shared memory as an MN-major operand.
 // Within a warpgroup the softmax of tile t overlaps the P V product of tile t - 1 (both issued before the wait for
 // S), and the two consumer warpgroups run independently, so one's softmax overlaps the other's MMAs. setmaxnreg
 // gives the consumers the registers the producer does not need (S, O and P take 160 per thread).
+// Measured, with what limits it: bench/results/2026-12-01-prefill-wgmma.md.
 #include <climits>
 #include <cmath>
 
@@ -34,7 +36,7 @@ static_assert(kVectors == kPrefillTileVectors, "the tiles the plan lists for the
 constexpr int kGroupThreads = 128;                           // a warpgroup
 constexpr int kThreads = kGroupThreads * (1 + kConsumerGroups);
 constexpr int kConsumerWarps = kConsumerGroups * kGroupThreads / 32;
-constexpr int kStages = 2;
+constexpr int kStages = 2;  // a third does not fit in 227 KiB beside the q tiles and the offset buffers
 constexpr int kOffsetBuffers = 3;
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads)
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // 40 + 2 * 232 = 3 * 168, the launch's share
