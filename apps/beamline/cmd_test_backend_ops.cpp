@@ -560,6 +560,12 @@ void test_attention(Harness& harness) {
       {"prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::BF16, {{3, 250}}},
       {"prefill window 100 GQA 16/2", 16, 2, 128, 16, 100, DType::BF16, {{0, 300}, {250, 90}}},
       {"prefill MHA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{0, 140}, {17, 6}}},
+      // The wgmma kernel's tiling: 128-key tiles and 64-vector warpgroups, lengths off those multiples (22 rows:
+      // one more than a tile of group 6), windows narrower than a tile, so that one warpgroup of a block skips a
+      // key tile the other one uses.
+      {"prefill tile edges", 48, 8, 128, 16, 0, DType::BF16, {{0, 127}, {0, 129}, {64, 191}, {1, 22}}},
+      {"prefill window 5", 48, 8, 128, 16, 5, DType::BF16, {{0, 200}, {300, 45}}},
+      {"prefill window 5 MHA 8/8", 8, 8, 128, 16, 5, DType::BF16, {{0, 300}, {40, 129}}},
       {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
       {"missing block, 1 row", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {6000, 1}}, 1},
       {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},

@@ -101,18 +101,28 @@ int64_t decode_partials_floats(int64_t count, int32_t num_heads, int32_t splits)
 int decode_blocks_per_multiprocessor(DType dtype, int32_t group);
 // Query rows of one prefill tile for this many query heads per kv head and this pool dtype.
 int32_t prefill_rows_per_tile(int32_t group, DType dtype);
-// Tiled prefill over `tiles` work items (sequence, first row, rows) of `tile_list`: the tensor-core kernel with
-// `precision`'s operands for BF16 pools, the CUDA-core kernel (exact F32 math) for F32 pools.
+// Tiled prefill over `tiles` work items (sequence, first row, rows) of `tile_list`: for BF16 pools the wgmma
+// kernel with Bf16 operands or the mma.sync kernel with Split ones, the CUDA-core kernel (exact F32 math) for F32
+// pools.
 cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, int32_t slot,
                                      const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
                                      int32_t num_heads, float scale, int32_t sliding_window,
                                      OperandPrecision precision, float* out, cudaStream_t stream);
-// The tensor-core prefill kernel (kernels_attention_prefill_mma.cu): BF16 pools only, tiles of
+// Query vectors ((row, head of the group) pairs) per block of the tensor-core prefill kernels, which serve the
+// same tiles.
+constexpr int32_t kPrefillTileVectors = 128;
+// The mma.sync prefill kernel (kernels_attention_prefill_mma.cu): BF16 pools and OperandPrecision::Split, tiles of
 // prefill_mma_rows_per_tile(group) rows.
 int32_t prefill_mma_rows_per_tile(int32_t group);
 cudaError_t launch_prefill_attention_mma(const float* q, const PoolGeometry& pool, int32_t slot,
                                          const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
-                                         int32_t num_heads, float scale, int32_t sliding_window,
-                                         OperandPrecision precision, float* out, cudaStream_t stream);
+                                         int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                         cudaStream_t stream);
+// The wgmma prefill kernel (kernels_attention_prefill_wgmma.cu, sm_90a): BF16 pools and OperandPrecision::Bf16,
+// the same tiles as the mma.sync kernel.
+cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& pool, int32_t slot,
+                                           const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
+                                           int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                           cudaStream_t stream);
 
 }  // namespace beamline::cuda

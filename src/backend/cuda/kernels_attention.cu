@@ -1,7 +1,8 @@
 // Paged KV writes, and paged attention's dispatcher: the host-side plan picks, per batch, the split-KV decode
-// kernel (kernels_attention_decode.cu) for sequences with few query rows, the tiled prefill kernels
-// (kernels_attention_prefill_mma.cu on the tensor cores for BF16 pools, kernels_attention_prefill.cu for F32 pools)
-// for the others, and the generic kernel below for shapes those do not cover.
+// kernel (kernels_attention_decode.cu) for sequences with few query rows, the tiled prefill kernels (on the tensor
+// cores for BF16 pools: kernels_attention_prefill_wgmma.cu with BF16 operands, kernels_attention_prefill_mma.cu
+// with split ones; kernels_attention_prefill.cu for F32 pools) for the others, and the generic kernel below for
+// shapes those do not cover.
 // The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
 // each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>

@@ -1,10 +1,11 @@
 // Tiled paged attention for prefill and chunked prefill on the CUDA cores, for F32 KV pools (BF16 pools take the
-// tensor-core kernel, kernels_attention_prefill_mma.cu). A block serves one tile of consecutive query rows of
-// one sequence and one kv head: its kVectors query vectors are (row, head of the group) pairs, so every K/V
-// tile staged in shared memory is reused by all rows and all heads of the group. Key tiles outside the union of
-// the vectors' visible ranges (causal, sliding window) are never read; masks inside a tile are exact. F32 math
-// on the CUDA cores: each thread owns a 6 x 4 block of scores and a 6 x 8 block of the output, online softmax
-// per vector, and the next K/V tile is loaded into registers while the current one is used.
+// tensor-core kernels, kernels_attention_prefill_wgmma.cu and kernels_attention_prefill_mma.cu). A block serves
+// one tile of consecutive query rows of one sequence and one kv head: its kVectors query vectors are (row, head of
+// the group) pairs, so every K/V tile staged in shared memory is reused by all rows and all heads of the group.
+// Key tiles outside the union of the vectors' visible ranges (causal, sliding window) are never read; masks
+// inside a tile are exact. F32 math on the CUDA cores: each thread owns a 6 x 4 block of scores and a 6 x 8 block
+// of the output, online softmax per vector, and the next K/V tile is loaded into registers while the current one
+// is used.
 #include <climits>
 #include <cmath>
 
@@ -282,9 +283,12 @@ cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, i
   if (pool.dtype == DType::F32)
     return launch_prefill<float>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window, out,
                                  stream);
+  if (pool.dtype == DType::BF16 && precision == OperandPrecision::Bf16)
+    return launch_prefill_attention_wgmma(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
+                                          out, stream);
   if (pool.dtype == DType::BF16)
     return launch_prefill_attention_mma(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
-                                        precision, out, stream);
+                                        out, stream);
   return cudaErrorInvalidValue;
 }
 

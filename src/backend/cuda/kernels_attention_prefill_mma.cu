@@ -1,17 +1,15 @@
-// Prefill attention on the tensor cores for head_dim 128 and a BF16 KV pool (FlashAttention-2 design): a block
-// serves kVectors query vectors — (row, head of the group) pairs of consecutive rows of one sequence and one kv
-// head, as in the CUDA-core kernel (kernels_attention_prefill.cu) — so every K/V tile is shared by the whole GQA
-// group. K/V tiles of kKeys keys are copied with cp.async into XOR-swizzled shared memory (16-byte chunks, so
-// ldmatrix reads 8 rows without bank conflicts), kStages - 1 tiles ahead of the one in use. Each warp owns 16 *
-// kMTiles vectors: S = q Kᵀ and O += P V are mma.sync m16n8k16 BF16 products with FP32 accumulation, the online
-// softmax stays in registers and P goes from the S accumulators to the PV operand without shared memory.
-// Precision (OperandPrecision): Bf16 rounds q to BF16 once (at the tile load) and P once per tile (FlashAttention's
-// numerics); Split keeps q and P as hi + lo BF16 pairs (two MMAs per product, FP32-accurate). K and V are BF16
-// in the pool, exact operands either way.
+// Prefill attention on the tensor cores for head_dim 128 and a BF16 KV pool with FP32-accurate operands
+// (OperandPrecision::Split; Bf16 operands take the wgmma kernel, kernels_attention_prefill_wgmma.cu), in the
+// FlashAttention-2 design: a block serves kVectors query vectors — (row, head of the group) pairs of consecutive
+// rows of one sequence and one kv head, as in the CUDA-core kernel (kernels_attention_prefill.cu) — so every K/V
+// tile is shared by the whole GQA group. K/V tiles of kKeys keys are copied with cp.async into XOR-swizzled shared
+// memory (16-byte chunks, so ldmatrix reads 8 rows without bank conflicts), kStages - 1 tiles ahead of the one in
+// use. Each warp owns 16 * kMTiles vectors: S = q Kᵀ and O += P V are mma.sync m16n8k16 BF16 products with FP32
+// accumulation, the online softmax stays in registers and P goes from the S accumulators to the PV operand
+// without shared memory. q and P are hi + lo BF16 pairs (two MMAs per product, FP32-accurate); K and V are BF16
+// in the pool, exact operands.
 // Key tiles that no vector of a warp sees are skipped by that warp; masks (causal, window, keys past the sequence)
 // are applied only to tiles that are not wholly visible to every vector of the warp.
-// mma.sync is the first step on Hopper; what limits it and the wgmma design that should follow are in
-// bench/results/2026-12-01-prefill.md.
 #include <climits>
 #include <cmath>
 
@@ -24,28 +22,23 @@ namespace {
 constexpr int kDim = kFastHeadDim;
 constexpr int kRowBytes = kDim * 2;  // a BF16 row of q, K or V
 constexpr int kChunks = kRowBytes / 16;
-constexpr int kVectors = 128;                       // query vectors per block
+constexpr int kVectors = kPrefillTileVectors;       // query vectors per block
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The block's shape per precision: the fastest of the spill-free shapes measured on the H200 (bench/results/
-// 2026-12-01-prefill.md). A K/V fragment read from shared memory should feed two MMAs: Bf16 gives each warp two
-// 16-vector MMA tiles (4 warps), with 32-key tiles (64 keys would spill the S and O accumulators) 4 deep, two
-// blocks per multiprocessor; Split's hi and lo halves of q and P already make two MMAs per fragment, so one tile per
-// warp (8 warps) leaves registers for 64-key tiles, 3 deep, one block per multiprocessor.
-template <OperandPrecision kPrecision>
-struct Shape {
-  static constexpr bool kSplit = kPrecision == OperandPrecision::Split;
-  static constexpr int kQueryParts = kSplit ? 2 : 1;  // q as BF16 rows: hi (, lo)
-  static constexpr int kMTiles = kSplit ? 1 : 2;
-  static constexpr int kWarps = kVectors / (16 * kMTiles);
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kKeys = kSplit ? 64 : 32;  // keys per tile
-  static constexpr int kStages = kSplit ? 3 : 4;  // K/V tiles in flight or in use
-  static constexpr int kStageBytes = 2 * kKeys * kRowBytes;  // K then V
-  static constexpr int kLoadsPerThread = kKeys * kChunks / kThreads;  // 16-byte chunks of K (and of V) per tile
-  static constexpr size_t kSharedBytes = size_t{kQueryParts} * kVectors * kRowBytes + size_t{kStages} * kStageBytes;
-  static_assert(kLoadsPerThread * kThreads == kKeys * kChunks, "K/V tiles split evenly over the threads");
-};
+// The block's shape: the fastest of the spill-free shapes measured on the H200 (bench/results/
+// 2026-12-01-prefill.md). The hi and lo halves of q and P make two MMAs per K/V fragment read from shared memory,
+// so one 16-vector MMA tile per warp (8 warps) leaves registers for 64-key tiles, 3 deep, one block per
+// multiprocessor.
+constexpr int kQueryParts = 2;  // q as BF16 rows: hi, lo
+constexpr int kMTiles = 1;
+constexpr int kWarps = kVectors / (16 * kMTiles);
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKeys = 64;   // keys per tile
+constexpr int kStages = 3;  // K/V tiles in flight or in use
+constexpr int kStageBytes = 2 * kKeys * kRowBytes;  // K then V
+constexpr int kLoadsPerThread = kKeys * kChunks / kThreads;  // 16-byte chunks of K (and of V) per tile
+constexpr size_t kSharedBytes = size_t{kQueryParts} * kVectors * kRowBytes + size_t{kStages} * kStageBytes;
+static_assert(kLoadsPerThread * kThreads == kKeys * kChunks, "K/V tiles split evenly over the threads");
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes rows: chunks are XOR-swizzled by the
 // row's low 3 bits, so the 8 rows one ldmatrix matrix reads fall into 8 distinct bank groups.
@@ -84,16 +77,12 @@ __device__ __forceinline__ uint32_t pack_bf16_remainder(float x, float y) {
   return pack_bf16(x - __low2float(pair), y - __high2float(pair));
 }
 
-template <OperandPrecision kPrecision>
-__global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
+__global__ void __launch_bounds__(kThreads)
     prefill_attention_mma_kernel(const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch,
                                  const int32_t* tile_list, int32_t num_heads, float scale, int32_t sliding_window,
                                  float* out) {
-  using S = Shape<kPrecision>;
-  constexpr int kParts = S::kQueryParts, kMTiles = S::kMTiles, kThreads = S::kThreads, kKeys = S::kKeys;
-  constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes;
   extern __shared__ __align__(128) unsigned char shared[];
-  unsigned char* stages = shared + kParts * kVectors * kRowBytes;
+  unsigned char* stages = shared + kQueryParts * kVectors * kRowBytes;
   __shared__ int key_missing[kStages][kKeys];
   __shared__ int range_first, range_last;
 
@@ -119,9 +108,8 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     }
     const uint32_t offset = swizzled(vector, d / 8) + (d % 8) * 2;
     *reinterpret_cast<uint2*>(shared + offset) = uint2{pack_bf16(value.x, value.y), pack_bf16(value.z, value.w)};
-    if constexpr (kParts == 2)
-      *reinterpret_cast<uint2*>(shared + kVectors * kRowBytes + offset) =
-          uint2{pack_bf16_remainder(value.x, value.y), pack_bf16_remainder(value.z, value.w)};
+    *reinterpret_cast<uint2*>(shared + kVectors * kRowBytes + offset) =
+        uint2{pack_bf16_remainder(value.x, value.y), pack_bf16_remainder(value.z, value.w)};
   }
 
   // This thread's vectors are rows lane / 4 (half 0) and lane / 4 + 8 (half 1) of each of the warp's MMA tiles;
@@ -187,10 +175,10 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
   // The pool blocks of this thread's chunks of the tile of keys [tile_start, tile_start + kKeys) (-1 for none, and
   // past last_key), read from the block table before the MMAs that hide their latency.
-  using Blocks = int32_t[S::kLoadsPerThread];
+  using Blocks = int32_t[kLoadsPerThread];
   auto locate = [&](int32_t tile_start, Blocks& blocks) {
 #pragma unroll
-    for (int i = 0; i < S::kLoadsPerThread; ++i) {
+    for (int i = 0; i < kLoadsPerThread; ++i) {
       const int32_t t = tile_start + (threadIdx.x + kThreads * i) / kChunks;
       blocks[i] = t <= last_key ? key_rows_of_sequence.block_of(t) : -1;
     }
@@ -201,7 +189,7 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     const uint32_t k_tile = shared_address(stages + stage * kStageBytes), v_tile = k_tile + kKeys * kRowBytes;
     bool missing = false;
 #pragma unroll
-    for (int i = 0; i < S::kLoadsPerThread; ++i) {
+    for (int i = 0; i < kLoadsPerThread; ++i) {
       const int chunk = threadIdx.x + kThreads * i;
       const int key = chunk / kChunks, part = chunk % kChunks;
       const int32_t t = tile_start + key, block = blocks[i];
@@ -254,9 +242,9 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     if (seen) {
 #pragma unroll
       for (int step = 0; step < kDim / 16; ++step) {
-        uint32_t query[kParts][kMTiles][4];
+        uint32_t query[kQueryParts][kMTiles][4];
 #pragma unroll
-        for (int part = 0; part < kParts; ++part)
+        for (int part = 0; part < kQueryParts; ++part)
 #pragma unroll
           for (int i = 0; i < kMTiles; ++i)
             load_matrices(query[part][i], q_tile + part * kVectors * kRowBytes +
@@ -268,7 +256,7 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
 #pragma unroll
           for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-            for (int part = 0; part < kParts; ++part) {
+            for (int part = 0; part < kQueryParts; ++part) {
               mma(score[i][2 * pair], query[part][i], key[0], key[1]);
               mma(score[i][2 * pair + 1], query[part][i], key[2], key[3]);
             }
@@ -331,7 +319,7 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     // O += P V, 16 keys per step: the S accumulators of two adjacent 8-key tiles are the A operand's layout.
 #pragma unroll
     for (int step = 0; step < kKeys / 16; ++step) {
-      uint32_t probability[kParts][kMTiles][4];
+      uint32_t probability[kQueryParts][kMTiles][4];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         const float(&left)[4] = score[i][2 * step];
@@ -340,12 +328,10 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
         probability[0][i][1] = pack_bf16(left[2], left[3]);
         probability[0][i][2] = pack_bf16(right[0], right[1]);
         probability[0][i][3] = pack_bf16(right[2], right[3]);
-        if constexpr (kParts == 2) {
-          probability[kParts - 1][i][0] = pack_bf16_remainder(left[0], left[1]);
-          probability[kParts - 1][i][1] = pack_bf16_remainder(left[2], left[3]);
-          probability[kParts - 1][i][2] = pack_bf16_remainder(right[0], right[1]);
-          probability[kParts - 1][i][3] = pack_bf16_remainder(right[2], right[3]);
-        }
+        probability[1][i][0] = pack_bf16_remainder(left[0], left[1]);
+        probability[1][i][1] = pack_bf16_remainder(left[2], left[3]);
+        probability[1][i][2] = pack_bf16_remainder(right[0], right[1]);
+        probability[1][i][3] = pack_bf16_remainder(right[2], right[3]);
       }
 #pragma unroll
       for (int pair = 0; pair < kDim / 16; ++pair) {
@@ -355,7 +341,7 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-          for (int part = 0; part < kParts; ++part) {
+          for (int part = 0; part < kQueryParts; ++part) {
             mma(acc[i][2 * pair], probability[part][i], value[0], value[1]);
             mma(acc[i][2 * pair + 1], probability[part][i], value[2], value[3]);
           }
@@ -395,41 +381,28 @@ __global__ void __launch_bounds__(Shape<kPrecision>::kThreads)
     }
 }
 
-template <OperandPrecision kPrecision>
-cudaError_t launch(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                   const int32_t* tile_list, int64_t tiles, int32_t num_heads, float scale, int32_t sliding_window,
-                   float* out, cudaStream_t stream) {
-  auto kernel = prefill_attention_mma_kernel<kPrecision>;
-  constexpr size_t bytes = Shape<kPrecision>::kSharedBytes;
-  // All of the multiprocessor's L1 as shared memory, so that two Bf16 blocks fit (K/V copies bypass L1 anyway).
-  static const cudaError_t configured = [&] {
-    const cudaError_t status =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (status != cudaSuccess) return status;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                cudaSharedmemCarveoutMaxShared);
-  }();
-  if (configured != cudaSuccess) return configured;
-  const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(pool.num_kv_heads));
-  kernel<<<grid, Shape<kPrecision>::kThreads, bytes, stream>>>(q, pool, slot, batch, tile_list, num_heads, scale,
-                                                                sliding_window, out);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 int32_t prefill_mma_rows_per_tile(int32_t group) { return kVectors / group; }
 
 cudaError_t launch_prefill_attention_mma(const float* q, const PoolGeometry& pool, int32_t slot,
                                          const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
-                                         int32_t num_heads, float scale, int32_t sliding_window,
-                                         OperandPrecision precision, float* out, cudaStream_t stream) {
+                                         int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                         cudaStream_t stream) {
   if (pool.dtype != DType::BF16) return cudaErrorInvalidValue;
-  if (precision == OperandPrecision::Split)
-    return launch<OperandPrecision::Split>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
-                                           out, stream);
-  return launch<OperandPrecision::Bf16>(q, pool, slot, batch, tile_list, tiles, num_heads, scale, sliding_window,
-                                        out, stream);
+  // All of the multiprocessor's L1 as shared memory (K/V copies bypass L1 anyway).
+  static const cudaError_t configured = [] {
+    const cudaError_t status = cudaFuncSetAttribute(
+        prefill_attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
+    if (status != cudaSuccess) return status;
+    return cudaFuncSetAttribute(prefill_attention_mma_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared);
+  }();
+  if (configured != cudaSuccess) return configured;
+  const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(pool.num_kv_heads));
+  prefill_attention_mma_kernel<<<grid, kThreads, kSharedBytes, stream>>>(q, pool, slot, batch, tile_list, num_heads,
+                                                                         scale, sliding_window, out);
+  return cudaGetLastError();
 }
 
 }  // namespace beamline::cuda
