@@ -25,6 +25,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mbarrier.cuh"
 
 namespace beamline::cuda {
 namespace {
@@ -76,35 +77,6 @@ struct SplitOutput {
 };
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
-__device__ __forceinline__ void init_barrier(uint64_t* barrier, unsigned arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(arrivals) : "memory");
-}
-
-__device__ __forceinline__ void arrive(uint64_t* barrier) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
-                   shared_address(barrier))
-               : "memory");
-}
-
-// One arrival on `barrier` once every cp.async this thread has issued so far has landed.
-__device__ __forceinline__ void arrive_when_copied(uint64_t* barrier) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
-}
-
-// Until the barrier's phase of this parity has completed (a fresh barrier counts its phase before 0, parity 1, as
-// completed, so the producer's first pass over the stages does not wait).
-__device__ __forceinline__ void wait_phase(uint64_t* barrier, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred ready;\nmbarrier.try_wait.parity.shared::cta.b64 ready, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, ready;\n}\n"
-        : "=r"(done)
-        : "r"(shared_address(barrier)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8; each lane gets two elements of
 // every matrix (row lane / 4, columns (lane % 4) * 2 and + 1), the MMA's fragment layout for A and for B.
@@ -220,8 +192,8 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
   }
   if (threadIdx.x == 0)
     for (int s = 0; s < kStageCount; ++s) {
-      init_barrier(&full[s], 32);  // each producer lane, when its copies of the stage landed
-      init_barrier(&empty[s], kWarps);
+      init_mbarrier(&full[s], 32);  // each producer lane, when its copies of the stage landed
+      init_mbarrier(&empty[s], kWarps);
     }
   __syncthreads();
 
@@ -259,9 +231,9 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
     for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
       const int stage = static_cast<int>(k_block % kStageCount);
       const auto use = static_cast<uint32_t>(k_block / kStageCount);
-      wait_phase(&empty[stage], (use & 1) ^ 1);
+      wait_mbarrier(&empty[stage], (use & 1) ^ 1);
       load_stage(stage, k_block);
-      arrive_when_copied(&full[stage]);
+      arrive_mbarrier_when_copied(&full[stage]);
     }
     return;
   }
@@ -274,7 +246,7 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
             b_column = (b_matrix % 2) * 8;
   for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
     const int stage = static_cast<int>(k_block % kStageCount);
-    wait_phase(&full[stage], static_cast<uint32_t>(k_block / kStageCount) & 1);
+    wait_mbarrier(&full[stage], static_cast<uint32_t>(k_block / kStageCount) & 1);
     const __nv_bfloat16* base = stages + stage * kElements;
 #pragma unroll
     for (int kk = 0; kk < kBlockK; kk += 16) {
@@ -312,7 +284,7 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
       }
     }
     __syncwarp();  // every lane's reads of the stage are done before the producer may refill it
-    if (lane == 0) arrive(&empty[stage]);
+    if (lane == 0) arrive_mbarrier(&empty[stage]);
   }
 
   // Accumulator element i of group g: row lane / 4 (+8 for i >= 2) of the warp's 16, token g * 8 + (lane % 4) * 2
@@ -470,8 +442,8 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStageCount; ++s) {
-      init_barrier(&full[s], 32 + 1);  // each producer lane's copies, and the arrival that expects the TMA bytes
-      init_barrier(&empty[s], 4 * kConsumers);  // each consumer warp
+      init_mbarrier(&full[s], 32 + 1);  // each producer lane's copies, and the arrival that expects the TMA bytes
+      init_mbarrier(&empty[s], 4 * kConsumers);  // each consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
@@ -488,7 +460,7 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
     for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
       const int stage = static_cast<int>(k_block % kStageCount);
       const auto use = static_cast<uint32_t>(k_block / kStageCount);
-      wait_phase(&empty[stage], (use & 1) ^ 1);
+      wait_mbarrier(&empty[stage], (use & 1) ^ 1);
       const uint32_t base = stages + stage * kStageBytes;
       const auto k0 = static_cast<int32_t>(k_block * kWgmmaK);
       if (lane == 0) {
@@ -508,7 +480,7 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
         copy_async16(base + 2 * kSubTileBytes + n * (kWgmmaK * 2) + ((piece ^ (n % 8)) * 16),
                      valid ? x + int64_t{source} * k + kk : x, valid);
       }
-      arrive_when_copied(&full[stage]);
+      arrive_mbarrier_when_copied(&full[stage]);
     }
     return;
   }
@@ -527,7 +499,7 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
     constexpr int kUsed = decltype(used)::value;
     for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
       const int stage = static_cast<int>(k_block % kStageCount);
-      wait_phase(&full[stage], static_cast<uint32_t>(k_block / kStageCount) & 1);
+      wait_mbarrier(&full[stage], static_cast<uint32_t>(k_block / kStageCount) & 1);
       // The token rows were written by cp.async (the generic proxy); wgmma reads them through the async proxy.
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       const uint32_t base = stages + stage * kStageBytes;
@@ -552,7 +524,7 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
       for (int sub = 0; sub < 2; ++sub)
 #pragma unroll
         for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
-      if (lane == 0) arrive(&empty[stage]);
+      if (lane == 0) arrive_mbarrier(&empty[stage]);
     }
   };
   static_assert(kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
