@@ -167,11 +167,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
   // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
   if (const char* rows = std::getenv("BEAMLINE_CUDA_STREAMING_ROWS")) streaming_max_rows_ = std::max(0, std::atoi(rows));
+  if (const char* times = std::getenv("BEAMLINE_CUDA_OP_TIMES"); times != nullptr && std::string_view(times) == "1")
+    op_times_ = std::make_unique<cuda::OpTimes>(stream_);
   spdlog::info("cuda backend: {}", device_description());
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  if (op_times_) {
+    op_times_->resolve();
+    spdlog::info("cuda backend: {}", op_times_->table());
+    op_times_.reset();
+  }
   const cuda::AllocatorStats stats = allocator_.stats();
   spdlog::info("cuda backend: {} device allocations, {:.1f} MiB reserved ({:.1f} MiB graph pool); weights {:.1f} MiB "
                "in {} allocation(s)",
@@ -213,6 +220,7 @@ void CudaBackend::require_not_capturing(std::string_view op) const {
 }
 
 Tensor CudaBackend::upload(const void* host, DType dtype, std::vector<int64_t> shape) {
+  const auto timing = time_op("upload");
   require_not_capturing("upload");
   Tensor tensor = alloc(dtype, std::move(shape));
   staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
@@ -223,6 +231,7 @@ void CudaBackend::download(const Tensor& tensor, void* host) {
   require_device(tensor, "download", "tensor");
   BEAMLINE_CUDA_CHECK(cudaMemcpyAsync(host, tensor.raw(), tensor.nbytes(), cudaMemcpyDeviceToHost, stream_));
   BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (op_times_) op_times_->resolve();
 }
 
 namespace {
@@ -274,6 +283,7 @@ std::unique_ptr<PendingDownload> CudaBackend::download_later(const Tensor& tenso
 }
 
 void CudaBackend::copy_to(Tensor& tensor, const void* host) {
+  const auto timing = time_op("upload");
   require_device(tensor, "copy_to", "tensor");
   require_not_capturing("copy_to");
   staging_->copy_to_device(tensor.raw(), host, tensor.nbytes());
@@ -313,6 +323,7 @@ std::unique_ptr<OpGraph> CudaBackend::end_capture() {
 void CudaBackend::replay(const OpGraph& graph) {
   const auto* cuda_graph = dynamic_cast<const CudaGraph*>(&graph);
   require(cuda_graph != nullptr, "replay: the graph was not recorded by the cuda backend");
+  const auto timing = time_op("graph replay (a whole decode step)");
   BEAMLINE_CUDA_CHECK(cudaGraphLaunch(cuda_graph->exec, stream_));
 }
 
@@ -323,7 +334,10 @@ std::optional<Backend::MemoryInfo> CudaBackend::memory_info() {
   return MemoryInfo{static_cast<int64_t>(total), static_cast<int64_t>(total - free)};
 }
 
-void CudaBackend::synchronize() { BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  BEAMLINE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (op_times_) op_times_->resolve();
+}
 
 Tensor CudaBackend::load_weight(const TensorView& view) {
   require(view.data != nullptr, "load_weight: tensor {} has no data", view.name);
@@ -388,6 +402,7 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
 // ---- ops ----
 
 void CudaBackend::place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) {
+  const auto timing = time_op("place_tokens");
   check_place_tokens_args(source, pairs, tokens);
   require_device(source, "place_tokens", "source");
   require_device(tokens, "place_tokens", "tokens");
@@ -399,6 +414,7 @@ void CudaBackend::place_tokens(const Tensor& source, std::span<const int32_t> pa
 }
 
 void CudaBackend::embedding(const Tensor& table, const Tensor& tokens, Tensor& out) {
+  const auto timing = time_op("embedding");
   require_float_weight(table, "embedding", "table");
   require_dtype(tokens, DType::I32, "embedding", "tokens");
   require_device(tokens, "embedding", "tokens");
@@ -411,6 +427,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& tokens, Tensor& o
 }
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const auto timing = time_op("rms_norm");
   require_device(x, "rms_norm", "x");
   require(x.rank() == 2, "rms_norm: x must be [T, H], got {}", describe(x));
   const int64_t rows = x.dim(0), hidden = x.dim(1);
@@ -423,6 +440,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Ten
 }
 
 void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) {
+  const auto timing = time_op("add_rms_norm");
   require_device(residual, "add_rms_norm", "residual");
   require(residual.rank() == 2, "add_rms_norm: residual must be [T, H], got {}", describe(residual));
   const int64_t rows = residual.dim(0), hidden = residual.dim(1);
@@ -494,12 +512,14 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
+  const auto timing = time_op("linear");
   check_linear(x, weight, y, "linear");
   project(x.data<const float>(), x.dim(0), weight.weight, y.data<float>());
 }
 
 void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
                               std::span<Tensor* const> ys) {
+  const auto timing = time_op("linear_many");
   require(weights.size() == ys.size(), "linear_many: {} weights for {} outputs", weights.size(), ys.size());
   std::vector<const Tensor*> matrices;
   std::vector<float*> outputs;
@@ -513,6 +533,7 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
+  const auto timing = time_op("rope");
   require_device(x, "rope", "x");
   const int64_t rows = x.dim(0);
   require(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} is not even and positive", head_dim);
@@ -524,6 +545,7 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, in
 }
 
 void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) {
+  const auto timing = time_op("ssmax_scale");
   require_device(q, "ssmax_scale", "q");
   const int64_t rows = q.dim(0), width = q.numel() / std::max<int64_t>(1, rows);
   require_shape(positions, {rows}, "ssmax_scale", "positions");
@@ -534,6 +556,7 @@ void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, fl
 
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                            const AttentionBatch& batch) {
+  const auto timing = time_op("write_kv");
   check_pool(pool, slot, "write_kv");
   const int64_t rows = batch.num_rows(), width = int64_t{pool.num_kv_heads()} * pool.head_dim();
   require_shape(k, {rows, width}, "write_kv", "k");
@@ -547,6 +570,7 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, 
 
 void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                   const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
+  const auto timing = time_op("paged_attention");
   require_device(pool.k, "paged_attention", "k pool");
   require_device(pool.v, "paged_attention", "v pool");
   check_attention_args(q, pool, block_table, batch, params, out);
@@ -594,6 +618,7 @@ std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch
 
 void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                         Tensor& expert_ids, Tensor& expert_weights) {
+  const auto timing = time_op("route");
   require_device(h, "route", "h");
   const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);
   require_device(router, "route", "router");
@@ -612,6 +637,7 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
 
 void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
                       Tensor& out) {
+  const auto timing = time_op("moe");
   require(moe.packed != nullptr, "moe: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
   const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
   require_device(h, "moe", "h");
@@ -733,6 +759,7 @@ bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Te
 }
 
 void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  const auto timing = time_op("swiglu");
   require_device(h, "swiglu", "h");
   const int64_t rows = h.dim(0), hidden = h.dim(1);
   check_swiglu(mlp, hidden, "swiglu");
@@ -749,6 +776,7 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
 
 void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                           float softcap, Tensor& logits) {
+  const auto timing = time_op("lm_head");
   require_float_weight(head.weight, "lm_head", "head");
   require_unquantized(head, "lm_head");
   require_float_weight(norm, "lm_head", "norm");
@@ -773,6 +801,7 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
 }
 
 void CudaBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) {
+  const auto timing = time_op("sample");
   require_device(logits, "sample", "logits");
   const int32_t max_logprobs = check_sample_args(logits, rows, out);
   require_device(out.tokens, "sample", "tokens");

@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/op_times.h"
 
 namespace beamline {
 
@@ -112,6 +113,10 @@ class CudaBackend final : public Backend {
   }
 
   void require_not_capturing(std::string_view op) const;
+  // Device time of the op that the returned scope spans, with BEAMLINE_CUDA_OP_TIMES=1 (cuda/op_times.h).
+  cuda::OpTimes::Scope time_op(const char* op) {
+    return cuda::OpTimes::Scope(capturing_ ? nullptr : op_times_.get(), op);
+  }
   // The plan paged_attention launches for `batch` (host data only).
   cuda::AttentionPlan attention_plan(const AttentionBatch& batch, const PagedKvPool& pool, const AttentionParams& params,
                                      bool aligned) const;
@@ -125,6 +130,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PinnedStaging> staging_;
   cuda::PinnedReadbackPool readback_;
   Tensor cublas_workspace_;
+  std::unique_ptr<cuda::OpTimes> op_times_;  // null unless BEAMLINE_CUDA_OP_TIMES=1
   bool capturing_ = false;  // a graph is being recorded (its tensors come from the allocator's graph pool)
   int64_t weights_loaded_ = 0;
   int64_t streaming_max_rows_ = kStreamingMaxRows;
