@@ -111,6 +111,20 @@ __device__ T block_reduce(T value, Op op) {
   return out;
 }
 
+// Sum over the block with one barrier, for loops of dependent reductions such as a bisection: call i of a loop
+// passes step = i, so that consecutive calls use different halves of `partial` (a warp still reading call i's
+// while another writes call i + 1's); every warp sums the 32 warp totals in the same order.
+template <typename T>
+__device__ T block_sum_step(T value, int step) {
+  __shared__ T partial[2][kSampleThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  if (threadIdx.x % 32 == 0) partial[step & 1][threadIdx.x / 32] = value;
+  __syncthreads();
+  T total = partial[step & 1][threadIdx.x % 32];
+  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFullMask, total, offset);
+  return total;
+}
+
 __device__ __forceinline__ int32_t warp_sum_int(int32_t v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
@@ -415,13 +429,13 @@ template <typename T, typename Measure, typename VisitValues>
 __device__ uint32_t highest_key_reaching(bool row_wide, uint32_t low, uint32_t max_key, T above, T target,
                                          Measure measure, VisitValues visit_values) {
   uint64_t high = uint64_t{max_key} + 1;
-  while (high - low > 1) {
+  for (int step = 0; high - low > 1; ++step) {
     const auto middle = static_cast<uint32_t>(low + (high - low) / 2);
     T local = 0;
     visit_values([&](float s) {
       if (order_key(s) >= middle) local += measure(s);
     });
-    if (above + reduce_over(row_wide, local, Sum{}) >= target) {
+    if (above + (row_wide ? row_reduce(local, Sum{}) : block_sum_step(local, step)) >= target) {
       low = middle;
     } else {
       high = middle;
