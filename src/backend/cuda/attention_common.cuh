@@ -86,10 +86,6 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 // AttentionPlan::generic sends other shapes to the one-block-per-(row, kv head) kernel.
 constexpr int32_t kFastHeadDim = 128;
 constexpr int32_t kFastMaxGroup = 8;
-// Split-KV decode: at most this many splits per (row, kv head), and (row, kv head) pairs per launch with more than
-// one split (each has an arrival counter in device memory).
-constexpr int32_t kMaxDecodeSplits = 128;
-constexpr int64_t kMaxDecodeSplitSlots = 4096;
 
 cudaError_t launch_generic_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                                      int32_t num_heads, float scale, int32_t sliding_window, float* out,

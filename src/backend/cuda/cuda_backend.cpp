@@ -528,17 +528,9 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
   check_route_args(h, router, bias, params, expert_ids, expert_weights);
   require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
           cuda::kMaxRouterExperts);
-  const bool few_rows = rows <= cuda::kRouterLogitsMaxRows;
-  const int32_t slices = few_rows ? cuda::router_logit_slices(hidden) : 1;
-  Tensor logits = scratch(DType::F32, {slices, rows, experts});
-  if (few_rows) {
-    check_launch(cuda::router_logits(h.data<const float>(), router.data<const float>(), rows, hidden,
-                                     static_cast<int32_t>(experts), logits.data<float>(), stream_),
-                 "route");
-  } else {
-    gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
-  }
-  check_launch(cuda::route_topk(logits.data<const float>(), slices, bias.data<const float>(), rows,
+  Tensor logits = scratch(DType::F32, {rows, experts});
+  gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
+  check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
                                 static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
                                 params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),
                                 expert_weights.data<float>(), stream_),

@@ -129,17 +129,10 @@ constexpr int32_t kMaxAttentionHeadDim = 256;
 constexpr int32_t kMaxAttentionGroup = 32;  // query heads per kv head
 
 // ---- router and experts ----
-// Router logits h [rows, hidden] x router [experts, hidden]^T in exact FP32 for few rows, as router_logit_slices(hidden)
-// partial sums over slices of the features: partial_logits is [slices, rows, experts], for route_topk.
-int32_t router_logit_slices(int64_t hidden);
-cudaError_t router_logits(const float* h, const float* router, int64_t rows, int64_t hidden, int32_t experts,
-                          float* partial_logits, cudaStream_t stream);
-// Up to this many rows router_logits beats cuBLAS's FP32 GEMM (measured on the H200, 2026-12-01-small-ops.md).
-constexpr int64_t kRouterLogitsMaxRows = 256;
-// Group-limited top-k over router logits given as `slices` partial sums [slices, rows, experts] (1: a GEMM's).
-cudaError_t route_topk(const float* logits, int32_t slices, const float* bias, int64_t rows, int32_t experts,
-                       int32_t n_group, int32_t topk_group, int32_t top_k, bool norm_topk_prob,
-                       float routed_scaling_factor, int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+// Group-limited top-k over router logits [rows, experts] (computed by a GEMM beforehand).
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
 constexpr int32_t kMaxRouterExperts = 1024;
 
 // Rows of the grouped GEMMs are padded per expert to a multiple of this tile height.

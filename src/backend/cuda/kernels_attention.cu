@@ -179,6 +179,7 @@ cudaError_t launch_generic_attention(const float* q, const PoolGeometry& pool, i
 namespace {
 
 constexpr int32_t kMinKeysPerSplit = 128;  // 64 KiB of BF16 K and V per block at head_dim 128
+constexpr int32_t kMaxSplits = 128;
 constexpr int64_t kBlockOverheadKeys = 64;  // a block's fixed cost (q load, combining its slots, the merge), in keys
 
 int multiprocessors() {
@@ -193,12 +194,10 @@ int multiprocessors() {
 }
 
 // Splits per (row, kv head): the fewest that minimise waves x (keys per block + a block's fixed cost), waves
-// counted in resident blocks (a wave that is only partly full still takes a whole block's time); one beyond the
-// pairs whose splits the decode kernel can count (so many pairs fill the GPU without splits anyway).
+// counted in resident blocks (a wave that is only partly full still takes a whole block's time).
 int32_t choose_splits(int64_t pairs, int64_t keys, DType dtype, int32_t group) {
-  if (pairs > kMaxDecodeSplitSlots) return 1;
   const int64_t capacity = int64_t{multiprocessors()} * decode_blocks_per_multiprocessor(dtype, group);
-  const int64_t most = std::clamp<int64_t>((keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, kMaxDecodeSplits);
+  const int64_t most = std::clamp<int64_t>((keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, kMaxSplits);
   int32_t best = 1;
   int64_t best_cost = INT64_MAX;
   for (int64_t splits = 1; splits <= most; ++splits) {

@@ -1,8 +1,7 @@
 // Split-KV ("flash-decoding") paged attention for rows with few query rows per sequence. A block serves one row,
 // one kv head and one of `splits` key ranges, reading each key and value of its range once for all the query
-// heads of the group (GQA); the block that finishes the last split of its (row, kv head) combines the splits with
-// log-sum-exp weights (finish_decode_block, shared by both kernels), so one launch does it all. The kernel
-// depends on the pool's dtype:
+// heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
+// programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
 // - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
 // - F32: F32 math on the CUDA cores. Each key is spread over kLanesPerKey lanes (a "key slot") with several keys
 //   in flight; a slot keeps its own online softmax (running max and sum) and the block combines its slots in
@@ -19,7 +18,7 @@ namespace {
 
 constexpr int kDecodeThreads = 128;
 constexpr int kKeysInFlight = 4;  // keys per key slot loaded before the first is used
-constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kMergeThreads = 128;
 
 template <typename P>
 struct DecodeShape {
@@ -63,159 +62,6 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[kSize], int lane, int&
 // Partials of split s of (decode row x, head h): acc [x][h][s][dim], then max and sum [x][h][s][2].
 __host__ __device__ inline int64_t stats_offset(int64_t count, int32_t num_heads, int32_t splits) {
   return count * num_heads * splits * kFastHeadDim;
-}
-
-// ---- the end of a decode block, both kernels ----
-constexpr int kBlockWarps = 4;  // both kernels' blocks are 128 threads
-constexpr int kSplitsPerLane = kMaxDecodeSplits / 32;
-
-// Splits finished per (decode row, kv head): zero between launches (the merging block resets its own), so a
-// launch needs no memset; plan_attention keeps split batches within it.
-__device__ int32_t split_arrivals[kMaxDecodeSplitSlots];
-
-// Where a decode block's results go.
-struct DecodeBlock {
-  int64_t item;  // the decode row's index among the launch's rows
-  int64_t row;   // its row of q and out
-  int32_t kv_head, group, split, splits;
-  int64_t count;  // the launch's decode rows
-  int32_t num_heads;
-};
-
-// What the merging block keeps in shared memory: the weight of every (head, split) and each head's total, then
-// every warp's sums per head (a float4 of dims per lane).
-struct MergeSpace {
-  float weight[kFastMaxGroup][kMaxDecodeSplits];
-  float total[kFastMaxGroup];
-  float4 warp_value[kBlockWarps][kFastMaxGroup][32];
-};
-
-// out for the group's heads = Σ_s w_s acc_s / Σ_s w_s sum_s with w_s = exp(max_s − max) over the splits of this
-// (row, kv head): warp w weighs the splits of heads w, w + 4, ..., then sums the accumulators of splits w, w + 4,
-// ... for every head at once (each split's loads of all heads in flight together), and the warps' sums are added
-// in warp order. Partials are read from L2 (other SMs wrote them).
-__device__ void merge_splits(const DecodeBlock& b, const float* partials, MergeSpace& space, float* out) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const float* stats = partials + stats_offset(b.count, b.num_heads, b.splits);
-  const int64_t first_head = int64_t{b.kv_head} * b.group;
-  bool poisoned = false;
-  for (int h = warp; h < b.group; h += kBlockWarps) {
-    const int64_t first_split = (b.item * b.num_heads + first_head + h) * b.splits;
-    float split_max[kSplitsPerLane], split_sum[kSplitsPerLane];
-    float head_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kSplitsPerLane; ++j) {
-      const int s = lane + 32 * j;
-      float2 split_stats{-INFINITY, 0.0f};
-      if (s < b.splits) split_stats = __ldcg(reinterpret_cast<const float2*>(stats + 2 * (first_split + s)));
-      split_max[j] = split_stats.x;
-      split_sum[j] = split_stats.y;
-      head_max = fmaxf(head_max, split_max[j]);
-      poisoned |= isnan(split_sum[j]);
-    }
-    head_max = warp_max(head_max);
-    float total = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kSplitsPerLane; ++j) {
-      const int s = lane + 32 * j;
-      const float weight = split_max[j] == -INFINITY ? 0.0f : expf(split_max[j] - head_max);
-      if (s < b.splits) space.weight[h][s] = weight;
-      total += weight * split_sum[j];
-    }
-    total = warp_sum(total);
-    if (lane == 0) space.total[h] = total;
-  }
-  poisoned = __syncthreads_or(poisoned) != 0;
-
-  float4 value[kFastMaxGroup];
-#pragma unroll
-  for (int h = 0; h < kFastMaxGroup; ++h) value[h] = float4{0.0f, 0.0f, 0.0f, 0.0f};
-  const float4* accumulators = reinterpret_cast<const float4*>(partials) + lane;
-#pragma unroll 2
-  for (int s = warp; s < b.splits; s += kBlockWarps) {
-#pragma unroll
-    for (int h = 0; h < kFastMaxGroup; ++h) {
-      if (h >= b.group) break;
-      const float weight = space.weight[h][s];
-      const float4 a =
-          __ldcg(accumulators + ((b.item * b.num_heads + first_head + h) * b.splits + s) * (kFastHeadDim / 4));
-      value[h].x += weight * a.x;
-      value[h].y += weight * a.y;
-      value[h].z += weight * a.z;
-      value[h].w += weight * a.w;
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < kFastMaxGroup; ++h)
-    if (h < b.group) space.warp_value[warp][h][lane] = value[h];
-  __syncthreads();
-  for (int h = warp; h < b.group; h += kBlockWarps) {
-    float4 sum = space.warp_value[0][h][lane];
-#pragma unroll
-    for (int w = 1; w < kBlockWarps; ++w) {
-      const float4 other = space.warp_value[w][h][lane];
-      sum.x += other.x;
-      sum.y += other.y;
-      sum.z += other.z;
-      sum.w += other.w;
-    }
-    const float total = space.total[h];
-    float4 result{0.0f, 0.0f, 0.0f, 0.0f};
-    if (total > 0.0f) result = float4{sum.x / total, sum.y / total, sum.z / total, sum.w / total};
-    if (poisoned) result = float4{quiet_nan(), quiet_nan(), quiet_nan(), quiet_nan()};
-    reinterpret_cast<float4*>(out + (b.row * b.num_heads + first_head + h) * kFastHeadDim)[lane] = result;
-  }
-}
-
-// The end of a decode block: the softmax states of its kParts parts (key slots or warps; max, sum and accumulator
-// of head h of part p at p * kHeadStride + h, maxima in log2 units when kBase2) combined per head of the group,
-// written to out (one split) or to this split's partials (maxima in natural-log units); the block that finishes
-// the last split of its (row, kv head) then merges them all into out.
-template <int kParts, int kHeadStride, bool kBase2>
-__device__ void finish_decode_block(const float* part_max, const float* part_sum, const float* part_acc,
-                                    bool poisoned, const DecodeBlock& b, float* partials, MergeSpace& space,
-                                    float* out) {
-  for (int index = threadIdx.x; index < b.group * kFastHeadDim; index += kBlockWarps * 32) {
-    const int h = index / kFastHeadDim, d = index % kFastHeadDim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < kParts; ++p) block_max = fmaxf(block_max, part_max[p * kHeadStride + h]);
-    float sum = 0.0f, value = 0.0f;
-    if (block_max != -INFINITY) {
-#pragma unroll
-      for (int p = 0; p < kParts; ++p) {
-        const float m = part_max[p * kHeadStride + h];
-        const float weight = m == -INFINITY ? 0.0f : (kBase2 ? exp2f(m - block_max) : expf(m - block_max));
-        sum += weight * part_sum[p * kHeadStride + h];
-        value += weight * part_acc[(p * kHeadStride + h) * kFastHeadDim + d];
-      }
-    }
-    const int32_t head = b.kv_head * b.group + h;
-    if (b.splits == 1) {
-      out[(b.row * b.num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
-    } else {
-      const int64_t index_of_split = (b.item * b.num_heads + head) * b.splits + b.split;
-      partials[index_of_split * kFastHeadDim + d] = value;
-      if (d == 0) {
-        float* stats = partials + stats_offset(b.count, b.num_heads, b.splits);
-        stats[2 * index_of_split] = kBase2 ? block_max * kLn2 : block_max;
-        stats[2 * index_of_split + 1] = poisoned ? quiet_nan() : sum;
-      }
-    }
-  }
-  if (b.splits == 1) return;
-  __shared__ bool last;
-  __threadfence();  // this thread's partials are visible device-wide before the arrival below
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t& arrived = split_arrivals[b.item * (b.num_heads / b.group) + b.kv_head];
-    last = atomicAdd(&arrived, 1) == b.splits - 1;
-    if (last) arrived = 0;  // every split has arrived: ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other splits' partials, written before their arrivals, are read after this one
-  merge_splits(b, partials, space, out);
 }
 
 template <typename P, int kGroup>
@@ -432,10 +278,32 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
 #pragma unroll
     for (int j = 0; j < kVec; ++j) slot_acc[key_slot][h][part * kVec + j] = acc[h][j];
   const bool poisoned = __syncthreads_or(missing) != 0;
-  __shared__ MergeSpace merge_space;
-  finish_decode_block<kSlots, kGroup, false>(&slot_max[0][0], &slot_sum[0][0], &slot_acc[0][0][0], poisoned,
-                                             DecodeBlock{item, row, kv_head, group, split, splits, count, num_heads},
-                                             partials, merge_space, out);
+
+  for (int index = threadIdx.x; index < group * kFastHeadDim; index += kDecodeThreads) {
+    const int h = index / kFastHeadDim, d = index % kFastHeadDim;
+    float block_max = -INFINITY;
+    for (int s = 0; s < kSlots; ++s) block_max = fmaxf(block_max, slot_max[s][h]);
+    float sum = 0.0f, value = 0.0f;
+    if (block_max != -INFINITY) {
+      for (int s = 0; s < kSlots; ++s) {
+        const float weight = slot_max[s][h] == -INFINITY ? 0.0f : expf(slot_max[s][h] - block_max);
+        sum += weight * slot_sum[s][h];
+        value += weight * slot_acc[s][h][d];
+      }
+    }
+    const int32_t head = kv_head * group + h;
+    if (splits == 1) {
+      out[(row * num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
+    } else {
+      const int64_t index_of_split = (item * num_heads + head) * splits + split;
+      partials[index_of_split * kFastHeadDim + d] = value;
+      if (d == 0) {
+        float* stats = partials + stats_offset(count, num_heads, splits);
+        stats[2 * index_of_split] = block_max;
+        stats[2 * index_of_split + 1] = poisoned ? quiet_nan() : sum;
+      }
+    }
+  }
 }
 
 // ---- BF16 pools: the tensor-core kernel ----
@@ -460,10 +328,9 @@ constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kMmaSharedBytes = kMmaWarps * kStages * kStageBytes;  // 96 KiB
 constexpr int kMmaBlocksPerSm = 227 * 1024 / (kMmaSharedBytes + 1024);  // what the shared memory allows: 2
 constexpr float kLog2E = 1.4426950408889634f;
-constexpr int kMergeSpaceOffset = kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(float);
-static_assert(kMergeSpaceOffset % 16 == 0 && kMergeSpaceOffset + sizeof(MergeSpace) <= kMmaSharedBytes,
-              "the warps' results are combined, and the splits merged, in the pipeline's shared memory");
-static_assert(kMmaThreads == kBlockWarps * 32 && kDecodeThreads == kBlockWarps * 32, "finish_decode_block's block");
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(float) <= kMmaSharedBytes,
+              "the warps' results are combined in the pipeline's shared memory");
 
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
 // rows one ldmatrix reads at the same chunk fall in different banks.
@@ -509,11 +376,15 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
   lo = *reinterpret_cast<const uint32_t*>(&low);
 }
 
+// Lets the merge kernel (launched as a programmatic dependent) start its blocks while this grid runs; it waits
+// for this grid's results in griddepcontrol.wait.
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
 __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
   extern __shared__ __align__(128) unsigned char shared[];
+  allow_dependent_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int fragment_row = lane / 4, fragment_pair = lane % 4;  // the MMA fragments' row and column pair
   const int64_t item = blockIdx.x / pool.num_kv_heads;
@@ -687,11 +558,118 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     }
   }
   const bool poisoned = __syncthreads_or(missing) != 0;
-  // The merge's shared memory follows the warps' results in the pipeline's.
-  auto& merge_space = *reinterpret_cast<MergeSpace*>(shared + kMergeSpaceOffset);
-  finish_decode_block<kMmaWarps, kMmaHeads, true>(warp_max, warp_sum, warp_acc, poisoned,
-                                                  DecodeBlock{item, row, kv_head, group, split, splits, count, num_heads},
-                                                  partials, merge_space, out);
+
+  for (int index = threadIdx.x; index < group * kFastHeadDim; index += kMmaThreads) {
+    const int h = index / kFastHeadDim, d = index % kFastHeadDim;
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) block_max = fmaxf(block_max, warp_max[w * kMmaHeads + h]);
+    float sum = 0.0f, value = 0.0f;
+    if (block_max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) {
+        const float m = warp_max[w * kMmaHeads + h];
+        const float weight = m == -INFINITY ? 0.0f : exp2f(m - block_max);
+        sum += weight * warp_sum[w * kMmaHeads + h];
+        value += weight * warp_acc[(w * kMmaHeads + h) * kFastHeadDim + d];
+      }
+    }
+    const int32_t head = kv_head * group + h;
+    if (splits == 1) {
+      out[(row * num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
+    } else {
+      const int64_t index_of_split = (item * num_heads + head) * splits + split;
+      partials[index_of_split * kFastHeadDim + d] = value;
+      if (d == 0) {
+        float* stats = partials + stats_offset(count, num_heads, splits);
+        stats[2 * index_of_split] = block_max * kLn2;  // the merge weighs splits by exp (natural log units)
+        stats[2 * index_of_split + 1] = poisoned ? quiet_nan() : sum;
+      }
+    }
+  }
+}
+
+// out = Σ_s w_s acc_s / Σ_s w_s sum_s with w_s = exp(max_s − max): the softmax over all splits' keys. Thread s
+// weighs split s (splits <= kMergeThreads), then warp w sums the accumulators of splits w, w + kMergeWarps, ...,
+// four dims per lane: no thread walks all the splits one after another.
+constexpr int kMergeWarps = kMergeThreads / 32;
+static_assert(kFastHeadDim == 32 * 4, "a warp covers head_dim with one float4 per lane");
+
+__global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32_t* rows, int64_t count,
+                                                                     int32_t splits, const float* partials,
+                                                                     int32_t num_heads, float* out) {
+  __shared__ float weight[kMergeThreads];
+  __shared__ float warp_result[kMergeWarps];
+  __shared__ float4 warp_value[kMergeWarps][32];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  const int64_t item = blockIdx.x;
+  const int64_t row = rows != nullptr ? rows[item] : item;
+  const int32_t head = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float* stats = partials + stats_offset(count, num_heads, splits);
+  const int64_t first_split = (item * num_heads + head) * splits;
+  const int s = threadIdx.x;
+  const float split_max = s < splits ? stats[2 * (first_split + s)] : -INFINITY;
+  const float split_sum = s < splits ? stats[2 * (first_split + s) + 1] : 0.0f;
+  const bool poisoned = __syncthreads_or(isnan(split_sum)) != 0;
+
+  float total_max = warp_max(split_max);
+  if (lane == 0) warp_result[warp] = total_max;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) total_max = fmaxf(total_max, warp_result[w]);
+  const float split_weight = split_max == -INFINITY ? 0.0f : expf(split_max - total_max);
+  weight[s] = split_weight;
+  const float weighted_sum = warp_sum(split_weight * split_sum);
+  __syncthreads();  // every warp has read warp_result's maxima
+  if (lane == 0) warp_result[warp] = weighted_sum;
+  __syncthreads();
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) sum += warp_result[w];
+
+  const float4* accumulators = reinterpret_cast<const float4*>(partials + first_split * kFastHeadDim) + lane;
+  float4 value{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int t = warp; t < splits; t += kMergeWarps) {
+    const float w = weight[t];
+    const float4 a = accumulators[int64_t{t} * (kFastHeadDim / 4)];
+    value.x += w * a.x;
+    value.y += w * a.y;
+    value.z += w * a.z;
+    value.w += w * a.w;
+  }
+  warp_value[warp][lane] = value;
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) {
+    const float4 other = warp_value[w][lane];
+    value.x += other.x;
+    value.y += other.y;
+    value.z += other.z;
+    value.w += other.w;
+  }
+  float4 result{0.0f, 0.0f, 0.0f, 0.0f};
+  if (sum > 0.0f) result = float4{value.x / sum, value.y / sum, value.z / sum, value.w / sum};
+  if (poisoned) result = float4{quiet_nan(), quiet_nan(), quiet_nan(), quiet_nan()};
+  reinterpret_cast<float4*>(out + (row * num_heads + head) * kFastHeadDim)[lane] = result;
+}
+
+// The merge as a programmatic dependent of the decode grid just enqueued: its blocks may be scheduled before that
+// grid ends (they wait in griddepcontrol.wait), so no launch gap separates the two.
+cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, const float* partials, int32_t num_heads,
+                         float* out, cudaStream_t stream) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned int>(count), static_cast<unsigned int>(num_heads));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out);
 }
 
 template <typename P, int kGroup>
@@ -702,7 +680,9 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
                   static_cast<unsigned int>(splits));
   decode_attention_kernel<P, kGroup><<<grid, kDecodeThreads, 0, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  return cudaGetLastError();
+  if (splits == 1) return cudaGetLastError();
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
 cudaError_t allow_mma_shared_memory() {
@@ -719,7 +699,8 @@ cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t 
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
   decode_attention_mma_kernel<<<grid, kMmaThreads, kMmaSharedBytes, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  return cudaGetLastError();
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
 template <typename P, int kGroup>
@@ -780,8 +761,7 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
                                     int32_t num_heads, float scale, int32_t sliding_window, float* out,
                                     cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (splits > kMaxDecodeSplits || (splits > 1 && count * pool.num_kv_heads > kMaxDecodeSplitSlots))
-    return cudaErrorInvalidValue;
+  if (splits > kMergeThreads) return cudaErrorInvalidValue;
   if (pool.dtype == DType::BF16)
     return launch_decode_mma(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window,
                              out, stream);

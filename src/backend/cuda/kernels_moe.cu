@@ -1,6 +1,6 @@
-// The FP32 router (its logits for few rows, the group-limited top-k), and the experts: rows permuted per expert
-// (padded to the tile height), grouped tensor-core GEMMs that read each tile's expert from device memory (so
-// nothing waits for the host), the SwiGLU fused into the gate|up GEMM, and the weighted combine in j order.
+// The FP32 router's group-limited top-k, and the experts: rows permuted per expert (padded to the tile
+// height), grouped tensor-core GEMMs that read each tile's expert from device memory (so nothing waits for the
+// host), the SwiGLU fused into the gate|up GEMM, and the weighted combine in j order.
 #include <mma.h>
 
 #include <algorithm>
@@ -49,18 +49,14 @@ __device__ Candidate best_in_range(const float* values, int32_t begin, int32_t e
   return best;
 }
 
-// The logits are `slices` partial sums [slices][rows][experts], added in slice order (one slice: a GEMM's logits).
-// Launched as a programmatic dependent of the grid that writes them (router_logits_kernel), it waits for that grid
-// before the first read; launched plainly, the wait returns at once.
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, int32_t slices, const float* bias,
-                                                              int64_t rows, int32_t experts, int32_t n_group,
-                                                              int32_t topk_group, int32_t top_k, bool norm_topk_prob,
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, const float* bias, int64_t rows,
+                                                              int32_t experts, int32_t n_group, int32_t topk_group,
+                                                              int32_t top_k, bool norm_topk_prob,
                                                               float routed_scaling_factor, int32_t* expert_ids,
                                                               float* expert_weights) {
   __shared__ float score_of[kRouteWarps][kMaxRouterExperts], choice_of[kRouteWarps][kMaxRouterExperts];
   __shared__ float group_score_of[kRouteWarps][kMaxRouterExperts];
   __shared__ bool group_taken_of[kRouteWarps][kMaxRouterExperts];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * kRouteWarps + warp;
   if (row >= rows) return;
@@ -69,8 +65,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   float* group_score = group_score_of[warp];
   bool* group_taken = group_taken_of[warp];
   for (int32_t e = lane; e < experts; e += 32) {
-    float logit = 0.0f;
-    for (int32_t s = 0; s < slices; ++s) logit += logits[(s * rows + row) * experts + e];
+    const float logit = logits[row * experts + e];
     score[e] = 1.0f / (1.0f + expf(-logit));
     choice[e] = score[e] + bias[e];
   }
@@ -119,81 +114,6 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
     for (int32_t j = 0; j < top_k; ++j) {
       const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
       weights[j] = weight * routed_scaling_factor;
-    }
-  }
-}
-
-// ---- router logits for few rows ----
-// The router GEMM [rows x hidden] x [experts x hidden]^T at few rows is a read of the FP32 matrix (5.2 MB at Beam
-// shapes), which cuBLAS spends two split-K kernels on. Here each warp owns kRouterExpertsPerWarp experts and one
-// slice of kRouterSliceQuads * 4 features and issues all its 16-byte loads of those matrix rows at once (at Beam
-// shapes the whole matrix is in flight over the GPU in one wave), then dots them with each of the block's rows of
-// h (from L1: the block's warps share the slice), exact FP32 FMAs. Each slice's partial logits go to
-// [slices][rows][experts] and route_kernel adds them in slice order, so the logits do not depend on scheduling.
-// blockIdx.z takes kRouterRowsPerBlock rows each, so that many rows spread over more warps (each reading the
-// matrix again, from L2).
-constexpr int kRouterQuadsPerLane = 5;
-constexpr int kRouterSliceQuads = 32 * kRouterQuadsPerLane;  // 640 features: 8 slices at hidden 5120
-constexpr int kRouterExpertsPerWarp = 2;                      // every load of h serves both
-constexpr int kRouterWarps = 8;
-constexpr int kRouterThreads = kRouterWarps * 32;
-constexpr int kRouterExpertsPerBlock = kRouterWarps * kRouterExpertsPerWarp;
-constexpr int kRouterRowsPerStep = 4;  // independent sums in flight per lane
-constexpr int kRouterRowsPerBlock = 16;
-
-// Features k..k+3 of a row of `length`, zero past its end; `vectorized`: rows and bases allow 16-byte loads.
-__device__ __forceinline__ float4 load_features(const float* row, int64_t k, int64_t length, bool vectorized) {
-  if (vectorized && k + 4 <= length) return __ldg(reinterpret_cast<const float4*>(row + k));
-  return float4{k < length ? __ldg(row + k) : 0.0f, k + 1 < length ? __ldg(row + k + 1) : 0.0f,
-                k + 2 < length ? __ldg(row + k + 2) : 0.0f, k + 3 < length ? __ldg(row + k + 3) : 0.0f};
-}
-
-__device__ __forceinline__ float dot_add(const float4& a, const float4& b, float sum) {
-  sum = fmaf(a.x, b.x, sum);
-  sum = fmaf(a.y, b.y, sum);
-  sum = fmaf(a.z, b.z, sum);
-  return fmaf(a.w, b.w, sum);
-}
-
-__global__ void __launch_bounds__(kRouterThreads) router_logits_kernel(const float* h, const float* router,
-                                                                       int64_t rows, int64_t hidden, int32_t experts,
-                                                                       bool vectorized, float* partial) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);  // route_kernel's blocks may start and wait meanwhile
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int32_t first_expert = blockIdx.x * kRouterExpertsPerBlock + warp * kRouterExpertsPerWarp;
-  if (first_expert >= experts) return;
-  const int64_t slice = blockIdx.y;
-  const int64_t lane_k = slice * kRouterSliceQuads * 4 + lane * 4;
-  float4 weight[kRouterExpertsPerWarp][kRouterQuadsPerLane];
-#pragma unroll
-  for (int e = 0; e < kRouterExpertsPerWarp; ++e) {
-    const int32_t expert = min(first_expert + e, experts - 1);  // a missing second expert repeats the first
-#pragma unroll
-    for (int j = 0; j < kRouterQuadsPerLane; ++j)
-      weight[e][j] = load_features(router + int64_t{expert} * hidden, lane_k + j * 128, hidden, vectorized);
-  }
-  const int64_t row_end = min(rows, int64_t{blockIdx.z + 1} * kRouterRowsPerBlock);
-  for (int64_t r0 = int64_t{blockIdx.z} * kRouterRowsPerBlock; r0 < row_end; r0 += kRouterRowsPerStep) {
-    float sum[kRouterRowsPerStep][kRouterExpertsPerWarp] = {};
-#pragma unroll
-    for (int r = 0; r < kRouterRowsPerStep; ++r) {
-      if (r0 + r >= row_end) break;
-      const float* x = h + (r0 + r) * hidden;
-#pragma unroll
-      for (int j = 0; j < kRouterQuadsPerLane; ++j) {
-        const float4 features = load_features(x, lane_k + j * 128, hidden, vectorized);
-#pragma unroll
-        for (int e = 0; e < kRouterExpertsPerWarp; ++e) sum[r][e] = dot_add(features, weight[e][j], sum[r][e]);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRouterRowsPerStep; ++r) {
-#pragma unroll
-      for (int e = 0; e < kRouterExpertsPerWarp; ++e) {
-        const float total = warp_sum(sum[r][e]);
-        if (lane == 0 && r0 + r < row_end && first_expert + e < experts)
-          partial[(slice * rows + r0 + r) * experts + first_expert + e] = total;
-      }
     }
   }
 }
@@ -408,40 +328,15 @@ bool dispatch_tensor_core(DType dtype, Body&& body) {
 
 }  // namespace
 
-int32_t router_logit_slices(int64_t hidden) {
-  return static_cast<int32_t>((hidden + kRouterSliceQuads * 4 - 1) / (kRouterSliceQuads * 4));
-}
-
-cudaError_t router_logits(const float* h, const float* router, int64_t rows, int64_t hidden, int32_t experts,
-                          float* partial_logits, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  const bool vectorized = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
-                          reinterpret_cast<uintptr_t>(router) % 16 == 0;
-  const dim3 grid(blocks_for(experts, kRouterExpertsPerBlock), static_cast<unsigned int>(router_logit_slices(hidden)),
-                  blocks_for(rows, kRouterRowsPerBlock));
-  router_logits_kernel<<<grid, kRouterThreads, 0, stream>>>(h, router, rows, hidden, experts, vectorized,
-                                                            partial_logits);
-  return cudaGetLastError();
-}
-
-cudaError_t route_topk(const float* logits, int32_t slices, const float* bias, int64_t rows, int32_t experts,
-                       int32_t n_group, int32_t topk_group, int32_t top_k, bool norm_topk_prob,
-                       float routed_scaling_factor, int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (experts > kMaxRouterExperts) return cudaErrorInvalidValue;
-  // A programmatic dependent of the launch before it (router_logits when slices > 1): its blocks are resident and
-  // waiting when the logits are done, so no launch gap separates the two.
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks_for(rows, kRouteWarps));
-  config.blockDim = dim3(kRouteThreads);
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, route_kernel, logits, slices, bias, rows, experts, n_group, topk_group, top_k,
-                            norm_topk_prob, routed_scaling_factor, expert_ids, expert_weights);
+  route_kernel<<<blocks_for(rows, kRouteWarps), kRouteThreads, 0, stream>>>(
+      logits, bias, rows, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
+      expert_weights);
+  return cudaGetLastError();
 }
 
 int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
