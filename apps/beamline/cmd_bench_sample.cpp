@@ -93,9 +93,6 @@ void run_bench(const BenchOptions& options) {
   CudaBackend backend;
   spdlog::info("bench-sample: {} rows of V = {} on {}", max_rows, vocab, backend.device_description());
   const Tensor logits = backend.random_weight(DType::F32, {max_rows, vocab}, options.seed, 0.0f, 4.0f);
-  SampleOutputs out{backend.alloc(DType::I32, {max_rows}), backend.alloc(DType::F32, {max_rows}),
-                    backend.alloc(DType::I32, {max_rows}), backend.alloc(DType::I32, {max_rows, kTopWidth}),
-                    backend.alloc(DType::F32, {max_rows, kTopWidth})};
   std::mt19937_64 rng(options.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
@@ -107,6 +104,9 @@ void run_bench(const BenchOptions& options) {
     for (const int64_t count : options.rows) {
       std::vector<SampleRow> rows;
       for (int64_t r = 0; r < count; ++r) rows.push_back(row_settings(mode, r));
+      SampleOutputs out{backend.alloc(DType::I32, {count}), backend.alloc(DType::F32, {count}),
+                        backend.alloc(DType::I32, {count}), backend.alloc(DType::I32, {count, kTopWidth}),
+                        backend.alloc(DType::F32, {count, kTopWidth})};
       std::vector<double> ms;
       for (int64_t i = 0; i <= options.iterations; ++i) {
         for (SampleRow& row : rows) row.uniform = uniform(rng);
