@@ -2,7 +2,9 @@
 // experts) on the CUDA backend per token count, with random weights drawn on the device, replayed as a CUDA graph
 // as the decode loop runs it; prints a Markdown table next to the HBM floor (the bytes of the router and of every
 // expert the routing touched, read once, / 4.8 TB/s; PERF.md), for each compute dtype asked (--dtype: float32 =
-// FP32-accurate split operands on the tensor cores, bfloat16 = one BF16 rounding, vLLM's precision).
+// FP32-accurate split operands on the tensor cores, bfloat16 = one BF16 rounding, vLLM's precision). The router
+// alone is timed as a graph of its own next to the bytes of its FP32 matrix / 4.8 TB/s (replayed back to back, the
+// 5.2 MB matrix stays in L2, where in the layer the expert stream evicts it).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -75,15 +77,21 @@ void bench_tokens(CudaBackend& backend, const MoeTensors& moe, const RouterParam
   };
   const double eager_ms = time_runs(layer);
 
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t graph_exec = nullptr;
-  check(cudaStreamBeginCapture(backend.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  layer();
-  check(cudaStreamEndCapture(backend.stream(), &graph), "cudaStreamEndCapture");
-  check(cudaGraphInstantiate(&graph_exec, graph, 0), "cudaGraphInstantiate");
-  const double graph_ms = time_runs([&] { check(cudaGraphLaunch(graph_exec, backend.stream()), "cudaGraphLaunch"); });
-  cudaGraphExecDestroy(graph_exec);
-  cudaGraphDestroy(graph);
+  auto time_graph = [&](auto&& body) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t graph_exec = nullptr;
+    check(cudaStreamBeginCapture(backend.stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    body();
+    check(cudaStreamEndCapture(backend.stream(), &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&graph_exec, graph, 0), "cudaGraphInstantiate");
+    const double ms = time_runs([&] { check(cudaGraphLaunch(graph_exec, backend.stream()), "cudaGraphLaunch"); });
+    cudaGraphExecDestroy(graph_exec);
+    cudaGraphDestroy(graph);
+    return ms;
+  };
+  const double graph_ms = time_graph(layer);
+  // The router alone (its logits and the group-limited top-k), the layer's fixed cost at few tokens.
+  const double route_ms = time_graph([&] { backend.route(h, moe.router, moe.router_bias, router, ids, weights); });
   for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
 
   const std::vector<int32_t> routed = backend.download_i32(ids);
@@ -91,9 +99,10 @@ void bench_tokens(CudaBackend& backend, const MoeTensors& moe, const RouterParam
   const double bytes = 4.0 * static_cast<double>(experts * hidden) +
                        2.0 * 3.0 * static_cast<double>(hidden * intermediate) * static_cast<double>(hit.size());
   const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
-  std::printf("| %s | %lld | %zu | %.3f | %.3f | %.3f | %.2f | %.2f |\n", dtype.c_str(),
+  const double router_floor_ms = 4.0 * static_cast<double>(experts * hidden) / kHbmBytesPerSecond * 1e3;
+  std::printf("| %s | %lld | %zu | %.3f | %.3f | %.3f | %.2f | %.2f | %.4f | %.4f |\n", dtype.c_str(),
               static_cast<long long>(tokens), hit.size(), graph_ms, eager_ms, floor_ms, floor_ms / graph_ms,
-              bytes / (graph_ms * 1e-3) / 1e12);
+              bytes / (graph_ms * 1e-3) / 1e12, route_ms, router_floor_ms);
 }
 
 void run_bench(const BenchOptions& options) {
@@ -112,7 +121,8 @@ void run_bench(const BenchOptions& options) {
                backend.device_description());
 
   std::printf("\n| dtype | tokens | experts hit | MoE ms (route + experts, graph) | eager ms | floor ms | "
-              "floor / time | TB/s |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+              "floor / time | TB/s | route ms (graph) | router floor ms |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const std::string& dtype : options.dtypes) {
     backend.set_compute_dtype(parse_compute_dtype(dtype, backend.device()));
     // The same activations (so the same routing and floor) for every dtype.

@@ -968,8 +968,9 @@ void test_sample(Harness& harness) {
                                       sample_mode("top_p 1e-6", false, 1.0f, 0.0f, 0, 1e-6f),
                                       sample_mode("min_p 0.1", false, 1.0f, 0.1f, 0, 1.0f),
                                       sample_mode("combined", false, 0.8f, 0.05f, 40, 0.95f)};
+  // On the CUDA backend 8 and 16 rows split each row over a cluster of 8 blocks, 56 over 2, 512 not at all.
   for (int64_t vocab : {201088L, 4096L, 1000L, 1001L}) {
-    for (int64_t logit_rows : {1L, 7L, 64L}) {
+    for (int64_t logit_rows : {1L, 2L, 7L, 64L}) {
       const auto start = std::chrono::steady_clock::now();
       // LM-like logits (a few dominant tokens); every fourth row has few distinct values (ties everywhere) and
       // row 2 holds NaNs.
@@ -1039,6 +1040,19 @@ void test_sample(Harness& harness) {
     }
     check_sample(harness, logits, kEdgeRows, vocab, rows, row_mode,
                  fmt::format("edges V {} ({} rows, {} modes)", vocab, rows.size(), edge_modes.size()), start);
+    // The flat, narrow and level-edge rows under the cutting modes again, few enough rows for the CUDA backend to
+    // split each over a cluster of blocks.
+    std::vector<SampleRow> few_rows;
+    std::vector<const char*> few_mode;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const int32_t r = rows[i].logit_row;
+      if ((r >= 1 && r <= 3) && (rows[i].top_k > 0 || rows[i].top_p < 1.0f)) {
+        few_rows.push_back(rows[i]);
+        few_mode.push_back(row_mode[i]);
+      }
+    }
+    check_sample(harness, logits, kEdgeRows, vocab, few_rows, few_mode,
+                 fmt::format("edges V {}, flat rows ({} rows)", vocab, few_rows.size()), start);
   }
 }
 

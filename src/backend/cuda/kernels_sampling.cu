@@ -1,4 +1,5 @@
-// Backend::sample on the device: one block of 1024 threads per row, FP32, no sort of the vocabulary. The
+// Backend::sample on the device: one block of 1024 threads per row, or with few rows a thread-block cluster of up to
+// eight (the row's parts, so that few rows still spread over the GPU), FP32, no sort of the vocabulary. The
 // reference is backend/sampling.h's sample_row.
 //
 // Every pass reads the row with coalesced 16-byte loads (a warp covers 128 consecutive tokens per load), the row
@@ -15,9 +16,15 @@
 // sums) over the segments in token-id order, and one warp that scans the segment holding the uniform's token.
 // The logprobs are a second kernel: the top ones come from the levels of the raw row the same way (the best
 // levels that hold them, gathered, then picked one by one).
+// A row split over a cluster: each pass divides the row's loads among its blocks; what a pass reduces (the maximum,
+// level histograms, key ranges, bisection sums) is combined over the cluster through distributed shared memory in
+// rank order, so every block gets the same bits; gathered values are collected in the first block, which selects
+// among them and broadcasts the result; the draw's segment masses are written into the first block, which scans.
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <array>
 #include <climits>
 #include <cmath>
 
@@ -26,6 +33,8 @@
 
 namespace beamline::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kSampleThreads = 1024;
 constexpr int kUnroll = 3;                       // quads (16-byte loads) in flight per thread and pass
@@ -37,6 +46,7 @@ constexpr int kValueCapacity = kWorkspaceBytes / 4;    // gathered values
 constexpr int kPairCapacity = kWorkspaceBytes / 8;     // gathered (value, id) pairs for the top logprobs
 constexpr int kSegmentCapacity = kWorkspaceBytes / 12;  // segments of the draw (a double mass and a tie count each)
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxRowParts = 8;  // blocks of a row's cluster (the portable cluster size)
 
 // NaN counts as -inf; -0 becomes +0 so that equal floats have equal keys.
 __device__ __forceinline__ float clean(float v) {
@@ -101,6 +111,20 @@ __device__ T block_reduce(T value, Op op) {
   return out;
 }
 
+// Sum over the block with one barrier, for loops of dependent reductions such as a bisection: call i of a loop
+// passes step = i, so that consecutive calls use different halves of `partial` (a warp still reading call i's
+// while another writes call i + 1's); every warp sums the 32 warp totals in the same order.
+template <typename T>
+__device__ T block_sum_step(T value, int step) {
+  __shared__ T partial[2][kSampleThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(kFullMask, value, offset);
+  if (threadIdx.x % 32 == 0) partial[step & 1][threadIdx.x / 32] = value;
+  __syncthreads();
+  T total = partial[step & 1][threadIdx.x % 32];
+  for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFullMask, total, offset);
+  return total;
+}
+
 __device__ __forceinline__ int32_t warp_sum_int(int32_t v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
@@ -145,6 +169,75 @@ __device__ double block_exclusive_sum(double v, double& total) {
 
 extern __shared__ __align__(16) unsigned char workspace[];
 
+// ---- a row over a cluster ----
+__device__ __forceinline__ int row_parts() { return static_cast<int>(cg::this_cluster().num_blocks()); }
+__device__ __forceinline__ int row_part() { return static_cast<int>(cg::this_cluster().block_rank()); }
+__device__ __forceinline__ void sync_row() { cg::this_cluster().sync(); }
+
+// One value per block for across_row, in two slots used in turn: a block may write its next value while another
+// still reads its previous one (it cannot get two exchanges ahead: each waits for every block at the barrier).
+__shared__ __align__(16) unsigned char exchange_slot[2][16];
+__shared__ int exchange_turn;
+
+// combine(...(combine(v0, v1), ...), v_last) over every block's `block_value` (thread 0's), in rank order.
+template <typename T, typename Combine>
+__device__ T across_row(T block_value, Combine combine) {
+  static_assert(sizeof(T) <= sizeof(exchange_slot[0]), "an exchanged value fits a slot");
+  __shared__ T combined;
+  auto cluster = cg::this_cluster();
+  const int turn = exchange_turn;
+  T* slot = reinterpret_cast<T*>(exchange_slot[turn]);
+  if (threadIdx.x == 0) *slot = block_value;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    T result = *cluster.map_shared_rank(slot, 0);
+    for (unsigned r = 1; r < cluster.num_blocks(); ++r) result = combine(result, *cluster.map_shared_rank(slot, r));
+    combined = result;
+    exchange_turn = turn ^ 1;
+  }
+  __syncthreads();
+  return combined;
+}
+
+// Reduction over the row's blocks; every thread of every block gets the same result.
+template <typename T, typename Op>
+__device__ T row_reduce(T value, Op op) {
+  const T block = block_reduce(value, op);
+  return row_parts() == 1 ? block : across_row(block, op);
+}
+
+// The first block's `value` in every block.
+template <typename T>
+__device__ T from_first_block(T value) {
+  return row_parts() == 1 ? value : across_row(value, [](T first, T) { return first; });
+}
+
+// Reduction over the row's blocks when the values are spread over them, else over this block alone.
+template <typename T, typename Op>
+__device__ T reduce_over(bool row_wide, T value, Op op) {
+  return row_wide ? row_reduce(value, op) : block_reduce(value, op);
+}
+
+// Appends the items each other block gathered (`*filled` of them at the start of its workspace) to the first
+// block's, after its own, in rank order.
+template <typename T>
+__device__ void collect_at_first(int32_t* filled) {
+  auto cluster = cg::this_cluster();
+  if (cluster.num_blocks() == 1) return;
+  cluster.sync();  // every block's items are written
+  if (cluster.block_rank() == 0) {
+    T* items = reinterpret_cast<T*>(workspace);
+    int32_t total = *filled;
+    for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
+      const int32_t count = *cluster.map_shared_rank(filled, r);
+      const T* remote = cluster.map_shared_rank(items, r);
+      for (int32_t i = threadIdx.x; i < count; i += kSampleThreads) items[total + i] = remote[i];
+      total += count;
+    }
+  }
+  cluster.sync();  // the first block has copied: the others may reuse their workspaces
+}
+
 struct Row {
   const float* x;
   int64_t vocab;
@@ -166,13 +259,17 @@ __device__ __forceinline__ float4 load_quad(const Row& row, int64_t quad) {
   return float4{clean(v.x), clean(v.y), clean(v.z), clean(v.w)};
 }
 
-// visit(quad, values) for every quad of the row, padded with -inf to whole passes: the calls are the same for
-// every thread of a warp (warp collectives may be used inside), and the 32 lanes of a warp visit the 32 quads of
-// one segment together.
+// visit(quad, values) for this block's quads of the row (its part: a run of whole passes of the block), padded
+// with -inf to whole passes: the calls are the same for every thread of a warp (warp collectives may be used
+// inside), and the 32 lanes of a warp visit the 32 quads of one segment together.
 template <typename Visit>
 __device__ void for_each_quad(const Row& row, Visit visit) {
+  constexpr int64_t kPassQuads = int64_t{kUnroll} * kSampleThreads;
   const int64_t quads = (row.vocab + 3) / 4;
-  for (int64_t base = 0; base < quads; base += int64_t{kUnroll} * kSampleThreads) {
+  const int parts = row_parts();
+  const int64_t part_quads = (quads + kPassQuads * parts - 1) / (kPassQuads * parts) * kPassQuads;
+  const int64_t begin = row_part() * part_quads, end = min(quads, begin + part_quads);
+  for (int64_t base = begin; base < end; base += kPassQuads) {
     float4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) v[u] = load_quad(row, base + u * kSampleThreads + threadIdx.x);
@@ -181,7 +278,7 @@ __device__ void for_each_quad(const Row& row, Visit visit) {
   }
 }
 
-// visit(id, value) for every token (and the -inf padding past the end, with ids past the end).
+// visit(id, value) for this block's tokens (and the -inf padding past the end, with ids past the end).
 template <typename Visit>
 __device__ void for_each_token(const Row& row, Visit visit) {
   for_each_quad(row, [&](int64_t quad, const float4& v) {
@@ -198,7 +295,8 @@ struct Levels {
   float mass[kLevels];  // of exp(s - top); only when asked
 };
 
-// Counts (and with `with_mass`, the mass of) the finite values value_of(raw) per level, into `levels` (shared).
+// Counts (and with `with_mass`, the mass of) the finite values value_of(raw) per level over the row, into `levels`
+// (shared, the same in every block of the row).
 template <typename ValueOf>
 __device__ void level_histogram(const Row& row, float top, bool with_mass, ValueOf value_of, Levels& levels) {
   auto* counts = reinterpret_cast<int32_t*>(workspace);
@@ -233,19 +331,39 @@ __device__ void level_histogram(const Row& row, float top, bool with_mass, Value
       levels.mass[warp] = mass;
     }
   }
+  if (row_parts() == 1) {
+    __syncthreads();
+    return;
+  }
+  auto cluster = cg::this_cluster();
+  cluster.sync();  // every block's levels are summed
+  int32_t count = 0;
+  float mass = 0.0f;
+  if (tid < kLevels) {
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+      const Levels* part = cluster.map_shared_rank(&levels, r);
+      count += part->count[tid];
+      mass += part->mass[tid];
+    }
+  }
+  cluster.sync();  // every block has read every other's
+  if (tid < kLevels) {
+    levels.count[tid] = count;
+    levels.mass[tid] = mass;
+  }
   __syncthreads();
 }
 
 struct LevelValues {
   int level;       // the level searched
-  int first;       // with `gathered`: the workspace holds the values of levels first..level
+  int first;       // with `gathered`: the first block's workspace holds the values of levels first..level
   int32_t count;   // values in the workspace, or at `level` when not gathered
-  bool gathered;   // the values are in the workspace (floats, in no particular order)
+  bool gathered;   // the values are in the first block's workspace (floats, in no particular order)
   uint32_t min_key, max_key;  // of the values at `level`
 };
 
 // The values of the tokens at levels first..level (value_of as for level_histogram; `count` of them), gathered
-// into the workspace when they fit, and the key range of those at `level` either way.
+// into the first block's workspace when they fit, and the key range of those at `level` either way.
 template <typename ValueOf>
 __device__ LevelValues gather_levels(const Row& row, float top, int first, int level, int32_t count,
                                      ValueOf value_of) {
@@ -280,12 +398,14 @@ __device__ LevelValues gather_levels(const Row& row, float top, int first, int l
   out.first = gather ? first : level;
   out.count = count;
   out.gathered = gather;
-  out.min_key = block_reduce(min_key, Minimum{});  // also the barrier after the gathering
-  out.max_key = block_reduce(max_key, Maximum{});
+  out.min_key = row_reduce(min_key, Minimum{});  // also the barrier after the gathering
+  out.max_key = row_reduce(max_key, Maximum{});
+  if (gather) collect_at_first<float>(&filled);
   return out;
 }
 
-// visit(s) for every value at the level: from the workspace when gathered, else from the row.
+// visit(s) for every value at the level: from the workspace when gathered (the first block alone), else from this
+// block's part of the row.
 template <typename ValueOf, typename Visit>
 __device__ void visit_level(const Row& row, float top, const LevelValues& values, ValueOf value_of, Visit visit) {
   if (values.gathered) {
@@ -302,20 +422,20 @@ __device__ void visit_level(const Row& row, float top, const LevelValues& values
   }
 }
 
-// The highest key K in [low, max_key] whose measure, `above` plus the block sum of measure(s) over the values
-// (visit_values(f) calls f(s) for each) with key >= K, reaches `target`, by bisection; `low` when even all of
-// them fall short (rounding). low == max_key: no pass at all.
+// The highest key K in [low, max_key] whose measure, `above` plus the sum of measure(s) over the values
+// (visit_values(f) calls f(s) for each; spread over the row's blocks when `row_wide`, else this block's) with key
+// >= K, reaches `target`, by bisection; `low` when even all of them fall short (rounding). low == max_key: no pass.
 template <typename T, typename Measure, typename VisitValues>
-__device__ uint32_t highest_key_reaching(uint32_t low, uint32_t max_key, T above, T target, Measure measure,
-                                         VisitValues visit_values) {
+__device__ uint32_t highest_key_reaching(bool row_wide, uint32_t low, uint32_t max_key, T above, T target,
+                                         Measure measure, VisitValues visit_values) {
   uint64_t high = uint64_t{max_key} + 1;
-  while (high - low > 1) {
+  for (int step = 0; high - low > 1; ++step) {
     const auto middle = static_cast<uint32_t>(low + (high - low) / 2);
     T local = 0;
     visit_values([&](float s) {
       if (order_key(s) >= middle) local += measure(s);
     });
-    if (above + block_reduce(local, Sum{}) >= target) {
+    if (above + (row_wide ? row_reduce(local, Sum{}) : block_sum_step(local, step)) >= target) {
       low = middle;
     } else {
       high = middle;
@@ -326,7 +446,7 @@ __device__ uint32_t highest_key_reaching(uint32_t low, uint32_t max_key, T above
 
 struct TopK {
   float kth;        // the k-th largest value; -inf when fewer than k are finite (nothing is cut)
-  int32_t kept;     // >= 0: every value >= kth is in the workspace, among `kept` gathered ones; -1: not
+  int32_t kept;     // >= 0: every value >= kth is in the first block's workspace, among `kept` gathered ones
 };
 
 // The k-th largest of the filtered values (value_of), ties included. The levels above the cut are gathered
@@ -348,9 +468,17 @@ __device__ TopK kth_value(Row row, float top, int32_t k, ValueOf value_of, Level
   const bool all = through <= kValueCapacity;
   const LevelValues values =
       gather_levels(row, top, all ? 0 : level, level, all ? through : levels.count[level], value_of);
-  const uint32_t key = highest_key_reaching<int32_t>(
-      values.min_key, values.max_key, above, k, [](float) { return 1; },
-      [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  auto search = [&] {
+    return highest_key_reaching<int32_t>(
+        !values.gathered, values.min_key, values.max_key, above, k, [](float) { return 1; },
+        [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  };
+  uint32_t key;
+  if (values.gathered) {
+    key = from_first_block(row_part() == 0 ? search() : 0u);
+  } else {
+    key = search();
+  }
   return TopK{key_value(key), all ? through : -1};
 }
 
@@ -360,15 +488,15 @@ struct Nucleus {
   float tie_weight;
 };
 
-// The nucleus edge among candidate values (visit_values as for highest_key_reaching; keys in [low, max_key])
+// The nucleus edge among candidate values (row_wide, visit_values as for highest_key_reaching; keys in [low, max_key])
 // that hold the edge, the kept mass above them being `above`: the highest key at which the mass at or above it
 // reaches the target, and how many of the tokens tied there the target needs.
 template <typename VisitValues>
-__device__ Nucleus nucleus_among(float top, float above, float target, uint32_t low, uint32_t max_key,
+__device__ Nucleus nucleus_among(bool row_wide, float top, float above, float target, uint32_t low, uint32_t max_key,
                                  VisitValues visit_values) {
   auto weight = [top](float s) { return expf(s - top); };
   Nucleus edge;
-  edge.boundary = highest_key_reaching<float>(low, max_key, above, target, weight, visit_values);
+  edge.boundary = highest_key_reaching<float>(row_wide, low, max_key, above, target, weight, visit_values);
   float local_above = 0.0f;
   int32_t local_ties = 0;
   visit_values([&](float s) {
@@ -376,8 +504,8 @@ __device__ Nucleus nucleus_among(float top, float above, float target, uint32_t 
     if (key > edge.boundary) local_above += weight(s);
     local_ties += key == edge.boundary;
   });
-  const float above_boundary = above + block_reduce(local_above, Sum{});
-  const int32_t ties = block_reduce(local_ties, Sum{});
+  const float above_boundary = above + reduce_over(row_wide, local_above, Sum{});
+  const int32_t ties = reduce_over(row_wide, local_ties, Sum{});
   // Of the tokens tied at the edge, the lower ids first, as many as the target needs (at least one; all of them
   // when their weight underflows).
   edge.tie_weight = weight(key_value(edge.boundary));
@@ -413,12 +541,17 @@ __device__ Nucleus nucleus_edge(Row row, float top, float top_p, ValueOf value_o
     above = above_last;
   }
   const LevelValues values = gather_levels(row, top, level, level, levels.count[level], value_of);
-  return nucleus_among(top, above, target, values.min_key, values.max_key,
-                       [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  auto among = [&](bool row_wide) {
+    return nucleus_among(row_wide, top, above, target, values.min_key, values.max_key,
+                         [&](auto&& visit) { visit_level(row, top, values, value_of, visit); });
+  };
+  if (!values.gathered) return among(true);
+  return from_first_block(row_part() == 0 ? among(false) : Nucleus{0, 0, 0.0f});
 }
 
-// The top_p edge over the `count` values in the workspace, of which those >= kth are the kept ones.
+// The top_p edge over the `count` values in the first block's workspace, of which those >= kth are the kept ones.
 __device__ Nucleus nucleus_of_gathered(int32_t count, float top, float kth, float top_p) {
+  if (row_part() != 0) return from_first_block(Nucleus{0, 0, 0.0f});
   const auto* gathered = reinterpret_cast<const float*>(workspace);
   auto visit_kept = [&](auto&& visit) {
     for (int i = threadIdx.x; i < count; i += kSampleThreads) {
@@ -429,7 +562,7 @@ __device__ Nucleus nucleus_of_gathered(int32_t count, float top, float kth, floa
   float local_total = 0.0f;
   visit_kept([&](float s) { local_total += expf(s - top); });
   const float target = top_p * block_reduce(local_total, Sum{});
-  return nucleus_among(top, 0.0f, target, order_key(kth), order_key(top), visit_kept);
+  return from_first_block(nucleus_among(false, top, 0.0f, target, order_key(kth), order_key(top), visit_kept));
 }
 
 // What the draw keeps of s = raw / temperature: finite, at or above `floor` (min_p's threshold or the top_k-th
@@ -440,9 +573,15 @@ struct KeptSet {
   Nucleus edge;
 };
 
-// The inverse-CDF draw of `uniform` over the kept tokens in token-id order.
-__device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
+// The inverse-CDF draw of `uniform` over the kept tokens in token-id order; the token in the row's first block.
+__device__ int32_t draw_kept(Row row, const KeptSet& kept_set, double uniform_draw) {
   __shared__ int32_t found, last_segment, token;
+  // The settings, and the first block's segment arrays (every block writes its segments there, the first one
+  // scans them), are read from shared memory where used: the pass has no registers to spare for them.
+  __shared__ KeptSet kept;
+  __shared__ double uniform;
+  __shared__ double* first_segment_mass;
+  __shared__ int32_t* first_segment_ties;
   // Masses in double beyond the 4 tokens of a lane: a float running sum over 10^5 tokens drifts by more than
   // the weight of the unlikely tokens it passes (the CPU sums in double).
   auto* segment_mass = reinterpret_cast<double*>(workspace);
@@ -458,10 +597,18 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
   };
 
   // 1. The mass of the kept tokens that are not ties at the edge, and the tie count, of every segment.
-  __syncthreads();  // the workspace's previous use is over
   if (tid == 0) {
+    kept = kept_set;
+    uniform = uniform_draw;
     found = INT_MAX;
     last_segment = -1;
+    first_segment_mass = cg::this_cluster().map_shared_rank(segment_mass, 0);
+    first_segment_ties = cg::this_cluster().map_shared_rank(segment_ties, 0);
+  }
+  if (row_parts() == 1) {
+    __syncthreads();  // the workspace's previous use is over
+  } else {
+    sync_row();  // the first block's workspace is free
   }
   for_each_quad(row, [&](int64_t quad, const float4& v) {
     float mass = 0.0f;
@@ -479,11 +626,16 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
     ties = warp_sum_int(ties);
     const int64_t segment = quad / 32;
     if (lane == 0 && segment < segments) {
-      segment_mass[segment] = segment_total;
-      segment_ties[segment] = ties;
+      first_segment_mass[segment] = segment_total;
+      first_segment_ties[segment] = ties;
     }
   });
-  __syncthreads();
+  if (row_parts() == 1) {
+    __syncthreads();
+  } else {
+    sync_row();  // every segment is in the first block
+    if (row_part() != 0) return 0;
+  }
 
   // 2. Block scans over the segments in id order (each thread a run of consecutive ones): first the ties, to
   // keep the first kept_ties of them, then the kept mass; each segment is left with its exclusive prefixes.
@@ -568,7 +720,8 @@ __device__ int32_t draw_kept(Row row, KeptSet kept, double uniform) {
   return token;
 }
 
-// The best `count` raw tokens ranked after `previous` one at a time, from the row (no gathering).
+// The best `count` raw tokens ranked after `previous` one at a time, from the row (no gathering); the first block
+// writes them.
 __device__ void top_from_row(Row row, int32_t count, float log_total, int32_t* ids, float* logprobs) {
   Candidate previous{INFINITY, -1};
   for (int32_t j = 0; j < count; ++j) {
@@ -577,8 +730,8 @@ __device__ void top_from_row(Row row, int32_t count, float log_total, int32_t* i
       const bool after = v < previous.value || (v == previous.value && id > previous.id);
       if (after && id < row.vocab && ranks_before(v, id, best)) best = Candidate{v, id};
     });
-    previous = block_reduce(best, BetterCandidate{});
-    if (threadIdx.x == 0) {
+    previous = row_reduce(best, BetterCandidate{});
+    if (threadIdx.x == 0 && row_part() == 0) {
       ids[j] = previous.id;
       logprobs[j] = previous.value - log_total;
     }
@@ -587,7 +740,7 @@ __device__ void top_from_row(Row row, int32_t count, float log_total, int32_t* i
 
 // Filters the scaled row (temperature -> min_p -> top_k -> top_p) and draws from what is kept; `raw_max` is the
 // finite maximum of the raw row.
-__device__ int32_t filter_and_draw(Row row, SampleRowParams p, float raw_max, Levels& levels) {
+__device__ int32_t filter_and_draw(Row row, const SampleRowParams& p, float raw_max, Levels& levels) {
   const float temperature = p.temperature;
   KeptSet kept;
   kept.temperature = temperature;
@@ -618,7 +771,8 @@ __device__ int32_t filter_and_draw(Row row, SampleRowParams p, float raw_max, Le
   return draw_kept(row, kept, p.uniform);
 }
 
-// The logprob outputs of one row: log_softmax of the raw row at `token`, its rank, and the best `num_top`.
+// The logprob outputs of one row: log_softmax of the raw row at `token`, its rank, and the best `num_top`, written
+// by the row's first block.
 __device__ void write_logprobs(Row row, int32_t token, float raw_max, int32_t num_top, float* logprob,
                                             int32_t* rank, int32_t* ids, float* top, Levels& levels) {
   // The sum of exp, the rank and (for the top ones) the levels, in one pass.
@@ -630,9 +784,9 @@ __device__ void write_logprobs(Row row, int32_t token, float raw_max, int32_t nu
     local_higher += v > token_value;
     return num_top > 0 ? v : -INFINITY;
   }, levels);
-  const float log_total = raw_max + logf(block_reduce(local_sum, Sum{}));
-  const int32_t higher = block_reduce(local_higher, Sum{});
-  if (threadIdx.x == 0) {
+  const float log_total = raw_max + logf(row_reduce(local_sum, Sum{}));
+  const int32_t higher = row_reduce(local_higher, Sum{});
+  if (threadIdx.x == 0 && row_part() == 0) {
     *logprob = token_value - log_total;
     *rank = 1 + higher;
   }
@@ -666,6 +820,8 @@ __device__ void write_logprobs(Row row, int32_t token, float raw_max, int32_t nu
     if (take) pairs[base + __popc(takers & ((1u << lane) - 1))] = Candidate{v, id};
   });
   __syncthreads();
+  collect_at_first<Candidate>(&filled);
+  if (row_part() != 0) return;
   // Each pick takes the best candidate ranked after the previous pick.
   Candidate previous{INFINITY, -1};
   for (int32_t j = 0; j < num_top; ++j) {
@@ -683,12 +839,28 @@ __device__ void write_logprobs(Row row, int32_t token, float raw_max, int32_t nu
   }
 }
 
-// The token of each row, one block per row. Rows that ask for logprobs leave the raw maximum in their logprob
-// slot for logprob_kernel (a kernel of its own, so that neither runs out of the 64 registers of 1024 threads).
+// Where a row's blocks start: exchange slots in their first turn.
+__device__ __forceinline__ void start_row() {
+  if (threadIdx.x == 0) exchange_turn = 0;
+  __syncthreads();
+}
+
+// Where a row's blocks end: none leaves while another may still read its shared memory.
+__device__ __forceinline__ void end_row() {
+  if (row_parts() > 1) sync_row();
+}
+
+// The token of each row, one cluster of row_parts() blocks per row. Rows that ask for logprobs leave the raw
+// maximum in their logprob slot for logprob_kernel (a kernel of its own, so that neither runs out of the 64
+// registers of 1024 threads).
 __global__ void __launch_bounds__(kSampleThreads, 1)
     sample_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t* tokens, float* logprobs) {
   __shared__ Levels levels;
-  const SampleRowParams p = rows[blockIdx.x];
+  // The row's settings from shared memory where used: the passes have no registers to spare for them.
+  __shared__ SampleRowParams p;
+  const int64_t item = blockIdx.x / row_parts();
+  if (threadIdx.x == 0) p = rows[item];
+  start_row();
   const float* x = logits + int64_t{p.logit_row} * vocab;
   const Row row{x, vocab, reinterpret_cast<uintptr_t>(x) % 16 == 0};
 
@@ -698,7 +870,7 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
   for_each_token(row, [&](int32_t id, float v) {
     if (v > local_best.value) local_best = Candidate{v, id};
   });
-  const Candidate raw_best = block_reduce(local_best, BetterCandidate{});
+  const Candidate raw_best = row_reduce(local_best, BetterCandidate{});
 
   int32_t token = 0;
   if (p.greedy) {
@@ -706,10 +878,11 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
   } else if (raw_best.value != -INFINITY) {
     token = filter_and_draw(row, p, raw_best.value, levels);
   }
-  if (threadIdx.x == 0) {
-    tokens[blockIdx.x] = token;
-    if (p.num_logprobs >= 0) logprobs[blockIdx.x] = raw_best.value;
+  if (threadIdx.x == 0 && row_part() == 0) {
+    tokens[blockIdx.x / row_parts()] = token;
+    if (p.num_logprobs >= 0) logprobs[blockIdx.x / row_parts()] = raw_best.value;
   }
+  end_row();
 }
 
 // The logprob outputs of the rows that ask for them, after sample_kernel.
@@ -717,13 +890,49 @@ __global__ void __launch_bounds__(kSampleThreads, 1)
     logprob_kernel(const float* logits, int64_t vocab, const SampleRowParams* rows, const int32_t* tokens,
                    float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width) {
   __shared__ Levels levels;
-  const SampleRowParams p = rows[blockIdx.x];
+  const int64_t item = blockIdx.x / row_parts();
+  const SampleRowParams p = rows[item];
   if (p.num_logprobs < 0) return;
+  start_row();
   const float* x = logits + int64_t{p.logit_row} * vocab;
   const Row row{x, vocab, reinterpret_cast<uintptr_t>(x) % 16 == 0};
-  const int64_t at = int64_t{blockIdx.x} * top_width;
-  write_logprobs(row, tokens[blockIdx.x], logprobs[blockIdx.x], p.num_logprobs, logprobs + blockIdx.x,
-                 ranks + blockIdx.x, top_ids + at, top_logprobs + at, levels);
+  const int64_t at = item * top_width;
+  write_logprobs(row, tokens[item], logprobs[item], p.num_logprobs, logprobs + item, ranks + item, top_ids + at,
+                 top_logprobs + at, levels);
+  end_row();
+}
+
+// The launch of `count` rows of `parts` blocks each, a cluster per row (`cluster` holds its attribute).
+cudaLaunchConfig_t row_launch(int32_t count, int parts, cudaStream_t stream, cudaLaunchAttribute& cluster) {
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned int>(parts);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned int>(count) * static_cast<unsigned int>(parts));
+  config.blockDim = dim3(kSampleThreads);
+  config.dynamicSmemBytes = kWorkspaceBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Whether the GPU can schedule a cluster of `parts` blocks of the sampling kernels (each fills an SM), asked once.
+bool cluster_fits(int parts) {
+  static const std::array<bool, kMaxRowParts + 1> fits = [] {
+    std::array<bool, kMaxRowParts + 1> result{};
+    for (int size = 1; size <= kMaxRowParts; size *= 2) {
+      cudaLaunchAttribute cluster{};
+      const cudaLaunchConfig_t config = row_launch(1, size, nullptr, cluster);
+      int clusters = 0;
+      const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, sample_kernel, &config);
+      if (status != cudaSuccess) cudaGetLastError();  // a refused size leaves no error for a later launch to report
+      result[size] = status == cudaSuccess && clusters > 0;
+    }
+    return result;
+  }();
+  return fits[parts];
 }
 
 cudaError_t allow_workspace() {
@@ -745,12 +954,25 @@ cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* ro
   // The draw keeps one mass and one tie count per 128-token segment in the workspace.
   if (vocab <= 0 || (vocab + kSegmentTokens - 1) / kSegmentTokens > kSegmentCapacity) return cudaErrorInvalidValue;
   if (const cudaError_t status = allow_workspace(); status != cudaSuccess) return status;
-  const auto blocks = static_cast<unsigned int>(count);
-  sample_kernel<<<blocks, kSampleThreads, kWorkspaceBytes, stream>>>(logits, vocab, rows, tokens, logprobs);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || logprobs == nullptr) return status;
-  logprob_kernel<<<blocks, kSampleThreads, kWorkspaceBytes, stream>>>(logits, vocab, rows, tokens, logprobs, ranks,
-                                                                      top_ids, top_logprobs, top_width);
-  return cudaGetLastError();
+  int device = 0, sms = 0;
+  if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) return status;
+  if (const cudaError_t status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      status != cudaSuccess)
+    return status;
+  // Blocks per row: the most, up to a cluster of kMaxRowParts, that keep every row's blocks on the GPU at once
+  // (one block per SM), give each block at least one whole pass of its own (below that the cluster's barriers
+  // cost more than the split saves: 8 rows of V = 4096 took 0.128 ms over clusters, 0.100 ms without), and that
+  // the GPU can schedule as a cluster.
+  const int64_t passes = (vocab + 4 * int64_t{kUnroll} * kSampleThreads - 1) / (4 * int64_t{kUnroll} * kSampleThreads);
+  int parts = kMaxRowParts;
+  while (parts > 1 && (int64_t{count} * parts > sms || parts > passes || !cluster_fits(parts))) parts /= 2;
+  cudaLaunchAttribute cluster{};
+  const cudaLaunchConfig_t config = row_launch(count, parts, stream, cluster);
+  if (const cudaError_t status = cudaLaunchKernelEx(&config, sample_kernel, logits, vocab, rows, tokens, logprobs);
+      status != cudaSuccess || logprobs == nullptr)
+    return status;
+  return cudaLaunchKernelEx(&config, logprob_kernel, logits, vocab, rows, tokens, logprobs, ranks, top_ids,
+                            top_logprobs, top_width);
 }
 
 }  // namespace beamline::cuda
