@@ -422,6 +422,16 @@ __device__ void visit_level(const Row& row, float top, const LevelValues& values
   }
 }
 
+// The nearest value keys on either side of a bisection's middle: the lowest at or above it, the highest below.
+struct KeyBounds {
+  uint32_t at_or_above, below;
+};
+struct NearestKeys {
+  __device__ KeyBounds operator()(const KeyBounds& a, const KeyBounds& b) const {
+    return KeyBounds{min(a.at_or_above, b.at_or_above), max(a.below, b.below)};
+  }
+};
+
 // The highest key K in [low, max_key] whose measure, `above` plus the sum of measure(s) over the values
 // (visit_values(f) calls f(s) for each; spread over the row's blocks when `row_wide`, else this block's) with key
 // >= K, reaches `target`, by bisection; `low` when even all of them fall short (rounding). low == max_key: no pass.
@@ -432,13 +442,24 @@ __device__ uint32_t highest_key_reaching(bool row_wide, uint32_t low, uint32_t m
   for (int step = 0; high - low > 1; ++step) {
     const auto middle = static_cast<uint32_t>(low + (high - low) / 2);
     T local = 0;
+    KeyBounds bounds{UINT_MAX, 0};  // keys are never 0: -inf's is the lowest a visited value can have
     visit_values([&](float s) {
-      if (order_key(s) >= middle) local += measure(s);
+      const uint32_t key = order_key(s);
+      if (key >= middle) {
+        local += measure(s);
+        bounds.at_or_above = min(bounds.at_or_above, key);
+      } else {
+        bounds.below = max(bounds.below, key);
+      }
     });
-    if (above + (row_wide ? row_reduce(local, Sum{}) : block_sum_step(local, step)) >= target) {
-      low = middle;
+    const bool reached = above + (row_wide ? row_reduce(local, Sum{}) : block_sum_step(local, step)) >= target;
+    bounds = reduce_over(row_wide, bounds, NearestKeys{});
+    // The measure only changes at the keys of values: the range shrinks to the nearest of them on the side that
+    // holds the answer, so that k distinct values take about log2 k + 1 steps, however far apart their keys are.
+    if (reached) {
+      low = bounds.at_or_above != UINT_MAX ? bounds.at_or_above : middle;
     } else {
-      high = middle;
+      high = bounds.below >= low ? uint64_t{bounds.below} + 1 : uint64_t{low} + 1;
     }
   }
   return low;
