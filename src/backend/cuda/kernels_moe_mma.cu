@@ -19,9 +19,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "backend/cuda/async_copy.cuh"
@@ -422,14 +420,14 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t 
 // One (tile, row block) of an expert GEMM as expert_gemm_kernel<kGateUp, kTokens, false> computes it, on wgmma:
 // X = one BF16 row per token, C stored as the down GEMM's BF16 operand (gate|up) or as the weighted F32 expert output
 // (down). `first_maps` / `second_maps`: the tensor maps of every expert's gate and up matrices, or its down matrix
-// twice (sub-tile 1 then covers the block's second kRows rows).
-template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers, bool kOverlap>
+// twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed tiles x `row_blocks` row blocks
+// each, the row block fastest.
+template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers>
 __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kThreads),
                                   (WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kBlocksPerSm))
     expert_wgmma_kernel(const __nv_bfloat16* x, const int32_t* grouped, const Tile* tiles, int32_t top_k,
                         const unsigned char* first_maps, const unsigned char* second_maps, const float* weights,
-                        int64_t m, int64_t k, unsigned int row_blocks, unsigned int tile_count, bool row_fast,
-                        bool evict_first, __nv_bfloat16* activated, float* out) {
+                        int64_t m, int64_t k, unsigned int row_blocks, __nv_bfloat16* activated, float* out) {
   using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens, kStageCount = Tiling::kStages, kStageBytes = Tiling::kStageBytes;
   constexpr int kThreads = Tiling::kThreads, kRows = Tiling::kRows, kSubTileBytes = Tiling::kSubTileBytes;
@@ -437,11 +435,11 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
   extern __shared__ unsigned char shared[];
   __shared__ int32_t source_row[kTokens], slot_of[kTokens];
   __shared__ uint64_t full[kStageCount], empty[kStageCount];
-  const unsigned int tile_index = row_fast ? blockIdx.x / row_blocks : blockIdx.x % tile_count;
-  const unsigned int row_block = row_fast ? blockIdx.x % row_blocks : blockIdx.x / tile_count;
-  const Tile tile = tiles[tile_index];
+  // The row block is the fast grid index, so the blocks resident at once share a few tiles: each tile's tokens are
+  // read from DRAM about once and then from L2 by its other row blocks, and one expert's tiles run together.
+  const Tile tile = tiles[blockIdx.x / row_blocks];
   if (tile.expert < 0) return;
-  const int64_t row0 = int64_t{row_block} * (kGateUp ? kRows : 2 * kRows);
+  const int64_t row0 = int64_t{blockIdx.x % row_blocks} * (kGateUp ? kRows : 2 * kRows);
   const int64_t sub_row0[2] = {row0, kGateUp ? row0 : row0 + kRows};
   const int chunks = (tile.count + kChunkTokens - 1) / kChunkTokens;  // chunks holding tokens
   for (int n = threadIdx.x; n < kTokens; n += kThreads) {
@@ -465,11 +463,11 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
     const void* map[2] = {first_maps + size_t{kTensorMapBytes} * tile.expert,
                           second_maps + size_t{kTensorMapBytes} * tile.expert};
     if (lane < 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane == 0 ? map[0] : map[1]) : "memory");
+    // A weight box is read only by the blocks of its expert's tiles, which run at about the same time, so it may
+    // leave L2 first, ahead of the token rows that the tile's other row blocks re-read. (An evict_normal policy
+    // measured 10-13% slower at 16-256 tokens than evict_first, which ran as fast as no hint there.)
     uint64_t policy;
-    if (evict_first)
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    else
-      asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     const int token_copies = chunks * kChunkTokens * (kWgmmaK / 8);  // 16-byte pieces of the staged token rows
     for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
       const int stage = static_cast<int>(k_block % kStageCount);
@@ -533,30 +531,21 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
                        matrix_descriptor(base + 2 * kSubTileBytes + c * kChunkTokens * (kWgmmaK * 2) + kk * 32));
         }
       wgmma_commit();
-      if constexpr (kOverlap) {
-        wgmma_wait<1>();
-#pragma unroll
-        for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-          for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
-        if (k_block > 0 && lane == 0)
-          arrive_mbarrier(&empty[static_cast<int>((k_block + kStageCount - 1) % kStageCount)]);
-      } else {
-        wgmma_wait<0>();
-#pragma unroll
-        for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-          for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
-        if (lane == 0) arrive_mbarrier(&empty[stage]);
-      }
-    }
-    if constexpr (kOverlap) {
-      wgmma_wait<0>();
+      // This step's MMAs stay in flight while the warp waits for the next stage; the previous step's are done, so
+      // their stage goes back to the producer. (The last stage is never released: nothing refills it.)
+      wgmma_wait<1>();
 #pragma unroll
       for (int sub = 0; sub < 2; ++sub)
 #pragma unroll
         for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
+      if (k_block > 0 && lane == 0)
+        arrive_mbarrier(&empty[static_cast<int>((k_block + kStageCount - 1) % kStageCount)]);
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+      for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
   };
   static_assert(kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
   using One = std::integral_constant<int, 1>;
@@ -648,89 +637,47 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
 
 
 // Once per process and configuration, outside any graph capture's stream work (more than 48 KiB per block).
-template <int kChunkTokens, int kChunks, int kConsumers, bool kOverlap>
+template <int kChunkTokens, int kChunks, int kConsumers>
 cudaError_t allow_wgmma_shared_memory() {
   const auto bytes = static_cast<int>(WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kSharedBytes);
-  if (cudaError_t status = cudaFuncSetAttribute(expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers, kOverlap>,
+  if (cudaError_t status = cudaFuncSetAttribute(expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       status != cudaSuccess)
     return status;
-  return cudaFuncSetAttribute(expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers, kOverlap>,
+  return cudaFuncSetAttribute(expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-template <int kChunkTokens, int kChunks, int kConsumers, bool kOverlap>
+template <int kChunkTokens, int kChunks, int kConsumers>
 cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
-                              const ExpertPointers& experts, const MoeMmaWorkspace& workspace, bool row_fast,
-                              bool evict_first, cudaStream_t stream) {
+                              const ExpertPointers& experts, const MoeMmaWorkspace& workspace, cudaStream_t stream) {
   using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens;
-  static const cudaError_t configured = allow_wgmma_shared_memory<kChunkTokens, kChunks, kConsumers, kOverlap>();
+  static const cudaError_t configured = allow_wgmma_shared_memory<kChunkTokens, kChunks, kConsumers>();
   if (configured != cudaSuccess) return configured;
   const int64_t max_tiles = tile_bound<kTokens>(assignments, experts.experts);
   auto* tiles = reinterpret_cast<Tile*>(workspace.tiles);
   plan_kernel<kTokens><<<1, kPlanThreads, 0, stream>>>(ids, static_cast<int32_t>(assignments), experts.experts,
                                                        max_tiles, workspace.grouped, tiles);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const auto tile_count = static_cast<unsigned int>(max_tiles);
+  const int64_t up_rows = blocks_for(experts.intermediate, Tiling::kRows);
+  const int64_t down_rows = blocks_for(experts.hidden, 2 * Tiling::kRows);
+  if (max_tiles * std::max(up_rows, down_rows) > INT32_MAX) return cudaErrorInvalidValue;  // one grid dimension
   const auto* maps = static_cast<const unsigned char*>(experts.tensor_maps);
   const size_t matrix_maps = size_t{kTensorMapBytes} * experts.experts;  // one matrix of every expert
   auto* activated = static_cast<__nv_bfloat16*>(workspace.activated_hi);
-  const unsigned int up_rows = blocks_for(experts.intermediate, Tiling::kRows);
-  expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers, kOverlap>
-      <<<tile_count * up_rows, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+  expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>
+      <<<static_cast<unsigned int>(max_tiles * up_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps,
-          maps + matrix_maps, weights, experts.intermediate, experts.hidden, up_rows, tile_count, row_fast, evict_first,
-          activated,
-          nullptr);
+          maps + matrix_maps, weights, experts.intermediate, experts.hidden, static_cast<unsigned int>(up_rows),
+          activated, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const unsigned int down_rows = blocks_for(experts.hidden, 2 * Tiling::kRows);
-  expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers, kOverlap>
-      <<<tile_count * down_rows, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+  expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>
+      <<<static_cast<unsigned int>(max_tiles * down_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
-          experts.hidden, experts.intermediate, down_rows, tile_count, row_fast, evict_first,
-          nullptr, workspace.expert_out);
+          experts.hidden, experts.intermediate, static_cast<unsigned int>(down_rows), nullptr,
+          workspace.expert_out);
   return cudaGetLastError();
-}
-
-// TEMPORARY measurement switches (removed before the final commit): BEAMLINE_MOE_WAIT=0|1 (wgmma wait_group 0 per
-// stage, or one stage's MMAs kept in flight), BEAMLINE_MOE_ORDER=tile|row (fast grid index),
-// BEAMLINE_MOE_FAMILY=16x4x1|16x4x2|64x2x1|64x2x2 (forces one family at every token count),
-// BEAMLINE_MOE_PREFILL=64x2x1|64x2x2 (the family above kSharedTokensSlotsPerExpert), BEAMLINE_MOE_EVICT=normal|first
-// (the L2 policy of the weight boxes).
-cudaError_t run_wgmma_variant(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
-                              const ExpertPointers& experts, const MoeMmaWorkspace& workspace,
-                              int64_t slots_per_expert, cudaStream_t stream) {
-  auto env = [](const char* name, const char* fallback) {
-    const char* value = std::getenv(name);
-    return std::string(value != nullptr ? value : fallback);
-  };
-  static const bool overlap = env("BEAMLINE_MOE_WAIT", "1") == "1";
-  const bool row_fast = env("BEAMLINE_MOE_ORDER", "row") == "row";
-  const bool evict_first = env("BEAMLINE_MOE_EVICT", "normal") == "first";
-  static const std::string forced = env("BEAMLINE_MOE_FAMILY", "");
-  static const std::string prefill = env("BEAMLINE_MOE_PREFILL", "64x2x1");
-  const std::string family = !forced.empty()                                  ? forced
-                             : slots_per_expert <= kFewSlotsPerExpert         ? std::string("16x4x1")
-                             : slots_per_expert <= kSharedTokensSlotsPerExpert ? std::string("16x4x2")
-                                                                               : prefill;
-  auto run = [&](auto overlapping) -> cudaError_t {
-    constexpr bool kOverlap = decltype(overlapping)::value;
-    if (family == "16x4x1")
-      return run_experts_wgmma<16, 4, 1, kOverlap>(ids, weights, assignments, top_k, experts, workspace, row_fast, evict_first,
-                                                   stream);
-    if (family == "16x4x2")
-      return run_experts_wgmma<16, 4, 2, kOverlap>(ids, weights, assignments, top_k, experts, workspace, row_fast, evict_first,
-                                                   stream);
-    if (family == "64x2x1")
-      return run_experts_wgmma<64, 2, 1, kOverlap>(ids, weights, assignments, top_k, experts, workspace, row_fast, evict_first,
-                                                   stream);
-    if (family == "64x2x2")
-      return run_experts_wgmma<64, 2, 2, kOverlap>(ids, weights, assignments, top_k, experts, workspace, row_fast, evict_first,
-                                                   stream);
-    return cudaErrorInvalidValue;
-  };
-  return overlap ? run(std::true_type{}) : run(std::false_type{});
 }
 
 }  // namespace
@@ -785,13 +732,19 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
   const int64_t slots_per_expert = assignments / experts.experts;  // on average
   // Bf16 on wgmma wherever measured (bench/results/2026-12-01-moe-wgmma.md, Beam-1.0 shapes on an H200): 13-23% less
-  // time than the mma.sync kernels at 16-8192 tokens. Up to 4 slots per expert (128 tokens): one warpgroup per block,
-  // N in chunks of 16 (chunks of 32 were 1-3% slower). Up to 64: two warpgroups per block share the staged tokens
-  // (1.4% faster at 256 tokens, even at 1024). Prefill: one warpgroup, 128-token tiles in chunks of 64 (29.1 ms at 8192
-  // tokens; chunks of 16 or 32, two warpgroups or one N = 128 MMA took 30.1-35.7 ms).
+  // time than the mma.sync kernels at 16-8192 tokens, and 1-4.6% less again at 64-8192 tokens since round 2 (one
+  // step's MMAs in flight, row block as the fast grid index, weights evicted first). Up to 4 slots per expert (128
+  // tokens): one warpgroup per block, N in chunks of 16 (chunks of 32 were 1-3% slower). Up to 64: two warpgroups per
+  // block share the staged tokens (1.4% faster at 256 tokens, even at 1024). Prefill: one warpgroup, 128-token tiles
+  // in chunks of 64 (29.1-29.9 ms at 8192 tokens; chunks of 16 or 32, two warpgroups or one N = 128 MMA took
+  // 30.0-35.7 ms).
   const cudaError_t status =
       !split && experts.tensor_maps != nullptr
-          ? run_wgmma_variant(ids, weights, assignments, top_k, experts, workspace, slots_per_expert, stream)
+          ? (slots_per_expert <= kFewSlotsPerExpert
+                 ? run_experts_wgmma<16, 4, 1>(ids, weights, assignments, top_k, experts, workspace, stream)
+             : slots_per_expert <= kSharedTokensSlotsPerExpert
+                 ? run_experts_wgmma<16, 4, 2>(ids, weights, assignments, top_k, experts, workspace, stream)
+                 : run_experts_wgmma<64, 2, 1>(ids, weights, assignments, top_k, experts, workspace, stream))
       : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, stream)
                      : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, stream))
               : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, stream)
