@@ -362,11 +362,11 @@ __device__ __forceinline__ void arrive_expecting(uint64_t* barrier, uint32_t byt
 // Rows [row, row + 64) x k [k0, k0 + 64) of the matrix behind `tensor_map` into `shared` (swizzled), counted on
 // `barrier`'s transaction bytes.
 __device__ __forceinline__ void load_box(uint32_t shared, const void* tensor_map, int32_t k0, int32_t row,
-                                         uint64_t* barrier) {
+                                         uint64_t* barrier, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(shared),
-      "l"(tensor_map), "r"(k0), "r"(row), "r"(shared_address(barrier))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(shared),
+      "l"(tensor_map), "r"(k0), "r"(row), "r"(shared_address(barrier)), "l"(policy)
       : "memory");
 }
 
@@ -378,7 +378,11 @@ __device__ __forceinline__ uint64_t matrix_descriptor(uint32_t shared) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Until at most kPending of this warpgroup's committed MMA groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Keeps the compiler from moving accesses of accumulators across the asynchronous MMAs that write them.
 template <int kCount>
@@ -416,13 +420,14 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t 
 // One (tile, row block) of an expert GEMM as expert_gemm_kernel<kGateUp, kTokens, false> computes it, on wgmma:
 // X = one BF16 row per token, C stored as the down GEMM's BF16 operand (gate|up) or as the weighted F32 expert output
 // (down). `first_maps` / `second_maps`: the tensor maps of every expert's gate and up matrices, or its down matrix
-// twice (sub-tile 1 then covers the block's second kRows rows).
+// twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed tiles x `row_blocks` row blocks
+// each, the row block fastest.
 template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers>
 __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kThreads),
                                   (WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kBlocksPerSm))
     expert_wgmma_kernel(const __nv_bfloat16* x, const int32_t* grouped, const Tile* tiles, int32_t top_k,
                         const unsigned char* first_maps, const unsigned char* second_maps, const float* weights,
-                        int64_t m, int64_t k, __nv_bfloat16* activated, float* out) {
+                        int64_t m, int64_t k, unsigned int row_blocks, __nv_bfloat16* activated, float* out) {
   using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens, kStageCount = Tiling::kStages, kStageBytes = Tiling::kStageBytes;
   constexpr int kThreads = Tiling::kThreads, kRows = Tiling::kRows, kSubTileBytes = Tiling::kSubTileBytes;
@@ -430,9 +435,11 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
   extern __shared__ unsigned char shared[];
   __shared__ int32_t source_row[kTokens], slot_of[kTokens];
   __shared__ uint64_t full[kStageCount], empty[kStageCount];
-  const Tile tile = tiles[blockIdx.x];
+  // The row block is the fast grid index, so the blocks resident at once share a few tiles: each tile's tokens are
+  // read from DRAM about once and then from L2 by its other row blocks, and one expert's tiles run together.
+  const Tile tile = tiles[blockIdx.x / row_blocks];
   if (tile.expert < 0) return;
-  const int64_t row0 = int64_t{blockIdx.y} * (kGateUp ? kRows : 2 * kRows);
+  const int64_t row0 = int64_t{blockIdx.x % row_blocks} * (kGateUp ? kRows : 2 * kRows);
   const int64_t sub_row0[2] = {row0, kGateUp ? row0 : row0 + kRows};
   const int chunks = (tile.count + kChunkTokens - 1) / kChunkTokens;  // chunks holding tokens
   for (int n = threadIdx.x; n < kTokens; n += kThreads) {
@@ -456,6 +463,11 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
     const void* map[2] = {first_maps + size_t{kTensorMapBytes} * tile.expert,
                           second_maps + size_t{kTensorMapBytes} * tile.expert};
     if (lane < 2) asm volatile("prefetch.tensormap [%0];\n" ::"l"(lane == 0 ? map[0] : map[1]) : "memory");
+    // A weight box is read only by the blocks of its expert's tiles, which run at about the same time, so it may
+    // leave L2 first, ahead of the token rows that the tile's other row blocks re-read. (An evict_normal policy
+    // measured 10-13% slower at 16-256 tokens than evict_first, which ran as fast as no hint there.)
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     const int token_copies = chunks * kChunkTokens * (kWgmmaK / 8);  // 16-byte pieces of the staged token rows
     for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
       const int stage = static_cast<int>(k_block % kStageCount);
@@ -468,7 +480,7 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
         for (int sub = 0; sub < 2; ++sub)
           for (int group = 0; group < kConsumers; ++group)
             load_box(base + sub * kSubTileBytes + group * kBoxBytes, map[sub], k0,
-                     static_cast<int32_t>(sub_row0[sub] + group * kWgmmaRows), &full[stage]);
+                     static_cast<int32_t>(sub_row0[sub] + group * kWgmmaRows), &full[stage], policy);
       }
       // Token n's 16-byte piece c goes to piece c ^ (n % 8) of its 128-byte row: the swizzle TMA applies to the
       // weights. Tokens past the tile's count and k past the end are zeros.
@@ -519,13 +531,21 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
                        matrix_descriptor(base + 2 * kSubTileBytes + c * kChunkTokens * (kWgmmaK * 2) + kk * 32));
         }
       wgmma_commit();
-      wgmma_wait_all();
+      // This step's MMAs stay in flight while the warp waits for the next stage; the previous step's are done, so
+      // their stage goes back to the producer. (The last stage is never released: nothing refills it.)
+      wgmma_wait<1>();
 #pragma unroll
       for (int sub = 0; sub < 2; ++sub)
 #pragma unroll
         for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
-      if (lane == 0) arrive_mbarrier(&empty[stage]);
+      if (k_block > 0 && lane == 0)
+        arrive_mbarrier(&empty[static_cast<int>((k_block + kStageCount - 1) % kStageCount)]);
     }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+      for (int c = 0; c < kUsed; ++c) fence_accumulators(accumulator[sub][c]);
   };
   static_assert(kChunks == 2 || kChunks == 4, "the tile sizes dispatched below");
   using One = std::integral_constant<int, 1>;
@@ -640,21 +660,23 @@ cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t 
   plan_kernel<kTokens><<<1, kPlanThreads, 0, stream>>>(ids, static_cast<int32_t>(assignments), experts.experts,
                                                        max_tiles, workspace.grouped, tiles);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const auto tile_count = static_cast<unsigned int>(max_tiles);
+  const int64_t up_rows = blocks_for(experts.intermediate, Tiling::kRows);
+  const int64_t down_rows = blocks_for(experts.hidden, 2 * Tiling::kRows);
+  if (max_tiles * std::max(up_rows, down_rows) > INT32_MAX) return cudaErrorInvalidValue;  // one grid dimension
   const auto* maps = static_cast<const unsigned char*>(experts.tensor_maps);
   const size_t matrix_maps = size_t{kTensorMapBytes} * experts.experts;  // one matrix of every expert
   auto* activated = static_cast<__nv_bfloat16*>(workspace.activated_hi);
-  const dim3 up_grid(tile_count, blocks_for(experts.intermediate, Tiling::kRows));
   expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>
-      <<<up_grid, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+      <<<static_cast<unsigned int>(max_tiles * up_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps,
-          maps + matrix_maps, weights, experts.intermediate, experts.hidden, activated, nullptr);
+          maps + matrix_maps, weights, experts.intermediate, experts.hidden, static_cast<unsigned int>(up_rows),
+          activated, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Tiling::kRows));
   expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>
-      <<<down_grid, Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
+      <<<static_cast<unsigned int>(max_tiles * down_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
-          experts.hidden, experts.intermediate, nullptr, workspace.expert_out);
+          experts.hidden, experts.intermediate, static_cast<unsigned int>(down_rows), nullptr,
+          workspace.expert_out);
   return cudaGetLastError();
 }
 
@@ -710,10 +732,12 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
   const int64_t slots_per_expert = assignments / experts.experts;  // on average
   // Bf16 on wgmma wherever measured (bench/results/2026-12-01-moe-wgmma.md, Beam-1.0 shapes on an H200): 13-23% less
-  // time than the mma.sync kernels at 16-8192 tokens. Up to 4 slots per expert (128 tokens): one warpgroup per block,
-  // N in chunks of 16 (chunks of 32 were 1-3% slower). Up to 64: two warpgroups per block share the staged tokens
-  // (1.4% faster at 256 tokens, even at 1024). Prefill: one warpgroup, 128-token tiles in chunks of 64 (29.1 ms at 8192
-  // tokens; chunks of 16 or 32, two warpgroups or one N = 128 MMA took 30.1-35.7 ms).
+  // time than the mma.sync kernels at 16-8192 tokens, and 1-4.6% less again at 64-8192 tokens since round 2 (one
+  // step's MMAs in flight, row block as the fast grid index, weights evicted first). Up to 4 slots per expert (128
+  // tokens): one warpgroup per block, N in chunks of 16 (chunks of 32 were 1-3% slower). Up to 64: two warpgroups per
+  // block share the staged tokens (1.4% faster at 256 tokens, even at 1024). Prefill: one warpgroup, 128-token tiles
+  // in chunks of 64 (29.1-29.9 ms at 8192 tokens; chunks of 16 or 32, two warpgroups or one N = 128 MMA took
+  // 30.0-35.7 ms).
   const cudaError_t status =
       !split && experts.tensor_maps != nullptr
           ? (slots_per_expert <= kFewSlotsPerExpert
