@@ -19,6 +19,7 @@
 // Measured, with what limits it: bench/results/2026-12-01-prefill-wgmma.md.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_common.cuh"
@@ -36,9 +37,9 @@ static_assert(kVectors == kPrefillTileVectors, "the tiles the plan lists for the
 constexpr int kGroupThreads = 128;                           // a warpgroup
 constexpr int kThreads = kGroupThreads * (1 + kConsumerGroups);
 constexpr int kConsumerWarps = kConsumerGroups * kGroupThreads / 32;
-constexpr int kStages = 2;  // a third does not fit in 227 KiB beside the q tiles and the offset buffers
-constexpr int kOffsetBuffers = 3;
 constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads)
+constexpr int kQueryBarrier = 2;     // + consumer: a consumer warpgroup's q tile is written
+constexpr int kSchedulerBarrier = 4;  // + consumer: the consumer warpgroup may issue its wgmmas (ping-pong)
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // 40 + 2 * 232 = 3 * 168, the launch's share
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -50,7 +51,6 @@ constexpr int kRowGroupBytes = 8 * kSwizzleBytes;  // 8 rows: the stride of a de
 constexpr int kQueryHalfBytes = kGroupVectors * kSwizzleBytes;
 constexpr int kTileHalfBytes = kKeys * kSwizzleBytes;
 constexpr int kQueryTileBytes = 2 * kQueryHalfBytes, kTileBytes = 2 * kTileHalfBytes;
-constexpr size_t kSharedBytes = size_t{kConsumerGroups} * kQueryTileBytes + size_t{2} * kStages * kTileBytes;
 constexpr size_t kSharedAlignment = 1024;  // of a swizzled tile; dynamic shared memory guarantees less
 
 template <int kRows>
@@ -139,25 +139,46 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+constexpr int kQueryLoads = kGroupVectors * kDim / 4 / kGroupThreads;  // float4 of q per consumer thread
+
+// The pipeline: kKeyStages K and kValueStages V stages; the producer copies V of tile t - kValueLag after K of
+// tile t. kPingPong: the consumer warpgroups take turns issuing their wgmmas, so that one's softmax runs while the
+// other's products do.
+template <int kKeyStages, int kValueStages, int kValueLag, bool kPingPong, bool kHeavyFirst = false>
+struct Pipeline {
+  static constexpr int key_stages = kKeyStages, value_stages = kValueStages, value_lag = kValueLag;
+  static constexpr bool ping_pong = kPingPong, heavy_first = kHeavyFirst;
+  // The buffer written for tile t + 1 must be neither K's of tile t nor V's of tile t - kValueLag, which producer
+  // threads still behind the barrier after the lookups of tile t + 1 may read.
+  static constexpr int offset_buffers = kValueLag + 2;
+  static constexpr size_t shared_bytes =
+      size_t{kConsumerGroups} * kQueryTileBytes + size_t{kKeyStages + kValueStages} * kTileBytes;
+};
+
+template <class P>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_wgmma_kernel(const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch,
                                    const int32_t* tile_list, int32_t num_heads, float scale,
                                    int32_t sliding_window, float* out) {
   extern __shared__ unsigned char dynamic_shared[];
-  __shared__ uint64_t key_full[kStages], key_empty[kStages], value_full[kStages], value_empty[kStages];
-  // Per stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
-  __shared__ __align__(16) uint32_t missing_keys[kStages][kKeys / 32];
-  __shared__ int64_t key_offsets[kOffsetBuffers][kKeys];  // the producer's pool offsets of a tile's keys
+  constexpr int kKeyStages = P::key_stages, kValueStages = P::value_stages, kValueLag = P::value_lag;
+  __shared__ uint64_t key_full[kKeyStages], key_empty[kKeyStages], value_full[kValueStages],
+      value_empty[kValueStages];
+  // Per K stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
+  __shared__ __align__(16) uint32_t missing_keys[kKeyStages][kKeys / 32];
+  __shared__ int64_t key_offsets[P::offset_buffers][kKeys];  // the producer's pool offsets of a tile's keys
   __shared__ int range_first, range_last, group_first[kConsumerGroups], group_last[kConsumerGroups];
 
   unsigned char* shared =
       dynamic_shared + ((kSharedAlignment - shared_address(dynamic_shared) % kSharedAlignment) % kSharedAlignment);
   const uint32_t query_tiles = shared_address(shared);
   const uint32_t key_tiles = query_tiles + kConsumerGroups * kQueryTileBytes;
-  const uint32_t value_tiles = key_tiles + kStages * kTileBytes;
+  const uint32_t value_tiles = key_tiles + kKeyStages * kTileBytes;
 
-  const int32_t sequence = tile_list[3 * blockIdx.x], first_row = tile_list[3 * blockIdx.x + 1];
-  const int32_t tile_rows = tile_list[3 * blockIdx.x + 2];
+  // Heavy first: a sequence's later tiles see more keys (causal), so the last wave is made of the lightest blocks.
+  const int32_t item = P::heavy_first ? static_cast<int32_t>(gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  const int32_t sequence = tile_list[3 * item], first_row = tile_list[3 * item + 1];
+  const int32_t tile_rows = tile_list[3 * item + 2];
   const int32_t kv_head = blockIdx.y, group = num_heads / pool.num_kv_heads;
   const int32_t vectors = tile_rows * group;
   // Broadcast from lane 0, so that the compiler knows the role (and below, the tile bounds) to be warp-uniform:
@@ -173,10 +194,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       group_first[g] = INT_MAX;
       group_last[g] = -1;
     }
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kKeyStages; ++s) {
       init_mbarrier(&key_full[s], kGroupThreads + kGroupThreads / 32);  // every copy, and the missing-key words
-      init_mbarrier(&value_full[s], kGroupThreads);
       init_mbarrier(&key_empty[s], kConsumerWarps);
+    }
+    for (int s = 0; s < kValueStages; ++s) {
+      init_mbarrier(&value_full[s], kGroupThreads);
       init_mbarrier(&value_empty[s], kConsumerWarps);
     }
   }
@@ -188,23 +211,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int consumer = warpgroup - 1;
   int32_t lowest[2] = {1, 1}, highest[2] = {0, 0};
   int32_t lowest_max = -1, highest_min = INT_MAX;
+  // q: all of a thread's loads are issued here, before the bounds, and land while the producer starts on K and V;
+  // they are converted to the swizzled BF16 tile after the barrier below.
+  float4 query[kQueryLoads];
   if (warpgroup > 0) {
-    const uint32_t query_tile = query_tiles + consumer * kQueryTileBytes;
-    for (int index = thread; index < kGroupVectors * kDim / 4; index += kGroupThreads) {
-      const int local = index / (kDim / 4), d = index % (kDim / 4) * 4;
-      const int vector = consumer * kGroupVectors + local;
-      float4 value{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < kQueryLoads; ++i) {
+      const int index = thread + i * kGroupThreads;
+      const int vector = consumer * kGroupVectors + index / (kDim / 4);
+      query[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (vector < vectors) {
         const int64_t row = first_row + vector / group;
         const int32_t head = kv_head * group + vector % group;
-        value = *reinterpret_cast<const float4*>(q + (row * num_heads + head) * kDim + d);
+        query[i] = __ldg(reinterpret_cast<const float4*>(q + (row * num_heads + head) * kDim) + index % (kDim / 4));
       }
-      const uint32_t offset = query_tile + swizzled<kGroupVectors>(local, d / 8) + (d % 8) * 2;
-      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(offset), "r"(pack_bf16(value.x, value.y)),
-                   "r"(pack_bf16(value.z, value.w))
-                   : "memory");
     }
-    fence_async_proxy();
 
     const int64_t seq_len = batch.seq_lens[sequence];
     int32_t lowest_min = INT_MAX, highest_max = -1;
@@ -237,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicMax(&group_last[consumer], highest_max);
     }
   }
-  __syncthreads();  // the bounds, the q tiles and the barriers' initial state, for every warpgroup
+  __syncthreads();  // the bounds and the barriers' initial state, for every warpgroup
   const int32_t first_key = __shfl_sync(0xffffffffu, range_first, 0);
   const int32_t last_key = __shfl_sync(0xffffffffu, range_last, 0);
   const int32_t tiles = first_key <= last_key ? (last_key - first_key) / kKeys + 1 : 0;
@@ -262,16 +283,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     const __nv_bfloat16* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
     const __nv_bfloat16* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
-    for (int32_t tile = 0; tile <= tiles; ++tile) {
+    for (int32_t tile = 0; tile < tiles + kValueLag; ++tile) {
       if (tile < tiles) {
-        const int stage = tile % kStages;
-        int64_t* offsets = key_offsets[tile % kOffsetBuffers];
+        const int stage = tile % kKeyStages;
+        int64_t* offsets = key_offsets[tile % P::offset_buffers];
         const int32_t t = first_key + tile * kKeys + thread;
         const int32_t block = t <= last_key ? rows.block_of(t) : -1;
         offsets[thread] = block >= 0 ? rows.offset(block, t) : -1;
         const uint32_t missing = __ballot_sync(0xffffffffu, t <= last_key && block < 0);
         asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kGroupThreads) : "memory");
-        wait_mbarrier(&key_empty[stage], ((tile / kStages) & 1) ^ 1);
+        wait_mbarrier(&key_empty[stage], ((tile / kKeyStages) & 1) ^ 1);
         copy_tile(offsets, key_tiles + stage * kTileBytes, k_pool);
         arrive_mbarrier_when_copied(&key_full[stage]);
         if (lane == 0) {
@@ -279,11 +300,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           arrive_mbarrier(&key_full[stage]);
         }
       }
-      if (tile > 0) {
-        const int32_t previous = tile - 1;
-        const int stage = previous % kStages;
-        wait_mbarrier(&value_empty[stage], ((previous / kStages) & 1) ^ 1);
-        copy_tile(key_offsets[previous % kOffsetBuffers], value_tiles + stage * kTileBytes, v_pool);
+      if (tile >= kValueLag) {
+        const int32_t previous = tile - kValueLag;
+        const int stage = previous % kValueStages;
+        wait_mbarrier(&value_empty[stage], ((previous / kValueStages) & 1) ^ 1);
+        copy_tile(key_offsets[previous % P::offset_buffers], value_tiles + stage * kTileBytes, v_pool);
         arrive_mbarrier_when_copied(&value_full[stage]);
       }
     }
@@ -293,6 +314,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   const uint32_t query_tile = query_tiles + consumer * kQueryTileBytes;
+#pragma unroll
+  for (int i = 0; i < kQueryLoads; ++i) {
+    const int index = thread + i * kGroupThreads;
+    const int local = index / (kDim / 4), d = index % (kDim / 4) * 4;
+    const uint32_t offset = query_tile + swizzled<kGroupVectors>(local, d / 8) + (d % 8) * 2;
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(offset), "r"(pack_bf16(query[i].x, query[i].y)),
+                 "r"(pack_bf16(query[i].z, query[i].w))
+                 : "memory");
+  }
+  fence_async_proxy();
+  asm volatile("bar.sync %0, %1;\n" ::"r"(kQueryBarrier + consumer), "n"(kGroupThreads) : "memory");
   // The tiles some vector of this warpgroup sees: [seen_first, seen_last] (empty when it has none).
   int32_t seen_first = tiles, seen_last = -1;
   if (group_last[consumer] >= 0 && tiles > 0) {
@@ -306,22 +338,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) arrive_mbarrier(barrier);
   };
   // A tile this warpgroup does not see: waited for (so that no warp's arrivals run a phase ahead) and released.
-  auto pass_over = [&](int32_t tile) {
-    const int stage = tile % kStages;
-    const uint32_t parity = (tile / kStages) & 1;
+  auto pass_over_keys = [&](int32_t tile) {
     if (lane == 0) {
-      wait_mbarrier(&key_full[stage], parity);
-      arrive_mbarrier(&key_empty[stage]);
-      wait_mbarrier(&value_full[stage], parity);
-      arrive_mbarrier(&value_empty[stage]);
+      wait_mbarrier(&key_full[tile % kKeyStages], (tile / kKeyStages) & 1);
+      arrive_mbarrier(&key_empty[tile % kKeyStages]);
+    }
+    __syncwarp();
+  };
+  auto pass_over_values = [&](int32_t tile) {
+    if (lane == 0) {
+      wait_mbarrier(&value_full[tile % kValueStages], (tile / kValueStages) & 1);
+      arrive_mbarrier(&value_empty[tile % kValueStages]);
     }
     __syncwarp();
   };
   // The wgmma operands of a tile: wait until its copies have landed (then fence_async_proxy), and issue.
-  auto await_keys = [&](int32_t tile) { wait_mbarrier(&key_full[tile % kStages], (tile / kStages) & 1); };
-  auto await_values = [&](int32_t tile) { wait_mbarrier(&value_full[tile % kStages], (tile / kStages) & 1); };
+  auto await_keys = [&](int32_t tile) { wait_mbarrier(&key_full[tile % kKeyStages], (tile / kKeyStages) & 1); };
+  auto await_values = [&](int32_t tile) {
+    wait_mbarrier(&value_full[tile % kValueStages], (tile / kValueStages) & 1);
+  };
   auto query_keys = [&](float(&score)[64], int32_t tile) {
-    const uint32_t key_tile = key_tiles + tile % kStages * kTileBytes;
+    const uint32_t key_tile = key_tiles + tile % kKeyStages * kTileBytes;
 #pragma unroll
     for (int step = 0; step < kDim / 16; ++step) {
       const uint32_t in_half = (step % 4) * 32;  // 16 BF16 per k step, 4 steps per 128-byte half
@@ -331,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mma_commit();
   };
   auto probabilities_values = [&](float(&acc)[64], const uint32_t(&probability)[32], int32_t tile) {
-    const uint32_t value_tile = value_tiles + tile % kStages * kTileBytes;
+    const uint32_t value_tile = value_tiles + tile % kValueStages * kTileBytes;
 #pragma unroll
     for (int step = 0; step < kKeys / 16; ++step) {
       const uint32_t(&a)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&probability[4 * step]);
@@ -351,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Masks the S tile where some vector of this warp does not see all of it, notes visible missing keys, and
   // releases the K stage (the S wgmma has read it, and the missing-key words are read).
   auto mask = [&](int32_t tile) {
-    const int stage = tile % kStages;
+    const int stage = tile % kKeyStages;
     const uint4 missing = *reinterpret_cast<const uint4*>(missing_keys[stage]);
     const uint32_t words[4] = {missing.x, missing.y, missing.z, missing.w};
     const int32_t tile_start = first_key + tile * kKeys, tile_end = tile_start + kKeys - 1;
@@ -416,12 +453,40 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
   };
 
-  for (int32_t tile = 0; tile < min(seen_first, tiles); ++tile) pass_over(tile);
+  // Round r issues S of tile r and P V of tile r - 1; both warpgroups run rounds 0 to `tiles`, passing over the
+  // tiles they do not see in the same rounds as the others use them. With ping-pong they take turns to issue
+  // (consumer 0 first, each handing the turn over once its wgmmas of the round are issued), so every wait of a
+  // round is on the producer's or the other warpgroup's work of earlier rounds.
+  auto begin_turn = [&]() {
+    if constexpr (P::ping_pong)
+      asm volatile("bar.sync %0, %1;\n" ::"r"(kSchedulerBarrier + consumer), "n"(2 * kGroupThreads) : "memory");
+  };
+  auto end_turn = [&](int32_t round) {
+    if constexpr (P::ping_pong) {
+      if (consumer == 0 || round < tiles)  // consumer 1's first hand-over precedes its rounds, so it skips the last
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(kSchedulerBarrier + 1 - consumer), "n"(2 * kGroupThreads)
+                     : "memory");
+    }
+  };
+  if constexpr (P::ping_pong) {
+    if (consumer == 1) end_turn(-1);
+  }
+  auto pass_round = [&](int32_t round) {
+    if (round < tiles) pass_over_keys(round);
+    if (round > 0) pass_over_values(round - 1);
+    begin_turn();
+    end_turn(round);
+  };
+
   if (seen_first <= seen_last) {
+    for (int32_t round = 0; round < seen_first; ++round) pass_round(round);
+    if (seen_first > 0) pass_over_values(seen_first - 1);
     await_keys(seen_first);
     fence_async_proxy();
+    begin_turn();
     mma_fence();
     query_keys(score, seen_first);
+    end_turn(seen_first);
     mma_wait<0>();
     pin(score);
     mask(seen_first);
@@ -429,32 +494,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     round_probabilities();
     for (int32_t tile = seen_first + 1; tile <= seen_last; ++tile) {
       // S of this tile and P V of the previous one in flight together; the softmax waits for S only. One proxy
-      // fence for both tiles' copies (V of the previous tile lands right after K of this one).
+      // fence for both tiles' copies.
       await_keys(tile);
       await_values(tile - 1);
       fence_async_proxy();
+      begin_turn();
       mma_fence();
       query_keys(score, tile);
       probabilities_values(acc, probability, tile - 1);
+      end_turn(tile);
       mma_wait<1>();
       pin(score);
       mask(tile);
       softmax();
       mma_wait<0>();
       pin(acc);
-      release(&value_empty[(tile - 1) % kStages]);
+      release(&value_empty[(tile - 1) % kValueStages]);
       rescale();
       round_probabilities();
     }
+    if (seen_last + 1 < tiles) pass_over_keys(seen_last + 1);
     await_values(seen_last);
     fence_async_proxy();
+    begin_turn();
     mma_fence();
     probabilities_values(acc, probability, seen_last);
+    end_turn(seen_last + 1);
     mma_wait<0>();
     pin(acc);
-    release(&value_empty[seen_last % kStages]);
+    release(&value_empty[seen_last % kValueStages]);
+    for (int32_t round = seen_last + 2; round <= tiles; ++round) pass_round(round);
+  } else {
+    for (int32_t round = 0; round <= tiles; ++round) pass_round(round);
   }
-  for (int32_t tile = seen_first <= seen_last ? seen_last + 1 : tiles; tile < tiles; ++tile) pass_over(tile);
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -479,6 +551,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+template <class P>
+cudaError_t launch_pipeline(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                            const int32_t* tile_list, int64_t tiles, int32_t num_heads, float scale,
+                            int32_t sliding_window, float* out, cudaStream_t stream) {
+  constexpr size_t bytes = P::shared_bytes + kSharedAlignment;
+  static const cudaError_t configured = cudaFuncSetAttribute(
+      prefill_attention_wgmma_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (configured != cudaSuccess) return configured;
+  const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(pool.num_kv_heads));
+  prefill_attention_wgmma_kernel<P><<<grid, kThreads, bytes, stream>>>(q, pool, slot, batch, tile_list, num_heads,
+                                                                        scale, sliding_window, out);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& pool, int32_t slot,
@@ -486,14 +572,31 @@ cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& p
                                            int32_t num_heads, float scale, int32_t sliding_window, float* out,
                                            cudaStream_t stream) {
   if (pool.dtype != DType::BF16) return cudaErrorInvalidValue;
-  constexpr size_t bytes = kSharedBytes + kSharedAlignment;
-  static const cudaError_t configured = cudaFuncSetAttribute(
-      prefill_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (configured != cudaSuccess) return configured;
-  const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(pool.num_kv_heads));
-  prefill_attention_wgmma_kernel<<<grid, kThreads, bytes, stream>>>(q, pool, slot, batch, tile_list, num_heads,
-                                                                     scale, sliding_window, out);
-  return cudaGetLastError();
+  // TEMPORARY variant switch for the device measurements (removed before the final commit).
+  static const int variant = [] {
+    const char* v = std::getenv("BEAMLINE_PREFILL_VARIANT");
+    return v != nullptr ? std::atoi(v) : 3;
+  }();
+  switch (variant) {
+    case 1:
+      return launch_pipeline<Pipeline<2, 2, 1, false>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
+                                                        sliding_window, out, stream);
+    case 2:
+      return launch_pipeline<Pipeline<3, 2, 1, false>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
+                                                        sliding_window, out, stream);
+    case 4:
+      return launch_pipeline<Pipeline<3, 2, 2, true>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
+                                                       sliding_window, out, stream);
+    case 5:
+      return launch_pipeline<Pipeline<3, 2, 2, true, true>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
+                                                             sliding_window, out, stream);
+    case 6:
+      return launch_pipeline<Pipeline<3, 2, 2, false, true>>(q, pool, slot, batch, tile_list, tiles, num_heads,
+                                                              scale, sliding_window, out, stream);
+    default:
+      return launch_pipeline<Pipeline<3, 2, 2, false>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
+                                                        sliding_window, out, stream);
+  }
 }
 
 }  // namespace beamline::cuda
