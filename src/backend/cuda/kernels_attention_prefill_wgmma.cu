@@ -5,22 +5,25 @@
 // same masks (causal, window, keys past the sequence, cached keys before a chunk, missing blocks -> NaN rows) and
 // numerics (q rounded to BF16 once, P once per tile, FP32 accumulation).
 //
+// Persistent: one block per multiprocessor serves items (a tile of the plan's list and a kv head) one after another,
+// so that the producer copies an item's first K/V tiles while the consumers still compute on the previous item.
 // Warp specialization, three warpgroups: warpgroup 0 produces, copying 128-key K and V tiles of the paged pool with
-// 16-byte cp.async (a tile starts at any key and spans several pool blocks) into kStages stages of
-// 128-byte-swizzled shared memory, signalling each stage's "full" mbarrier as its copies land and waiting on its
-// "empty" one before refilling it; each key's block is looked up once per tile, and K of tile t + 1 is copied
-// before V of tile t, the order the consumers need them.
+// 16-byte cp.async (a tile starts at any key and spans several pool blocks) into kKeyStages K and kValueStages V
+// stages of 128-byte-swizzled shared memory, signalling each stage's "full" mbarrier as its copies land and waiting
+// on its "empty" one before refilling it; each key's block is looked up once per tile, and V of tile t - kValueLag
+// is copied after K of tile t (the consumers need K of a tile one round before its V).
 // Warpgroups 1 and 2 consume, 64 vectors each: S = q Kᵀ is an m64n128k16 wgmma with q and K both read from
 // shared memory through matrix descriptors (head dim contiguous: K-major), O += P V one with P from the S registers
 // (the accumulator layout is the A operand's register layout) and V from shared memory as an MN-major operand.
 // Within a warpgroup the softmax of tile t overlaps the P V product of tile t - 1 (both issued before the wait for
-// S), and the two consumer warpgroups run independently, so one's softmax overlaps the other's MMAs. setmaxnreg
-// gives the consumers the registers the producer does not need (S, O and P take 160 per thread).
+// S); the two consumer warpgroups take turns to issue (ping-pong, named barriers), so that one's softmax runs
+// while the other's products do. setmaxnreg gives the consumers the registers the producer does not need (S, O
+// and P take 160 per thread). A consumer issues all its q loads before it converts any, and the producer does not
+// wait for q.
 // Measured, with what limits it: bench/results/2026-12-01-prefill-wgmma.md.
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/attention_common.cuh"
@@ -39,7 +42,8 @@ constexpr int kGroupThreads = 128;                           // a warpgroup
 constexpr int kThreads = kGroupThreads * (1 + kConsumerGroups);
 constexpr int kConsumerWarps = kConsumerGroups * kGroupThreads / 32;
 constexpr int kWarpgroupBarrier = 1;  // + warpgroup: named barrier of one warpgroup (0 is __syncthreads)
-constexpr int kSchedulerBarrier = 1 + 1 + kConsumerGroups;  // + consumer: the consumer warpgroup may issue its wgmmas (ping-pong)
+// + consumer: the consumer warpgroup may issue its wgmmas (ping-pong)
+constexpr int kSchedulerBarrier = kWarpgroupBarrier + 1 + kConsumerGroups;
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // 40 + 2 * 232 = 3 * 168, the launch's share
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -141,32 +145,25 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
 
 constexpr int kQueryLoads = kGroupVectors * kDim / 4 / kGroupThreads;  // float4 of q per consumer thread
 
-// The pipeline: kKeyStages K and kValueStages V stages; the producer copies V of tile t - kValueLag after K of
-// tile t. kPingPong: the consumer warpgroups take turns issuing their wgmmas, so that one's softmax runs while the
-// other's products do.
-template <int kKeyStages, int kValueStages, int kValueLag, bool kPingPong, bool kHeavyFirst = false>
-struct Pipeline {
-  static constexpr int key_stages = kKeyStages, value_stages = kValueStages, value_lag = kValueLag;
-  static constexpr bool ping_pong = kPingPong, heavy_first = kHeavyFirst;
-  // The buffer written for tile t + 1 must be neither K's of tile t nor V's of tile t - kValueLag, which producer
-  // threads still behind the barrier after the lookups of tile t + 1 may read.
-  static constexpr int offset_buffers = kValueLag + 2;
-  static constexpr size_t shared_bytes =
-      size_t{kConsumerGroups} * kQueryTileBytes + size_t{kKeyStages + kValueStages} * kTileBytes;
-};
+// 3 K stages and 2 V stages (192 KiB with the q tiles; 3 of each do not fit in 227 KiB beside the offset buffers).
+constexpr int kKeyStages = 3, kValueStages = 2;
+constexpr int kValueLag = 2;  // V of tile t - kValueLag is copied after K of tile t
+// The buffer written for tile t + 1 must be neither K's of tile t nor V's of tile t - kValueLag, which producer
+// threads still behind the barrier after the lookups of tile t + 1 may read.
+constexpr int kOffsetBuffers = kValueLag + 2;
+constexpr size_t kSharedBytes =
+    size_t{kConsumerGroups} * kQueryTileBytes + size_t{kKeyStages + kValueStages} * kTileBytes;
 
-template <class P>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_wgmma_kernel(const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch,
                                    const int32_t* tile_list, int32_t list_tiles, int32_t num_heads, float scale,
                                    int32_t sliding_window, float* out) {
   extern __shared__ unsigned char dynamic_shared[];
-  constexpr int kKeyStages = P::key_stages, kValueStages = P::value_stages, kValueLag = P::value_lag;
   __shared__ uint64_t key_full[kKeyStages], key_empty[kKeyStages], value_full[kValueStages],
       value_empty[kValueStages];
   // Per K stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
   __shared__ __align__(16) uint32_t missing_keys[kKeyStages][kKeys / 32];
-  __shared__ int64_t key_offsets[P::offset_buffers][kKeys];  // the producer's pool offsets of a tile's keys
+  __shared__ int64_t key_offsets[kOffsetBuffers][kKeys];  // the producer's pool offsets of a tile's keys
   // Per item parity, warpgroup and warp: the union of the visible keys of the warp's 32 vectors (first, last).
   __shared__ int32_t warp_ranges[2][1 + kConsumerGroups][kGroupThreads / 32][2];
 
@@ -208,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // An item's tile of the list, heavy first: a sequence's later tiles see more keys (causal).
   auto list_index = [&](int32_t item) {
     const int32_t in_head = item % list_tiles;
-    return P::heavy_first ? list_tiles - 1 - in_head : in_head;
+    return list_tiles - 1 - in_head;
   };
   struct Work {
     int32_t sequence, first_row, vectors, kv_head;
@@ -288,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (tile < work.tiles) {
           const int32_t count = produced + tile;
           const int stage = count % kKeyStages;
-          int64_t* offsets = key_offsets[count % P::offset_buffers];
+          int64_t* offsets = key_offsets[count % kOffsetBuffers];
           const int32_t t = work.first_key + tile * kKeys + thread;
           const int32_t block = t <= work.last_key ? rows.block_of(t) : -1;
           offsets[thread] = block >= 0 ? rows.offset(block, t) : -1;
@@ -306,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int32_t count = produced + tile - kValueLag;
           const int stage = count % kValueStages;
           wait_mbarrier(&value_empty[stage], ((count / kValueStages) & 1) ^ 1);
-          copy_tile(key_offsets[count % P::offset_buffers], value_tiles + stage * kTileBytes, v_pool);
+          copy_tile(key_offsets[count % kOffsetBuffers], value_tiles + stage * kTileBytes, v_pool);
           arrive_mbarrier_when_copied(&value_full[stage]);
         }
       }
@@ -511,23 +508,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     // Round r issues S of tile r and P V of tile r - 1; both warpgroups run rounds 0 to `tiles`, passing over the
-    // tiles they do not see in the same rounds as the others use them. With ping-pong they take turns to issue
-    // (consumer 0 first, each handing the turn over once its wgmmas of the round are issued), so every wait of a
+    // tiles they do not see in the same rounds as the others use them, and take turns to issue (ping-pong:
+    // consumer 0 first, each handing the turn over once its wgmmas of the round are issued), so every wait of a
     // round is on the producer's or the other warpgroup's work of earlier rounds.
     auto begin_turn = [&]() {
-      if constexpr (P::ping_pong)
-        asm volatile("bar.sync %0, %1;\n" ::"r"(kSchedulerBarrier + consumer), "n"(2 * kGroupThreads) : "memory");
+      asm volatile("bar.sync %0, %1;\n" ::"r"(kSchedulerBarrier + consumer), "n"(2 * kGroupThreads) : "memory");
     };
     auto end_turn = [&](int32_t round) {
-      if constexpr (P::ping_pong) {
-        if (consumer == 0 || round < work.tiles)  // consumer 1's first hand-over precedes its rounds, so it skips the last
-          asm volatile("bar.arrive %0, %1;\n" ::"r"(kSchedulerBarrier + 1 - consumer), "n"(2 * kGroupThreads)
-                       : "memory");
-      }
+      if (consumer == 0 || round < work.tiles)  // consumer 1's first hand-over precedes its rounds: it skips the last
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(kSchedulerBarrier + 1 - consumer), "n"(2 * kGroupThreads)
+                     : "memory");
     };
-    if constexpr (P::ping_pong) {
-      if (consumer == 1) end_turn(-1);
-    }
+    if (consumer == 1) end_turn(-1);
     auto pass_round = [&](int32_t round) {
       if (round < work.tiles) pass_over_keys(round);
       if (round > 0) pass_over_values(round - 1);
@@ -611,13 +603,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 
-template <class P>
-cudaError_t launch_pipeline(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                            const int32_t* tile_list, int64_t tiles, int32_t num_heads, float scale,
-                            int32_t sliding_window, float* out, cudaStream_t stream) {
-  constexpr size_t bytes = P::shared_bytes + kSharedAlignment;
+}  // namespace
+
+cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& pool, int32_t slot,
+                                           const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
+                                           int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                           cudaStream_t stream) {
+  if (pool.dtype != DType::BF16) return cudaErrorInvalidValue;
+  constexpr size_t bytes = kSharedBytes + kSharedAlignment;
   static const cudaError_t configured = cudaFuncSetAttribute(
-      prefill_attention_wgmma_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      prefill_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (configured != cudaSuccess) return configured;
   // One block per multiprocessor (the shared memory allows no second), each serving items until they run out.
   static const int multiprocessors = [] {
@@ -631,28 +626,9 @@ cudaError_t launch_pipeline(const float* q, const PoolGeometry& pool, int32_t sl
   const int64_t items = tiles * pool.num_kv_heads;
   if (items > INT_MAX) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned int>(std::min<int64_t>(items, multiprocessors)));
-  prefill_attention_wgmma_kernel<P><<<grid, kThreads, bytes, stream>>>(
+  prefill_attention_wgmma_kernel<<<grid, kThreads, bytes, stream>>>(
       q, pool, slot, batch, tile_list, static_cast<int32_t>(tiles), num_heads, scale, sliding_window, out);
   return cudaGetLastError();
-}
-
-}  // namespace
-
-cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& pool, int32_t slot,
-                                           const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
-                                           int32_t num_heads, float scale, int32_t sliding_window, float* out,
-                                           cudaStream_t stream) {
-  if (pool.dtype != DType::BF16) return cudaErrorInvalidValue;
-  // TEMPORARY variant switch for the device measurements (removed before the final commit).
-  static const int variant = [] {
-    const char* v = std::getenv("BEAMLINE_PREFILL_VARIANT");
-    return v != nullptr ? std::atoi(v) : 7;
-  }();
-  if (variant == 8)
-    return launch_pipeline<Pipeline<3, 2, 2, false, true>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
-                                                            sliding_window, out, stream);
-  return launch_pipeline<Pipeline<3, 2, 2, true, true>>(q, pool, slot, batch, tile_list, tiles, num_heads, scale,
-                                                         sliding_window, out, stream);
 }
 
 }  // namespace beamline::cuda
