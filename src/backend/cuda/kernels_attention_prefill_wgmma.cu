@@ -5,18 +5,23 @@
 // same masks (causal, window, keys past the sequence, cached keys before a chunk, missing blocks -> NaN rows) and
 // numerics (q rounded to BF16 once, P once per tile, FP32 accumulation).
 //
+// Persistent: one block per multiprocessor serves items (a tile of the plan's list and a kv head) one after another,
+// so that the producer copies an item's first K/V tiles while the consumers still compute on the previous item.
 // Warp specialization, three warpgroups: warpgroup 0 produces, copying 128-key K and V tiles of the paged pool with
-// 16-byte cp.async (a tile starts at any key and spans several pool blocks) into kStages stages of
-// 128-byte-swizzled shared memory, signalling each stage's "full" mbarrier as its copies land and waiting on its
-// "empty" one before refilling it; each key's block is looked up once per tile, and K of tile t + 1 is copied
-// before V of tile t, the order the consumers need them.
+// 16-byte cp.async (a tile starts at any key and spans several pool blocks) into kKeyStages K and kValueStages V
+// stages of 128-byte-swizzled shared memory, signalling each stage's "full" mbarrier as its copies land and waiting
+// on its "empty" one before refilling it; each key's block is looked up once per tile, and V of tile t - kValueLag
+// is copied after K of tile t (the consumers need K of a tile one round before its V).
 // Warpgroups 1 and 2 consume, 64 vectors each: S = q Kᵀ is an m64n128k16 wgmma with q and K both read from
 // shared memory through matrix descriptors (head dim contiguous: K-major), O += P V one with P from the S registers
 // (the accumulator layout is the A operand's register layout) and V from shared memory as an MN-major operand.
 // Within a warpgroup the softmax of tile t overlaps the P V product of tile t - 1 (both issued before the wait for
-// S), and the two consumer warpgroups run independently, so one's softmax overlaps the other's MMAs. setmaxnreg
-// gives the consumers the registers the producer does not need (S, O and P take 160 per thread).
+// S); the two consumer warpgroups take turns to issue (ping-pong, named barriers), so that one's softmax runs
+// while the other's products do. setmaxnreg gives the consumers the registers the producer does not need (S, O
+// and P take 160 per thread). A consumer issues all its q loads before it converts any, and the producer does not
+// wait for q.
 // Measured, with what limits it: bench/results/2026-12-01-prefill-wgmma.md.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 
@@ -36,9 +41,9 @@ static_assert(kVectors == kPrefillTileVectors, "the tiles the plan lists for the
 constexpr int kGroupThreads = 128;                           // a warpgroup
 constexpr int kThreads = kGroupThreads * (1 + kConsumerGroups);
 constexpr int kConsumerWarps = kConsumerGroups * kGroupThreads / 32;
-constexpr int kStages = 2;  // a third does not fit in 227 KiB beside the q tiles and the offset buffers
-constexpr int kOffsetBuffers = 3;
-constexpr int kProducerBarrier = 1;  // named barrier of the producer warpgroup (0 is __syncthreads)
+constexpr int kWarpgroupBarrier = 1;  // + warpgroup: named barrier of one warpgroup (0 is __syncthreads)
+// + consumer: the consumer warpgroup may issue its wgmmas (ping-pong)
+constexpr int kSchedulerBarrier = kWarpgroupBarrier + 1 + kConsumerGroups;
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // 40 + 2 * 232 = 3 * 168, the launch's share
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -50,7 +55,6 @@ constexpr int kRowGroupBytes = 8 * kSwizzleBytes;  // 8 rows: the stride of a de
 constexpr int kQueryHalfBytes = kGroupVectors * kSwizzleBytes;
 constexpr int kTileHalfBytes = kKeys * kSwizzleBytes;
 constexpr int kQueryTileBytes = 2 * kQueryHalfBytes, kTileBytes = 2 * kTileHalfBytes;
-constexpr size_t kSharedBytes = size_t{kConsumerGroups} * kQueryTileBytes + size_t{2} * kStages * kTileBytes;
 constexpr size_t kSharedAlignment = 1024;  // of a swizzled tile; dynamic shared memory guarantees less
 
 template <int kRows>
@@ -139,119 +143,130 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
+constexpr int kQueryLoads = kGroupVectors * kDim / 4 / kGroupThreads;  // float4 of q per consumer thread
+
+// 3 K stages and 2 V stages (192 KiB with the q tiles; 3 of each do not fit in 227 KiB beside the offset buffers).
+constexpr int kKeyStages = 3, kValueStages = 2;
+constexpr int kValueLag = 2;  // V of tile t - kValueLag is copied after K of tile t
+// The buffer written for tile t + 1 must be neither K's of tile t nor V's of tile t - kValueLag, which producer
+// threads still behind the barrier after the lookups of tile t + 1 may read.
+constexpr int kOffsetBuffers = kValueLag + 2;
+constexpr size_t kSharedBytes =
+    size_t{kConsumerGroups} * kQueryTileBytes + size_t{kKeyStages + kValueStages} * kTileBytes;
+
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_wgmma_kernel(const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch,
-                                   const int32_t* tile_list, int32_t num_heads, float scale,
+                                   const int32_t* tile_list, int32_t list_tiles, int32_t num_heads, float scale,
                                    int32_t sliding_window, float* out) {
   extern __shared__ unsigned char dynamic_shared[];
-  __shared__ uint64_t key_full[kStages], key_empty[kStages], value_full[kStages], value_empty[kStages];
-  // Per stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
-  __shared__ __align__(16) uint32_t missing_keys[kStages][kKeys / 32];
+  __shared__ uint64_t key_full[kKeyStages], key_empty[kKeyStages], value_full[kValueStages],
+      value_empty[kValueStages];
+  // Per K stage, which keys of its tile have no pool block (bit k % 32 of word k / 32).
+  __shared__ __align__(16) uint32_t missing_keys[kKeyStages][kKeys / 32];
   __shared__ int64_t key_offsets[kOffsetBuffers][kKeys];  // the producer's pool offsets of a tile's keys
-  __shared__ int range_first, range_last, group_first[kConsumerGroups], group_last[kConsumerGroups];
+  // Per item parity, warpgroup and warp: the union of the visible keys of the warp's 32 vectors (first, last).
+  __shared__ int32_t warp_ranges[2][1 + kConsumerGroups][kGroupThreads / 32][2];
 
   unsigned char* shared =
       dynamic_shared + ((kSharedAlignment - shared_address(dynamic_shared) % kSharedAlignment) % kSharedAlignment);
   const uint32_t query_tiles = shared_address(shared);
   const uint32_t key_tiles = query_tiles + kConsumerGroups * kQueryTileBytes;
-  const uint32_t value_tiles = key_tiles + kStages * kTileBytes;
+  const uint32_t value_tiles = key_tiles + kKeyStages * kTileBytes;
 
-  const int32_t sequence = tile_list[3 * blockIdx.x], first_row = tile_list[3 * blockIdx.x + 1];
-  const int32_t tile_rows = tile_list[3 * blockIdx.x + 2];
-  const int32_t kv_head = blockIdx.y, group = num_heads / pool.num_kv_heads;
-  const int32_t vectors = tile_rows * group;
+  const int32_t group = num_heads / pool.num_kv_heads;
   // Broadcast from lane 0, so that the compiler knows the role (and below, the tile bounds) to be warp-uniform:
   // wgmma in code it cannot prove convergent is serialized.
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kGroupThreads), 0);
   const int thread = threadIdx.x % kGroupThreads;
   const int warp = thread / 32, lane = threadIdx.x % 32;
+  const int consumer = warpgroup - 1;
 
   if (threadIdx.x == 0) {
-    range_first = INT_MAX;
-    range_last = -1;
-    for (int g = 0; g < kConsumerGroups; ++g) {
-      group_first[g] = INT_MAX;
-      group_last[g] = -1;
-    }
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kKeyStages; ++s) {
       init_mbarrier(&key_full[s], kGroupThreads + kGroupThreads / 32);  // every copy, and the missing-key words
-      init_mbarrier(&value_full[s], kGroupThreads);
       init_mbarrier(&key_empty[s], kConsumerWarps);
+    }
+    for (int s = 0; s < kValueStages; ++s) {
+      init_mbarrier(&value_full[s], kGroupThreads);
       init_mbarrier(&value_empty[s], kConsumerWarps);
     }
   }
   __syncthreads();
 
-  // A consumer thread's vectors are rows lane / 4 (half 0) and lane / 4 + 8 (half 1) of its warp's 16 rows of the
-  // warpgroup's 64; their visible keys are [lowest, highest] (empty for padding vectors). The warp's bounds over
-  // its non-empty vectors decide which tiles it masks, the warpgroup's which it skips, the block's which are copied.
-  const int consumer = warpgroup - 1;
-  int32_t lowest[2] = {1, 1}, highest[2] = {0, 0};
-  int32_t lowest_max = -1, highest_min = INT_MAX;
-  if (warpgroup > 0) {
-    const uint32_t query_tile = query_tiles + consumer * kQueryTileBytes;
-    for (int index = thread; index < kGroupVectors * kDim / 4; index += kGroupThreads) {
-      const int local = index / (kDim / 4), d = index % (kDim / 4) * 4;
-      const int vector = consumer * kGroupVectors + local;
-      float4 value{0.0f, 0.0f, 0.0f, 0.0f};
-      if (vector < vectors) {
-        const int64_t row = first_row + vector / group;
-        const int32_t head = kv_head * group + vector % group;
-        value = *reinterpret_cast<const float4*>(q + (row * num_heads + head) * kDim + d);
-      }
-      const uint32_t offset = query_tile + swizzled<kGroupVectors>(local, d / 8) + (d % 8) * 2;
-      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(offset), "r"(pack_bf16(value.x, value.y)),
-                   "r"(pack_bf16(value.z, value.w))
-                   : "memory");
-    }
-    fence_async_proxy();
-
-    const int64_t seq_len = batch.seq_lens[sequence];
-    int32_t lowest_min = INT_MAX, highest_max = -1;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int vector = consumer * kGroupVectors + warp * 16 + 8 * h + lane / 4;
-      if (vector < vectors) {
-        const int64_t position = batch.positions[first_row + vector / group];
-        lowest[h] = sliding_window > 0 ? static_cast<int32_t>(max(int64_t{0}, position - sliding_window + 1)) : 0;
-        highest[h] = static_cast<int32_t>(min(position, seq_len - 1));
-      }
-      if (lowest[h] <= highest[h]) {
-        lowest_min = min(lowest_min, lowest[h]);
-        lowest_max = max(lowest_max, lowest[h]);
-        highest_min = min(highest_min, highest[h]);
-        highest_max = max(highest_max, highest[h]);
+  // Persistent: the block serves items (a tile of the list and a kv head) pass after pass, in snake order over the
+  // blocks (so that, heavy items first, every block's sum of items is about the same), until they run out. Every
+  // warpgroup walks the same items and works out each one's key range itself, so the producer starts an item's
+  // copies as soon as it is done with the previous item's, while the consumers still compute on it.
+  const int32_t items = list_tiles * pool.num_kv_heads;
+  auto item_of = [&](int32_t pass) {
+    const int32_t in_pass = pass % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+    return pass * static_cast<int32_t>(gridDim.x) + in_pass;
+  };
+  // An item's tile of the list, heavy first: a sequence's later tiles see more keys (causal).
+  auto list_index = [&](int32_t item) {
+    const int32_t in_head = item % list_tiles;
+    return list_tiles - 1 - in_head;
+  };
+  struct Work {
+    int32_t sequence, first_row, vectors, kv_head;
+    int32_t first_key, last_key, tiles;  // the keys some vector of the block sees, and its key tiles
+    int32_t group_first, group_last;     // the keys some vector of this consumer warpgroup sees
+  };
+  // Reads the item's tile and, through one barrier of this warpgroup, its key ranges: thread i of every
+  // warpgroup takes vector i of the block (kGroupThreads = kVectors), so consumer g's vectors are warps 2g, 2g+1.
+  auto describe = [&](int32_t item, int32_t pass) {
+    Work work;
+    const int32_t index = list_index(item);
+    work.kv_head = item / list_tiles;
+    work.sequence = tile_list[3 * index];
+    work.first_row = tile_list[3 * index + 1];
+    work.vectors = tile_list[3 * index + 2] * group;
+    int32_t first = INT_MAX, last = -1;
+    if (thread < work.vectors) {
+      const int64_t seq_len = batch.seq_lens[work.sequence];
+      const int64_t position = batch.positions[work.first_row + thread / group];
+      const int32_t low =
+          sliding_window > 0 ? static_cast<int32_t>(max(int64_t{0}, position - sliding_window + 1)) : 0;
+      const int32_t high = static_cast<int32_t>(min(position, seq_len - 1));
+      if (low <= high) {
+        first = low;
+        last = high;
       }
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
-      lowest_min = min(lowest_min, __shfl_xor_sync(0xffffffffu, lowest_min, offset));
-      lowest_max = max(lowest_max, __shfl_xor_sync(0xffffffffu, lowest_max, offset));
-      highest_min = min(highest_min, __shfl_xor_sync(0xffffffffu, highest_min, offset));
-      highest_max = max(highest_max, __shfl_xor_sync(0xffffffffu, highest_max, offset));
+      first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
+      last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
     }
-    if (lane == 0 && highest_max >= 0) {
-      atomicMin(&range_first, lowest_min);
-      atomicMax(&range_last, highest_max);
-      atomicMin(&group_first[consumer], lowest_min);
-      atomicMax(&group_last[consumer], highest_max);
+    int32_t(&ranges)[kGroupThreads / 32][2] = warp_ranges[pass % 2][warpgroup];
+    if (lane == 0) {
+      ranges[warp][0] = first;
+      ranges[warp][1] = last;
     }
-  }
-  __syncthreads();  // the bounds, the q tiles and the barriers' initial state, for every warpgroup
-  const int32_t first_key = __shfl_sync(0xffffffffu, range_first, 0);
-  const int32_t last_key = __shfl_sync(0xffffffffu, range_last, 0);
-  const int32_t tiles = first_key <= last_key ? (last_key - first_key) / kKeys + 1 : 0;
+    // The buffer of pass + 2 is written only after every warp has passed this barrier again, for pass + 1.
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kWarpgroupBarrier + warpgroup), "n"(kGroupThreads) : "memory");
+    work.first_key = INT_MAX;
+    work.last_key = -1;
+#pragma unroll
+    for (int w = 0; w < kGroupThreads / 32; ++w) {
+      work.first_key = min(work.first_key, ranges[w][0]);
+      work.last_key = max(work.last_key, ranges[w][1]);
+    }
+    work.tiles = work.first_key <= work.last_key ? (work.last_key - work.first_key) / kKeys + 1 : 0;
+    const int g = max(consumer, 0);
+    work.group_first = min(ranges[2 * g][0], ranges[2 * g + 1][0]);
+    work.group_last = max(ranges[2 * g][1], ranges[2 * g + 1][1]);
+    return work;
+  };
 
   if (warpgroup == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     // Per tile, thread `thread` looks up key `thread` once: its pool offset (-1: past last_key or no block) goes to
-    // key_offsets, for the copies of K and, a tile later, V. Then it copies 16-byte chunk thread % 16 of key
-    // thread / 16 + 8 * pass in each of 16 passes: every pass reads 8 whole rows, and the swizzled destination
-    // moves by 8 rows per pass. Three offset buffers: the one written for tile t + 2 was last read for V of
-    // tile t - 1, before every producer thread passed the barrier that follows the lookups of tile t + 1.
+    // key_offsets, for the copies of K and, kValueLag tiles later, V. Then it copies 16-byte chunk thread % 16 of
+    // key thread / 16 + 8 * pass in each of 16 passes: every pass reads 8 whole rows, and the swizzled destination
+    // moves by 8 rows per pass. Stages, phases and offset buffers count the tiles of all items so far.
     const int part = thread % 16, key_in_pass = thread / 16;
     const uint32_t destination = swizzled<kKeys>(key_in_pass, part);
-    const KeyRows rows = key_rows(pool, batch, sequence, slot, kv_head);
     auto copy_tile = [&](const int64_t* offsets, uint32_t tile, const __nv_bfloat16* source) {
 #pragma unroll
       for (int pass = 0; pass < kKeys / 8; ++pass) {
@@ -262,30 +277,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     const __nv_bfloat16* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
     const __nv_bfloat16* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
-    for (int32_t tile = 0; tile <= tiles; ++tile) {
-      if (tile < tiles) {
-        const int stage = tile % kStages;
-        int64_t* offsets = key_offsets[tile % kOffsetBuffers];
-        const int32_t t = first_key + tile * kKeys + thread;
-        const int32_t block = t <= last_key ? rows.block_of(t) : -1;
-        offsets[thread] = block >= 0 ? rows.offset(block, t) : -1;
-        const uint32_t missing = __ballot_sync(0xffffffffu, t <= last_key && block < 0);
-        asm volatile("bar.sync %0, %1;\n" ::"n"(kProducerBarrier), "n"(kGroupThreads) : "memory");
-        wait_mbarrier(&key_empty[stage], ((tile / kStages) & 1) ^ 1);
-        copy_tile(offsets, key_tiles + stage * kTileBytes, k_pool);
-        arrive_mbarrier_when_copied(&key_full[stage]);
-        if (lane == 0) {
-          missing_keys[stage][warp] = missing;
-          arrive_mbarrier(&key_full[stage]);
+    int32_t produced = 0;
+    for (int32_t pass = 0; item_of(pass) < items; ++pass) {
+      const Work work = describe(item_of(pass), pass);
+      const KeyRows rows = key_rows(pool, batch, work.sequence, slot, work.kv_head);
+      for (int32_t tile = 0; tile < work.tiles + kValueLag; ++tile) {
+        if (tile < work.tiles) {
+          const int32_t count = produced + tile;
+          const int stage = count % kKeyStages;
+          int64_t* offsets = key_offsets[count % kOffsetBuffers];
+          const int32_t t = work.first_key + tile * kKeys + thread;
+          const int32_t block = t <= work.last_key ? rows.block_of(t) : -1;
+          offsets[thread] = block >= 0 ? rows.offset(block, t) : -1;
+          const uint32_t missing = __ballot_sync(0xffffffffu, t <= work.last_key && block < 0);
+          asm volatile("bar.sync %0, %1;\n" ::"n"(kWarpgroupBarrier), "n"(kGroupThreads) : "memory");
+          wait_mbarrier(&key_empty[stage], ((count / kKeyStages) & 1) ^ 1);
+          copy_tile(offsets, key_tiles + stage * kTileBytes, k_pool);
+          arrive_mbarrier_when_copied(&key_full[stage]);
+          if (lane == 0) {
+            missing_keys[stage][warp] = missing;
+            arrive_mbarrier(&key_full[stage]);
+          }
+        }
+        if (tile >= kValueLag) {
+          const int32_t count = produced + tile - kValueLag;
+          const int stage = count % kValueStages;
+          wait_mbarrier(&value_empty[stage], ((count / kValueStages) & 1) ^ 1);
+          copy_tile(key_offsets[count % kOffsetBuffers], value_tiles + stage * kTileBytes, v_pool);
+          arrive_mbarrier_when_copied(&value_full[stage]);
         }
       }
-      if (tile > 0) {
-        const int32_t previous = tile - 1;
-        const int stage = previous % kStages;
-        wait_mbarrier(&value_empty[stage], ((previous / kStages) & 1) ^ 1);
-        copy_tile(key_offsets[previous % kOffsetBuffers], value_tiles + stage * kTileBytes, v_pool);
-        arrive_mbarrier_when_copied(&value_full[stage]);
-      }
+      produced += work.tiles;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -293,191 +315,293 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
   const uint32_t query_tile = query_tiles + consumer * kQueryTileBytes;
-  // The tiles some vector of this warpgroup sees: [seen_first, seen_last] (empty when it has none).
-  int32_t seen_first = tiles, seen_last = -1;
-  if (group_last[consumer] >= 0 && tiles > 0) {
-    seen_first = (group_first[consumer] - first_key) / kKeys;
-    seen_last = min(tiles - 1, (group_last[consumer] - first_key) / kKeys);
-  }
-  seen_first = __shfl_sync(0xffffffffu, seen_first, 0);
-  seen_last = __shfl_sync(0xffffffffu, seen_last, 0);
-  auto release = [&](uint64_t* barrier) {
-    __syncwarp();
-    if (lane == 0) arrive_mbarrier(barrier);
-  };
-  // A tile this warpgroup does not see: waited for (so that no warp's arrivals run a phase ahead) and released.
-  auto pass_over = [&](int32_t tile) {
-    const int stage = tile % kStages;
-    const uint32_t parity = (tile / kStages) & 1;
-    if (lane == 0) {
-      wait_mbarrier(&key_full[stage], parity);
-      arrive_mbarrier(&key_empty[stage]);
-      wait_mbarrier(&value_full[stage], parity);
-      arrive_mbarrier(&value_empty[stage]);
-    }
-    __syncwarp();
-  };
-  // The wgmma operands of a tile: wait until its copies have landed (then fence_async_proxy), and issue.
-  auto await_keys = [&](int32_t tile) { wait_mbarrier(&key_full[tile % kStages], (tile / kStages) & 1); };
-  auto await_values = [&](int32_t tile) { wait_mbarrier(&value_full[tile % kStages], (tile / kStages) & 1); };
-  auto query_keys = [&](float(&score)[64], int32_t tile) {
-    const uint32_t key_tile = key_tiles + tile % kStages * kTileBytes;
-#pragma unroll
-    for (int step = 0; step < kDim / 16; ++step) {
-      const uint32_t in_half = (step % 4) * 32;  // 16 BF16 per k step, 4 steps per 128-byte half
-      mma_shared(score, descriptor(query_tile + (step / 4) * kQueryHalfBytes + in_half, 16, kRowGroupBytes),
-                 descriptor(key_tile + (step / 4) * kTileHalfBytes + in_half, 16, kRowGroupBytes), step > 0);
-    }
-    mma_commit();
-  };
-  auto probabilities_values = [&](float(&acc)[64], const uint32_t(&probability)[32], int32_t tile) {
-    const uint32_t value_tile = value_tiles + tile % kStages * kTileBytes;
-#pragma unroll
-    for (int step = 0; step < kKeys / 16; ++step) {
-      const uint32_t(&a)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&probability[4 * step]);
-      mma_registers(acc, a, descriptor(value_tile + step * 2 * kRowGroupBytes, kTileHalfBytes, kRowGroupBytes));
-    }
-    mma_commit();
-  };
-
-  float acc[64], score[64];
-  uint32_t probability[32];
-  float running_max[2] = {-INFINITY, -INFINITY}, running_sum[2] = {0.0f, 0.0f}, correction[2] = {1.0f, 1.0f};
-  bool poisoned[2] = {false, false};
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
   const float scale_log2 = scale * kLog2e;
+  int32_t consumed = 0;  // key tiles of the earlier items: stages and phases count on from there
+  auto key_stage = [&](int32_t tile) { return (consumed + tile) % kKeyStages; };
+  auto key_parity = [&](int32_t tile) { return static_cast<uint32_t>((consumed + tile) / kKeyStages) & 1u; };
+  auto value_stage = [&](int32_t tile) { return (consumed + tile) % kValueStages; };
+  auto value_parity = [&](int32_t tile) { return static_cast<uint32_t>((consumed + tile) / kValueStages) & 1u; };
+  for (int32_t pass = 0; item_of(pass) < items; ++pass) {
+    const int32_t item = item_of(pass);
+    // q first: all of a thread's loads are in flight while the ranges are worked out; the barrier in `describe`
+    // also orders the previous item's S wgmmas, which read the q tile, before the stores below.
+    const int32_t item_row = tile_list[3 * list_index(item) + 1];
+    const int32_t item_vectors = tile_list[3 * list_index(item) + 2] * group;
+    const int32_t item_head = item / list_tiles;
+    float4 query[kQueryLoads];
+#pragma unroll
+    for (int i = 0; i < kQueryLoads; ++i) {
+      const int index = thread + i * kGroupThreads;
+      const int vector = consumer * kGroupVectors + index / (kDim / 4);
+      query[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (vector < item_vectors) {
+        const int64_t row = item_row + vector / group;
+        const int32_t head = item_head * group + vector % group;
+        query[i] = __ldg(reinterpret_cast<const float4*>(q + (row * num_heads + head) * kDim) + index % (kDim / 4));
+      }
+    }
+    const Work work = describe(item, pass);
 
-  // Masks the S tile where some vector of this warp does not see all of it, notes visible missing keys, and
-  // releases the K stage (the S wgmma has read it, and the missing-key words are read).
-  auto mask = [&](int32_t tile) {
-    const int stage = tile % kStages;
-    const uint4 missing = *reinterpret_cast<const uint4*>(missing_keys[stage]);
-    const uint32_t words[4] = {missing.x, missing.y, missing.z, missing.w};
-    const int32_t tile_start = first_key + tile * kKeys, tile_end = tile_start + kKeys - 1;
-    if ((missing.x | missing.y | missing.z | missing.w) != 0 || tile_start < lowest_max || tile_end > highest_min) {
+    // A consumer thread's vectors are rows lane / 4 (half 0) and lane / 4 + 8 (half 1) of its warp's 16 rows of
+    // the warpgroup's 64; their visible keys are [lowest, highest] (empty for padding vectors). The warp's bounds
+    // over its non-empty vectors decide which tiles it masks, the warpgroup's which it skips.
+    int32_t lowest[2] = {1, 1}, highest[2] = {0, 0};
+    int32_t lowest_max = -1, highest_min = INT_MAX;
+    {
+      const int64_t seq_len = batch.seq_lens[work.sequence];
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          const int32_t t = tile_start + 8 * j + 2 * (lane % 4) + e % 2;
-          const bool visible = t >= lowest[h] && t <= highest[h];
-          poisoned[h] |= visible && ((words[j / 4] >> (8 * (j % 4) + 2 * (lane % 4) + e % 2)) & 1u) != 0;
-          if (!visible) score[4 * j + e] = -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        const int vector = consumer * kGroupVectors + warp * 16 + 8 * h + lane / 4;
+        if (vector < work.vectors) {
+          const int64_t position = batch.positions[work.first_row + vector / group];
+          lowest[h] =
+              sliding_window > 0 ? static_cast<int32_t>(max(int64_t{0}, position - sliding_window + 1)) : 0;
+          highest[h] = static_cast<int32_t>(min(position, seq_len - 1));
         }
-    }
-    release(&key_empty[stage]);
-  };
-  // Online softmax per vector: the 4 lanes of a quad hold one vector's keys. Leaves exp(s - max) in `score` and
-  // the factor the accumulators are to be scaled by in `correction`.
-  auto softmax = [&]() {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-        tile_max = fmaxf(tile_max, fmaxf(score[4 * j + 2 * h], score[4 * j + 2 * h + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(running_max[h], tile_max);
-      // While nothing is visible yet the maximum is -inf: subtract 0 instead (every exponent is -inf then).
-      const float max_scaled = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-      correction[h] = exp2_ftz(running_max[h] * scale_log2 - max_scaled);
-      running_max[h] = new_max;
-      float tile_sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          score[4 * j + e] = exp2_ftz(fmaf(score[4 * j + e], scale_log2, -max_scaled));
-          tile_sum += score[4 * j + e];
-        }
-      running_sum[h] = running_sum[h] * correction[h] + tile_sum;
-    }
-  };
-  // P as BF16 A fragments: the S registers of two adjacent 8-key column blocks are one 16-key k step.
-  auto round_probabilities = [&]() {
-#pragma unroll
-    for (int step = 0; step < kKeys / 16; ++step)
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        probability[4 * step + r] = pack_bf16(score[8 * step + 2 * r], score[8 * step + 2 * r + 1]);
-  };
-  auto rescale = [&]() {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (__any_sync(0xffffffffu, correction[h] != 1.0f)) {  // the maxima settle after a few tiles
-#pragma unroll
-        for (int j = 0; j < kDim / 8; ++j) {
-          acc[4 * j + 2 * h] *= correction[h];
-          acc[4 * j + 2 * h + 1] *= correction[h];
+        if (lowest[h] <= highest[h]) {
+          lowest_max = max(lowest_max, lowest[h]);
+          highest_min = min(highest_min, highest[h]);
         }
       }
-  };
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        lowest_max = max(lowest_max, __shfl_xor_sync(0xffffffffu, lowest_max, offset));
+        highest_min = min(highest_min, __shfl_xor_sync(0xffffffffu, highest_min, offset));
+      }
+    }
 
-  for (int32_t tile = 0; tile < min(seen_first, tiles); ++tile) pass_over(tile);
-  if (seen_first <= seen_last) {
-    await_keys(seen_first);
+#pragma unroll
+    for (int i = 0; i < kQueryLoads; ++i) {
+      const int index = thread + i * kGroupThreads;
+      const int local = index / (kDim / 4), d = index % (kDim / 4) * 4;
+      const uint32_t offset = query_tile + swizzled<kGroupVectors>(local, d / 8) + (d % 8) * 2;
+      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(offset), "r"(pack_bf16(query[i].x, query[i].y)),
+                   "r"(pack_bf16(query[i].z, query[i].w))
+                   : "memory");
+    }
     fence_async_proxy();
-    mma_fence();
-    query_keys(score, seen_first);
-    mma_wait<0>();
-    pin(score);
-    mask(seen_first);
-    softmax();
-    round_probabilities();
-    for (int32_t tile = seen_first + 1; tile <= seen_last; ++tile) {
-      // S of this tile and P V of the previous one in flight together; the softmax waits for S only. One proxy
-      // fence for both tiles' copies (V of the previous tile lands right after K of this one).
-      await_keys(tile);
-      await_values(tile - 1);
+    asm volatile("bar.sync %0, %1;\n" ::"r"(kWarpgroupBarrier + warpgroup), "n"(kGroupThreads) : "memory");
+    // The tiles some vector of this warpgroup sees: [seen_first, seen_last] (empty when it has none).
+    int32_t seen_first = work.tiles, seen_last = -1;
+    if (work.group_last >= 0 && work.tiles > 0) {
+      seen_first = (work.group_first - work.first_key) / kKeys;
+      seen_last = min(work.tiles - 1, (work.group_last - work.first_key) / kKeys);
+    }
+    seen_first = __shfl_sync(0xffffffffu, seen_first, 0);
+    seen_last = __shfl_sync(0xffffffffu, seen_last, 0);
+
+    auto release = [&](uint64_t* barrier) {
+      __syncwarp();
+      if (lane == 0) arrive_mbarrier(barrier);
+    };
+    // A tile this warpgroup does not see: waited for (so that no warp's arrivals run a phase ahead) and released.
+    auto pass_over_keys = [&](int32_t tile) {
+      if (lane == 0) {
+        wait_mbarrier(&key_full[key_stage(tile)], key_parity(tile));
+        arrive_mbarrier(&key_empty[key_stage(tile)]);
+      }
+      __syncwarp();
+    };
+    auto pass_over_values = [&](int32_t tile) {
+      if (lane == 0) {
+        wait_mbarrier(&value_full[value_stage(tile)], value_parity(tile));
+        arrive_mbarrier(&value_empty[value_stage(tile)]);
+      }
+      __syncwarp();
+    };
+    // The wgmma operands of a tile: wait until its copies have landed (then fence_async_proxy), and issue.
+    auto await_keys = [&](int32_t tile) { wait_mbarrier(&key_full[key_stage(tile)], key_parity(tile)); };
+    auto await_values = [&](int32_t tile) { wait_mbarrier(&value_full[value_stage(tile)], value_parity(tile)); };
+    auto query_keys = [&](float(&score)[64], int32_t tile) {
+      const uint32_t key_tile = key_tiles + key_stage(tile) * kTileBytes;
+  #pragma unroll
+      for (int step = 0; step < kDim / 16; ++step) {
+        const uint32_t in_half = (step % 4) * 32;  // 16 BF16 per k step, 4 steps per 128-byte half
+        mma_shared(score, descriptor(query_tile + (step / 4) * kQueryHalfBytes + in_half, 16, kRowGroupBytes),
+                   descriptor(key_tile + (step / 4) * kTileHalfBytes + in_half, 16, kRowGroupBytes), step > 0);
+      }
+      mma_commit();
+    };
+    auto probabilities_values = [&](float(&acc)[64], const uint32_t(&probability)[32], int32_t tile) {
+      const uint32_t value_tile = value_tiles + value_stage(tile) * kTileBytes;
+  #pragma unroll
+      for (int step = 0; step < kKeys / 16; ++step) {
+        const uint32_t(&a)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&probability[4 * step]);
+        mma_registers(acc, a, descriptor(value_tile + step * 2 * kRowGroupBytes, kTileHalfBytes, kRowGroupBytes));
+      }
+      mma_commit();
+    };
+
+    float acc[64], score[64];
+    uint32_t probability[32];
+    float running_max[2] = {-INFINITY, -INFINITY}, running_sum[2] = {0.0f, 0.0f}, correction[2] = {1.0f, 1.0f};
+    bool poisoned[2] = {false, false};
+  #pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+    // Masks the S tile where some vector of this warp does not see all of it, notes visible missing keys, and
+    // releases the K stage (the S wgmma has read it, and the missing-key words are read).
+    auto mask = [&](int32_t tile) {
+      const int stage = key_stage(tile);
+      const uint4 missing = *reinterpret_cast<const uint4*>(missing_keys[stage]);
+      const uint32_t words[4] = {missing.x, missing.y, missing.z, missing.w};
+      const int32_t tile_start = work.first_key + tile * kKeys, tile_end = tile_start + kKeys - 1;
+      if ((missing.x | missing.y | missing.z | missing.w) != 0 || tile_start < lowest_max || tile_end > highest_min) {
+  #pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2;
+            const int32_t t = tile_start + 8 * j + 2 * (lane % 4) + e % 2;
+            const bool visible = t >= lowest[h] && t <= highest[h];
+            poisoned[h] |= visible && ((words[j / 4] >> (8 * (j % 4) + 2 * (lane % 4) + e % 2)) & 1u) != 0;
+            if (!visible) score[4 * j + e] = -INFINITY;
+          }
+      }
+      release(&key_empty[stage]);
+    };
+    // Online softmax per vector: the 4 lanes of a quad hold one vector's keys. Leaves exp(s - max) in `score` and
+    // the factor the accumulators are to be scaled by in `correction`.
+    auto softmax = [&]() {
+  #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+  #pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+          tile_max = fmaxf(tile_max, fmaxf(score[4 * j + 2 * h], score[4 * j + 2 * h + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(running_max[h], tile_max);
+        // While nothing is visible yet the maximum is -inf: subtract 0 instead (every exponent is -inf then).
+        const float max_scaled = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
+        correction[h] = exp2_ftz(running_max[h] * scale_log2 - max_scaled);
+        running_max[h] = new_max;
+        float tile_sum = 0.0f;
+  #pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j)
+  #pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            score[4 * j + e] = exp2_ftz(fmaf(score[4 * j + e], scale_log2, -max_scaled));
+            tile_sum += score[4 * j + e];
+          }
+        running_sum[h] = running_sum[h] * correction[h] + tile_sum;
+      }
+    };
+    // P as BF16 A fragments: the S registers of two adjacent 8-key column blocks are one 16-key k step.
+    auto round_probabilities = [&]() {
+  #pragma unroll
+      for (int step = 0; step < kKeys / 16; ++step)
+  #pragma unroll
+        for (int r = 0; r < 4; ++r)
+          probability[4 * step + r] = pack_bf16(score[8 * step + 2 * r], score[8 * step + 2 * r + 1]);
+    };
+    auto rescale = [&]() {
+  #pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (__any_sync(0xffffffffu, correction[h] != 1.0f)) {  // the maxima settle after a few tiles
+  #pragma unroll
+          for (int j = 0; j < kDim / 8; ++j) {
+            acc[4 * j + 2 * h] *= correction[h];
+            acc[4 * j + 2 * h + 1] *= correction[h];
+          }
+        }
+    };
+
+    // Round r issues S of tile r and P V of tile r - 1; both warpgroups run rounds 0 to `tiles`, passing over the
+    // tiles they do not see in the same rounds as the others use them, and take turns to issue (ping-pong:
+    // consumer 0 first, each handing the turn over once its wgmmas of the round are issued), so every wait of a
+    // round is on the producer's or the other warpgroup's work of earlier rounds.
+    auto begin_turn = [&]() {
+      asm volatile("bar.sync %0, %1;\n" ::"r"(kSchedulerBarrier + consumer), "n"(2 * kGroupThreads) : "memory");
+    };
+    auto end_turn = [&](int32_t round) {
+      if (consumer == 0 || round < work.tiles)  // consumer 1's first hand-over precedes its rounds: it skips the last
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(kSchedulerBarrier + 1 - consumer), "n"(2 * kGroupThreads)
+                     : "memory");
+    };
+    if (consumer == 1) end_turn(-1);
+    auto pass_round = [&](int32_t round) {
+      if (round < work.tiles) pass_over_keys(round);
+      if (round > 0) pass_over_values(round - 1);
+      begin_turn();
+      end_turn(round);
+    };
+
+    if (seen_first <= seen_last) {
+      for (int32_t round = 0; round < seen_first; ++round) pass_round(round);
+      if (seen_first > 0) pass_over_values(seen_first - 1);
+      await_keys(seen_first);
       fence_async_proxy();
+      begin_turn();
       mma_fence();
-      query_keys(score, tile);
-      probabilities_values(acc, probability, tile - 1);
-      mma_wait<1>();
+      query_keys(score, seen_first);
+      end_turn(seen_first);
+      mma_wait<0>();
       pin(score);
-      mask(tile);
+      mask(seen_first);
       softmax();
+      round_probabilities();
+      for (int32_t tile = seen_first + 1; tile <= seen_last; ++tile) {
+        // S of this tile and P V of the previous one in flight together; the softmax waits for S only. One proxy
+        // fence for both tiles' copies.
+        await_keys(tile);
+        await_values(tile - 1);
+        fence_async_proxy();
+        begin_turn();
+        mma_fence();
+        query_keys(score, tile);
+        probabilities_values(acc, probability, tile - 1);
+        end_turn(tile);
+        mma_wait<1>();
+        pin(score);
+        mask(tile);
+        softmax();
+        mma_wait<0>();
+        pin(acc);
+        release(&value_empty[value_stage(tile - 1)]);
+        rescale();
+        round_probabilities();
+      }
+      if (seen_last + 1 < work.tiles) pass_over_keys(seen_last + 1);
+      await_values(seen_last);
+      fence_async_proxy();
+      begin_turn();
+      mma_fence();
+      probabilities_values(acc, probability, seen_last);
+      end_turn(seen_last + 1);
       mma_wait<0>();
       pin(acc);
-      release(&value_empty[(tile - 1) % kStages]);
-      rescale();
-      round_probabilities();
+      release(&value_empty[value_stage(seen_last)]);
+      for (int32_t round = seen_last + 2; round <= work.tiles; ++round) pass_round(round);
+    } else {
+      for (int32_t round = 0; round <= work.tiles; ++round) pass_round(round);
     }
-    await_values(seen_last);
-    fence_async_proxy();
-    mma_fence();
-    probabilities_values(acc, probability, seen_last);
-    mma_wait<0>();
-    pin(acc);
-    release(&value_empty[seen_last % kStages]);
-  }
-  for (int32_t tile = seen_first <= seen_last ? seen_last + 1 : tiles; tile < tiles; ++tile) pass_over(tile);
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = running_sum[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    int poison = poisoned[h];
-    poison |= __shfl_xor_sync(0xffffffffu, poison, 1);
-    poison |= __shfl_xor_sync(0xffffffffu, poison, 2);
-    const int vector = consumer * kGroupVectors + warp * 16 + 8 * h + lane / 4;
-    if (vector >= vectors) continue;
-    const int64_t row = first_row + vector / group;
-    const int32_t head = kv_head * group + vector % group;
-    const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
-    float* result = out + (row * num_heads + head) * kDim + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < kDim / 8; ++j) {
-      float2 value = make_float2(acc[4 * j + 2 * h] * inverse, acc[4 * j + 2 * h + 1] * inverse);
-      if (poison != 0) value = make_float2(quiet_nan(), quiet_nan());
-      *reinterpret_cast<float2*>(result + 8 * j) = value;
+  #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = running_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      int poison = poisoned[h];
+      poison |= __shfl_xor_sync(0xffffffffu, poison, 1);
+      poison |= __shfl_xor_sync(0xffffffffu, poison, 2);
+      const int vector = consumer * kGroupVectors + warp * 16 + 8 * h + lane / 4;
+      if (vector >= work.vectors) continue;
+      const int64_t row = work.first_row + vector / group;
+      const int32_t head = work.kv_head * group + vector % group;
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      float* result = out + (row * num_heads + head) * kDim + 2 * (lane % 4);
+  #pragma unroll
+      for (int j = 0; j < kDim / 8; ++j) {
+        float2 value = make_float2(acc[4 * j + 2 * h] * inverse, acc[4 * j + 2 * h + 1] * inverse);
+        if (poison != 0) value = make_float2(quiet_nan(), quiet_nan());
+        *reinterpret_cast<float2*>(result + 8 * j) = value;
+      }
     }
+    consumed += work.tiles;
   }
 }
+
 
 }  // namespace
 
@@ -490,9 +614,20 @@ cudaError_t launch_prefill_attention_wgmma(const float* q, const PoolGeometry& p
   static const cudaError_t configured = cudaFuncSetAttribute(
       prefill_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (configured != cudaSuccess) return configured;
-  const dim3 grid(static_cast<unsigned int>(tiles), static_cast<unsigned int>(pool.num_kv_heads));
-  prefill_attention_wgmma_kernel<<<grid, kThreads, bytes, stream>>>(q, pool, slot, batch, tile_list, num_heads,
-                                                                     scale, sliding_window, out);
+  // One block per multiprocessor (the shared memory allows no second), each serving items until they run out.
+  static const int multiprocessors = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 0;
+    return count;
+  }();
+  if (multiprocessors <= 0) return cudaErrorInvalidDevice;
+  const int64_t items = tiles * pool.num_kv_heads;
+  if (items > INT_MAX) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned int>(std::min<int64_t>(items, multiprocessors)));
+  prefill_attention_wgmma_kernel<<<grid, kThreads, bytes, stream>>>(
+      q, pool, slot, batch, tile_list, static_cast<int32_t>(tiles), num_heads, scale, sliding_window, out);
   return cudaGetLastError();
 }
 
