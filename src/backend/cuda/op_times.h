@@ -1,8 +1,8 @@
 #pragma once
 // Device time per op of the CUDA backend (internal to backend/cuda), for BEAMLINE_CUDA_OP_TIMES=1: an event pair
 // around each op on the stream, read when the host waits anyway (download, synchronize) or when many are pending.
-// The table goes to the log when the backend closes, with the share of the device timeline the ops cover between
-// those waits (the rest is launch gaps and host work). Ops recorded into graphs are not timed: run with
+// The table goes to the log when the backend closes, with the device's idle time between consecutive ops (launch
+// gaps and host work inside a step; long pauses are not counted). Ops recorded into graphs are not timed: run with
 // --enforce-eager to see each op of a decode step.
 #include <cuda_runtime_api.h>
 
@@ -30,6 +30,7 @@ class OpTimes {
 
    private:
     OpTimes* times_;
+    bool outer_ = false;  // not inside another timed op
     std::size_t index_ = 0;
   };
 
@@ -55,7 +56,11 @@ class OpTimes {
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> spare_;
   std::map<std::string, Total> totals_;
-  double timeline_ms_ = 0.0;  // from the first op's start to the last op's end, summed over the waits
+  // The device idle between one op's end and the next one's start: launch gaps and host work when shorter than this,
+  // a pause (no work, a wait for requests) when longer.
+  static constexpr float kLongestLaunchGapMs = 1.0f;
+  double gaps_ms_ = 0.0;
+  int64_t pauses_ = 0;
 };
 
 }  // namespace beamline::cuda
