@@ -92,7 +92,8 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
                    "Run every step op by op: no recorded CUDA graphs for decode steps");
   command.add_flag("--async-scheduling,!--no-async-scheduling", config.async_scheduling,
                    "Schedule and launch the next step while the device runs the current one; its decode tokens are "
-                   "read on the device from this step's samples (default off)");
+                   "read on the device from this step's samples (default on; --no-async-scheduling for the synchronous "
+                   "loop)");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

@@ -31,7 +31,7 @@ struct EngineConfig {
   std::string dtype = "auto";             // --dtype: tensor-core operand precision (Backend::set_compute_dtype)
   std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
   bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (model/decode_graphs.h)
-  bool async_scheduling = false;          // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
+  bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
 
   // Throws beamline::Error naming the flag of the first bad value.
   void validate() const;

@@ -90,10 +90,13 @@ Results run_concurrently(Engine& engine, const std::vector<GenerationRequest>& r
   return results;
 }
 
+// The reference: each request alone, with the synchronous loop (--no-async-scheduling).
 Results run_one_at_a_time(const std::vector<GenerationRequest>& requests, int32_t num_blocks, bool prefix_caching = false) {
   Results results;
   for (const GenerationRequest& request : requests) {
-    auto engine = make_engine(small_config(prefix_caching), num_blocks);
+    EngineConfig config = small_config(prefix_caching);
+    config.async_scheduling = false;
+    auto engine = make_engine(config, num_blocks);
     results[request.request_id] = collect_output(*engine->add_request(request));
   }
   return results;
@@ -377,7 +380,8 @@ TEST(Engine, TextStopStringsAndLogprobsThroughTheEngine) {
   EXPECT_EQ(std::get<std::string>(stopped.samples[0].stop_reason), request.sampling.stop[0]);
 }
 
-// --async-scheduling: every scenario above gives the outputs of the synchronous loop, one request at a time.
+// --async-scheduling (the default, so the tests above run it too): every scenario gives the outputs of the
+// synchronous loop, one request at a time, and its steps do read their tokens from the previous step's samples.
 EngineConfig async_config(EngineConfig config) {
   config.async_scheduling = true;
   return config;
@@ -432,7 +436,9 @@ TEST(AsyncScheduling, StopStringsParallelSamplesAndAbortMidFlight) {
   request.sampling.temperature = 0.0f;
   request.sampling.ignore_eos = true;
   request.sampling.max_tokens = 40;
-  Engine sync_engine(small_config(), make_runner(400), tokenizer, {0});
+  EngineConfig synchronous = small_config();
+  synchronous.async_scheduling = false;
+  Engine sync_engine(synchronous, make_runner(400), tokenizer, {0});
   const RequestOutput reference = collect_output(*sync_engine.add_request(request));
   const std::string text = reference.samples[0].text;
   request.request_id = "t-stop";

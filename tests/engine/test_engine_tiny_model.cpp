@@ -41,7 +41,7 @@ class TinyModel : public ::testing::Test {
     return c;
   }
 
-  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = false) {
+  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = true) {
     EngineConfig c = config(kv_bytes, prefix_caching);
     c.async_scheduling = async_scheduling;
     auto runner = std::make_unique<BeamModelRunner>(BeamWeights::load(*dir_), "cpu", c);
@@ -78,7 +78,7 @@ class TinyModel : public ::testing::Test {
   }
 
   static std::map<std::string, std::vector<TokenId>> run_alone(const std::vector<GenerationRequest>& rs) {
-    auto e = engine(int64_t{8} << 20, false);
+    auto e = engine(int64_t{8} << 20, false, /*async_scheduling=*/false);  // the reference: the synchronous loop
     std::map<std::string, std::vector<TokenId>> out;
     for (const auto& r : rs) out[r.request_id] = collect_output(*e->add_request(r)).samples.at(0).token_ids;
     return out;
@@ -98,10 +98,11 @@ TEST_F(TinyModel, BatchedGreedyEqualsOneAtATime) {
   EXPECT_EQ(e->stats().requests_finished_total, 10u);
 }
 
-// The real model reads the deferred tokens through Backend::place_tokens (and the CPU backend's sampling).
+// The real model reads the deferred tokens through Backend::place_tokens (and the CPU backend's sampling); the other
+// tests here run --async-scheduling too (the default), this one without prefix caching.
 TEST_F(TinyModel, AsyncSchedulingEqualsOneAtATime) {
   const auto rs = requests(4, 10);
-  auto e = engine(int64_t{8} << 20, true, true);
+  auto e = engine(int64_t{8} << 20, false, true);
   EXPECT_EQ(run_batched(*e, rs), run_alone(rs));
   e->shutdown(ShutdownMode::Drain);
   EXPECT_EQ(e->stats().requests_finished_total, 10u);
