@@ -3,7 +3,8 @@
 # Usage: bench/gpu_perf.sh [CARRY_DIR]   (default build-cuda-carry; made by bench/make_carry.sh)
 #        PEERS=0 skips the PyTorch peers (when a run of the same day already measured them on the same machine kind);
 #        LAYER=0 skips bench-layer (gpu_check.sh runs it too); SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT
-#        (8192) size the serving-throughput rows; ASYNC=1 runs them again with --async-scheduling.
+#        (8192) size the serving-throughput rows; SYNC=1 runs them again with --no-async-scheduling (the synchronous
+#        engine loop, for the A/B of overlapped scheduling).
 # Writes $OUT/gpu_perf.md (date, GPU, commit, commands, tables) and $OUT/gpu_perf.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,10 +56,10 @@ printf '\n$ serve_throughput\n' >>"$LOG"
 python3 bench/serve_throughput.py "$BIN" "$WORK/beam-1.0-8" --batches "${SERVE_BATCHES:-1,16,64}" \
   --prompt "${SERVE_PROMPT:-8192}" --decode 64 --floor-bytes 8292925440 2>>"$LOG" | tee -a "$LOG" | grep -E '^[|`]' >>"$REPORT" ||
   echo "(failed: see the log)" >>"$REPORT"
-if [ "${ASYNC:-0}" = 1 ]; then
-  printf '\n### The same with `--async-scheduling` (each step launched before the previous step'"'"'s tokens are read)\n\n' >>"$REPORT"
+if [ "${SYNC:-0}" = 1 ]; then
+  printf '\n### The same with `--no-async-scheduling` (each step waits for the previous step'"'"'s tokens)\n\n' >>"$REPORT"
   python3 bench/serve_throughput.py "$BIN" "$WORK/beam-1.0-8" --batches "${SERVE_BATCHES:-1,16,64}" \
-    --prompt "${SERVE_PROMPT:-8192}" --decode 64 --floor-bytes 8292925440 --serve-args=--async-scheduling 2>>"$LOG" |
+    --prompt "${SERVE_PROMPT:-8192}" --decode 64 --floor-bytes 8292925440 --serve-args=--no-async-scheduling 2>>"$LOG" |
     tee -a "$LOG" | grep -E '^[|`]' >>"$REPORT" || echo "(failed: see the log)" >>"$REPORT"
 fi
 cat >>"$REPORT" <<'NOTE'
