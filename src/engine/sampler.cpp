@@ -3,20 +3,13 @@
 #include <algorithm>
 #include <limits>
 
+#include "util/counter_random.h"
+
 namespace beamline {
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 constexpr float kMaxLogitBias = 100.0f;
-
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 bool has_penalties(const SamplingParams& params) {
   return params.repetition_penalty != 1.0f || params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
@@ -33,7 +26,7 @@ SamplerState::SamplerState(uint64_t seed, std::span<const TokenId> prompt, const
 }
 
 double SamplerState::next_uniform() {
-  const uint64_t bits = mix(seed_ ^ mix(++draws_ * 0x9e3779b97f4a7c15ULL));
+  const uint64_t bits = finalize64(seed_ ^ finalize64(++draws_ * 0x9e3779b97f4a7c15ULL));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 

@@ -2,17 +2,10 @@
 
 #include <random>
 
+#include "util/counter_random.h"
+
 namespace beamline::kv {
 namespace {
-
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer: a bijection with full avalanche
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 struct Seeds {
   uint64_t high, low;
@@ -32,12 +25,12 @@ class Hasher {
   explicit Hasher(const BlockHash& start)
       : high_(start.high ^ process_seeds().high), low_(start.low ^ process_seeds().low) {}
   void add(uint64_t word) {
-    high_ = mix(high_ ^ word) + 0x9e3779b97f4a7c15ULL;
-    low_ = mix(low_ + word * 0xc2b2ae3d27d4eb4fULL) ^ 0x165667b19e3779f9ULL;
+    high_ = finalize64(high_ ^ word) + 0x9e3779b97f4a7c15ULL;
+    low_ = finalize64(low_ + word * 0xc2b2ae3d27d4eb4fULL) ^ 0x165667b19e3779f9ULL;
   }
   BlockHash finish(uint64_t length) {
     add(length);
-    return BlockHash{mix(high_), mix(low_ ^ high_)};
+    return BlockHash{finalize64(high_), finalize64(low_ ^ high_)};
   }
 
  private:

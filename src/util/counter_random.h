@@ -15,12 +15,14 @@
 
 namespace beamline {
 
-BEAMLINE_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
+// The splitmix64 finalizer: a bijection of 64-bit words with full avalanche (hashes, seeds, random streams).
+BEAMLINE_HOST_DEVICE inline uint64_t finalize64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+BEAMLINE_HOST_DEVICE inline uint64_t mix64(uint64_t z) { return finalize64(z + 0x9e3779b97f4a7c15ull); }
 
 // Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), centred and scaled to unit
 // variance. One hash per value keeps multi-terabyte checkpoints fast to generate.

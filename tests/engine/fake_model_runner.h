@@ -17,17 +17,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/model_runner.h"
+#include "util/counter_random.h"
 
 namespace beamline::testing {
 
-inline uint64_t fake_mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
 
 // Groups: `full_groups` full-attention groups, then `sliding_groups` sliding ones, 2 layers each.
 inline KvCacheLayout fake_layout(int32_t block_size, int32_t num_blocks, int32_t full_groups, int32_t sliding_groups) {
@@ -103,13 +96,13 @@ class FakeModelRunner : public ModelRunner {
             throw std::runtime_error(fmt::format("fake model: group {} reads position {} and finds position {} of group {}",
                                                  g, p, value.position, value.group));
           }
-          h = fake_mix(h ^ (static_cast<uint64_t>(value.token) << 32 | static_cast<uint32_t>(p)));
+          h = finalize64(h ^ (static_cast<uint64_t>(value.token) << 32 | static_cast<uint32_t>(p)));
         }
-        (sliding ? window : full) ^= fake_mix(h + static_cast<uint64_t>(g));
+        (sliding ? window : full) ^= finalize64(h + static_cast<uint64_t>(g));
       }
-      const uint64_t context = fake_mix(full * 31 + window);
+      const uint64_t context = finalize64(full * 31 + window);
       for (int32_t v = 0; v < vocab_; ++v) {
-        const uint64_t bits = fake_mix(context ^ (static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15ULL));
+        const uint64_t bits = finalize64(context ^ (static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15ULL));
         logits.push_back(static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f);
       }
     }
