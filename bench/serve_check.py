@@ -82,36 +82,28 @@ def row(name, matches, limit_fraction):
     return passed
 
 
+# Runs `work(port)` against a server started with these flags, then stops the server.
+def with_server(binary, model, device, port, extra, work):
+    server = start_server(binary, model, device, port, extra)
+    try:
+        return work(port)
+    finally:
+        server.terminate()
+        server.wait()
+
+
 def main(binary, model):
     rng = random.Random(5)
     prompts = [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
-    server = start_server(binary, model, "cuda", 8311)
-    try:
-        batched = run_all(8311, prompts, concurrent=True)
-        alone = run_all(8311, prompts, concurrent=False)
-    finally:
-        server.terminate()
-        server.wait()
+    batched, alone = with_server(binary, model, "cuda", 8311, [], lambda port: (
+        run_all(port, prompts, concurrent=True), run_all(port, prompts, concurrent=False)))
     # The same concurrent requests with every decode step run op by op instead of replaying recorded graphs.
-    server = start_server(binary, model, "cuda", 8313, ["--enforce-eager"])
-    try:
-        eager = run_all(8313, prompts, concurrent=True)
-    finally:
-        server.terminate()
-        server.wait()
+    eager = with_server(binary, model, "cuda", 8313, ["--enforce-eager"],
+                        lambda port: run_all(port, prompts, concurrent=True))
     # And with the synchronous loop: each step waits for the previous step's tokens (the default overlaps them).
-    server = start_server(binary, model, "cuda", 8314, ["--no-async-scheduling"])
-    try:
-        synchronous = run_all(8314, prompts, concurrent=True)
-    finally:
-        server.terminate()
-        server.wait()
-    server = start_server(binary, model, "cpu", 8312)
-    try:
-        cpu = run_all(8312, prompts, concurrent=False)
-    finally:
-        server.terminate()
-        server.wait()
+    synchronous = with_server(binary, model, "cuda", 8314, ["--no-async-scheduling"],
+                              lambda port: run_all(port, prompts, concurrent=True))
+    cpu = with_server(binary, model, "cpu", 8312, [], lambda port: run_all(port, prompts, concurrent=False))
     ok = row("serve --device cuda: 32 concurrent vs one at a time (greedy, 16 tokens)",
              sum(a == b for a, b in zip(batched, alone)), REQUIRED)
     ok &= row("serve --device cuda: 32 concurrent, decode graphs vs --enforce-eager",
