@@ -1,8 +1,10 @@
 #include "engine/engine_core.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -287,7 +289,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     });
     if (on_device && !step->producing.empty()) {
       std::vector<std::size_t> all(step->producing.size());
-      for (std::size_t p = 0; p < all.size(); ++p) all[p] = p;
+      std::iota(all.begin(), all.end(), std::size_t{0});
       step->device = enqueue_device_sampling(*step, std::move(all));
     }
   } catch (const std::exception& error) {
@@ -315,10 +317,17 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch_ahead(const InFligh
     const ScheduledSequence& s = plan.scheduled[i];
     const auto source = source_rows.find(s.sequence->id);
     if (source == source_rows.end()) continue;
-    // The scheduler takes a sequence that has just sampled as a one-token decode of that placeholder.
-    require(s.num_new_tokens == 1 && s.sequence->num_computed_tokens + 1 == s.sequence->num_tokens(),
-            "async scheduling: sequence {} was scheduled for {} tokens at {} of {}", s.sequence->id, s.num_new_tokens,
-            s.sequence->num_computed_tokens, s.sequence->num_tokens());
+    // The scheduler takes a sequence that has just sampled as a one-token decode of that placeholder; anything else
+    // would read a placeholder as a token, so the step's requests fail (with the reason) instead of running it.
+    if (s.num_new_tokens != 1 || s.sequence->num_computed_tokens + 1 != s.sequence->num_tokens()) {
+      InFlightStep failed;
+      for (const ScheduledSequence& scheduled : plan.scheduled) failed.ids.push_back(scheduled.sequence->id);
+      fail_step(failed,
+                fmt::format("async scheduling: sequence {} was scheduled for {} tokens at {} of {}", s.sequence->id,
+                            s.num_new_tokens, s.sequence->num_computed_tokens, s.sequence->num_tokens()),
+                ended);
+      return nullptr;
+    }
     plan.batch.deferred_tokens.push_back({plan.batch.sequences[i].token_begin, source->second});
   }
   if (!plan.batch.deferred_tokens.empty()) plan.batch.token_source = current.device->out.tokens;
@@ -435,14 +444,12 @@ std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {
     if (!on_device.empty()) step.device = enqueue_device_sampling(step, std::move(on_device));
   }
 
+  std::vector<bool> sampled_on_device(step.producing.size(), false);
+  if (step.device)
+    for (const std::size_t p : step.device->producing) sampled_on_device[p] = true;
   std::vector<std::size_t> on_host;
-  for (std::size_t p = 0; p < step.producing.size(); ++p) {
-    const SampleState* sample = live_sample(step.ids[step.producing[p]]);
-    const bool sampled_on_device =
-        step.device && std::find(step.device->producing.begin(), step.device->producing.end(), p) !=
-                           step.device->producing.end();
-    if (sample != nullptr && !sampled_on_device) on_host.push_back(p);
-  }
+  for (std::size_t p = 0; p < step.producing.size(); ++p)
+    if (!sampled_on_device[p] && live_sample(step.ids[step.producing[p]]) != nullptr) on_host.push_back(p);
   if (!on_host.empty()) {
     Backend& backend = runner_.backend();
     const Tensor& logits = step.logits;
