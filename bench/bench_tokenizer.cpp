@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/presets.h"
 #include "commands.h"
 #include "gpu_bench.h"
-#include "model/presets.h"
 #include "util/error.h"
 
 #ifdef BEAMLINE_HAVE_CUDA

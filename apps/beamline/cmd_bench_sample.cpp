@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/sampling.h"
+#include "checkpoint/presets.h"
 #include "commands.h"
 #include "gpu_bench.h"
-#include "model/presets.h"
 #include "util/error.h"
 
 #ifdef BEAMLINE_HAVE_CUDA

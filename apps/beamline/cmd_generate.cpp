@@ -12,12 +12,13 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "commands.h"
 #include "engine/engine_config.h"
-#include "model_options.h"
 #include "model/beam_model.h"
-#include "model/sequence_runner.h"
 #include "model/weights.h"
+#include "model_options.h"
+#include "runner/sequence_runner.h"
 #include "token_list.h"
 #include "util/error.h"
 

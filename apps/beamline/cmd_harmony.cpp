@@ -8,9 +8,9 @@
 #include <string>
 
 #include "commands.h"
-#include "text/harmony_parser.h"
-#include "text/harmony_render.h"
-#include "text/harmony_template.h"
+#include "harmony/harmony_parser.h"
+#include "harmony/harmony_render.h"
+#include "harmony/harmony_template.h"
 #include "tokenizer_options.h"
 #include "util/error.h"
 

@@ -9,11 +9,11 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/presets.h"
+#include "checkpoint/safetensors.h"
 #include "commands.h"
 #include "model/checkpoint_layout.h"
-#include "model/checkpoint_writer.h"
-#include "model/presets.h"
-#include "model/safetensors.h"
 #include "util/error.h"
 
 namespace beamline::cli {

@@ -11,15 +11,15 @@
 #include <string>
 #include <thread>
 
+#include "checkpoint/model_source.h"
 #include "commands.h"
-#include "engine/beam_model_runner.h"
 #include "engine/engine.h"
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
-#include "model/model_source.h"
+#include "harmony/harmony_template.h"
+#include "runner/beam_model_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
-#include "text/harmony_template.h"
 #include "util/error.h"
 
 namespace beamline::cli {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "commands.h"
 #include "util/error.h"
 
@@ -411,7 +412,7 @@ struct AttentionCase {
   DType kv_dtype;
   std::vector<std::pair<int32_t, int32_t>> sequences;
   // >= 0: that sequence's first block is given back although its queries need it; the device must write NaN
-  // for its rows (kernels.h) and finite values elsewhere, and there is no reference (the CPU backend throws).
+  // for its rows (backend/cuda/attention/attention.h) and finite values elsewhere, and there is no reference (the CPU backend throws).
   int32_t drop_sequence = -1;
 };
 

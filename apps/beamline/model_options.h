@@ -3,7 +3,7 @@
 // the commands that load one.
 #include <CLI/CLI.hpp>
 
-#include "model/model_source.h"
+#include "checkpoint/model_source.h"
 
 namespace beamline::cli {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline::cli {
 

@@ -3,10 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <map>
-#include <mutex>
 
-#include "backend/cpu/cpu_backend.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -134,19 +131,6 @@ void Backend::begin_capture() { fail("backend {} records no op graphs", name());
 std::unique_ptr<OpGraph> Backend::end_capture() { fail("backend {} records no op graphs", name()); }
 void Backend::replay(const OpGraph&) { fail("backend {} records no op graphs", name()); }
 
-namespace {
-std::mutex registry_mutex;
-std::map<std::string, BackendFactory, std::less<>>& registry() {
-  static std::map<std::string, BackendFactory, std::less<>> factories;
-  return factories;
-}
-}  // namespace
-
-void register_backend(std::string name, BackendFactory factory) {
-  std::lock_guard lock(registry_mutex);
-  registry()[std::move(name)] = std::move(factory);
-}
-
 ComputeDType parse_compute_dtype(std::string_view name, Device device) {
   if (name == "auto") return device == Device::Cpu ? ComputeDType::Float32 : ComputeDType::BFloat16;
   if (name == "bfloat16" || name == "bf16") return ComputeDType::BFloat16;
@@ -160,17 +144,6 @@ DType parse_kv_cache_dtype(std::string_view name, Device device) {
   if (name == "float32" || name == "float" || name == "f32") return DType::F32;
   fail("--kv-cache-dtype: \"{}\" is not a KV cache dtype (auto, bfloat16 or float32; fp8 is not supported yet)",
        name);
-}
-
-std::unique_ptr<Backend> create_backend(std::string_view device) {
-  if (device == "cpu") return make_cpu_backend();
-  {
-    std::lock_guard lock(registry_mutex);
-    if (auto found = registry().find(device); found != registry().end()) return found->second();
-  }
-  if (device == "cuda")
-    fail("device 'cuda' is not available: this beamline was built without CUDA (configure with -DBEAMLINE_CUDA=ON)");
-  fail("unknown device '{}' (expected cpu or cuda)", device);
 }
 
 }  // namespace beamline

@@ -11,7 +11,6 @@
 //  - Outputs are preallocated by the caller with the documented shape; ops check shapes and throw
 //    beamline::Error on a mismatch. Ops may run asynchronously on a device; download() synchronizes.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -250,13 +249,6 @@ class Backend {
   static AttentionBatch describe_attention_batch(std::vector<int32_t> positions, std::vector<int32_t> query_start,
                                                  std::vector<int32_t> seq_lens);
 };
-
-// Backends by device name ("cpu", "cuda"). The CPU backend is always there; others register a factory
-// (the CUDA library does so when it is linked in). An unknown or unavailable device is an Error that says
-// how to get it.
-using BackendFactory = std::function<std::unique_ptr<Backend>()>;
-void register_backend(std::string name, BackendFactory factory);
-std::unique_ptr<Backend> create_backend(std::string_view device);
 
 // vLLM's --dtype and --kv-cache-dtype for a backend on `device`. --dtype: auto (BF16 operands on a device with
 // matrix units, FP32 on the CPU), bfloat16, float32. --kv-cache-dtype: auto (BF16 on a device, F32 on the CPU),

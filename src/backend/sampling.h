@@ -3,7 +3,7 @@
 // or greedy argmax) and the log-probabilities of the raw logits: the one host implementation, used by the CPU
 // backend's Backend::sample and by the engine's host path (engine/sampler.h) for rows that need logit bias,
 // penalties or masked tokens first. Each transform is a free function over a row so tests can check it
-// against a naive version. Token ids are int32_t (text/tokenizer.h's TokenId).
+// against a naive version. Token ids are int32_t (tokenizer/tokenizer.h's TokenId).
 #include <cstdint>
 #include <optional>
 #include <span>

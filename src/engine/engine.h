@@ -18,7 +18,7 @@
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/request_output.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

@@ -30,7 +30,7 @@ struct EngineConfig {
   int32_t max_logprobs = 20;              // --max-logprobs: top_logprobs limit per token
   std::string dtype = "auto";             // --dtype: tensor-core operand precision (Backend::set_compute_dtype)
   std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
-  bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (model/decode_graphs.h)
+  bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (runner/decode_graphs.h)
   bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
 
   // Throws beamline::Error naming the flag of the first bad value.

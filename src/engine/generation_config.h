@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

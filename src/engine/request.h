@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace beamline {

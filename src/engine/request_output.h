@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backend/sampling.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

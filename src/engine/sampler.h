@@ -14,7 +14,7 @@
 
 #include "backend/sampling.h"
 #include "engine/sampling_params.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

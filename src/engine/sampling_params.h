@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

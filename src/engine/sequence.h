@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

@@ -11,7 +11,7 @@
 
 #include "engine/request_output.h"
 #include "engine/sampling_params.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline {
 

@@ -27,9 +27,8 @@ double KvCacheManager::usage() const {
 }
 
 int32_t KvCacheManager::first_needed_block(int32_t num_computed) const {
-  // The first new token, at position num_computed, sees keys from num_computed - window + 1 on.
-  const int32_t first_position = std::max(0, num_computed - sliding_window_ + 1);
-  return first_position / layout_.block_size;
+  // The first new token, at position num_computed, sees the oldest key any token of this step or a later one sees.
+  return static_cast<int32_t>(first_visible_position(num_computed, sliding_window_) / layout_.block_size);
 }
 
 int32_t KvCacheManager::window_blocks() const {

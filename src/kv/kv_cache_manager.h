@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
-#include "model/forward_batch.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline::kv {
 

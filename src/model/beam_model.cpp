@@ -9,7 +9,7 @@
 namespace beamline {
 namespace {
 
-// A checkpoint tensor handed to the backend, or for a random model (BeamWeights::random) drawn by it.
+// A checkpoint tensor handed to the backend, or for a random model (dummy_weights) drawn by it.
 Tensor materialise(Backend& backend, const BeamWeights& weights, const TensorView& view) {
   if (!weights.random_seed) return backend.load_weight(view);
   const RandomInit& init = weights.random_inits.at(view.name);
@@ -76,9 +76,9 @@ BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(we
   }
 }
 
-void BeamModel::validate(const ForwardBatch& batch, const KvCache& cache) const {
+void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache) const {
   const ModelConfig& config = weights_.config;
-  const KvCacheLayout& layout = cache.layout();
+  const KvCacheLayout& layout = cache.layout;
   require(!batch.tokens.empty(), "forward batch: no tokens");
   require(!batch.sequences.empty(), "forward batch: no sequences");
   require(static_cast<int64_t>(layout.layer_group.size()) == config.num_hidden_layers &&
@@ -131,13 +131,13 @@ void BeamModel::validate(const ForwardBatch& batch, const KvCache& cache) const 
             "forward batch: logit row {} is outside the {} tokens", row, batch.tokens.size());
 }
 
-Tensor BeamModel::forward(const ForwardBatch& batch, KvCache& cache) {
+Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache) {
   validate(batch, cache);
   return forward_validated(batch, cache);
 }
 
-Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCache& cache) {
-  StepInputs inputs = prepare(batch, cache.layout());
+Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache) {
+  StepInputs inputs = prepare(batch, cache.layout);
   upload(inputs);
   place_deferred_tokens(batch, inputs.tokens);
   return run(inputs, cache);
@@ -237,9 +237,9 @@ AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayo
   return params;
 }
 
-Tensor BeamModel::run(const StepInputs& inputs, KvCache& cache) {
+Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   const ModelConfig& config = weights_.config;
-  const KvCacheLayout& layout = cache.layout();
+  const KvCacheLayout& layout = cache.layout;
   const int64_t rows = inputs.rows;
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
                 head_dim = config.head_dim;
@@ -279,8 +279,8 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCache& cache) {
     }
     const Tensor& table = block_tables[static_cast<std::size_t>(layout.layer_group[i])];
     const AttentionParams params = attention_params(i, layout);
-    backend_.write_kv(k, v, cache.pool(), params.slot, table, attention_batch);
-    backend_.paged_attention(q, cache.pool(), table, attention_batch, params, attention);
+    backend_.write_kv(k, v, cache.pool, params.slot, table, attention_batch);
+    backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
     backend_.add_rms_norm(x, branch, layer.post_attention_norm, eps, residual_scale);
 

@@ -5,13 +5,20 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
-#include "model/kv_cache.h"
 #include "model/weights.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline {
 
 // The router settings of a config's MoE layers, as the backend's route op takes them.
 RouterParams router_params(const ModelConfig& config);
+
+// The paged KV cache a step reads and writes: the pool and how the layers map onto it. runner/kv_cache.h's KvCache
+// owns both and converts to this view, so the model does not depend on who allocates the pool.
+struct KvCacheView {
+  const KvCacheLayout& layout;
+  PagedKvPool& pool;
+};
 
 class BeamModel {
  public:
@@ -26,11 +33,11 @@ class BeamModel {
   // tables), attends over the cache, and returns the soft-capped logits of batch.logit_rows as an F32 tensor
   // [logit_rows.size(), vocab_size] on the backend. Validates the batch (token ids, row ranges, block table
   // coverage) and throws beamline::Error naming the field.
-  Tensor forward(const ForwardBatch& batch, KvCache& cache);
+  Tensor forward(const ForwardBatch& batch, KvCacheView cache);
   // forward() of a batch that validate() has passed.
-  Tensor forward_validated(const ForwardBatch& batch, KvCache& cache);
+  Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache);
 
-  // The same in three parts, for recorded steps (model/decode_graphs.h): what a step reads besides weights and
+  // The same in three parts, for recorded steps (runner/decode_graphs.h): what a step reads besides weights and
   // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
   // buffer every step.
   struct StepInputs {
@@ -53,8 +60,8 @@ class BeamModel {
   // Writes the batch's deferred tokens (the previous step's device samples) into uploaded `tokens`.
   void place_deferred_tokens(const ForwardBatch& batch, Tensor& tokens) const;
   // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab].
-  Tensor run(const StepInputs& inputs, KvCache& cache);
-  void validate(const ForwardBatch& batch, const KvCache& cache) const;
+  Tensor run(const StepInputs& inputs, KvCacheView cache);
+  void validate(const ForwardBatch& batch, KvCacheView cache) const;
   // AttentionParams of layer `i`.
   AttentionParams attention_params(std::size_t layer, const KvCacheLayout& layout) const;
   std::size_t num_layers() const { return layers_.size(); }

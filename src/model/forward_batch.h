@@ -6,25 +6,9 @@
 #include <vector>
 
 #include "backend/tensor.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline {
-
-// How the paged KV pool maps onto layers (vLLM's hybrid layout).
-// The layers are split into KV groups of at most `slots_per_block` layers each: the full-attention layers
-// form the first group(s), the sliding layers the following ones. A pool block holds `block_size` token
-// positions for each of `slots_per_block` layer slots; layer l stores its K/V in slot layer_slot[l] of the
-// blocks listed in its group's block table. Every group has its own block table per sequence.
-struct KvCacheLayout {
-  int32_t block_size = 16;                 // tokens per block; divides sliding_window
-  int32_t num_blocks = 0;                  // blocks in the pool
-  int32_t slots_per_block = 1;             // layers sharing one block
-  std::vector<int32_t> layer_group;        // [num_layers] -> KV group
-  std::vector<int32_t> layer_slot;         // [num_layers] -> slot inside a block
-  std::vector<bool> group_is_sliding;      // [num_groups]
-  int32_t num_groups() const { return static_cast<int32_t>(group_is_sliding.size()); }
-};
-
-inline constexpr int32_t kNullBlock = -1;  // a block a sliding group has given back (left the window)
 
 struct SequenceSlice {
   int32_t token_begin = 0;   // rows [token_begin, token_end) of ForwardBatch::tokens

@@ -9,12 +9,18 @@
 #include <vector>
 
 #include "model/config.h"
-#include "model/random_init.h"
+#include "tensor/dtype.h"
 #include "tensor/tensor_view.h"
 
 namespace beamline {
 
-class SafetensorsArchive;  // model/safetensors.h
+class SafetensorsArchive;  // checkpoint/safetensors.h
+
+// How a random-weights tensor is drawn (checkpoint/random_init.h): normal(mean, stddev), stored as `dtype`.
+struct RandomInit {
+  DType dtype = DType::BF16;  // as stored
+  float mean = 0.0f, stddev = 1.0f;
+};
 
 // A projection weight [out, in] as stored. Unquantized: only `weight`. Quantized (MODEL_FORMAT.md section 5):
 // `weight` holds the codes, `scale` the block/group scales (weight_scale_inv or weight_scale), and `scale_2`
@@ -51,16 +57,9 @@ struct BeamWeights {
   // Every tensor the model is made of (quantization scales included), each once, for sizing.
   std::vector<const TensorView*> views() const;
 
-  // Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist
-  // with the expected shape and a supported dtype, or this throws naming the file and tensor.
-  static BeamWeights load(const std::filesystem::path& dir);
-
-  // No checkpoint (vLLM's --load-format dummy): every view has its name, dtype and shape but no data, and the
-  // backend draws it (Backend::random_weight), on the device for a GPU, exactly as make-model would have written it
-  // with this seed and dtype.
-  static BeamWeights random(const ModelConfig& config, uint64_t seed, DType dtype = DType::BF16);
-  std::optional<uint64_t> random_seed;                              // set by random()
-  std::map<std::string, RandomInit, std::less<>> random_inits;      // by tensor name, set by random()
+  // Set by dummy_weights (checkpoint/checkpoint_loader.h): the draw of every tensor, for the backend to make.
+  std::optional<uint64_t> random_seed;
+  std::map<std::string, RandomInit, std::less<>> random_inits;  // by tensor name
 };
 
 }  // namespace beamline

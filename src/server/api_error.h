@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "text/harmony_message.h"
+#include "harmony/harmony_message.h"
 #include "util/error.h"
 
 namespace beamline::server {

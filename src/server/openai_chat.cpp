@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
+#include "harmony/harmony_render.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
-#include "text/harmony_render.h"
 
 namespace beamline::server {
 

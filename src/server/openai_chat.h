@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "harmony/harmony_parser.h"
+#include "server/openai_mapping.h"
 #include "server/openai_sampling.h"
 #include "server/serving_context.h"
 #include "server/sse.h"
-#include "text/harmony_parser.h"
-#include "text/openai_mapping.h"
 
 namespace beamline::server {
 

@@ -5,7 +5,7 @@
 
 #include "engine/request_output.h"
 #include "server/api_error.h"
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline::server {
 

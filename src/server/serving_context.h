@@ -6,7 +6,7 @@
 
 #include "engine/engine.h"
 #include "engine/generation_config.h"
-#include "text/harmony_template.h"
+#include "harmony/harmony_template.h"
 
 namespace beamline::server {
 

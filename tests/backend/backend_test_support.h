@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "tensor/dtype.h"
 
 namespace beamline::testing {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "text/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace beamline::testing {
 

@@ -10,11 +10,12 @@
 #include <random>
 #include <thread>
 
-#include "engine/beam_model_runner.h"
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/presets.h"
 #include "engine/engine.h"
 #include "engine/generation_config.h"
-#include "model/checkpoint_writer.h"
-#include "model/presets.h"
+#include "runner/beam_model_runner.h"
 
 namespace beamline {
 namespace {
@@ -44,7 +45,7 @@ class TinyModel : public ::testing::Test {
   static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = true) {
     EngineConfig c = config(kv_bytes, prefix_caching);
     c.async_scheduling = async_scheduling;
-    auto runner = std::make_unique<BeamModelRunner>(BeamWeights::load(*dir_), "cpu", c);
+    auto runner = std::make_unique<BeamModelRunner>(load_checkpoint(*dir_), "cpu", c);
     const GenerationConfig generation = GenerationConfig::load(*dir_, runner->model_config());
     return std::make_unique<Engine>(c, std::move(runner), nullptr, generation.eos_token_ids);
   }

@@ -7,7 +7,8 @@
 
 #include <unistd.h>
 
-#include "model/checkpoint_writer.h"
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "model/weights.h"
 
 namespace beamline::testing {
@@ -36,7 +37,7 @@ class TempDir {
 inline BeamWeights write_and_load(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed,
                                   DType dtype = DType::BF16) {
   write_random_checkpoint(config, dir, seed, dtype);
-  return BeamWeights::load(dir);
+  return load_checkpoint(dir);
 }
 
 }  // namespace beamline::testing

@@ -5,10 +5,11 @@
 #include <numeric>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
+#include "checkpoint/presets.h"
 #include "model/beam_model.h"
-#include "model/presets.h"
-#include "model/sequence_runner.h"
 #include "model_test_support.h"
+#include "runner/sequence_runner.h"
 #include "util/error.h"
 
 namespace beamline::testing {

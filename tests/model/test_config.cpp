@@ -8,8 +8,8 @@
 
 #include <unistd.h>
 
+#include "checkpoint/presets.h"
 #include "model/config.h"
-#include "model/presets.h"
 #include "util/error.h"
 
 namespace beamline {

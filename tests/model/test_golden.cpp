@@ -8,10 +8,12 @@
 #include <fstream>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/presets.h"
 #include "model/beam_model.h"
-#include "model/presets.h"
-#include "model/sequence_runner.h"
 #include "model_test_support.h"
+#include "runner/sequence_runner.h"
 #include "util/npy.h"
 
 namespace beamline::testing {
@@ -36,7 +38,7 @@ ModelConfig config_of(const nlohmann::json& golden_case) {
 }
 
 std::vector<float> beamline_logits(const std::filesystem::path& dir, const std::vector<int32_t>& tokens) {
-  const BeamWeights weights = BeamWeights::load(dir);
+  const BeamWeights weights = load_checkpoint(dir);
   const std::unique_ptr<Backend> backend = create_backend("cpu");
   BeamModel model(weights, *backend);
   const auto n = static_cast<int64_t>(tokens.size());

@@ -1,4 +1,4 @@
-// BeamWeights::load: a good checkpoint gives the per-layer structure; every missing, mis-shaped or
+// load_checkpoint: a good checkpoint gives the per-layer structure; every missing, mis-shaped or
 // wrongly typed tensor gives an error naming the file, the tensor and what was expected; quantized layouts.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,10 +7,11 @@
 #include <filesystem>
 #include <random>
 
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/presets.h"
+#include "checkpoint/safetensors.h"
 #include "model/checkpoint_layout.h"
-#include "model/checkpoint_writer.h"
-#include "model/presets.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "util/error.h"
 
@@ -49,7 +50,7 @@ class WeightsTest : public ::testing::Test {
 
   std::string load_error() {
     try {
-      BeamWeights::load(dir_);
+      load_checkpoint(dir_);
     } catch (const Error& error) {
       return error.what();
     }
@@ -78,7 +79,7 @@ class WeightsTest : public ::testing::Test {
 
 TEST_F(WeightsTest, TinyCheckpointLoadsWithTheRightStructure) {
   write_random_checkpoint(tiny_, dir_, 3, DType::BF16);
-  const BeamWeights weights = BeamWeights::load(dir_);
+  const BeamWeights weights = load_checkpoint(dir_);
   const ModelConfig& c = weights.config;
   EXPECT_EQ(c.to_json(), tiny_.to_json());
   ASSERT_EQ(weights.layers.size(), 6u);
@@ -116,7 +117,7 @@ TEST_F(WeightsTest, TinyCheckpointLoadsWithTheRightStructure) {
 TEST_F(WeightsTest, TiedEmbeddingsNeedNoLmHead) {
   tiny_.tie_word_embeddings = true;
   write_random_checkpoint(tiny_, dir_, 1, DType::F32);
-  const BeamWeights weights = BeamWeights::load(dir_);
+  const BeamWeights weights = load_checkpoint(dir_);
   EXPECT_EQ(weights.lm_head.weight.data, weights.embed_tokens.data);
   EXPECT_EQ(weights.archive->find("lm_head.weight"), nullptr);
 }
@@ -190,7 +191,7 @@ TEST_F(WeightsTest, ShardedRoundTripMatchesSingleFile) {
   const fs::path sharded = dir_ / "sharded";
   write_random_checkpoint(tiny_, sharded, 17, DType::F32, 200 * 1024);
   ASSERT_TRUE(fs::exists(sharded / "model.safetensors.index.json"));
-  const BeamWeights a = BeamWeights::load(single), b = BeamWeights::load(sharded);
+  const BeamWeights a = load_checkpoint(single), b = load_checkpoint(sharded);
   EXPECT_GT(b.archive->files().size(), 4u);
   EXPECT_EQ(a.archive->tensor_names(), b.archive->tensor_names());
   for (const std::string& name : a.archive->tensor_names()) {
@@ -264,7 +265,7 @@ TEST_F(WeightsTest, QuantizedLayoutsLoad) {
     config.quantization = QuantizationConfig{method, method == "modelopt" ? "NVFP4" : "", {}, {"lm_head", "model.layers.0.mlp"}};
     if (method == "fp8") config.quantization->weight_block_size = {128, 128};
     write_checkpoint(config, quantized_tensors(config, method, config.quantization->ignored_layers));
-    const BeamWeights weights = BeamWeights::load(dir_);
+    const BeamWeights weights = load_checkpoint(dir_);
     EXPECT_FALSE(weights.lm_head.quantized()) << method;
     EXPECT_FALSE(weights.layers[0].mlp->up_proj.quantized()) << method;
     const LinearWeight& q = weights.layers[0].q_proj;

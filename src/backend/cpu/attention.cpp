@@ -9,6 +9,7 @@
 #include "backend/op_checks.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline {
 namespace {
@@ -68,7 +69,7 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
       const auto h = static_cast<int32_t>(item % static_cast<std::size_t>(heads));
       const int32_t kv_head = h / group, sequence = batch.host_row_sequence[r];
       const int64_t position = batch.host_positions[r];
-      const int64_t first = params.sliding_window > 0 ? std::max<int64_t>(0, position - params.sliding_window + 1) : 0;
+      const int64_t first = first_visible_position(position, params.sliding_window);
       const int64_t last = std::min<int64_t>(position, int64_t{batch.host_seq_lens[sequence]} - 1);
       const float* query = q.data<const float>() + (r * heads + h) * dim;
       float* result = out.data<float>() + (r * heads + h) * dim;

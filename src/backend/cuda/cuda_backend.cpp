@@ -10,8 +10,13 @@
 #include <limits>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "backend/cuda/rows/rows.h"
+#include "backend/cuda/linear/projection.h"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/sampling/sampling.h"
 #include "backend/op_checks.h"
+#include "backend/registry.h"
 #include "util/error.h"
 
 namespace beamline {

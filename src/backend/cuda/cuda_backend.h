@@ -2,8 +2,8 @@
 // The CUDA backend (Hopper, sm_90a): the op set of backend.h on one device and one stream. Linear layers of few
 // rows (decode) stream their weights through this folder's kernels with F32 activations; more rows, and the
 // router's logits, go through cuBLAS (BF16/F16 weights times F32 activations split into two BF16/F16 operands,
-// FP32 accumulation; the router in FP32); the other ops are this folder's kernels (kernels.h). Registered as
-// device "cuda" when the library is linked in.
+// FP32 accumulation; the router in FP32); the other ops are this folder's kernels, one launcher header per family
+// (attention/, linear/, moe/, rows/, sampling/). Registered as device "cuda" when the library is linked in.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -16,9 +16,13 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/device_memory.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/op_times.h"
+#include "backend/cuda/common/device_memory.h"
+#include "backend/cuda/rows/rows.h"
+#include "backend/cuda/linear/projection.h"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/moe/moe.h"
+#include "backend/cuda/sampling/sampling.h"
+#include "backend/cuda/common/op_times.h"
 
 namespace beamline {
 

@@ -1,0 +1,794 @@
+// Split-KV ("flash-decoding") paged attention for rows with few query rows per sequence. A block serves one row,
+// one kv head and one of `splits` key ranges, reading each key and value of its range once for all the query
+// heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
+// programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
+// - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
+// - F32: F32 math on the CUDA cores. Each key is spread over kLanesPerKey lanes (a "key slot") with several keys
+//   in flight; a slot keeps its own online softmax (running max and sum) and the block combines its slots in
+//   shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
+//   memory, so shuffles and exponentials are not repeated on every lane.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/attention/attention_common.cuh"
+
+namespace beamline::cuda {
+namespace {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kKeysInFlight = 4;  // keys per key slot loaded before the first is used
+constexpr int kMergeThreads = 128;
+
+template <typename P>
+struct DecodeShape {
+  static constexpr int kValuesPerLoad = 16 / static_cast<int>(sizeof(P));
+  static constexpr int kLanesPerKey = kFastHeadDim / kValuesPerLoad;
+  static constexpr int kKeySlots = kDecodeThreads / kLanesPerKey;
+  static constexpr int kKeysPerStep = kKeySlots * kKeysInFlight;
+};
+
+// Complete sums each lane holds after reduce_scatter of `count` values over lanes `offset`, `offset / 2`, ... 1.
+constexpr int owned_sums(int count, int offset) {
+  return offset == 0 ? count : count % 2 == 0 ? owned_sums(count / 2, offset / 2) : owned_sums(count, offset / 2);
+}
+
+// Sums v[0, kCount) over the lanes that differ in bits kOffset, kOffset / 2, ... 1, leaving each lane a share:
+// while the count is even, each level keeps one half (by the lane's bit) and adds the partner's copy of it (one
+// shuffle per kept value instead of one per value and level); an odd count finishes with full butterflies.
+// On return v[0, owned_sums(kCount, kOffset)) hold the complete sums of values base, base + 1, ...
+template <int kCount, int kOffset, int kSize>
+__device__ __forceinline__ void reduce_scatter(float (&v)[kSize], int lane, int& base) {
+  if constexpr (kOffset > 0) {
+    if constexpr (kCount % 2 == 0) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float keep = upper ? v[i + kHalf] : v[i];
+        const float send = upper ? v[i] : v[i + kHalf];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+      }
+      if (upper) base += kHalf;
+      reduce_scatter<kHalf, kOffset / 2>(v, lane, base);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], kOffset);
+      reduce_scatter<kCount, kOffset / 2>(v, lane, base);
+    }
+  }
+}
+
+// Partials of split s of (decode row x, head h): acc [x][h][s][dim], then max and sum [x][h][s][2].
+__host__ __device__ inline int64_t stats_offset(int64_t count, int32_t num_heads, int32_t splits) {
+  return count * num_heads * splits * kFastHeadDim;
+}
+
+template <typename P, int kGroup>
+__global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
+    const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
+    int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
+  using Shape = DecodeShape<P>;
+  constexpr int kVec = Shape::kValuesPerLoad, kLanes = Shape::kLanesPerKey, kSlots = Shape::kKeySlots;
+  __shared__ float slot_max[kSlots][kGroup], slot_sum[kSlots][kGroup];
+  __shared__ float slot_acc[kSlots][kGroup][kFastHeadDim];
+  // Per step, each key slot's (key, head) scores, probabilities and running maxima, shared among its lanes.
+  constexpr int kScores = kKeysInFlight * kGroup;
+  constexpr int kOwned = owned_sums(kScores, kLanes / 2);
+  static_assert(kScores % 4 == 0, "scores are read back as float4");
+  __shared__ __align__(16) float step_score[kSlots][kScores];
+  __shared__ __align__(16) float step_probability[kSlots][kScores];
+  __shared__ float step_max[kSlots][kGroup];
+
+  const int64_t item = blockIdx.x;
+  const int64_t row = rows != nullptr ? rows[item] : item;
+  const int32_t kv_head = blockIdx.y, split = blockIdx.z;
+  const int32_t group = num_heads / pool.num_kv_heads;
+  const int key_slot = threadIdx.x / kLanes, part = threadIdx.x % kLanes, lane = threadIdx.x % 32;
+  const int32_t sequence = batch.row_sequence[row];
+  const int64_t position = batch.positions[row];
+  const int64_t first = sliding_window > 0 ? max(int64_t{0}, position - sliding_window + 1) : 0;
+  const int64_t last = min(position, int64_t{batch.seq_lens[sequence]} - 1);
+  const int64_t keys = max(int64_t{0}, last - first + 1);
+  const int64_t per_split = (keys + splits - 1) / splits;
+  const int64_t split_keys = (per_split + Shape::kKeysPerStep - 1) / Shape::kKeysPerStep * Shape::kKeysPerStep;
+  const int64_t begin = first + split * split_keys;
+  const int64_t end = min(last, begin + split_keys - 1);
+
+  float query[kGroup][kVec];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    const float* source = q + (row * num_heads + int64_t{kv_head} * group + h) * kFastHeadDim + part * kVec;
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      float4 value{0.0f, 0.0f, 0.0f, 0.0f};
+      if (h < group) value = *reinterpret_cast<const float4*>(source + j);
+      query[h][j] = value.x;
+      query[h][j + 1] = value.y;
+      query[h][j + 2] = value.z;
+      query[h][j + 3] = value.w;
+    }
+  }
+
+  float running_max[kGroup], running_sum[kGroup], acc[kGroup][kVec];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    running_max[h] = -INFINITY;
+    running_sum[h] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc[h][j] = 0.0f;
+  }
+  bool missing = false;
+  const P* k_pool = static_cast<const P*>(pool.k);
+  const P* v_pool = static_cast<const P*>(pool.v);
+  const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
+  const int32_t last_key = static_cast<int32_t>(end);
+
+  // Block-table entries run three steps ahead of the K/V loads, and the keys two steps ahead are prefetched to
+  // L2 (one lane per 128-byte line of each row): more bytes in flight than the registers hold, and no wait on
+  // the table before a step's loads. kPastEnd marks keys beyond this split's range.
+  constexpr int32_t kPastEnd = -2;
+  auto table_entries = [&](int32_t step, int32_t (&blocks)[kKeysInFlight]) {
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      const int32_t t = step + c * kSlots + key_slot;
+      blocks[c] = t <= last_key ? key_rows_of_sequence.block_of(t) : kPastEnd;
+    }
+  };
+  const bool prefetcher = (part * kVec * static_cast<int>(sizeof(P))) % 128 == 0;
+  auto prefetch = [&](int32_t step, const int32_t (&blocks)[kKeysInFlight]) {
+    if (!prefetcher) return;
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      if (blocks[c] < 0) continue;
+      const int64_t offset = key_rows_of_sequence.offset(blocks[c], step + c * kSlots + key_slot) + part * kVec;
+      prefetch_l2(k_pool + offset);
+      prefetch_l2(v_pool + offset);
+    }
+  };
+  constexpr int32_t kStep = Shape::kKeysPerStep;
+  const int32_t first_step = static_cast<int32_t>(begin);
+  int32_t blocks_now[kKeysInFlight], blocks_next[kKeysInFlight], blocks_ahead[kKeysInFlight];
+  table_entries(first_step, blocks_now);
+  table_entries(first_step + kStep, blocks_next);
+  table_entries(first_step + 2 * kStep, blocks_ahead);
+  prefetch(first_step + kStep, blocks_next);
+
+  for (int32_t step = first_step; step <= last_key; step += kStep) {
+    uint4 k_raw[kKeysInFlight], v_raw[kKeysInFlight];
+    unsigned int valid = 0;  // bit c: key c of this step is visible and present
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      k_raw[c] = v_raw[c] = uint4{0, 0, 0, 0};
+      missing |= blocks_now[c] == -1;
+      if (blocks_now[c] >= 0) {
+        valid |= 1u << c;
+        const int64_t offset = key_rows_of_sequence.offset(blocks_now[c], step + c * kSlots + key_slot) + part * kVec;
+        k_raw[c] = load_stream(k_pool + offset);
+        v_raw[c] = load_stream(v_pool + offset);
+      }
+    }
+    prefetch(step + 2 * kStep, blocks_ahead);
+    int32_t blocks_later[kKeysInFlight];
+    table_entries(step + 3 * kStep, blocks_later);
+
+    // Partial dots of this lane's dims, summed over the key slot's lanes by reduce_scatter: each lane ends with
+    // kOwned complete scores, and exponentiates only those.
+    float partial[kScores];
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      float key[kVec];
+      unpack(k_raw[c], key);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) dot = fmaf(query[h][j], key[j], dot);
+        partial[c * kGroup + h] = dot;
+      }
+    }
+    int base = 0;
+    reduce_scatter<kScores, kLanes / 2>(partial, lane, base);
+    float owned[kOwned];
+#pragma unroll
+    for (int j = 0; j < kOwned; ++j) {
+      const int c = (base + j) / kGroup;
+      owned[j] = (valid >> c) & 1u ? scale * partial[j] : -INFINITY;
+      step_score[key_slot][base + j] = owned[j];
+    }
+    __syncwarp();
+    float score[kScores];
+#pragma unroll
+    for (int i = 0; i < kScores; i += 4) {
+      const float4 four = *reinterpret_cast<const float4*>(&step_score[key_slot][i]);
+      score[i] = four.x;
+      score[i + 1] = four.y;
+      score[i + 2] = four.z;
+      score[i + 3] = four.w;
+    }
+    bool grew = false;
+    float new_max[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      new_max[h] = running_max[h];
+#pragma unroll
+      for (int c = 0; c < kKeysInFlight; ++c) new_max[h] = fmaxf(new_max[h], score[c * kGroup + h]);
+      grew |= new_max[h] > running_max[h];
+    }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float correction = new_max[h] == running_max[h] ? 1.0f : expf(running_max[h] - new_max[h]);
+        running_sum[h] *= correction;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[h][j] *= correction;
+        running_max[h] = new_max[h];
+      }
+    }
+    if (part == 0) {
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) step_max[key_slot][h] = running_max[h];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kOwned; ++j) {
+      const int h = (base + j) % kGroup;
+      step_probability[key_slot][base + j] =
+          owned[j] == -INFINITY ? 0.0f : expf(owned[j] - step_max[key_slot][h]);
+    }
+    __syncwarp();
+    float probability[kScores];
+#pragma unroll
+    for (int i = 0; i < kScores; i += 4) {
+      const float4 four = *reinterpret_cast<const float4*>(&step_probability[key_slot][i]);
+      probability[i] = four.x;
+      probability[i + 1] = four.y;
+      probability[i + 2] = four.z;
+      probability[i + 3] = four.w;
+    }
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      float value[kVec];
+      unpack(v_raw[c], value);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float p = probability[c * kGroup + h];
+        running_sum[h] += p;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) acc[h][j] = fmaf(p, value[j], acc[h][j]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kKeysInFlight; ++c) {
+      blocks_now[c] = blocks_next[c];
+      blocks_next[c] = blocks_ahead[c];
+      blocks_ahead[c] = blocks_later[c];
+    }
+  }
+
+  if (part == 0) {
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      slot_max[key_slot][h] = running_max[h];
+      slot_sum[key_slot][h] = running_sum[h];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) slot_acc[key_slot][h][part * kVec + j] = acc[h][j];
+  const bool poisoned = __syncthreads_or(missing) != 0;
+
+  for (int index = threadIdx.x; index < group * kFastHeadDim; index += kDecodeThreads) {
+    const int h = index / kFastHeadDim, d = index % kFastHeadDim;
+    float block_max = -INFINITY;
+    for (int s = 0; s < kSlots; ++s) block_max = fmaxf(block_max, slot_max[s][h]);
+    float sum = 0.0f, value = 0.0f;
+    if (block_max != -INFINITY) {
+      for (int s = 0; s < kSlots; ++s) {
+        const float weight = slot_max[s][h] == -INFINITY ? 0.0f : expf(slot_max[s][h] - block_max);
+        sum += weight * slot_sum[s][h];
+        value += weight * slot_acc[s][h][d];
+      }
+    }
+    const int32_t head = kv_head * group + h;
+    if (splits == 1) {
+      out[(row * num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
+    } else {
+      const int64_t index_of_split = (item * num_heads + head) * splits + split;
+      partials[index_of_split * kFastHeadDim + d] = value;
+      if (d == 0) {
+        float* stats = partials + stats_offset(count, num_heads, splits);
+        stats[2 * index_of_split] = block_max;
+        stats[2 * index_of_split + 1] = poisoned ? quiet_nan() : sum;
+      }
+    }
+  }
+}
+
+// ---- BF16 pools: the tensor-core kernel ----
+// Per warp and 16-key tile, S^T = K · Q^T and O^T += V^T · P^T on mma.m16n8k16: the tile's keys (then the head's
+// dims) are the MMA's M, the group's query heads its N (8, heads past the group computed on zeros and never
+// stored), so each K and V element read from the pool serves every head of the group. q (F32, pre-scaled by
+// scale · log2 e) and P enter as hi + lo BF16 operands accumulated in F32, so scores and outputs keep F32
+// accuracy; K and V are BF16 already (exact). Memory-bound: the second MMA of each pair costs no time.
+// Each warp streams its own tiles (warp w takes tiles w, w + kMmaWarps, ... of the block's range) through a
+// cp.async pipeline of kStages tiles in shared memory, so the key loop has no block-wide barrier; the warps'
+// softmax states are combined at the end. Tiles are aligned to multiples of 16 positions (keys outside the
+// visible range are zero-filled, never read, and masked), so with blocks of >= 16 positions a tile is one block.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kTileKeys = 16;                         // the MMA's M
+constexpr int kMmaHeads = 8;                          // the MMA's N: query heads per kv head, padded
+constexpr int kDimSteps = kFastHeadDim / 16;          // MMA k-steps over head_dim for QK, m-tiles for PV
+constexpr int kStages = 3;                            // tiles per warp in flight or in use
+constexpr int kRowBytes = kFastHeadDim * 2;           // one BF16 key or value row
+constexpr int kTileBytes = kTileKeys * kRowBytes;     // 4 KiB of K, as much of V
+constexpr int kStageBytes = 2 * kTileBytes;
+constexpr int kMmaSharedBytes = kMmaWarps * kStages * kStageBytes;  // 96 KiB
+constexpr int kMmaBlocksPerSm = 227 * 1024 / (kMmaSharedBytes + 1024);  // what the shared memory allows: 2
+constexpr float kLog2E = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(float) <= kMmaSharedBytes,
+              "the warps' results are combined in the pipeline's shared memory");
+
+// Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
+// rows one ldmatrix reads at the same chunk fall in different banks.
+__device__ __forceinline__ int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
+
+// Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
+// columns (lane % 4) * 2 and + 1 of every matrix (the MMA's A fragment), or with `.trans` the same of every
+// matrix transposed.
+__device__ __forceinline__ void load_matrices(uint32_t (&a)[4], const void* address) {
+  const auto shared = static_cast<unsigned>(__cvta_generic_to_shared(address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(shared));
+}
+__device__ __forceinline__ void load_matrices_transposed(uint32_t (&a)[4], const void* address) {
+  const auto shared = static_cast<unsigned>(__cvta_generic_to_shared(address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(shared));
+}
+
+// An 8x8 BF16 matrix held as the C fragment's pairs (lane l: row l / 4, columns (l % 4) * 2, + 1) transposed in
+// registers: the same lane then holds row l / 4 of the transpose, which is the B fragment's layout.
+__device__ __forceinline__ uint32_t transpose(uint32_t pair) {
+  uint32_t result;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(result) : "r"(pair));
+  return result;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (x, y) as BF16 pairs hi = bf16(x, y) and lo = bf16(x - hi.x, y - hi.y), x in the low half (the lower k index).
+__device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 high = __floats2bfloat162_rn(x, y);
+  const float2 rounded = __bfloat1622float2(high);
+  const __nv_bfloat162 low = __floats2bfloat162_rn(x - rounded.x, y - rounded.y);
+  hi = *reinterpret_cast<const uint32_t*>(&high);
+  lo = *reinterpret_cast<const uint32_t*>(&low);
+}
+
+// Lets the merge kernel (launched as a programmatic dependent) start its blocks while this grid runs; it waits
+// for this grid's results in griddepcontrol.wait.
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
+__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention_mma_kernel(
+    const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
+    int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  allow_dependent_launch();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int fragment_row = lane / 4, fragment_pair = lane % 4;  // the MMA fragments' row and column pair
+  const int64_t item = blockIdx.x / pool.num_kv_heads;
+  const int64_t row = rows != nullptr ? rows[item] : item;
+  const int32_t kv_head = static_cast<int32_t>(blockIdx.x % pool.num_kv_heads), split = blockIdx.y;
+  const int32_t group = num_heads / pool.num_kv_heads;
+  const int32_t sequence = batch.row_sequence[row];
+  const int32_t position = batch.positions[row];
+  const int32_t first = sliding_window > 0 ? max(0, position - sliding_window + 1) : 0;
+  const int32_t last = min(position, batch.seq_lens[sequence] - 1);
+  const int32_t first_tile = first / kTileKeys;
+  const int32_t tiles = last >= first ? last / kTileKeys - first_tile + 1 : 0;
+  const int32_t per_split = (tiles + splits - 1) / splits;
+  const int32_t split_begin = first_tile + split * per_split;
+  const int32_t split_end = min(first_tile + tiles, split_begin + per_split);
+  const int32_t warp_tiles = max(0, (split_end - split_begin - warp + kMmaWarps - 1) / kMmaWarps);
+
+  const auto* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
+  const auto* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
+  const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
+  unsigned char* stages = shared + warp * kStages * kStageBytes;
+  bool missing = false;
+
+  // Copies tile k of this warp into stage k % kStages: 8 lanes per row, each 16 bytes of both 128-byte halves of
+  // the K and the V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that
+  // wait_copies counts tiles.
+  auto issue = [&](int32_t k) {
+    if (k < warp_tiles) {
+      const int32_t tile = split_begin + warp + k * kMmaWarps;
+      unsigned char* stage = stages + (k % kStages) * kStageBytes;
+#pragma unroll
+      for (int r = 0; r < kTileKeys / 4; ++r) {
+        const int key_row = lane / 8 + 4 * r;
+        const int32_t t = tile * kTileKeys + key_row;
+        const bool visible = t >= first && t <= last;
+        const int32_t block = visible ? key_rows_of_sequence.block_of(t) : -1;
+        missing |= visible && block < 0;
+        const int64_t offset = block >= 0 ? key_rows_of_sequence.offset(block, t) : 0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = lane % 8 + 8 * half;
+          copy_async16(stage + swizzled(key_row, chunk), k_pool + offset + 8 * chunk, block >= 0);
+          copy_async16(stage + kTileBytes + swizzled(key_row, chunk), v_pool + offset + 8 * chunk, block >= 0);
+        }
+      }
+    }
+    commit_copies();
+  };
+
+  // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
+  // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
+  float acc[kDimSteps][4];
+#pragma unroll
+  for (int i = 0; i < kDimSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
+  const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
+
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
+
+  // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
+  // dims 16 s + 2 pair (+1) and the same + 8.
+  uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
+  {
+    const bool real_head = fragment_row < group;
+    const float* query = q + (row * num_heads + int64_t{kv_head} * group + fragment_row) * kFastHeadDim;
+    const float q_scale = scale * kLog2E;  // scores in base 2: exp2 in the loop
+#pragma unroll
+    for (int s = 0; s < kDimSteps; ++s)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float2 pair{0.0f, 0.0f};
+        if (real_head) pair = *reinterpret_cast<const float2*>(query + 16 * s + 2 * fragment_pair + 8 * half);
+        split_pair(pair.x * q_scale, pair.y * q_scale, q_hi[s][half], q_lo[s][half]);
+      }
+  }
+
+  for (int32_t k = 0; k < warp_tiles; ++k) {
+    __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
+    issue(k + kStages - 1);
+    wait_copies<kStages - 1>();
+    __syncwarp();  // every lane's copies of tile k have landed
+    const unsigned char* k_tile = stages + (k % kStages) * kStageBytes;
+    const unsigned char* v_tile = k_tile + kTileBytes;
+
+    // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
+    // (two dependency chains).
+    float score_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, score_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < kDimSteps; ++s) {
+      uint32_t a[4];
+      load_matrices(a, k_tile + swizzled(matrix_row + 8 * (matrix & 1), 2 * s + (matrix >> 1)));
+      mma_bf16(score_hi, a, q_hi[s][0], q_hi[s][1]);
+      mma_bf16(score_lo, a, q_lo[s][0], q_lo[s][1]);
+    }
+    const int32_t key = (split_begin + warp + k * kMmaWarps) * kTileKeys + fragment_row;
+    const bool visible_low = key >= first && key <= last, visible_high = key + 8 >= first && key + 8 <= last;
+    float score[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool visible = j < 2 ? visible_low : visible_high;
+      score[j] = visible ? score_hi[j] + score_lo[j] : -INFINITY;
+    }
+
+    // Online softmax per head over the tile's 16 keys (8 lanes share a head pair: xor over lane bits 2..4).
+    float tile_max[2] = {fmaxf(score[0], score[2]), fmaxf(score[1], score[3])};
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], offset));
+    const bool grew = tile_max[0] > running_max[0] || tile_max[1] > running_max[1];
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (tile_max[h] <= running_max[h]) continue;
+        const float correction = exp2f(running_max[h] - tile_max[h]);  // 0 while the max was -inf
+        partial_sum[h] *= correction;
+#pragma unroll
+        for (int i = 0; i < kDimSteps; ++i) {
+          acc[i][h] *= correction;
+          acc[i][h + 2] *= correction;
+        }
+        running_max[h] = tile_max[h];
+      }
+    }
+    float probability[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      probability[j] = score[j] == -INFINITY ? 0.0f : exp2f(score[j] - running_max[j & 1]);
+    partial_sum[0] += probability[0] + probability[2];
+    partial_sum[1] += probability[1] + probability[3];
+    // P^T's B fragments: keys 2 pair (+1) and + 8 of head fragment_row, from the S^T layout by transposing.
+    uint32_t p_hi[2], p_lo[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      split_pair(probability[2 * half], probability[2 * half + 1], p_hi[half], p_lo[half]);
+      p_hi[half] = transpose(p_hi[half]);
+      p_lo[half] = transpose(p_lo[half]);
+    }
+
+#pragma unroll
+    for (int i = 0; i < kDimSteps; ++i) {
+      uint32_t a[4];
+      load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
+      mma_bf16(acc[i], a, p_hi[0], p_hi[1]);
+      mma_bf16(acc[i], a, p_lo[0], p_lo[1]);
+    }
+  }
+  wait_copies<0>();  // the trailing empty groups, before the stages' memory is reused
+
+#pragma unroll
+  for (int offset = 4; offset < 32; offset <<= 1)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) partial_sum[h] += __shfl_xor_sync(0xffffffffu, partial_sum[h], offset);
+  __syncthreads();  // every warp is done with its stages
+  float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim]
+  float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kFastHeadDim;
+  float* warp_sum = warp_max + kMmaWarps * kMmaHeads;
+#pragma unroll
+  for (int i = 0; i < kDimSteps; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int head = 2 * fragment_pair + (j & 1), dim = 16 * i + fragment_row + 8 * (j >> 1);
+      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j];
+    }
+  if (fragment_row == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      warp_max[warp * kMmaHeads + 2 * fragment_pair + h] = running_max[h];
+      warp_sum[warp * kMmaHeads + 2 * fragment_pair + h] = partial_sum[h];
+    }
+  }
+  const bool poisoned = __syncthreads_or(missing) != 0;
+
+  for (int index = threadIdx.x; index < group * kFastHeadDim; index += kMmaThreads) {
+    const int h = index / kFastHeadDim, d = index % kFastHeadDim;
+    float block_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) block_max = fmaxf(block_max, warp_max[w * kMmaHeads + h]);
+    float sum = 0.0f, value = 0.0f;
+    if (block_max != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) {
+        const float m = warp_max[w * kMmaHeads + h];
+        const float weight = m == -INFINITY ? 0.0f : exp2f(m - block_max);
+        sum += weight * warp_sum[w * kMmaHeads + h];
+        value += weight * warp_acc[(w * kMmaHeads + h) * kFastHeadDim + d];
+      }
+    }
+    const int32_t head = kv_head * group + h;
+    if (splits == 1) {
+      out[(row * num_heads + head) * kFastHeadDim + d] = poisoned ? quiet_nan() : (sum > 0.0f ? value / sum : 0.0f);
+    } else {
+      const int64_t index_of_split = (item * num_heads + head) * splits + split;
+      partials[index_of_split * kFastHeadDim + d] = value;
+      if (d == 0) {
+        float* stats = partials + stats_offset(count, num_heads, splits);
+        stats[2 * index_of_split] = block_max * kLn2;  // the merge weighs splits by exp (natural log units)
+        stats[2 * index_of_split + 1] = poisoned ? quiet_nan() : sum;
+      }
+    }
+  }
+}
+
+// out = Σ_s w_s acc_s / Σ_s w_s sum_s with w_s = exp(max_s − max): the softmax over all splits' keys. Thread s
+// weighs split s (splits <= kMergeThreads), then warp w sums the accumulators of splits w, w + kMergeWarps, ...,
+// four dims per lane: no thread walks all the splits one after another.
+constexpr int kMergeWarps = kMergeThreads / 32;
+static_assert(kFastHeadDim == 32 * 4, "a warp covers head_dim with one float4 per lane");
+
+__global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32_t* rows, int64_t count,
+                                                                     int32_t splits, const float* partials,
+                                                                     int32_t num_heads, float* out) {
+  __shared__ float weight[kMergeThreads];
+  __shared__ float warp_result[kMergeWarps];
+  __shared__ float4 warp_value[kMergeWarps][32];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  const int64_t item = blockIdx.x;
+  const int64_t row = rows != nullptr ? rows[item] : item;
+  const int32_t head = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float* stats = partials + stats_offset(count, num_heads, splits);
+  const int64_t first_split = (item * num_heads + head) * splits;
+  const int s = threadIdx.x;
+  const float split_max = s < splits ? stats[2 * (first_split + s)] : -INFINITY;
+  const float split_sum = s < splits ? stats[2 * (first_split + s) + 1] : 0.0f;
+  const bool poisoned = __syncthreads_or(isnan(split_sum)) != 0;
+
+  float total_max = warp_max(split_max);
+  if (lane == 0) warp_result[warp] = total_max;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) total_max = fmaxf(total_max, warp_result[w]);
+  const float split_weight = split_max == -INFINITY ? 0.0f : expf(split_max - total_max);
+  weight[s] = split_weight;
+  const float weighted_sum = warp_sum(split_weight * split_sum);
+  __syncthreads();  // every warp has read warp_result's maxima
+  if (lane == 0) warp_result[warp] = weighted_sum;
+  __syncthreads();
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) sum += warp_result[w];
+
+  const float4* accumulators = reinterpret_cast<const float4*>(partials + first_split * kFastHeadDim) + lane;
+  float4 value{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+  for (int t = warp; t < splits; t += kMergeWarps) {
+    const float w = weight[t];
+    const float4 a = accumulators[int64_t{t} * (kFastHeadDim / 4)];
+    value.x += w * a.x;
+    value.y += w * a.y;
+    value.z += w * a.z;
+    value.w += w * a.w;
+  }
+  warp_value[warp][lane] = value;
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int w = 1; w < kMergeWarps; ++w) {
+    const float4 other = warp_value[w][lane];
+    value.x += other.x;
+    value.y += other.y;
+    value.z += other.z;
+    value.w += other.w;
+  }
+  float4 result{0.0f, 0.0f, 0.0f, 0.0f};
+  if (sum > 0.0f) result = float4{value.x / sum, value.y / sum, value.z / sum, value.w / sum};
+  if (poisoned) result = float4{quiet_nan(), quiet_nan(), quiet_nan(), quiet_nan()};
+  reinterpret_cast<float4*>(out + (row * num_heads + head) * kFastHeadDim)[lane] = result;
+}
+
+// The merge as a programmatic dependent of the decode grid just enqueued: its blocks may be scheduled before that
+// grid ends (they wait in griddepcontrol.wait), so no launch gap separates the two.
+cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, const float* partials, int32_t num_heads,
+                         float* out, cudaStream_t stream) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned int>(count), static_cast<unsigned int>(num_heads));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out);
+}
+
+template <typename P, int kGroup>
+cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                          const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
+                          float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(count), static_cast<unsigned int>(pool.num_kv_heads),
+                  static_cast<unsigned int>(splits));
+  decode_attention_kernel<P, kGroup><<<grid, kDecodeThreads, 0, stream>>>(
+      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
+  if (splits == 1) return cudaGetLastError();
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+}
+
+cudaError_t allow_mma_shared_memory() {
+  static const cudaError_t status = cudaFuncSetAttribute(
+      decode_attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes);
+  return status;
+}
+
+cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                              const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
+                              float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
+  if (const cudaError_t status = allow_mma_shared_memory(); status != cudaSuccess) return status;
+  // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
+  const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
+  decode_attention_mma_kernel<<<grid, kMmaThreads, kMmaSharedBytes, stream>>>(
+      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+}
+
+template <typename P, int kGroup>
+int blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    int result = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_kernel<P, kGroup>, kDecodeThreads, 0) !=
+        cudaSuccess)
+      result = 1;
+    return result;
+  }();
+  return blocks;
+}
+
+// Calls body.template run<float, kGroup>() (the CUDA-core kernel of F32 pools) for the group rounded up to 4, 6 or
+// 8 (heads past the group are computed on zeros and never stored; small groups stay correct, not fast).
+template <typename Body>
+cudaError_t dispatch_group(int32_t group, const Body& body) {
+  if (group <= 4) return body.template run<float, 4>();
+  if (group <= 6) return body.template run<float, 6>();
+  return body.template run<float, 8>();
+}
+
+struct DecodeLaunch {
+  const float* q;
+  const PoolGeometry& pool;
+  int32_t slot;
+  const BatchGeometry& batch;
+  const int32_t* rows;
+  int64_t count;
+  int32_t splits;
+  float* partials;
+  int32_t num_heads;
+  float scale;
+  int32_t sliding_window;
+  float* out;
+  cudaStream_t stream;
+  template <typename P, int kGroup>
+  cudaError_t run() const {
+    return launch_decode<P, kGroup>(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
+                                    sliding_window, out, stream);
+  }
+};
+
+struct OccupancyQuery {
+  int* blocks;
+  template <typename P, int kGroup>
+  cudaError_t run() const {
+    *blocks = blocks_per_multiprocessor<P, kGroup>();
+    return cudaSuccess;
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
+                                    const int32_t* rows, int64_t count, int32_t splits, float* partials,
+                                    int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                                    cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (splits > kMergeThreads) return cudaErrorInvalidValue;
+  if (pool.dtype == DType::BF16)
+    return launch_decode_mma(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window,
+                             out, stream);
+  if (pool.dtype != DType::F32) return cudaErrorInvalidValue;
+  return dispatch_group(num_heads / pool.num_kv_heads, DecodeLaunch{q, pool, slot, batch, rows, count, splits, partials,
+                                                                    num_heads, scale, sliding_window, out, stream});
+}
+
+int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
+  int blocks = 1;
+  if (dtype == DType::BF16) {
+    static const int mma_blocks = [] {
+      int result = 1;
+      if (allow_mma_shared_memory() != cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel, kMmaThreads,
+                                                        kMmaSharedBytes) != cudaSuccess)
+        result = 1;
+      return std::max(result, 1);
+    }();
+    return mma_blocks;
+  }
+  dispatch_group(group, OccupancyQuery{&blocks});
+  return blocks;
+}
+
+int64_t decode_partials_floats(int64_t count, int32_t num_heads, int32_t splits) {
+  return splits == 1 ? 0 : count * num_heads * splits * (kFastHeadDim + 2);
+}
+
+}  // namespace beamline::cuda

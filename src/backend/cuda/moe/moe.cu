@@ -1,0 +1,390 @@
+// The FP32 router's group-limited top-k, and the experts: rows permuted per expert (padded to the tile
+// height), grouped tensor-core GEMMs that read each tile's expert from device memory (so nothing waits for the
+// host), the SwiGLU fused into the gate|up GEMM, and the weighted combine in j order.
+#include <mma.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/rows/rows.h"
+#include "backend/cuda/moe/moe.h"
+
+namespace beamline::cuda {
+namespace {
+
+// ---- router ----
+// One warp per row: nothing in the route needs more than a warp's shuffles, and a block-wide barrier per pick (what
+// a block per row would need) costs more than the picks themselves. Lane l owns experts l, l + 32, l + 64, ...; its
+// `taken` bit i marks expert l + 32 i.
+constexpr int kRouteWarps = 2;  // rows per block (26 KiB of shared memory)
+constexpr int kRouteThreads = kRouteWarps * 32;
+constexpr int kMaxExpertsPerLane = kMaxRouterExperts / 32;
+static_assert(kMaxExpertsPerLane <= 32, "a lane's taken experts are the bits of one word");
+
+// An expert candidate; `better` orders by value, then the lower index (the reference's tie rule).
+struct Candidate {
+  float value;
+  int32_t index;
+};
+
+__device__ __forceinline__ bool better(const Candidate& a, const Candidate& b) {
+  return a.value > b.value || (a.value == b.value && a.index < b.index);
+}
+
+__device__ __forceinline__ Candidate warp_best(Candidate c) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const Candidate other{__shfl_xor_sync(0xffffffffu, c.value, offset), __shfl_xor_sync(0xffffffffu, c.index, offset)};
+    if (other.index >= 0 && (c.index < 0 || better(other, c))) c = other;
+  }
+  return c;
+}
+
+// The best of values[begin, end) other than index `skip`, scanned by one thread (index -1 when there is none).
+__device__ Candidate best_in_range(const float* values, int32_t begin, int32_t end, int32_t skip) {
+  Candidate best{-INFINITY, -1};
+  for (int32_t i = begin; i < end; ++i) {
+    const Candidate c{values[i], i};
+    if (i != skip && (best.index < 0 || better(c, best))) best = c;
+  }
+  return best;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, const float* bias, int64_t rows,
+                                                              int32_t experts, int32_t n_group, int32_t topk_group,
+                                                              int32_t top_k, bool norm_topk_prob,
+                                                              float routed_scaling_factor, int32_t* expert_ids,
+                                                              float* expert_weights) {
+  __shared__ float score_of[kRouteWarps][kMaxRouterExperts], choice_of[kRouteWarps][kMaxRouterExperts];
+  __shared__ float group_score_of[kRouteWarps][kMaxRouterExperts];
+  __shared__ bool group_taken_of[kRouteWarps][kMaxRouterExperts];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * kRouteWarps + warp;
+  if (row >= rows) return;
+  float* score = score_of[warp];
+  float* choice = choice_of[warp];
+  float* group_score = group_score_of[warp];
+  bool* group_taken = group_taken_of[warp];
+  for (int32_t e = lane; e < experts; e += 32) {
+    const float logit = logits[row * experts + e];
+    score[e] = 1.0f / (1.0f + expf(-logit));
+    choice[e] = score[e] + bias[e];
+  }
+  __syncwarp();
+  // Group score = the sum of its 2 best choices, one lane per group.
+  const int32_t group_size = experts / n_group;
+  for (int32_t g = lane; g < n_group; g += 32) {
+    const int32_t begin = g * group_size, end = begin + group_size;
+    const Candidate first = best_in_range(choice, begin, end, -1);
+    float sum = first.value;
+    if (group_size >= 2) sum += best_in_range(choice, begin, end, first.index).value;
+    group_score[g] = sum;
+    group_taken[g] = false;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int32_t pick = 0; pick < topk_group; ++pick) {
+      int32_t best = -1;
+      for (int32_t g = 0; g < n_group; ++g)
+        if (!group_taken[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+      group_taken[best] = true;
+    }
+  }
+  __syncwarp();
+  for (int32_t e = lane; e < experts; e += 32)
+    if (!group_taken[e / group_size]) choice[e] = -INFINITY;
+  __syncwarp();
+  // top_k rounds of a warp-wide argmax; the winner's owner marks it taken.
+  uint32_t taken = 0;
+  int32_t* ids = expert_ids + row * top_k;
+  for (int32_t j = 0; j < top_k; ++j) {
+    Candidate best{-INFINITY, -1};
+    for (int32_t i = 0, e = lane; e < experts; ++i, e += 32) {
+      const Candidate c{choice[e], e};
+      if (!(taken >> i & 1u) && (best.index < 0 || better(c, best))) best = c;
+    }
+    best = warp_best(best);
+    if (best.index % 32 == lane) taken |= 1u << (best.index / 32);
+    if (lane == 0) ids[j] = best.index;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    float* weights = expert_weights + row * top_k;
+    float total = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j) total += score[ids[j]];
+    for (int32_t j = 0; j < top_k; ++j) {
+      const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
+      weights[j] = weight * routed_scaling_factor;
+    }
+  }
+}
+
+// ---- permutation ----
+__global__ void count_kernel(const int32_t* ids, int64_t assignments, int32_t experts, int32_t* counts) {
+  const int64_t slot = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (slot >= assignments) return;
+  const int32_t e = ids[slot];
+  if (e >= 0 && e < experts) atomicAdd(&counts[e], 1);
+}
+
+// One block: each expert's first padded row and the expert of every row tile (-1 past the used tiles).
+__global__ void plan_kernel(const int32_t* counts, int32_t experts, int64_t max_tiles, int32_t* offsets,
+                            int32_t* tile_expert) {
+  __shared__ int32_t used_tiles;
+  if (threadIdx.x == 0) {
+    int32_t next = 0;
+    for (int32_t e = 0; e < experts; ++e) {
+      offsets[e] = next;
+      next += (counts[e] + kGroupedTileRows - 1) / kGroupedTileRows * kGroupedTileRows;
+    }
+    used_tiles = next / kGroupedTileRows;
+  }
+  __syncthreads();
+  for (int64_t tile = threadIdx.x; tile < max_tiles; tile += blockDim.x)
+    if (tile >= used_tiles) tile_expert[tile] = -1;
+  for (int32_t e = threadIdx.x; e < experts; e += blockDim.x) {
+    const int32_t first = offsets[e] / kGroupedTileRows;
+    const int32_t tiles = (counts[e] + kGroupedTileRows - 1) / kGroupedTileRows;
+    for (int32_t i = 0; i < tiles; ++i) tile_expert[first + i] = e;
+  }
+}
+
+// One thread per (token, j): claims a row in its expert's range and records which token feeds it (the grouped
+// GEMM reads h through this map, so the rows are never copied).
+__global__ void scatter_kernel(const int32_t* ids, int64_t assignments, int32_t top_k, int32_t experts,
+                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, int32_t* row_token) {
+  const int64_t slot = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (slot >= assignments) return;
+  const int32_t e = ids[slot];
+  if (e < 0 || e >= experts) {
+    slot_row[slot] = -1;
+    return;
+  }
+  const int32_t row = offsets[e] + atomicAdd(&cursor[e], 1);
+  slot_row[slot] = row;
+  row_token[row] = static_cast<int32_t>(slot / top_k);
+}
+
+__global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights, int32_t top_k,
+                               int64_t hidden, float* out) {
+  const int64_t token = blockIdx.x;
+  bool valid = true;
+  for (int32_t j = 0; j < top_k; ++j) valid = valid && slot_row[token * top_k + j] >= 0;
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j)
+      if (valid) sum += weights[token * top_k + j] * expert_out[int64_t{slot_row[token * top_k + j]} * hidden + i];
+    out[token * hidden + i] = valid ? sum : __int_as_float(0x7fc00000);
+  }
+}
+
+// ---- grouped GEMM: C[r, n] = sum_k A[r, k] * B_e[n, k] for the rows of tile blockIdx.x, e its expert ----
+// A is F32 and enters the tensor cores as hi + lo in W (split_f32's scheme, done while staging the tile), so the
+// products are FP32-accurate at twice the MMA work; these GEMMs are bound by streaming the expert weights.
+constexpr int kTileN = 64, kTileK = 32, kGemmThreads = 128;
+constexpr int kLoadStride = kTileK + 8;  // bf16/f16 rows padded to keep WMMA loads 16-byte aligned
+constexpr int kStoreStride = kTileN + 4;
+
+struct GroupedOperands {
+  const void* const* b0_table = nullptr;  // per expert, used with tile_expert
+  const void* const* b1_table = nullptr;
+  const int32_t* tile_expert = nullptr;
+  const int32_t* row_source = nullptr;  // row of A behind each row of C (-1: padding); null: the same row
+  int64_t rows_limit = 0;               // rows of C that exist
+};
+
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
+
+// kDual: C = silu(A B0ᵀ) * (A B1ᵀ) (gate|up with the SwiGLU fused); else C = A B0ᵀ. C is F32.
+template <typename W, bool kDual>
+__global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float* a, GroupedOperands operands,
+                                                                    int64_t n, int64_t k, float* c) {
+  using namespace nvcuda;
+  constexpr int kMatrices = kDual ? 2 : 1;
+  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (2 * kGroupedTileRows + kMatrices * kTileN);
+  constexpr size_t kStoreBytes = sizeof(float) * kStoreStride * kGroupedTileRows * kMatrices;
+  __shared__ __align__(128) unsigned char shared[kLoadBytes > kStoreBytes ? kLoadBytes : kStoreBytes];
+  __shared__ int32_t source_row[kGroupedTileRows];
+  W* a_high = reinterpret_cast<W*>(shared);
+  W* a_low = a_high + kGroupedTileRows * kLoadStride;
+  W* b_tiles = a_low + kGroupedTileRows * kLoadStride;
+  float* c_tiles = reinterpret_cast<float*>(shared);
+
+  const int64_t tile = blockIdx.x;
+  const W* b[kMatrices];
+  const int32_t expert = operands.tile_expert[tile];
+  if (expert < 0) return;
+  b[0] = static_cast<const W*>(operands.b0_table[expert]);
+  if constexpr (kDual) b[1] = static_cast<const W*>(operands.b1_table[expert]);
+  const int64_t row0 = tile * kGroupedTileRows, col0 = int64_t{blockIdx.y} * kTileN;
+  const int warp = threadIdx.x / 32, warp_m = warp / 2, warp_n = warp % 2;
+  for (int r = threadIdx.x; r < kGroupedTileRows; r += kGemmThreads) {
+    const int64_t row = row0 + r;
+    source_row[r] = row >= operands.rows_limit ? -1
+                    : operands.row_source != nullptr ? operands.row_source[row]
+                                                     : static_cast<int32_t>(row);
+  }
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2];
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+
+  const W zero = from_float<W>(0.0f);
+  for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+    __syncthreads();  // the previous tiles are consumed (and source_row is written before the first)
+    for (int i = threadIdx.x; i < kGroupedTileRows * kTileK; i += kGemmThreads) {
+      const int r = i / kTileK, kk = i % kTileK;
+      const int32_t source = source_row[r];
+      const float value = (k0 + kk < k && source >= 0) ? a[int64_t{source} * k + k0 + kk] : 0.0f;
+      const W high = from_float<W>(value);
+      a_high[r * kLoadStride + kk] = high;
+      a_low[r * kLoadStride + kk] = from_float<W>(isfinite(value) ? value - to_float(high) : 0.0f);
+    }
+#pragma unroll
+    for (int m = 0; m < kMatrices; ++m)
+      for (int i = threadIdx.x; i < kTileN * kTileK; i += kGemmThreads) {
+        const int col = i / kTileK, kk = i % kTileK;
+        b_tiles[(m * kTileN + col) * kLoadStride + kk] =
+            (k0 + kk < k && col0 + col < n) ? b[m][(col0 + col) * k + k0 + kk] : zero;
+      }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> high_fragment[2], low_fragment[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(high_fragment[i], a_high + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+        wmma::load_matrix_sync(low_fragment[i], a_low + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
+      }
+#pragma unroll
+      for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> b_fragment;
+          wmma::load_matrix_sync(b_fragment, b_tiles + (m * kTileN + warp_n * 32 + j * 16) * kLoadStride + kk,
+                                 kLoadStride);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            wmma::mma_sync(accumulator[m][i][j], low_fragment[i], b_fragment, accumulator[m][i][j]);
+            wmma::mma_sync(accumulator[m][i][j], high_fragment[i], b_fragment, accumulator[m][i][j]);
+          }
+        }
+    }
+  }
+  __syncthreads();
+
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(
+            c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
+            accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroupedTileRows * kTileN; i += kGemmThreads) {
+    const int r = i / kTileN, col = i % kTileN;
+    const int64_t row = row0 + r;
+    if (row >= operands.rows_limit || col0 + col >= n) continue;
+    const float value = c_tiles[r * kStoreStride + col];
+    if constexpr (kDual) {
+      const float up = c_tiles[(kGroupedTileRows + r) * kStoreStride + col];
+      c[row * n + col0 + col] = silu(value) * up;
+    } else {
+      c[row * n + col0 + col] = value;
+    }
+  }
+}
+
+template <typename W>
+cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
+                             const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
+                             float* activated, float* out, cudaStream_t stream) {
+  const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
+  grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
+  grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden,
+                                                                         intermediate, out);
+  return cudaGetLastError();
+}
+
+template <typename Body>
+bool dispatch_tensor_core(DType dtype, Body&& body) {
+  if (dtype == DType::BF16) {
+    body(__nv_bfloat16{});
+    return true;
+  }
+  if (dtype == DType::F16) {
+    body(__half{});
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (experts > kMaxRouterExperts) return cudaErrorInvalidValue;
+  route_kernel<<<blocks_for(rows, kRouteWarps), kRouteThreads, 0, stream>>>(
+      logits, bias, rows, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
+      expert_weights);
+  return cudaGetLastError();
+}
+
+int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
+  // Each expert pads its rows to whole tiles: at most one partial tile per expert on top of the full ones.
+  return assignments / kGroupedTileRows + std::min<int64_t>(experts, assignments) + 1;
+}
+
+cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const int64_t assignments = rows * top_k;
+  const size_t count_bytes = sizeof(int32_t) * static_cast<size_t>(experts.experts);
+  if (cudaError_t status = cudaMemsetAsync(workspace.counts, 0, count_bytes, stream); status != cudaSuccess)
+    return status;
+  if (cudaError_t status = cudaMemsetAsync(workspace.cursor, 0, count_bytes, stream); status != cudaSuccess)
+    return status;
+  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts.experts, workspace.counts);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts.experts, workspace.max_tiles, workspace.offsets,
+                                      workspace.tile_expert);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+
+  const int64_t padded_rows = workspace.max_tiles * kGroupedTileRows;
+  if (cudaError_t status = cudaMemsetAsync(workspace.row_token, 0xff, sizeof(int32_t) * padded_rows, stream);
+      status != cudaSuccess)
+    return status;
+  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts.experts,
+                                                                   workspace.offsets, workspace.cursor,
+                                                                   workspace.slot_row, workspace.row_token);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+
+  GroupedOperands up_operands, down_operands;
+  up_operands.b0_table = experts.gate;
+  up_operands.b1_table = experts.up;
+  down_operands.b0_table = experts.down;
+  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
+  up_operands.row_source = workspace.row_token;
+  up_operands.rows_limit = down_operands.rows_limit = padded_rows;
+  cudaError_t status = cudaErrorInvalidValue;
+  dispatch_tensor_core(experts.dtype, [&](auto tag) {
+    status = run_swiglu_gemms<decltype(tag)>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
+                                             experts.intermediate, workspace.activated, workspace.expert_out, stream);
+  });
+  if (status != cudaSuccess) return status;
+  combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,
+                                                                      weights, top_k, experts.hidden, out);
+  return cudaGetLastError();
+}
+
+}  // namespace beamline::cuda

@@ -1,0 +1,99 @@
+#pragma once
+// The router top-k and the routed experts: grouped GEMMs on mma.sync and wgmma (moe_mma.cu), weight streaming for few tokens (moe_streaming.cu), the shared steps (moe.cu).
+// Conventions: backend/cuda/common/operand_precision.h.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/operand_precision.h"
+#include "tensor/dtype.h"
+
+namespace beamline::cuda {
+
+// Group-limited top-k over router logits [rows, experts] (computed by a GEMM beforehand).
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
+                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
+                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+constexpr int32_t kMaxRouterExperts = 1024;
+
+// Rows of the grouped GEMMs are padded per expert to a multiple of this tile height.
+constexpr int32_t kGroupedTileRows = 64;
+
+// Device pointers of each expert's weights, in the stored dtype (BF16 or F16, all experts alike).
+struct ExpertPointers {
+  const void* const* gate = nullptr;  // [E] -> [I, H]
+  const void* const* up = nullptr;    // [E] -> [I, H]
+  const void* const* down = nullptr;  // [E] -> [H, I]
+  DType dtype = DType::BF16;
+  int32_t experts = 0;
+  int64_t hidden = 0, intermediate = 0;
+  // [3, E] TMA descriptors of the gate, up and down matrices (encode_expert_tensor_map), for the wgmma GEMMs of
+  // moe_mma; null: those GEMMs are not used.
+  const void* tensor_maps = nullptr;
+};
+
+// Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
+struct MoeWorkspace {
+  int32_t* counts = nullptr;       // [E]
+  int32_t* cursor = nullptr;       // [E]
+  int32_t* offsets = nullptr;      // [E] first padded row of each expert
+  int32_t* tile_expert = nullptr;  // [max_tiles] expert of each row tile, -1 past the last
+  int32_t* slot_row = nullptr;     // [rows * top_k] padded row of each (token, j)
+  int32_t* row_token = nullptr;    // [max_tiles * tile] token feeding each padded row, -1 for padding
+  float* activated = nullptr;      // [max_tiles * tile, I]
+  float* expert_out = nullptr;     // [max_tiles * tile, H]
+  int64_t max_tiles = 0;
+};
+int64_t moe_max_tiles(int64_t assignments, int32_t experts);
+
+// out[t] = sum_j weights[t, j] * SwiGLU_{ids[t, j]}(h[t]) with no host synchronisation: count, pad and
+// map the rows per expert, two grouped GEMMs reading h through the map (gate|up with the SwiGLU fused, then down;
+// F32 activations split hi + lo onto the tensor cores), combine in j order. Expert ids outside [0, E) make the
+// token's output NaN.
+cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream);
+// The same for few tokens, bound by reading the routed experts' weights: one block per (routed expert, slice of
+// output rows) streams each weight row once and dots it with the F32 activations of all the expert's tokens
+// (no tensor cores, no rounding), then a combine in j order (one token with top_k <= 8: fused into the down pass,
+// which then streams all the token's experts per output row). Supported when rows * top_k <=
+// kMaxStreamingAssignments and H and I are multiples of 8 (16-byte loads; the arena aligns every weight).
+// `activated` [rows * top_k, I] and `expert_out` [rows * top_k, H] are scratch (expert_out unused when fused).
+constexpr int32_t kMaxStreamingAssignments = 2048;
+bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate);
+cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                          const ExpertPointers& experts, float* activated, float* expert_out, float* out,
+                          cudaStream_t stream);
+// out[t] = sum over j in order of expert_out[t * top_k + j] (the routing weights already applied); NaN for a token
+// with an expert id outside [0, experts).
+cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
+                        int64_t hidden, float* out, cudaStream_t stream);
+// The same on the tensor cores for 2 tokens and more (moe/moe_mma.cu): per expert C^T = W · X^T, the weight
+// rows as M streamed once per tile of the expert's tokens (N), X (h, then the SwiGLU output) converted once to BF16
+// rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo rows and two mma.sync per
+// product, FP32-accurate products, tiles of 16 or 64 tokens; Bf16, one rounding and one wgmma per product when
+// ExpertPointers::tensor_maps is set, tiles of 64 or 128 tokens), SwiGLU fused into gate|up, the routing weight into
+// down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
+// Supported for BF16 experts, at most kMaxMmaExperts of them, H and I multiples of 8.
+constexpr int32_t kMaxMmaExperts = 1024;
+struct MoeMmaWorkspace {
+  void* h_hi = nullptr;          // [rows, H] BF16
+  void* h_lo = nullptr;          // [rows, H] BF16 (Split only)
+  int32_t* grouped = nullptr;    // [rows * top_k] slots grouped by expert
+  int32_t* tiles = nullptr;      // [max_tiles * 4] (expert, first grouped entry, slots, unused) per token tile
+  void* activated_hi = nullptr;  // [rows * top_k, I] BF16
+  void* activated_lo = nullptr;  // [rows * top_k, I] BF16 (Split only)
+  float* expert_out = nullptr;   // [rows * top_k, H]
+  int64_t max_tiles = 0;         // at least moe_mma_max_tiles
+};
+bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t intermediate);
+// With OperandPrecision::Bf16 the GEMMs run on Hopper's warpgroup MMAs (wgmma), the weights streamed by TMA through
+// one tensor map per expert matrix: this encodes the map of a BF16 weight [rows, cols] (cols a multiple of 8, the
+// weight 16-byte aligned) into the kTensorMapBytes at host address `map`, to be uploaded 64-byte aligned.
+constexpr size_t kTensorMapBytes = 128;
+cudaError_t encode_expert_tensor_map(const void* weight, int64_t rows, int64_t cols, void* map);
+int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
+cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                    const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
+                    float* out, cudaStream_t stream);
+
+}  // namespace beamline::cuda

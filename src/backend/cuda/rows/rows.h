@@ -1,0 +1,49 @@
+#pragma once
+// Elementwise and per-row kernels: embedding, norms, rotary, SSMax, activation splitting, soft-cap, random fill (rows.cu).
+// Conventions: backend/cuda/common/operand_precision.h.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/operand_precision.h"
+#include "tensor/dtype.h"
+
+namespace beamline::cuda {
+
+// tokens[pairs[2j]] = source[pairs[2j + 1]] for j < num_pairs (pairs validated on the host).
+cudaError_t place_tokens(const int32_t* source, const int32_t* pairs, int64_t num_pairs, int32_t* tokens,
+                         cudaStream_t stream);
+// Token ids outside [0, vocab) give NaN rows (validated on the host beforehand).
+cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* tokens, int64_t rows,
+                      int64_t hidden, float* out, cudaStream_t stream);
+cudaError_t rms_norm(const float* x, const void* weight, DType weight_dtype, float eps, int64_t rows, int64_t hidden,
+                     float* out, cudaStream_t stream);
+// residual += scale * rms(y, weight)
+cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DType weight_dtype, float eps,
+                         float scale, int64_t rows, int64_t hidden, cudaStream_t stream);
+// out[i] = rms(x[rows[i]], weight) stored as `out_dtype` (BF16/F16/F32), the input of the LM head GEMM; a row
+// outside the x_rows rows of x gives NaN.
+cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows, int64_t selected, const void* weight,
+                            DType weight_dtype, float eps, int64_t hidden, void* out, DType out_dtype,
+                            cudaStream_t stream);
+cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, int32_t head_dim, float theta,
+                 cudaStream_t stream);
+cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
+                        cudaStream_t stream);
+// F32 activations as two tensor-core operands in `dtype` (BF16 or F16): hi = round(x), lo = round(x - hi), so
+// x = hi + lo to about 16 significant bits. A GEMM over the rows [hi; lo] followed by add_halves multiplies F32
+// activations by BF16 weights with an error near FP32's (about 2^-17 relative) where a single BF16 rounding of the
+// activations gives 2^-9 — the difference between matching the CPU backend's argmax everywhere and at 97%.
+// A null `lo` gives the single rounding of OperandPrecision::Bf16.
+cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream);
+// out[i] = halves[i] + halves[n + i]: the hi and lo products of split_f32's operands summed.
+cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream);
+// gate[i] = silu(gate[i]) * up[i] in place: the dense MLP's activation between its GEMMs.
+cudaError_t silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream);
+// x = cap * tanh(x / cap) in place.
+cudaError_t soft_cap(float* x, int64_t n, float cap, cudaStream_t stream);
+// normal_value(key, i, mean, stddev) (util/counter_random.h) stored as `dtype` (F32, F16, BF16): on-device random
+// weights, the same bytes as the CPU backend's and make-model's.
+cudaError_t fill_random(void* out, DType dtype, int64_t n, uint64_t key, float mean, float stddev, cudaStream_t stream);
+
+}  // namespace beamline::cuda

@@ -1,0 +1,37 @@
+#include "backend/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "backend/cpu/cpu_backend.h"
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+std::mutex registry_mutex;
+
+std::map<std::string, BackendFactory, std::less<>>& registry() {
+  static std::map<std::string, BackendFactory, std::less<>> factories;
+  return factories;
+}
+
+}  // namespace
+
+void register_backend(std::string name, BackendFactory factory) {
+  std::lock_guard lock(registry_mutex);
+  registry()[std::move(name)] = std::move(factory);
+}
+
+std::unique_ptr<Backend> create_backend(std::string_view device) {
+  if (device == "cpu") return make_cpu_backend();
+  {
+    std::lock_guard lock(registry_mutex);
+    if (auto found = registry().find(device); found != registry().end()) return found->second();
+  }
+  if (device == "cuda")
+    fail("device 'cuda' is not available: this beamline was built without CUDA (configure with -DBEAMLINE_CUDA=ON)");
+  fail("unknown device '{}' (expected cpu or cuda)", device);
+}
+
+}  // namespace beamline

@@ -1,0 +1,195 @@
+#include "checkpoint/checkpoint_loader.h"
+
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "checkpoint/random_init.h"
+#include "checkpoint/safetensors.h"
+#include "model/checkpoint_layout.h"
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+bool is_float_dtype(DType dtype) { return dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::F32; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Finds each expected tensor, checks its shape and dtype, and remembers which archive tensors were used.
+class WeightChecker {
+ public:
+  WeightChecker(const SafetensorsArchive& archive, const ModelConfig& config, std::filesystem::path dir)
+      : archive_(archive), config_(config), dir_(std::move(dir)) {}
+
+  LinearWeight check(const ExpectedTensor& expected) {
+    switch (expected.role) {
+      case TensorRole::Embedding:
+      case TensorRole::Norm:
+        return {fetch(expected.name, expected.shape, "BF16, F16 or F32", is_float_dtype)};
+      case TensorRole::Router:
+      case TensorRole::RouterBias:
+        return {fetch(expected.name, expected.shape, "F32 (the router runs in FP32)",
+                      [](DType dtype) { return dtype == DType::F32; })};
+      case TensorRole::Projection:
+        return check_projection(expected);
+    }
+    fail("unknown tensor role for \"{}\"", expected.name);
+  }
+
+  void warn_unused() const {
+    std::vector<std::string> unused;
+    for (const std::string& name : archive_.tensor_names())
+      if (!used_.contains(name)) unused.push_back(name);
+    if (unused.empty()) return;
+    constexpr std::size_t kShown = 8;
+    const std::vector<std::string> shown(unused.begin(), unused.begin() + std::min(unused.size(), kShown));
+    spdlog::warn("{}: {} tensor(s) the model does not use, ignored: {}{}", dir_.string(), unused.size(),
+                 fmt::join(shown, ", "), unused.size() > kShown ? ", ..." : "");
+  }
+
+ private:
+  template <typename Allowed>
+  TensorView fetch(const std::string& name, const std::vector<int64_t>& shape, std::string_view allowed_text,
+                   Allowed allowed) {
+    const TensorView* view = archive_.find(name);
+    if (view == nullptr)
+      fail("{}: tensor \"{}\" is missing (expected shape {}, dtype {})", dir_.string(), name, shape_string(shape),
+           allowed_text);
+    used_.insert(name);
+    const std::string file = archive_.file_of(name).string();
+    if (view->shape != shape)
+      fail("{}: tensor \"{}\": expected shape {}, found {}", file, name, shape_string(shape), shape_string(view->shape));
+    if (!allowed(view->dtype))
+      fail("{}: tensor \"{}\": dtype {} is not allowed here (expected {})", file, name, dtype_name(view->dtype),
+           allowed_text);
+    return *view;
+  }
+
+  TensorView fetch_exact(const std::string& name, const std::vector<int64_t>& shape, DType dtype) {
+    return fetch(name, shape, dtype_name(dtype), [dtype](DType found) { return found == dtype; });
+  }
+
+  bool ignored_by_quantization(std::string_view prefix) const {
+    const auto& ignored = config_.quantization->ignored_layers;
+    return std::any_of(ignored.begin(), ignored.end(),
+                       [&](const std::string& entry) { return prefix.starts_with(entry); });
+  }
+
+  LinearWeight check_projection(const ExpectedTensor& expected) {
+    const std::string& name = expected.name;
+    const int64_t out = expected.shape[0], in = expected.shape[1];
+    const TensorView* view = archive_.find(name);
+    // Unquantized weights are always accepted: checkpoints commonly leave some projections (lm_head) in BF16.
+    if (view == nullptr || is_float_dtype(view->dtype) || !config_.quantization)
+      return {fetch(name, expected.shape, "BF16, F16 or F32", is_float_dtype)};
+
+    const std::string file = archive_.file_of(name).string();
+    const std::string prefix = name.substr(0, name.size() - std::string_view(".weight").size());
+    const QuantizationConfig& quant = *config_.quantization;
+    if (ignored_by_quantization(prefix))
+      fail("{}: tensor \"{}\": dtype {} but quantization_config.ignored_layers leaves it unquantized "
+           "(expected BF16, F16 or F32)", file, name, dtype_name(view->dtype));
+    const auto require_divisible = [&](int64_t group) {
+      if (in % group != 0)
+        fail("{}: tensor \"{}\": {} quantization needs in_features ({}) divisible by {}", file, name,
+             quant.quant_method, in, group);
+    };
+
+    LinearWeight weight;
+    if (quant.quant_method == "fp8") {
+      weight.weight = fetch_exact(name, expected.shape, DType::F8_E4M3);
+      weight.scale = fetch_exact(prefix + ".weight_scale_inv",
+                                 {ceil_div(out, quant.weight_block_size[0]), ceil_div(in, quant.weight_block_size[1])},
+                                 DType::F32);
+    } else if (quant.quant_method == "mxfp8") {
+      require_divisible(32);
+      weight.weight = fetch_exact(name, expected.shape, DType::F8_E4M3);
+      weight.scale = fetch(prefix + ".weight_scale", {out, in / 32}, "U8 or F8_E8M0 (E8M0 exponents)",
+                           [](DType dtype) { return dtype == DType::U8 || dtype == DType::F8_E8M0; });
+    } else {  // modelopt NVFP4, the only other method ModelConfig accepts
+      require_divisible(16);
+      weight.weight = fetch(name, {out, in / 2}, "U8 (two packed E2M1 values per byte)",
+                            [](DType dtype) { return dtype == DType::U8; });
+      weight.scale = fetch_exact(prefix + ".weight_scale", {out, in / 16}, DType::F8_E4M3);
+      weight.scale_2 = fetch_exact(prefix + ".weight_scale_2", {}, DType::F32);
+    }
+    return weight;
+  }
+
+  const SafetensorsArchive& archive_;
+  const ModelConfig& config_;
+  std::filesystem::path dir_;
+  std::set<std::string, std::less<>> used_;
+};
+
+// Puts the checked tensors, by name, into the per-layer structure.
+void assemble(BeamWeights& weights, const std::map<std::string, LinearWeight, std::less<>>& checked) {
+  const ModelConfig& config = weights.config;
+  const auto take = [&](const std::string& name) -> const LinearWeight& { return checked.at(name); };
+  weights.embed_tokens = take("model.embed_tokens.weight").weight;
+  weights.norm = take("model.norm.weight").weight;
+  weights.lm_head = config.tie_word_embeddings ? LinearWeight{weights.embed_tokens} : take("lm_head.weight");
+  weights.layers.resize(static_cast<std::size_t>(config.num_hidden_layers));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    LayerWeights& layer = weights.layers[static_cast<std::size_t>(i)];
+    const auto in_layer = [&](std::string_view suffix) -> const LinearWeight& { return take(layer_tensor_name(i, suffix)); };
+    layer.input_layernorm = in_layer("input_layernorm.weight").weight;
+    layer.post_attention_layernorm = in_layer("post_attention_layernorm.weight").weight;
+    layer.pre_feedforward_layernorm = in_layer("pre_feedforward_layernorm.weight").weight;
+    layer.post_feedforward_layernorm = in_layer("post_feedforward_layernorm.weight").weight;
+    layer.q_proj = in_layer("self_attn.q_proj.weight");
+    layer.k_proj = in_layer("self_attn.k_proj.weight");
+    layer.v_proj = in_layer("self_attn.v_proj.weight");
+    layer.o_proj = in_layer("self_attn.o_proj.weight");
+    if (!config.is_moe_layer(i)) {
+      layer.mlp = ExpertWeights{in_layer("mlp.gate_proj.weight"), in_layer("mlp.up_proj.weight"),
+                                in_layer("mlp.down_proj.weight")};
+      continue;
+    }
+    layer.router = in_layer("mlp.gate.weight").weight;
+    layer.router_bias = in_layer("mlp.gate.e_score_correction_bias").weight;
+    layer.experts.reserve(static_cast<std::size_t>(config.n_routed_experts));
+    for (int64_t e = 0; e < config.n_routed_experts; ++e)
+      layer.experts.push_back(ExpertWeights{take(expert_tensor_name(i, e, "gate_proj")),
+                                            take(expert_tensor_name(i, e, "up_proj")),
+                                            take(expert_tensor_name(i, e, "down_proj"))});
+  }
+}
+
+}  // namespace
+
+BeamWeights load_checkpoint(const std::filesystem::path& dir) {
+  BeamWeights weights;
+  weights.config = ModelConfig::load(dir / "config.json");
+  weights.archive = SafetensorsArchive::open(dir);
+  const ModelConfig& config = weights.config;
+
+  WeightChecker checker(*weights.archive, config, dir);
+  std::map<std::string, LinearWeight, std::less<>> checked;
+  for (const ExpectedTensor& expected : expected_tensors(config)) checked.emplace(expected.name, checker.check(expected));
+  checker.warn_unused();
+  assemble(weights, checked);
+  return weights;
+}
+
+BeamWeights dummy_weights(const ModelConfig& config, uint64_t seed, DType dtype) {
+  BeamWeights weights;
+  weights.config = config;
+  weights.random_seed = seed;
+  std::map<std::string, LinearWeight, std::less<>> views;
+  for (const ExpectedTensor& expected : expected_tensors(config)) {
+    const RandomInit init = random_init(expected, dtype);
+    TensorView view{expected.name, init.dtype, expected.shape, nullptr, 0};
+    view.nbytes = static_cast<std::size_t>(view.numel()) * dtype_size(init.dtype);
+    weights.random_inits.emplace(expected.name, init);
+    views.emplace(expected.name, LinearWeight{std::move(view), {}, {}});
+  }
+  assemble(weights, views);
+  return weights;
+}
+
+}  // namespace beamline

@@ -1,0 +1,22 @@
+#pragma once
+// BeamWeights from a checkpoint directory, or drawn at random with no checkpoint. Both check every expected tensor
+// against the config (docs/model-format.md §3, §5) before any compute.
+#include <cstdint>
+#include <filesystem>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "tensor/dtype.h"
+
+namespace beamline {
+
+// Loads config.json and the safetensors (single or sharded) of `dir`; every expected tensor must exist with the
+// expected shape and a supported dtype, or this throws naming the file and tensor.
+BeamWeights load_checkpoint(const std::filesystem::path& dir);
+
+// No checkpoint (vLLM's --load-format dummy): every view has its name, dtype and shape but no data, and the backend
+// draws it (Backend::random_weight), on the device for a GPU, exactly as make-model would have written it with this
+// seed and dtype.
+BeamWeights dummy_weights(const ModelConfig& config, uint64_t seed, DType dtype = DType::BF16);
+
+}  // namespace beamline

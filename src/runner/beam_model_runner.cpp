@@ -1,0 +1,68 @@
+#include "runner/beam_model_runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include "backend/registry.h"
+#include "util/error.h"
+
+namespace beamline {
+
+BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config)
+    : backend_(create_backend(device)) {
+  config.validate();
+  backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
+  const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->device());
+  model_ = std::make_unique<BeamModel>(weights, *backend_);
+  const ModelConfig& model_config = model_->config();
+  const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
+
+  // The size of one block, measured on a one-block pool rather than restating the storage layout here.
+  bytes_per_block_ = static_cast<int64_t>(
+      KvCache(*backend_, model_config, make_kv_cache_layout(model_config, block_size, 1), kv_dtype).bytes());
+  int64_t budget = 0;
+  if (backend_->device() == Device::Cpu) {
+    budget = kv_cache_budget_bytes(config, kCpuKvCacheDefaultBytes, 0);
+  } else {
+    const std::optional<Backend::MemoryInfo> memory = backend_->memory_info();
+    require(config.kv_cache_memory_bytes > 0 || memory.has_value(),
+            "--kv-cache-memory is needed on the {} backend (it does not report its memory)", backend_->name());
+    // What the weights and the backend hold now, plus headroom for a step's activations and GEMM workspaces.
+    const int64_t used = memory ? memory->used_bytes + kDeviceActivationHeadroomBytes : 0;
+    budget = kv_cache_budget_bytes(config, memory ? memory->total_bytes : 0, used);
+  }
+  const int64_t num_blocks = budget / bytes_per_block_;
+  require(num_blocks >= 1 && num_blocks <= INT32_MAX,
+          "a KV budget of {} bytes gives {} blocks of {} bytes; set --kv-cache-memory or --gpu-memory-utilization",
+          budget, num_blocks, bytes_per_block_);
+  cache_ = std::make_unique<KvCache>(*backend_, model_config,
+                                     make_kv_cache_layout(model_config, block_size, static_cast<int32_t>(num_blocks)),
+                                     kv_dtype);
+  spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each, {}) on {}; compute {}",
+               static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
+               bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
+               backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
+  if (backend_->supports_graphs() && !config.enforce_eager) {
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
+    spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
+                 std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
+  }
+}
+
+Tensor BeamModelRunner::forward(const ForwardBatch& batch) {
+  if (batch.logit_rows.empty() && !batch.tokens.empty()) {
+    // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
+    // ask for one and drop it.
+    ForwardBatch with_row = batch;
+    with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+    model_->forward(with_row, *cache_);
+    return {};
+  }
+  if (graphs_) {
+    model_->validate(batch, *cache_);
+    if (std::optional<Tensor> logits = graphs_->forward(batch)) return *logits;
+    return model_->forward_validated(batch, *cache_);
+  }
+  return model_->forward(batch, *cache_);
+}
+
+}  // namespace beamline

@@ -1,0 +1,107 @@
+#include "runner/decode_graphs.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <bit>
+#include <set>
+
+#include "util/error.h"
+
+namespace beamline {
+
+DecodeGraphs::DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch) : model_(model), cache_(cache) {
+  require(max_batch >= 1, "decode graphs: max_batch {} must be at least 1", max_batch);
+  max_batch = std::min(max_batch, kMaxBucket);
+  // vLLM's spacing: every small size, then steps of about a third, so padding wastes at most ~a third of a step.
+  for (int32_t size : {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512})
+    if (size < max_batch) buckets_.push_back(size);
+  buckets_.push_back(max_batch);
+}
+
+int32_t DecodeGraphs::bucket(int32_t sequences) const {
+  const auto found = std::lower_bound(buckets_.begin(), buckets_.end(), sequences);
+  return found == buckets_.end() ? 0 : *found;
+}
+
+std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs) const {
+  std::string key = fmt::format("{}|{}", inputs.rows, fmt::join(inputs.table_widths, ","));
+  std::set<int32_t> windows;
+  for (std::size_t layer = 0; layer < model_.num_layers(); ++layer) {
+    const AttentionParams params = model_.attention_params(layer, cache_.layout());
+    if (!windows.insert(params.sliding_window).second) continue;
+    const std::optional<std::string> plan =
+        model_.backend().attention_signature(inputs.attention, cache_.pool(), params);
+    if (!plan) return std::nullopt;
+    key += fmt::format("|{}:{}", params.sliding_window, *plan);
+  }
+  return key;
+}
+
+std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
+  const auto sequences = static_cast<int32_t>(batch.sequences.size());
+  if (static_cast<int32_t>(batch.tokens.size()) != sequences || batch.logit_rows.size() != batch.sequences.size())
+    return std::nullopt;
+  for (int32_t s = 0; s < sequences; ++s)
+    if (batch.logit_rows[static_cast<std::size_t>(s)] != s) return std::nullopt;
+  const int32_t padded = bucket(sequences);
+  if (padded == 0) return std::nullopt;
+
+  std::vector<int64_t> widths;
+  for (int32_t group = 0; group < cache_.layout().num_groups(); ++group) {
+    std::size_t width = 1;
+    for (const SequenceSlice& sequence : batch.sequences) width = std::max(width, sequence.block_tables[group].size());
+    widths.push_back(static_cast<int64_t>(std::bit_ceil(width)));
+  }
+  BeamModel::StepInputs inputs = model_.prepare(batch, cache_.layout(), padded, widths);
+  const std::optional<std::string> graph_key = key(inputs);
+  if (!graph_key) return std::nullopt;
+
+  Backend& backend = model_.backend();
+  auto found = graphs_.find(*graph_key);
+  if (found == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {
+      graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_used < b.second.last_used;
+      }));
+    }
+    Graph graph;
+    graph.inputs = std::move(inputs);
+    model_.upload(graph.inputs);
+    model_.place_deferred_tokens(batch, graph.inputs.tokens);
+    // This step runs op by op first: what ops make lazily on the device (weight pointer tables, cuBLAS's plans) then
+    // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once.
+    const Tensor logits = model_.run(graph.inputs, cache_);
+    backend.begin_capture();
+    try {
+      graph.logits = model_.run(graph.inputs, cache_);
+    } catch (...) {
+      // The op's own error is the one to report, not the aborted capture's.
+      try {
+        backend.end_capture();
+      } catch (const Error&) {
+      }
+      throw;
+    }
+    graph.graph = backend.end_capture();
+    graph.last_used = ++steps_;
+    graphs_.emplace(*graph_key, std::move(graph));
+    ++recorded_;
+    spdlog::debug("decode graphs: recorded {} ({} graphs)", *graph_key, graphs_.size());
+    return logits.view(0, {sequences, logits.dim(1)});
+  }
+  require(found->second.inputs.packed.size() == inputs.packed.size(),
+          "decode graphs: inputs of {} values for a graph recorded with {}", inputs.packed.size(),
+          found->second.inputs.packed.size());
+  Graph& graph = found->second;
+  backend.copy_to(graph.inputs.device, inputs.packed.data());
+  model_.place_deferred_tokens(batch, graph.inputs.tokens);
+  ++replayed_;
+  graph.last_used = ++steps_;
+  backend.replay(*graph.graph);
+  return graph.logits.view(0, {sequences, graph.logits.dim(1)});
+}
+
+}  // namespace beamline

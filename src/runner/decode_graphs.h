@@ -1,0 +1,53 @@
+#pragma once
+// Decode steps as recorded op graphs (CUDA graphs; vLLM's default, off with --enforce-eager). A step of one-token
+// sequences is padded to a batch-size bucket and its block tables to a power-of-two width; the first step of each
+// (bucket, widths, attention plans) runs op by op and records the forward pass once, every later one copies its
+// inputs into the recorded buffers in a single upload and replays it, without the host's per-op work and launch gaps.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/beam_model.h"
+#include "runner/kv_cache.h"
+
+namespace beamline {
+
+class DecodeGraphs {
+ public:
+  // Buckets up to max_batch (at most kMaxBucket) sequences. The model and cache must outlive this object.
+  DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch);
+
+  static constexpr int32_t kMaxBucket = 512;
+  // Graphs kept at once; the least recently used goes first (each holds its step's activations).
+  static constexpr std::size_t kMaxGraphs = 48;
+
+  // The logits of a validated batch when it can replay a graph (every sequence decodes one token, logits of all of
+  // them in order, at most max_batch sequences, an attention plan a graph can hold); nullopt otherwise.
+  std::optional<Tensor> forward(const ForwardBatch& batch);
+
+  // Steps that recorded a graph / replayed one, for logs and tests.
+  int64_t recorded() const { return recorded_; }
+  int64_t replayed() const { return replayed_; }
+
+ private:
+  struct Graph {
+    BeamModel::StepInputs inputs;  // the buffers the graph reads
+    Tensor logits;                 // and the one it writes
+    std::unique_ptr<OpGraph> graph;
+    int64_t last_used = 0;
+  };
+
+  std::optional<std::string> key(const BeamModel::StepInputs& inputs) const;
+  int32_t bucket(int32_t sequences) const;
+
+  BeamModel& model_;
+  KvCache& cache_;
+  std::vector<int32_t> buckets_;
+  std::map<std::string, Graph> graphs_;
+  int64_t steps_ = 0, recorded_ = 0, replayed_ = 0;
+};
+
+}  // namespace beamline
