@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cctype>
 
-#include "harmony/harmony_json.h"
+#include "util/json_fields.h"
 #include "util/error.h"
 
 namespace beamline::harmony {
 
-namespace jf = json_fields;
+namespace jf = beamline::json_fields;
 
 namespace {
 

@@ -1,33 +1,24 @@
 #include "server/request_fields.h"
 
-#include <cmath>
-#include <limits>
-
 #include <fmt/format.h>
+
+#include "util/error.h"
+#include "util/json_fields.h"
 
 namespace beamline::server {
 
 namespace {
 
-ApiError wrong_type(const std::string& key, const char* expected, const Json& value) {
-  return invalid_request(key, fmt::format("{}: expected {}, got {}", key, expected, value.type_name()));
-}
+namespace jf = beamline::json_fields;
 
-std::optional<int64_t> as_integer(const Json& value) {
-  if (value.is_number_integer()) {
-    if (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-      return std::nullopt;
-    }
-    return value.get<int64_t>();
+// Runs one typed read of json_fields; its Error (which names the field) becomes a 400 whose param is `key`.
+template <typename Read>
+auto read_field(const std::string& key, Read read) {
+  try {
+    return read();
+  } catch (const Error& error) {
+    throw invalid_request(key, error.what());
   }
-  if (value.is_number_float()) {
-    const double number = value.get<double>();
-    // 2^63 is exactly representable; anything at or past it does not fit.
-    if (std::isfinite(number) && std::floor(number) == number && std::fabs(number) < 9.2233720368547758e18) {
-      return static_cast<int64_t>(number);
-    }
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -45,71 +36,34 @@ Json parse_body(const std::string& body) {
   return json;
 }
 
-const Json* find_field(const Json& object, const std::string& key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+const Json* find_field(const Json& object, const std::string& key) { return jf::find(object, key); }
 
 std::optional<double> optional_number(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
-  if (value == nullptr) return std::nullopt;
-  if (!value->is_number()) throw wrong_type(key, "a number", *value);
-  return value->get<double>();
+  return read_field(key, [&] { return jf::optional_number(object, key, {}); });
 }
 
 std::optional<int64_t> optional_integer(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
-  if (value == nullptr) return std::nullopt;
-  if (!value->is_number()) throw wrong_type(key, "an integer", *value);
-  auto integer = as_integer(*value);
-  if (!integer) throw invalid_request(key, fmt::format("{}: expected an integer, got {}", key, value->dump()));
-  return integer;
+  return read_field(key, [&] { return jf::optional_integer(object, key, {}, jf::IntegralFloats::Accepted); });
 }
 
 std::optional<bool> optional_bool(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
-  if (value == nullptr) return std::nullopt;
-  if (!value->is_boolean()) throw wrong_type(key, "true or false", *value);
-  return value->get<bool>();
+  return read_field(key, [&] { return jf::optional_bool(object, key, {}); });
 }
 
 std::optional<std::string> optional_string(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
-  if (value == nullptr) return std::nullopt;
-  if (!value->is_string()) throw wrong_type(key, "a string", *value);
-  return value->get<std::string>();
+  return read_field(key, [&] { return jf::optional_string(object, key, {}); });
 }
 
 std::vector<std::string> string_or_strings(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
+  const Json* value = jf::find(object, key);
   if (value == nullptr) return {};
-  if (value->is_string()) return {value->get<std::string>()};
-  if (!value->is_array()) throw wrong_type(key, "a string or a list of strings", *value);
-  std::vector<std::string> strings;
-  for (std::size_t i = 0; i < value->size(); ++i) {
-    const Json& item = (*value)[i];
-    if (!item.is_string()) {
-      throw invalid_request(key, fmt::format("{}[{}]: expected a string, got {}", key, i, item.type_name()));
-    }
-    strings.push_back(item.get<std::string>());
-  }
-  return strings;
+  return read_field(key, [&] { return jf::string_or_strings(*value, key); });
 }
 
 std::vector<int64_t> integer_list(const Json& object, const std::string& key) {
-  const Json* value = find_field(object, key);
+  const Json* value = jf::find(object, key);
   if (value == nullptr) return {};
-  if (!value->is_array()) throw wrong_type(key, "a list of integers", *value);
-  std::vector<int64_t> integers;
-  for (std::size_t i = 0; i < value->size(); ++i) {
-    auto integer = as_integer((*value)[i]);
-    if (!integer) {
-      throw invalid_request(key, fmt::format("{}[{}]: expected an integer, got {}", key, i, (*value)[i].dump()));
-    }
-    integers.push_back(*integer);
-  }
-  return integers;
+  return read_field(key, [&] { return jf::integer_array(*value, key, jf::IntegralFloats::Accepted); });
 }
 
 std::optional<int32_t> integer_in_range(const Json& object, const std::string& key, int64_t low, int64_t high) {
