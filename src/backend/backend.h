@@ -1,5 +1,5 @@
 #pragma once
-// The op set of the Beam forward pass (MODEL_FORMAT.md section 4). The model is written once against this
+// The op set of the Beam forward pass (docs/model-format.md §4). The model is written once against this
 // interface; the CPU backend (backend/cpu) is the reference and every other backend (CUDA) implements the
 // same ops with the same contracts, so a test can run one op on two backends over the same inputs and
 // compare (llama.cpp test-backend-ops discipline).
@@ -24,7 +24,7 @@
 
 namespace beamline {
 
-// A projection y = x Wᵀ with W [out, in] as stored. Quantized weights (MODEL_FORMAT.md section 5) also carry
+// A projection y = x Wᵀ with W [out, in] as stored. Quantized weights (docs/model-format.md §5) also carry
 // `scale` (block/group scales) and `scale_2` (NVFP4 per-tensor scale); undefined where a scheme has none.
 struct LinearTensors {
   Tensor weight, scale, scale_2;
@@ -212,7 +212,7 @@ class Backend {
   // chunked prefill and decode. q, out [T, num_heads * head_dim].
   virtual void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
-  // FP32 noaux_tc router (MODEL_FORMAT.md section 4): score = sigmoid(h Wrᵀ); choose with score + bias, limited
+  // FP32 noaux_tc router (docs/model-format.md §4): score = sigmoid(h Wrᵀ); choose with score + bias, limited
   // to the topk_group best groups (group score = sum of its 2 best choices); weigh with score (renormalised if
   // norm_topk_prob) * routed_scaling_factor. Ties go to the lower index. h [T, H]; router [E, H] F32;
   // bias [E] F32; expert_ids I32 [T, top_k] and expert_weights F32 [T, top_k], in order of selection.

@@ -46,7 +46,7 @@ std::vector<std::filesystem::path> write_safetensors_checkpoint(const std::files
                                                                 const std::vector<TensorSource>& tensors,
                                                                 uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 
-// The tensors of MODEL_FORMAT.md section 3 for `config`, with seeded random contents (same seed, same
+// The tensors of docs/model-format.md §3 for `config`, with seeded random contents (same seed, same
 // bytes, whatever the thread count): embeddings ~ N(0,1), norms ~ 1 + N(0, 0.1²), projections ~ N(0, 1/in),
 // router (always F32) ~ N(0, 1/hidden), router bias (F32) ~ N(0, 0.05²). `dtype` (F32, BF16, F16) is the
 // storage type of everything but the router.

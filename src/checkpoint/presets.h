@@ -1,6 +1,6 @@
 #pragma once
 // Named model shapes for `beamline make-model`: `tiny` (unit tests; a full forward in milliseconds),
-// `small` (mid-size, for GPU-versus-CPU checks) and `beam-1.0` (the full MODEL_FORMAT.md shapes).
+// `small` (mid-size, for GPU-versus-CPU checks) and `beam-1.0` (the full docs/model-format.md shapes).
 #include <cstdint>
 #include <string>
 #include <string_view>

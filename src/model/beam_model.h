@@ -1,5 +1,5 @@
 #pragma once
-// The Beam forward pass (MODEL_FORMAT.md section 4), written once against the Backend op set.
+// The Beam forward pass (docs/model-format.md §4), written once against the Backend op set.
 #include <vector>
 
 #include "backend/backend.h"

@@ -1,5 +1,5 @@
 #pragma once
-// The tensor names and shapes a config implies (MODEL_FORMAT.md section 3): one list shared by the loader
+// The tensor names and shapes a config implies (docs/model-format.md §3): one list shared by the loader
 // (what must be in a checkpoint) and the writer (what make-model produces).
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 #pragma once
-// config.json of a Beam checkpoint (MODEL_FORMAT.md section 2), parsed and validated.
+// config.json of a Beam checkpoint (docs/model-format.md §2), parsed and validated.
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -64,7 +64,7 @@ struct ModelConfig {
 };
 
 // The layer_types used when config.json has none: "full_attention" at i % global_attention_every ==
-// global_attention_every - 1 and at the last layer, "sliding_attention" elsewhere (MODEL_FORMAT.md section 2).
+// global_attention_every - 1 and at the last layer, "sliding_attention" elsewhere (docs/model-format.md §2).
 std::vector<LayerType> default_layer_types(int64_t num_hidden_layers, int64_t global_attention_every = 6);
 double default_residual_scale(int64_t num_hidden_layers);  // 1/sqrt(2*num_hidden_layers)
 std::string_view layer_type_name(LayerType type);           // "sliding_attention" / "full_attention"

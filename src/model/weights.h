@@ -1,5 +1,5 @@
 #pragma once
-// The tensors of a Beam checkpoint, found by name and checked against the config (MODEL_FORMAT.md section 3)
+// The tensors of a Beam checkpoint, found by name and checked against the config (docs/model-format.md §3)
 // before any compute. Views point into the mmap'd safetensors files, which this object keeps open.
 #include <filesystem>
 #include <map>
@@ -22,7 +22,7 @@ struct RandomInit {
   float mean = 0.0f, stddev = 1.0f;
 };
 
-// A projection weight [out, in] as stored. Unquantized: only `weight`. Quantized (MODEL_FORMAT.md section 5):
+// A projection weight [out, in] as stored. Unquantized: only `weight`. Quantized (docs/model-format.md §5):
 // `weight` holds the codes, `scale` the block/group scales (weight_scale_inv or weight_scale), and `scale_2`
 // the NVFP4 per-tensor scale; empty views (data == nullptr) where a scheme has none.
 struct LinearWeight {
