@@ -91,7 +91,7 @@ class CudaBackend final : public Backend {
   int64_t streaming_max_rows() const { return streaming_max_rows_; }
   // The crossovers with the cuBLAS GEMMs measured by bench-linear (bench/results/2026-12-01-linear.md and
   // -gpu-perf.md): q|k|v in one launch and the LM head stream up to 2 rows; a lone projection (o, the dense MLP's)
-  // only 1, since at 2 rows cuBLAS reads o and the dense MLP faster (0.020 against 0.024 ms, 0.169 against 0.209).
+  // only 1, since at 2 rows cuBLAS reads o and the dense MLP faster.
   // The SwiGLU of one row streams through the experts' one-token kernels.
   static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
   static constexpr int64_t kStreamingSingleMaxRows = 1;

@@ -732,13 +732,11 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
     return status;
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
   const int64_t slots_per_expert = assignments / experts.experts;  // on average
-  // Bf16 on wgmma wherever measured (bench/results/2026-12-01-moe-wgmma.md, Beam-1.0 shapes on an H200): 13-23% less
-  // time than the mma.sync kernels at 16-8192 tokens, and 1-4.6% less again at 64-8192 tokens since round 2 (one
-  // step's MMAs in flight, row block as the fast grid index, weights evicted first). Up to 4 slots per expert (128
-  // tokens): one warpgroup per block, N in chunks of 16 (chunks of 32 were 1-3% slower). Up to 64: two warpgroups per
-  // block share the staged tokens (1.4% faster at 256 tokens, even at 1024). Prefill: one warpgroup, 128-token tiles
-  // in chunks of 64 (29.1-29.9 ms at 8192 tokens; chunks of 16 or 32, two warpgroups or one N = 128 MMA took
-  // 30.0-35.7 ms).
+  // Bf16 on wgmma wherever measured faster than the mma.sync kernels (at every size from 16 to 8192 tokens on
+  // Beam-1.0 shapes; the variants and their times are in bench/results/2026-12-01-moe-wgmma.md). Up to 4 slots per
+  // expert (128 tokens): one warpgroup per block, N in chunks of 16 (chunks of 32 were slower). Up to 64: two
+  // warpgroups per block share the staged tokens. Prefill: one warpgroup, 128-token tiles in chunks of 64 (chunks of
+  // 16 or 32, two warpgroups or one N = 128 MMA were slower).
   const cudaError_t status =
       !split && experts.tensor_maps != nullptr
           ? (slots_per_expert <= kFewSlotsPerExpert
