@@ -1,5 +1,5 @@
 // The FP32 noaux_tc router: random inputs against a naive implementation, and the edge cases of
-// MODEL_FORMAT.md section 4 (ties, group limiting, bias chooses but never weighs, renormalisation, scaling).
+// docs/model-format.md §4 (ties, group limiting, bias chooses but never weighs, renormalisation, scaling).
 #include <algorithm>
 #include <numeric>
 

@@ -324,7 +324,7 @@ TEST_F(MakeModelTest, Beam10DryRunHasTheDocumentedTensors) {
   expect("model.layers.51.mlp.experts.255.down_proj.weight", "BF16", "[5120, 2560]");
   EXPECT_EQ(tensors.size(), 1 + 52 * 8 + 3 * 3 + 49 * (2 + 256 * 3) + 2u);
   EXPECT_EQ(totals["tensors"], tensors.size());
-  // MODEL_FORMAT.md: 500.1 B parameters, 22.3 B active per token.
+  // docs/model-format.md: 500.1 B parameters, 22.3 B active per token.
   EXPECT_NEAR(static_cast<double>(totals["parameters"]) / 1e9, 500.1, 0.05);
   EXPECT_NEAR(static_cast<double>(totals["active parameters per token"]) / 1e9, 22.3, 0.05);
   EXPECT_GT(totals["files"], 200u);  // ~1 TB in 4 GiB shards

@@ -1,4 +1,4 @@
-"""config.json of a Beam checkpoint (MODEL_FORMAT.md section 2): load, validate, fill defaults. Pure Python."""
+"""config.json of a Beam checkpoint (docs/model-format.md §2): load, validate, fill defaults. Pure Python."""
 import json
 import math
 

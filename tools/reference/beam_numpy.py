@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent float64 NumPy implementation of the Beam forward pass (MODEL_FORMAT.md sections 1-4).
+"""Independent float64 NumPy implementation of the Beam forward pass (docs/model-format.md sections 1-4).
 
 Written from the spec, not from the C++ code, so that the two can check each other. Reads a checkpoint
 directory (config.json + model.safetensors or sharded with model.safetensors.index.json) and writes the

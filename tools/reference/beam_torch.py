@@ -1,4 +1,4 @@
-"""Beam in PyTorch, written from MODEL_FORMAT.md section 4: the model beam-nano is trained with, and a
+"""Beam in PyTorch, written from docs/model-format.md §4: the model beam-nano is trained with, and a
 second reference for the engine's golden values.
 
 Module and parameter names are the checkpoint's tensor names (section 3), so `state_dict()` keys are the

@@ -1,6 +1,6 @@
 """Minimal safetensors reader/writer on numpy (no `safetensors` package needed).
 
-File layout (MODEL_FORMAT.md section 1): 8-byte little-endian header length, JSON header mapping each tensor
+File layout (docs/model-format.md §1): 8-byte little-endian header length, JSON header mapping each tensor
 name to {dtype, shape, data_offsets [begin, end)} relative to the end of the header, then the raw data.
 BF16 has no numpy dtype: it is carried as uint16 bit patterns, tagged with the dtype string "BF16".
 """
