@@ -27,7 +27,7 @@ namespace {
 
 struct GenerateOptions {
   ModelSource source;
-  std::string tokens, device = "cpu", dtype = "auto", kv_cache_dtype = "auto";
+  std::string tokens, device = "auto", dtype = "auto", kv_cache_dtype = "auto";
   int64_t max_tokens = 16;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -69,7 +69,7 @@ void run_generate(const GenerateOptions& options) {
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
   const auto prompt_length = static_cast<int64_t>(prompt.size());
-  SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_cache_dtype(options.kv_cache_dtype, backend->device()));
+  SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
   std::mt19937_64 rng(options.seed);
 
   using Clock = std::chrono::steady_clock;
@@ -105,7 +105,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--top-p", options->top_p, "nucleus sampling mass, in (0, 1]")->capture_default_str();
   command->add_option("--seed", options->seed, "random seed for sampling")->capture_default_str();
   command->add_flag("--ignore-eos", options->ignore_eos, "keep generating after an end-of-sequence token");
-  command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  command->add_option("--device", options->device, "auto (cuda where a GPU is present, else cpu), cpu or cuda")->capture_default_str();
   add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
   command->callback([options] { run_generate(*options); });
 });

@@ -20,7 +20,7 @@ namespace {
 
 struct LogitsOptions {
   ModelSource source;
-  std::string tokens, out, device = "cpu", dtype = "auto", kv_cache_dtype = "auto";
+  std::string tokens, out, device = "auto", dtype = "auto", kv_cache_dtype = "auto";
 };
 
 void run_logits(const LogitsOptions& options) {
@@ -30,7 +30,7 @@ void run_logits(const LogitsOptions& options) {
   const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
   const auto count = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, count, count, parse_kv_cache_dtype(options.kv_cache_dtype, backend->device()));
+  SequenceRunner runner(model, count, count, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
   const auto start = std::chrono::steady_clock::now();
   const std::vector<float> logits = runner.step(tokens, true);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -47,7 +47,7 @@ const CommandRegistration registration([](CLI::App& app) {
   add_model_source_options(*command, options->source);
   command->add_option("--tokens", options->tokens, "comma-separated token ids, e.g. 5,17,300")->required();
   command->add_option("--out", options->out, "output .npy file")->required();
-  command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
+  command->add_option("--device", options->device, "auto (cuda where a GPU is present, else cpu), cpu or cuda")->capture_default_str();
   add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
   command->callback([options] { run_logits(*options); });
 });

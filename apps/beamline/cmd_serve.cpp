@@ -34,7 +34,7 @@ struct ServeOptions {
   std::string model;
   std::string load_format = "auto", hf_overrides;
   std::string served_model_name;
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string api_key;
   std::string max_request_body = "32M";
   server::HttpOptions http;
@@ -173,7 +173,7 @@ const CommandRegistration registration([](CLI::App& app) {
                       "model name clients send and see (default: the model directory's name)");
   command->add_option("--api-key", options->api_key, "require 'Authorization: Bearer KEY' on every /v1 request");
   command->add_option("--device", options->device, "backend to run the model on")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   command->add_option("--max-request-body-bytes", options->max_request_body,
                       "largest request body accepted (bytes; K/M/G suffixes); larger ones get 413")

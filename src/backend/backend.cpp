@@ -138,8 +138,8 @@ ComputeDType parse_compute_dtype(std::string_view name, Device device) {
   fail("--dtype: \"{}\" is not a compute dtype (auto, bfloat16 or float32)", name);
 }
 
-DType parse_kv_cache_dtype(std::string_view name, Device device) {
-  if (name == "auto") return device == Device::Cpu ? DType::F32 : DType::BF16;
+DType parse_kv_cache_dtype(std::string_view name, ComputeDType compute) {
+  if (name == "auto") return compute == ComputeDType::Float32 ? DType::F32 : DType::BF16;
   if (name == "bfloat16" || name == "bf16") return DType::BF16;
   if (name == "float32" || name == "float" || name == "f32") return DType::F32;
   fail("--kv-cache-dtype: \"{}\" is not a KV cache dtype (auto, bfloat16 or float32; fp8 is not supported yet)",

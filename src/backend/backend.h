@@ -251,10 +251,11 @@ class Backend {
 };
 
 // vLLM's --dtype and --kv-cache-dtype for a backend on `device`. --dtype: auto (BF16 operands on a device with
-// matrix units, FP32 on the CPU), bfloat16, float32. --kv-cache-dtype: auto (BF16 on a device, F32 on the CPU),
-// bfloat16, float32 (bf16 / f32 too). Anything else is an Error naming the flag and the accepted values.
+// matrix units, FP32 on the CPU), bfloat16, float32. --kv-cache-dtype: auto (the compute dtype, as vLLM's auto follows
+// the model dtype: F32 with --dtype float32 and on the CPU, BF16 with bfloat16), bfloat16, float32 (bf16 / f32 too).
+// Anything else is an Error naming the flag and the accepted values.
 ComputeDType parse_compute_dtype(std::string_view name, Device device);
-DType parse_kv_cache_dtype(std::string_view name, Device device);
+DType parse_kv_cache_dtype(std::string_view name, ComputeDType compute);
 
 // Checks used by every backend's ops: a clear Error naming the op and argument when a shape or dtype is wrong.
 void require_shape(const Tensor& tensor, const std::vector<int64_t>& shape, std::string_view op, std::string_view what);

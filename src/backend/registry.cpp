@@ -1,5 +1,7 @@
 #include "backend/registry.h"
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <mutex>
 
@@ -24,6 +26,17 @@ void register_backend(std::string name, BackendFactory factory) {
 }
 
 std::unique_ptr<Backend> create_backend(std::string_view device) {
+  if (device == "auto") {
+    // As vLLM does: the GPU when there is one, and the choice logged, since it decides everything about speed.
+    try {
+      std::unique_ptr<Backend> backend = create_backend("cuda");
+      spdlog::info("--device auto: using cuda");
+      return backend;
+    } catch (const Error& error) {
+      spdlog::info("--device auto: using cpu ({})", error.what());
+      return make_cpu_backend();
+    }
+  }
   if (device == "cpu") return make_cpu_backend();
   {
     std::lock_guard lock(registry_mutex);
@@ -31,7 +44,7 @@ std::unique_ptr<Backend> create_backend(std::string_view device) {
   }
   if (device == "cuda")
     fail("device 'cuda' is not available: this beamline was built without CUDA (configure with -DBEAMLINE_CUDA=ON)");
-  fail("unknown device '{}' (expected cpu or cuda)", device);
+  fail("unknown device '{}' (expected auto, cpu or cuda)", device);
 }
 
 }  // namespace beamline

@@ -1,5 +1,5 @@
 #pragma once
-// Backends by device name ("cpu", "cuda"), kept apart from the op set (backend.h) so that the interface includes
+// Backends by device name ("cpu", "cuda", or "auto": CUDA where a device is present, else the CPU), kept apart from the op set (backend.h) so that the interface includes
 // no implementation. The CPU backend is always there; others register a factory (the CUDA library does so from a
 // static initialiser when it is linked in). An unknown or unavailable device is an Error that says how to get it.
 #include <functional>

@@ -13,7 +13,7 @@ namespace beamline {
 
 void EngineConfig::validate() const {
   parse_compute_dtype(dtype, Device::Cpu);  // the names; what "auto" means waits for the backend
-  parse_kv_cache_dtype(kv_cache_dtype, Device::Cpu);
+  parse_kv_cache_dtype(kv_cache_dtype, ComputeDType::Float32);
   require(max_num_seqs >= 1, "--max-num-seqs must be at least 1 (got {})", max_num_seqs);
   require(max_num_batched_tokens >= max_num_seqs,
           "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({}): every running sequence needs a "

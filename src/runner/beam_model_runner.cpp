@@ -11,7 +11,7 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
     : backend_(create_backend(device)) {
   config.validate();
   backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
-  const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->device());
+  const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
   model_ = std::make_unique<BeamModel>(weights, *backend_);
   const ModelConfig& model_config = model_->config();
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
