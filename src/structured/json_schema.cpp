@@ -412,7 +412,8 @@ class SchemaCompiler {
   Conjunction expand(const Conjunction& conj, int depth = 0) {
     if (depth > 64) refuse("$ref", "references form a cycle that never reaches a value");
     Conjunction out;
-    for (const SchemaRef& ref : conj) {
+    for (SchemaRef ref : conj) {
+      ref.base = scope_of(ref.node, ref.base);  // a subschema with its own id starts a new resolution scope
       if (ref.node->is_object() && ref.node->contains("$ref")) {
         const Json& target = (*ref.node)["$ref"];
         if (!target.is_string()) refuse("$ref", "its value is not a string");
