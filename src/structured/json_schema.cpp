@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 #include <memory>
@@ -371,7 +372,7 @@ class SchemaCompiler {
         if (end == std::string::npos) end = fragment.size();
         std::string token = unescape_pointer(fragment.substr(at, end - at));
         if (node->is_object() && node->contains(token)) node = &(*node)[token];
-        else if (node->is_array() && !token.empty() && std::all_of(token.begin(), token.end(), ::isdigit) &&
+        else if (node->is_array() && !token.empty() && token.size() <= 9 && std::all_of(token.begin(), token.end(), ::isdigit) &&
                  std::stoul(token) < node->size())
           node = &(*node)[std::stoul(token)];
         else refuse("$ref", "'" + ref + "' points at nothing");
@@ -389,7 +390,8 @@ class SchemaCompiler {
   static std::string unescape_pointer(std::string token) {
     std::string out;
     for (size_t i = 0; i < token.size(); ++i) {
-      if (token[i] == '%' && i + 2 < token.size() + 0 && i + 2 <= token.size() - 1 + 1) {
+      if (token[i] == '%' && i + 2 < token.size() && isxdigit(static_cast<unsigned char>(token[i + 1])) &&
+          isxdigit(static_cast<unsigned char>(token[i + 2]))) {
         out += static_cast<char>(std::stoi(token.substr(i + 1, 2), nullptr, 16));
         i += 2;
       } else {

@@ -116,7 +116,6 @@ int32_t ConfigurationSpace::close(std::vector<int32_t> work, bool popped) {
       auto [callee, ret] = tables_.calls[c];
       int32_t return_node = node(ret, parent);
       int32_t pushed = node(callee, return_node);
-      if (visit_stamp_.size() < nodes_.size()) visit_stamp_.resize(nodes_.size(), 0);
       work.push_back(pushed);
     }
     if (tables_.accepting[state]) {
