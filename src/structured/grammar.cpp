@@ -1,0 +1,496 @@
+#include "structured/grammar.h"
+
+#include <algorithm>
+#include <bit>
+#include <functional>
+#include <map>
+
+namespace beamline {
+
+int ByteSet::count() const {
+  int total = 0;
+  for (uint64_t word : words) total += std::popcount(word);
+  return total;
+}
+
+int32_t Automaton::add_state() {
+  next.resize(next.size() + 256, -1);
+  accepting.push_back(0);
+  calls.emplace_back();
+  return num_states++;
+}
+
+bool Automaton::has_calls() const {
+  return std::any_of(calls.begin(), calls.end(), [](const auto& list) { return !list.empty(); });
+}
+
+bool Automaton::matches(std::string_view bytes) const {
+  if (num_states == 0) return false;
+  int32_t state = 0;
+  for (char c : bytes) {
+    state = step(state, static_cast<uint8_t>(c));
+    if (state < 0) return false;
+  }
+  return accepting[state] != 0;
+}
+
+namespace {
+
+// Thompson construction: expressions become NFA fragments with epsilon edges; determinize() removes them.
+struct Nfa {
+  struct State {
+    std::vector<int32_t> epsilon;
+    std::vector<std::pair<ByteSet, int32_t>> byte_edges;
+    std::vector<std::pair<RuleId, int32_t>> call_edges;
+  };
+  std::vector<State> states;
+  int32_t add() { states.emplace_back(); return static_cast<int32_t>(states.size()) - 1; }
+};
+
+int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from) {
+  using Kind = Grammar::Expr::Kind;
+  const Grammar::Expr& e = grammar.expr(id);
+  switch (e.kind) {
+    case Kind::kEmpty: return from;
+    case Kind::kNothing: return nfa.add();  // unreachable end
+    case Kind::kBytes: {
+      int32_t to = nfa.add();
+      nfa.states[from].byte_edges.emplace_back(e.bytes, to);
+      return to;
+    }
+    case Kind::kRule: {
+      int32_t to = nfa.add();
+      nfa.states[from].call_edges.emplace_back(e.index, to);
+      return to;
+    }
+    case Kind::kSequence: {
+      int32_t at = from;
+      for (ExprId child : e.children) at = build_fragment(grammar, nfa, child, at);
+      return at;
+    }
+    case Kind::kChoice: {
+      int32_t end = nfa.add();
+      for (ExprId child : e.children) {
+        int32_t start = nfa.add();
+        nfa.states[from].epsilon.push_back(start);
+        nfa.states[build_fragment(grammar, nfa, child, start)].epsilon.push_back(end);
+      }
+      return end;
+    }
+    case Kind::kRepeat: {
+      int32_t at = from;
+      for (int32_t i = 0; i < e.min_count; ++i) at = build_fragment(grammar, nfa, e.children[0], at);
+      if (e.max_count < 0) {  // a loop state: enter, match the child, come back
+        int32_t loop = nfa.add();
+        nfa.states[at].epsilon.push_back(loop);
+        nfa.states[build_fragment(grammar, nfa, e.children[0], loop)].epsilon.push_back(loop);
+        return loop;
+      }
+      int32_t exit = nfa.add();
+      for (int32_t i = e.min_count; i < e.max_count; ++i) {
+        nfa.states[at].epsilon.push_back(exit);
+        at = build_fragment(grammar, nfa, e.children[0], at);
+      }
+      nfa.states[at].epsilon.push_back(exit);
+      return exit;
+    }
+    case Kind::kAutomaton: {
+      const Automaton& a = grammar.automaton_at(e.index);
+      int32_t end = nfa.add();
+      if (a.num_states == 0) return end;
+      int32_t base = static_cast<int32_t>(nfa.states.size());
+      for (int32_t s = 0; s < a.num_states; ++s) nfa.add();
+      for (int32_t s = 0; s < a.num_states; ++s) {
+        // Group the bytes by target so a state gets one edge per target, not one per byte.
+        std::map<int32_t, ByteSet> by_target;
+        for (int b = 0; b < 256; ++b) {
+          int32_t t = a.step(s, static_cast<uint8_t>(b));
+          if (t >= 0) by_target[t].add(static_cast<uint8_t>(b));
+        }
+        for (auto& [target, set] : by_target) nfa.states[base + s].byte_edges.emplace_back(set, base + target);
+        for (auto [rule, target] : a.calls[s]) nfa.states[base + s].call_edges.emplace_back(rule, base + target);
+        if (a.accepting[s]) nfa.states[base + s].epsilon.push_back(end);
+      }
+      nfa.states[from].epsilon.push_back(base);
+      return end;
+    }
+  }
+  return from;
+}
+
+std::vector<int32_t> epsilon_closure(const Nfa& nfa, std::vector<int32_t> seeds) {
+  std::vector<uint8_t> seen(nfa.states.size(), 0);
+  std::vector<int32_t> out;
+  while (!seeds.empty()) {
+    int32_t s = seeds.back();
+    seeds.pop_back();
+    if (seen[s]) continue;
+    seen[s] = 1;
+    out.push_back(s);
+    for (int32_t t : nfa.states[s].epsilon) seeds.push_back(t);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Automaton determinize(const Nfa& nfa, int32_t start, int32_t accept) {
+  Automaton dfa;
+  std::map<std::vector<int32_t>, int32_t> index;
+  std::vector<std::vector<int32_t>> sets;
+  auto intern = [&](std::vector<int32_t> set) {
+    auto [it, inserted] = index.emplace(set, dfa.num_states);
+    if (inserted) {
+      dfa.add_state();
+      dfa.accepting.back() = std::binary_search(set.begin(), set.end(), accept);
+      sets.push_back(std::move(set));
+    }
+    return it->second;
+  };
+  intern(epsilon_closure(nfa, {start}));
+  for (int32_t d = 0; d < dfa.num_states; ++d) {
+    std::array<std::vector<int32_t>, 256> by_byte;
+    std::map<RuleId, std::vector<int32_t>> by_rule;
+    for (int32_t s : sets[d]) {
+      for (const auto& [set, target] : nfa.states[s].byte_edges)
+        for (int b = 0; b < 256; ++b)
+          if (set.contains(static_cast<uint8_t>(b))) by_byte[b].push_back(target);
+      for (auto [rule, target] : nfa.states[s].call_edges) by_rule[rule].push_back(target);
+    }
+    std::map<std::vector<int32_t>, int32_t> closed;  // many bytes share one target set
+    for (int b = 0; b < 256; ++b) {
+      if (by_byte[b].empty()) continue;
+      auto [it, inserted] = closed.emplace(by_byte[b], -1);
+      if (inserted) it->second = intern(epsilon_closure(nfa, by_byte[b]));
+      dfa.next[static_cast<size_t>(d) * 256 + b] = it->second;
+    }
+    for (auto& [rule, targets] : by_rule) {
+      int32_t t = intern(epsilon_closure(nfa, targets));
+      dfa.calls[d].emplace_back(rule, t);
+    }
+  }
+  return dfa;
+}
+
+// Keeps the states reachable from the start that can reach an accepting state; state 0 stays the start.
+Automaton trim(const Automaton& a) {
+  if (a.num_states == 0) return a;
+  std::vector<std::vector<int32_t>> reverse(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s) {
+    for (int b = 0; b < 256; ++b)
+      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0) reverse[t].push_back(s);
+    for (auto [rule, t] : a.calls[s]) reverse[t].push_back(s);
+  }
+  std::vector<uint8_t> live(a.num_states, 0);
+  std::vector<int32_t> work;
+  for (int32_t s = 0; s < a.num_states; ++s)
+    if (a.accepting[s]) { live[s] = 1; work.push_back(s); }
+  while (!work.empty()) {
+    int32_t s = work.back();
+    work.pop_back();
+    for (int32_t p : reverse[s])
+      if (!live[p]) { live[p] = 1; work.push_back(p); }
+  }
+  if (!live[0]) return Automaton{};
+  std::vector<int32_t> remap(a.num_states, -1);
+  Automaton out;
+  work = {0};
+  remap[0] = out.add_state();
+  std::vector<int32_t> order;
+  while (!work.empty()) {
+    int32_t s = work.back();
+    work.pop_back();
+    order.push_back(s);
+    auto visit = [&](int32_t t) {
+      if (t >= 0 && live[t] && remap[t] < 0) { remap[t] = out.add_state(); work.push_back(t); }
+    };
+    for (int b = 0; b < 256; ++b) visit(a.step(s, static_cast<uint8_t>(b)));
+    for (auto [rule, t] : a.calls[s]) visit(t);
+  }
+  for (int32_t s : order) {
+    int32_t n = remap[s];
+    out.accepting[n] = a.accepting[s];
+    for (int b = 0; b < 256; ++b) {
+      int32_t t = a.step(s, static_cast<uint8_t>(b));
+      if (t >= 0 && live[t]) out.next[static_cast<size_t>(n) * 256 + b] = remap[t];
+    }
+    for (auto [rule, t] : a.calls[s])
+      if (live[t]) out.calls[n].emplace_back(rule, remap[t]);
+  }
+  return out;
+}
+
+}  // namespace
+
+Automaton minimize(const Automaton& input) {
+  Automaton a = trim(input);
+  if (a.num_states == 0) return a;
+  // Moore refinement: split classes by (class, accepting, class of each byte target, calls) until stable.
+  std::vector<int32_t> cls(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s) cls[s] = a.accepting[s];
+  int32_t num_classes = 0;
+  for (;;) {
+    std::map<std::vector<int32_t>, int32_t> signatures;
+    std::vector<int32_t> next_cls(a.num_states);
+    std::vector<int32_t> signature;
+    for (int32_t s = 0; s < a.num_states; ++s) {
+      signature.assign(1, cls[s]);
+      for (int b = 0; b < 256; ++b) {
+        int32_t t = a.step(s, static_cast<uint8_t>(b));
+        signature.push_back(t < 0 ? -1 : cls[t]);
+      }
+      for (auto [rule, t] : a.calls[s]) { signature.push_back(rule); signature.push_back(cls[t]); }
+      auto [it, inserted] = signatures.emplace(signature, static_cast<int32_t>(signatures.size()));
+      next_cls[s] = it->second;
+    }
+    int32_t count = static_cast<int32_t>(signatures.size());
+    cls.swap(next_cls);
+    if (count == num_classes) break;
+    num_classes = count;
+  }
+  // Renumber so the start's class is state 0.
+  std::vector<int32_t> remap(num_classes, -1);
+  Automaton out;
+  remap[cls[0]] = out.add_state();
+  for (int32_t s = 0; s < a.num_states; ++s)
+    if (remap[cls[s]] < 0) remap[cls[s]] = out.add_state();
+  std::vector<uint8_t> done(num_classes, 0);
+  for (int32_t s = 0; s < a.num_states; ++s) {
+    int32_t n = remap[cls[s]];
+    if (done[n]) continue;
+    done[n] = 1;
+    out.accepting[n] = a.accepting[s];
+    for (int b = 0; b < 256; ++b) {
+      int32_t t = a.step(s, static_cast<uint8_t>(b));
+      if (t >= 0) out.next[static_cast<size_t>(n) * 256 + b] = remap[cls[t]];
+    }
+    for (auto [rule, t] : a.calls[s]) out.calls[n].emplace_back(rule, remap[cls[t]]);
+  }
+  return out;
+}
+
+Automaton intersect(const Automaton& a, const Automaton& b) {
+  Automaton out;
+  if (a.num_states == 0 || b.num_states == 0) return out;
+  std::map<std::pair<int32_t, int32_t>, int32_t> index;
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  auto intern = [&](int32_t x, int32_t y) {
+    auto [it, inserted] = index.emplace(std::pair{x, y}, out.num_states);
+    if (inserted) {
+      out.add_state();
+      out.accepting.back() = a.accepting[x] && b.accepting[y];
+      pairs.emplace_back(x, y);
+    }
+    return it->second;
+  };
+  intern(0, 0);
+  for (int32_t s = 0; s < out.num_states; ++s) {
+    auto [x, y] = pairs[s];
+    for (int c = 0; c < 256; ++c) {
+      int32_t tx = a.step(x, static_cast<uint8_t>(c)), ty = b.step(y, static_cast<uint8_t>(c));
+      if (tx >= 0 && ty >= 0) {
+        int32_t t = intern(tx, ty);
+        out.next[static_cast<size_t>(s) * 256 + c] = t;
+      }
+    }
+  }
+  return minimize(out);
+}
+
+Automaton complement(const Automaton& a) {
+  Automaton out = a;
+  if (out.num_states == 0) out.add_state();
+  int32_t sink = out.add_state();
+  for (int32_t s = 0; s < out.num_states; ++s) {
+    out.accepting[s] = !out.accepting[s];
+    for (int b = 0; b < 256; ++b)
+      if (out.next[static_cast<size_t>(s) * 256 + b] < 0) out.next[static_cast<size_t>(s) * 256 + b] = sink;
+  }
+  return minimize(out);
+}
+
+ExprId Grammar::add(Expr expr) {
+  exprs_.push_back(std::move(expr));
+  return static_cast<ExprId>(exprs_.size()) - 1;
+}
+
+ExprId Grammar::empty() { return add(Expr{.kind = Expr::Kind::kEmpty}); }
+ExprId Grammar::nothing() { return add(Expr{.kind = Expr::Kind::kNothing}); }
+ExprId Grammar::bytes(const ByteSet& set) {
+  if (set.empty()) return nothing();
+  return add(Expr{.kind = Expr::Kind::kBytes, .bytes = set});
+}
+ExprId Grammar::literal(std::string_view text) {
+  std::vector<ExprId> parts;
+  for (char c : text) parts.push_back(bytes(ByteSet::single(static_cast<uint8_t>(c))));
+  return sequence(std::move(parts));
+}
+ExprId Grammar::rule_ref(RuleId rule) { return add(Expr{.kind = Expr::Kind::kRule, .index = rule}); }
+ExprId Grammar::sequence(std::vector<ExprId> children) {
+  std::erase_if(children, [&](ExprId c) { return exprs_[c].kind == Expr::Kind::kEmpty; });
+  for (ExprId c : children)
+    if (exprs_[c].kind == Expr::Kind::kNothing) return nothing();
+  if (children.empty()) return empty();
+  if (children.size() == 1) return children[0];
+  return add(Expr{.kind = Expr::Kind::kSequence, .children = std::move(children)});
+}
+ExprId Grammar::choice(std::vector<ExprId> children) {
+  std::erase_if(children, [&](ExprId c) { return exprs_[c].kind == Expr::Kind::kNothing; });
+  if (children.empty()) return nothing();
+  if (children.size() == 1) return children[0];
+  return add(Expr{.kind = Expr::Kind::kChoice, .children = std::move(children)});
+}
+ExprId Grammar::repeat(ExprId child, int32_t min_count, int32_t max_count) {
+  if (max_count == 0) return empty();
+  if (min_count == 1 && max_count == 1) return child;
+  if (exprs_[child].kind == Expr::Kind::kNothing) return min_count == 0 ? empty() : nothing();
+  return add(Expr{.kind = Expr::Kind::kRepeat, .min_count = min_count, .max_count = max_count, .children = {child}});
+}
+ExprId Grammar::automaton(Automaton a) {
+  if (a.num_states == 0) return nothing();
+  automata_.push_back(std::move(a));
+  return add(Expr{.kind = Expr::Kind::kAutomaton, .index = static_cast<int32_t>(automata_.size()) - 1});
+}
+
+RuleId Grammar::add_rule(std::string name) {
+  require(!rule_by_name_.contains(name), "grammar: rule '{}' defined twice", name);
+  rule_by_name_.emplace(name, num_rules());
+  rules_.push_back(Rule{std::move(name), -1});
+  return num_rules() - 1;
+}
+
+RuleId Grammar::find_rule(std::string_view name) const {
+  auto it = rule_by_name_.find(std::string(name));
+  return it == rule_by_name_.end() ? -1 : it->second;
+}
+
+Automaton Grammar::to_automaton(ExprId id) const {
+  Nfa nfa;
+  int32_t start = nfa.add();
+  int32_t end = build_fragment(*this, nfa, id, start);
+  Automaton dfa = determinize(nfa, start, end);
+  require(!dfa.has_calls(), "grammar: a rule reference where only a regular expression is allowed");
+  return minimize(dfa);
+}
+
+std::vector<Automaton> Grammar::compile_rules() const {
+  std::vector<Automaton> raw(rules_.size());
+  for (RuleId r = 0; r < num_rules(); ++r) {
+    require(rules_[r].body >= 0, "grammar: rule '{}' is used but never defined", rules_[r].name);
+    Nfa nfa;
+    int32_t start = nfa.add();
+    int32_t end = build_fragment(*this, nfa, rules_[r].body, start);
+    raw[r] = determinize(nfa, start, end);
+  }
+  // A rule is productive when some path from its start reaches an accepting state through bytes and calls of
+  // productive rules; calls of unproductive rules are dropped so no dead prefix is ever allowed.
+  std::vector<uint8_t> productive(rules_.size(), 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (RuleId r = 0; r < num_rules(); ++r) {
+      if (productive[r]) continue;
+      Automaton pruned = raw[r];
+      for (auto& list : pruned.calls)
+        std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
+      if (trim(pruned).num_states > 0) { productive[r] = 1; changed = true; }
+    }
+  }
+  std::vector<Automaton> out(rules_.size());
+  for (RuleId r = 0; r < num_rules(); ++r) {
+    for (auto& list : raw[r].calls)
+      std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
+    out[r] = minimize(raw[r]);
+  }
+  // Left recursion (a rule reaching a call of itself without reading a byte) would grow the stack forever.
+  std::vector<uint8_t> nullable(rules_.size(), 0);
+  auto epsilon_states = [&](RuleId r) {
+    std::vector<int32_t> states;
+    if (out[r].num_states == 0) return states;
+    std::vector<uint8_t> seen(out[r].num_states, 0);
+    std::vector<int32_t> work = {0};
+    seen[0] = 1;
+    while (!work.empty()) {
+      int32_t s = work.back();
+      work.pop_back();
+      states.push_back(s);
+      for (auto [callee, t] : out[r].calls[s])
+        if (nullable[callee] && !seen[t]) { seen[t] = 1; work.push_back(t); }
+    }
+    return states;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (RuleId r = 0; r < num_rules(); ++r) {
+      if (nullable[r]) continue;
+      for (int32_t s : epsilon_states(r))
+        if (out[r].accepting[s]) { nullable[r] = 1; changed = true; break; }
+    }
+  }
+  std::vector<int> color(rules_.size(), 0);
+  std::function<void(RuleId)> visit = [&](RuleId r) {
+    color[r] = 1;
+    for (int32_t s : epsilon_states(r))
+      for (auto [callee, t] : out[r].calls[s]) {
+        if (color[callee] == 1) refuse("grammar", "rule '" + rules_[callee].name + "' is left-recursive");
+        if (color[callee] == 0) visit(callee);
+      }
+    color[r] = 2;
+  };
+  for (RuleId r = 0; r < num_rules(); ++r)
+    if (color[r] == 0) visit(r);
+  return out;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+namespace {
+
+// [low, high] within one encoded length: split until every byte position is an independent range.
+ExprId utf8_same_length(Grammar& g, uint32_t low, uint32_t high) {
+  std::string lo_bytes, hi_bytes;
+  append_utf8(lo_bytes, low);
+  append_utf8(hi_bytes, high);
+  size_t n = lo_bytes.size();
+  for (size_t i = 1; i < n; ++i) {
+    uint32_t mask = (1u << (6 * i)) - 1;
+    if ((low & ~mask) != (high & ~mask)) {
+      if ((low & mask) != 0)
+        return g.choice({utf8_same_length(g, low, low | mask), utf8_same_length(g, (low | mask) + 1, high)});
+      if ((high & mask) != mask)
+        return g.choice({utf8_same_length(g, low, (high & ~mask) - 1), utf8_same_length(g, high & ~mask, high)});
+    }
+  }
+  std::vector<ExprId> parts;
+  for (size_t i = 0; i < n; ++i)
+    parts.push_back(g.bytes(ByteSet::range(static_cast<uint8_t>(lo_bytes[i]), static_cast<uint8_t>(hi_bytes[i]))));
+  return g.sequence(std::move(parts));
+}
+
+}  // namespace
+
+ExprId utf8_range(Grammar& g, uint32_t low, uint32_t high) {
+  std::vector<ExprId> parts;
+  const uint32_t bounds[][2] = {{0, 0x7F}, {0x80, 0x7FF}, {0x800, 0xD7FF}, {0xE000, 0xFFFF}, {0x10000, 0x10FFFF}};
+  for (auto [lo, hi] : bounds) {
+    uint32_t a = std::max(lo, low), b = std::min(hi, high);
+    if (a <= b) parts.push_back(utf8_same_length(g, a, b));
+  }
+  return g.choice(std::move(parts));
+}
+
+}  // namespace beamline

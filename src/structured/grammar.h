@@ -1,0 +1,130 @@
+#pragma once
+// A context-free grammar over bytes whose rule bodies are regular expressions over bytes and rule references
+// (EBNF style: repetition stays inside a rule, so a long string or array never deepens the parse stack).
+// Every front end (JSON Schema, regular expressions, EBNF, choice lists) builds one of these; compile() turns
+// each rule body into a minimal deterministic automaton whose edges are bytes or calls of other rules.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "util/error.h"
+
+namespace beamline {
+
+// A request field or schema keyword the grammar engine cannot enforce; `keyword` names it for the 400.
+class UnsupportedGrammar : public Error {
+ public:
+  UnsupportedGrammar(std::string keyword, const std::string& message)
+      : Error(message), keyword_(std::move(keyword)) {}
+  const std::string& keyword() const { return keyword_; }
+
+ private:
+  std::string keyword_;
+};
+
+[[noreturn]] inline void refuse(const std::string& keyword, const std::string& why) {
+  throw UnsupportedGrammar(keyword, "'" + keyword + "' cannot be enforced: " + why);
+}
+
+struct ByteSet {
+  std::array<uint64_t, 4> words{};
+
+  static ByteSet single(uint8_t byte) { ByteSet set; set.add(byte); return set; }
+  static ByteSet range(uint8_t low, uint8_t high) { ByteSet set; set.add_range(low, high); return set; }
+  void add(uint8_t byte) { words[byte >> 6] |= uint64_t{1} << (byte & 63); }
+  void add_range(uint8_t low, uint8_t high) { for (int b = low; b <= high; ++b) add(static_cast<uint8_t>(b)); }
+  bool contains(uint8_t byte) const { return (words[byte >> 6] >> (byte & 63)) & 1; }
+  bool empty() const { return (words[0] | words[1] | words[2] | words[3]) == 0; }
+  int count() const;
+  ByteSet& operator|=(const ByteSet& other) { for (int i = 0; i < 4; ++i) words[i] |= other.words[i]; return *this; }
+  ByteSet complement() const { ByteSet set; for (int i = 0; i < 4; ++i) set.words[i] = ~words[i]; return set; }
+  bool operator==(const ByteSet&) const = default;
+};
+
+using ExprId = int32_t;
+using RuleId = int32_t;
+
+// A deterministic automaton over bytes with optional rule calls: state 0 is the start; next[s * 256 + b] is
+// the state after byte b (-1: none); calls[s] are (rule, state to continue in once that rule has matched).
+struct Automaton {
+  int32_t num_states = 0;
+  std::vector<int32_t> next;
+  std::vector<uint8_t> accepting;
+  std::vector<std::vector<std::pair<RuleId, int32_t>>> calls;
+
+  int32_t add_state();
+  int32_t step(int32_t state, uint8_t byte) const { return next[static_cast<size_t>(state) * 256 + byte]; }
+  bool has_calls() const;
+  bool empty_language() const { return num_states == 0; }
+  bool matches(std::string_view bytes) const;  // call-free automata only
+};
+
+// Regular algebra on call-free automata (the results are trimmed and minimal; an empty language has 0 states).
+Automaton intersect(const Automaton& a, const Automaton& b);
+Automaton complement(const Automaton& a);  // every byte string that `a` does not match
+Automaton minimize(const Automaton& a);    // also drops states that cannot reach an accepting state
+
+class Grammar {
+ public:
+  struct Expr {
+    enum class Kind : uint8_t { kEmpty, kNothing, kBytes, kRule, kSequence, kChoice, kRepeat, kAutomaton };
+    Kind kind = Kind::kEmpty;
+    ByteSet bytes;
+    int32_t index = -1;  // the rule of kRule, the automaton of kAutomaton
+    int32_t min_count = 0, max_count = -1;  // kRepeat; -1: unbounded
+    std::vector<ExprId> children;
+  };
+
+  // Expression builders; a sequence or choice of one child is that child.
+  ExprId empty();    // matches the empty string
+  ExprId nothing();  // matches no string
+  ExprId bytes(const ByteSet& set);
+  ExprId literal(std::string_view text);
+  ExprId rule_ref(RuleId rule);
+  ExprId sequence(std::vector<ExprId> children);
+  ExprId choice(std::vector<ExprId> children);
+  ExprId repeat(ExprId child, int32_t min_count, int32_t max_count);
+  ExprId optional(ExprId child) { return repeat(child, 0, 1); }
+  ExprId star(ExprId child) { return repeat(child, 0, -1); }
+  ExprId automaton(Automaton automaton);
+
+  RuleId add_rule(std::string name);  // body set later (rules may refer to each other before they exist)
+  void set_body(RuleId rule, ExprId body) { rules_.at(rule).body = body; }
+  RuleId find_rule(std::string_view name) const;  // -1 when absent
+  void set_root(RuleId rule) { root_ = rule; }
+
+  RuleId root() const { return root_; }
+  int32_t num_rules() const { return static_cast<int32_t>(rules_.size()); }
+  const std::string& rule_name(RuleId rule) const { return rules_.at(rule).name; }
+  ExprId body(RuleId rule) const { return rules_.at(rule).body; }
+  const Expr& expr(ExprId id) const { return exprs_.at(id); }
+  const Automaton& automaton_at(int32_t index) const { return automata_.at(index); }
+
+  // The call-free automaton of an expression without rule references (throws otherwise).
+  Automaton to_automaton(ExprId id) const;
+  // One automaton per rule; rules whose language is empty keep 0 states, and calls of them are dropped.
+  std::vector<Automaton> compile_rules() const;
+  std::string describe(ExprId id) const;  // for tests and error messages
+
+ private:
+  struct Rule {
+    std::string name;
+    ExprId body = -1;
+  };
+  ExprId add(Expr expr);
+
+  std::vector<Expr> exprs_;
+  std::vector<Rule> rules_;
+  std::vector<Automaton> automata_;
+  std::unordered_map<std::string, RuleId> rule_by_name_;
+  RuleId root_ = -1;
+};
+
+// UTF-8 encodings of the code points in [low, high] (surrogates excluded) as a grammar expression.
+ExprId utf8_range(Grammar& grammar, uint32_t low, uint32_t high);
+void append_utf8(std::string& out, uint32_t code_point);
+
+}  // namespace beamline

@@ -1,0 +1,87 @@
+#pragma once
+// The byte-level pushdown matcher. A grammar's rule automata are laid out in one state space; a parse
+// position is a stack of states (a node: state + parent node, shared between stacks), and because a grammar
+// may be ambiguous the matcher tracks a set of stacks at once. Such a set, closed under rule calls and
+// returns, is a configuration; configurations are interned and their byte transitions cached, so the
+// matcher is a lazily built DFA over configurations: walking a token is one table lookup per byte once warm.
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "structured/grammar.h"
+
+namespace beamline {
+
+// The rule automata of a grammar in one state space (state ids are global across rules).
+struct PushdownTables {
+  int32_t num_states = 0;
+  std::vector<int32_t> next;                          // [state * 256 + byte] -> state, -1 none
+  std::vector<uint8_t> accepting;                     // the state may end its rule
+  std::vector<int32_t> call_begin;                    // calls of state s: [call_begin[s], call_begin[s + 1])
+  std::vector<std::pair<int32_t, int32_t>> calls;     // (callee's start state, state to return to)
+  std::vector<RuleId> rule_of;
+  std::vector<int32_t> rule_start;                    // -1 for a rule with an empty language
+  std::vector<ByteSet> out_bytes;                     // bytes with an edge out of the state
+  std::vector<ByteSet> follow;                        // per rule: bytes that can come right after it ends
+  int32_t root_start = -1;
+
+  // Throws UnsupportedGrammar("grammar", ...) when no string matches the root rule.
+  static PushdownTables build(const Grammar& grammar);
+};
+
+// Where a stack ends below its first frame: the root (the grammar is complete when it pops there), or the
+// sentinel used when classifying tokens against one frame with its context unknown.
+inline constexpr int32_t kRootParent = -1;
+inline constexpr int32_t kSentinelParent = -2;
+
+class ConfigurationSpace {
+ public:
+  struct Configuration {
+    std::vector<int32_t> nodes;  // stack tops that can read a byte, sorted
+    ByteSet bytes;               // union of their out_bytes
+    bool can_end = false;        // some stack popped to the root: the output may stop here
+    bool popped = false;         // some path read a byte past the sentinel (classification only)
+    bool at_sentinel = false;    // a stack popped to the sentinel: the classified frame's rule has ended
+    ByteSet sentinel_follow;     // what could follow that rule
+    bool alive() const { return !nodes.empty() || can_end; }
+    bool alive_within_frame() const { return !nodes.empty() || at_sentinel; }
+  };
+  static constexpr int32_t kDead = 0;
+
+  explicit ConfigurationSpace(const PushdownTables& tables);
+  int32_t start(int32_t state, int32_t parent);  // the closure of one stack
+  int32_t step(int32_t config, uint8_t byte) {
+    int32_t& cached = transitions_[static_cast<size_t>(config) * 256 + byte];
+    if (cached == kUnknown) cached = compute_step(config, byte);
+    return cached;
+  }
+  int32_t walk(int32_t config, std::string_view bytes) {
+    for (char c : bytes) {
+      if (config == kDead) return kDead;
+      config = step(config, static_cast<uint8_t>(c));
+    }
+    return config;
+  }
+  const Configuration& at(int32_t config) const { return configs_[config]; }
+  int32_t state_of(int32_t node) const { return nodes_[node].first; }
+  size_t num_configurations() const { return configs_.size(); }
+
+ private:
+  static constexpr int32_t kUnknown = -2;
+  int32_t node(int32_t state, int32_t parent);
+  int32_t compute_step(int32_t config, uint8_t byte);
+  int32_t close(std::vector<int32_t> seeds, bool popped);
+  int32_t intern(Configuration config);
+
+  const PushdownTables& tables_;
+  std::vector<std::pair<int32_t, int32_t>> nodes_;  // (state, parent)
+  std::unordered_map<uint64_t, int32_t> node_index_;
+  std::vector<Configuration> configs_;
+  std::unordered_map<std::string, int32_t> config_index_;
+  std::vector<int32_t> transitions_;
+  std::vector<uint32_t> visit_stamp_;
+  uint32_t stamp_ = 0;
+};
+
+}  // namespace beamline

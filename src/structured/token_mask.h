@@ -1,0 +1,113 @@
+#pragma once
+// Token masks over a real vocabulary. The vocabulary's byte strings are laid out as a trie in preorder; at
+// compile time every automaton state that reads bytes classifies every token against that state alone (the
+// stack below it unknown): accepted (read entirely inside the state's rule and what it calls), rejected, or
+// uncertain (it reads past the rule's end with a byte that can follow the rule). Accepted sets are
+// precomputed; at run time a mask is the union of the accepted sets of the configuration's stack tops plus
+// the uncertain tokens walked through the real stacks (XGrammar's adaptive token-mask cache, in our terms).
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "structured/pushdown.h"
+#include "tokenizer/tokenizer.h"
+
+namespace beamline {
+
+class Vocabulary {
+ public:
+  // Special tokens never match grammar bytes; only the listed stop tokens are allowed, once the output may end.
+  static std::shared_ptr<const Vocabulary> from_tokenizer(const Tokenizer& tokenizer);
+  static std::shared_ptr<const Vocabulary> from_tokens(std::vector<std::string> token_bytes,
+                                                       std::vector<TokenId> special_ids);
+
+  int32_t size() const { return static_cast<int32_t>(token_bytes_.size()); }
+  std::string_view bytes(TokenId id) const { return token_bytes_[id]; }
+  bool is_special(TokenId id) const { return special_[id] != 0; }
+  int32_t mask_words() const { return (size() + 31) / 32; }
+
+  // The trie over non-special tokens, nodes in preorder (node 0 is the first child of the empty root).
+  int32_t num_nodes() const { return static_cast<int32_t>(node_byte_.size()); }
+  uint8_t node_byte(int32_t n) const { return node_byte_[n]; }
+  int32_t node_depth(int32_t n) const { return node_depth_[n]; }     // 1 for a child of the root
+  int32_t subtree_end(int32_t n) const { return subtree_end_[n]; }   // first node after n's subtree
+  // Tokens in byte order: node n's own tokens are sorted[first_token(n) .. first_token(n) + own_tokens(n)),
+  // its whole subtree's are sorted[first_token(n) .. first_token(subtree_end(n))).
+  int32_t first_token(int32_t n) const { return first_token_[n]; }
+  int32_t own_tokens(int32_t n) const { return own_tokens_[n]; }
+  TokenId sorted(int32_t index) const { return sorted_[index]; }
+  int32_t num_sorted() const { return static_cast<int32_t>(sorted_.size()); }
+
+ private:
+  void build_trie();
+
+  std::vector<std::string> token_bytes_;
+  std::vector<uint8_t> special_;
+  std::vector<TokenId> sorted_;
+  std::vector<uint8_t> node_byte_;
+  std::vector<int32_t> node_depth_, subtree_end_, first_token_, own_tokens_;
+};
+
+// A grammar ready to match: the pushdown tables and, with a vocabulary, the per-state token classification.
+class CompiledGrammar {
+ public:
+  // `stop_tokens` end the output once the grammar is complete (e.g. eos, <|return|>).
+  static std::shared_ptr<const CompiledGrammar> compile(const Grammar& grammar,
+                                                        std::shared_ptr<const Vocabulary> vocabulary,
+                                                        std::vector<TokenId> stop_tokens);
+
+  const PushdownTables& tables() const { return tables_; }
+  const Vocabulary* vocabulary() const { return vocabulary_.get(); }
+  const std::vector<TokenId>& stop_tokens() const { return stop_tokens_; }
+
+  struct StateTokens {
+    std::vector<uint32_t> accepted_mask;  // a full bitmask when many tokens are accepted, else empty
+    std::vector<TokenId> accepted_ids;    // the accepted tokens when few are
+    std::vector<int32_t> uncertain;       // indices into the vocabulary's byte order
+  };
+  const StateTokens& state_tokens(int32_t state) const { return state_tokens_[state]; }
+  size_t uncertain_total() const;
+
+ private:
+  void classify_tokens();
+
+  PushdownTables tables_;
+  std::shared_ptr<const Vocabulary> vocabulary_;
+  std::vector<TokenId> stop_tokens_;
+  std::vector<StateTokens> state_tokens_;
+};
+
+// One output's matcher: feed it tokens (or bytes), ask for the next token's mask, roll back rejected drafts.
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+
+  // False (and no change) when the token is not allowed; a stop token is allowed once can_end().
+  bool accept_token(TokenId token);
+  bool accept_bytes(std::string_view bytes);  // one step of history, like a token
+  // Bit t of `mask` (32-bit words, vocabulary().mask_words() of them) is set when token t is allowed now.
+  void fill_next_token_mask(std::span<uint32_t> mask);
+  void rollback(int32_t steps);  // undo the last `steps` accepted tokens (speculative decoding)
+  // The bytes the grammar forces from here (each position has exactly one allowed byte), possibly empty.
+  std::string jump_forward_bytes();
+
+  bool can_end() const { return space_.at(history_.back()).can_end; }
+  bool terminated() const { return terminated_.back() != 0; }
+  int32_t steps() const { return static_cast<int32_t>(history_.size()) - 1; }
+  // Does `bytes` match the whole grammar from the start (no tokens involved)?
+  static bool matches(const CompiledGrammar& grammar, std::string_view bytes);
+
+ private:
+  void walk_uncertain(const std::vector<int32_t>& uncertain, int32_t config, std::span<uint32_t> mask);
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  ConfigurationSpace space_;
+  std::vector<int32_t> history_;
+  std::vector<uint8_t> terminated_;
+  std::vector<int32_t> walk_stack_;
+};
+
+}  // namespace beamline

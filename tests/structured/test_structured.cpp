@@ -1,0 +1,231 @@
+// The grammar engine: front ends (regex, EBNF, JSON Schema, choices), the pushdown matcher, and token masks
+// checked against the brute-force answer (walk every token through a fresh matcher) on random paths.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "structured/ebnf.h"
+#include "structured/json_schema.h"
+#include "structured/regex.h"
+#include "structured/token_mask.h"
+
+namespace beamline {
+namespace {
+
+std::shared_ptr<const CompiledGrammar> compile(const Grammar& g, std::shared_ptr<const Vocabulary> v = nullptr,
+                                               std::vector<TokenId> stops = {}) {
+  return CompiledGrammar::compile(g, std::move(v), std::move(stops));
+}
+
+bool matches(const Grammar& g, std::string_view text) { return GrammarMatcher::matches(*compile(g), text); }
+
+bool schema_matches(const std::string& schema, const std::string& instance, bool sorted = true) {
+  JsonSchemaOptions options;
+  options.sorted_keys = sorted;
+  return matches(json_schema_grammar(schema, options), instance);
+}
+
+std::string refused_keyword(const std::string& schema) {
+  try {
+    compile(json_schema_grammar(schema));
+  } catch (const UnsupportedGrammar& e) {
+    return e.keyword();
+  }
+  return "";
+}
+
+TEST(Regex, FullMatchSemantics) {
+  Grammar g = regex_grammar("a[0-9]{2,3}(x|yz)*\\.?");
+  EXPECT_TRUE(matches(g, "a12"));
+  EXPECT_TRUE(matches(g, "a123xyzx."));
+  EXPECT_FALSE(matches(g, "a1"));
+  EXPECT_FALSE(matches(g, "a1234"));
+  EXPECT_FALSE(matches(g, "a12y"));
+  EXPECT_TRUE(matches(regex_grammar("[^a-c]+"), "zé"));  // a negated class reads whole UTF-8 characters
+  EXPECT_FALSE(matches(regex_grammar("[^a-c]+"), "zb"));
+  EXPECT_FALSE(matches(regex_grammar("."), "\n"));
+  EXPECT_TRUE(matches(regex_grammar("\\d+\\s\\w"), "42 _"));
+}
+
+TEST(Regex, RefusesWhatItCannotEnforceByName) {
+  for (const char* pattern : {"(?=a)b", "a\\1", "\\bword", "\\p{L}", "a^b"}) {
+    try {
+      regex_grammar(pattern);
+      ADD_FAILURE() << pattern << " was accepted";
+    } catch (const UnsupportedGrammar& e) {
+      EXPECT_EQ(e.keyword(), "regex") << pattern;
+    }
+  }
+}
+
+TEST(Ebnf, GbnfSubset) {
+  Grammar g = ebnf_grammar(R"(
+    root ::= greeting (", " name)+ "!"   # comment
+    greeting ::= "hi" | 'hello'
+    name ::= [A-Z] [a-z]{1,8}
+  )");
+  EXPECT_TRUE(matches(g, "hi, Bob!"));
+  EXPECT_TRUE(matches(g, "hello, Ann, Zed!"));
+  EXPECT_FALSE(matches(g, "hi!"));
+  EXPECT_FALSE(matches(g, "hi, bob!"));
+  Grammar nested = ebnf_grammar("root ::= \"(\" root* \")\"");  // recursion through a call stack
+  EXPECT_TRUE(matches(nested, "(()(()))"));
+  EXPECT_FALSE(matches(nested, "(()"));
+  EXPECT_THROW(compile(ebnf_grammar("root ::= root \"a\" | \"b\"")), UnsupportedGrammar);  // left recursion
+  EXPECT_THROW(ebnf_grammar("root ::= missing"), UnsupportedGrammar);
+}
+
+TEST(Choice, ExactlyOneOfTheStrings) {
+  Grammar g = choice_grammar({"yes", "no", "not sure"});
+  EXPECT_TRUE(matches(g, "no"));
+  EXPECT_TRUE(matches(g, "not sure"));
+  EXPECT_FALSE(matches(g, "not"));
+}
+
+TEST(JsonSchema, TypesAndObjects) {
+  std::string schema = R"({"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}},
+                           "required":["a"],"additionalProperties":false})";
+  EXPECT_TRUE(schema_matches(schema, R"({"a":"x","b":3})"));
+  EXPECT_TRUE(schema_matches(schema, R"({"a":"x"})"));
+  EXPECT_TRUE(schema_matches(schema, R"({"a": "x", "b": -0})"));  // one optional space after ':' and ','
+  EXPECT_FALSE(schema_matches(schema, R"({"b":3})"));
+  EXPECT_FALSE(schema_matches(schema, R"({"a":"x","c":1})"));
+  EXPECT_FALSE(schema_matches(schema, R"({"a":1})"));
+  // Declared order when keys are not sorted.
+  EXPECT_TRUE(schema_matches(schema, R"({"b":3,"a":"x"})", false));
+  EXPECT_FALSE(schema_matches(schema, R"({"a":"x","b":3})", false));
+}
+
+TEST(JsonSchema, AdditionalPropertiesAnywhereButNeverADeclaredName) {
+  std::string schema = R"({"properties":{"a":{"type":"integer"},"c":{"type":"integer"}},"additionalProperties":{"type":"boolean"}})";
+  EXPECT_TRUE(schema_matches(schema, R"({"a":1,"b":true,"c":2})"));
+  EXPECT_FALSE(schema_matches(schema, R"({"a":1,"b":3})"));
+  EXPECT_FALSE(schema_matches(schema, R"({"a":1,"a":true})"));
+  EXPECT_TRUE(schema_matches(schema, R"({"aa":false})"));
+}
+
+TEST(JsonSchema, NumbersAndStrings) {
+  EXPECT_TRUE(schema_matches(R"({"minimum":1.1,"exclusiveMinimum":true})", "1.11"));
+  EXPECT_FALSE(schema_matches(R"({"minimum":1.1,"exclusiveMinimum":true})", "1.1"));
+  EXPECT_TRUE(schema_matches(R"({"minimum":-5,"maximum":-1})", "-2.5"));
+  EXPECT_FALSE(schema_matches(R"({"minimum":-5,"maximum":-1})", "-0.5"));
+  EXPECT_FALSE(schema_matches(R"({"minimum":-5,"maximum":-1})", "-5.01"));
+  EXPECT_TRUE(schema_matches(R"({"type":"integer","minimum":10,"maximum":250})", "199"));
+  EXPECT_FALSE(schema_matches(R"({"type":"integer","minimum":10,"maximum":250})", "251"));
+  EXPECT_FALSE(schema_matches(R"({"type":"integer","minimum":10,"maximum":250})", "9"));
+  EXPECT_TRUE(schema_matches(R"({"multipleOf":1.5})", "4.5"));
+  EXPECT_FALSE(schema_matches(R"({"multipleOf":1.5})", "35"));
+  EXPECT_TRUE(schema_matches(R"({"multipleOf":0.0001})", "0.0075"));
+  EXPECT_FALSE(schema_matches(R"({"multipleOf":0.0001})", "0.00751"));
+  EXPECT_TRUE(schema_matches(R"({"type":"string","maxLength":2})", "\"é\\n\""));
+  EXPECT_FALSE(schema_matches(R"({"type":"string","maxLength":2})", "\"abc\""));
+  EXPECT_FALSE(schema_matches(R"({"type":"string"})", "\"\\u0061\""));  // only canonical escapes
+  EXPECT_TRUE(schema_matches(R"({"pattern":"a+"})", "\"xaay\""));
+  EXPECT_TRUE(schema_matches(R"({"pattern":"^a+$"})", "12"));  // keywords of other types do not apply
+  EXPECT_FALSE(schema_matches(R"({"pattern":"^a+$"})", "\"ab\""));
+  EXPECT_TRUE(schema_matches(R"({"type":"string","format":"date-time"})", "\"2026-12-02T10:00:00Z\""));
+  EXPECT_FALSE(schema_matches(R"({"type":"string","format":"date-time"})", "\"2026-13-02T10:00:00Z\""));
+}
+
+TEST(JsonSchema, CombinatorsAndReferences) {
+  std::string one_of = R"({"oneOf":[{"type":"integer"},{"minimum":2}]})";
+  EXPECT_TRUE(schema_matches(one_of, "1"));
+  EXPECT_TRUE(schema_matches(one_of, "2.5"));
+  EXPECT_FALSE(schema_matches(one_of, "3"));
+  EXPECT_FALSE(schema_matches(one_of, "1.5"));
+  EXPECT_TRUE(schema_matches(R"({"not":{"type":"integer"}})", "\"a\""));
+  EXPECT_FALSE(schema_matches(R"({"not":{"type":"integer"}})", "1"));
+  std::string tree = R"({"$defs":{"node":{"type":"object","properties":{"value":{"type":"integer"},
+      "children":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["value"],"additionalProperties":false}},
+      "$ref":"#/$defs/node"})";
+  EXPECT_TRUE(schema_matches(tree, R"({"children":[{"value":2},{"children":[],"value":3}],"value":1})"));
+  EXPECT_FALSE(schema_matches(tree, R"({"children":[{"value":"x"}],"value":1})"));
+  EXPECT_TRUE(schema_matches(R"({"items":[{"type":"integer"}],"additionalItems":false,"minItems":1})", "[1]"));
+  EXPECT_FALSE(schema_matches(R"({"items":[{"type":"integer"}],"additionalItems":false})", "[1,2]"));
+  EXPECT_TRUE(schema_matches(R"({"enum":[6,"foo",[],true,{"foo":12}]})", R"({"foo":12})"));
+  EXPECT_FALSE(schema_matches(R"({"enum":[6,"foo",[],true,{"foo":12}]})", R"({"foo":false})"));
+}
+
+TEST(JsonSchema, RefusesUnenforceableKeywordsByName) {
+  EXPECT_EQ(refused_keyword(R"({"type":"array","uniqueItems":true})"), "uniqueItems");
+  EXPECT_EQ(refused_keyword(R"({"patternProperties":{"^x":{}}})"), "patternProperties");
+  EXPECT_EQ(refused_keyword(R"({"type":"string","format":"hostname"})"), "format");
+  EXPECT_EQ(refused_keyword(R"({"$ref":"http://example.com/other.json"})"), "$ref");
+  EXPECT_EQ(refused_keyword(R"({"oneOf":[{"type":"object","required":["a"]},{"type":"object","required":["b"]}]})"), "oneOf");
+  EXPECT_EQ(refused_keyword(R"#({"type":"string","pattern":"(?=x)"})#"), "pattern");
+  EXPECT_EQ(refused_keyword(R"({"type":"integer","minimum":5,"maximum":4})"), "grammar");  // nothing satisfies it
+  EXPECT_EQ(refused_keyword(R"({"type":"object","properties":{"a":{"type":"string","description":"x"}}})"), "");
+}
+
+// A vocabulary of every single byte plus multi-byte pieces typical of JSON, and one special stop token.
+std::shared_ptr<const Vocabulary> test_vocabulary() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* piece : {"{\"", "\":", "\",", "\"}", ", \"", "},", "}]", "[{", "true", "false", "null", "na",
+                            "name", "\"name\"", "age", "12", "3.", "e+", "\":\"", "\\n", "\\u00", "é", "\xC3",
+                            "\xA9\"", "ab", "abc", "\", \"", "1,", "0}", "-1", " ", "  ", "\"a", "x\"", "[]", "{}"})
+    tokens.push_back(piece);
+  tokens.push_back("<|end|>");
+  return Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
+}
+
+// Walks random allowed tokens; at each step every token's mask bit must equal a fresh walk's verdict.
+void check_masks_against_brute_force(const Grammar& grammar, int paths, uint32_t seed) {
+  auto vocabulary = test_vocabulary();
+  TokenId stop = vocabulary->size() - 1;
+  auto compiled = compile(grammar, vocabulary, {stop});
+  std::mt19937 rng(seed);
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  for (int path = 0; path < paths; ++path) {
+    GrammarMatcher matcher(compiled);
+    for (int step = 0; step < 60 && !matcher.terminated(); ++step) {
+      matcher.fill_next_token_mask(mask);
+      std::vector<TokenId> allowed;
+      for (TokenId t = 0; t < vocabulary->size(); ++t) {
+        bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+        bool accepted = matcher.accept_token(t);
+        if (accepted) matcher.rollback(1);
+        ASSERT_EQ(bit, accepted) << "token " << t << " '" << vocabulary->bytes(t) << "' at step " << step;
+        if (accepted) allowed.push_back(t);
+      }
+      ASSERT_FALSE(allowed.empty()) << "a dead end at step " << step;
+      ASSERT_TRUE(matcher.accept_token(allowed[rng() % allowed.size()]));
+    }
+  }
+}
+
+TEST(TokenMask, EqualsBruteForceOnJsonSchema) {
+  JsonSchemaOptions options;
+  check_masks_against_brute_force(json_schema_grammar(R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":6},"age":{"type":"integer","minimum":0},
+      "tags":{"type":"array","items":{"enum":["a","abc",null]},"maxItems":3},
+      "nested":{"anyOf":[{"type":"null"},{"$ref":"#"}]}},"required":["name"]})", options), 40, 1);
+}
+
+TEST(TokenMask, EqualsBruteForceOnAnyJsonAndEbnf) {
+  check_masks_against_brute_force(any_json_grammar("object"), 40, 2);
+  check_masks_against_brute_force(ebnf_grammar("root ::= (\"ab\" | \"a\" \"bc\"?) (\", \" [0-9]+)* \"}\""), 30, 3);
+}
+
+TEST(Matcher, RollbackJumpForwardAndStop) {
+  auto vocabulary = test_vocabulary();
+  TokenId stop = vocabulary->size() - 1;
+  auto compiled = compile(json_schema_grammar(R"({"type":"object","properties":{"name":{"const":"abc"}},
+      "required":["name"],"additionalProperties":false})"), vocabulary, {stop});
+  GrammarMatcher matcher(compiled);
+  EXPECT_EQ(matcher.jump_forward_bytes(), "{\"name\":");  // the space after ':' is optional: a choice
+  EXPECT_TRUE(matcher.accept_bytes("{\"name\": \"abc\""));
+  EXPECT_FALSE(matcher.accept_token(stop));
+  EXPECT_EQ(matcher.jump_forward_bytes(), "}");
+  EXPECT_TRUE(matcher.accept_bytes("}"));
+  EXPECT_TRUE(matcher.can_end());
+  EXPECT_TRUE(matcher.accept_token(stop));
+  EXPECT_TRUE(matcher.terminated());
+  matcher.rollback(2);
+  EXPECT_FALSE(matcher.terminated());
+  EXPECT_FALSE(matcher.accept_bytes("]"));
+  EXPECT_TRUE(matcher.accept_bytes("}"));
+}
+
+}  // namespace
+}  // namespace beamline
