@@ -1,8 +1,8 @@
 #pragma once
 // What the engine needs from a model: one batched step over the paged KV cache the runner owns, from token ids to
 // sampled token ids. The runner owns the step's device work (the forward pass, its logits, sampling them and reading
-// the tokens back); the engine sees plain data only. BeamModelRunner (runner/beam_model_runner.h) wires BeamModel in; tests
-// use deterministic fakes.
+// the tokens back); the engine sees plain data only. BeamModelRunner (runner/beam_model_runner.h) wires BeamModel in;
+// tests use deterministic fakes.
 #include <cstdint>
 #include <functional>
 #include <memory>
