@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "backend/sampling.h"
 #include "checkpoint/presets.h"
 #include "commands.h"
 #include "gpu_bench.h"
+#include "sampling/sampling.h"
 #include "util/error.h"
 
 #ifdef BEAMLINE_HAVE_CUDA

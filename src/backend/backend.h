@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/sampling.h"
 #include "backend/tensor.h"
+#include "sampling/sampling.h"
 #include "tensor/tensor_view.h"
 
 namespace beamline {
@@ -227,7 +227,7 @@ class Backend {
   // x [T, H]; rows I32 [R]; norm [H]; head [V, H]; logits [R, V] F32.
   virtual void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                        float softcap, Tensor& logits) = 0;
-  // Chooses one token per entry of `rows` (host data, N entries) from logits [R, V] F32 (backend/sampling.h's
+  // Chooses one token per entry of `rows` (host data, N entries) from logits [R, V] F32 (sampling/sampling.h's
   // sample_row is the definition): greedy argmax with ties to the lower id, or temperature -> min_p -> top_k
   // (ties with the k-th kept) -> top_p (smallest most-likely set, ties by lower id) -> the inverse-CDF draw of
   // rows[i].uniform over the kept tokens in token-id order. NaN logits count as -inf; a row with no finite

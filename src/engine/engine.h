@@ -1,7 +1,7 @@
 #pragma once
 // The serving engine: one thread owns the model and runs the loop
 //   schedule (continuous batching, chunked prefill, hybrid paged KV with prefix caching)
-//   -> ModelRunner::forward -> sample -> per-request output streams.
+//   -> ModelRunner::launch (forward pass and sampling) -> stop checks -> per-request output streams.
 // Every public member is thread-safe; HTTP threads only add, abort and read streams.
 #include <condition_variable>
 #include <cstdint>

@@ -7,7 +7,6 @@
 #include <numeric>
 
 #include "util/error.h"
-#include "util/thread_pool.h"
 
 namespace beamline {
 namespace {
@@ -71,7 +70,6 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       runner_(runner),
       tokenizer_(tokenizer),
       eos_token_ids_(std::move(eos_token_ids)),
-      vocab_size_(runner.vocab_size()),
       bytes_per_layer_token_(runner.kv_bytes_per_block() /
                              (static_cast<int64_t>(runner.kv_layout().slots_per_block) * runner.kv_layout().block_size)),
       kv_(runner.kv_layout(), runner.sliding_window(), config.enable_prefix_caching),
@@ -229,7 +227,7 @@ std::vector<std::string> EngineCore::step() {
     complete(*in_flight_);
   }
   std::unique_ptr<InFlightStep> next;
-  if (config_.async_scheduling && in_flight_->device) next = launch_ahead(*in_flight_, ended);
+  if (config_.async_scheduling && in_flight_->sampled_at_launch) next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   finish(*current, ended);
   if (next) {
@@ -276,12 +274,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     if (!request.first_scheduled) request.first_scheduled = scheduled_at;
   }
   try {
-    step->logits = runner_.forward(step->plan.batch);
-    const auto rows = static_cast<int64_t>(step->plan.batch.logit_rows.size());
-    if (rows > 0) {
-      require(step->logits.rank() == 2 && step->logits.dim(0) == rows && step->logits.dim(1) == vocab_size_,
-              "model runner returned logits {} for {} rows of {} tokens", describe(step->logits), rows, vocab_size_);
-    }
+    step->model = runner_.launch(step->plan.batch);
     // A step whose rows all sample on the device is sampled now, so the next step can read its tokens there;
     // rows that need the host are sampled when the step is finished, after the previous tokens are in.
     const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
@@ -290,7 +283,8 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     if (on_device && !step->producing.empty()) {
       std::vector<std::size_t> all(step->producing.size());
       std::iota(all.begin(), all.end(), std::size_t{0});
-      step->device = enqueue_device_sampling(*step, std::move(all));
+      sample_rows(*step, all);
+      step->sampled_at_launch = true;
     }
   } catch (const std::exception& error) {
     fail_step(*step, error.what(), ended);
@@ -302,9 +296,9 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
 std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch_ahead(const InFlightStep& current,
                                                                    std::vector<std::string>& ended) {
   // A placeholder for each token `current` is sampling, unless it will be its sequence's last by length.
-  std::unordered_map<kv::SeqId, int32_t> source_rows;  // sequence -> its row of current's device samples
-  for (std::size_t d = 0; d < current.device->producing.size(); ++d) {
-    const kv::SeqId id = current.ids[current.producing[current.device->producing[d]]];
+  std::unordered_map<kv::SeqId, int32_t> source_rows;  // sequence -> its row of current's samples
+  for (std::size_t d = 0; d < current.sampled.size(); ++d) {
+    const kv::SeqId id = current.ids[current.producing[current.sampled[d].producing]];
     SampleState* sample = live_sample(id);
     if (sample == nullptr || sample->sequence.num_output_tokens() + 1 >= sample->request->max_tokens) continue;
     sample->sequence.tokens.push_back(0);
@@ -330,7 +324,6 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch_ahead(const InFligh
     }
     plan.batch.deferred_tokens.push_back({plan.batch.sequences[i].token_begin, source->second});
   }
-  if (!plan.batch.deferred_tokens.empty()) plan.batch.token_source = current.device->out.tokens;
   return launch(std::move(plan), ended);
 }
 
@@ -394,107 +387,41 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
   for (RequestState* request : touched) flush(*request, ended);
 }
 
-std::unique_ptr<EngineCore::DeviceSampling> EngineCore::enqueue_device_sampling(const InFlightStep& step,
-                                                                                std::vector<std::size_t> which) {
-  auto sampling = std::make_unique<DeviceSampling>();
-  sampling->producing = std::move(which);
-  int32_t max_logprobs = -1;
-  for (const std::size_t p : sampling->producing) {
-    const ScheduledSequence& s = step.plan.scheduled[step.producing[p]];
-    SampleState& sample = *samples_by_sequence_.at(step.ids[step.producing[p]]);
-    SampleRow row = sample_settings(sample.request->request.sampling, sample.sampler, s.logit_index);
-    row.num_logprobs = std::min(row.num_logprobs, vocab_size_);
-    max_logprobs = std::max(max_logprobs, row.num_logprobs);
-    sampling->rows.push_back(row);
+void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>& which) {
+  std::vector<RowSampling> rows;
+  for (const std::size_t p : which) {
+    const int32_t logit_row = step.plan.scheduled[step.producing[p]].logit_index;
+    SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[p]]);
+    RowSampling row;
+    if (needs_host(*sample)) {
+      row.settings.logit_row = logit_row;
+      row.sample_on_host = [sample](std::span<const float> raw_logits) {
+        return sample_token(raw_logits, sample->request->request.sampling, sample->sampler,
+                            sample->stop.masked_tokens(sample->sequence.num_output_tokens()));
+      };
+    } else {
+      row.settings = sample_settings(sample->request->request.sampling, sample->sampler, logit_row);
+    }
+    step.sampled.push_back({p, static_cast<bool>(row.sample_on_host)});
+    rows.push_back(std::move(row));
   }
-  Backend& backend = runner_.backend();
-  const auto count = static_cast<int64_t>(sampling->rows.size());
-  sampling->width = std::max(1, max_logprobs);
-  SampleOutputs& out = sampling->out;
-  out.tokens = backend.alloc(DType::I32, {count});
-  if (max_logprobs >= 0) {
-    out.logprobs = backend.alloc(DType::F32, {count});
-    out.ranks = backend.alloc(DType::I32, {count});
-    out.top_ids = backend.alloc(DType::I32, {count, sampling->width});
-    out.top_logprobs = backend.alloc(DType::F32, {count, sampling->width});
-  }
-  backend.sample(step.logits, sampling->rows, out);
-  auto read_back = [&](const Tensor& tensor, auto& host) {
-    host.resize(static_cast<std::size_t>(tensor.numel()));
-    sampling->downloads.push_back(backend.download_later(tensor, host.data()));
-  };
-  read_back(out.tokens, sampling->tokens);
-  if (max_logprobs >= 0) {
-    read_back(out.logprobs, sampling->logprobs);
-    read_back(out.ranks, sampling->ranks);
-    read_back(out.top_ids, sampling->top_ids);
-    read_back(out.top_logprobs, sampling->top_logprobs);
-  }
-  return sampling;
+  step.model->sample(std::move(rows));
 }
 
 std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {
+  if (!step.sampled_at_launch) {
+    std::vector<std::size_t> live;
+    for (std::size_t p = 0; p < step.producing.size(); ++p)
+      if (live_sample(step.ids[step.producing[p]]) != nullptr) live.push_back(p);
+    sample_rows(step, live);
+  }
+  std::vector<SampledToken> tokens = step.model->tokens();
   std::vector<SampledToken> sampled(step.producing.size());
-  if (!step.device) {
-    std::vector<std::size_t> on_device;
-    for (std::size_t p = 0; p < step.producing.size(); ++p) {
-      const SampleState* sample = live_sample(step.ids[step.producing[p]]);
-      if (sample != nullptr && !needs_host(*sample)) on_device.push_back(p);
-    }
-    if (!on_device.empty()) step.device = enqueue_device_sampling(step, std::move(on_device));
-  }
-
-  std::vector<bool> sampled_on_device(step.producing.size(), false);
-  if (step.device)
-    for (const std::size_t p : step.device->producing) sampled_on_device[p] = true;
-  std::vector<std::size_t> on_host;
-  for (std::size_t p = 0; p < step.producing.size(); ++p)
-    if (!sampled_on_device[p] && live_sample(step.ids[step.producing[p]]) != nullptr) on_host.push_back(p);
-  if (!on_host.empty()) {
-    Backend& backend = runner_.backend();
-    const Tensor& logits = step.logits;
-    // Only these rows cross to the host, each as its own download of the logits tensor's row.
-    const auto vocab = static_cast<std::size_t>(vocab_size_);
-    std::vector<float> rows(on_host.size() * vocab);
-    for (std::size_t h = 0; h < on_host.size(); ++h) {
-      const auto row = static_cast<std::size_t>(step.plan.scheduled[step.producing[on_host[h]]].logit_index);
-      const Tensor view(logits.device(), DType::F32, {vocab_size_}, logits.raw() + row * vocab * sizeof(float), nullptr);
-      backend.download(view, rows.data() + h * vocab);
-    }
-    // Each row touches only its own sample's state, so the rows can be sampled in parallel.
-    ThreadPool::global().parallel_for(
-        on_host.size(),
-        [&](std::size_t begin, std::size_t end) {
-          for (std::size_t h = begin; h < end; ++h) {
-            SampleState& sample = *samples_by_sequence_.at(step.ids[step.producing[on_host[h]]]);
-            sampled[on_host[h]] = sample_token(std::span<const float>(rows.data() + h * vocab, vocab),
-                                               sample.request->request.sampling, sample.sampler,
-                                               sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
-          }
-        },
-        std::max<std::size_t>(1, 65536 / vocab));
-  }
-
-  if (step.device) {
-    DeviceSampling& device = *step.device;
-    for (const std::unique_ptr<PendingDownload>& download : device.downloads) download->wait();
-    for (std::size_t d = 0; d < device.producing.size(); ++d) {
-      SampledToken& result = sampled[device.producing[d]];
-      result.token = device.tokens[d];
-      const int32_t wanted = device.rows[d].num_logprobs;
-      if (wanted >= 0) {
-        TokenLogprob& logprob = result.logprob.emplace();
-        logprob.token = result.token;
-        logprob.logprob = device.logprobs[d];
-        logprob.rank = device.ranks[d];
-        for (int32_t j = 0; j < wanted; ++j) {
-          const auto at = static_cast<std::size_t>(static_cast<int64_t>(d) * device.width + j);
-          logprob.top.emplace_back(device.top_ids[at], device.top_logprobs[at]);
-        }
-      }
-      if (SampleState* sample = live_sample(step.ids[step.producing[device.producing[d]]]))
-        sample->sampler.record_output(result.token);
-    }
+  for (std::size_t d = 0; d < step.sampled.size(); ++d) {
+    const SampledRow& row = step.sampled[d];
+    SampleState* sample = live_sample(step.ids[step.producing[row.producing]]);
+    if (sample != nullptr && !row.on_host) sample->sampler.record_output(tokens[d].token);
+    sampled[row.producing] = std::move(tokens[d]);
   }
   return sampled;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // The engine's state and one step of its loop, single-threaded: Engine runs it on its own thread, tests
-// drive it step by step. A step = schedule, forward, sample, check stops, push events to the streams.
+// drive it step by step. A step = schedule, launch it on the model runner with each row's sampling settings, take its
+// tokens, check stops, push events to the streams. The runner does the device work; the engine sees token ids only.
 // With --async-scheduling (vLLM's overlapped scheduling) a step whose tokens were sampled on the device does not wait
 // for them before the next one is scheduled: each producing sequence gets a placeholder token, the next step is
 // scheduled and launched with those rows reading the sampled ids on the device (ForwardBatch::deferred_tokens), and
@@ -74,27 +75,23 @@ class EngineCore {
     bool has_pending = false;
   };
 
-  // Backend::sample of some producing rows of a step, enqueued, with the read-backs of its outputs.
-  struct DeviceSampling {
-    std::vector<std::size_t> producing;  // which of the step's producing rows
-    std::vector<SampleRow> rows;
-    int64_t width = 1;                   // of the top-logprob outputs
-    SampleOutputs out;
-    std::vector<int32_t> tokens, ranks, top_ids;
-    std::vector<float> logprobs, top_logprobs;
-    std::vector<std::unique_ptr<PendingDownload>> downloads;
+  // A producing row of a step, as handed to ModelStep::sample.
+  struct SampledRow {
+    std::size_t producing = 0;  // which of the step's producing rows
+    bool on_host = false;       // sampled by engine/sampler.h's sample_token, which records the token itself
   };
-  // A step whose forward pass is enqueued on the backend and whose outputs the host has not taken yet.
+  // A step whose forward pass the runner has enqueued and whose tokens the host has not taken yet.
   struct InFlightStep {
     StepPlan plan;
     std::vector<kv::SeqId> ids;  // of plan.scheduled, whose Sequence may end (and go) before the step is finished
     std::vector<std::size_t> producing;  // entries of plan.scheduled with a logit row, in logit order
-    Tensor logits;
-    // Set when every producing row was sampled on the device at launch (the next step may read the tokens there).
-    std::unique_ptr<DeviceSampling> device;
+    std::unique_ptr<ModelStep> model;
+    std::vector<SampledRow> sampled;     // in the order of model->sample's rows; empty until they are sampled
+    // Every producing row was sampled on the device at launch (the next step may read the tokens there).
+    bool sampled_at_launch = false;
   };
 
-  // Enqueues the step's forward pass (and its sampling when no row needs the host); null after failing its requests.
+  // Launches the step's forward pass (and its sampling when no row needs the host); null after failing its requests.
   std::unique_ptr<InFlightStep> launch(StepPlan plan, std::vector<std::string>& ended);
   // With --async-scheduling: the step after `current`, scheduled and launched before `current`'s tokens are read.
   std::unique_ptr<InFlightStep> launch_ahead(const InFlightStep& current, std::vector<std::string>& ended);
@@ -105,11 +102,10 @@ class EngineCore {
   void fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended);
   SampleState* live_sample(kv::SeqId id) const;
 
-  // Device sampling settings of the step's producing rows `which`, enqueued with their read-backs.
-  std::unique_ptr<DeviceSampling> enqueue_device_sampling(const InFlightStep& step, std::vector<std::size_t> which);
-  // The next token of each producing row of the step: rows that need logit bias, penalties or masked tokens are
-  // downloaded and sampled on the host, the rest by Backend::sample on the runner's backend (only their tokens and
-  // requested logprobs come back). Rows that step.device sampled at launch are only read back.
+  // Hands the step's producing rows `which` to its ModelStep::sample: the settings of each, and for rows that need
+  // logit bias, penalties or masked tokens the host path (engine/sampler.h) instead.
+  void sample_rows(InFlightStep& step, const std::vector<std::size_t>& which);
+  // The next token of each producing row of the step (the live ones sampled now unless they were at launch).
   std::vector<SampledToken> sample_tokens(InFlightStep& step);
   bool needs_host(const SampleState& sample) const;
   void finish_sample(SampleState& sample, FinishReason reason);
@@ -124,7 +120,6 @@ class EngineCore {
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
   std::vector<TokenId> eos_token_ids_;
-  int32_t vocab_size_;
   int64_t bytes_per_layer_token_;
   kv::KvCacheManager kv_;
   Scheduler scheduler_;

@@ -1,13 +1,41 @@
 #pragma once
-// What the engine needs from a model: one batched forward step over the paged KV cache the runner owns.
-// BeamModelRunner (beam_model_runner.h) wires BeamModel in; tests use deterministic fakes.
+// What the engine needs from a model: one batched step over the paged KV cache the runner owns, from token ids to
+// sampled token ids. The runner owns the step's device work (the forward pass, its logits, sampling them and reading
+// the tokens back); the engine sees plain data only. BeamModelRunner (runner/beam_model_runner.h) wires BeamModel in;
+// tests use deterministic fakes.
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
 #include <vector>
 
-#include "backend/backend.h"
 #include "model/forward_batch.h"
+#include "sampling/sampling.h"
 
 namespace beamline {
+
+// How one logit row of a step becomes a token.
+struct RowSampling {
+  // settings.logit_row is the row's index in ForwardBatch::logit_rows; the rest is how the runner samples it.
+  SampleRow settings;
+  // Set for a row that needs what the runner's sampler does not do (logit bias, penalties, masked tokens): the
+  // runner hands it the row's raw logits on the host and takes its token instead, and `settings` only names the
+  // row. Keeping the per-sample history these edits read (engine/sampler.h) with the engine is why it is a
+  // function and not data. The runner may call the rows' functions concurrently: each must touch only its own row's
+  // state.
+  std::function<SampledToken(std::span<const float> raw_logits)> sample_on_host;
+};
+
+// A step whose forward pass the runner has enqueued and whose tokens the engine has not taken yet.
+class ModelStep {
+ public:
+  virtual ~ModelStep() = default;
+  // Chooses the token of each row (at most once per step). Rows sampled by the runner are only enqueued: their tokens
+  // and requested logprobs come back with tokens(); host rows are sampled before this returns.
+  virtual void sample(std::vector<RowSampling> rows) = 0;
+  // Waits for the sampled tokens, one per row given to sample(), in that order. Once, after sample().
+  virtual std::vector<SampledToken> tokens() = 0;
+};
 
 class ModelRunner {
  public:
@@ -21,11 +49,11 @@ class ModelRunner {
   virtual int64_t max_position_embeddings() const = 0;
   virtual int64_t kv_bytes_per_block() const = 0;  // all slots of one pool block, K and V
 
-  // Writes the K/V of every token of `batch` and returns the logits of batch.logit_rows, F32
-  // [logit_rows.size(), vocab_size()] on backend(), after the final soft-capping (undefined when there are no
-  // logit rows). They stay there: the engine samples them with Backend::sample.
-  virtual Tensor forward(const ForwardBatch& batch) = 0;
-  virtual Backend& backend() = 0;
+  // Enqueues the forward pass of `batch`: writes the K/V of every token and keeps the logits of batch.logit_rows for
+  // the returned step to sample. batch.deferred_tokens read the tokens of the step launched just before this one,
+  // which must have sampled all its rows on the runner already (--async-scheduling: at its launch); the host need not
+  // have them yet.
+  virtual std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) = 0;
 };
 
 }  // namespace beamline

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "backend/sampling.h"
+#include "sampling/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace beamline {
@@ -27,7 +27,7 @@ struct SampleOutput {
   std::string text;                                // new text; stop strings (and text that may still turn
                                                    // into one) are held back
   // One per new token, when the request asked: the raw log-softmax of the soft-capped logits (before penalties,
-  // bias, temperature and truncation), backend/sampling.h.
+  // bias, temperature and truncation), sampling/sampling.h.
   std::vector<TokenLogprob> logprobs;
   std::optional<FinishReason> finish_reason;       // set once, on the sample's last event
   std::variant<std::monostate, TokenId, std::string> stop_reason;  // the stop token id or stop string met

@@ -2,9 +2,10 @@
 // Turns one row of logits into the next token of one sample. The order follows vLLM's sampler:
 //   raw logprobs (if asked) -> logit bias, min_tokens masking -> repetition, frequency, presence penalties
 //   -> greedy argmax, or: temperature -> min_p -> top_k -> top_p -> draw from the softmax.
-// The row transforms after the penalties are backend/sampling.h's, run by Backend::sample; this file holds
-// what is per sample (its random stream, the tokens the penalties look at) and the host path of rows that
-// need logit bias, penalties or masked tokens, which Backend::sample does not do.
+// The row transforms after the penalties are sampling/sampling.h's, run by the model runner (Backend::sample);
+// this file holds what is per sample (its random stream, the tokens the penalties look at) and the host path of
+// rows that need logit bias, penalties or masked tokens, which Backend::sample does not do: the engine hands it to
+// the runner as RowSampling::sample_on_host (engine/model_runner.h).
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -12,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/sampling.h"
 #include "engine/sampling_params.h"
+#include "sampling/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace beamline {

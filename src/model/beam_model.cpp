@@ -76,7 +76,7 @@ BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(we
   }
 }
 
-void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache) const {
+void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) const {
   const ModelConfig& config = weights_.config;
   const KvCacheLayout& layout = cache.layout;
   require(!batch.tokens.empty(), "forward batch: no tokens");
@@ -115,15 +115,15 @@ void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache) const {
   require(expected_begin == static_cast<int32_t>(batch.tokens.size()),
           "forward batch: the sequences cover {} rows of {} tokens", expected_begin, batch.tokens.size());
   if (!batch.deferred_tokens.empty()) {
-    require(batch.token_source.rank() == 1 && batch.token_source.dtype() == DType::I32 &&
-                batch.token_source.device() == backend_.device(),
-            "forward batch: token_source {} must be an I32 vector on the {} backend", describe(batch.token_source),
+    require(token_source.rank() == 1 && token_source.dtype() == DType::I32 &&
+                token_source.device() == backend_.device(),
+            "forward batch: token_source {} must be an I32 vector on the {} backend", describe(token_source),
             backend_.name());
     for (const DeferredToken& deferred : batch.deferred_tokens)
       require(deferred.row >= 0 && deferred.row < static_cast<int32_t>(batch.tokens.size()) && deferred.source >= 0 &&
-                  deferred.source < batch.token_source.dim(0),
+                  deferred.source < token_source.dim(0),
               "forward batch: deferred token (row {}, source {}) is outside the {} rows or the {} sampled tokens",
-              deferred.row, deferred.source, batch.tokens.size(), batch.token_source.dim(0));
+              deferred.row, deferred.source, batch.tokens.size(), token_source.dim(0));
   }
   require(!batch.logit_rows.empty(), "forward batch: no logit rows requested");
   for (int32_t row : batch.logit_rows)
@@ -131,25 +131,25 @@ void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache) const {
             "forward batch: logit row {} is outside the {} tokens", row, batch.tokens.size());
 }
 
-Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache) {
-  validate(batch, cache);
-  return forward_validated(batch, cache);
+Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) {
+  validate(batch, cache, token_source);
+  return forward_validated(batch, cache, token_source);
 }
 
-Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache) {
+Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) {
   StepInputs inputs = prepare(batch, cache.layout);
   upload(inputs);
-  place_deferred_tokens(batch, inputs.tokens);
+  place_deferred_tokens(batch, token_source, inputs.tokens);
   return run(inputs, cache);
 }
 
-void BeamModel::place_deferred_tokens(const ForwardBatch& batch, Tensor& tokens) const {
+void BeamModel::place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const {
   if (batch.deferred_tokens.empty()) return;
   std::vector<int32_t> pairs;
   pairs.reserve(2 * batch.deferred_tokens.size());
   for (const DeferredToken& deferred : batch.deferred_tokens)
     pairs.insert(pairs.end(), {deferred.row, deferred.source});
-  backend_.place_tokens(batch.token_source, pairs, tokens);
+  backend_.place_tokens(token_source, pairs, tokens);
 }
 
 BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences,

@@ -32,10 +32,11 @@ class BeamModel {
   // One step over a varlen batch: writes the K/V of every new token into `cache` (through the batch's block
   // tables), attends over the cache, and returns the soft-capped logits of batch.logit_rows as an F32 tensor
   // [logit_rows.size(), vocab_size] on the backend. Validates the batch (token ids, row ranges, block table
-  // coverage) and throws beamline::Error naming the field.
-  Tensor forward(const ForwardBatch& batch, KvCacheView cache);
+  // coverage) and throws beamline::Error naming the field. `token_source` (I32 [N] on this backend) holds the
+  // previous step's sampled tokens that batch.deferred_tokens read; a batch without them needs none.
+  Tensor forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source = {});
   // forward() of a batch that validate() has passed.
-  Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache);
+  Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source);
 
   // The same in three parts, for recorded steps (runner/decode_graphs.h): what a step reads besides weights and
   // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
@@ -57,11 +58,11 @@ class BeamModel {
                      const std::vector<int64_t>& table_widths = {}) const;
   // Allocates inputs.device, copies `packed` there, and makes the tensors views of it.
   void upload(StepInputs& inputs) const;
-  // Writes the batch's deferred tokens (the previous step's device samples) into uploaded `tokens`.
-  void place_deferred_tokens(const ForwardBatch& batch, Tensor& tokens) const;
+  // Writes the batch's deferred tokens (the previous step's device samples, `token_source`) into uploaded `tokens`.
+  void place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const;
   // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab].
   Tensor run(const StepInputs& inputs, KvCacheView cache);
-  void validate(const ForwardBatch& batch, KvCacheView cache) const;
+  void validate(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) const;
   // AttentionParams of layer `i`.
   AttentionParams attention_params(std::size_t layer, const KvCacheLayout& layout) const;
   std::size_t num_layers() const { return layers_.size(); }

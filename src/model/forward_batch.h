@@ -1,11 +1,11 @@
 #pragma once
 // What one forward step computes: a flattened (varlen) batch of tokens from several sequences, with the
 // paged-KV block tables that say where each sequence's keys and values live. The engine builds it; the
-// model runs it on any backend. Never padded.
+// model runs it on any backend. Never padded. Plain host data: the engine's scheduler builds it without seeing a
+// device.
 #include <cstdint>
 #include <vector>
 
-#include "backend/tensor.h"
 #include "kv/kv_cache_layout.h"
 
 namespace beamline {
@@ -20,7 +20,9 @@ struct SequenceSlice {
 };
 
 // A token row whose id the host does not know yet (overlapped scheduling, --async-scheduling): the previous step
-// sampled it on the device, as element `source` of ForwardBatch::token_source; tokens[row] holds a placeholder.
+// sampled it on the device, as its sampled row `source` (the order of ModelStep::sample's rows); tokens[row] holds a
+// placeholder. The runner keeps those samples on the device and hands them to the model (BeamModel::forward's
+// token_source).
 struct DeferredToken {
   int32_t row = 0;
   int32_t source = 0;
@@ -31,7 +33,6 @@ struct ForwardBatch {
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logit_rows;         // token rows whose logits are wanted (e.g. the last of each sequence)
   std::vector<DeferredToken> deferred_tokens;
-  Tensor token_source;                     // I32 [N] on the model's backend, read before the step runs
 };
 
 }  // namespace beamline

@@ -46,23 +46,29 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
   }
+  sampler_ = std::make_unique<StepSampler>(*backend_, vocab_size());
 }
 
-Tensor BeamModelRunner::forward(const ForwardBatch& batch) {
+std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
+  const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler_->deferred_source();
+  return sampler_->step(forward(batch, token_source), batch.logit_rows.size());
+}
+
+Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source) {
   if (batch.logit_rows.empty() && !batch.tokens.empty()) {
     // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
     // ask for one and drop it.
     ForwardBatch with_row = batch;
     with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
-    model_->forward(with_row, *cache_);
+    model_->forward(with_row, *cache_, token_source);
     return {};
   }
   if (graphs_) {
-    model_->validate(batch, *cache_);
-    if (std::optional<Tensor> logits = graphs_->forward(batch)) return *logits;
-    return model_->forward_validated(batch, *cache_);
+    model_->validate(batch, *cache_, token_source);
+    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source)) return *logits;
+    return model_->forward_validated(batch, *cache_, token_source);
   }
-  return model_->forward(batch, *cache_);
+  return model_->forward(batch, *cache_, token_source);
 }
 
 }  // namespace beamline

@@ -40,7 +40,7 @@ std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs
   return key;
 }
 
-std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
+std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Tensor& token_source) {
   const auto sequences = static_cast<int32_t>(batch.sequences.size());
   if (static_cast<int32_t>(batch.tokens.size()) != sequences || batch.logit_rows.size() != batch.sequences.size())
     return std::nullopt;
@@ -70,7 +70,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
     Graph graph;
     graph.inputs = std::move(inputs);
     model_.upload(graph.inputs);
-    model_.place_deferred_tokens(batch, graph.inputs.tokens);
+    model_.place_deferred_tokens(batch, token_source, graph.inputs.tokens);
     // This step runs op by op first: what ops make lazily on the device (weight pointer tables, cuBLAS's plans) then
     // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once.
     const Tensor logits = model_.run(graph.inputs, cache_);
@@ -97,7 +97,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch) {
           found->second.inputs.packed.size());
   Graph& graph = found->second;
   backend.copy_to(graph.inputs.device, inputs.packed.data());
-  model_.place_deferred_tokens(batch, graph.inputs.tokens);
+  model_.place_deferred_tokens(batch, token_source, graph.inputs.tokens);
   ++replayed_;
   graph.last_used = ++steps_;
   backend.replay(*graph.graph);

@@ -26,7 +26,8 @@ class DecodeGraphs {
 
   // The logits of a validated batch when it can replay a graph (every sequence decodes one token, logits of all of
   // them in order, at most max_batch sequences, an attention plan a graph can hold); nullopt otherwise.
-  std::optional<Tensor> forward(const ForwardBatch& batch);
+  // `token_source`: what batch.deferred_tokens read (BeamModel::forward).
+  std::optional<Tensor> forward(const ForwardBatch& batch, const Tensor& token_source = {});
 
   // Steps that recorded a graph / replayed one, for logs and tests.
   int64_t recorded() const { return recorded_; }

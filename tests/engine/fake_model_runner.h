@@ -3,7 +3,7 @@
 // in the pool blocks the batch's block tables name, and computes each logit row from what it reads back
 // through those tables: every position for full-attention groups, the last `sliding_window` positions for
 // sliding groups. A wrong, missing or reused block changes the logits or throws. The logits live on a CPU
-// backend, so the engine samples them through Backend::sample as it does a real model's.
+// backend and go through the runners' StepSampler, so they are sampled as a real model's are.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/model_runner.h"
+#include "runner/step_sampler.h"
 #include "util/counter_random.h"
 
 namespace beamline::testing {
@@ -55,9 +56,16 @@ class FakeModelRunner : public ModelRunner {
   int64_t deferred_steps = 0;  // steps with tokens read from the previous step's samples
   std::chrono::microseconds step_delay{0};  // makes steps slow enough for tests that race the engine thread
 
-  Backend& backend() override { return *backend_; }
+  std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override {
+    return sampler_.step(forward(batch), batch.logit_rows.size());
+  }
 
-  Tensor forward(const ForwardBatch& batch) override {
+ private:
+  struct Cell {
+    int32_t token = -1, position = -1, group = -1;
+  };
+
+  Tensor forward(const ForwardBatch& batch) {
     ++forward_calls;
     if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
     max_batch_tokens = std::max<int64_t>(max_batch_tokens, static_cast<int64_t>(batch.tokens.size()));
@@ -65,7 +73,7 @@ class FakeModelRunner : public ModelRunner {
     std::vector<int32_t> tokens = batch.tokens;
     if (!batch.deferred_tokens.empty()) {
       ++deferred_steps;
-      const std::vector<int32_t> source = backend_->download_i32(batch.token_source);
+      const std::vector<int32_t> source = backend_->download_i32(sampler_.deferred_source());
       for (const DeferredToken& deferred : batch.deferred_tokens) tokens.at(deferred.row) = source.at(deferred.source);
     }
     std::vector<int32_t> row_sequence(batch.tokens.size(), -1);
@@ -110,10 +118,6 @@ class FakeModelRunner : public ModelRunner {
     return backend_->upload_f32(logits, {static_cast<int64_t>(batch.logit_rows.size()), vocab_});
   }
 
- private:
-  struct Cell {
-    int32_t token = -1, position = -1, group = -1;
-  };
   Cell& cell(const std::vector<int32_t>& table, int32_t position) {
     const auto index = static_cast<std::size_t>(position / layout_.block_size);
     if (index >= table.size()) throw std::runtime_error(fmt::format("fake model: block table too short for position {}", position));
@@ -128,6 +132,7 @@ class FakeModelRunner : public ModelRunner {
   int64_t max_positions_;
   std::vector<Cell> cells_;
   std::unique_ptr<Backend> backend_ = make_cpu_backend();
+  StepSampler sampler_{*backend_, vocab_};
 };
 
 }  // namespace beamline::testing

@@ -1,4 +1,4 @@
-// CpuBackend::sample: backend/sampling.h's sample_row over the rows, in parallel (each row is independent).
+// CpuBackend::sample: sampling/sampling.h's sample_row over the rows, in parallel (each row is independent).
 #include <algorithm>
 
 #include "backend/cpu/cpu_backend.h"

@@ -1,6 +1,6 @@
 // Backend::sample on the device: one block of 1024 threads per row, or with few rows a thread-block cluster of up to
 // eight (the row's parts, so that few rows still spread over the GPU), FP32, no sort of the vocabulary. The
-// reference is backend/sampling.h's sample_row.
+// reference is sampling/sampling.h's sample_row.
 //
 // Every pass reads the row with coalesced 16-byte loads (a warp covers 128 consecutive tokens per load), the row
 // staying in L2 between passes. top_k (by count) and top_p (by probability mass) find their cut in two steps:

@@ -2,8 +2,10 @@
 // The row transforms of sampling in vLLM's order (temperature -> min_p -> top_k -> top_p -> inverse-CDF draw,
 // or greedy argmax) and the log-probabilities of the raw logits: the one host implementation, used by the CPU
 // backend's Backend::sample and by the engine's host path (engine/sampler.h) for rows that need logit bias,
-// penalties or masked tokens first. Each transform is a free function over a row so tests can check it
-// against a naive version. Token ids are int32_t (tokenizer/tokenizer.h's TokenId).
+// penalties or masked tokens first. Its own library below both the backend and the engine, so that the engine
+// describes its rows (SampleRow) and reads its tokens (SampledToken) without a backend header. Each transform is
+// a free function over a row so tests can check it against a naive version. Token ids are int32_t
+// (tokenizer/tokenizer.h's TokenId).
 #include <cstdint>
 #include <optional>
 #include <span>

@@ -1,4 +1,4 @@
-#include "backend/sampling.h"
+#include "sampling/sampling.h"
 
 #include <algorithm>
 #include <cmath>
