@@ -23,8 +23,11 @@
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/common/op_times.h"
+#include "backend/cuda/quant/fp8.h"
 
 namespace beamline {
+
+struct PackedExperts;  // cuda_backend.cpp: one MoE layer's device tables
 
 class CudaBackend final : public Backend {
  public:
@@ -96,6 +99,9 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
   static constexpr int64_t kStreamingSingleMaxRows = 1;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
+  // FP8 block-128 weights stream (W8A16, quant/fp8.h) up to this many rows, in every op; more rows take the FP8
+  // wgmma GEMMs (W8A8). The MoE streams one token (set_streaming_max_rows(0) sends it to wgmma too).
+  static constexpr int64_t kFp8StreamingMaxRows = cuda::fp8::kMaxStreamRows;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
@@ -108,6 +114,13 @@ class CudaBackend final : public Backend {
   // The dense SwiGLU of kStreamingSwigluMaxRows rows as a one-expert MoE through the experts' streaming kernels
   // (gate|up with the SwiGLU fused, then down); false (nothing done) when they do not apply.
   bool swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  // ys[i] = x weights[i]ᵀ for FP8 block-128 weights of one width (softcapped when softcap > 0): streamed for few rows,
+  // else the rows quantized once and one FP8 wgmma GEMM per weight.
+  void project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                   std::span<float* const> ys, float softcap);
+  void swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  void moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const PackedExperts& packed,
+               int32_t experts, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
