@@ -403,6 +403,15 @@ Tensor CudaBackend::load_weight(const TensorView& view) {
 }
 
 Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) {
+  if (dtype == DType::F8_E4M3) {  // FP8 codes for benchmarks (the CPU backend draws no FP8 weights)
+    Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
+    std::shared_ptr<std::byte> memory = weights_.allocate(probe.nbytes());
+    check_launch(cuda::fp8::fill_random_e4m3(reinterpret_cast<uint8_t*>(memory.get()), probe.numel(), key, mean, stddev,
+                                             stream_),
+                 "random_weight");
+    std::byte* data = memory.get();
+    return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(memory));
+  }
   require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
           "random_weight: dtype {} is not a float storage type (F32, BF16, F16)", dtype_name(dtype));
   Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
@@ -629,6 +638,19 @@ void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const Line
                                    weights[i]->scale.data<const float>(), weights[i]->weight.dim(0), softcap, ys[i],
                                    stream_),
                  "linear (fp8 wgmma)");
+}
+
+void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scales) {
+  require_device(x, "quantize_fp8_rows", "x");
+  require(x.rank() == 2, "quantize_fp8_rows: x must be [rows, cols], got {}", describe(x));
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  require_dtype(x, DType::F32, "quantize_fp8_rows", "x");
+  require(cuda::fp8::quantize_supported(cols), "quantize_fp8_rows: {} columns are not a multiple of 16", cols);
+  require_shape(codes, {rows, cols}, "quantize_fp8_rows", "codes");
+  require_shape(scales, {rows, cuda::fp8::blocks_of(cols)}, "quantize_fp8_rows", "scales");
+  check_launch(cuda::fp8::quantize_rows(x.data<const float>(), rows, cols, codes.data<uint8_t>(), scales.data<float>(),
+                                        stream_),
+               "quantize_fp8_rows");
 }
 
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {

@@ -87,6 +87,9 @@ class CudaBackend final : public Backend {
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
+  // The W8A8 paths' activation quantizer on its own (x [rows, cols] F32 -> codes U8 [rows, cols], scales F32
+  // [rows, ceil(cols/128)]), for the harness to hold against quant/activation_quant.h bit for bit.
+  void quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scales);
   // Up to this many rows, projections stream their weights through the CUDA cores (exact, one pass); more go to
   // cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at
   // start, for A/B runs of whole decode steps).

@@ -34,6 +34,10 @@ constexpr int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 bool quantize_supported(int64_t cols);
 cudaError_t quantize_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream);
 
+// out[i] = e4m3(normal_value(key, i, mean, stddev)) (util/counter_random.h; round to nearest even, saturating): random
+// FP8 codes drawn on the device, for benchmarks of FP8 weights without a checkpoint.
+cudaError_t fill_random_e4m3(uint8_t* out, int64_t n, uint64_t key, float mean, float stddev, cudaStream_t stream);
+
 // ---- weight streaming (W8A16), 1..kMaxStreamRows rows ----
 // ys[s] = x W_sᵀ for up to kMaxStreamWeights FP8 weights W_s [out_s, in] of one width (16-byte aligned, in a
 // multiple of 16) in one launch that reads every weight byte once; softcap > 0 stores softcap * tanh(y / softcap).

@@ -7,6 +7,7 @@
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/quant/fp8.h"
+#include "util/counter_random.h"
 
 namespace beamline::cuda::fp8 {
 namespace {
@@ -258,7 +259,19 @@ __global__ void __launch_bounds__(kDownWarps * 32)
   if (lane == 0) out[row] = valid ? total : __int_as_float(0x7fc00000);
 }
 
+__global__ void fill_random_kernel(uint8_t* out, int64_t n, uint64_t key, float mean, float stddev) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < n)
+    out[i] = __nv_cvt_float_to_fp8(normal_value(key, static_cast<uint64_t>(i), mean, stddev), __NV_SATFINITE, __NV_E4M3);
+}
+
 }  // namespace
+
+cudaError_t fill_random_e4m3(uint8_t* out, int64_t n, uint64_t key, float mean, float stddev, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_random_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(out, n, key, mean, stddev);
+  return cudaGetLastError();
+}
 
 bool quantize_supported(int64_t cols) { return cols > 0 && cols % 16 == 0; }
 
