@@ -1196,8 +1196,7 @@ void test_fp8_linear(Harness& harness) {
   std::vector<Case> cases{{5120, 6144, {1, 2, 3, 8, 16, 64, 300}, "q"},
                           {6144, 5120, {1, 5, 130}, "o"},
                           {2560, 5120, {2, 33}, "down"},
-                          {336, 77, {1, 2, 3, 9, 200}, "odd: in not a multiple of 128, out not of 64"},
-                          {16, 200, {1, 4}, "in 16"}};
+                          {336, 77, {1, 2, 3, 9, 200}, "odd: in not a multiple of 128, out not of 64"}};
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
   Fp8Weights weights(harness);
   for (const Case& c : cases) {
