@@ -5,7 +5,7 @@ Projections: torch._scaled_mm, FP8 e4m3 x e4m3 with rowwise scales (per token fo
 the weights; PyTorch's FP8 GEMM on Hopper, cuBLASLt), bf16 out, the activation quantization included, as a CUDA graph
 over enough weight copies that L2 holds none between reads (rows padded to 16, cuBLASLt's FP8 minimum).
 MoE: the FP32 router, then torch._scaled_grouped_mm experts (rowwise scales; tokens sorted by expert, gate|up fused,
-SwiGLU, down, weighted sum back), all in one CUDA graph. Floors as in bench-fp8: max(bytes incl. scales / 4.8 TB/s,
+SwiGLU, down, weighted sum back), in one CUDA graph where it can be captured, else eagerly (the table says which). Floors as in bench-fp8: max(bytes incl. scales / 4.8 TB/s,
 FLOPs / 1,341 TFLOP/s).
 
 Usage: python3 bench/torch_fp8_peers.py [--rows 1,2,4,8,64,1024] [--tokens 1,16,64,256,1024,8192]
@@ -49,6 +49,19 @@ def graph_ms(body, iterations):
     for start, end in zip(starts, ends):
         start.record()
         graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def eager_ms(body, iterations):
+    for _ in range(3):
+        body()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+    for start, end in zip(starts, ends):
+        start.record()
+        body()
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
@@ -132,15 +145,17 @@ def bench_moe(tokens_list, iterations, device):
         def body():
             experts(h, *route(h, router, bias), gate_up, gate_up_scale, down, down_scale)
 
+        mode = "graph"
         try:
             ms = graph_ms(body, iterations)
-        except Exception as error:  # noqa: BLE001
-            print(f"| {tokens} | — | error: {str(error).splitlines()[0][:100]} | — | — |")
-            continue
+        except Exception:  # noqa: BLE001 - a host sync in the routing or grouping: time it eagerly instead
+            torch.cuda.synchronize()
+            mode = "eager"
+            ms = eager_ms(body, iterations)
         hit = route(h, router, bias)[0].unique().numel()
         nbytes = 4 * EXPERTS * HIDDEN + hit * 3 * fp8_bytes(HIDDEN, INTERMEDIATE)
         floor = max(nbytes / HBM, 6 * HIDDEN * INTERMEDIATE * tokens * TOP_K / FP8_PEAK) * 1e3
-        print(f"| {tokens} | {hit} | {ms:.4f} | {floor:.4f} | {floor / ms:.2f} |", flush=True)
+        print(f"| {tokens} | {hit} | {ms:.4f} ({mode}) | {floor:.4f} | {floor / ms:.2f} |", flush=True)
 
 
 def main():
@@ -148,10 +163,14 @@ def main():
     parser.add_argument("--rows", default="1,2,4,8,64,1024")
     parser.add_argument("--tokens", default="1,16,64,256,1024,8192")
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--no-linear", action="store_true")
+    parser.add_argument("--no-moe", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(1)
-    bench_linear([int(r) for r in args.rows.split(",")], args.iterations, "cuda")
-    bench_moe([int(t) for t in args.tokens.split(",")], args.iterations, "cuda")
+    if not args.no_linear:
+        bench_linear([int(r) for r in args.rows.split(",")], args.iterations, "cuda")
+    if not args.no_moe:
+        bench_moe([int(t) for t in args.tokens.split(",")], args.iterations, "cuda")
 
 
 if __name__ == "__main__":

@@ -1071,14 +1071,18 @@ void test_sample(Harness& harness) {
 // back, FP32 sums: the device's W8A8 paths must match it up to summation order (kFp8EmulationTolerance); (b) the exact
 // reference, F32 activations: the W8A16 streaming paths must match it up to summation order (kF32Tolerance), the W8A8
 // ones within the E4M3 rounding of the activations (3 mantissa bits: a few percent relative).
-constexpr double kFp8EmulationTolerance = 1e-5;
+// Not FP32's 1e-5: within each 128-wide k block Hopper's FP8 tensor cores accumulate with fewer bits than FP32 (the
+// reason the partial sums are promoted per block), measured 1.1e-4 against the emulation on the H200 (2026-12-02).
+constexpr double kFp8EmulationTolerance = 3e-4;
 // Up to this many rows the CUDA backend streams FP8 weights with F32 activations (CudaBackend::kFp8StreamingMaxRows);
 // a MoE streams one token.
-constexpr int64_t kFp8StreamedRows = 2;
+constexpr int64_t kFp8StreamedRows = 1;
 // A SwiGLU or MoE quantizes twice (h, then the SwiGLU output): where the device's SwiGLU output differs from the
 // emulation's by rounding, a value next to an E4M3 rounding boundary can round the other way (one code, 1/16 relative
 // of that one product), so the emulated pipelines get more room than one projection.
-constexpr double kFp8PipelineEmulationTolerance = 1e-3;
+// Measured 2e-3 to 5.7e-3 on the H200 (the 1e-4 of each GEMM flips a few E4M3 codes of the SwiGLU output); a lost or
+// doubled tile gives errors near 1.
+constexpr double kFp8PipelineEmulationTolerance = 1.5e-2;
 constexpr double kFp8ActivationTolerance = 6e-2;          // one E4M3 rounding of the activations (linear, lm_head)
 constexpr double kFp8PipelineActivationTolerance = 8e-2;  // two (swiglu, moe)
 

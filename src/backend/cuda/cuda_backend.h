@@ -103,8 +103,10 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kStreamingSingleMaxRows = 1;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
   // FP8 block-128 weights stream (W8A16, quant/fp8.h) up to this many rows, in every op; more rows take the FP8
-  // wgmma GEMMs (W8A8). The MoE streams one token (set_streaming_max_rows(0) sends it to wgmma too).
-  static constexpr int64_t kFp8StreamingMaxRows = cuda::fp8::kMaxStreamRows;
+  // wgmma GEMMs (W8A8). The MoE streams one token (set_streaming_max_rows(0) sends it to wgmma too). One row: at two
+  // the streaming kernel re-reads its F32 activations from L1 for every 16 weight bytes and was 1.7-4x slower than
+  // wgmma on the H200 (bench/results/2026-12-02-fp8.md).
+  static constexpr int64_t kFp8StreamingMaxRows = 1;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
