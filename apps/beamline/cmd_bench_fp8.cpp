@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/presets.h"
 #include "commands.h"
 #include "gpu_bench.h"
 #include "model/beam_model.h"
-#include "model/presets.h"
 #include "util/error.h"
 
 #ifdef BEAMLINE_HAVE_CUDA

@@ -22,8 +22,8 @@
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/device_common.cuh"
-#include "backend/cuda/moe/moe.h"
 #include "backend/cuda/common/mbarrier.cuh"
+#include "backend/cuda/moe/moe.h"
 #include "backend/cuda/quant/fp8.h"
 #include "backend/cuda/quant/wgmma_e4m3.cuh"
 
