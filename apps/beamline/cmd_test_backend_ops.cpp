@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <deque>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -18,7 +20,13 @@
 #include "backend/backend.h"
 #include "backend/registry.h"
 #include "commands.h"
+#include "quant/activation_quant.h"
+#include "quant/quantize.h"
 #include "util/error.h"
+
+#ifdef BEAMLINE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace beamline::cli {
 namespace {
@@ -1057,6 +1065,330 @@ void test_sample(Harness& harness) {
   }
 }
 
+// ---- FP8 block-128 weights (MODEL_FORMAT.md section 5 "fp8"; the CUDA paths of backend/cuda/quant/fp8.h) ----
+// Each output is held against two references on the CPU backend, both with the weights dequantized exactly
+// (quant/quantize.h) as F32: (a) the W8A8 emulation, activations through quant/activation_quant.h's quantizer and
+// back, FP32 sums: the device's W8A8 paths must match it up to summation order (kFp8EmulationTolerance); (b) the exact
+// reference, F32 activations: the W8A16 streaming paths must match it up to summation order (kF32Tolerance), the W8A8
+// ones within the E4M3 rounding of the activations (3 mantissa bits: a few percent relative).
+// Not FP32's 1e-5: within each 128-wide k block Hopper's FP8 tensor cores accumulate with fewer bits than FP32 (the
+// reason the partial sums are promoted per block), measured 1.1e-4 against the emulation on the H200 (2026-12-02).
+constexpr double kFp8EmulationTolerance = 3e-4;
+// Up to this many rows the CUDA backend streams FP8 weights with F32 activations (CudaBackend::kFp8StreamingMaxRows);
+// a MoE streams one token.
+constexpr int64_t kFp8StreamedRows = 1;
+// A SwiGLU or MoE quantizes twice (h, then the SwiGLU output): where the device's SwiGLU output differs from the
+// emulation's by rounding, a value next to an E4M3 rounding boundary can round the other way (one code, 1/16 relative
+// of that one product), so the emulated pipelines get more room than one projection.
+// Measured 2e-3 to 5.7e-3 on the H200 (the 1e-4 of each GEMM flips a few E4M3 codes of the SwiGLU output); a lost or
+// doubled tile gives errors near 1.
+constexpr double kFp8PipelineEmulationTolerance = 1.5e-2;
+constexpr double kFp8ActivationTolerance = 6e-2;          // one E4M3 rounding of the activations (linear, lm_head)
+constexpr double kFp8PipelineActivationTolerance = 8e-2;  // two (swiglu, moe)
+
+// One FP8 weight on both backends: codes and scales on the device, the exact dequantization as F32 on the reference.
+struct Fp8Weight {
+  LinearTensors device;
+  Tensor reference;  // F32 [out, in]
+};
+
+class Fp8Weights {
+ public:
+  explicit Fp8Weights(Harness& harness) : harness_(harness) {}
+  Fp8Weight make(int64_t out, int64_t in, float scale) {
+    const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
+    const QuantizedWeight& q = quantized_.emplace_back(quantize_weight(QuantScheme::Fp8Block, values, out, in));
+    const std::vector<float>& exact = exact_.emplace_back(dequantize_weight(q.view()));
+    auto view = [](DType dtype, std::vector<int64_t> shape, const void* data, std::size_t bytes) {
+      TensorView v;
+      v.name = fmt::format("fp8 test {}", shape_string(shape));
+      v.dtype = dtype;
+      v.shape = std::move(shape);
+      v.data = static_cast<const std::byte*>(data);
+      v.nbytes = bytes;
+      return v;
+    };
+    const int64_t scale_rows = (out + 127) / 128, scale_cols = (in + 127) / 128;
+    Fp8Weight w;
+    w.device.weight = harness_.device().load_weight(view(DType::F8_E4M3, {out, in}, q.codes.data(), q.codes.size()));
+    w.device.scale =
+        harness_.device().load_weight(view(DType::F32, {scale_rows, scale_cols}, q.scales.data(), q.scales.size()));
+    w.reference = harness_.reference().load_weight(view(DType::F32, {out, in}, exact.data(), exact.size() * 4));
+    return w;
+  }
+
+ private:
+  Harness& harness_;
+  std::deque<QuantizedWeight> quantized_;
+  std::deque<std::vector<float>> exact_;
+};
+
+// x' = the activations through the reference quantizer and back.
+std::vector<float> w8a8_activations(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  return dequantize_activations(quantize_activations(x, rows, cols));
+}
+
+// x W^T on the reference backend, for host vectors.
+std::vector<float> reference_linear(Harness& harness, const std::vector<float>& x, int64_t rows, const Tensor& weight) {
+  Tensor input = harness.reference().upload_f32(x, {rows, weight.dim(1)});
+  Tensor y = harness.reference().alloc(DType::F32, {rows, weight.dim(0)});
+  harness.reference().linear(input, {weight, {}, {}}, y);
+  return harness.reference().download_f32(y);
+}
+
+float host_silu(float a) { return a / (1.0f + std::exp(-a)); }
+
+// Records the device's `out` against both references; `streamed` paths are exact (W8A16), the others W8A8.
+void record_fp8(Harness& harness, const std::string& op, const std::string& shape, const Tensor& out,
+                const std::vector<float>* emulated, const std::vector<float>& exact, bool streamed, bool pipeline,
+                double seconds) {
+  auto record = [&](const std::vector<float>& ref, double tolerance, const char* what) {
+    Result result{op, fmt::format("{} vs {}", shape, what), 0.0, tolerance, {}, false, seconds};
+    result.error = relative_error(harness.device().download_f32(out), ref);
+    result.passed = result.error <= tolerance;
+    harness.record_result(std::move(result));
+  };
+  if (streamed) {
+    record(exact, kF32Tolerance, "exact (W8A16 streamed)");
+    return;
+  }
+  if (emulated != nullptr)
+    record(*emulated, pipeline ? kFp8PipelineEmulationTolerance : kFp8EmulationTolerance, "W8A8 emulation");
+  record(exact, pipeline ? kFp8PipelineActivationTolerance : kFp8ActivationTolerance, "exact (E4M3 activations)");
+}
+
+#ifdef BEAMLINE_HAVE_CUDA
+// The device's activation quantizer bit for bit against quant/activation_quant.h: all-zero blocks, a ragged last
+// block, huge and tiny values, NaN.
+void test_fp8_quantize(Harness& harness) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&harness.device());
+  if (cuda == nullptr) return;
+  for (auto [rows, cols] : {std::pair{5L, 5120L}, {3L, 336L}, {64L, 2560L}, {2L, 16L}}) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<float> x = harness.inputs().uniform(rows * cols, 4.0f);
+    std::fill(x.begin(), x.begin() + std::min<int64_t>(cols, 128), 0.0f);  // an all-zero block
+    x[static_cast<std::size_t>(rows * cols - 1)] = 3e4f;                   // saturating neighbours stay finite
+    if (cols > 200) x[static_cast<std::size_t>(cols + 130)] = 1e-30f;    // subnormal codes
+    const QuantizedActivations expected = quantize_activations(x, rows, cols);
+    Tensor input = cuda->upload_f32(x, {rows, cols});
+    Tensor codes = cuda->alloc(DType::U8, {rows, cols});
+    Tensor scales = cuda->alloc(DType::F32, {rows, expected.groups_per_row()});
+    cuda->quantize_fp8_rows(input, codes, scales);
+    std::vector<uint8_t> got_codes(expected.codes.size());
+    cuda->download(codes, got_codes.data());
+    const std::vector<float> got_scales = cuda->download_f32(scales);
+    int64_t mismatches = 0;
+    for (std::size_t i = 0; i < got_codes.size(); ++i) mismatches += got_codes[i] != expected.codes[i] ? 1 : 0;
+    for (std::size_t i = 0; i < got_scales.size(); ++i)
+      mismatches += std::memcmp(&got_scales[i], &expected.scales[i], 4) != 0 ? 1 : 0;
+    Result result{"fp8_quantize", fmt::format("T {} C {}: codes and scales bit for bit", rows, cols),
+                  static_cast<double>(mismatches), 0.0, fmt::format("{} mismatches", mismatches), mismatches == 0,
+                  seconds_since(start)};
+    harness.record_result(std::move(result));
+  }
+}
+#else
+void test_fp8_quantize(Harness&) {}
+#endif
+
+void test_fp8_linear(Harness& harness) {
+  struct Case {
+    int64_t in, out;
+    std::vector<int64_t> rows;
+    const char* what;
+  };
+  std::vector<Case> cases{{5120, 6144, {1, 2, 3, 8, 16, 64, 300}, "q"},
+                          {6144, 5120, {1, 5, 130}, "o"},
+                          {2560, 5120, {2, 33}, "down"},
+                          {336, 77, {1, 2, 3, 9, 200}, "odd: in not a multiple of 128, out not of 64"}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
+  Fp8Weights weights(harness);
+  for (const Case& c : cases) {
+    const Fp8Weight w = weights.make(c.out, c.in, 1.0f / std::sqrt(static_cast<float>(c.in)));
+    for (int64_t rows : c.rows) {
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<float> x = harness.inputs().uniform(rows * c.in);
+      Tensor xd = harness.device().upload_f32(x, {rows, c.in});
+      auto y = harness.poisoned(DType::F32, {rows, c.out});
+      harness.device().linear(xd, w.device, y.device);
+      const bool streamed = rows <= kFp8StreamedRows;
+      const std::vector<float> exact = reference_linear(harness, x, rows, w.reference);
+      const std::vector<float> emulated = reference_linear(harness, w8a8_activations(x, rows, c.in), rows, w.reference);
+      record_fp8(harness, "fp8_linear", fmt::format("T {} {}x{} ({})", rows, c.out, c.in, c.what), y.device, &emulated,
+                 exact, streamed, false, seconds_since(start));
+    }
+  }
+  // q|k|v in one op.
+  const int64_t in = harness.small_only() ? 272 : 5120;
+  std::vector<int64_t> outs = harness.small_only() ? std::vector<int64_t>{77, 5, 130} : std::vector<int64_t>{6144, 1024, 1024};
+  std::vector<Fp8Weight> qkv;
+  for (int64_t out : outs) qkv.push_back(weights.make(out, in, 1.0f / std::sqrt(static_cast<float>(in))));
+  for (int64_t rows : {1L, 2L, 4L, 64L}) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<float> x = harness.inputs().uniform(rows * in);
+    Tensor xd = harness.device().upload_f32(x, {rows, in});
+    std::vector<Harness::Pair> ys;
+    std::vector<const LinearTensors*> list;
+    std::vector<Tensor*> outputs;
+    for (std::size_t i = 0; i < outs.size(); ++i) ys.push_back(harness.poisoned(DType::F32, {rows, outs[i]}));
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      list.push_back(&qkv[i].device);
+      outputs.push_back(&ys[i].device);
+    }
+    harness.device().linear_many(xd, list, outputs);
+    const std::vector<float> quantized = w8a8_activations(x, rows, in);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      const std::vector<float> exact = reference_linear(harness, x, rows, qkv[i].reference);
+      const std::vector<float> emulated = reference_linear(harness, quantized, rows, qkv[i].reference);
+      record_fp8(harness, "fp8_linear_many", fmt::format("T {} {}x{}, output {}", rows, outs[i], in, i + 1),
+                 ys[i].device, &emulated, exact, rows <= kFp8StreamedRows, false,
+                 seconds_since(start));
+    }
+  }
+}
+
+void test_fp8_lm_head(Harness& harness) {
+  const int64_t hidden = harness.small_only() ? 336 : 5120, vocab = 4099, tokens = 6;
+  Fp8Weights weights(harness);
+  const Fp8Weight head = weights.make(vocab, hidden, 1.0f / std::sqrt(static_cast<float>(hidden)));
+  auto norm = harness.random_weight(DType::BF16, {hidden}, 1.0f);
+  for (const std::vector<int32_t>& selected : {std::vector<int32_t>{5}, std::vector<int32_t>{0, 2, 5}}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto count = static_cast<int64_t>(selected.size());
+    auto x = harness.f32(harness.inputs().uniform(tokens * hidden, 3.0f), {tokens, hidden});
+    auto rows = harness.i32(selected, {count});
+    auto logits = harness.poisoned(DType::F32, {count, vocab});
+    harness.device().lm_head(x.device, rows.device, norm.device, 1e-6f, head.device, 30.0f, logits.device);
+    harness.reference().lm_head(x.reference, rows.reference, norm.reference, 1e-6f, {head.reference, {}, {}}, 30.0f,
+                                logits.reference);
+    record_fp8(harness, "fp8_lm_head", fmt::format("{} of {} rows, V {} H {}, softcap 30", count, tokens, vocab, hidden),
+               logits.device, nullptr, harness.reference().download_f32(logits.reference),
+               count <= kFp8StreamedRows, false, seconds_since(start));
+  }
+}
+
+// The W8A8 SwiGLU as the device computes it, on the host: h and the SwiGLU output each through the quantizer.
+std::vector<float> emulated_swiglu(Harness& harness, const std::vector<float>& h, int64_t rows, const Tensor& gate,
+                                   const Tensor& up, const Tensor& down) {
+  const int64_t inter = gate.dim(0);
+  const std::vector<float> hq = w8a8_activations(h, rows, gate.dim(1));
+  const std::vector<float> g = reference_linear(harness, hq, rows, gate), u = reference_linear(harness, hq, rows, up);
+  std::vector<float> a(g.size());
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = host_silu(g[i]) * u[i];
+  return reference_linear(harness, w8a8_activations(a, rows, inter), rows, down);
+}
+
+void test_fp8_swiglu(Harness& harness) {
+  struct Case {
+    int64_t hidden, intermediate;
+    std::vector<int64_t> rows;
+  };
+  std::vector<Case> cases{{5120, 2560, {1, 2, 7, 64}}, {336, 208, {1, 5, 70}}};
+  if (harness.small_only()) cases.erase(cases.begin());
+  Fp8Weights weights(harness);
+  for (const Case& c : cases) {
+    const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+    SwigluTensors device_mlp;
+    const Fp8Weight gate = weights.make(c.intermediate, c.hidden, in_scale);
+    const Fp8Weight up = weights.make(c.intermediate, c.hidden, in_scale);
+    const Fp8Weight down = weights.make(c.hidden, c.intermediate, 1.0f / std::sqrt(static_cast<float>(c.intermediate)));
+    device_mlp = {gate.device, up.device, down.device};
+    for (int64_t rows : c.rows) {
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<float> h = harness.inputs().uniform(rows * c.hidden);
+      auto hp = harness.f32(h, {rows, c.hidden});
+      auto out = harness.poisoned(DType::F32, {rows, c.hidden});
+      harness.device().swiglu(hp.device, device_mlp, out.device);
+      harness.reference().swiglu(hp.reference, {{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}},
+                                 out.reference);
+      const std::vector<float> emulated = emulated_swiglu(harness, h, rows, gate.reference, up.reference, down.reference);
+      record_fp8(harness, "fp8_swiglu", fmt::format("T {} H {} I {}", rows, c.hidden, c.intermediate), out.device,
+                 &emulated, harness.reference().download_f32(out.reference),
+                 rows <= kFp8StreamedRows, true, seconds_since(start));
+    }
+  }
+}
+
+void test_fp8_moe(Harness& harness) {
+  struct Case {
+    int64_t rows, hidden, intermediate;
+    int32_t experts, top_k, distinct;
+    const char* what;
+    std::vector<int32_t> counts = {};
+  };
+  std::vector<Case> cases{
+      {1, 5120, 2560, 16, 8, 3, "beam widths, one token: streamed"},
+      {2, 5120, 2560, 16, 8, 3, "beam widths, two tokens"},
+      {64, 5120, 2560, 16, 8, 3, "beam widths"},
+      {300, 5120, 2560, 16, 8, 3, "beam widths, prefill (tiles of 128)"},
+      {1, 256, 128, 8, 2, 8, "small, one token"},
+      {2, 256, 128, 8, 2, 8, "small, two tokens"},
+      {33, 256, 128, 8, 2, 8, "small"},
+      {70, 336, 208, 12, 3, 12, "odd widths"},
+      {60, 336, 208, 64, 2, 16, "tiles of 8, counts 1/7/8/9/16/17/22/40, most idle",
+       sparse_counts(64, {{0, 1}, {5, 7}, {9, 8}, {20, 9}, {33, 16}, {40, 17}, {50, 22}, {63, 40}})},
+      {600, 256, 128, 10, 2, 10, "tiles of 128, counts 0/1/63/64/65/127/128/129/300/323",
+       {0, 1, 63, 64, 65, 127, 128, 129, 300, 323}}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    Fp8Weights weights(harness);
+    std::vector<Fp8Weight> gate, up, down;
+    for (int32_t e = 0; e < c.distinct; ++e) {
+      const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
+      gate.push_back(weights.make(c.intermediate, c.hidden, in_scale));
+      up.push_back(weights.make(c.intermediate, c.hidden, in_scale));
+      down.push_back(weights.make(c.hidden, c.intermediate, 1.0f / std::sqrt(static_cast<float>(c.intermediate))));
+    }
+    MoeTensors device_moe, reference_moe;
+    for (int32_t e = 0; e < c.experts; ++e) {
+      const auto i = static_cast<std::size_t>(e % c.distinct);
+      device_moe.experts.push_back({gate[i].device, up[i].device, down[i].device});
+      reference_moe.experts.push_back(
+          {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
+    }
+    harness.device().prepare_moe(device_moe);
+    harness.reference().prepare_moe(reference_moe);
+    auto [id_values, weight_values] = random_assignment(harness.inputs(), c.rows, c.experts, c.top_k);
+    if (!c.counts.empty()) id_values = assignment_with_counts(harness.inputs(), c.counts, c.rows, c.top_k);
+    auto ids = harness.i32(id_values, {c.rows, c.top_k});
+    auto routing = harness.f32(weight_values, {c.rows, c.top_k});
+    const std::vector<float> h = harness.inputs().uniform(c.rows * c.hidden);
+    auto hp = harness.f32(h, {c.rows, c.hidden});
+    auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
+    harness.device().moe(hp.device, ids.device, routing.device, device_moe, out.device);
+    harness.reference().moe(hp.reference, ids.reference, routing.reference, reference_moe, out.reference);
+    // The W8A8 emulation per slot, summed in j order (small widths only: host loops).
+    std::vector<float> emulated;
+    const bool emulate = c.hidden * c.intermediate <= 336 * 208;
+    if (emulate) {
+      emulated.assign(static_cast<std::size_t>(c.rows * c.hidden), 0.0f);
+      for (int64_t t = 0; t < c.rows; ++t)
+        for (int32_t j = 0; j < c.top_k; ++j) {
+          const auto slot = static_cast<std::size_t>(t * c.top_k + j);
+          const auto e = static_cast<std::size_t>(id_values[slot] % c.distinct);
+          const std::vector<float> row(h.begin() + t * c.hidden, h.begin() + (t + 1) * c.hidden);
+          const std::vector<float> y =
+              emulated_swiglu(harness, row, 1, gate[e].reference, up[e].reference, down[e].reference);
+          for (int64_t i = 0; i < c.hidden; ++i) emulated[static_cast<std::size_t>(t * c.hidden + i)] += weight_values[slot] * y[static_cast<std::size_t>(i)];
+        }
+    }
+    record_fp8(harness, "fp8_moe",
+               fmt::format("T {} H {} I {} E {} top {} ({})", c.rows, c.hidden, c.intermediate, c.experts, c.top_k,
+                           c.what),
+               out.device, emulate ? &emulated : nullptr, harness.reference().download_f32(out.reference), c.rows == 1,
+               true, seconds_since(start));
+  }
+}
+
+void test_fp8(Harness& harness) {
+  test_fp8_quantize(harness);
+  test_fp8_linear(harness);
+  test_fp8_lm_head(harness);
+  test_fp8_swiglu(harness);
+  test_fp8_moe(harness);
+}
+
 void run(const Options& options) {
   std::unique_ptr<Backend> device = create_backend(options.device);
   device->set_compute_dtype(parse_compute_dtype(options.dtype, device->device()));
@@ -1068,7 +1400,8 @@ void run(const Options& options) {
       {"place_tokens", test_place_tokens}, {"embedding", test_embedding}, {"rms_norm", test_norms},         {"linear", test_linear},
       {"linear_rows", test_linear_rows}, {"linear_many", test_linear_many}, {"rope", test_rope_ssmax},
       {"attention", test_attention},   {"route", test_route},            {"moe", test_moe},
-      {"swiglu", test_swiglu},         {"lm_head", test_lm_head},        {"sample", test_sample}};
+      {"swiglu", test_swiglu},         {"lm_head", test_lm_head},        {"sample", test_sample},
+      {"fp8", test_fp8}};
   for (const auto& [name, body] : groups)
     if (harness.wanted(name)) body(harness);
   harness.print_table();
@@ -1086,7 +1419,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
   command->add_option("--filter", options->filter,
                       "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, embedding, "
-                      "rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, lm_head, sample)");
+                      "rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, lm_head, sample, fp8)");
   command
       ->add_option("--dtype", options->dtype,
                    "compute dtype of the backend under test (float32: FP32-accurate tolerances; bfloat16: BF16 ones)")

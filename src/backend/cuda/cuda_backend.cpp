@@ -15,6 +15,7 @@
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
+#include "backend/cuda/quant/fp8.h"
 #include "backend/op_checks.h"
 #include "backend/registry.h"
 #include "util/error.h"
@@ -47,9 +48,30 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
           op, what, dtype_name(dtype));
 }
 
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
 void require_unquantized(const LinearTensors& weight, std::string_view op) {
   require(!weight.scale.defined(), "{}: quantized weight {} is not supported by the cuda backend yet", op,
           describe(weight.weight));
+}
+
+// FP8 block-128 (MODEL_FORMAT.md section 5 "fp8"): E4M3 [out, in] with F32 scales [ceil(out/128), ceil(in/128)].
+// The other quantized layouts (MXFP8's E8M0 scales, NVFP4) are refused by name.
+bool is_fp8_block(const LinearTensors& weight) { return weight.weight.dtype() == DType::F8_E4M3; }
+
+void check_fp8_block(const LinearTensors& weight, std::string_view op) {
+  require_device(weight.weight, op, "weight");
+  require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
+  const int64_t out = weight.weight.dim(0), in = weight.weight.dim(1);
+  require(weight.scale.defined(), "{}: FP8 weight {} has no block scales", op, describe(weight.weight));
+  require_device(weight.scale, op, "weight scale");
+  require(weight.scale.dtype() == DType::F32 && !weight.scale_2.defined(),
+          "{}: weight {} with scale {}: only FP8 block-128 (F32 scales) is supported by the cuda backend so far "
+          "(MXFP8 and NVFP4 are not)",
+          op, describe(weight.weight), describe(weight.scale));
+  require_shape(weight.scale, {cuda::fp8::blocks_of(out), cuda::fp8::blocks_of(in)}, op, "weight scale");
+  require(cuda::fp8::gemm_supported(in) && aligned16(weight.weight.raw()),
+          "{}: FP8 weight {} needs in_features a multiple of 16 on the cuda backend", op, describe(weight.weight));
 }
 
 int to_int(int64_t value, std::string_view what) {
@@ -107,15 +129,32 @@ cuda::BatchGeometry batch_geometry(const AttentionBatch& batch, const Tensor& bl
   return geometry;
 }
 
+}  // namespace
+
 // The device pointer tables of one MoE layer's experts, made by prepare_moe.
 struct PackedExperts {
   Tensor pointers;     // I64 [3, E]: gate, up, down
   Tensor tensor_maps;  // U8 [3, E, kTensorMapBytes] of the same matrices when the wgmma GEMMs can take them
+  Tensor scale_pointers;  // FP8: I64 [3, E], the block scales of the same matrices
   DType dtype = DType::BF16;
   int64_t hidden = 0, intermediate = 0;
 };
 
+namespace {
+
+
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
+  if (is_fp8_block(mlp.gate)) {
+    for (const LinearTensors* w : {&mlp.gate, &mlp.up, &mlp.down}) {
+      require(is_fp8_block(*w), "{}: gate is FP8, {} is not", op, describe(w->weight));
+      check_fp8_block(*w, op);
+    }
+    const int64_t intermediate = mlp.gate.weight.dim(0);
+    require_shape(mlp.gate.weight, {intermediate, hidden}, op, "gate");
+    require_shape(mlp.up.weight, {intermediate, hidden}, op, "up");
+    require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
+    return;
+  }
   for (const LinearTensors* w : {&mlp.gate, &mlp.up, &mlp.down}) {
     require_device(w->weight, op, "expert weight");
     require(w->weight.rank() == 2, "{}: expert weight {} is not a matrix", op, describe(w->weight));
@@ -132,8 +171,12 @@ void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op)
 }
 
 void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y, std::string_view op) {
-  require_float_weight(weight.weight, op, "weight");
-  require_unquantized(weight, op);
+  if (is_fp8_block(weight)) {
+    check_fp8_block(weight, op);
+  } else {
+    require_float_weight(weight.weight, op, "weight");
+    require_unquantized(weight, op);
+  }
   require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
   const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
   require_device(x, op, "x");
@@ -142,8 +185,6 @@ void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y,
   require_dtype(x, DType::F32, op, "x");
   require_dtype(y, DType::F32, op, "y");
 }
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 struct Registration {
   Registration() {
@@ -362,6 +403,15 @@ Tensor CudaBackend::load_weight(const TensorView& view) {
 }
 
 Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) {
+  if (dtype == DType::F8_E4M3) {  // FP8 codes for benchmarks (the CPU backend draws no FP8 weights)
+    Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
+    std::shared_ptr<std::byte> memory = weights_.allocate(probe.nbytes());
+    check_launch(cuda::fp8::fill_random_e4m3(reinterpret_cast<uint8_t*>(memory.get()), probe.numel(), key, mean, stddev,
+                                             stream_),
+                 "random_weight");
+    std::byte* data = memory.get();
+    return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(memory));
+  }
   require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
           "random_weight: dtype {} is not a float storage type (F32, BF16, F16)", dtype_name(dtype));
   Tensor probe(Device::Cuda, dtype, shape, nullptr, nullptr);
@@ -370,6 +420,42 @@ Tensor CudaBackend::random_weight(DType dtype, std::vector<int64_t> shape, uint6
   std::byte* data = memory.get();
   return Tensor(Device::Cuda, dtype, std::move(shape), data, std::move(memory));
 }
+
+namespace {
+
+// FP8 experts (shapes checked by check_swiglu): the scale pointers and the tensor maps of every matrix for the FP8
+// wgmma GEMMs.
+void prepare_fp8_experts(Backend& backend, const MoeTensors& moe, const std::vector<int64_t>& pointers,
+                         PackedExperts& packed) {
+  const auto experts = static_cast<int64_t>(moe.experts.size());
+  packed.dtype = DType::F8_E4M3;
+  packed.hidden = moe.experts.front().gate.weight.dim(1);
+  packed.intermediate = moe.experts.front().gate.weight.dim(0);
+  require(cuda::fp8::moe_supported(static_cast<int32_t>(experts), packed.hidden, packed.intermediate),
+          "prepare_moe: {} FP8 experts of H {} and I {} exceed the cuda kernels' limits ({} experts, widths multiples "
+          "of 16)",
+          experts, packed.hidden, packed.intermediate, cuda::kMaxMmaExperts);
+  std::vector<int64_t> scales(static_cast<std::size_t>(3 * experts));
+  std::vector<unsigned char> maps(3 * static_cast<std::size_t>(experts) * cuda::fp8::kTensorMapBytes);
+  for (int64_t e = 0; e < experts; ++e) {
+    const SwigluTensors& expert = moe.experts[static_cast<std::size_t>(e)];
+    const LinearTensors* matrices[3] = {&expert.gate, &expert.up, &expert.down};
+    for (int64_t m = 0; m < 3; ++m) {
+      const auto i = static_cast<std::size_t>(m * experts + e);
+      scales[i] = reinterpret_cast<int64_t>(matrices[m]->scale.raw());
+      const bool down = m == 2;
+      BEAMLINE_CUDA_CHECK(cuda::fp8::encode_weight_map(reinterpret_cast<const void*>(pointers[i]),
+                                                       down ? packed.hidden : packed.intermediate,
+                                                       down ? packed.intermediate : packed.hidden,
+                                                       maps.data() + i * cuda::fp8::kTensorMapBytes));
+    }
+  }
+  packed.scale_pointers = backend.upload(scales.data(), DType::I64, {3, experts});
+  packed.tensor_maps =
+      backend.upload(maps.data(), DType::U8, {3, experts, static_cast<int64_t>(cuda::fp8::kTensorMapBytes)});
+}
+
+}  // namespace
 
 void CudaBackend::prepare_moe(MoeTensors& moe) {
   require(!moe.experts.empty(), "prepare_moe: no experts");
@@ -387,6 +473,11 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
   }
   auto packed = std::make_shared<PackedExperts>();
   packed->pointers = upload(pointers.data(), DType::I64, {3, experts});
+  if (is_fp8_block(moe.experts.front().gate)) {
+    prepare_fp8_experts(*this, moe, pointers, *packed);
+    moe.packed = std::move(packed);
+    return;
+  }
   packed->dtype = moe.experts.front().gate.weight.dtype();
   packed->hidden = hidden;
   packed->intermediate = moe.experts.front().gate.weight.dim(0);
@@ -516,9 +607,61 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
   check_launch(cuda::add_halves(halves.data<const float>(), rows * out, y, stream_), "linear");
 }
 
+void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                              std::span<float* const> ys, float softcap) {
+  if (rows == 0 || weights.empty()) return;
+  const int64_t in = weights.front()->weight.dim(1);
+  if (rows <= std::min(streaming_max_rows_, kFp8StreamingMaxRows) && aligned16(x) &&
+      cuda::fp8::stream_supported(rows, in)) {
+    // W8A16: every weight byte read once, F32 activations; kMaxStreamWeights weights per launch.
+    for (std::size_t first = 0; first < weights.size(); first += cuda::fp8::kMaxStreamWeights) {
+      cuda::fp8::StreamBatch batch;
+      batch.in = in;
+      batch.softcap = softcap;
+      for (std::size_t i = first; i < std::min(weights.size(), first + cuda::fp8::kMaxStreamWeights); ++i) {
+        batch.weight[batch.count] = weights[i]->weight.data<const uint8_t>();
+        batch.scale[batch.count] = weights[i]->scale.data<const float>();
+        batch.y[batch.count] = ys[i];
+        batch.out[batch.count] = weights[i]->weight.dim(0);
+        ++batch.count;
+      }
+      check_launch(cuda::fp8::stream_rows(x, rows, batch, stream_), "linear (fp8 streaming)");
+    }
+    return;
+  }
+  // W8A8: the rows quantized once per token and 128 channels, then one FP8 wgmma GEMM per weight.
+  Tensor xq = scratch(DType::U8, {rows, in}), xs = scratch(DType::F32, {rows, cuda::fp8::blocks_of(in)});
+  check_launch(cuda::fp8::quantize_rows(x, rows, in, xq.data<uint8_t>(), xs.data<float>(), stream_),
+               "linear (fp8 quantize)");
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    check_launch(cuda::fp8::linear(xq.data<const uint8_t>(), xs.data<const float>(), rows, in, weights[i]->weight.raw(),
+                                   weights[i]->scale.data<const float>(), weights[i]->weight.dim(0), softcap, ys[i],
+                                   stream_),
+                 "linear (fp8 wgmma)");
+}
+
+void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scales) {
+  require_device(x, "quantize_fp8_rows", "x");
+  require(x.rank() == 2, "quantize_fp8_rows: x must be [rows, cols], got {}", describe(x));
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  require_dtype(x, DType::F32, "quantize_fp8_rows", "x");
+  require(cuda::fp8::quantize_supported(cols), "quantize_fp8_rows: {} columns are not a multiple of 16", cols);
+  require_shape(codes, {rows, cols}, "quantize_fp8_rows", "codes");
+  require_shape(scales, {rows, cuda::fp8::blocks_of(cols)}, "quantize_fp8_rows", "scales");
+  check_launch(cuda::fp8::quantize_rows(x.data<const float>(), rows, cols, codes.data<uint8_t>(), scales.data<float>(),
+                                        stream_),
+               "quantize_fp8_rows");
+}
+
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
   const auto timing = time_op("linear");
   check_linear(x, weight, y, "linear");
+  if (is_fp8_block(weight)) {
+    const LinearTensors* const weights[] = {&weight};
+    float* const outputs[] = {y.data<float>()};
+    project_fp8(x.data<const float>(), x.dim(0), weights, outputs, 0.0f);
+    return;
+  }
   project(x.data<const float>(), x.dim(0), weight.weight, y.data<float>());
 }
 
@@ -528,10 +671,17 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
   require(weights.size() == ys.size(), "linear_many: {} weights for {} outputs", weights.size(), ys.size());
   std::vector<const Tensor*> matrices;
   std::vector<float*> outputs;
+  std::size_t fp8 = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     check_linear(x, *weights[i], *ys[i], "linear_many");
     matrices.push_back(&weights[i]->weight);
     outputs.push_back(ys[i]->data<float>());
+    fp8 += is_fp8_block(*weights[i]) ? 1 : 0;
+  }
+  if (fp8 > 0) {
+    require(fp8 == weights.size(), "linear_many: FP8 and unquantized weights in one call");
+    project_fp8(x.data<const float>(), x.dim(0), weights, outputs, 0.0f);
+    return;
   }
   if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f, kStreamingMaxRows)) return;
   for (std::size_t i = 0; i < weights.size(); ++i) project(x.data<const float>(), x.dim(0), *matrices[i], outputs[i]);
@@ -655,6 +805,10 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   require_dtype(expert_weights, DType::F32, "moe", "expert_weights");
   require_shape(out, h.shape(), "moe", "out");
   if (rows == 0) return;
+  if (packed.dtype == DType::F8_E4M3) {
+    moe_fp8(h, expert_ids, expert_weights, packed, experts, out);
+    return;
+  }
 
   cuda::ExpertPointers pointers;
   const auto* table = packed.pointers.data<const void* const>();
@@ -730,6 +884,51 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
                "moe");
 }
 
+void CudaBackend::moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                          const PackedExperts& packed, int32_t experts, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = packed.hidden, inter = packed.intermediate, top_k = expert_ids.dim(1);
+  cuda::fp8::Experts tables;
+  const auto* weight_table = packed.pointers.data<const void* const>();
+  const auto* scale_table = packed.scale_pointers.data<const float* const>();
+  for (int m = 0; m < 3; ++m) {
+    tables.weight[m] = weight_table + m * int64_t{experts};
+    tables.scale[m] = scale_table + m * int64_t{experts};
+    tables.maps[m] = packed.tensor_maps.data<const unsigned char>() + m * int64_t{experts} * cuda::fp8::kTensorMapBytes;
+  }
+  tables.experts = experts;
+  tables.hidden = hidden;
+  tables.intermediate = inter;
+  // One token: the routed experts' weights streamed once with F32 activations (W8A16), two launches.
+  if (rows == 1 && top_k <= cuda::fp8::kMaxStreamTopK && streaming_max_rows_ > 0) {
+    Tensor activated = scratch(DType::F32, {top_k, inter});
+    check_launch(cuda::fp8::moe_one_token(h.data<const float>(), expert_ids.data<const int32_t>(),
+                                          expert_weights.data<const float>(), static_cast<int32_t>(top_k), tables,
+                                          activated.data<float>(), out.data<float>(), stream_),
+                 "moe (fp8 one token)");
+    return;
+  }
+  const int64_t assignments = rows * top_k, max_tiles = cuda::fp8::moe_max_tiles(assignments, experts);
+  Tensor hq = scratch(DType::U8, {rows, hidden}), hs = scratch(DType::F32, {rows, cuda::fp8::blocks_of(hidden)});
+  Tensor grouped = scratch(DType::I32, {assignments}), tiles = scratch(DType::I32, {max_tiles, 4});
+  Tensor activated = scratch(DType::F32, {assignments, inter}), aq = scratch(DType::U8, {assignments, inter});
+  Tensor as = scratch(DType::F32, {assignments, cuda::fp8::blocks_of(inter)});
+  Tensor expert_out = scratch(DType::F32, {assignments, hidden});
+  cuda::fp8::MoeWorkspace workspace;
+  workspace.h_q = hq.data<uint8_t>();
+  workspace.h_scale = hs.data<float>();
+  workspace.grouped = grouped.data<int32_t>();
+  workspace.tiles = tiles.data<int32_t>();
+  workspace.activated = activated.data<float>();
+  workspace.activated_q = aq.data<uint8_t>();
+  workspace.activated_scale = as.data<float>();
+  workspace.expert_out = expert_out.data<float>();
+  workspace.max_tiles = max_tiles;
+  check_launch(cuda::fp8::moe(h.data<const float>(), expert_ids.data<const int32_t>(),
+                              expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), tables, workspace,
+                              out.data<float>(), stream_),
+               "moe (fp8 wgmma)");
+}
+
 bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
   if (rows > std::min(streaming_max_rows_, kStreamingSwigluMaxRows) ||
@@ -763,13 +962,45 @@ bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Te
   return true;
 }
 
+// Few rows: gate and up streamed in one launch (W8A16), silu_mul, down streamed. More: h quantized, gate|up on FP8
+// wgmma with the SwiGLU fused, its output quantized, down on FP8 wgmma (W8A8).
+void CudaBackend::swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
+  Tensor activated = scratch(DType::F32, {rows, intermediate});
+  if (rows <= std::min(streaming_max_rows_, kFp8StreamingMaxRows)) {
+    Tensor up = scratch(DType::F32, {rows, intermediate});
+    const LinearTensors* const first[] = {&mlp.gate, &mlp.up};
+    float* const first_out[] = {activated.data<float>(), up.data<float>()};
+    project_fp8(h.data<const float>(), rows, first, first_out, 0.0f);
+    check_launch(cuda::silu_mul(activated.data<float>(), up.data<const float>(), rows * intermediate, stream_),
+                 "swiglu");
+  } else {
+    Tensor hq = scratch(DType::U8, {rows, hidden}), hs = scratch(DType::F32, {rows, cuda::fp8::blocks_of(hidden)});
+    check_launch(cuda::fp8::quantize_rows(h.data<const float>(), rows, hidden, hq.data<uint8_t>(), hs.data<float>(),
+                                          stream_),
+                 "swiglu (fp8 quantize)");
+    check_launch(cuda::fp8::gate_up(hq.data<const uint8_t>(), hs.data<const float>(), rows, hidden,
+                                    mlp.gate.weight.raw(), mlp.gate.scale.data<const float>(), mlp.up.weight.raw(),
+                                    mlp.up.scale.data<const float>(), intermediate, activated.data<float>(), stream_),
+                 "swiglu (fp8 gate|up)");
+  }
+  const LinearTensors* const second[] = {&mlp.down};
+  float* const second_out[] = {out.data<float>()};
+  project_fp8(activated.data<const float>(), rows, second, second_out, 0.0f);
+}
+
 void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const auto timing = time_op("swiglu");
   require_device(h, "swiglu", "h");
   const int64_t rows = h.dim(0), hidden = h.dim(1);
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
-  if (rows == 0 || swiglu_streaming(h, mlp, out)) return;
+  if (rows == 0) return;
+  if (is_fp8_block(mlp.gate)) {
+    swiglu_fp8(h, mlp, out);
+    return;
+  }
+  if (swiglu_streaming(h, mlp, out)) return;
   // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
@@ -782,8 +1013,12 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
 void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                           float softcap, Tensor& logits) {
   const auto timing = time_op("lm_head");
-  require_float_weight(head.weight, "lm_head", "head");
-  require_unquantized(head, "lm_head");
+  if (is_fp8_block(head)) {
+    check_fp8_block(head, "lm_head");
+  } else {
+    require_float_weight(head.weight, "lm_head", "head");
+    require_unquantized(head, "lm_head");
+  }
   require_float_weight(norm, "lm_head", "norm");
   require_device(x, "lm_head", "x");
   require_device(rows, "lm_head", "rows");
@@ -798,6 +1033,12 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
                                      norm.dtype(), eps, hidden, normed.data<float>(), DType::F32, stream_),
                "lm_head");
+  if (is_fp8_block(head)) {
+    const LinearTensors* const heads[] = {&head};
+    float* const head_out[] = {logits.data<float>()};
+    project_fp8(normed.data<const float>(), selected, heads, head_out, softcap);
+    return;
+  }
   const Tensor* const weights[] = {&head.weight};
   float* const outputs[] = {logits.data<float>()};
   if (project_streaming(normed.data<const float>(), selected, weights, outputs, softcap, kStreamingMaxRows)) return;

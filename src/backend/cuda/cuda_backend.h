@@ -23,8 +23,11 @@
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/common/op_times.h"
+#include "backend/cuda/quant/fp8.h"
 
 namespace beamline {
+
+struct PackedExperts;  // cuda_backend.cpp: one MoE layer's device tables
 
 class CudaBackend final : public Backend {
  public:
@@ -84,6 +87,9 @@ class CudaBackend final : public Backend {
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
   cuda::AllocatorStats allocator_stats() const { return allocator_.stats(); }
   cudaStream_t stream() const { return stream_; }
+  // The W8A8 paths' activation quantizer on its own (x [rows, cols] F32 -> codes U8 [rows, cols], scales F32
+  // [rows, ceil(cols/128)]), for the harness to hold against quant/activation_quant.h bit for bit.
+  void quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scales);
   // Up to this many rows, projections stream their weights through the CUDA cores (exact, one pass); more go to
   // cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at
   // start, for A/B runs of whole decode steps).
@@ -96,6 +102,11 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
   static constexpr int64_t kStreamingSingleMaxRows = 1;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
+  // FP8 block-128 weights stream (W8A16, quant/fp8.h) up to this many rows, in every op; more rows take the FP8
+  // wgmma GEMMs (W8A8). The MoE streams one token (set_streaming_max_rows(0) sends it to wgmma too). One row: at two
+  // the streaming kernel re-reads its F32 activations from L1 for every 16 weight bytes and was 1.7-4x slower than
+  // wgmma on the H200 (bench/results/2026-12-02-fp8.md).
+  static constexpr int64_t kFp8StreamingMaxRows = 1;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
@@ -108,6 +119,13 @@ class CudaBackend final : public Backend {
   // The dense SwiGLU of kStreamingSwigluMaxRows rows as a one-expert MoE through the experts' streaming kernels
   // (gate|up with the SwiGLU fused, then down); false (nothing done) when they do not apply.
   bool swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  // ys[i] = x weights[i]ᵀ for FP8 block-128 weights of one width (softcapped when softcap > 0): streamed for few rows,
+  // else the rows quantized once and one FP8 wgmma GEMM per weight.
+  void project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                   std::span<float* const> ys, float softcap);
+  void swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  void moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const PackedExperts& packed,
+               int32_t experts, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }

@@ -92,6 +92,12 @@ bool moe_mma_supported(DType dtype, int32_t experts, int64_t hidden, int64_t int
 constexpr size_t kTensorMapBytes = 128;
 cudaError_t encode_expert_tensor_map(const void* weight, int64_t rows, int64_t cols, void* map);
 int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts);
+// The bookkeeping of moe_mma on its own, for other expert GEMMs (quant/): groups the slots by expert into `grouped`
+// and lists (expert, first grouped entry, slots, unused) per tile of up to tile_tokens (8, 16, 32, 64 or 128) slots in
+// `tiles` [max_tiles, 4], expert -1 past the listed ones; max_tiles at least moe_tile_bound.
+int64_t moe_tile_bound(int64_t assignments, int32_t experts, int32_t tile_tokens);
+cudaError_t moe_group_slots(const int32_t* ids, int64_t assignments, int32_t experts, int32_t tile_tokens,
+                            int64_t max_tiles, int32_t* grouped, int32_t* tiles, cudaStream_t stream);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
                     float* out, cudaStream_t stream);

@@ -713,6 +713,29 @@ cudaError_t encode_expert_tensor_map(const void* weight, int64_t rows, int64_t c
   return cudaSuccess;
 }
 
+int64_t moe_tile_bound(int64_t assignments, int32_t experts, int32_t tile_tokens) {
+  return assignments / tile_tokens + std::min<int64_t>(experts, assignments);
+}
+
+cudaError_t moe_group_slots(const int32_t* ids, int64_t assignments, int32_t experts, int32_t tile_tokens,
+                            int64_t max_tiles, int32_t* grouped, int32_t* tiles, cudaStream_t stream) {
+  if (experts > kMaxMmaExperts || assignments > INT32_MAX || max_tiles < moe_tile_bound(assignments, experts, tile_tokens))
+    return cudaErrorInvalidValue;
+  auto launch = [&](auto tokens) {
+    plan_kernel<decltype(tokens)::value><<<1, kPlanThreads, 0, stream>>>(
+        ids, static_cast<int32_t>(assignments), experts, max_tiles, grouped, reinterpret_cast<Tile*>(tiles));
+    return cudaGetLastError();
+  };
+  switch (tile_tokens) {
+    case 8: return launch(std::integral_constant<int, 8>{});
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts) {
   return tile_bound<kSmallTile>(assignments, experts);
 }
