@@ -20,6 +20,7 @@
 #include "runner/beam_model_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
+#include "structured/grammar_cache.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -39,7 +40,11 @@ struct ServeOptions {
   std::string max_request_body = "32M";
   server::HttpOptions http;
   EngineConfig engine;
+  bool harmony_constraint = true;
 };
+
+// Compiled structured-output grammars kept (LRU): each distinct schema, tool set or format is one entry.
+constexpr std::size_t kGrammarCacheEntries = 256;
 
 // --model, else models/beam-nano under the working directory or under any folder above the binary
 // (the binary lives in a build folder of the source tree).
@@ -139,8 +144,10 @@ void serve(ServeOptions& options) {
   Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
+  GrammarCache grammars(*tokenizer, kGrammarCacheEntries);
   server::ServingContext context{engine,         *tokenizer, std::move(harmony_template), std::move(harmony_stop_ids),
-                                 generation,     name,       server::unix_seconds_now()};
+                                 generation,     name,       server::unix_seconds_now(),  &grammars,
+                                 options.harmony_constraint};
   server::ApiServer api(context, options.http);
   const int port = api.bind();
   spdlog::info("serving '{}' (max_model_len {}) at http://{}:{}/v1", name, engine.config().max_model_len,
@@ -182,6 +189,10 @@ const CommandRegistration registration([](CLI::App& app) {
                       "HTTP connections served at once (each streaming response holds one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command->add_flag("--harmony-constraint,!--no-harmony-constraint", options->harmony_constraint,
+                    "hold every chat turn to the Harmony template (channels, recipients among the request's tools, "
+                    "arguments to their schemas; default on). Requests with response_format, structured_outputs or "
+                    "tool_choice required / named are constrained either way");
   add_engine_options(*command, options->engine);
   command->callback([options] { serve(*options); });
 });

@@ -67,6 +67,19 @@ void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pair
   }
 }
 
+void check_mask_logits_args(const Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) {
+  require(logits.rank() == 2, "mask_logits: logits must be [R, V], got {}", describe(logits));
+  require_dtype(logits, DType::F32, "mask_logits", "logits");
+  require_dtype(allowed, DType::I32, "mask_logits", "allowed");
+  const int64_t words = (logits.dim(1) + 31) / 32;
+  require(allowed.rank() == 2 && allowed.dim(0) == static_cast<int64_t>(rows.size()) && allowed.dim(1) >= words,
+          "mask_logits: allowed {} must be [{}, >= {}] for {} rows of {} tokens", describe(allowed), rows.size(), words,
+          rows.size(), logits.dim(1));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    require(rows[i] >= 0 && rows[i] < logits.dim(0), "mask_logits: mask {} names logit row {} of {}", i, rows[i],
+            logits.dim(0));
+}
+
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out) {
   require(logits.rank() == 2, "sample: logits must be [R, V], got {}", describe(logits));
   require_dtype(logits, DType::F32, "sample", "logits");

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace beamline {
 namespace {
@@ -62,7 +63,9 @@ EngineCore::SampleState::SampleState(RequestState* owner, int32_t sample_index, 
       index(sample_index),
       sequence(std::move(seq)),
       sampler(seed, owner->request.prompt, owner->request.sampling),
-      stop(tokenizer, owner->request.detokenize, owner->request.sampling, eos, max_tokens) {}
+      stop(tokenizer, owner->request.detokenize, owner->request.sampling, eos, max_tokens) {
+  if (owner->request.grammar) grammar = std::make_unique<GrammarMatcher>(owner->request.grammar);
+}
 
 EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const Tokenizer* tokenizer,
                        std::vector<TokenId> eos_token_ids)
@@ -230,6 +233,7 @@ std::vector<std::string> EngineCore::step() {
   if (config_.async_scheduling && in_flight_->sampled_at_launch) next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   finish(*current, ended);
+  if (next && !next->sampled_at_launch && !sample_waiting_rows(*next, ended)) next.reset();
   if (next) {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
     complete(*next);
@@ -246,6 +250,38 @@ EngineCore::SampleState* EngineCore::live_sample(kv::SeqId id) const {
 bool EngineCore::needs_host(const SampleState& sample) const {
   return needs_host_edits(sample.request->request.sampling,
                           sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+}
+
+bool EngineCore::samples_late(const SampleState& sample) const {
+  return needs_host(sample) || (sample.grammar != nullptr && sample.token_pending);
+}
+
+bool EngineCore::sample_waiting_rows(InFlightStep& step, std::vector<std::string>& ended) {
+  std::vector<std::size_t> live;
+  for (std::size_t p = 0; p < step.producing.size(); ++p) {
+    const SampleState* sample = live_sample(step.ids[step.producing[p]]);
+    if (sample == nullptr) continue;
+    if (needs_host(*sample)) return true;
+    live.push_back(p);
+  }
+  try {
+    sample_rows(step, live);
+  } catch (const std::exception& error) {
+    fail_step(step, error.what(), ended);
+    return false;
+  }
+  step.sampled_at_launch = true;
+  return true;
+}
+
+bool EngineCore::advance_grammar(SampleState& sample, TokenId token) {
+  if (sample.grammar == nullptr || sample.grammar->accept_token(token)) return true;
+  // The mask allows only grammar tokens, so this is a row whose every allowed token was masked again (min_tokens
+  // holding back the only possible end); failing says so instead of emitting output that does not parse.
+  fail_request(*sample.request, fmt::format("structured outputs: token {} at output position {} is not allowed by "
+                                            "the grammar (no allowed token was left to sample)",
+                                            token, sample.sequence.num_output_tokens()));
+  return false;
 }
 
 void EngineCore::fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended) {
@@ -278,7 +314,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     // A step whose rows all sample on the device is sampled now, so the next step can read its tokens there;
     // rows that need the host are sampled when the step is finished, after the previous tokens are in.
     const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
-      return needs_host(*samples_by_sequence_.at(step->ids[i]));
+      return samples_late(*samples_by_sequence_.at(step->ids[i]));
     });
     if (on_device && !step->producing.empty()) {
       std::vector<std::size_t> all(step->producing.size());
@@ -373,7 +409,10 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
     sample.last_token_time = now;
 
+    if (!advance_grammar(sample, sampled.token)) continue;
     StopChecker::Result check = sample.stop.push(sampled.token, sequence.num_output_tokens());
+    // A constrained output ends where its grammar does (its end token is allowed only there).
+    if (!check.finish && sample.grammar != nullptr && sample.grammar->completed()) check.finish = FinishReason::Stop;
     SampleOutput& out = pending_sample(sample);
     out.token_ids.push_back(sampled.token);
     out.text += check.text;
@@ -388,11 +427,22 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
 }
 
 void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>& which) {
-  std::vector<RowSampling> rows;
-  for (const std::size_t p : which) {
+  std::vector<RowSampling> rows(which.size());
+  // The grammar masks first, in parallel: each reads only its own sample's matcher.
+  const auto mask_words = static_cast<std::size_t>((runner_.vocab_size() + 31) / 32);
+  ThreadPool::global().parallel_for(which.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[which[r]]]);
+      if (sample->grammar == nullptr) continue;
+      rows[r].allowed_tokens.assign(mask_words, 0u);
+      sample->grammar->fill_next_token_mask(rows[r].allowed_tokens);
+    }
+  });
+  for (std::size_t r = 0; r < which.size(); ++r) {
+    const std::size_t p = which[r];
     const int32_t logit_row = step.plan.scheduled[step.producing[p]].logit_index;
     SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[p]]);
-    RowSampling row;
+    RowSampling& row = rows[r];
     if (needs_host(*sample)) {
       row.settings.logit_row = logit_row;
       row.sample_on_host = [sample](std::span<const float> raw_logits) {
@@ -403,7 +453,6 @@ void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>&
       row.settings = sample_settings(sample->request->request.sampling, sample->sampler, logit_row);
     }
     step.sampled.push_back({p, static_cast<bool>(row.sample_on_host)});
-    rows.push_back(std::move(row));
   }
   step.model->sample(std::move(rows));
 }

@@ -8,6 +8,7 @@
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 namespace beamline::server {
 
@@ -153,6 +154,7 @@ CompletionPlan plan_completion(const Json& body, const ServingContext& context) 
                            context.generation_config);
   plan.request.detokenize = true;
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  plan.request.grammar = completion_grammar(body, context);
   return plan;
 }
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
+#include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
 #include "backend/op_checks.h"
 #include "backend/registry.h"
@@ -1080,6 +1081,19 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, 
                             max_logprobs >= 0 ? out.top_ids.data<int32_t>() : nullptr,
                             max_logprobs >= 0 ? out.top_logprobs.data<float>() : nullptr, width, stream_),
                "sample");
+}
+
+void CudaBackend::mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) {
+  const auto timing = time_op("mask_logits");
+  require_device(logits, "mask_logits", "logits");
+  require_device(allowed, "mask_logits", "allowed");
+  check_mask_logits_args(logits, rows, allowed);
+  if (rows.empty()) return;
+  const Tensor device_rows = upload(rows.data(), DType::I32, {static_cast<int64_t>(rows.size())});
+  check_launch(cuda::mask_logits(logits.data<float>(), logits.dim(1), device_rows.data<const int32_t>(),
+                                 reinterpret_cast<const uint32_t*>(allowed.data<const int32_t>()), allowed.dim(1),
+                                 static_cast<int32_t>(rows.size()), stream_),
+               "mask_logits");
 }
 
 }  // namespace beamline

@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;
+  void mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) override;
 
   // ---- beyond the interface: the harness and benchmarks ----
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
