@@ -9,11 +9,12 @@ GrammarCache::GrammarCache(const Tokenizer& tokenizer, std::size_t capacity) : t
 }
 
 std::shared_ptr<const Vocabulary> GrammarCache::vocabulary(GrammarVocabulary kind) {
+  const std::lock_guard lock(vocabulary_mutex_);
   if (kind == GrammarVocabulary::kHarmony) {
-    std::call_once(harmony_once_, [&] { harmony_ = harmony_vocabulary(tokenizer_); });
+    if (!harmony_) harmony_ = harmony_vocabulary(tokenizer_);
     return harmony_;
   }
-  std::call_once(plain_once_, [&] { plain_ = Vocabulary::from_tokenizer(tokenizer_); });
+  if (!plain_) plain_ = Vocabulary::from_tokenizer(tokenizer_);
   return plain_;
 }
 

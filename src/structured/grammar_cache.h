@@ -41,7 +41,7 @@ class GrammarCache {
 
   const Tokenizer& tokenizer_;
   const std::size_t capacity_;
-  std::once_flag plain_once_, harmony_once_;
+  std::mutex vocabulary_mutex_;  // held while one is built (a failed build leaves it to the next call)
   std::shared_ptr<const Vocabulary> plain_, harmony_;
   mutable std::mutex mutex_;
   std::list<std::pair<std::string, std::shared_ptr<const CompiledGrammar>>> order_;  // most recent first

@@ -43,7 +43,7 @@ Verdict judge(const HarmonyConstraintSpec& spec, std::string_view harmony_text) 
 // The assistant turns of the vectors' conversations as the model emits them: runs of assistant messages, without
 // the `<|start|>assistant` the prompt ends with, a final answer ending in <|return|> (history renders <|end|>).
 std::vector<std::pair<std::string, bool>> vector_turns() {
-  std::ifstream file(std::string(BEAMLINE_SOURCE_DIR) + "/tests/data/harmony/cases.json");
+  std::ifstream file(harmony::testing::vectors_dir() / "cases.json");
   const Json cases = Json::parse(file);
   std::vector<std::pair<std::string, bool>> turns;  // (text, ends the turn)
   for (const Json& test_case : cases) {
