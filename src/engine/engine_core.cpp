@@ -252,8 +252,11 @@ bool EngineCore::needs_host(const SampleState& sample) const {
                           sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
 }
 
-bool EngineCore::samples_late(const SampleState& sample) const {
-  return needs_host(sample) || (sample.grammar != nullptr && sample.token_pending);
+bool EngineCore::waits_for_grammar(const InFlightStep& step) const {
+  return std::any_of(step.producing.begin(), step.producing.end(), [&](std::size_t i) {
+    const SampleState& sample = *samples_by_sequence_.at(step.ids[i]);
+    return sample.grammar != nullptr && sample.token_pending;
+  });
 }
 
 bool EngineCore::sample_waiting_rows(InFlightStep& step, std::vector<std::string>& ended) {
@@ -314,9 +317,9 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     // A step whose rows all sample on the device is sampled now, so the next step can read its tokens there;
     // rows that need the host are sampled when the step is finished, after the previous tokens are in.
     const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
-      return samples_late(*samples_by_sequence_.at(step->ids[i]));
+      return needs_host(*samples_by_sequence_.at(step->ids[i]));
     });
-    if (on_device && !step->producing.empty()) {
+    if (on_device && !step->producing.empty() && !waits_for_grammar(*step)) {
       std::vector<std::size_t> all(step->producing.size());
       std::iota(all.begin(), all.end(), std::size_t{0});
       sample_rows(*step, all);
@@ -411,8 +414,6 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
 
     if (!advance_grammar(sample, sampled.token)) continue;
     StopChecker::Result check = sample.stop.push(sampled.token, sequence.num_output_tokens());
-    // A constrained output ends where its grammar does (its end token is allowed only there).
-    if (!check.finish && sample.grammar != nullptr && sample.grammar->completed()) check.finish = FinishReason::Stop;
     SampleOutput& out = pending_sample(sample);
     out.token_ids.push_back(sampled.token);
     out.text += check.text;
@@ -427,22 +428,11 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
 }
 
 void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>& which) {
-  std::vector<RowSampling> rows(which.size());
-  // The grammar masks first, in parallel: each reads only its own sample's matcher.
-  const auto mask_words = static_cast<std::size_t>((runner_.vocab_size() + 31) / 32);
-  ThreadPool::global().parallel_for(which.size(), [&](std::size_t begin, std::size_t end) {
-    for (std::size_t r = begin; r < end; ++r) {
-      SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[which[r]]]);
-      if (sample->grammar == nullptr) continue;
-      rows[r].allowed_tokens.assign(mask_words, 0u);
-      sample->grammar->fill_next_token_mask(rows[r].allowed_tokens);
-    }
-  });
-  for (std::size_t r = 0; r < which.size(); ++r) {
-    const std::size_t p = which[r];
+  std::vector<RowSampling> rows;
+  for (const std::size_t p : which) {
     const int32_t logit_row = step.plan.scheduled[step.producing[p]].logit_index;
     SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[p]]);
-    RowSampling& row = rows[r];
+    RowSampling row;
     if (needs_host(*sample)) {
       row.settings.logit_row = logit_row;
       row.sample_on_host = [sample](std::span<const float> raw_logits) {
@@ -453,8 +443,24 @@ void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>&
       row.settings = sample_settings(sample->request->request.sampling, sample->sampler, logit_row);
     }
     step.sampled.push_back({p, static_cast<bool>(row.sample_on_host)});
+    rows.push_back(std::move(row));
   }
+  fill_grammar_masks(step, rows);
   step.model->sample(std::move(rows));
+}
+
+void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSampling>& rows) {
+  const std::size_t first = step.sampled.size() - rows.size();  // the rows' entries, appended by sample_rows
+  const auto mask_words = static_cast<std::size_t>((runner_.vocab_size() + 31) / 32);
+  // In parallel: each row reads only its own sample's matcher.
+  ThreadPool::global().parallel_for(rows.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t r = begin; r < end; ++r) {
+      SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[step.sampled[first + r].producing]]);
+      if (sample->grammar == nullptr) continue;
+      rows[r].allowed_tokens.assign(mask_words, 0u);
+      sample->grammar->fill_next_token_mask(rows[r].allowed_tokens);
+    }
+  });
 }
 
 std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {

@@ -112,8 +112,10 @@ class EngineCore {
   // The next token of each producing row of the step (the live ones sampled now unless they were at launch).
   std::vector<SampledToken> sample_tokens(InFlightStep& step);
   bool needs_host(const SampleState& sample) const;
-  // A row that cannot be sampled at launch: it needs the host path, or its grammar mask needs the pending token.
-  bool samples_late(const SampleState& sample) const;
+  // Some constrained row of the step cannot have its mask yet: its sequence's previous token is still being sampled.
+  bool waits_for_grammar(const InFlightStep& step) const;
+  // Structured outputs: the allowed-token mask of each constrained row sample_rows just appended to step.sampled.
+  void fill_grammar_masks(const InFlightStep& step, std::vector<RowSampling>& rows);
   // --async-scheduling: once `current`'s tokens are in, samples the rows of the step launched ahead that waited only
   // for them (constrained rows), so that the step after it can again be launched ahead. False when some row needs the
   // host path (those rows are sampled when the step finishes).

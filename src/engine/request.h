@@ -20,7 +20,8 @@ struct GenerationRequest {
   std::string cache_salt;               // prefix-cache isolation key: only equal salts share cached blocks
   bool detokenize = true;               // produce text deltas (needs the engine's tokenizer)
   // Structured outputs: every sampled token must keep the output inside this grammar (each sample gets its own
-  // matcher); the output ends when the grammar does. Null: unconstrained.
+  // matcher). The token that completes it must stop the output: one of the grammar's stop tokens (e.g. eos) or a
+  // token the grammar ends with, in sampling.stop_token_ids (Harmony's <|call|>, <|return|>). Null: unconstrained.
   std::shared_ptr<const CompiledGrammar> grammar;
 };
 

@@ -155,6 +155,12 @@ CompletionPlan plan_completion(const Json& body, const ServingContext& context) 
   plan.request.detokenize = true;
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
   plan.request.grammar = completion_grammar(body, context);
+  // The grammar's end (eos) stops the output even with ignore_eos: what follows could not be in the grammar.
+  if (plan.request.grammar) {
+    std::vector<TokenId>& stops = plan.request.sampling.stop_token_ids;
+    for (TokenId eos : plan.request.grammar->stop_tokens())
+      if (std::find(stops.begin(), stops.end(), eos) == stops.end()) stops.push_back(eos);
+  }
   return plan;
 }
 

@@ -97,7 +97,7 @@ class GrammarMatcher {
   bool can_end() const { return space_.at(history_.back()).can_end; }
   bool terminated() const { return terminated_.back() != 0; }
   // Nothing more can follow: a stop token was accepted, or the grammar has ended and has no stop tokens to wait for
-  // (e.g. Harmony's, whose ending tokens are part of the grammar). The engine ends the output here.
+  // (e.g. Harmony's, whose ending tokens are part of the grammar).
   bool completed() const {
     return terminated() || (can_end() && space_.at(history_.back()).nodes.empty() && grammar_->stop_tokens().empty());
   }

@@ -139,9 +139,10 @@ test('structured outputs on beam-nano', async (t) => {
     });
 
     await t.test("vLLM's structured_outputs on completions", async () => {
-      const complete = async (structured_outputs) => {
+      const complete = async (structured_outputs, extra = {}) => {
         const result = await postJson(server.base, '/v1/completions', {
           model: 'beam-nano', prompt: 'The answer is', max_tokens: 64, temperature: 1.0, seed: 5, structured_outputs,
+          ...extra,
         });
         assert.equal(result.status, 200, result.text);
         return result.json.choices[0];
@@ -149,6 +150,10 @@ test('structured outputs on beam-nano', async (t) => {
       const choice = await complete({ choice: ['yes', 'no', 'maybe later'] });
       assert.ok(['yes', 'no', 'maybe later'].includes(choice.text), choice.text);
       assert.equal(choice.finish_reason, 'stop');
+      // The grammar's end stops the output even when eos is ignored.
+      const ignoring = await complete({ choice: ['yes', 'no'] }, { ignore_eos: true });
+      assert.ok(['yes', 'no'].includes(ignoring.text), ignoring.text);
+      assert.equal(ignoring.finish_reason, 'stop');
       const regex = await complete({ regex: '[0-9]{3}-[a-z]{2,4}' });
       assert.match(regex.text, /^[0-9]{3}-[a-z]{2,4}$/);
       const json = await complete({ json: { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 9 } },
