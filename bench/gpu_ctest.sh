@@ -50,8 +50,11 @@ def text(path, default=""):
         return open(path).read().strip()
     except OSError:
         return default
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip().splitlines()
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+except OSError:  # no nvidia-smi: no GPU here
+    gpu = []
 print("# CTest suite on the GPU machine\n")
 print("| | |\n| --- | --- |")
 print(f"| date | {subprocess.run(['date', '-u', '+%Y-%m-%d %H:%M UTC'], capture_output=True, text=True).stdout.strip()} |")
@@ -69,7 +72,7 @@ for name in sorted(f[:-len(".status")] for f in os.listdir(folder) if f.endswith
     p = f = s = 0
     xml_path = os.path.join(folder, name + ".xml")
     if name.startswith("backend_ops_"):  # the harness: one CTest entry, 77 = skipped
-        p, f, s = (status == 0), (status not in (0, 77)), (status == 77)
+        p, f, s = int(status == 0), int(status not in (0, 77)), int(status == 77)
         if f or s:
             tail = text(os.path.join(folder, name + ".log")).splitlines()[-3:]
             notes.append(f"- {'FAILED' if f else 'skipped'} {name} (exit {status}): {' / '.join(tail)}")
@@ -80,7 +83,8 @@ for name in sorted(f[:-len(".status")] for f in os.listdir(folder) if f.endswith
             skip = case.find("skipped")
             if failure is not None:
                 f += 1
-                notes.append(f"- FAILED {name}: {full}: {failure.get('message', '').splitlines()[0][:300]}")
+                message = " / ".join(line.strip() for line in failure.get("message", "").splitlines() if line.strip())
+                notes.append(f"- FAILED {name}: {full}: {message[:400]}")
             elif skip is not None or case.get("result") == "skipped":
                 s += 1
                 message = (skip.get("message", "") if skip is not None else "").strip().splitlines()
