@@ -2,7 +2,7 @@
 # The CTest suite's test programs on the GPU machine, in one call, with the GPU visible. CTest's own files name this
 # build's absolute paths, which do not exist there, so the programs that `bench/make_carry.sh --tests` packed run
 # directly: every gtest executable with --gtest_output=xml (in parallel), and the op harness's CTest entries
-# (backend_ops test --small, cpu and cuda). BEAMLINE_REQUIRE_CUDA=1 (the default here) makes a CUDA instance that
+# (backend_ops test --small, cpu and cuda; 77 = skipped, as CTest's SKIP_RETURN_CODE). BEAMLINE_REQUIRE_CUDA=1 (the default here) makes a CUDA instance that
 # cannot start a failure instead of a skip: a device test that skips on the machine it exists for has not run.
 # Usage: bench/gpu_ctest.sh CARRY_DIR   (from the repository root: the tests read their data from it)
 #        JOBS (default 8) programs at a time; TEST_TIMEOUT (default 240) seconds each.
@@ -33,13 +33,12 @@ export OUT TEST_TIMEOUT
 start=$SECONDS
 find "$TESTS/tests" -maxdepth 1 -type f -name 'test_*' -perm -u+x | sort |
   xargs -P "${JOBS:-8}" -I{} bash -c 'run_one {}'
-# The harness's own CTest entries, as tests/backend_ops/CMakeLists.txt registers them.
-harness=$CARRY/tests/backend_ops/backend_ops
-for device in cpu cuda; do
-  timeout "${TEST_TIMEOUT:-240}" "$harness" test --device $device --small --seed 1 --skip-without-device \
-    >"$OUT/ctest/backend_ops_$device.log" 2>&1
-  echo $? >"$OUT/ctest/backend_ops_$device.status"
-done
+# The harness's own CTest entries, with the arguments CTest gives them (tests/backend_ops/CMakeLists.txt).
+while IFS=$'\t' read -r name arguments; do
+  # shellcheck disable=SC2086  # the arguments are CTest's, split as it splits them (none holds a space)
+  timeout "${TEST_TIMEOUT:-240}" "$CARRY/tests/backend_ops/backend_ops" $arguments >"$OUT/ctest/$name.log" 2>&1
+  echo $? >"$OUT/ctest/$name.status"
+done <"$CARRY/tests/HARNESS_TESTS"
 elapsed=$((SECONDS - start))
 
 python3 - "$OUT/ctest" "$CARRY" "$elapsed" >"$OUT/gpu_ctest.md" <<'PY'
@@ -51,8 +50,11 @@ def text(path, default=""):
         return open(path).read().strip()
     except OSError:
         return default
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip().splitlines()
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+except OSError:  # no nvidia-smi: no GPU here
+    gpu = []
 print("# CTest suite on the GPU machine\n")
 print("| | |\n| --- | --- |")
 print(f"| date | {subprocess.run(['date', '-u', '+%Y-%m-%d %H:%M UTC'], capture_output=True, text=True).stdout.strip()} |")
@@ -70,7 +72,7 @@ for name in sorted(f[:-len(".status")] for f in os.listdir(folder) if f.endswith
     p = f = s = 0
     xml_path = os.path.join(folder, name + ".xml")
     if name.startswith("backend_ops_"):  # the harness: one CTest entry, 77 = skipped
-        p, f, s = (status == 0), (status not in (0, 77)), (status == 77)
+        p, f, s = int(status == 0), int(status not in (0, 77)), int(status == 77)
         if f or s:
             tail = text(os.path.join(folder, name + ".log")).splitlines()[-3:]
             notes.append(f"- {'FAILED' if f else 'skipped'} {name} (exit {status}): {' / '.join(tail)}")
@@ -81,7 +83,8 @@ for name in sorted(f[:-len(".status")] for f in os.listdir(folder) if f.endswith
             skip = case.find("skipped")
             if failure is not None:
                 f += 1
-                notes.append(f"- FAILED {name}: {full}: {failure.get('message', '').splitlines()[0][:300]}")
+                message = " / ".join(line.strip() for line in failure.get("message", "").splitlines() if line.strip())
+                notes.append(f"- FAILED {name}: {full}: {message[:400]}")
             elif skip is not None or case.get("result") == "skipped":
                 s += 1
                 message = (skip.get("message", "") if skip is not None else "").strip().splitlines()

@@ -3,9 +3,9 @@
 # itself does not fit): the stripped `beamline` binary, its carried HTTP library, the op harness
 # (tests/backend_ops/backend_ops) and the commit they were built from.
 # With --tests, also the CTest suite's test programs for bench/gpu_ctest.sh: every gtest executable, stripped, in
-# tests.tar.xz (one xz stream, so the code they share is stored about once), the o200k rank file the Harmony tests
-# read when this build has it (testdata/), and in tests/NOT_CARRIED the CTest entries that stay behind (the
-# host-side scripted tests).
+# tests.tar.xz (one xz stream, so the code they share is stored about once), the harness's CTest entries
+# (tests/HARNESS_TESTS), the o200k rank file the Harmony tests read when this build has it (testdata/), and in
+# tests/NOT_CARRIED the CTest entries that stay behind (the host-side scripted tests).
 # Usage: bench/make_carry.sh [--tests] BUILD_DIR CARRY_DIR   then carry CARRY_DIR and run e.g.
 #        bench/gpu_check.sh CARRY_DIR or bench/gpu_ctest.sh CARRY_DIR
 set -euo pipefail
@@ -40,12 +40,17 @@ if [ $tests = 1 ]; then
     mkdir -p "$carry/testdata"
     cp "$build/testdata/o200k_base.tiktoken" "$carry/testdata/"
   fi
-  # CTest's entries whose program is neither a gtest executable nor the harness.
+  # From CTest's list: the harness's entries (name and arguments, one a line, for gpu_ctest.sh to run as CTest
+  # would) and the entries whose program is neither a gtest executable nor the harness (not carried).
   ctest --test-dir "$build" --show-only=json-v1 | python3 -c '
 import json, os, sys
+harness, other = open(sys.argv[1], "w"), open(sys.argv[2], "w")
 for test in json.load(sys.stdin)["tests"]:
-    program = os.path.basename(test.get("command", [""])[0])
-    if not (program.startswith("test_") or program == "backend_ops"):
-        print(test["name"])' >"$carry/tests/NOT_CARRIED"
+    command = test.get("command", [""])
+    program = os.path.basename(command[0])
+    if program == "backend_ops":
+        print(test["name"], *command[1:], sep="\t", file=harness)
+    elif not program.startswith("test_"):
+        print(test["name"], file=other)' "$carry/tests/HARNESS_TESTS" "$carry/tests/NOT_CARRIED"
 fi
 du -sh "$carry"
