@@ -17,6 +17,7 @@
 #include "backend/registry.h"
 #include "commands.h"
 #include "engine/engine_config.h"
+#include "engine/engine.h"
 #include "engine/engine_core.h"
 #include "model/beam_model.h"
 #include "model/weights.h"

@@ -144,8 +144,7 @@ TEST_F(TinyModel, PrefixCacheHitsKeepGreedyOutputs) {
 }
 
 TEST_F(TinyModel, SpeculativeDecodingKeepsGreedyOutputs) {
-  // Prompts that repeat a phrase, so n-gram drafts are found, and half of them again as second turns (prefix hits);
-  // a pool too small for all at once (preemption).
+  // Prompts that repeat a phrase, so n-gram drafts are found, and half of them again as second turns.
   auto rs = requests(5, 8);
   std::mt19937 rng(5);
   for (auto& r : rs) {
@@ -162,16 +161,21 @@ TEST_F(TinyModel, SpeculativeDecodingKeepsGreedyOutputs) {
   }
   const SpeculativeConfig speculative = parse_speculative_config(
       R"({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 4})");
-  auto e = engine(48 * 4096, true, true, speculative);
-  const auto batched = run_batched(*e, rs);
+  // A pool too small for all at once: preemption.
+  auto small = engine(48 * 4096, true, true, speculative);
+  const auto batched = run_batched(*small, rs);
+  small->shutdown(ShutdownMode::Drain);
+  EXPECT_GT(small->stats().preemptions_total, 0u);
+  EXPECT_EQ(batched, run_alone(rs));
+  // A pool that keeps the first turns cached: prefix hits.
+  auto e = engine(int64_t{8} << 20, true, true, speculative);
+  run_batched(*e, rs);
   const auto batched_second = run_batched(*e, second);
   e->shutdown(ShutdownMode::Drain);
+  EXPECT_EQ(batched_second, run_alone(second));
   const EngineStats stats = e->stats();
-  EXPECT_GT(stats.preemptions_total, 0u);
   EXPECT_GT(stats.prefix_cache_hits_total, 0u);
   EXPECT_GT(stats.spec_decode_num_accepted_tokens_total, 0u) << "no draft was accepted: the test would not bite";
-  EXPECT_EQ(batched, run_alone(rs));
-  EXPECT_EQ(batched_second, run_alone(second));
   std::printf("tiny model, ngram K=5: %llu drafts, %llu of %llu draft tokens accepted, %llu engine steps for %llu tokens\n",
               static_cast<unsigned long long>(stats.spec_decode_num_drafts_total),
               static_cast<unsigned long long>(stats.spec_decode_num_accepted_tokens_total),

@@ -38,9 +38,11 @@ EngineConfig engine_config(const SpeculativeConfig& speculative, bool prefix_cac
 }
 
 std::unique_ptr<Engine> make_engine(const EngineConfig& config, int32_t num_blocks,
-                                    std::shared_ptr<const Tokenizer> tokenizer = nullptr) {
+                                    std::shared_ptr<const Tokenizer> tokenizer = nullptr, int32_t vocab = kVocab,
+                                    float logit_scale = 1.0f) {
   auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, num_blocks, 1, 2), kWindow,
-                                                           kVocab, 512);
+                                                           vocab, 512);
+  runner->logit_scale = logit_scale;
   return std::make_unique<Engine>(config, std::move(runner), std::move(tokenizer), std::vector<TokenId>{0});
 }
 
@@ -122,7 +124,9 @@ TEST(SpeculativeDecoding, GreedyOutputsEqualThoseWithoutSpeculation) {
   uint64_t per_position_sum = 0;
   for (std::size_t i = 0; i < 4; ++i) {
     per_position_sum += stats.spec_decode_num_accepted_tokens_per_pos[i];
-    if (i > 0) EXPECT_LE(stats.spec_decode_num_accepted_tokens_per_pos[i], stats.spec_decode_num_accepted_tokens_per_pos[i - 1]);
+    if (i > 0) {
+      EXPECT_LE(stats.spec_decode_num_accepted_tokens_per_pos[i], stats.spec_decode_num_accepted_tokens_per_pos[i - 1]);
+    }
   }
   EXPECT_EQ(per_position_sum, stats.spec_decode_num_accepted_tokens_total);
   // Fewer target steps than tokens: drafts saved steps.
@@ -184,23 +188,26 @@ TEST(SpeculativeDecoding, StopStringsAndMaxTokensAreNeverPassed) {
 
 using FirstTokens = std::array<TokenId, 3>;
 
-// The first three tokens of `samples` samples of one repetitive prompt at temperature 1 with top-p 0.9: requests of
-// n = 100, each sample on its own seed.
+// The first three tokens of `samples` samples at temperature 1 with top-p 0.9 over a 4-token vocabulary whose
+// distributions are flattened (so that many outputs are likely and drafts are often right): requests of n = 100, each
+// sample on its own seed. The prompt holds every token, so the proposer always finds a draft after the
+// first token (which the prompt's step samples): tokens 2 and 3 come from verified drafts or their corrections.
+constexpr int32_t kChiSquareVocab = 4;
 std::map<FirstTokens, int> sample_first_tokens(const SpeculativeConfig& speculative, uint64_t seed_base, int samples) {
   EngineConfig config = engine_config(speculative, true);
   config.max_num_seqs = 256;
   config.max_num_batched_tokens = 4096;
-  auto engine = make_engine(config, 8000);
+  auto engine = make_engine(config, 8000, nullptr, kChiSquareVocab, 0.25f);
   std::vector<GenerationRequest> requests;
   for (int r = 0; r < samples / 100; ++r) {
     GenerationRequest request;
     request.request_id = fmt::format("chi{}", r);
     request.detokenize = false;
-    request.prompt = {5, 2, 6, 5, 2, 6, 5, 2, 6, 5, 2};
+    request.prompt = {1, 3, 2, 0, 1, 2, 3, 0, 3, 1};
     request.sampling.n = 100;
     request.sampling.temperature = 1.0f;
     request.sampling.top_p = 0.9f;
-    request.sampling.max_tokens = 3;
+    request.sampling.max_tokens = 4;
     request.sampling.ignore_eos = true;
     request.sampling.seed = seed_base + static_cast<uint64_t>(r) * 100;
     requests.push_back(std::move(request));
@@ -209,8 +216,8 @@ std::map<FirstTokens, int> sample_first_tokens(const SpeculativeConfig& speculat
   for (const auto& [id, output] : run_batched(*engine, requests)) {
     EXPECT_FALSE(output.error);
     for (const SampleOutput& sample : output.samples) {
-      EXPECT_EQ(sample.token_ids.size(), 3u);
-      if (sample.token_ids.size() == 3) ++counts[{sample.token_ids[0], sample.token_ids[1], sample.token_ids[2]}];
+      EXPECT_EQ(sample.token_ids.size(), 4u);
+      if (sample.token_ids.size() == 4) ++counts[{sample.token_ids[0], sample.token_ids[1], sample.token_ids[2]}];
     }
   }
   engine->shutdown(ShutdownMode::Drain);
