@@ -77,9 +77,14 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       kv_(runner.kv_layout(), runner.sliding_window(), config.enable_prefix_caching),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens}, kv_),
       seeds_(config.seed) {
+  const SpeculativeConfig& spec = config.speculative;
+  if (!spec.enabled()) return;
   // Its presence tells /metrics that speculative decoding is on, so the counters show from the start.
-  if (config.speculative.enabled())
-    counters_.spec_decode_num_accepted_tokens_per_pos.assign(config.speculative.num_speculative_tokens, 0);
+  counters_.spec_decode_num_accepted_tokens_per_pos.assign(spec.num_speculative_tokens, 0);
+  spdlog::info("speculative decoding: n-gram drafts of up to {} tokens (prompt lookup {}..{}), verified in the target's "
+               "step; the engine runs synchronously{}",
+               spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+               config.async_scheduling ? " (--async-scheduling does not apply)" : "");
 }
 
 EngineCore::~EngineCore() = default;
