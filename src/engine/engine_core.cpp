@@ -79,6 +79,9 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
   if (!spec.enabled()) return;
+  require(spec.method == SpeculativeMethod::Ngram,
+          "--speculative-config: method \"dflash\" is not implemented yet (the block drafter's forward pass is not "
+          "built); use \"ngram\" or \"none\"");
   // Its presence tells /metrics that speculative decoding is on, so the counters show from the start.
   counters_.spec_decode_num_accepted_tokens_per_pos.assign(spec.num_speculative_tokens, 0);
   spdlog::info("speculative decoding: n-gram drafts of up to {} tokens (prompt lookup {}..{}), verified in the target's "

@@ -61,10 +61,10 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     } else if (method == "dflash") {
       config.method = SpeculativeMethod::DFlash;
       config.model = json_fields::required_string(object, "model", json_fields::Location());
+      require(config.num_speculative_tokens > 0, "{}: \"num_speculative_tokens\" is required for method \"dflash\"",
+              kFlag);
       require(!object.contains("prompt_lookup_min") && !object.contains("prompt_lookup_max"),
               "{}: \"prompt_lookup_min\" / \"prompt_lookup_max\" apply to method \"ngram\" only", kFlag);
-      fail("{}: method \"dflash\" (drafter {}) is not implemented yet: its block drafter (docs/model-format.md §6) "
-           "is not built; use \"ngram\" or \"none\"", kFlag, config.model);
     } else {
       fail("{}: \"method\" must be \"ngram\" or \"dflash\" (got \"{}\")", kFlag, method);
     }

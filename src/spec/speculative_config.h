@@ -25,7 +25,8 @@ struct SpeculativeConfig {
 };
 
 // Parses the flag's value; throws Error naming --speculative-config and the key of the first bad value. "none" (or an
-// empty string) turns speculation off. "dflash" is parsed and checked, then refused: its drafter is not built yet.
+// empty string) turns speculation off. "dflash" is parsed here; the model runner loads and checks the drafter
+// (checkpoint/drafter_checkpoint.h), then refuses it: the drafter's forward pass is not built yet.
 SpeculativeConfig parse_speculative_config(std::string_view text);
 
 }  // namespace beamline

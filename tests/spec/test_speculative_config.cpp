@@ -58,10 +58,16 @@ TEST(SpeculativeConfig, BadValuesNameTheFlagAndKey) {
   }
 }
 
-TEST(SpeculativeConfig, DflashIsParsedThenRefused) {
-  EXPECT_NE(error_of(R"({"method": "dflash", "model": "models/d", "num_speculative_tokens": 7})").find("not implemented yet"),
-            std::string::npos);
+TEST(SpeculativeConfig, ParsesDflash) {
+  const SpeculativeConfig dflash =
+      parse_speculative_config(R"({"method": "dflash", "model": "models/d", "num_speculative_tokens": 7})");
+  EXPECT_EQ(dflash.method, SpeculativeMethod::DFlash);
+  EXPECT_EQ(dflash.model, "models/d");
+  EXPECT_EQ(dflash.num_speculative_tokens, 7);
   EXPECT_NE(error_of(R"({"method": "dflash", "num_speculative_tokens": 7})").find("model"), std::string::npos);
+  EXPECT_NE(error_of(R"({"method": "dflash", "model": "d", "prompt_lookup_max": 3, "num_speculative_tokens": 7})")
+                .find("prompt_lookup"),
+            std::string::npos);
 }
 
 }  // namespace
