@@ -136,16 +136,22 @@ TEST(SpeculativeDecoding, GreedyOutputsEqualThoseWithoutSpeculation) {
 
 TEST(SpeculativeDecoding, PreemptionAndPrefixHitsKeepGreedyOutputs) {
   auto first_turns = repetitive_requests(2, 12);
+  for (GenerationRequest& request : first_turns) request.sampling.n = 1;
   auto second_turns = repetitive_requests(3, 12);
-  for (std::size_t i = 0; i < second_turns.size(); ++i) {  // the first turn's prompt, then more: prefix hits
-    second_turns[i].request_id += "-turn2";
-    std::vector<TokenId> prompt = first_turns[i].prompt;
-    prompt.insert(prompt.end(), second_turns[i].prompt.begin(), second_turns[i].prompt.end());
-    second_turns[i].prompt = prompt;
-  }
   // 60 blocks of 4 tokens (1 full + 2 sliding groups): one 160-token sequence fits, six running ones do not.
   auto engine = make_engine(engine_config(ngram(5), true), 60);
   const Results first = run_batched(*engine, first_turns);
+  // Each second turn is the first turn's prompt and answer, then more, as in a chat: its prefix hits cover blocks
+  // that were filled while drafts were verified, so a block published with a rejected token (or a hash chained
+  // through one) would serve wrong K/V here.
+  for (std::size_t i = 0; i < second_turns.size(); ++i) {
+    second_turns[i].request_id += "-turn2";
+    std::vector<TokenId> prompt = first_turns[i].prompt;
+    const std::vector<TokenId>& answer = first.at(first_turns[i].request_id).samples.at(0).token_ids;
+    prompt.insert(prompt.end(), answer.begin(), answer.end());
+    prompt.insert(prompt.end(), second_turns[i].prompt.begin(), second_turns[i].prompt.end());
+    second_turns[i].prompt.assign(prompt.begin(), prompt.begin() + std::min<std::size_t>(prompt.size(), 100));
+  }
   const Results second = run_batched(*engine, second_turns);
   engine->shutdown(ShutdownMode::Drain);
   const EngineStats stats = engine->stats();
