@@ -1,8 +1,10 @@
 #include "runner/beam_model_runner.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "backend/registry.h"
+#include "checkpoint/drafter_checkpoint.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -14,6 +16,15 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
   const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
   model_ = std::make_unique<BeamModel>(weights, *backend_);
   const ModelConfig& model_config = model_->config();
+  if (config.speculative.method == SpeculativeMethod::DFlash) {
+    // Checked in full first, so that a drafter that does not fit is named as such.
+    const DrafterCheckpoint drafter =
+        load_drafter_checkpoint(config.speculative.model, model_config, config.speculative.num_speculative_tokens);
+    fail("--speculative-config: the drafter {} fits this model ({} layers reading target layers [{}], blocks of {}), "
+         "but the dflash drafter's forward pass is not implemented yet; use \"ngram\" or \"none\"",
+         config.speculative.model, drafter.config.num_hidden_layers, fmt::join(drafter.config.target_layer_ids, ", "),
+         drafter.config.block_size);
+  }
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
 
   // The size of one block, measured on a one-block pool rather than restating the storage layout here.

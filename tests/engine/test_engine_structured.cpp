@@ -103,8 +103,14 @@ class StructuredTinyModel : public ::testing::Test {
     delete tokenizer_;
   }
 
-  static std::unique_ptr<Engine> engine(bool async_scheduling) {
+  static std::unique_ptr<Engine> engine(bool async_scheduling, bool speculative = false) {
     EngineConfig c;
+    if (speculative) {  // n-gram drafts of up to 4 tokens, cut to what the grammar allows
+      c.speculative.method = SpeculativeMethod::Ngram;
+      c.speculative.num_speculative_tokens = 4;
+      c.speculative.prompt_lookup_min = 1;
+      c.speculative.prompt_lookup_max = 3;
+    }
     c.max_model_len = 256;
     c.max_num_seqs = 16;
     c.max_num_batched_tokens = 128;
@@ -118,13 +124,14 @@ class StructuredTinyModel : public ::testing::Test {
   // `count` requests at temperature 1.0 (seeded), constrained to `grammar` when it is given (every other one only
   // when `mixed`: constrained and free rows in one batch).
   static std::vector<SampleOutput> run(Engine& e, const std::shared_ptr<const CompiledGrammar>& grammar, int count,
-                                       int32_t max_tokens, bool mixed = false) {
+                                       int32_t max_tokens, bool mixed = false, float temperature = 1.0f) {
     std::vector<std::shared_ptr<OutputStream>> streams;
     for (int i = 0; i < count; ++i) {
       GenerationRequest r;
       r.request_id = fmt::format("s{}", next_id_++);  // ids are free again only once the engine has let go
-      r.prompt = (*tokenizer_)->encode(fmt::format("Reply in JSON ({}):", i));
-      r.sampling.temperature = 1.0f;
+      // Earlier JSON in the prompt gives the n-gram drafter something to propose.
+      r.prompt = (*tokenizer_)->encode(fmt::format(R"(Reply in JSON ({}) like {{"color": "red", "tags": ["a"]}}:)", i));
+      r.sampling.temperature = temperature;
       r.sampling.seed = 1000 + i;
       r.sampling.max_tokens = max_tokens;
       if (!mixed || i % 2 == 0) r.grammar = grammar;
@@ -193,6 +200,24 @@ TEST_F(StructuredTinyModel, AsyncSchedulingGivesTheSynchronousOutputs) {
     EXPECT_EQ(a[i].token_ids, s[i].token_ids) << i;
     EXPECT_EQ(a[i].finish_reason, s[i].finish_reason) << i;
   }
+}
+
+TEST_F(StructuredTinyModel, SpeculativeDraftsStayInsideTheGrammar) {
+  // Greedy: drafting changes nothing; sampled: every output still validates.
+  const auto vocabulary = Vocabulary::from_tokenizer(**tokenizer_);
+  const SchemaCase c = schema_cases()[1];
+  const auto grammar = CompiledGrammar::compile(json_schema_grammar(c.schema), vocabulary, eos_);
+  auto plain = engine(false);
+  auto speculating = engine(false, true);
+  const auto greedy_plain = run(*plain, grammar, 8, 80, true, 0.0f);
+  const auto greedy_spec = run(*speculating, grammar, 8, 80, true, 0.0f);
+  for (std::size_t i = 0; i < greedy_plain.size(); ++i) EXPECT_EQ(greedy_spec[i].token_ids, greedy_plain[i].token_ids) << i;
+  for (const SampleOutput& out : run(*speculating, grammar, 16, 120)) {
+    if (out.finish_reason == FinishReason::Stop) {
+      EXPECT_TRUE(parses_and_validates(c, out.text)) << out.text;
+    }
+  }
+  EXPECT_GT(speculating->stats().spec_decode_num_draft_tokens_total, 0u);
 }
 
 }  // namespace
