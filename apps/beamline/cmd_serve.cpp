@@ -134,11 +134,13 @@ class DistributedFailure {
       if (!cause_.empty()) return;
       cause_ = cause;
       // Not on the engine thread, which api.stop() may wait for.
-      stopper_ = std::thread([&api] {
-        if (api == nullptr) return;
-        api->refuse_new_requests();
-        api->abort_in_flight();
-        api->stop();
+      stopper_ = std::thread([server = api] {
+        if (server == nullptr) return;
+        // Requests in flight get their error (every later step fails at once), then the server closes.
+        server->refuse_new_requests();
+        server->wait_until_idle(std::chrono::seconds(5));
+        server->abort_in_flight();
+        server->stop();
       });
     });
   }

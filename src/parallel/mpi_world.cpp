@@ -75,8 +75,8 @@ std::unique_ptr<Communicator> MpiWorld::split(const std::string& name, int32_t c
   std::vector<int32_t> members(static_cast<std::size_t>(size));
   MPI_Request request = MPI_REQUEST_NULL;
   MPI_Iallgather(&rank_, 1, MPI_INT32_T, members.data(), 1, MPI_INT32_T, comm, &request);
+  wait_for(request, timeout_seconds_, fmt::format("rank {}: making the {} group", rank_, name));
   const std::string full_name = fmt::format("{} group (world ranks {})", name, fmt::join(members, ", "));
-  wait_for(request, timeout_seconds_, fmt::format("rank {}: making the {}", rank_, full_name));
   return make_mpi_communicator(comm, full_name, timeout_seconds_);
 }
 

@@ -90,3 +90,29 @@ describe('serve --tensor-parallel-size 2', () => {
     assert.match(server.log(), /process rank 1 .*exited on signal 9/, server.log());
   });
 });
+
+describe('serve --tensor-parallel-size 2 --distributed-timeout-seconds 2', () => {
+  let model;
+  before(() => { model = makeTinyModel(MODEL); });
+  after(() => model?.cleanup());
+
+  test('a stuck worker: the request gets an error naming the timeout, and the server exits with it', async () => {
+    const server = await startServer(model.dir,
+      [...SERVE_ARGS, '--tensor-parallel-size', '2', '--distributed-timeout-seconds', '2']);
+    await waitFor(() => /rank 1 of 2 ready \(pid \d+\)/.test(server.log()), 20000, 'rank 1 ready');
+    const pid = Number(server.log().match(/rank 1 of 2 ready \(pid (\d+)\)/)[1]);
+    process.kill(pid, 'SIGSTOP');
+    const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+    await assert.rejects(client.chat.completions.create(REQUESTS[0]), (error) => {
+      assert.match(String(error.message), /no answer within --distributed-timeout-seconds 2/, server.log());
+      return true;
+    });
+    const { code } = await Promise.race([
+      server.exited,
+      new Promise((_, reject) => setTimeout(() => reject(new Error(`still running:\n${server.log()}`)), 30000)),
+    ]);
+    assert.notEqual(code, 0);
+    assert.match(server.log(), /\[rank 0\].*the distributed model failed: rank 0: .*group \(world ranks 0, 1\)/,
+                 server.log());
+  });
+});

@@ -114,6 +114,9 @@ void collectives(MpiWorld& world) {
   std::unique_ptr<Communicator> all = world.split("world", 0, world.rank());
   // Two groups of unequal sizes (ranks 0 and 1; the rest), in reverse rank order.
   std::unique_ptr<Communicator> part = world.split("part", world.rank() < 2 ? 0 : 1, -world.rank());
+  const std::string expected_part = world.rank() < 2 ? "part group (world ranks 1, 0)" : "part group (world ranks ";
+  expect(all->name().find("world ranks 0, 1, 2") != std::string::npos && part->name().find(expected_part) == 0,
+         "group names list their world ranks: " + all->name() + " / " + part->name());
   for (int round = 0; round < 2; ++round) {
     check_collectives(*all);
     check_collectives(*part);
