@@ -186,7 +186,7 @@ void serve(ServeOptions& options) {
             options.parallel.data);
     serve_ranks(options, world.get());
   } catch (const std::exception& error) {
-    world->fail(fmt::format("rank {}: {}", world->rank(), error.what()));
+    world->fail(error.what());
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -85,8 +86,10 @@ void MpiWorld::fail(const std::string& message) {
   if (rank_ != 0) {
     MPI_Request request = MPI_REQUEST_NULL;
     MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_CHAR, 0, kFailureTag, MPI_COMM_WORLD, &request);
-    // Rank 0 picks the report up from its next wait and ends the job itself; give it that long.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds_);
+    // Rank 0 picks the report up from its next wait and ends the job itself; give it that long (a minute at most: it
+    // may be busy loading, and this rank's own log already says why).
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(timeout_seconds_, 60.0));
     int done = 0;
     while (std::chrono::steady_clock::now() < deadline) {
       MPI_Test(&request, &done, MPI_STATUS_IGNORE);

@@ -35,8 +35,8 @@ class MpiWorld {
   // Collective over the world. `name` says what the group is ("tensor-parallel"); the world ranks are appended.
   std::unique_ptr<Communicator> split(const std::string& name, int32_t color, int32_t key);
 
-  // Sends `message` to rank 0 (which raises it from its next wait as an Error naming this rank), waits briefly for it
-  // to leave, then ends the whole job.
+  // Logs `message`, sends it to rank 0 (which raises it from its next wait as an Error naming this rank), gives rank 0
+  // time to end the job, then ends it itself (MPI_Abort).
   [[noreturn]] void fail(const std::string& message);
 
  private:
