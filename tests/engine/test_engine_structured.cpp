@@ -96,6 +96,8 @@ class StructuredTinyModel : public ::testing::Test {
                                      fmt::format("beamline-engine-structured-{}", ::getpid()));
     write_random_checkpoint(preset_config("tiny"), *dir_, 11, DType::BF16);
     tokenizer_ = new std::shared_ptr<const Tokenizer>(Tokenizer::from_tokenizer_json(*dir_ / "tokenizer.json"));
+    // Before any grammar is compiled: eos is what ends a completed one.
+    eos_ = GenerationConfig::load(*dir_, preset_config("tiny")).eos_token_ids;
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*dir_);
@@ -117,7 +119,6 @@ class StructuredTinyModel : public ::testing::Test {
     c.kv_cache_memory_bytes = 16 << 20;
     c.async_scheduling = async_scheduling;
     auto runner = std::make_unique<BeamModelRunner>(load_checkpoint(*dir_), "cpu", c);
-    eos_ = GenerationConfig::load(*dir_, runner->model_config()).eos_token_ids;
     return std::make_unique<Engine>(c, std::move(runner), *tokenizer_, eos_);
   }
 
