@@ -17,6 +17,7 @@
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
+#include "model_options.h"
 #include "runner/beam_model_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
@@ -32,7 +33,7 @@ constexpr const char* kDefaultModelDir = "models/beam-nano";
 
 struct ServeOptions {
   std::string model;
-  std::string load_format = "auto", hf_overrides;
+  std::string load_format = "auto", hf_overrides, quantization;
   std::string served_model_name;
   std::string device = "auto";
   std::string api_key;
@@ -130,7 +131,8 @@ void serve(ServeOptions& options) {
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
   auto runner = std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine);
   const GenerationConfig generation = GenerationConfig::load(model_dir, runner->model_config());
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_tokenizer_json(model_dir / "tokenizer.json");
@@ -165,6 +167,7 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   command->add_option("--hf-overrides", options->hf_overrides,
                       "JSON object merged into the config with --load-format dummy, e.g. '{\"num_hidden_layers\": 8}'");
+  add_quantization_option(*command, options->quantization);
   command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
   command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))

@@ -53,6 +53,7 @@ struct BeamWeights {
   TensorView norm;                            // [H]
   LinearWeight lm_head;                       // [V,H] (embed_tokens when tie_word_embeddings)
   std::shared_ptr<const SafetensorsArchive> archive;  // keeps the mappings alive
+  std::shared_ptr<const void> quantized_storage;      // keeps projections quantized at load alive (--quantization)
 
   // Every tensor the model is made of (quantization scales included), each once, for sizing.
   std::vector<const TensorView*> views() const;

@@ -9,6 +9,7 @@
 #define BEAMLINE_CPU_AVX2 1
 #endif
 
+#include "backend/cpu/projection.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -150,8 +151,8 @@ void dot4(const float* w0, const float* w1, const float* w2, const float* w3, co
 
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride) {
   const Tensor& w = weight.weight;
-  require(!weight.scale.defined(), "cpu backend: quantized weight {} is not supported yet", describe(w));
-  const int64_t out = w.dim(0), in = w.dim(1);
+  const Projection shape = projection(weight, "matmul", "weight");
+  const int64_t out = shape.out, in = shape.in;
   constexpr int64_t kRowsPerGroup = 4;
   const int64_t groups = (out + kRowsPerGroup - 1) / kRowsPerGroup;
   const bool direct = w.dtype() == DType::F32;
@@ -165,8 +166,12 @@ void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float*
         for (auto group = static_cast<int64_t>(group_begin); group < static_cast<int64_t>(group_end); ++group) {
           const int64_t first = group * kRowsPerGroup, count = std::min(kRowsPerGroup, out - first);
           const float* row[kRowsPerGroup];
+          // Quantized weights: the group's rows dequantized exactly (quant/quantize.h), then the same FP32 dots.
+          if (shape.quantized) dequantize_rows(*shape.quantized, first, count, converted.data());
           for (int64_t r = 0; r < count; ++r) {
-            if (direct) {
+            if (shape.quantized) {
+              row[r] = converted.data() + r * in;
+            } else if (direct) {
               row[r] = w.data<const float>() + (first + r) * in;
             } else {
               to_f32(w.raw(), w.dtype(), (first + r) * in, in, converted.data() + r * in);
