@@ -10,6 +10,7 @@
 #endif
 
 #include "backend/cpu/projection.h"
+#include "quant/element_codes.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -42,6 +43,12 @@ void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float
       for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
       return;
     }
+    case DType::F8_E4M3: {  // an FP8 KV cache (per-tensor scale 1.0)
+      const auto* in = reinterpret_cast<const uint8_t*>(data) + offset;
+      const std::array<float, 256>& table = e4m3_table();
+      for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
+      return;
+    }
     default:
       fail("cpu backend: cannot read {} values as floats", dtype_name(dtype));
   }
@@ -55,6 +62,11 @@ void from_f32(const float* values, int64_t n, DType dtype, int64_t offset, std::
     case DType::BF16: {
       auto* out = reinterpret_cast<uint16_t*>(data) + offset;
       for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(values[i]);
+      return;
+    }
+    case DType::F8_E4M3: {  // round to nearest even, saturating at ±448 (quant/element_codes.h)
+      auto* out = reinterpret_cast<uint8_t*>(data) + offset;
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_e4m3(values[i]);
       return;
     }
     default:

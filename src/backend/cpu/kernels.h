@@ -8,9 +8,9 @@
 
 namespace beamline::cpu {
 
-// out[0..n) = elements [offset, offset + n) of an F32/F16/BF16 buffer, as F32.
+// out[0..n) = elements [offset, offset + n) of an F32/F16/BF16/F8_E4M3 buffer, as F32.
 void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float* out);
-// Stores F32 values into an F32 or BF16 buffer at element `offset`.
+// Stores F32 values into an F32, BF16 or F8_E4M3 (saturating) buffer at element `offset`.
 void from_f32(const float* values, int64_t n, DType dtype, int64_t offset, std::byte* data);
 
 // FP32 dot product; the summation order depends only on n, so a result never depends on batching.
