@@ -1,4 +1,6 @@
 // beamline generate: prefill a token sequence, then decode token by token through the KV cache; prints the ids.
+// With --speculative-config the sequence goes through the serving engine instead (one request), so that speculative
+// decoding runs as in `serve`, and the log reports how many draft tokens the target accepted.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -15,9 +17,12 @@
 #include "backend/registry.h"
 #include "commands.h"
 #include "engine/engine_config.h"
+#include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "model/beam_model.h"
 #include "model/weights.h"
 #include "model_options.h"
+#include "runner/beam_model_runner.h"
 #include "runner/sequence_runner.h"
 #include "token_list.h"
 #include "util/error.h"
@@ -33,6 +38,7 @@ struct GenerateOptions {
   double top_p = 1.0;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  SpeculativeConfig speculative;
 };
 
 // Greedy (lowest index among equal maxima) at temperature 0; else nucleus sampling over softmax(logits / T).
@@ -57,16 +63,65 @@ int32_t sample(std::span<const float> logits, double temperature, double top_p, 
   return order[kept - 1];
 }
 
+// The engine's path: one request through EngineCore over BeamModelRunner (the engine's sampler: greedy is the same
+// argmax, sampled outputs draw from the request's seeded stream).
+void generate_with_engine(const GenerateOptions& options, const BeamWeights& weights, const std::vector<int32_t>& prompt) {
+  const ModelConfig& model = weights.config;
+  const auto length = static_cast<int64_t>(prompt.size()) + options.max_tokens;
+  EngineConfig config;
+  config.max_num_seqs = 1;
+  config.max_model_len = length;
+  config.dtype = options.dtype;
+  config.kv_cache_dtype = options.kv_cache_dtype;
+  config.async_scheduling = false;
+  config.speculative = options.speculative;
+  // Room for this one sequence, its drafts and block rounding, as if every layer were full-attention and FP32.
+  config.kv_cache_memory_bytes = model.num_hidden_layers * 2 * model.num_key_value_heads * model.head_dim * 4 *
+                                 (length + options.speculative.num_speculative_tokens + 4 * 512);
+  BeamModelRunner runner(weights, options.device, config);
+  std::vector<TokenId> eos(model.eos_token_ids.begin(), model.eos_token_ids.end());
+  EngineCore core(resolve_engine_config(config, runner), runner, nullptr, eos);
+  GenerationRequest request;
+  request.request_id = "generate";
+  request.prompt = prompt;
+  request.detokenize = false;
+  request.sampling.temperature = static_cast<float>(options.temperature);
+  request.sampling.top_p = static_cast<float>(options.top_p);
+  request.sampling.seed = options.seed;
+  request.sampling.max_tokens = static_cast<int32_t>(options.max_tokens);
+  request.sampling.ignore_eos = options.ignore_eos;
+  auto stream = std::make_shared<OutputStream>(request.request_id);
+  const auto start = std::chrono::steady_clock::now();
+  core.add_request(std::move(request), stream);
+  while (core.has_work()) core.step();
+  const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+  const RequestOutput output = collect_output(*stream);
+  require(!output.error, "generate: {}", output.error.value_or(""));
+  const std::vector<TokenId>& generated = output.samples.at(0).token_ids;
+  std::printf("%s\n", fmt::format("{}", fmt::join(generated, ",")).c_str());
+  const EngineStats stats = core.stats();
+  const double drafts = static_cast<double>(std::max<uint64_t>(1, stats.spec_decode_num_drafts_total));
+  spdlog::info("generated {} tokens in {} engine steps, {:.3f} s on {}", generated.size(), stats.steps_total,
+               seconds.count(), options.device);
+  spdlog::info("speculative decoding: {} drafts, {} draft tokens, {} accepted; {:.3f} tokens per step with a draft; "
+               "accepted per position [{}]",
+               stats.spec_decode_num_drafts_total, stats.spec_decode_num_draft_tokens_total,
+               stats.spec_decode_num_accepted_tokens_total,
+               1.0 + static_cast<double>(stats.spec_decode_num_accepted_tokens_total) / drafts,
+               fmt::join(stats.spec_decode_num_accepted_tokens_per_pos, ","));
+}
+
 void run_generate(const GenerateOptions& options) {
   require(options.max_tokens >= 1, "--max-tokens: {} must be at least 1", options.max_tokens);
   require(std::isfinite(options.temperature) && options.temperature >= 0.0,
           "--temperature: {} must be a finite number >= 0", options.temperature);
   require(options.top_p > 0.0 && options.top_p <= 1.0, "--top-p: {} must be in (0, 1]", options.top_p);
-  std::unique_ptr<Backend> backend = create_backend(options.device);
-  backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   const BeamWeights weights = options.source.load();
   const ModelConfig& config = weights.config;
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
+  if (options.speculative.enabled()) return generate_with_engine(options, weights, prompt);
+  std::unique_ptr<Backend> backend = create_backend(options.device);
+  backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   BeamModel model(weights, *backend);
   const auto prompt_length = static_cast<int64_t>(prompt.size());
   SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
@@ -107,6 +162,13 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_flag("--ignore-eos", options->ignore_eos, "keep generating after an end-of-sequence token");
   command->add_option("--device", options->device, "auto (cuda where a GPU is present, else cpu), cpu or cuda")->capture_default_str();
   add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
+  command
+      ->add_option_function<std::string>(
+          "--speculative-config",
+          [options](const std::string& text) { options->speculative = parse_speculative_config(text); },
+          "Speculative decoding as in `serve` (vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": "
+          "4}'): the sequence runs through the engine, whose sampler this uses, and the log reports acceptance")
+      ->type_name("JSON");
   command->callback([options] { run_generate(*options); });
 });
 

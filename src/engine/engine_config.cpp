@@ -94,6 +94,15 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
                    "Schedule and launch the next step while the device runs the current one; its decode tokens are "
                    "read on the device from this step's samples (default on; --no-async-scheduling for the synchronous "
                    "loop)");
+  command
+      .add_option_function<std::string>(
+          "--speculative-config",
+          [&config](const std::string& text) { config.speculative = parse_speculative_config(text); },
+          "Speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+          "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' drafts from the context and verifies them in the "
+          "target's step (outputs stay the target's exactly; speculating runs the engine synchronously); "
+          "\"dflash\" is not implemented yet; none (default) turns it off")
+      ->type_name("JSON");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

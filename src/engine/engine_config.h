@@ -4,6 +4,8 @@
 #include <string>
 #include <string_view>
 
+#include "spec/speculative_config.h"
+
 namespace CLI {
 class App;
 }
@@ -32,6 +34,7 @@ struct EngineConfig {
   std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
   bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (runner/decode_graphs.h)
   bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
+  SpeculativeConfig speculative;          // --speculative-config: draft tokens verified per step (engine_core.h)
 
   // Throws beamline::Error naming the flag of the first bad value.
   void validate() const;

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "spec/draft_verification.h"
+#include "spec/ngram_proposer.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -74,7 +76,19 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                              (static_cast<int64_t>(runner.kv_layout().slots_per_block) * runner.kv_layout().block_size)),
       kv_(runner.kv_layout(), runner.sliding_window(), config.enable_prefix_caching),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens}, kv_),
-      seeds_(config.seed) {}
+      seeds_(config.seed) {
+  const SpeculativeConfig& spec = config.speculative;
+  if (!spec.enabled()) return;
+  require(spec.method == SpeculativeMethod::Ngram,
+          "--speculative-config: method \"dflash\" is not implemented yet (the block drafter's forward pass is not "
+          "built); use \"ngram\" or \"none\"");
+  // Its presence tells /metrics that speculative decoding is on, so the counters show from the start.
+  counters_.spec_decode_num_accepted_tokens_per_pos.assign(spec.num_speculative_tokens, 0);
+  spdlog::info("speculative decoding: n-gram drafts of up to {} tokens (prompt lookup {}..{}), verified in the target's "
+               "step; the engine runs synchronously{}",
+               spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+               config.async_scheduling ? " (--async-scheduling does not apply)" : "");
+}
 
 EngineCore::~EngineCore() = default;
 
@@ -208,6 +222,7 @@ void EngineCore::fail_request(RequestState& request, const std::string& message)
 std::vector<std::string> EngineCore::step() {
   std::vector<std::string> ended;
   if (!in_flight_) {
+    propose_drafts();
     StepPlan plan = scheduler_.schedule();
     if (plan.empty()) {
       // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
@@ -227,7 +242,9 @@ std::vector<std::string> EngineCore::step() {
     complete(*in_flight_);
   }
   std::unique_ptr<InFlightStep> next;
-  if (config_.async_scheduling && in_flight_->sampled_at_launch) next = launch_ahead(*in_flight_, ended);
+  // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before the next.
+  if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch)
+    next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   finish(*current, ended);
   if (next) {
@@ -278,7 +295,9 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     // A step whose rows all sample on the device is sampled now, so the next step can read its tokens there;
     // rows that need the host are sampled when the step is finished, after the previous tokens are in.
     const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
-      return needs_host(*samples_by_sequence_.at(step->ids[i]));
+      const SampleState& sample = *samples_by_sequence_.at(step->ids[i]);
+      const bool verifies_on_host = step->plan.scheduled[i].num_draft_tokens > 0 && !sample.request->request.sampling.greedy();
+      return needs_host(sample) || verifies_on_host;
     });
     if (on_device && !step->producing.empty()) {
       std::vector<std::size_t> all(step->producing.size());
@@ -335,7 +354,7 @@ void EngineCore::complete(const InFlightStep& step) {
 }
 
 void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
-  std::vector<SampledToken> sampled_tokens;
+  std::vector<std::vector<SampledToken>> sampled_tokens;
   try {
     sampled_tokens = sample_tokens(step);
   } catch (const std::exception& error) {
@@ -356,42 +375,120 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     RequestState& request = *sample.request;
     if (std::find(touched.begin(), touched.end(), &request) == touched.end()) touched.push_back(&request);
     if (!producing) continue;
-    Sequence& sequence = sample.sequence;
-    const SampledToken& sampled = sampled_tokens[p];
-    if (sample.token_pending) {
-      sequence.tokens.back() = sampled.token;
-      sample.token_pending = false;
-    } else {
-      sequence.tokens.push_back(sampled.token);
-    }
-    ++counters_.generation_tokens_total;
-    if (!request.first_token) {
-      request.first_token = now;
-      counters_.time_to_first_token.observe(seconds_between(request.arrival, now));
-    } else if (sequence.num_output_tokens() > 1) {
-      counters_.inter_token_latency.observe(seconds_between(sample.last_token_time, now));
-    }
-    sample.last_token_time = now;
-
-    StopChecker::Result check = sample.stop.push(sampled.token, sequence.num_output_tokens());
-    SampleOutput& out = pending_sample(sample);
-    out.token_ids.push_back(sampled.token);
-    out.text += check.text;
-    if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
-    if (check.finish) {
-      out.finish_reason = check.finish;
-      out.stop_reason = std::move(check.stop_reason);
-      finish_sample(sample, *check.finish);
+    std::vector<SampledToken> tokens = std::move(sampled_tokens[p]);
+    const int32_t num_drafts = step.plan.scheduled[i].num_draft_tokens;
+    if (num_drafts > 0) tokens = settle_drafts(sample, num_drafts, std::move(tokens));
+    for (SampledToken& token : tokens) {
+      if (emit(sample, std::move(token), now)) break;  // a stop ends the sample: later tokens are dropped
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
 }
 
+bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_point now) {
+  RequestState& request = *sample.request;
+  Sequence& sequence = sample.sequence;
+  if (sample.token_pending) {
+    sequence.tokens.back() = sampled.token;
+    sample.token_pending = false;
+  } else {
+    sequence.tokens.push_back(sampled.token);
+  }
+  ++counters_.generation_tokens_total;
+  if (!request.first_token) {
+    request.first_token = now;
+    counters_.time_to_first_token.observe(seconds_between(request.arrival, now));
+  } else if (sequence.num_output_tokens() > 1) {
+    counters_.inter_token_latency.observe(seconds_between(sample.last_token_time, now));
+  }
+  sample.last_token_time = now;
+
+  StopChecker::Result check = sample.stop.push(sampled.token, sequence.num_output_tokens());
+  SampleOutput& out = pending_sample(sample);
+  out.token_ids.push_back(sampled.token);
+  out.text += check.text;
+  if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
+  if (!check.finish) return false;
+  out.finish_reason = check.finish;
+  out.stop_reason = std::move(check.stop_reason);
+  finish_sample(sample, *check.finish);
+  return true;
+}
+
+void EngineCore::propose_drafts() {
+  const SpeculativeConfig& spec = config_.speculative;
+  if (!spec.enabled()) return;
+  for (Sequence* sequence : scheduler_.running()) {
+    if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
+    SampleState& sample = *samples_by_sequence_.at(sequence->id);
+    // Penalties, logit bias and min_tokens masks edit each row by the tokens before it on the host path; such
+    // sequences decode one token per step.
+    if (needs_host(sample)) continue;
+    // Never past max_tokens: the draft and the target's token after it must fit.
+    const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
+    const int32_t k = std::min(spec.num_speculative_tokens, room);
+    if (k <= 0) continue;
+    const std::vector<TokenId> draft =
+        propose_ngram_draft(sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    sequence->tokens.insert(sequence->tokens.end(), draft.begin(), draft.end());
+    sequence->num_draft_tokens = static_cast<int32_t>(draft.size());
+  }
+}
+
+void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts,
+                                std::vector<RowSampling>& rows) {
+  const SamplingParams& params = sample.request->request.sampling;
+  const std::vector<TokenId>& tokens = sample.sequence.tokens;
+  for (int32_t j = 0; j <= num_drafts; ++j) {
+    RowSampling row;
+    row.settings = sample_settings(params, sample.sampler, logit_row + j);  // draws the acceptance uniform
+    // Greedy rows and the row after the last draft are sampled as usual: the token that comes out is the target's.
+    if (j < num_drafts && !params.greedy()) {
+      const TokenId draft = tokens[tokens.size() - num_drafts + j];
+      const double residual_uniform = sample.sampler.next_uniform();
+      row.sample_on_host = [settings = row.settings, draft, residual_uniform,
+                            acceptance = &config_.speculative.acceptance_for_testing](std::span<const float> raw) {
+        return verify_draft_token(raw, settings, draft, residual_uniform, *acceptance);
+      };
+    }
+    rows.push_back(std::move(row));
+  }
+}
+
+std::vector<SampledToken> EngineCore::settle_drafts(SampleState& sample, int32_t num_drafts,
+                                                    std::vector<SampledToken> rows) {
+  Sequence& sequence = sample.sequence;
+  const std::size_t first_draft = sequence.tokens.size() - num_drafts;
+  // A verified row returns its draft token exactly when it accepts it (a rejection draws from p without it).
+  int32_t accepted = 0;
+  while (accepted < num_drafts && rows[accepted].token == sequence.tokens[first_draft + accepted]) ++accepted;
+  rows.resize(accepted + 1);
+  for (int32_t j = 0; j <= accepted; ++j) sample.sampler.record_output(rows[j].token);
+
+  ++counters_.spec_decode_num_drafts_total;
+  counters_.spec_decode_num_draft_tokens_total += num_drafts;
+  counters_.spec_decode_num_accepted_tokens_total += accepted;
+  auto& per_position = counters_.spec_decode_num_accepted_tokens_per_pos;
+  if (per_position.size() < static_cast<std::size_t>(num_drafts)) per_position.resize(num_drafts, 0);
+  for (int32_t j = 0; j < accepted; ++j) ++per_position[j];
+
+  scheduler_.settle_drafts(sequence, accepted);
+  sequence.tokens.resize(sequence.tokens.size() - accepted);  // emit() appends them again, one stop check each
+  return rows;
+}
+
 void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>& which) {
   std::vector<RowSampling> rows;
   for (const std::size_t p : which) {
-    const int32_t logit_row = step.plan.scheduled[step.producing[p]].logit_index;
+    const ScheduledSequence& scheduled = step.plan.scheduled[step.producing[p]];
+    const int32_t logit_row = scheduled.logit_index;
     SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[p]]);
+    if (scheduled.num_draft_tokens > 0) {
+      const std::size_t first = rows.size();
+      add_draft_rows(*sample, logit_row, scheduled.num_draft_tokens, rows);
+      for (std::size_t r = first; r < rows.size(); ++r) step.sampled.push_back({p, static_cast<bool>(rows[r].sample_on_host)});
+      continue;
+    }
     RowSampling row;
     if (needs_host(*sample)) {
       row.settings.logit_row = logit_row;
@@ -408,7 +505,7 @@ void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>&
   step.model->sample(std::move(rows));
 }
 
-std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {
+std::vector<std::vector<SampledToken>> EngineCore::sample_tokens(InFlightStep& step) {
   if (!step.sampled_at_launch) {
     std::vector<std::size_t> live;
     for (std::size_t p = 0; p < step.producing.size(); ++p)
@@ -416,12 +513,15 @@ std::vector<SampledToken> EngineCore::sample_tokens(InFlightStep& step) {
     sample_rows(step, live);
   }
   std::vector<SampledToken> tokens = step.model->tokens();
-  std::vector<SampledToken> sampled(step.producing.size());
+  std::vector<std::vector<SampledToken>> sampled(step.producing.size());
   for (std::size_t d = 0; d < step.sampled.size(); ++d) {
     const SampledRow& row = step.sampled[d];
-    SampleState* sample = live_sample(step.ids[step.producing[row.producing]]);
-    if (sample != nullptr && !row.on_host) sample->sampler.record_output(tokens[d].token);
-    sampled[row.producing] = std::move(tokens[d]);
+    const std::size_t scheduled = step.producing[row.producing];
+    SampleState* sample = live_sample(step.ids[scheduled]);
+    // A draft's rows record only the tokens it keeps (settle_drafts).
+    if (sample != nullptr && !row.on_host && step.plan.scheduled[scheduled].num_draft_tokens == 0)
+      sample->sampler.record_output(tokens[d].token);
+    sampled[row.producing].push_back(std::move(tokens[d]));
   }
   return sampled;
 }

@@ -7,6 +7,10 @@
 // scheduled and launched with those rows reading the sampled ids on the device (ForwardBatch::deferred_tokens), and
 // only then does the host wait for the tokens and check stops, while the device runs the next step. A sequence that
 // stopped meanwhile has its extra row dropped. Its outputs equal those of the synchronous loop.
+// With --speculative-config each decoding sequence gets draft tokens before the step is scheduled (the n-gram proposer,
+// spec/ngram_proposer.h); they join the step as extra query rows with logit rows, and the target's rows decide how
+// many are kept (spec/draft_verification.h): the outputs are distributed as without speculation, token for token for
+// greedy rows. A draft is proposed from tokens the host has, so speculating engines run synchronously.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -91,6 +95,17 @@ class EngineCore {
     bool sampled_at_launch = false;
   };
 
+  // With speculative decoding: appends a draft to every decoding sequence that may speculate.
+  void propose_drafts();
+  // The rows of a producing sequence with `num_drafts` draft tokens (logit rows from `logit_row`): the target's
+  // settings for each, and for sampled (not greedy) rows before the last the draft's verification rule on the host.
+  void add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts, std::vector<RowSampling>& rows);
+  // The target's rows of a step's draft decide its fate: keeps the longest confirmed prefix in the sequence and the KV
+  // cache (Scheduler::settle_drafts) and returns the tokens to emit: the accepted drafts, then the target's token at the
+  // first row that disagreed or after the last draft. Takes the accepted tokens back off the sequence for emit().
+  std::vector<SampledToken> settle_drafts(SampleState& sample, int32_t num_drafts, std::vector<SampledToken> rows);
+  // Appends one sampled token to the sample, checks stops and adds it to the request's event; true when it ended.
+  bool emit(SampleState& sample, SampledToken sampled, Clock::time_point now);
   // Launches the step's forward pass (and its sampling when no row needs the host); null after failing its requests.
   std::unique_ptr<InFlightStep> launch(StepPlan plan, std::vector<std::string>& ended);
   // With --async-scheduling: the step after `current`, scheduled and launched before `current`'s tokens are read.
@@ -105,8 +120,9 @@ class EngineCore {
   // Hands the step's producing rows `which` to its ModelStep::sample: the settings of each, and for rows that need
   // logit bias, penalties or masked tokens the host path (engine/sampler.h) instead.
   void sample_rows(InFlightStep& step, const std::vector<std::size_t>& which);
-  // The next token of each producing row of the step (the live ones sampled now unless they were at launch).
-  std::vector<SampledToken> sample_tokens(InFlightStep& step);
+  // The rows of each producing sequence of the step (the live ones sampled now unless they were at launch): one
+  // token, or with a draft one per logit row.
+  std::vector<std::vector<SampledToken>> sample_tokens(InFlightStep& step);
   bool needs_host(const SampleState& sample) const;
   void finish_sample(SampleState& sample, FinishReason reason);
   void fail_request(RequestState& request, const std::string& message);

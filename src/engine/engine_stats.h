@@ -38,6 +38,12 @@ struct EngineStats {
   uint64_t steps_total = 0;
   int64_t kv_hybrid_saved_bytes = 0;       // now, over running sequences, against keeping every layer's KV
   uint64_t kv_hybrid_saved_bytes_finished_total = 0;  // summed over finished sequences at their end
+  // Speculative decoding (vLLM's spec_decode counters): drafts verified (one per sequence and step that had one),
+  // their tokens, the accepted ones (not counting the target's own token after them), and accepted by position.
+  uint64_t spec_decode_num_drafts_total = 0;
+  uint64_t spec_decode_num_draft_tokens_total = 0;
+  uint64_t spec_decode_num_accepted_tokens_total = 0;
+  std::vector<uint64_t> spec_decode_num_accepted_tokens_per_pos;  // [position in the draft]
   Histogram time_to_first_token{time_to_first_token_buckets()};
   Histogram inter_token_latency{inter_token_latency_buckets()};
   Histogram e2e_request_latency{request_latency_buckets()};

@@ -23,6 +23,12 @@ void Scheduler::remove(Sequence* sequence) {
   kv_.free(sequence->id);
 }
 
+void Scheduler::drop_drafts(Sequence& sequence, int32_t count) {
+  count = std::clamp(count, 0, sequence.num_draft_tokens);
+  sequence.tokens.resize(sequence.tokens.size() - count);
+  sequence.num_draft_tokens -= count;
+}
+
 void Scheduler::preempt(Sequence* victim, StepPlan& plan, int32_t& budget) {
   auto scheduled = std::find_if(plan.scheduled.begin(), plan.scheduled.end(),
                                 [&](const ScheduledSequence& s) { return s.sequence == victim; });
@@ -32,6 +38,7 @@ void Scheduler::preempt(Sequence* victim, StepPlan& plan, int32_t& budget) {
   }
   std::erase(running_, victim);
   kv_.free(victim->id);
+  drop_drafts(*victim, victim->num_draft_tokens);
   victim->num_computed_tokens = 0;
   ++victim->num_preemptions;
   ++num_preemptions_;
@@ -53,11 +60,18 @@ StepPlan Scheduler::schedule() {
     for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
       Sequence* sequence = running_[i];
       const int32_t remaining = sequence->num_tokens() - sequence->num_computed_tokens;
-      if ((remaining == 1) != decode_pass || remaining <= 0) continue;
-      const int32_t num_new = std::min(remaining, budget);
+      if ((remaining - sequence->num_draft_tokens == 1) != decode_pass || remaining <= 0) continue;
+      // Drafts are verified whole with their sequence's last token, so those the budget has no room for go.
+      drop_drafts(*sequence, remaining - budget);
+      int32_t num_new = std::min(sequence->num_tokens() - sequence->num_computed_tokens, budget);
       bool preempted_self = false;
       while (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, sequence->num_computed_tokens,
                            num_new)) {
+        if (sequence->num_draft_tokens > 0) {  // drafts never cost a preemption
+          num_new -= sequence->num_draft_tokens;
+          drop_drafts(*sequence, sequence->num_draft_tokens);
+          continue;
+        }
         Sequence* victim = running_.back();
         preempt(victim, plan, budget);
         if (victim == sequence) {
@@ -92,6 +106,12 @@ StepPlan Scheduler::schedule() {
       budget -= num_new;
     }
   }
+  // Drafts live for one step: a running sequence left out of this one loses them.
+  for (Sequence* sequence : running_) {
+    const bool scheduled = std::any_of(plan.scheduled.begin(), plan.scheduled.end(),
+                                       [&](const ScheduledSequence& s) { return s.sequence == sequence; });
+    if (!scheduled) drop_drafts(*sequence, sequence->num_draft_tokens);
+  }
   build_batch(plan);
   return plan;
 }
@@ -110,8 +130,11 @@ void Scheduler::build_batch(StepPlan& plan) const {
     slice.block_tables = kv_.block_tables(sequence.id);
     batch.sequences.push_back(std::move(slice));
     if (sequence.num_computed_tokens + scheduled.num_new_tokens == sequence.num_tokens()) {
+      // The last real token's row and one per draft token: row j predicts the token after draft j - 1.
       scheduled.logit_index = static_cast<int32_t>(batch.logit_rows.size());
-      batch.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
+      scheduled.num_draft_tokens = sequence.num_draft_tokens;
+      for (int32_t row = slice.token_end - 1 - sequence.num_draft_tokens; row < slice.token_end; ++row)
+        batch.logit_rows.push_back(row);
     }
   }
 }
@@ -120,9 +143,22 @@ void Scheduler::complete(const StepPlan& plan) {
   for (const ScheduledSequence& scheduled : plan.scheduled) {
     Sequence& sequence = *scheduled.sequence;
     sequence.num_computed_tokens += scheduled.num_new_tokens;
-    kv_.commit(sequence.id, sequence.token_span(), sequence.num_computed_tokens);
+    // Unverified drafts are never published: a rejected one would serve wrong K/V to a later prefix hit.
+    kv_.commit(sequence.id, sequence.token_span(), sequence.num_computed_tokens - sequence.num_draft_tokens);
     if (sequence.num_computed_tokens >= sequence.num_prompt_tokens) sequence.prompt_computed = true;
   }
+}
+
+void Scheduler::settle_drafts(Sequence& sequence, int32_t num_accepted) {
+  require(num_accepted >= 0 && num_accepted <= sequence.num_draft_tokens &&
+              sequence.num_computed_tokens == sequence.num_tokens(),
+          "scheduler: sequence {} settles {} of {} drafts at {} computed of {} tokens", sequence.id, num_accepted,
+          sequence.num_draft_tokens, sequence.num_computed_tokens, sequence.num_tokens());
+  drop_drafts(sequence, sequence.num_draft_tokens - num_accepted);
+  sequence.num_draft_tokens = 0;
+  sequence.num_computed_tokens = sequence.num_tokens();
+  kv_.truncate(sequence.id, sequence.num_computed_tokens);
+  kv_.commit(sequence.id, sequence.token_span(), sequence.num_computed_tokens);
 }
 
 }  // namespace beamline

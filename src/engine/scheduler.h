@@ -5,6 +5,10 @@
 // is never skipped, so nothing starves). Prompts longer than what is left of the budget are chunked.
 // When the pool runs out of blocks, the most recently arrived running sequence is preempted: its blocks
 // are freed (the hashed ones stay in the prefix cache) and it is recomputed when readmitted.
+// Speculative decoding: a decoding sequence may carry draft tokens (Sequence::num_draft_tokens). They are scheduled
+// with its last real token as extra query rows, each with a logit row, or dropped: trimmed to what the budget holds,
+// dropped before the sequence would wait for blocks or preempt another, and dropped when it is left out of the step.
+// Their K/V is not published to the prefix cache until settle_drafts keeps the accepted ones.
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -24,6 +28,7 @@ struct ScheduledSequence {
   Sequence* sequence = nullptr;
   int32_t num_new_tokens = 0;
   int32_t logit_index = -1;  // row of the step's logits with this sequence's next-token logits; -1 mid-prefill
+  int32_t num_draft_tokens = 0;  // draft tokens verified in this step: logit rows logit_index .. + num_draft_tokens
 };
 
 struct StepPlan {
@@ -43,6 +48,10 @@ class Scheduler {
   StepPlan schedule();
   // After the forward step: the scheduled tokens are in the cache (their full blocks get published).
   void complete(const StepPlan& plan);
+  // After verifying a completed step's drafts: the first `num_accepted` become tokens of the sequence (their K/V is
+  // valid and their full blocks get published), the rest leave it and the blocks that held only them go back to the
+  // pool. The sequence then ends with its last verified token, computed: the engine appends the next one.
+  void settle_drafts(Sequence& sequence, int32_t num_accepted);
 
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
@@ -52,6 +61,7 @@ class Scheduler {
 
  private:
   void preempt(Sequence* victim, StepPlan& plan, int32_t& budget);
+  static void drop_drafts(Sequence& sequence, int32_t count);  // the last `count` drafts
   bool admissible(const Sequence& sequence) const;
   void build_batch(StepPlan& plan) const;
 

@@ -24,10 +24,13 @@ struct Sequence {
   bool admitted = false;             // scheduled at least once
   int32_t num_cached_tokens = 0;     // prompt tokens found in the prefix cache at first admission
   int32_t num_preemptions = 0;
+  // Speculative decoding: the last num_draft_tokens of `tokens` are proposed, not yet verified. They live for one
+  // step: the scheduler schedules them with the last real token (or drops them), the engine settles them after it.
+  int32_t num_draft_tokens = 0;
 
   std::span<const int32_t> token_span() const { return tokens; }
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
-  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  int32_t num_output_tokens() const { return num_tokens() - num_draft_tokens - num_prompt_tokens; }
 };
 
 }  // namespace beamline

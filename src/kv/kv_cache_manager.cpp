@@ -183,6 +183,23 @@ void KvCacheManager::commit(SeqId seq, std::span<const int32_t> tokens, int32_t 
   kv.num_published_blocks = full_blocks;
 }
 
+void KvCacheManager::truncate(SeqId seq, int32_t num_tokens) {
+  SequenceKv& kv = state(seq);
+  require(num_tokens >= kv.num_published_blocks * layout_.block_size,
+          "KV truncate: sequence {} cannot drop below its {} published blocks (to {} tokens)", seq,
+          kv.num_published_blocks, num_tokens);
+  const auto keep = static_cast<std::size_t>(ceil_div(num_tokens, layout_.block_size));
+  for (auto& table : kv.tables) {
+    while (table.size() > keep) {
+      if (table.back() != kNullBlock) {
+        pool_.release(table.back());
+        --kv.num_held_blocks;
+      }
+      table.pop_back();
+    }
+  }
+}
+
 void KvCacheManager::free(SeqId seq) {
   auto it = sequences_.find(seq);
   if (it == sequences_.end()) return;

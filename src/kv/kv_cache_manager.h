@@ -62,6 +62,9 @@ class KvCacheManager {
                 int32_t num_new, const PrefixHit* hit = nullptr);
   // After a step: positions [0, num_computed) of `tokens` are in the cache; publishes their full blocks.
   void commit(SeqId seq, std::span<const int32_t> tokens, int32_t num_computed);
+  // Rolls `seq` back to its first `num_tokens` positions (speculative decoding's rejected drafts): blocks that hold
+  // only later positions go back to the pool, in every group. Published blocks must lie within them.
+  void truncate(SeqId seq, int32_t num_tokens);
   // Gives back every block of `seq` (hashed blocks stay cached, tail blocks become the first to evict).
   void free(SeqId seq);
 

@@ -96,6 +96,20 @@ std::string render_metrics(const EngineStats& stats, const std::map<int, uint64_
   out.counter("vllm:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
               static_cast<double>(stats.preemptions_total));
 
+  if (!stats.spec_decode_num_accepted_tokens_per_pos.empty()) {  // speculative decoding is on
+    out.counter("vllm:spec_decode_num_drafts_total", "Draft proposals verified (one per sequence and step).",
+                static_cast<double>(stats.spec_decode_num_drafts_total));
+    out.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.",
+                static_cast<double>(stats.spec_decode_num_draft_tokens_total));
+    out.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+                static_cast<double>(stats.spec_decode_num_accepted_tokens_total));
+    const std::string per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+    out.header(per_pos, "counter", "Draft tokens accepted, by position in the draft.");
+    for (std::size_t i = 0; i < stats.spec_decode_num_accepted_tokens_per_pos.size(); ++i)
+      out.sample(per_pos, static_cast<double>(stats.spec_decode_num_accepted_tokens_per_pos[i]),
+                 fmt::format("position=\"{}\"", i));
+  }
+
   const std::string success = "vllm:request_success_total";
   out.header(success, "counter", "Finished requests by finish reason.");
   out.sample(success, static_cast<double>(stats.requests_stopped), "finished_reason=\"stop\"");

@@ -55,6 +55,7 @@ class FakeModelRunner : public ModelRunner {
   int64_t max_batch_tokens = 0;
   int64_t deferred_steps = 0;  // steps with tokens read from the previous step's samples
   std::chrono::microseconds step_delay{0};  // makes steps slow enough for tests that race the engine thread
+  float logit_scale = 1.0f;  // below 1 flattens every distribution (logits in [-4, 4] times this)
 
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override {
     return sampler_.step(forward(batch), batch.logit_rows.size());
@@ -111,7 +112,7 @@ class FakeModelRunner : public ModelRunner {
       const uint64_t context = finalize64(full * 31 + window);
       for (int32_t v = 0; v < vocab_; ++v) {
         const uint64_t bits = finalize64(context ^ (static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15ULL));
-        logits.push_back(static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f);
+        logits.push_back((static_cast<float>(bits >> 40) / static_cast<float>(1 << 24) * 8.0f - 4.0f) * logit_scale);
       }
     }
     if (batch.logit_rows.empty()) return {};

@@ -1,5 +1,6 @@
 // The engine over the real model (make-model's `tiny` preset, random weights, CPU backend): batched greedy
-// outputs equal one-at-a-time outputs, also under preemption, chunked prefill and prefix-cache hits.
+// outputs equal one-at-a-time outputs, also under preemption, chunked prefill and prefix-cache hits, and with
+// speculative decoding (n-gram drafts verified as extra query rows of the real model's batched forward).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -42,9 +43,11 @@ class TinyModel : public ::testing::Test {
     return c;
   }
 
-  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = true) {
+  static std::unique_ptr<Engine> engine(int64_t kv_bytes, bool prefix_caching, bool async_scheduling = true,
+                                        const SpeculativeConfig& speculative = {}) {
     EngineConfig c = config(kv_bytes, prefix_caching);
     c.async_scheduling = async_scheduling;
+    c.speculative = speculative;
     auto runner = std::make_unique<BeamModelRunner>(load_checkpoint(*dir_), "cpu", c);
     const GenerationConfig generation = GenerationConfig::load(*dir_, runner->model_config());
     return std::make_unique<Engine>(c, std::move(runner), nullptr, generation.eos_token_ids);
@@ -138,6 +141,47 @@ TEST_F(TinyModel, PrefixCacheHitsKeepGreedyOutputs) {
   for (const auto& r : first_turns) expected_hits += r.prompt.size() / 8 * 8;
   EXPECT_EQ(e->stats().prefix_cache_hits_total, expected_hits);
   EXPECT_EQ(batched, run_alone(second_turns));
+}
+
+TEST_F(TinyModel, SpeculativeDecodingKeepsGreedyOutputs) {
+  // Prompts that repeat a phrase, so n-gram drafts are found, and half of them again as second turns.
+  auto rs = requests(5, 8);
+  std::mt19937 rng(5);
+  for (auto& r : rs) {
+    std::vector<TokenId> phrase(r.prompt.begin(), r.prompt.begin() + std::min<std::size_t>(r.prompt.size(), 2 + rng() % 6));
+    r.prompt.clear();
+    for (int i = 0; i < 4; ++i) r.prompt.insert(r.prompt.end(), phrase.begin(), phrase.end());
+    r.sampling.max_tokens = 40;
+  }
+  std::vector<GenerationRequest> second;
+  for (std::size_t i = 0; i < rs.size(); i += 2) {
+    second.push_back(rs[i]);
+    second.back().request_id += "-turn2";
+    second.back().prompt.insert(second.back().prompt.end(), {7, 8, 9, 10, 11, 12, 13, 14, 15});
+  }
+  const SpeculativeConfig speculative = parse_speculative_config(
+      R"({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 4})");
+  // A pool too small for all at once: preemption.
+  auto small = engine(48 * 4096, true, true, speculative);
+  const auto batched = run_batched(*small, rs);
+  small->shutdown(ShutdownMode::Drain);
+  EXPECT_GT(small->stats().preemptions_total, 0u);
+  EXPECT_EQ(batched, run_alone(rs));
+  // A pool that keeps the first turns cached: prefix hits.
+  auto e = engine(int64_t{8} << 20, true, true, speculative);
+  run_batched(*e, rs);
+  const auto batched_second = run_batched(*e, second);
+  e->shutdown(ShutdownMode::Drain);
+  EXPECT_EQ(batched_second, run_alone(second));
+  const EngineStats stats = e->stats();
+  EXPECT_GT(stats.prefix_cache_hits_total, 0u);
+  EXPECT_GT(stats.spec_decode_num_accepted_tokens_total, 0u) << "no draft was accepted: the test would not bite";
+  std::printf("tiny model, ngram K=5: %llu drafts, %llu of %llu draft tokens accepted, %llu engine steps for %llu tokens\n",
+              static_cast<unsigned long long>(stats.spec_decode_num_drafts_total),
+              static_cast<unsigned long long>(stats.spec_decode_num_accepted_tokens_total),
+              static_cast<unsigned long long>(stats.spec_decode_num_draft_tokens_total),
+              static_cast<unsigned long long>(stats.steps_total),
+              static_cast<unsigned long long>(stats.generation_tokens_total));
 }
 
 }  // namespace

@@ -97,6 +97,29 @@ TEST(KvCacheManager, AllocationIsAllOrNothing) {
   EXPECT_EQ(kv.block_tables(1)[0].size(), 3u) << "a failed allocation takes nothing";
 }
 
+// Speculative decoding's rollback: blocks that hold only rejected positions go back, in every group; a block holding
+// verified and rejected positions stays; published blocks cannot be dropped.
+TEST(KvCacheManager, TruncateReturnsTheBlocksOfRejectedPositions) {
+  KvCacheManager kv(make_layout(4, 16, {false, true}), 8, true);
+  std::vector<int32_t> tokens(22, 3);
+  ASSERT_TRUE(kv.allocate(1, tokens, "", 0, 9));
+  kv.commit(1, tokens, 9);  // blocks 0 and 1 published
+  ASSERT_TRUE(kv.allocate(1, tokens, "", 9, 13));  // 4 verified + 9 draft positions: blocks up to 5 in both groups
+  EXPECT_EQ(kv.block_tables(1)[0].size(), 6u);
+  const int32_t held = kv.num_held_blocks(1);
+  EXPECT_EQ(held, 12);
+  kv.truncate(1, 13);  // positions 13.. rejected: block 3 keeps 12, blocks 4 and 5 go in both groups
+  EXPECT_EQ(kv.block_tables(1)[0].size(), 4u);
+  EXPECT_EQ(kv.block_tables(1)[1].size(), 4u);
+  EXPECT_EQ(kv.num_held_blocks(1), held - 4);
+  EXPECT_EQ(kv.pool().num_free(), 16 - (held - 4));
+  kv.commit(1, tokens, 13);
+  EXPECT_EQ(kv.find_cached_prefix(std::vector<int32_t>(17, 3), "", false).num_tokens, 12) << "blocks 0..2 published";
+  EXPECT_THROW(kv.truncate(1, 11), Error) << "block 2 is published";
+  kv.free(1);
+  EXPECT_EQ(kv.pool().num_free(), 16);
+}
+
 TEST(KvCacheManager, PrefixHitReusesBlocksAndNeverTheLastToken) {
   const int32_t bs = 4;
   KvCacheManager kv(make_layout(bs, 64, {false, true}), 8, true);

@@ -92,6 +92,20 @@ TEST(Metrics, HistogramBucketsAreCumulativeCountsOfObservations) {
   }
 }
 
+TEST(Metrics, SpeculativeDecodingCountersShowOnlyWhenItIsOn) {
+  EngineStats stats;
+  EXPECT_EQ(render_metrics(stats, {}, 0, "beam").find("spec_decode"), std::string::npos);
+  stats.spec_decode_num_drafts_total = 10;
+  stats.spec_decode_num_draft_tokens_total = 40;
+  stats.spec_decode_num_accepted_tokens_total = 25;
+  stats.spec_decode_num_accepted_tokens_per_pos = {9, 8, 5, 3};
+  const auto samples = parse_samples(render_metrics(stats, {}, 0, "beam"));
+  EXPECT_EQ(samples.at("vllm:spec_decode_num_drafts_total{model_name=\"beam\"}"), 10);
+  EXPECT_EQ(samples.at("vllm:spec_decode_num_draft_tokens_total{model_name=\"beam\"}"), 40);
+  EXPECT_EQ(samples.at("vllm:spec_decode_num_accepted_tokens_total{model_name=\"beam\"}"), 25);
+  EXPECT_EQ(samples.at("vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"beam\",position=\"2\"}"), 5);
+}
+
 TEST(Metrics, LabelValuesAreEscaped) {
   EXPECT_EQ(escape_label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
   const std::string text = render_metrics(EngineStats{}, {}, 0, "we\"ird");

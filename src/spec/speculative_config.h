@@ -1,0 +1,32 @@
+#pragma once
+// --speculative-config, vLLM's flag and JSON: '{"method": "ngram", "num_speculative_tokens": K,
+// "prompt_lookup_min": a, "prompt_lookup_max": b}', '{"method": "dflash", "model": DIR, ...}', or "none".
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace beamline {
+
+enum class SpeculativeMethod { None, Ngram, DFlash };
+
+struct SpeculativeConfig {
+  SpeculativeMethod method = SpeculativeMethod::None;
+  int32_t num_speculative_tokens = 0;  // K: draft tokens per sequence and step
+  int32_t prompt_lookup_min = 0;       // ngram: shortest suffix n-gram looked up in the context
+  int32_t prompt_lookup_max = 0;       // ngram: longest (tried first)
+  std::string model;                   // dflash: the drafter's checkpoint directory
+
+  // Test hook, never set outside tests: replaces the acceptance probability of a sampled draft token (the exact rule
+  // is p_target(token) for a point-mass draft) so a test can show that a biased rule is caught.
+  std::function<double(double p_target)> acceptance_for_testing;
+
+  bool enabled() const { return method != SpeculativeMethod::None; }
+};
+
+// Parses the flag's value; throws Error naming --speculative-config and the key of the first bad value. "none" (or an
+// empty string) turns speculation off. "dflash" is parsed here; the model runner loads and checks the drafter
+// (checkpoint/drafter_checkpoint.h), then refuses it: the drafter's forward pass is not built yet.
+SpeculativeConfig parse_speculative_config(std::string_view text);
+
+}  // namespace beamline
