@@ -18,6 +18,7 @@
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
+#include "model_options.h"
 #include "parallel/mpi_world.h"
 #include "parallel_options.h"
 #include "runner/beam_model_runner.h"
@@ -36,7 +37,7 @@ constexpr const char* kDefaultModelDir = "models/beam-nano";
 
 struct ServeOptions {
   std::string model;
-  std::string load_format = "auto", hf_overrides;
+  std::string load_format = "auto", hf_overrides, quantization;
   std::string served_model_name;
   std::string device = "auto";
   std::string api_key;
@@ -168,7 +169,8 @@ void follow(const ServeOptions& options, const fs::path& model_dir, MpiWorld& wo
   // Ctrl-C or SIGTERM reach every rank (mpirun forwards them): the server on rank 0 drains and then stops the others.
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
   BeamModelRunner runner(source.load(), options.device, options.engine, world, options.parallel);
   spdlog::info("rank {} of {} ready (pid {})", world.rank(), world.size(), getpid());
   runner.follow();
@@ -207,7 +209,8 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
   auto runner = world == nullptr
                     ? std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine)
                     : std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine, *world,
@@ -253,6 +256,7 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   command->add_option("--hf-overrides", options->hf_overrides,
                       "JSON object merged into the config with --load-format dummy, e.g. '{\"num_hidden_layers\": 8}'");
+  add_quantization_option(*command, options->quantization);
   command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
   command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))

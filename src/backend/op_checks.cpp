@@ -11,8 +11,9 @@ void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
           describe(pool.k));
   require_shape(pool.v, pool.k.shape(), op, "v pool");
-  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
-          op, dtype_name(pool.k.dtype()));
+  const DType dtype = pool.k.dtype();
+  require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F8_E4M3,
+          "{}: KV pool dtype {} (expected F32, BF16 or F8_E4M3)", op, dtype_name(dtype));
   require_dtype(pool.v, pool.k.dtype(), op, "v pool");
   require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
           pool.slots_per_block());

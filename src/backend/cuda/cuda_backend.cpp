@@ -98,6 +98,7 @@ void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
   check_kv_pool(pool, slot, op);
+  require(pool.k.dtype() != DType::F8_E4M3, "{}: the cuda backend has no FP8 KV cache yet (F32 or BF16)", op);
 }
 
 cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
@@ -727,8 +728,7 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, 
 void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                   const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
   const auto timing = time_op("paged_attention");
-  require_device(pool.k, "paged_attention", "k pool");
-  require_device(pool.v, "paged_attention", "v pool");
+  check_pool(pool, params.slot, "paged_attention");
   check_attention_args(q, pool, block_table, batch, params, out);
   const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
   require(dim <= cuda::kMaxAttentionHeadDim && heads / kv_heads <= cuda::kMaxAttentionGroup,
