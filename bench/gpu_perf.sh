@@ -2,7 +2,7 @@
 # Every performance row of the GPU issue in one go, ours and PyTorch's side by side, for the GPU machine.
 # Usage: bench/gpu_perf.sh [CARRY_DIR]   (default build-cuda-carry; made by bench/make_carry.sh)
 #        PEERS=0 skips the PyTorch peers (when a run of the same day already measured them on the same machine kind);
-#        LAYER=0 skips bench-layer (gpu_check.sh runs it too); SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT
+#        LAYER=0 skips `backend_ops perf layer` (gpu_check.sh runs it too); SERVE_BATCHES (default 1,16,64) and SERVE_PROMPT
 #        (8192) size the serving-throughput rows; SYNC=1 runs them again with --no-async-scheduling (the synchronous
 #        engine loop, for the A/B of overlapped scheduling).
 # Writes $OUT/gpu_perf.md (date, GPU, commit, commands, tables) and $OUT/gpu_perf.log.
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build-cuda-carry}
 OUT=${OUT:-$(mktemp -d)}
 BIN=$PWD/$BUILD/apps/beamline/beamline
+OPS=$PWD/$BUILD/tests/backend_ops/backend_ops
 REPORT=$OUT/gpu_perf.md
 LOG=$OUT/gpu_perf.log
 : >"$LOG"
@@ -38,15 +39,15 @@ table() {
   echo "Floors: bytes that must be read / 4.8 TB/s, FLOPs / 758 TFLOP/s (PERF.md)."
 } >"$REPORT"
 
-table "MoE layer: ours (route + experts, CUDA graph)" "$BIN" bench-moe --iterations 30
+table "MoE layer: ours (route + experts, CUDA graph)" "$OPS" perf moe --iterations 30
 [ "${PEERS:-1}" = 0 ] || table "MoE layer: PyTorch (route + torch._grouped_mm, eager)" python3 bench/torch_moe_peers.py --iterations 30
 table "Paged attention: ours, --dtype bfloat16 (one BF16 rounding of q and P in prefill; decode exact)" \
-  "$BIN" bench-attention --dtype bfloat16
-table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$BIN" bench-attention --dtype float32 --filter prefill
+  "$OPS" perf attention --dtype bfloat16
+table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$OPS" perf attention --dtype float32 --filter prefill
 [ "${PEERS:-1}" = 0 ] || table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
-table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$BIN" bench-linear
+table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$OPS" perf linear
 [ "${PEERS:-1}" = 0 ] || table "Dense weights of a decode step: PyTorch (F.linear in BF16, CUDA graphs)" python3 bench/torch_linear_peers.py
-[ "${LAYER:-1}" = 0 ] || table "One full-width decoder layer (attention + MoE), context 4096" "$BIN" bench-layer --batch 1,64 --context 4096
+[ "${LAYER:-1}" = 0 ] || table "One full-width decoder layer (attention + MoE), context 4096" "$OPS" perf layer --batch 1,64 --context 4096
 
 # Serving throughput of Beam-1.0's shapes cut to 8 layers (3 dense + 5 MoE, 1 global), random weights on the device.
 WORK=$(mktemp -d)

@@ -1,16 +1,56 @@
 #!/usr/bin/env bash
-# Packs a CUDA-enabled build for the GPU machine: the stripped `beamline` binary, its carried HTTP library and the
-# commit it was built from, small enough to travel with the working tree (the build folder itself does not fit).
-# Usage: bench/make_carry.sh BUILD_DIR CARRY_DIR   then carry CARRY_DIR and run e.g. bench/gpu_check.sh CARRY_DIR
+# Packs a CUDA-enabled build for the GPU machine, small enough to travel with the working tree (the build folder
+# itself does not fit): the stripped `beamline` binary, its carried HTTP library, the op harness
+# (tests/backend_ops/backend_ops) and the commit they were built from.
+# With --tests, also the CTest suite's test programs for bench/gpu_ctest.sh: every gtest executable, stripped, in
+# tests.tar.xz (one xz stream, so the code they share is stored about once), the harness's CTest entries
+# (tests/HARNESS_TESTS), the o200k rank file the Harmony tests read when this build has it (testdata/), and in
+# tests/NOT_CARRIED the CTest entries that stay behind (the host-side scripted tests).
+# Usage: bench/make_carry.sh [--tests] BUILD_DIR CARRY_DIR   then carry CARRY_DIR and run e.g.
+#        bench/gpu_check.sh CARRY_DIR or bench/gpu_ctest.sh CARRY_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${1:?usage: bench/make_carry.sh BUILD_DIR CARRY_DIR}
-carry=${2:?usage: bench/make_carry.sh BUILD_DIR CARRY_DIR}
-[ -x "$build/apps/beamline/beamline" ] || { echo "make_carry: $build/apps/beamline/beamline is not built" >&2; exit 1; }
+tests=0
+if [ "${1:-}" = --tests ]; then
+  tests=1
+  shift
+fi
+build=${1:?usage: bench/make_carry.sh [--tests] BUILD_DIR CARRY_DIR}
+carry=${2:?usage: bench/make_carry.sh [--tests] BUILD_DIR CARRY_DIR}
+for program in apps/beamline/beamline tests/backend_ops/backend_ops; do
+  [ -x "$build/$program" ] || { echo "make_carry: $build/$program is not built" >&2; exit 1; }
+done
 rm -rf "$carry"
-mkdir -p "$carry/apps/beamline"
+mkdir -p "$carry/apps/beamline" "$carry/tests/backend_ops"
 strip -o "$carry/apps/beamline/beamline" "$build/apps/beamline/beamline"
+strip -o "$carry/tests/backend_ops/backend_ops" "$build/tests/backend_ops/backend_ops"
 cp -a "$build/apps/beamline/lib" "$carry/apps/beamline/lib"
 git rev-parse --short HEAD >"$carry/apps/beamline/COMMIT"
-if ! git diff --quiet HEAD -- src apps; then echo "+uncommitted" >>"$carry/apps/beamline/COMMIT"; fi
+if ! git diff --quiet HEAD -- src apps tests; then echo "+uncommitted" >>"$carry/apps/beamline/COMMIT"; fi
+
+if [ $tests = 1 ]; then
+  staging=$(mktemp -d)
+  mkdir -p "$staging/tests"
+  programs=$(find "$build/tests" -maxdepth 1 -type f -name 'test_*' -perm -u+x | sort)
+  [ -n "$programs" ] || { echo "make_carry: no test programs in $build/tests" >&2; exit 1; }
+  for program in $programs; do strip -o "$staging/tests/$(basename "$program")" "$program"; done
+  tar -C "$staging" -cf - tests | xz -9e -T0 >"$carry/tests.tar.xz"
+  rm -rf "$staging"
+  if [ -s "$build/testdata/o200k_base.tiktoken" ]; then
+    mkdir -p "$carry/testdata"
+    cp "$build/testdata/o200k_base.tiktoken" "$carry/testdata/"
+  fi
+  # From CTest's list: the harness's entries (name and arguments, one a line, for gpu_ctest.sh to run as CTest
+  # would) and the entries whose program is neither a gtest executable nor the harness (not carried).
+  ctest --test-dir "$build" --show-only=json-v1 | python3 -c '
+import json, os, sys
+harness, other = open(sys.argv[1], "w"), open(sys.argv[2], "w")
+for test in json.load(sys.stdin)["tests"]:
+    command = test.get("command", [""])
+    program = os.path.basename(command[0])
+    if program == "backend_ops":
+        print(test["name"], *command[1:], sep="\t", file=harness)
+    elif not program.startswith("test_"):
+        print(test["name"], file=other)' "$carry/tests/HARNESS_TESTS" "$carry/tests/NOT_CARRIED"
+fi
 du -sh "$carry"

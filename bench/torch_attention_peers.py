@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peers of `beamline bench-attention`: the same rows timed with SDPA (contiguous, unpaged BF16 K/V,
+"""PyTorch peers of `backend_ops perf attention`: the same rows timed with SDPA (contiguous, unpaged BF16 K/V,
 GQA 48/8 x 128) and, for the prefill rows, flex_attention (compiled, causal or sliding-window block mask).
 Prints the same Markdown table (ms, bytes or FLOPs, achieved, floor, % of floor). Runs on the GPU machine.
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch doing the work of `beamline bench-fp8` on the same GPU, for the side-by-side table.
+"""PyTorch doing the work of `backend_ops perf fp8` on the same GPU, for the side-by-side table.
 
 Projections: torch._scaled_mm, FP8 e4m3 x e4m3 with rowwise scales (per token for the activations, per output row for
 the weights; PyTorch's FP8 GEMM on Hopper, cuBLASLt), bf16 out, the activation quantization included, as a CUDA graph
 over enough weight copies that L2 holds none between reads (rows padded to 16, cuBLASLt's FP8 minimum).
 MoE: the FP32 router, then torch._scaled_grouped_mm experts (rowwise scales; tokens sorted by expert, gate|up fused,
-SwiGLU, down, weighted sum back), in one CUDA graph where it can be captured, else eagerly (the table says which). Floors as in bench-fp8: max(bytes incl. scales / 4.8 TB/s,
+SwiGLU, down, weighted sum back), in one CUDA graph where it can be captured, else eagerly (the table says which). Floors as in `backend_ops perf fp8`: max(bytes incl. scales / 4.8 TB/s,
 FLOPs / 1,341 TFLOP/s).
 
 Usage: python3 bench/torch_fp8_peers.py [--rows 1,2,4,8,64,1024] [--tokens 1,16,64,256,1024,8192]

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch doing the same work as `beamline bench-linear`, on the same GPU, for the side-by-side table.
+"""PyTorch doing the same work as `backend_ops perf linear`, on the same GPU, for the side-by-side table.
 
 Per row count, Beam-1.0's dense weight reads of a decode step with torch.nn.functional.linear in BF16 (activations
 rounded to BF16, F32 accumulation inside cuBLAS), laid out as vLLM lays them out: q|k|v as one fused weight, the
 dense MLP as one gate|up weight then SiLU * up then down, the LM head with its tanh soft cap. Each case is replayed
 as a CUDA graph; weights smaller than 256 MB are drawn in several copies that the graph cycles through, so that no
-replay finds them in L2. Prints a Markdown table with bench-linear's floor (weight bytes / 4.8 TB/s).
+replay finds them in L2. Prints a Markdown table with `perf linear`'s floor (weight bytes / 4.8 TB/s).
 
 Usage: python3 bench/torch_linear_peers.py [--rows 1,2,4,8,16,32] [--iterations 30]
 """

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch doing the same work as `beamline bench-moe`, on the same GPU, for the side-by-side table.
+"""PyTorch doing the same work as `backend_ops perf moe`, on the same GPU, for the side-by-side table.
 
 One Beam-1.0 MoE layer per token count: the FP32 router (sigmoid, group-limited top-k, renormalised, scaled),
 then the experts with torch._grouped_mm (tokens sorted by expert, gate|up fused, SwiGLU, down, weighted sum back).
 Weights are BF16 with F32 accumulation, like ours; the activations enter the GEMMs in BF16 (PyTorch's usual
-path). Prints a Markdown table with the same floor as bench-moe (router + touched experts read once / 4.8 TB/s).
+path). Prints a Markdown table with the same floor as `perf moe` (router + touched experts read once / 4.8 TB/s).
 
 Usage: python3 bench/torch_moe_peers.py [--tokens 1,16,64,256,1024] [--iterations 50]
 """

@@ -1,10 +1,12 @@
 #pragma once
 // Random inputs and host/backend plumbing shared by the op tests. Every op test runs on each backend that
-// this build has (cpu always; cuda when linked in and a device is present), against naive loops on the host.
+// this build has (cpu always; cuda in a -DBEAMLINE_CUDA=ON build, which links it into the tests of this folder,
+// when a device is present), against naive loops on the host.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -59,12 +61,22 @@ inline HostWeight make_weight(Backend& backend, DType dtype, std::vector<int64_t
 
 inline std::vector<std::string> backend_names() { return {"cpu", "cuda"}; }
 
+// BEAMLINE_REQUIRE_CUDA=1 marks the machine the device instances exist for (bench/gpu_ctest.sh sets it): there a
+// device backend that cannot start is a failure, not a skip.
+inline bool device_required() {
+  const char* required = std::getenv("BEAMLINE_REQUIRE_CUDA");
+  return required != nullptr && std::string(required) == "1";
+}
+
 class BackendTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // A device backend that cannot start (no device here, or a build without it) skips its instance, saying why,
+  // unless the device is required.
   void SetUp() override {
     try {
       backend_ = create_backend(GetParam());
     } catch (const std::exception& error) {
+      if (device_required()) FAIL() << "backend " << GetParam() << " required but unavailable: " << error.what();
       GTEST_SKIP() << "backend " << GetParam() << " unavailable: " << error.what();
     }
   }

@@ -18,6 +18,7 @@
 #include "checkpoint/synthetic_tokenizer.h"
 #include "model/weights.h"
 #include "util/error.h"
+#include "test_paths.h"
 
 namespace beamline {
 namespace {
@@ -31,7 +32,7 @@ struct RunResult {
 };
 
 RunResult run_beamline(const std::string& arguments, const std::string& environment = "") {
-  const std::string command = environment + " " + BEAMLINE_EXE + " " + arguments + " 2>&1";
+  const std::string command = environment + " " + test_paths::beamline_exe() + " " + arguments + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return {-1, "popen failed"};
   std::string output;

@@ -10,11 +10,12 @@
 
 #include "harmony/harmony_message.h"
 #include "tokenizer/tokenizer.h"
+#include "test_paths.h"
 
 namespace beamline::harmony::testing {
 
 inline std::filesystem::path vectors_dir() {
-  return std::filesystem::path(BEAMLINE_SOURCE_DIR) / "tests" / "data" / "harmony";
+  return std::filesystem::path(test_paths::source_dir()) / "tests" / "data" / "harmony";
 }
 
 inline std::string read_file(const std::filesystem::path& path) {

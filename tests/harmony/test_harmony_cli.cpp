@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include "harmony_test_support.h"
+#include "test_paths.h"
 
 namespace beamline::harmony {
 namespace {
@@ -19,7 +20,7 @@ struct CommandResult {
 };
 
 CommandResult run(const std::string& arguments, bool with_stderr = false) {
-  const std::string command = std::string(BEAMLINE_EXE) + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string command = test_paths::beamline_exe() + " " + arguments + (with_stderr ? " 2>&1" : " 2>/dev/null");
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;

@@ -15,11 +15,12 @@
 #include "model_test_support.h"
 #include "runner/sequence_runner.h"
 #include "util/npy.h"
+#include "test_paths.h"
 
 namespace beamline::testing {
 namespace {
 
-const std::filesystem::path kGolden = std::filesystem::path(BEAMLINE_SOURCE_DIR) / "tests/data/golden";
+const std::filesystem::path kGolden = std::filesystem::path(test_paths::source_dir()) / "tests/data/golden";
 
 DType dtype_of(const std::string& name) {
   if (name == "bf16") return DType::BF16;
@@ -104,9 +105,9 @@ TEST(Golden, LiveNumpyReferenceThroughTheCli) {
       token_list += std::to_string(tokens.back());
     }
     const std::filesystem::path ours = dir.path() / "beamline.npy", theirs = dir.path() / "numpy.npy";
-    const std::string run_ours = std::string(BEAMLINE_EXE) + " logits --model " + model.string() + " --tokens " +
+    const std::string run_ours = test_paths::beamline_exe() + " logits --model " + model.string() + " --tokens " +
                                  token_list + " --out " + ours.string() + " 2> /dev/null";
-    const std::string run_theirs = "/usr/bin/python3 " BEAMLINE_SOURCE_DIR "/tools/reference/beam_numpy.py --model " +
+    const std::string run_theirs = "/usr/bin/python3 " + test_paths::source_dir() + "/tools/reference/beam_numpy.py --model " +
                                    model.string() + " --tokens " + token_list + " --out " + theirs.string();
     ASSERT_EQ(std::system(run_ours.c_str()), 0) << run_ours;
     ASSERT_EQ(std::system(run_theirs.c_str()), 0) << run_theirs;

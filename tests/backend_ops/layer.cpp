@@ -1,34 +1,28 @@
-// beamline bench-layer: times one full-width decoder layer (attention + MoE) of a preset on the CUDA backend, with
-// random weights drawn on the device (no checkpoint on disk), for decode batches over a cached context; prints
-// a Markdown table next to the HBM floor (bytes that must be read / 4.8 TB/s, PERF.md).
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+// One full-width decoder layer (attention + MoE) of a preset in perf mode (`perf layer`): on the CUDA backend, with
+// random weights drawn on the device (no checkpoint on disk), for decode batches over a cached context; prints a
+// Markdown table next to the HBM floor (bytes that must be read / 4.8 TB/s, PERF.md). Its ops are each in test mode
+// in their own family; the layer has no test of its own (the whole model is checked by bench/gpu_check.sh).
+#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "checkpoint/presets.h"
-#include "commands.h"
-#include "gpu_bench.h"
 #include "model/beam_model.h"
-#include "util/error.h"
+#include "op_families.h"
+#include "perf.h"
 
-#ifdef BEAMLINE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "backend/cuda/cuda_backend.h"
-#endif
-
-namespace beamline::cli {
+namespace beamline::backend_ops {
 namespace {
 
-struct BenchOptions {
+struct PerfOptions {
   std::string preset = "beam-1.0";
   std::vector<int64_t> batches{1, 64};
   int64_t context = 4096;
@@ -38,12 +32,12 @@ struct BenchOptions {
 
 #ifdef BEAMLINE_HAVE_CUDA
 
-void check(cudaError_t status, const char* what) { check_cuda(status, "bench-layer", what); }
+void check(cudaError_t status, const char* what) { check_cuda(status, "layer", what); }
 
-void run_bench(const BenchOptions& options) {
+void run_perf(const PerfOptions& options) {
   const ModelConfig config = preset_config(options.preset);
-  require(config.n_routed_experts > 0, "bench-layer: preset {} has no MoE layers", options.preset);
-  require(options.context >= 1 && options.iterations >= 1, "bench-layer: --context and --iterations must be >= 1");
+  require(config.n_routed_experts > 0, "perf layer: preset {} has no MoE layers", options.preset);
+  require(options.context >= 1 && options.iterations >= 1, "perf layer: --context and --iterations must be >= 1");
   CudaBackend backend;
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
                 dim = config.head_dim, experts = config.n_routed_experts, intermediate = config.moe_intermediate_size,
@@ -69,7 +63,7 @@ void run_bench(const BenchOptions& options) {
   const int64_t blocks_per_sequence = (options.context + 1 + block_size - 1) / block_size;
   const std::vector<int64_t> pool_shape{max_batch * blocks_per_sequence, 1, block_size, kv_heads, dim};
   PagedKvPool pool{weight(pool_shape, 1.0f), weight(pool_shape, 1.0f)};
-  spdlog::info("bench-layer: {} layer on {}, KV pool {:.2f} GiB", options.preset, backend.device_description(),
+  spdlog::info("perf layer: {} layer on {}, KV pool {:.2f} GiB", options.preset, backend.device_description(),
                2.0 * static_cast<double>(pool.k.nbytes()) / (1ull << 30));
 
   cudaEvent_t marks[4];
@@ -160,16 +154,14 @@ void run_bench(const BenchOptions& options) {
   std::printf("\n%lld device allocations after warm-up and %lld timed steps per case (cached blocks are reused)\n",
               static_cast<long long>(stats.device_allocations), static_cast<long long>(options.iterations));
 }
-#else
-void run_bench(const BenchOptions&) {
-  fail("bench-layer needs the CUDA backend: configure with -DBEAMLINE_CUDA=ON");
-}
 #endif
 
-const CommandRegistration registration([](CLI::App& app) {
-  auto options = std::make_shared<BenchOptions>();
-  CLI::App* command = app.add_subcommand(
-      "bench-layer", "Time one full-width decoder layer (attention + MoE) of a preset on the GPU with random "
+}  // namespace
+
+void add_layer_perf(CLI::App& perf) {
+  auto options = std::make_shared<PerfOptions>();
+  CLI::App* command = perf.add_subcommand(
+      "layer", "Time one full-width decoder layer (attention + MoE) of a preset on the GPU with random "
                      "on-device weights, per decode batch, next to the HBM floor");
   command->add_option("--preset", options->preset, "model shape")->capture_default_str();
   command->add_option("--batch", options->batches, "decode batch sizes")->delimiter(',')->capture_default_str();
@@ -177,8 +169,13 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--iterations", options->iterations, "timed steps per case (median reported)")
       ->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random weights")->capture_default_str();
-  command->callback([options] { run_bench(*options); });
-});
+  command->callback([options] {
+#ifdef BEAMLINE_HAVE_CUDA
+    run_perf(*options);
+#else
+    perf_needs_cuda("layer");
+#endif
+  });
+}
 
-}  // namespace
-}  // namespace beamline::cli
+}  // namespace beamline::backend_ops

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One TP8 rank of Beam-1.0, timed on one H200: the decode step of the shapes a rank holds when the full 52-layer model
+# is split eight ways (issue 19's "scale on paper"), with random weights drawn on the device. Two splits of the MoE:
+#   tp8     MoE tensor-parallel: all 256 experts, each expert's intermediate 2560/8 = 320 (every rank reads 1/8 of each
+#           routed expert: balanced at any batch);
+#   ep8-kK  expert-parallel: 32 whole experts per rank, routed K per token (K models the load of the busiest rank).
+# Attention: 48/8 = 6 query heads and 8/8 = 1 KV head; dense MLP 20480/8; LM head 201088/8 rows (vocabulary-parallel).
+# The collectives between ranks are not in these timings: docs/parallel.md's projection adds them.
+# Usage: bench/tp8_rank_step.sh BINARY [BATCHES]    (writes Markdown to stdout; needs the GPU)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=$1
+BATCHES=${2:-1,16,64}
+WORK=$(mktemp -d)
+"$BIN" make-model --preset beam-1.0 --no-weights --out "$WORK/beam-1.0" >/dev/null
+
+# Writes a rank's config.json: the full model's with the per-rank sizes of one split.
+rank_config() {
+  local name=$1 experts=$2 moe_intermediate=$3 experts_per_token=$4 groups=$5 topk_groups=$6
+  mkdir -p "$WORK/$name"
+  cp "$WORK/beam-1.0/"* "$WORK/$name/"
+  python3 - "$WORK/beam-1.0/config.json" "$WORK/$name/config.json" "$experts" "$moe_intermediate" \
+    "$experts_per_token" "$groups" "$topk_groups" <<'EOF'
+import json, sys
+config = json.load(open(sys.argv[1]))
+experts, moe_intermediate, per_token, groups, topk_groups = map(int, sys.argv[3:])
+config.update(num_attention_heads=config["num_attention_heads"] // 8, num_key_value_heads=config["num_key_value_heads"] // 8,
+              intermediate_size=config["intermediate_size"] // 8, vocab_size=config["vocab_size"] // 8,
+              n_routed_experts=experts, moe_intermediate_size=moe_intermediate, num_experts_per_tok=per_token,
+              n_group=groups, topk_group=topk_groups)
+# Special token ids must lie inside the rank's slice of the vocabulary for the config to load.
+for key in ("bos_token_id", "pad_token_id"):
+    config[key] = 0
+config["eos_token_id"] = [1]
+json.dump(config, open(sys.argv[2], "w"), indent=2)
+generation_path = sys.argv[2].replace("config.json", "generation_config.json")
+generation = json.load(open(generation_path))
+generation.update({key: 0 for key in ("bos_token_id", "pad_token_id") if key in generation})
+generation["eos_token_id"] = [1]
+json.dump(generation, open(generation_path, "w"), indent=2)
+EOF
+}
+
+# Bytes one decode step of a rank must read at batch 1 (BF16 weights, F32 router): its floor at 4.8 TB/s.
+floor_bytes() {
+  python3 - "$1" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))
+h, d = c["hidden_size"], c["head_dim"]
+attention = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d * 2 + c["num_attention_heads"] * d * h * 2
+dense = 3 * h * c["intermediate_size"] * 2
+moe = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] * 2 + c["n_routed_experts"] * h * 4
+layers, dense_layers = c["num_hidden_layers"], c["first_k_dense_replace"]
+print(layers * attention + dense_layers * dense + (layers - dense_layers) * moe + c["vocab_size"] * h * 2)
+EOF
+}
+
+echo "# One TP8 rank's decode step (Beam-1.0, 52 layers, per-rank shapes, dummy weights)"
+echo
+echo "| | |"
+echo "| --- | --- |"
+echo "| date | $(date -u '+%Y-%m-%d %H:%M UTC') |"
+echo "| GPU | $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1) |"
+echo "| commit | $(cat "$(dirname "$BIN")/COMMIT" 2>/dev/null | tr '\n' ' ') |"
+echo "| command | \`bench/tp8_rank_step.sh BIN $BATCHES\` |"
+for split in "tp8 256 320 8 8 4" "ep8-k1 32 2560 1 1 1" "ep8-k3 32 2560 3 1 1"; do
+  set -- $split
+  rank_config "$@"
+  echo
+  echo "## $1 (experts $2, moe_intermediate_size $3, routed per token $4)"
+  echo
+  python3 bench/serve_throughput.py "$BIN" "$WORK/$1" --batches "$BATCHES" --prompt 512 --decode 64 \
+    --floor-bytes "$(floor_bytes "$WORK/$1/config.json")" | grep -E '^[|`]'
+done

@@ -1,0 +1,391 @@
+// Paged attention in both modes. Test: write_kv, then paged_attention over a shared random pool with shuffled
+// block tables, for decode, varlen and chunked prefill, windows, block sizes, GQA groups and the split, tile and
+// window edges of the CUDA kernels, in both compute dtypes; a missing block must poison its rows. Perf (`perf
+// attention`): paged attention on the CUDA backend at Beam-1.0's shapes (48 query heads, 8 kv heads x 128, block
+// size 16) over a random BF16 KV pool drawn on the device: decode batches (global and sliding window) and prefill,
+// each next to its floor (KV bytes / 4.8 TB/s for decode, FLOPs / 758 TFLOP/s for prefill, PERF.md). --dtype picks
+// the backend's compute dtype (the prefill kernel's tensor-core operands: float32 = hi + lo BF16 pairs, bfloat16 =
+// one rounding). Prints a Markdown table; bench/torch_attention_peers.py prints the same for PyTorch.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness.h"
+#include "op_families.h"
+#include "perf.h"
+
+namespace beamline::backend_ops {
+namespace {
+
+// write_kv then paged_attention over a shared random pool: sequences given as (cached positions, new tokens).
+struct AttentionCase {
+  std::string what;
+  int32_t heads, kv_heads, dim, block_size, window;
+  DType kv_dtype;
+  std::vector<std::pair<int32_t, int32_t>> sequences;
+  // >= 0: that sequence's first block is given back although its queries need it; the device must write NaN
+  // for its rows (backend/cuda/attention/attention.h) and finite values elsewhere, and there is no reference (the CPU backend throws).
+  int32_t drop_sequence = -1;
+};
+
+// The rows of the dropped sequence are all NaN, every other row is finite.
+void record_missing_block(Harness& harness, const std::string& shape, const Tensor& out,
+                          const std::vector<int32_t>& query_start, int32_t dropped, double seconds) {
+  const std::vector<float> values = harness.device().download_f32(out);
+  const int64_t width = out.dim(1);
+  int64_t wrong = 0;
+  for (int64_t row = 0; row < out.dim(0); ++row) {
+    const bool poisoned = row >= query_start[dropped] && row < query_start[dropped + 1];
+    for (int64_t i = 0; i < width; ++i)
+      wrong += std::isnan(values[static_cast<std::size_t>(row * width + i)]) != poisoned;
+  }
+  harness.record_result({"paged_attention", shape, static_cast<double>(wrong), 0.0,
+                         "missing block: its rows NaN, others finite (error = wrong elements)", wrong == 0, seconds});
+}
+
+void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType compute) {
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t slots = 2, slot = 1;
+  std::vector<int32_t> positions, query_start{0}, seq_lens;
+  int32_t width = 1, total_blocks = 0;
+  for (auto [cached, added] : c.sequences) {
+    for (int32_t i = 0; i < added; ++i) positions.push_back(cached + i);
+    query_start.push_back(query_start.back() + added);
+    seq_lens.push_back(cached + added);
+    const int32_t blocks = (cached + added + c.block_size - 1) / c.block_size;
+    width = std::max(width, blocks);
+    total_blocks += blocks;
+  }
+  const int32_t pool_blocks = total_blocks + 3;
+  // Blocks in a shuffled order; for windowed layers, blocks wholly before every query's window are given back.
+  std::vector<int32_t> order(static_cast<std::size_t>(pool_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), harness.inputs().rng());
+  std::vector<int32_t> table(c.sequences.size() * static_cast<std::size_t>(width), -1);
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < c.sequences.size(); ++s) {
+    const auto [cached, added] = c.sequences[s];
+    const int32_t blocks = (cached + added + c.block_size - 1) / c.block_size;
+    const int32_t first_visible = c.window > 0 ? std::max(0, cached - c.window + 1) : 0;
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t block = order[next++];
+      const bool dropped = static_cast<int32_t>(s) == c.drop_sequence && b == 0;
+      if ((b + 1) * c.block_size > first_visible && !dropped) table[s * static_cast<std::size_t>(width) + b] = block;
+    }
+  }
+  const auto rows = static_cast<int64_t>(positions.size());
+  const auto sequences = static_cast<int64_t>(c.sequences.size());
+  const std::vector<int64_t> pool_shape{pool_blocks, slots, c.block_size, c.kv_heads, c.dim};
+  const int64_t pool_elements = int64_t{pool_blocks} * slots * c.block_size * c.kv_heads * c.dim;
+  auto pool_tensor = [&](Backend& backend, const std::vector<float>& values) {
+    if (c.kv_dtype == DType::F32) return backend.upload_f32(values, pool_shape);
+    std::vector<uint16_t> bits(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+    return backend.upload(bits.data(), DType::BF16, pool_shape);
+  };
+  const std::vector<float> k_pool = harness.inputs().uniform(pool_elements), v_pool = harness.inputs().uniform(pool_elements);
+  PagedKvPool device_pool{pool_tensor(harness.device(), k_pool), pool_tensor(harness.device(), v_pool)};
+  PagedKvPool reference_pool{pool_tensor(harness.reference(), k_pool), pool_tensor(harness.reference(), v_pool)};
+  auto block_table = harness.i32(table, {sequences, width});
+  const AttentionBatch device_batch = harness.device().make_attention_batch(positions, query_start, seq_lens);
+  const AttentionBatch reference_batch = harness.reference().make_attention_batch(positions, query_start, seq_lens);
+  const int64_t kv_width = int64_t{c.kv_heads} * c.dim, q_width = int64_t{c.heads} * c.dim;
+  auto k = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
+  auto v = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
+  auto q = harness.f32(harness.inputs().uniform(rows * q_width), {rows, q_width});
+  const std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} {}", c.what, c.heads, c.kv_heads, c.dim,
+                                        c.block_size, c.window, dtype_name(c.kv_dtype));
+
+  harness.device().write_kv(k.device, v.device, device_pool, slot, block_table.device, device_batch);
+  harness.reference().write_kv(k.reference, v.reference, reference_pool, slot, block_table.reference, reference_batch);
+  harness.record("write_kv", shape, {device_pool.k, reference_pool.k}, 0.0, seconds_since(start), "K pool, exact");
+  harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
+
+  AttentionParams params;
+  params.num_heads = c.heads;
+  params.num_kv_heads = c.kv_heads;
+  params.head_dim = c.dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
+  params.sliding_window = c.window;
+  params.slot = slot;
+  auto out = harness.poisoned(DType::F32, {rows, q_width});
+  const ComputeDType harness_dtype = harness.device().compute_dtype();
+  harness.device().set_compute_dtype(compute);
+  harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  harness.device().set_compute_dtype(harness_dtype);
+  const bool bf16 = compute == ComputeDType::BFloat16;
+  if (c.drop_sequence >= 0) {
+    record_missing_block(harness, bf16 ? shape + " compute bf16" : shape, out.device, query_start, c.drop_sequence,
+                         seconds_since(start));
+    return;
+  }
+  harness.reference().paged_attention(q.reference, reference_pool, block_table.reference, reference_batch, params,
+                                      out.reference);
+  harness.record("paged_attention", shape, out, bf16 ? kBf16OperandTolerance : kF32Tolerance, seconds_since(start),
+                 bf16 ? "compute bfloat16" : "");
+}
+
+}  // namespace
+
+void test_attention(Harness& harness) {
+  std::vector<AttentionCase> cases{
+      {"decode", 48, 8, 128, 16, 0, DType::F32, {{0, 1}, {15, 1}, {16, 1}, {600, 1}}},
+      {"decode", 48, 8, 128, 16, 512, DType::BF16, {{510, 1}, {511, 1}, {512, 1}, {1500, 1}}},
+      {"varlen prefill", 4, 2, 16, 8, 8, DType::F32, {{0, 1}, {5, 17}, {33, 40}}},
+      {"chunked prefill", 48, 8, 128, 16, 512, DType::F32, {{530, 70}, {0, 129}}},
+      {"prefill global", 8, 2, 128, 16, 0, DType::BF16, {{0, 300}, {7, 9}}},
+      {"odd dims", 6, 3, 40, 4, 5, DType::F32, {{3, 11}, {0, 2}}},
+      // Split-KV decode (<= 4 query rows per sequence) and tiled prefill (more) at head_dim 128: long contexts,
+      // split and window boundaries, block sizes, GQA groups, mixed batches.
+      {"decode split ends", 48, 8, 128, 16, 0, DType::BF16,
+       {{126, 1}, {127, 1}, {128, 1}, {4094, 1}, {4095, 1}, {4096, 1}, {0, 1}, {31, 1}}},
+      {"decode 8K window", 48, 8, 128, 16, 512, DType::BF16, {{8190, 1}, {8191, 1}, {511, 1}, {512, 1}, {513, 1}}},
+      {"decode bs 32", 48, 8, 128, 32, 0, DType::F32, {{1000, 1}, {33, 1}, {64, 1}}},
+      {"decode GQA 6/3", 6, 3, 128, 16, 0, DType::BF16, {{2500, 1}, {17, 1}}},
+      {"decode GQA 4/1", 4, 1, 128, 32, 0, DType::F32, {{3000, 1}, {5, 1}}},
+      {"decode GQA 10/2", 10, 2, 128, 16, 0, DType::BF16, {{1234, 1}, {99, 1}}},
+      {"decode 3 rows", 48, 8, 128, 16, 0, DType::BF16, {{700, 3}, {2, 4}}},
+      {"mixed decode+prefill", 48, 8, 128, 16, 0, DType::BF16,
+       {{1000, 1}, {0, 100}, {300, 2}, {50, 37}, {2000, 4}, {20, 5}, {0, 1}}},
+      {"mixed decode+prefill", 48, 8, 128, 16, 512, DType::F32,
+       {{1000, 1}, {0, 600}, {300, 2}, {450, 77}, {2000, 4}, {20, 5}}},
+      {"prefill bs 32", 48, 8, 128, 32, 0, DType::F32, {{0, 333}, {40, 70}}},
+      {"prefill GQA 6/3", 6, 3, 128, 16, 7, DType::BF16, {{0, 150}, {10, 31}}},
+      {"prefill GQA 4/1", 4, 1, 128, 16, 0, DType::BF16, {{5, 200}}},
+      {"prefill GQA 10/2", 10, 2, 128, 16, 64, DType::F32, {{100, 130}}},
+      // The tensor-core decode kernel (BF16 pools): 16-key tile edges, a single row over many splits, windows that
+      // start inside a tile, blocks smaller and larger than a tile, groups 1 to 8, speculative chunks.
+      {"decode tile edges", 48, 8, 128, 16, 0, DType::BF16,
+       {{14, 1}, {15, 1}, {16, 1}, {17, 1}, {31, 1}, {47, 2}, {63, 4}, {1, 1}}},
+      {"decode 1 row 8K", 48, 8, 128, 16, 0, DType::BF16, {{8191, 1}}},
+      {"decode 1 row window", 48, 8, 128, 16, 100, DType::BF16, {{2047, 1}}},
+      {"decode window 512 edges", 48, 8, 128, 16, 512, DType::BF16, {{527, 1}, {528, 1}, {529, 1}, {1000, 4}}},
+      {"decode bs 4", 48, 8, 128, 4, 0, DType::BF16, {{500, 1}, {37, 1}, {6, 2}}},
+      {"decode bs 8 window", 48, 8, 128, 8, 30, DType::BF16, {{300, 1}, {29, 3}}},
+      {"decode bs 64", 48, 8, 128, 64, 0, DType::BF16, {{1500, 1}, {64, 1}, {63, 4}}},
+      {"decode GQA 64/8", 64, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {200, 4}}},
+      {"decode GQA 14/2", 14, 2, 128, 16, 0, DType::BF16, {{777, 1}, {12, 2}}},
+      {"decode GQA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{1024, 1}, {3, 1}}},
+      {"decode GQA 32/8 window", 32, 8, 128, 32, 512, DType::BF16, {{4000, 4}, {600, 1}}},
+      {"decode 2 rows", 48, 8, 128, 16, 512, DType::BF16, {{5000, 2}, {0, 2}, {511, 2}}},
+      // The tensor-core prefill kernel (BF16 pools): chunks after cached keys, windows, block sizes, groups 1-8.
+      {"chunked prefill", 48, 8, 128, 16, 512, DType::BF16, {{530, 70}, {0, 129}}},
+      {"chunked prefill long", 48, 8, 128, 16, 0, DType::BF16, {{2000, 150}, {31, 33}}},
+      {"prefill bs 8", 48, 8, 128, 8, 0, DType::BF16, {{0, 200}, {61, 67}}},
+      {"prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::BF16, {{3, 250}}},
+      {"prefill window 100 GQA 16/2", 16, 2, 128, 16, 100, DType::BF16, {{0, 300}, {250, 90}}},
+      {"prefill MHA 8/8", 8, 8, 128, 16, 0, DType::BF16, {{0, 140}, {17, 6}}},
+      // The wgmma kernel's tiling: 128-key tiles and 64-vector warpgroups, lengths off those multiples (22 rows:
+      // one more than a tile of group 6), windows narrower than a tile, so that one warpgroup of a block skips a
+      // key tile the other one uses.
+      {"prefill tile edges", 48, 8, 128, 16, 0, DType::BF16, {{0, 127}, {0, 129}, {64, 191}, {1, 22}}},
+      {"prefill window 5", 48, 8, 128, 16, 5, DType::BF16, {{0, 200}, {300, 45}}},
+      {"prefill window 5 MHA 8/8", 8, 8, 128, 16, 5, DType::BF16, {{0, 300}, {40, 129}}},
+      {"missing block, decode", 48, 8, 128, 16, 0, DType::BF16, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      {"missing block, 1 row", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {6000, 1}}, 1},
+      {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
+      {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
+  };
+  if (!harness.small_only()) {
+    cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
+    cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::F32, {{32767, 1}, {100, 1}}});
+    cases.push_back({"prefill global 1K", 48, 8, 128, 16, 0, DType::BF16, {{0, 1024}}});
+    cases.push_back({"prefill window 2K", 48, 8, 128, 16, 512, DType::BF16, {{0, 2048}}});
+    AttentionCase batch128{"decode B=128", 48, 8, 128, 16, 0, DType::BF16, {}};
+    for (int i = 0; i < 128; ++i)
+      batch128.sequences.emplace_back(static_cast<int32_t>(harness.inputs().rng()() % 3000), 1);
+    cases.push_back(batch128);
+  }
+  // The CPU backend throws on a missing block instead of writing NaN: those cases are for device backends.
+  const bool device_semantics = harness.device().device() != Device::Cpu;
+  for (const AttentionCase& c : cases) {
+    if (c.drop_sequence >= 0 && !device_semantics) continue;
+    test_attention_case(harness, c, ComputeDType::Float32);
+    // The compute dtype picks the operands of the tensor-core prefill kernel; cases of one query row per sequence
+    // (decode only) run once.
+    if (std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > 1; }))
+      test_attention_case(harness, c, ComputeDType::BFloat16);
+  }
+}
+
+
+// ---- perf ----
+
+namespace {
+
+struct PerfOptions {
+  int64_t iterations = 15;
+  int64_t repeats = 10;
+  uint64_t seed = 1;
+  std::string filter;
+  std::string dtype = "float32";
+};
+
+#ifdef BEAMLINE_HAVE_CUDA
+constexpr int64_t kHeads = 48, kKvHeads = 8, kDim = 128;
+constexpr int32_t kBlockSize = 16, kWindow = 512;
+// Batches whose KV fits in L2 (60 MB) are replicated over this many bytes of the pool, used in turn.
+constexpr double kRotationBytes = 512e6;
+
+struct Case {
+  std::string name;
+  int64_t batch;   // sequences
+  int64_t cached;  // positions already in the cache before this step
+  int64_t added;   // query rows per sequence
+  int32_t window;
+};
+
+void check(cudaError_t status, const char* what) { check_cuda(status, "attention", what); }
+
+int64_t visible_keys(int64_t position, int32_t window) {
+  return window > 0 ? std::min<int64_t>(position + 1, window) : position + 1;
+}
+
+void run_perf(const PerfOptions& options) {
+  require(options.iterations >= 1 && options.repeats >= 1, "perf attention: --iterations and --repeats must be >= 1");
+  const std::vector<Case> cases{
+      {"decode global B=1 L=8K", 1, 8191, 1, 0},
+      {"decode global B=1 L=128K", 1, 131071, 1, 0},
+      {"decode global B=32 L=8K", 32, 8191, 1, 0},
+      {"decode global B=128 L=4K", 128, 4095, 1, 0},
+      {"decode window-512 B=1 L=8K", 1, 8191, 1, kWindow},
+      {"decode window-512 B=128 L=4K", 128, 4095, 1, kWindow},
+      {"prefill causal 8K tokens", 1, 0, 8192, 0},
+      {"prefill window-512 32K tokens", 1, 0, 32768, kWindow},
+  };
+  CudaBackend backend;
+  backend.set_compute_dtype(options.dtype == "float32" ? ComputeDType::Float32 : ComputeDType::BFloat16);
+  int64_t pool_blocks = 0;
+  for (const Case& c : cases) {
+    const int64_t per_sequence = (c.cached + c.added + kBlockSize - 1) / kBlockSize;
+    pool_blocks = std::max(pool_blocks, c.batch * per_sequence);
+  }
+  const std::vector<int64_t> pool_shape{pool_blocks, 1, kBlockSize, kKvHeads, kDim};
+  PagedKvPool pool{backend.random_weight(DType::BF16, pool_shape, options.seed, 0.0f, 1.0f),
+                   backend.random_weight(DType::BF16, pool_shape, options.seed + 1, 0.0f, 1.0f)};
+  const double block_bytes = 2.0 * 2.0 * kBlockSize * kKvHeads * kDim;  // K and V, BF16
+  spdlog::info("perf attention: {}, BF16 KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
+               backend.device_description(), pool_blocks, static_cast<double>(pool_blocks) * block_bytes / (1ull << 30),
+               options.dtype);
+  std::mt19937_64 rng(options.seed);
+  cudaEvent_t marks[2];
+  for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
+
+  std::printf("\n| case | ms | bytes or FLOPs | achieved | floor ms | %% of floor |\n| --- | --- | --- | --- | --- | --- |\n");
+  for (const Case& c : cases) {
+    if (!options.filter.empty() && c.name.find(options.filter) == std::string::npos) continue;
+    const int64_t per_sequence = (c.cached + c.added + kBlockSize - 1) / kBlockSize;
+    const int64_t rows = c.batch * c.added;
+    std::vector<int32_t> positions, query_start{0}, seq_lens;
+    double keys = 0.0, pairs = 0.0;  // KV positions read per kv head; (query row, key) pairs
+    for (int64_t s = 0; s < c.batch; ++s) {
+      for (int64_t i = 0; i < c.added; ++i) {
+        positions.push_back(static_cast<int32_t>(c.cached + i));
+        pairs += static_cast<double>(visible_keys(c.cached + i, c.window));
+      }
+      query_start.push_back(static_cast<int32_t>((s + 1) * c.added));
+      seq_lens.push_back(static_cast<int32_t>(c.cached + c.added));
+      keys += static_cast<double>(c.window > 0 ? std::min<int64_t>(c.cached + c.added, c.window) : c.cached + c.added);
+    }
+    const AttentionBatch batch = backend.make_attention_batch(positions, query_start, seq_lens);
+    const double kv_bytes = keys * kKvHeads * kDim * 2.0 * 2.0;
+    const bool decode = c.added == 1;
+    // Block tables over disjoint, shuffled parts of the pool, enough of them to defeat L2.
+    const int64_t needed = c.batch * per_sequence;
+    const int64_t rotations =
+        std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kRotationBytes / (needed * block_bytes))), 1,
+                            pool_blocks / needed);
+    std::vector<int32_t> order(static_cast<std::size_t>(pool_blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<Tensor> tables;
+    for (int64_t r = 0; r < rotations; ++r)
+      tables.push_back(backend.upload_i32(
+          std::vector<int32_t>(order.begin() + r * needed, order.begin() + (r + 1) * needed), {c.batch, per_sequence}));
+    const Tensor q = backend.random_weight(DType::F32, {rows, kHeads * kDim}, options.seed + 2, 0.0f, 1.0f);
+    Tensor out = backend.alloc(DType::F32, {rows, kHeads * kDim});
+    AttentionParams params;
+    params.num_heads = kHeads;
+    params.num_kv_heads = kKvHeads;
+    params.head_dim = kDim;
+    params.scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    params.sliding_window = c.window;
+
+    int64_t call = 0;
+    auto attend = [&] {
+      backend.paged_attention(q, pool, tables[static_cast<std::size_t>(call++ % rotations)], batch, params, out);
+    };
+    for (int64_t i = 0; i < std::max<int64_t>(3, rotations); ++i) attend();
+    std::vector<double> samples;
+    for (int64_t i = 0; i < options.iterations; ++i) {
+      check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
+      for (int64_t r = 0; r < options.repeats; ++r) attend();
+      check(cudaEventRecord(marks[1], backend.stream()), "cudaEventRecord");
+      check(cudaEventSynchronize(marks[1]), "cudaEventSynchronize");
+      float elapsed = 0.0f;
+      check(cudaEventElapsedTime(&elapsed, marks[0], marks[1]), "cudaEventElapsedTime");
+      samples.push_back(static_cast<double>(elapsed) / static_cast<double>(options.repeats));
+    }
+    const std::vector<float> result = backend.download_f32(out);
+    require(std::all_of(result.begin(), result.end(), [](float v) { return std::isfinite(v); }),
+            "perf attention: {} produced a non-finite output", c.name);
+    const double ms = median(samples);
+    if (decode) {
+      const double floor_ms = kv_bytes / kHbmBytesPerSecond * 1e3;
+      std::printf("| %s | %.4f | %.1f MB | %.2f TB/s | %.4f | %.0f%% |\n", c.name.c_str(), ms, kv_bytes / 1e6,
+                  kv_bytes / (ms * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / ms);
+    } else {
+      const double flops = 4.0 * kDim * kHeads * pairs;
+      const double floor_ms = flops / kBf16FlopsPerSecond * 1e3;
+      std::printf("| %s | %.3f | %.1f GFLOP | %.1f TFLOP/s | %.3f | %.1f%% |\n", c.name.c_str(), ms, flops / 1e9,
+                  flops / (ms * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / ms);
+    }
+    std::fflush(stdout);
+  }
+  for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
+  std::printf("\ncompute dtype %s; median of %lld samples of %lld back-to-back calls each; decode floors count K and "
+              "V bytes read, prefill floors 4 x head_dim FLOPs per (query head, visible key) at dense BF16 GEMM "
+              "speed\n",
+              options.dtype.c_str(), static_cast<long long>(options.iterations),
+              static_cast<long long>(options.repeats));
+}
+#endif
+
+}  // namespace
+
+void add_attention_perf(CLI::App& perf) {
+  auto options = std::make_shared<PerfOptions>();
+  CLI::App* command = perf.add_subcommand(
+      "attention",
+      "Time paged attention (decode and prefill, Beam-1.0 shapes, BF16 KV) on the GPU next to the HBM and "
+      "tensor-core floors");
+  command->add_option("--iterations", options->iterations, "timed samples per case (median reported)")
+      ->capture_default_str();
+  command->add_option("--repeats", options->repeats, "back-to-back calls per sample")->capture_default_str();
+  command->add_option("--seed", options->seed, "seed of the random KV pool and queries")->capture_default_str();
+  command->add_option("--filter", options->filter, "only the cases whose name contains this");
+  command->add_option("--dtype", options->dtype,
+                      "compute dtype: float32 (FP32-accurate split operands) or bfloat16 (one rounding)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
+  command->callback([options] {
+#ifdef BEAMLINE_HAVE_CUDA
+    run_perf(*options);
+#else
+    perf_needs_cuda("attention");
+#endif
+  });
+}
+
+}  // namespace beamline::backend_ops

@@ -1,0 +1,47 @@
+#pragma once
+// The op families of backend_ops, one file each: its test cases (test mode: the device against the reference
+// backend, each at the tolerance of its precision) and its timings (perf mode: `backend_ops perf FAMILY`, each
+// figure next to its floor). main.cpp lists them; a new kernel is one more case in its family's file.
+namespace CLI {
+class App;
+}
+
+namespace beamline::backend_ops {
+
+class Harness;
+
+// rows.cpp: row-wise ops (no perf: they are timed inside the layer).
+void test_place_tokens(Harness& harness);
+void test_embedding(Harness& harness);
+void test_norms(Harness& harness);
+void test_rope_ssmax(Harness& harness);
+
+// linear.cpp: projections, q|k|v in one op, the dense SwiGLU MLP and the LM head.
+void test_linear(Harness& harness);
+void test_linear_rows(Harness& harness);
+void test_linear_many(Harness& harness);
+void test_swiglu(Harness& harness);
+void test_lm_head(Harness& harness);
+void add_linear_perf(CLI::App& perf);
+
+// attention.cpp: write_kv and paged attention.
+void test_attention(Harness& harness);
+void add_attention_perf(CLI::App& perf);
+
+// moe.cpp: the router and the experts.
+void test_route(Harness& harness);
+void test_moe(Harness& harness);
+void add_moe_perf(CLI::App& perf);
+
+// sample.cpp: sampling with its filters and logprobs.
+void test_sample(Harness& harness);
+void add_sample_perf(CLI::App& perf);
+
+// fp8.cpp: FP8 block-128 weights in every op that takes them.
+void test_fp8(Harness& harness);
+void add_fp8_perf(CLI::App& perf);
+
+// layer.cpp: one full decoder layer, composed of the ops above (perf only).
+void add_layer_perf(CLI::App& perf);
+
+}  // namespace beamline::backend_ops
