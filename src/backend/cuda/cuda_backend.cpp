@@ -53,8 +53,10 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 void require_unquantized(const LinearTensors& weight, std::string_view op) {
-  require(!weight.scale.defined(), "{}: quantized weight {} is not supported by the cuda backend yet", op,
-          describe(weight.weight));
+  require(!weight.scale.defined(),
+          "{}: weight {} with scale {} is none of the quantized layouts (F8_E4M3 + F32 block-128 scales, F8_E4M3 + "
+          "F8_E8M0 per-32 scales, U8 packed E2M1 + F8_E4M3 per-16 scales + F32 scale_2)",
+          op, describe(weight.weight), weight.scale.defined() ? describe(weight.scale) : std::string());
 }
 
 // FP8 block-128 (MODEL_FORMAT.md section 5 "fp8"): E4M3 [out, in] with F32 scales [ceil(out/128), ceil(in/128)].
@@ -246,8 +248,8 @@ void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y,
   } else if (is_fp8_block(weight)) {
     check_fp8_block(weight, op);
   } else {
-    require_float_weight(weight.weight, op, "weight");
     require_unquantized(weight, op);
+    require_float_weight(weight.weight, op, "weight");
   }
   require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
   const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = logical_in(weight);
