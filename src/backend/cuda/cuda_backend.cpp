@@ -151,7 +151,6 @@ void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
   check_kv_pool(pool, slot, op);
-  require(pool.k.dtype() != DType::F8_E4M3, "{}: the cuda backend has no FP8 KV cache yet (F32 or BF16)", op);
 }
 
 cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
