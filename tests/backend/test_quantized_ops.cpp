@@ -7,8 +7,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dequantize.h"
 #include "backend_test_support.h"
 #include "quant/quantize.h"
 #include "util/error.h"
@@ -154,6 +156,43 @@ INSTANTIATE_TEST_SUITE_P(Layouts, QuantizedLinearTest,
                                            QuantizedCase{QuantScheme::Nvfp4, 45, 80},
                                            QuantizedCase{QuantScheme::Nvfp4, 3, 16}),
                          [](const ::testing::TestParamInfo<QuantizedCase>& info) { return case_name(info.param); });
+
+// The CPU backend's vectorised dequantization equals quant/quantize.h's reference bit for bit (NaN for NaN), over
+// every code, NaN codes included, and scales from the smallest to the largest an E8M0 or E4M3 code or an F32 holds.
+TEST(CpuDequantize, EqualsTheReferenceOverEveryCodeAndScale) {
+  std::mt19937_64 engine(9);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (QuantScheme scheme : {QuantScheme::Fp8Block, QuantScheme::Mxfp8, QuantScheme::Nvfp4}) {
+    const int64_t out = 131, in = scheme == QuantScheme::Fp8Block ? 300 : 96;
+    const QuantLayout layout = quant_layout(scheme, out, in);
+    std::vector<uint8_t> codes(static_cast<std::size_t>(layout.weight_shape[0] * layout.weight_shape[1]));
+    for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 256 ? i : byte(engine));
+    std::vector<uint8_t> scales(static_cast<std::size_t>(layout.scale_shape[0] * layout.scale_shape[1]) *
+                                dtype_size(layout.scale_dtype));
+    for (std::size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(i < 256 ? i : byte(engine));
+    if (scheme == QuantScheme::Fp8Block) {  // F32 scales: extremes first, then random magnitudes
+      const float extremes[] = {3.0e38f, 1.0e-40f, 0.0f, 1.0f, 2.5e-3f, 7.0e36f, 1.0e-30f, 448.0f};
+      for (std::size_t i = 0; i < scales.size() / 4; ++i) {
+        const float scale = i < 8 ? extremes[i] : std::ldexp(1.3f, byte(engine) / 2 - 64);
+        std::memcpy(scales.data() + 4 * i, &scale, 4);
+      }
+    }
+    for (float scale_2 : {1.0f, 3.7e-5f, 1.0e30f}) {
+      const QuantizedWeightView view{scheme, out, in, codes.data(), scales.data(), scale_2};
+      const std::vector<float> expected = dequantize_weight(view);
+      std::vector<float> actual(expected.size());
+      cpu::dequantize_weight_rows(view, 0, out, actual.data());
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        if (std::isnan(expected[i])) {
+          ASSERT_TRUE(std::isnan(actual[i])) << quant_scheme_name(scheme) << " element " << i;
+        } else {
+          ASSERT_EQ(std::memcmp(&actual[i], &expected[i], 4), 0)
+              << quant_scheme_name(scheme) << " element " << i << ": " << actual[i] << " vs " << expected[i];
+        }
+      }
+    }
+  }
+}
 
 // A malformed quantized weight is refused by the op with a message naming what was expected.
 void expect_refused(Backend& backend, const LinearTensors& weight, int64_t in, const std::string& expected_text) {

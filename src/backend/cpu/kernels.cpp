@@ -9,6 +9,7 @@
 #define BEAMLINE_CPU_AVX2 1
 #endif
 
+#include "backend/cpu/dequantize.h"
 #include "backend/cpu/projection.h"
 #include "quant/element_codes.h"
 #include "util/error.h"
@@ -178,8 +179,8 @@ void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float*
         for (auto group = static_cast<int64_t>(group_begin); group < static_cast<int64_t>(group_end); ++group) {
           const int64_t first = group * kRowsPerGroup, count = std::min(kRowsPerGroup, out - first);
           const float* row[kRowsPerGroup];
-          // Quantized weights: the group's rows dequantized exactly (quant/quantize.h), then the same FP32 dots.
-          if (shape.quantized) dequantize_rows(*shape.quantized, first, count, converted.data());
+          // Quantized weights: the group's rows dequantized exactly (cpu/dequantize.h), then the same FP32 dots.
+          if (shape.quantized) dequantize_weight_rows(*shape.quantized, first, count, converted.data());
           for (int64_t r = 0; r < count; ++r) {
             if (shape.quantized) {
               row[r] = converted.data() + r * in;
