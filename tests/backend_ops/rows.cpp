@@ -58,7 +58,7 @@ void test_place_tokens(Harness& harness) {
 }
 
 void test_norms(Harness& harness) {
-  for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}}) {
+  for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}, {2L, 9000L}}) {
     const auto start = std::chrono::steady_clock::now();
     auto weight = harness.random_weight(DType::BF16, {hidden}, 1.0f);
     auto x = harness.f32(harness.inputs().uniform(rows * hidden, 3.0f), {rows, hidden});

@@ -1,5 +1,6 @@
 // Per-row and elementwise kernels: token placement, embedding, RMSNorm (plain, fused residual add, gathered for the
 // LM head), RoPE, SSMax, dtype conversion, soft-cap, random and poison fills.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
@@ -22,6 +23,92 @@ __global__ void embedding_kernel(const T* table, const int32_t* tokens, int64_t 
     destination[i] = valid ? to_float(table[int64_t{id} * hidden + i]) : __int_as_float(0x7fc00000);
 }
 
+// ---- RMSNorm ----
+// A block per row. Rows of up to kNormMaxThreads * kNormPerThread values (every model we serve: Beam-1.0's is 5,120)
+// stay in registers: each thread issues all its loads (the row, the weight and for add_rms_norm the residual) before
+// the reduction, so a row costs one memory latency rather than one per loop trip — at decode, one row per launch,
+// that latency is the whole kernel (11–12 µs per norm with dependent loops, 32 norms a step). Wider rows take the
+// looping kernels below them.
+constexpr int kNormPerThread = 8;
+constexpr int kNormMaxThreads = 1024;
+constexpr int64_t kNormMaxRegisterRow = int64_t{kNormPerThread} * kNormMaxThreads;
+
+// The fewest whole warps that hold a row of `hidden` values at kNormPerThread each.
+unsigned int norm_threads(int64_t hidden) {
+  const int64_t warps = (hidden + 32 * kNormPerThread - 1) / (32 * kNormPerThread);
+  return static_cast<unsigned int>(std::max<int64_t>(warps, 1) * 32);
+}
+
+// Values i = threadIdx.x + k * blockDim.x of a row as F32 (0 past its end), all loads in flight at once.
+template <typename T>
+__device__ __forceinline__ void load_owned(const T* __restrict__ row, int64_t hidden, float (&values)[kNormPerThread]) {
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    values[k] = i < hidden ? to_float(row[i]) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float inverse_rms_owned(const float (&values)[kNormPerThread], int64_t hidden, float eps) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) sum += values[k] * values[k];
+  sum = block_sum(sum);
+  return 1.0f / sqrtf(sum / static_cast<float>(hidden) + eps);
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    rms_norm_registers_kernel(const float* __restrict__ x, const W* __restrict__ weight, float eps, int64_t hidden,
+                              float* __restrict__ out) {
+  float values[kNormPerThread], scales[kNormPerThread];
+  load_owned(x + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+  float* destination = out + blockIdx.x * hidden;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i < hidden) destination[i] = values[k] * inverse * scales[k];
+  }
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    add_rms_norm_registers_kernel(float* __restrict__ residual, const float* __restrict__ y,
+                                  const W* __restrict__ weight, float eps, float scale, int64_t hidden) {
+  float values[kNormPerThread], scales[kNormPerThread], sums[kNormPerThread];
+  float* destination = residual + blockIdx.x * hidden;
+  load_owned(y + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  load_owned(destination, hidden, sums);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i < hidden) destination[i] = sums[k] + scale * (values[k] * inverse * scales[k]);
+  }
+}
+
+template <typename W, typename O>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    gather_rms_norm_registers_kernel(const float* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ rows,
+                                     const W* __restrict__ weight, float eps, int64_t hidden, O* __restrict__ out) {
+  const int32_t source = rows[blockIdx.x];
+  O* destination = out + blockIdx.x * hidden;
+  const bool valid = source >= 0 && source < x_rows;  // uniform over the block, so block_sum below is reached by all
+  float values[kNormPerThread] = {}, scales[kNormPerThread];
+  if (valid) load_owned(x + int64_t{source} * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  const float inverse = valid ? inverse_rms_owned(values, hidden, eps) : __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    if (i < hidden) destination[i] = from_float<O>(values[k] * inverse * scales[k]);
+  }
+}
+
+// Rows wider than kNormMaxRegisterRow: loops over the row, reading it twice.
 // 1 / sqrt(mean(x²) + eps) of one row, accumulated in FP32.
 __device__ float inverse_rms(const float* x, int64_t hidden, float eps) {
   float sum = 0.0f;
@@ -150,8 +237,12 @@ cudaError_t rms_norm(const float* x, const void* weight, DType weight_dtype, flo
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(weight_dtype, [&](auto tag) {
     using W = decltype(tag);
-    rms_norm_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(x, static_cast<const W*>(weight), eps,
-                                                                                  hidden, out);
+    const auto blocks = static_cast<unsigned int>(rows);
+    if (hidden <= kNormMaxRegisterRow)
+      rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(x, static_cast<const W*>(weight), eps,
+                                                                             hidden, out);
+    else
+      rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(x, static_cast<const W*>(weight), eps, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -161,8 +252,13 @@ cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DT
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(weight_dtype, [&](auto tag) {
     using W = decltype(tag);
-    add_rms_norm_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-        residual, y, static_cast<const W*>(weight), eps, scale, hidden);
+    const auto blocks = static_cast<unsigned int>(rows);
+    if (hidden <= kNormMaxRegisterRow)
+      add_rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(
+          residual, y, static_cast<const W*>(weight), eps, scale, hidden);
+    else
+      add_rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(residual, y, static_cast<const W*>(weight), eps, scale,
+                                                              hidden);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -176,8 +272,13 @@ cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows,
     using W = decltype(weight_tag);
     known = dispatch_float(out_dtype, [&](auto out_tag) {
       using O = decltype(out_tag);
-      gather_rms_norm_kernel<<<static_cast<unsigned int>(selected), kRowThreads, 0, stream>>>(
-          x, x_rows, rows, static_cast<const W*>(weight), eps, hidden, static_cast<O*>(out));
+      const auto blocks = static_cast<unsigned int>(selected);
+      if (hidden <= kNormMaxRegisterRow)
+        gather_rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(
+            x, x_rows, rows, static_cast<const W*>(weight), eps, hidden, static_cast<O*>(out));
+      else
+        gather_rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(x, x_rows, rows, static_cast<const W*>(weight), eps,
+                                                                   hidden, static_cast<O*>(out));
     });
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
