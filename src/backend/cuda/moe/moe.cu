@@ -17,7 +17,7 @@ namespace {
 // One warp per row: nothing in the route needs more than a warp's shuffles, and a block-wide barrier per pick (what
 // a block per row would need) costs more than the picks themselves. Lane l owns experts l, l + 32, l + 64, ...; its
 // `taken` bit i marks expert l + 32 i.
-constexpr int kRouteWarps = 2;  // rows per block (26 KiB of shared memory)
+constexpr int kRouteWarps = 2;  // rows per block (34 KiB of shared memory)
 constexpr int kRouteThreads = kRouteWarps * 32;
 constexpr int kMaxExpertsPerLane = kMaxRouterExperts / 32;
 static_assert(kMaxExpertsPerLane <= 32, "a lane's taken experts are the bits of one word");
@@ -50,14 +50,19 @@ __device__ Candidate best_in_range(const float* values, int32_t begin, int32_t e
   return best;
 }
 
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logits, const float* bias, int64_t rows,
+// Global memory is touched only at the start (the row's logits and the bias, unrolled so that the loads overlap) and at
+// the end (the picks, written by all lanes at once): at decode, one row per launch, a dependent global access costs
+// more than the whole selection in shared memory.
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* __restrict__ logits,
+                                                              const float* __restrict__ bias, int64_t rows,
                                                               int32_t experts, int32_t n_group, int32_t topk_group,
                                                               int32_t top_k, bool norm_topk_prob,
-                                                              float routed_scaling_factor, int32_t* expert_ids,
-                                                              float* expert_weights) {
+                                                              float routed_scaling_factor, int32_t* __restrict__ expert_ids,
+                                                              float* __restrict__ expert_weights) {
   __shared__ float score_of[kRouteWarps][kMaxRouterExperts], choice_of[kRouteWarps][kMaxRouterExperts];
   __shared__ float group_score_of[kRouteWarps][kMaxRouterExperts];
   __shared__ bool group_taken_of[kRouteWarps][kMaxRouterExperts];
+  __shared__ int32_t picked_of[kRouteWarps][kMaxRouterExperts];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t{blockIdx.x} * kRouteWarps + warp;
   if (row >= rows) return;
@@ -65,6 +70,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   float* choice = choice_of[warp];
   float* group_score = group_score_of[warp];
   bool* group_taken = group_taken_of[warp];
+  int32_t* picked = picked_of[warp];
+#pragma unroll 8
   for (int32_t e = lane; e < experts; e += 32) {
     const float logit = logits[row * experts + e];
     score[e] = 1.0f / (1.0f + expf(-logit));
@@ -94,9 +101,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
   for (int32_t e = lane; e < experts; e += 32)
     if (!group_taken[e / group_size]) choice[e] = -INFINITY;
   __syncwarp();
-  // top_k rounds of a warp-wide argmax; the winner's owner marks it taken.
+  // top_k rounds of a warp-wide argmax; the winner's owner marks it taken. Every lane holds the winner, so every lane
+  // sums the picked scores in j order (the reference's order).
   uint32_t taken = 0;
-  int32_t* ids = expert_ids + row * top_k;
+  float total = 0.0f;
   for (int32_t j = 0; j < top_k; ++j) {
     Candidate best{-INFINITY, -1};
     for (int32_t i = 0, e = lane; e < experts; ++i, e += 32) {
@@ -105,17 +113,17 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* logit
     }
     best = warp_best(best);
     if (best.index % 32 == lane) taken |= 1u << (best.index / 32);
-    if (lane == 0) ids[j] = best.index;
+    if (lane == 0) picked[j] = best.index;
+    total += score[best.index];
   }
   __syncwarp();
-  if (lane == 0) {
-    float* weights = expert_weights + row * top_k;
-    float total = 0.0f;
-    for (int32_t j = 0; j < top_k; ++j) total += score[ids[j]];
-    for (int32_t j = 0; j < top_k; ++j) {
-      const float weight = norm_topk_prob ? score[ids[j]] / total : score[ids[j]];
-      weights[j] = weight * routed_scaling_factor;
-    }
+  int32_t* ids = expert_ids + row * top_k;
+  float* weights = expert_weights + row * top_k;
+  for (int32_t j = lane; j < top_k; j += 32) {
+    const int32_t id = picked[j];
+    const float weight = norm_topk_prob ? score[id] / total : score[id];
+    ids[j] = id;
+    weights[j] = weight * routed_scaling_factor;
   }
 }
 
