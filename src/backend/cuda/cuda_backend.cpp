@@ -14,6 +14,7 @@
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
+#include "backend/cuda/moe/router_gemv.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/quant/fp8.h"
 #include "backend/op_checks.h"
@@ -782,7 +783,12 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
   require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
           cuda::kMaxRouterExperts);
   Tensor logits = scratch(DType::F32, {rows, experts});
-  gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
+  if (cuda::router_gemv_supported(h.data<const float>(), router.data<const float>(), rows, hidden))
+    check_launch(cuda::router_gemv(h.data<const float>(), router.data<const float>(), rows, hidden, experts,
+                                   logits.data<float>(), stream_),
+                 "route");
+  else
+    gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
   check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
                                 static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
                                 params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),
