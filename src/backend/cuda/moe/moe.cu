@@ -28,26 +28,38 @@ struct Candidate {
   int32_t index;
 };
 
+// The comparisons below are written with bitwise operators and selects so that they compile to predicated code: the
+// lanes of a warp disagree at every comparison, and short-circuit branches there serialised the warp's paths
+// (24 us for one row's route, under ncu, before this).
 __device__ __forceinline__ bool better(const Candidate& a, const Candidate& b) {
-  return a.value > b.value || (a.value == b.value && a.index < b.index);
+  return (a.value > b.value) | ((a.value == b.value) & (a.index < b.index));
+}
+
+// c in place of best when `allowed` and best is empty (index -1) or worse.
+__device__ __forceinline__ Candidate keep_better(const Candidate& best, const Candidate& c, bool allowed) {
+  const bool take = allowed & ((best.index < 0) | better(c, best));
+  return {take ? c.value : best.value, take ? c.index : best.index};
 }
 
 __device__ __forceinline__ Candidate warp_best(Candidate c) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     const Candidate other{__shfl_xor_sync(0xffffffffu, c.value, offset), __shfl_xor_sync(0xffffffffu, c.index, offset)};
-    if (other.index >= 0 && (c.index < 0 || better(other, c))) c = other;
+    c = keep_better(c, other, other.index >= 0);
   }
   return c;
 }
 
-// The best of values[begin, end) other than index `skip`, scanned by one thread (index -1 when there is none).
-__device__ Candidate best_in_range(const float* values, int32_t begin, int32_t end, int32_t skip) {
-  Candidate best{-INFINITY, -1};
+// The sum of the best two of values[begin, end) (the best alone when there is one), in one pass by one thread.
+__device__ float best_two_sum(const float* values, int32_t begin, int32_t end) {
+  Candidate first{-INFINITY, -1}, second{-INFINITY, -1};
   for (int32_t i = begin; i < end; ++i) {
     const Candidate c{values[i], i};
-    if (i != skip && (best.index < 0 || better(c, best))) best = c;
+    const bool beats_first = (first.index < 0) | better(c, first);
+    const Candidate runner_up = keep_better(second, c, true);
+    second = {beats_first ? first.value : runner_up.value, beats_first ? first.index : runner_up.index};
+    first = {beats_first ? c.value : first.value, beats_first ? c.index : first.index};
   }
-  return best;
+  return second.index < 0 ? first.value : first.value + second.value;
 }
 
 // Global memory is touched only at the start (the row's logits and the bias, unrolled so that the loads overlap) and at
@@ -81,19 +93,20 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* __res
   // Group score = the sum of its 2 best choices, one lane per group.
   const int32_t group_size = experts / n_group;
   for (int32_t g = lane; g < n_group; g += 32) {
-    const int32_t begin = g * group_size, end = begin + group_size;
-    const Candidate first = best_in_range(choice, begin, end, -1);
-    float sum = first.value;
-    if (group_size >= 2) sum += best_in_range(choice, begin, end, first.index).value;
-    group_score[g] = sum;
+    group_score[g] = best_two_sum(choice, g * group_size, (g + 1) * group_size);
     group_taken[g] = false;
   }
   __syncwarp();
   if (lane == 0) {
     for (int32_t pick = 0; pick < topk_group; ++pick) {
       int32_t best = -1;
-      for (int32_t g = 0; g < n_group; ++g)
-        if (!group_taken[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+      float best_score = -INFINITY;
+      for (int32_t g = 0; g < n_group; ++g) {
+        const float score_g = group_score[g];
+        const bool take = !group_taken[g] & ((best < 0) | (score_g > best_score));
+        best = take ? g : best;
+        best_score = take ? score_g : best_score;
+      }
       group_taken[best] = true;
     }
   }
@@ -108,8 +121,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* __res
   for (int32_t j = 0; j < top_k; ++j) {
     Candidate best{-INFINITY, -1};
     for (int32_t i = 0, e = lane; e < experts; ++i, e += 32) {
-      const Candidate c{choice[e], e};
-      if (!(taken >> i & 1u) && (best.index < 0 || better(c, best))) best = c;
+      best = keep_better(best, Candidate{choice[e], e}, !(taken >> i & 1u));
     }
     best = warp_best(best);
     if (best.index % 32 == lane) taken |= 1u << (best.index / 32);
