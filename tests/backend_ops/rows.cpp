@@ -13,7 +13,7 @@
 namespace beamline::backend_ops {
 
 void test_embedding(Harness& harness) {
-  for (auto [vocab, hidden, dtype] : {std::tuple{997L, 5120L, DType::BF16}, {1000L, 67L, DType::F32}}) {
+  for (auto [vocab, hidden, dtype] : {std::tuple{997L, 5120L, DType::BF16}, {1000L, 67L, DType::F32}, {50L, 9000L, DType::BF16}}) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t rows = 37;
     auto table = harness.random_weight(dtype, {vocab, hidden}, 1.0f);
@@ -76,7 +76,7 @@ void test_norms(Harness& harness) {
 }
 
 void test_rope_ssmax(Harness& harness) {
-  for (auto [heads, dim] : {std::pair{48, 128}, {8, 128}, {3, 16}}) {
+  for (auto [heads, dim] : {std::pair{48, 128}, {8, 128}, {3, 16}, {80, 128}}) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t rows = 37;
     std::vector<int32_t> positions(rows);

@@ -13,30 +13,44 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kElementThreads = 256;
 
-template <typename T>
-__global__ void embedding_kernel(const T* table, const int32_t* tokens, int64_t vocab, int64_t hidden, float* out) {
-  const int64_t row = blockIdx.x;
-  const int32_t id = tokens[row];
-  float* destination = out + row * hidden;
-  const bool valid = id >= 0 && id < vocab;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    destination[i] = valid ? to_float(table[int64_t{id} * hidden + i]) : __int_as_float(0x7fc00000);
-}
-
-// ---- RMSNorm ----
-// A block per row. Rows of up to kNormMaxThreads * kNormPerThread values (every model we serve: Beam-1.0's is 5,120)
+// Per-row kernels: a block per row. Rows of up to kNormMaxThreads * kNormPerThread values (Beam-1.0's are 5,120)
 // stay in registers: each thread issues all its loads (the row, the weight and for add_rms_norm the residual) before
 // the reduction, so a row costs one memory latency rather than one per loop trip — at decode, one row per launch,
-// that latency is the whole kernel (11–12 µs per norm with dependent loops, 32 norms a step). Wider rows take the
-// looping kernels below them.
+// that latency is the whole kernel (11–12 µs per norm with dependent loops, 32 norms a step). Wider norm rows take the
+// looping kernels below them; the embedding and SSMax, which keep nothing across the row, take kNormPerThread values
+// per thread per trip.
 constexpr int kNormPerThread = 8;
 constexpr int kNormMaxThreads = 1024;
 constexpr int64_t kNormMaxRegisterRow = int64_t{kNormPerThread} * kNormMaxThreads;
 
-// The fewest whole warps that hold a row of `hidden` values at kNormPerThread each.
+// The fewest whole warps that hold a row of `hidden` values at kNormPerThread each, at most kNormMaxThreads.
 unsigned int norm_threads(int64_t hidden) {
   const int64_t warps = (hidden + 32 * kNormPerThread - 1) / (32 * kNormPerThread);
-  return static_cast<unsigned int>(std::max<int64_t>(warps, 1) * 32);
+  return static_cast<unsigned int>(std::clamp<int64_t>(warps, 1, kNormMaxThreads / 32) * 32);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    embedding_kernel(const T* __restrict__ table, const int32_t* __restrict__ tokens, int64_t vocab, int64_t hidden,
+                     float* __restrict__ out) {
+  const int64_t row = blockIdx.x;
+  const int32_t id = tokens[row];
+  float* destination = out + row * hidden;
+  const bool valid = id >= 0 && id < vocab;
+  const T* source = table + (valid ? int64_t{id} : 0) * hidden;
+  for (int64_t base = threadIdx.x; base < hidden; base += int64_t{kNormPerThread} * blockDim.x) {
+    float values[kNormPerThread];
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      values[k] = valid && i < hidden ? to_float(source[i]) : __int_as_float(0x7fc00000);
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      if (i < hidden) destination[i] = values[k];
+    }
+  }
 }
 
 // Values i = threadIdx.x + k * blockDim.x of a row as F32 (0 past its end), all loads in flight at once.
@@ -168,10 +182,24 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
   base[j + half] = b * c + a * s;
 }
 
-__global__ void ssmax_kernel(float* q, const int32_t* positions, int64_t width, double base, double exponent) {
+__global__ void __launch_bounds__(kNormMaxThreads)
+    ssmax_kernel(float* __restrict__ q, const int32_t* __restrict__ positions, int64_t width, double base,
+                 double exponent) {
   const float factor = static_cast<float>(pow(1.0 + static_cast<double>(positions[blockIdx.x]) / base, exponent));
   float* row = q + blockIdx.x * width;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) row[i] *= factor;
+  for (int64_t start = threadIdx.x; start < width; start += int64_t{kNormPerThread} * blockDim.x) {
+    float values[kNormPerThread];
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = start + int64_t{k} * blockDim.x;
+      values[k] = i < width ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = start + int64_t{k} * blockDim.x;
+      if (i < width) row[i] = values[k] * factor;
+    }
+  }
 }
 
 template <typename O>
@@ -226,8 +254,8 @@ cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(table_dtype, [&](auto tag) {
     using T = decltype(tag);
-    embedding_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(static_cast<const T*>(table), tokens,
-                                                                                   vocab, hidden, out);
+    embedding_kernel<<<static_cast<unsigned int>(rows), norm_threads(hidden), 0, stream>>>(
+        static_cast<const T*>(table), tokens, vocab, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -296,7 +324,7 @@ cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_h
 cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
                         cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  ssmax_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(q, positions, width, base, exponent);
+  ssmax_kernel<<<static_cast<unsigned int>(rows), norm_threads(width), 0, stream>>>(q, positions, width, base, exponent);
   return cudaGetLastError();
 }
 
