@@ -265,7 +265,7 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   backend_.embedding(embed_tokens_, tokens, x);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    backend_.rms_norm(x, layer.input_norm, eps, h);
+    if (i == 0) backend_.rms_norm(x, layer.input_norm, eps, h);  // later layers': fused into the previous residual add
     const std::array<const LinearTensors*, 3> qkv_weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> qkv{&q, &k, &v};
     backend_.linear_many(h, qkv_weights, qkv);
@@ -282,16 +282,19 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
     backend_.write_kv(k, v, cache.pool, params.slot, table, attention_batch);
     backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
-    backend_.add_rms_norm(x, branch, layer.post_attention_norm, eps, residual_scale);
-
-    backend_.rms_norm(x, layer.pre_feedforward_norm, eps, h);
+    backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
+                                    layer.pre_feedforward_norm, h);
     if (layer.moe) {
       backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
       backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
     } else {
       backend_.swiglu(h, layer.mlp, branch);
     }
-    backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+    if (i + 1 < layers_.size())
+      backend_.add_rms_norm_then_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale,
+                                      layers_[i + 1].input_norm, h);
+    else
+      backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
   }
 
   Tensor logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});

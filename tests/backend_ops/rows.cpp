@@ -72,6 +72,17 @@ void test_norms(Harness& harness) {
     harness.reference().add_rms_norm(residual.reference, x.reference, weight.reference, 1e-6f, 0.098f);
     harness.record("add_rms_norm", fmt::format("T {} H {} scale 0.098", rows, hidden), residual, kF32Tolerance,
                    seconds_since(start));
+
+    auto next_weight = harness.random_weight(DType::BF16, {hidden}, 1.0f);
+    auto normed = harness.poisoned(DType::F32, {rows, hidden});
+    harness.device().add_rms_norm_then_norm(residual.device, x.device, weight.device, 1e-6f, 0.098f,
+                                            next_weight.device, normed.device);
+    harness.reference().add_rms_norm_then_norm(residual.reference, x.reference, weight.reference, 1e-6f, 0.098f,
+                                               next_weight.reference, normed.reference);
+    harness.record("add_rms_norm_then_norm", fmt::format("T {} H {} residual", rows, hidden), residual, kF32Tolerance,
+                   seconds_since(start));
+    harness.record("add_rms_norm_then_norm", fmt::format("T {} H {} next norm", rows, hidden), normed, kF32Tolerance,
+                   seconds_since(start));
   }
 }
 

@@ -549,6 +549,28 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& 
                "add_rms_norm");
 }
 
+void CudaBackend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps,
+                                         float scale, const Tensor& next_weight, Tensor& out) {
+  const auto timing = time_op("add_rms_norm_then_norm");
+  require_device(residual, "add_rms_norm_then_norm", "residual");
+  require(residual.rank() == 2, "add_rms_norm_then_norm: residual must be [T, H], got {}", describe(residual));
+  const int64_t rows = residual.dim(0), hidden = residual.dim(1);
+  require_float_weight(weight, "add_rms_norm_then_norm", "weight");
+  require_shape(weight, {hidden}, "add_rms_norm_then_norm", "weight");
+  require_float_weight(next_weight, "add_rms_norm_then_norm", "next_weight");
+  require_shape(next_weight, {hidden}, "add_rms_norm_then_norm", "next_weight");
+  if (next_weight.dtype() != weight.dtype()) {  // the fused kernel reads both weights as one type
+    Backend::add_rms_norm_then_norm(residual, y, weight, eps, scale, next_weight, out);
+    return;
+  }
+  require_shape(y, residual.shape(), "add_rms_norm_then_norm", "y");
+  require_shape(out, residual.shape(), "add_rms_norm_then_norm", "out");
+  check_launch(cuda::add_rms_norm_then_norm(residual.data<float>(), y.data<const float>(), weight.raw(),
+                                            next_weight.raw(), weight.dtype(), eps, scale, rows, hidden,
+                                            out.data<float>(), stream_),
+               "add_rms_norm_then_norm");
+}
+
 void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y) {
   const int64_t out = weight.dim(0);
   if (rows == 0 || out == 0) return;

@@ -58,7 +58,7 @@ template <typename T>
 __device__ __forceinline__ void load_owned(const T* __restrict__ row, int64_t hidden, float (&values)[kNormPerThread]) {
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
     values[k] = i < hidden ? to_float(row[i]) : 0.0f;
   }
 }
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   float* destination = out + blockIdx.x * hidden;
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
     if (i < hidden) destination[i] = values[k] * inverse * scales[k];
   }
 }
@@ -99,8 +99,35 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   const float inverse = inverse_rms_owned(values, hidden, eps);
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
     if (i < hidden) destination[i] = sums[k] + scale * (values[k] * inverse * scales[k]);
+  }
+}
+
+// The residual row never leaves registers between the add and the next norm.
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    add_rms_norm_then_norm_registers_kernel(float* __restrict__ residual, const float* __restrict__ y,
+                                            const W* __restrict__ weight, const W* __restrict__ next_weight, float eps,
+                                            float scale, int64_t hidden, float* __restrict__ out) {
+  float values[kNormPerThread], scales[kNormPerThread], sums[kNormPerThread], next_scales[kNormPerThread];
+  float* row = residual + blockIdx.x * hidden;
+  load_owned(y + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  load_owned(row, hidden, sums);
+  load_owned(next_weight, hidden, next_scales);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) sums[k] += scale * (values[k] * inverse * scales[k]);
+  const float next_inverse = inverse_rms_owned(sums, hidden, eps);
+  float* destination = out + blockIdx.x * hidden;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    if (i < hidden) {
+      row[i] = sums[k];
+      destination[i] = sums[k] * next_inverse * next_scales[k];
+    }
   }
 }
 
@@ -117,7 +144,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   const float inverse = valid ? inverse_rms_owned(values, hidden, eps) : __int_as_float(0x7fc00000);
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
-    const int64_t i = threadIdx.x + int64_t{k} * blockDim.x;
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
     if (i < hidden) destination[i] = from_float<O>(values[k] * inverse * scales[k]);
   }
 }
@@ -287,6 +314,24 @@ cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DT
     else
       add_rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(residual, y, static_cast<const W*>(weight), eps, scale,
                                                               hidden);
+  });
+  return known ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t add_rms_norm_then_norm(float* residual, const float* y, const void* weight, const void* next_weight,
+                                   DType weight_dtype, float eps, float scale, int64_t rows, int64_t hidden,
+                                   float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (hidden > kNormMaxRegisterRow) {  // rows that do not fit in registers: the two looping kernels
+    if (const cudaError_t status = add_rms_norm(residual, y, weight, weight_dtype, eps, scale, rows, hidden, stream);
+        status != cudaSuccess)
+      return status;
+    return rms_norm(residual, next_weight, weight_dtype, eps, rows, hidden, out, stream);
+  }
+  const bool known = dispatch_float(weight_dtype, [&](auto tag) {
+    using W = decltype(tag);
+    add_rms_norm_then_norm_registers_kernel<<<static_cast<unsigned int>(rows), norm_threads(hidden), 0, stream>>>(
+        residual, y, static_cast<const W*>(weight), static_cast<const W*>(next_weight), eps, scale, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
