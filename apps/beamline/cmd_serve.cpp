@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -17,9 +18,13 @@
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
+#include "model_options.h"
+#include "parallel/mpi_world.h"
+#include "parallel_options.h"
 #include "runner/beam_model_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
+#include "structured/grammar_cache.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -32,14 +37,19 @@ constexpr const char* kDefaultModelDir = "models/beam-nano";
 
 struct ServeOptions {
   std::string model;
-  std::string load_format = "auto", hf_overrides;
+  std::string load_format = "auto", hf_overrides, quantization;
   std::string served_model_name;
   std::string device = "auto";
   std::string api_key;
   std::string max_request_body = "32M";
   server::HttpOptions http;
   EngineConfig engine;
+  ParallelConfig parallel;
+  bool harmony_constraint = true;
 };
+
+// Compiled structured-output grammars kept (LRU): each distinct schema, tool set or format is one entry.
+constexpr std::size_t kGrammarCacheEntries = 256;
 
 // --model, else models/beam-nano under the working directory or under any folder above the binary
 // (the binary lives in a build folder of the source tree).
@@ -119,8 +129,77 @@ class ShutdownSignals {
   std::thread drainer_;
 };
 
+void serve_ranks(ServeOptions& options, MpiWorld* world);
+
+// Set from the engine thread when a distributed step fails: the server then stops, and the job ends naming the cause.
+class DistributedFailure {
+ public:
+  void watch(BeamModelRunner& runner, server::ApiServer*& api) {
+    runner.on_distributed_failure([this, &api](const std::string& cause) {
+      std::lock_guard lock(mutex_);
+      if (!cause_.empty()) return;
+      cause_ = cause;
+      // Not on the engine thread, which api.stop() may wait for.
+      stopper_ = std::thread([server = api] {
+        if (server == nullptr) return;
+        // Requests in flight get their error (every later step fails at once), then the server closes.
+        server->refuse_new_requests();
+        server->wait_until_idle(std::chrono::seconds(5));
+        server->abort_in_flight();
+        server->stop();
+      });
+    });
+  }
+  std::string cause() {
+    std::lock_guard lock(mutex_);
+    return cause_;
+  }
+  ~DistributedFailure() {
+    if (stopper_.joinable()) stopper_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::string cause_;
+  std::thread stopper_;
+};
+
+// A rank other than 0 of a distributed server: its shard of the model, running the steps rank 0 broadcasts.
+void follow(const ServeOptions& options, const fs::path& model_dir, MpiWorld& world) {
+  // Ctrl-C or SIGTERM reach every rank (mpirun forwards them): the server on rank 0 drains and then stops the others.
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
+  BeamModelRunner runner(source.load(), options.device, options.engine, world, options.parallel);
+  spdlog::info("rank {} of {} ready (pid {})", world.rank(), world.size(), getpid());
+  runner.follow();
+  spdlog::info("rank {} stopped", world.rank());
+}
+
 void serve(ServeOptions& options) {
+  options.parallel.validate();
+  relaunch_under_mpirun_unless_launched(options.parallel);
+  std::unique_ptr<MpiWorld> world;
+  if (launched_by_mpi()) {
+    world = std::make_unique<MpiWorld>(options.parallel.timeout_seconds);
+    prefix_logs_with_rank(world->rank());
+  }
+  if (world == nullptr) return serve_ranks(options, nullptr);
+  try {
+    require(options.parallel.data == 1,
+            "--data-parallel-size {}: serving with data parallelism (one scheduler per data-parallel rank) is not "
+            "implemented yet; the sharded model supports it (docs/parallel.md)",
+            options.parallel.data);
+    serve_ranks(options, world.get());
+  } catch (const std::exception& error) {
+    world->fail(error.what());
+  }
+}
+
+void serve_ranks(ServeOptions& options, MpiWorld* world) {
   const fs::path model_dir = resolve_model_dir(options.model);
+  if (world != nullptr && world->rank() != 0) return follow(options, model_dir, *world);
   options.engine.validate();
   options.http.max_request_body_bytes =
       static_cast<std::size_t>(parse_byte_size(options.max_request_body, "--max-request-body-bytes"));
@@ -130,8 +209,15 @@ void serve(ServeOptions& options) {
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
-  auto runner = std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine);
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
+  auto runner = world == nullptr
+                    ? std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine)
+                    : std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine, *world,
+                                                        options.parallel);
+  DistributedFailure failure;
+  server::ApiServer* running_api = nullptr;
+  failure.watch(*runner, running_api);
   const GenerationConfig generation = GenerationConfig::load(model_dir, runner->model_config());
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_tokenizer_json(model_dir / "tokenizer.json");
   harmony::HarmonyTemplate harmony_template = harmony::HarmonyTemplate::for_model(model_dir);
@@ -139,16 +225,21 @@ void serve(ServeOptions& options) {
   Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
+  GrammarCache grammars(*tokenizer, kGrammarCacheEntries);
   server::ServingContext context{engine,         *tokenizer, std::move(harmony_template), std::move(harmony_stop_ids),
-                                 generation,     name,       server::unix_seconds_now()};
+                                 generation,     name,       server::unix_seconds_now(),  &grammars,
+                                 options.harmony_constraint};
   server::ApiServer api(context, options.http);
+  running_api = &api;
   const int port = api.bind();
   spdlog::info("serving '{}' (max_model_len {}) at http://{}:{}/v1", name, engine.config().max_model_len,
                options.http.host, port);
   signals.watch(api, engine);
   api.serve();
+  running_api = nullptr;
   signals.stop();
   engine.shutdown(ShutdownMode::Abort);
+  if (const std::string cause = failure.cause(); !cause.empty()) fail("the distributed model failed: {}", cause);
   spdlog::info("server stopped");
 }
 
@@ -165,6 +256,7 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   command->add_option("--hf-overrides", options->hf_overrides,
                       "JSON object merged into the config with --load-format dummy, e.g. '{\"num_hidden_layers\": 8}'");
+  add_quantization_option(*command, options->quantization);
   command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
   command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
@@ -182,7 +274,12 @@ const CommandRegistration registration([](CLI::App& app) {
                       "HTTP connections served at once (each streaming response holds one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command->add_flag("--harmony-constraint,!--no-harmony-constraint", options->harmony_constraint,
+                    "hold every chat turn to the Harmony template (channels, recipients among the request's tools, "
+                    "arguments to their schemas; default on). Requests with response_format, structured_outputs or "
+                    "tool_choice required / named are constrained either way");
   add_engine_options(*command, options->engine);
+  add_parallel_options(*command, options->parallel);
   command->callback([options] { serve(*options); });
 });
 

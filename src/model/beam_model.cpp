@@ -9,9 +9,11 @@
 namespace beamline {
 namespace {
 
-// A checkpoint tensor handed to the backend, or for a random model (dummy_weights) drawn by it.
+// A checkpoint tensor handed to the backend, or for a random model (dummy_weights) drawn by it, unless the host
+// already holds its bytes: a dummy model's slices drawn on the host (checkpoint/shard_weights.h) or its projections
+// quantized at load (checkpoint/quantize_tensors.h).
 Tensor materialise(Backend& backend, const BeamWeights& weights, const TensorView& view) {
-  if (!weights.random_seed) return backend.load_weight(view);
+  if (!weights.random_seed || view.data != nullptr) return backend.load_weight(view);
   const RandomInit& init = weights.random_inits.at(view.name);
   return backend.random_weight(view.dtype, view.shape, stream_key(*weights.random_seed, view.name), init.mean,
                                init.stddev);
@@ -30,6 +32,38 @@ SwigluTensors load_swiglu(Backend& backend, const BeamWeights& weights, const Ex
           load_linear(backend, weights, expert.down_proj)};
 }
 
+// The tensors a shard loads: its stage's layers (with only its experts), the embeddings on the first stage, the final
+// norm and LM head on the last.
+std::vector<const TensorView*> used_views(const BeamWeights& weights, const ModelShard& shard) {
+  std::vector<const TensorView*> views;
+  auto add_linear = [&](const LinearWeight& weight) {
+    for (const TensorView* view : {&weight.weight, &weight.scale, &weight.scale_2})
+      if (!view->shape.empty() && (view == &weight.weight || view->data != nullptr)) views.push_back(view);
+  };
+  auto add_swiglu = [&](const ExpertWeights& mlp) {
+    for (const LinearWeight* weight : {&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj}) add_linear(*weight);
+  };
+  if (shard.layer_begin == 0) views.push_back(&weights.embed_tokens);
+  if (shard.layer_end == weights.config.num_hidden_layers) {
+    views.push_back(&weights.norm);
+    add_linear(weights.lm_head);
+  }
+  for (int64_t i = shard.layer_begin; i < shard.layer_end; ++i) {
+    const LayerWeights& layer = weights.layers.at(static_cast<std::size_t>(i));
+    for (const TensorView* view : {&layer.input_layernorm, &layer.post_attention_layernorm,
+                                   &layer.pre_feedforward_layernorm, &layer.post_feedforward_layernorm})
+      views.push_back(view);
+    for (const LinearWeight* weight : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj}) add_linear(*weight);
+    if (layer.mlp) add_swiglu(*layer.mlp);
+    if (!layer.experts.empty()) {
+      views.push_back(&layer.router);
+      views.push_back(&layer.router_bias);
+      for (int64_t e = shard.expert_begin; e < shard.expert_end; ++e) add_swiglu(layer.experts.at(static_cast<std::size_t>(e)));
+    }
+  }
+  return views;
+}
+
 }  // namespace
 
 RouterParams router_params(const ModelConfig& config) {
@@ -38,19 +72,38 @@ RouterParams router_params(const ModelConfig& config) {
           static_cast<float>(config.routed_scaling_factor)};
 }
 
-BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(weights), backend_(backend) {
+BeamModel::BeamModel(const BeamWeights& weights, Backend& backend)
+    : BeamModel(weights, backend, ModelShard::whole(weights.config), nullptr) {}
+
+BeamModel::BeamModel(const BeamWeights& weights, Backend& backend, const ModelShard& shard, ParallelGroups* groups)
+    : weights_(weights), config_(weights.config), shard_(shard), groups_(groups), backend_(backend) {
   const ModelConfig& config = weights_.config;
-  std::vector<std::size_t> sizes;
-  for (const TensorView* view : weights_.views()) sizes.push_back(static_cast<std::size_t>(view->numel()) * dtype_size(view->dtype));
-  backend_.reserve_weights(sizes);
-  embed_tokens_ = materialise(backend_, weights_, weights_.embed_tokens);
-  final_norm_ = materialise(backend_, weights_, weights_.norm);
-  lm_head_ = load_linear(backend_, weights_, weights_.lm_head);
+  require(groups_ != nullptr || shard_.whole_model(config), "model: a shard of the model needs its parallel groups");
   require(static_cast<int64_t>(weights_.layers.size()) == config.num_hidden_layers,
           "model: {} layers of weights for num_hidden_layers {}", weights_.layers.size(), config.num_hidden_layers);
+  config_.num_attention_heads = shard_.q_heads;
+  config_.num_key_value_heads = shard_.kv_heads;
+  const bool first_stage = shard_.layer_begin == 0, last_stage = shard_.layer_end == config.num_hidden_layers;
+  std::vector<std::size_t> sizes;
+  for (const TensorView* view : used_views(weights_, shard_))
+    sizes.push_back(static_cast<std::size_t>(view->numel()) * dtype_size(view->dtype));
+  backend_.reserve_weights(sizes);
+  if (first_stage) embed_tokens_ = materialise(backend_, weights_, weights_.embed_tokens);
+  if (last_stage) {
+    final_norm_ = materialise(backend_, weights_, weights_.norm);
+    lm_head_ = load_linear(backend_, weights_, weights_.lm_head);
+    require(lm_head_.out_features() == shard_.vocab_size, "model: lm_head has {} rows, this rank's shard {}",
+            lm_head_.out_features(), shard_.vocab_size);
+  }
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const LayerWeights& source = weights_.layers[static_cast<std::size_t>(i)];
     Layer layer;
+    layer.sliding = config.layer_types.at(static_cast<std::size_t>(i)) == LayerType::Sliding;
+    layer.moe = config.is_moe_layer(i);
+    if (!shard_.owns_layer(i)) {  // another pipeline stage's
+      layers_.push_back(std::move(layer));
+      continue;
+    }
     layer.input_norm = materialise(backend_, weights_, source.input_layernorm);
     layer.post_attention_norm = materialise(backend_, weights_, source.post_attention_layernorm);
     layer.pre_feedforward_norm = materialise(backend_, weights_, source.pre_feedforward_layernorm);
@@ -59,14 +112,18 @@ BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(we
     layer.k = load_linear(backend_, weights_, source.k_proj);
     layer.v = load_linear(backend_, weights_, source.v_proj);
     layer.o = load_linear(backend_, weights_, source.o_proj);
-    layer.sliding = config.layer_types.at(static_cast<std::size_t>(i)) == LayerType::Sliding;
-    layer.moe = config.is_moe_layer(i);
+    require(layer.q.out_features() == shard_.q_heads * config.head_dim &&
+                layer.k.out_features() == shard_.kv_heads * config.head_dim,
+            "model: layer {} has q/k projections of {}/{} rows, this rank's heads need {}/{} (weights not sharded?)", i,
+            layer.q.out_features(), layer.k.out_features(), shard_.q_heads * config.head_dim,
+            shard_.kv_heads * config.head_dim);
     if (layer.moe) {
       require(static_cast<int64_t>(source.experts.size()) == config.n_routed_experts,
               "model: layer {} has {} experts, config says {}", i, source.experts.size(), config.n_routed_experts);
       layer.experts.router = materialise(backend_, weights_, source.router);
       layer.experts.router_bias = materialise(backend_, weights_, source.router_bias);
-      for (const ExpertWeights& expert : source.experts) layer.experts.experts.push_back(load_swiglu(backend_, weights_, expert));
+      for (int64_t e = shard_.expert_begin; e < shard_.expert_end; ++e)
+        layer.experts.experts.push_back(load_swiglu(backend_, weights_, source.experts[static_cast<std::size_t>(e)]));
       backend_.prepare_moe(layer.experts);
     } else {
       require(source.mlp.has_value(), "model: dense layer {} has no mlp weights", i);
@@ -77,7 +134,7 @@ BeamModel::BeamModel(const BeamWeights& weights, Backend& backend) : weights_(we
 }
 
 void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) const {
-  const ModelConfig& config = weights_.config;
+  const ModelConfig& config = config_;
   const KvCacheLayout& layout = cache.layout;
   require(!batch.tokens.empty(), "forward batch: no tokens");
   require(!batch.sequences.empty(), "forward batch: no sequences");
@@ -226,7 +283,7 @@ void BeamModel::upload(StepInputs& inputs) const {
 }
 
 AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayout& layout) const {
-  const ModelConfig& config = weights_.config;
+  const ModelConfig& config = config_;
   AttentionParams params;
   params.num_heads = static_cast<int32_t>(config.num_attention_heads);
   params.num_kv_heads = static_cast<int32_t>(config.num_key_value_heads);
@@ -238,7 +295,7 @@ AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayo
 }
 
 Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
-  const ModelConfig& config = weights_.config;
+  const ModelConfig& config = config_;
   const KvCacheLayout& layout = cache.layout;
   const int64_t rows = inputs.rows;
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
@@ -248,24 +305,32 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   const AttentionBatch& attention_batch = inputs.attention;
   const std::vector<Tensor>& block_tables = inputs.block_tables;
   const Tensor& tokens = inputs.tokens;
+  // The experts of data-parallel ranks see every rank's rows, each rank's padded to the longest batch.
+  int64_t padded_rows = rows;
+  if (groups_ != nullptr && groups_->expert && groups_->config.data > 1)
+    padded_rows = groups_->data->all_reduce_max(rows);
   Tensor x = backend_.alloc(DType::F32, {rows, hidden});
-  Tensor h = backend_.alloc(DType::F32, {rows, hidden});
-  Tensor branch = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor h_rows = backend_.alloc(DType::F32, {padded_rows, hidden});
+  Tensor branch_rows = backend_.alloc(DType::F32, {padded_rows, hidden});
+  if (padded_rows > rows) backend_.fill_zero(h_rows);
+  Tensor h = padded_rows > rows ? h_rows.view(0, {rows, hidden}) : h_rows;
+  Tensor branch = padded_rows > rows ? branch_rows.view(0, {rows, hidden}) : branch_rows;
   Tensor q = backend_.alloc(DType::F32, {rows, heads * head_dim});
   Tensor attention = backend_.alloc(DType::F32, {rows, heads * head_dim});
   Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
-  Tensor expert_ids, expert_weights;
-  if (config.n_routed_experts > 0 && config.first_k_dense_replace < config.num_hidden_layers) {
-    expert_ids = backend_.alloc(DType::I32, {rows, config.num_experts_per_tok});
-    expert_weights = backend_.alloc(DType::F32, {rows, config.num_experts_per_tok});
-  }
-  const RouterParams router = router_params(config);
+  const bool first_stage = shard_.layer_begin == 0, last_stage = shard_.layer_end == config.num_hidden_layers;
 
-  backend_.embedding(embed_tokens_, tokens, x);
-  for (std::size_t i = 0; i < layers_.size(); ++i) {
+  if (first_stage) {
+    backend_.embedding(embed_tokens_, tokens, x);
+  } else {
+    groups_->pipeline->recv(x, groups_->at.pipeline - 1);
+  }
+  for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
+    const auto i = static_cast<std::size_t>(index);
     const Layer& layer = layers_[i];
-    if (i == 0) backend_.rms_norm(x, layer.input_norm, eps, h);  // later layers': fused into the previous residual add
+    // The shard's later layers get their input norm fused into the previous layer's residual add (below).
+    if (index == shard_.layer_begin) backend_.rms_norm(x, layer.input_norm, eps, h);
     const std::array<const LinearTensors*, 3> qkv_weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> qkv{&q, &k, &v};
     backend_.linear_many(h, qkv_weights, qkv);
@@ -282,25 +347,95 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
     backend_.write_kv(k, v, cache.pool, params.slot, table, attention_batch);
     backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
+    reduce_tensor_parallel(branch);
     backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
                                     layer.pre_feedforward_norm, h);
     if (layer.moe) {
-      backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
-      backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
+      moe_block(layer, h_rows, branch_rows, h, branch);
     } else {
       backend_.swiglu(h, layer.mlp, branch);
+      reduce_tensor_parallel(branch);
     }
-    if (i + 1 < layers_.size())
+    if (index + 1 < shard_.layer_end)
       backend_.add_rms_norm_then_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale,
                                       layers_[i + 1].input_norm, h);
     else
       backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
   }
 
-  Tensor logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});
-  backend_.lm_head(x, inputs.logit_rows, final_norm_, eps, lm_head_, static_cast<float>(config.final_logit_softcapping),
-                   logits);
+  Tensor logits;
+  if (!last_stage) {
+    groups_->pipeline->send(x, groups_->at.pipeline + 1);
+  } else {
+    Tensor local = backend_.alloc(DType::F32, {inputs.selected, shard_.vocab_size});
+    backend_.lm_head(x, inputs.logit_rows, final_norm_, eps, lm_head_,
+                     static_cast<float>(config.final_logit_softcapping), local);
+    logits = local;
+    if (shard_.vocab_size < config.vocab_size) {  // vocabulary-parallel: every rank gets the whole rows
+      logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});
+      groups_->tensor->all_gather_columns(local, logits);
+    }
+  }
+  // The first stage schedules and samples: the last sends it the logits.
+  if (groups_ != nullptr && groups_->config.pipeline > 1) {
+    if (last_stage) {
+      groups_->pipeline->send(logits, 0);
+    } else if (first_stage) {
+      logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});
+      groups_->pipeline->recv(logits, groups_->config.pipeline - 1);
+    }
+  }
   return logits;
+}
+
+void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,
+                          Tensor& branch) {
+  const RouterParams router = router_params(config_);
+  const int64_t top_k = config_.num_experts_per_tok;
+  if (groups_ == nullptr || !groups_->expert) {  // every expert here, whole or split by its intermediate
+    Tensor expert_ids = backend_.alloc(DType::I32, {h.dim(0), top_k});
+    Tensor expert_weights = backend_.alloc(DType::F32, {h.dim(0), top_k});
+    backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
+    backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
+    reduce_tensor_parallel(branch);
+    return;
+  }
+  // Expert parallelism: this rank's experts over the rows of every data-parallel rank (all-gather), each rank's
+  // partial sums added up over the tensor-parallel group (all-reduce) and handed back by data-parallel rank
+  // (reduce-scatter).
+  const int32_t data = groups_->config.data;
+  Tensor tokens = h, out = branch;
+  if (data > 1) {
+    tokens = backend_.alloc(DType::F32, {data * h_rows.dim(0), h_rows.dim(1)});
+    groups_->data->all_gather(h_rows, tokens);
+    out = backend_.alloc(DType::F32, tokens.shape());
+  }
+  Tensor expert_ids = backend_.alloc(DType::I32, {tokens.dim(0), top_k});
+  Tensor expert_weights = backend_.alloc(DType::F32, {tokens.dim(0), top_k});
+  backend_.route(tokens, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
+  keep_own_experts(expert_ids, expert_weights);
+  backend_.moe(tokens, expert_ids, expert_weights, layer.experts, out);
+  reduce_tensor_parallel(out);
+  if (data > 1) groups_->data->reduce_scatter_sum(out, branch_rows);
+}
+
+void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const {
+  std::vector<int32_t> ids = backend_.download_i32(expert_ids);
+  std::vector<float> weights = backend_.download_f32(expert_weights);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= shard_.expert_begin && ids[i] < shard_.expert_end) {
+      ids[i] -= static_cast<int32_t>(shard_.expert_begin);
+    } else {
+      ids[i] = 0;
+      weights[i] = 0.0f;
+    }
+  }
+  backend_.copy_to(expert_ids, ids.data());
+  backend_.copy_to(expert_weights, weights.data());
+}
+
+void BeamModel::reduce_tensor_parallel(Tensor& tensor) const {
+  if (groups_ != nullptr && groups_->config.tensor > 1) groups_->tensor->all_reduce_sum(tensor);
 }
 
 }  // namespace beamline

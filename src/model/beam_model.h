@@ -5,8 +5,10 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/model_shard.h"
 #include "model/weights.h"
 #include "kv/kv_cache_layout.h"
+#include "parallel/parallel_groups.h"
 
 namespace beamline {
 
@@ -25,8 +27,16 @@ class BeamModel {
   // Hands every weight to the backend once (load_weight / prepare_moe). Keeps a copy of `weights` (and so its
   // mappings) alive; `backend` must outlive the model.
   BeamModel(const BeamWeights& weights, Backend& backend);
+  // One rank of a distributed model (docs/parallel.md): `weights` are this rank's shard (checkpoint/shard_weights.h)
+  // and `groups` (which must outlive the model) its communicators. forward() is then collective over the groups: every
+  // rank runs the same batches in the same order (the data-parallel ranks their own batches, step for step). Its
+  // logits come back on the first pipeline stage (and the last); other stages get an undefined tensor.
+  BeamModel(const BeamWeights& weights, Backend& backend, const ModelShard& shard, ParallelGroups* groups);
 
-  const ModelConfig& config() const { return weights_.config; }
+  // The config as this rank computes it: num_attention_heads and num_key_value_heads are its own heads (what its KV
+  // cache holds); everything else is the model's.
+  const ModelConfig& config() const { return config_; }
+  const ModelShard& shard() const { return shard_; }
   Backend& backend() const { return backend_; }
 
   // One step over a varlen batch: writes the K/V of every new token into `cache` (through the batch's block
@@ -77,7 +87,18 @@ class BeamModel {
     MoeTensors experts; // MoE layers
   };
 
+  // The MoE block of one layer: routed experts over h into branch, with the collectives of the parallel layout.
+  // `h_rows`/`branch_rows` are h and branch padded to the largest batch of the data-parallel group.
+  void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch);
+  // Keeps the choices of this rank's experts, renumbered from 0; the others get weight 0 (expert parallelism).
+  void keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const;
+  // tensor = its sum over the tensor-parallel group (row-parallel projections' partial sums).
+  void reduce_tensor_parallel(Tensor& tensor) const;
+
   BeamWeights weights_;
+  ModelConfig config_;
+  ModelShard shard_;
+  ParallelGroups* groups_ = nullptr;
   Backend& backend_;
   Tensor embed_tokens_, final_norm_;
   LinearTensors lm_head_;

@@ -5,16 +5,45 @@
 
 #include "backend/registry.h"
 #include "checkpoint/drafter_checkpoint.h"
+#include "checkpoint/shard_weights.h"
+#include "runner/step_message.h"
 #include "util/error.h"
 
 namespace beamline {
 
 BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config)
     : backend_(create_backend(device)) {
+  load(weights, config);
+}
+
+BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config,
+                                 MpiWorld& world, const ParallelConfig& parallel) {
+  if (device != "cpu") world.use_local_gpu();
+  backend_ = create_backend(device);
+  groups_ = make_parallel_groups(world, parallel, *backend_);
+  load(weights, config);
+}
+
+BeamModelRunner::~BeamModelRunner() {
+  if (groups_ == nullptr || groups_->world_rank != 0 || !failure_.empty()) return;
+  try {
+    std::vector<std::byte> stop = encode_step_message(nullptr);
+    groups_->world->broadcast_bytes(stop, 0);
+  } catch (const std::exception& error) {
+    spdlog::error("telling the other ranks to stop: {}", error.what());
+  }
+}
+
+void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& config) {
   config.validate();
   backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
   const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
-  model_ = std::make_unique<BeamModel>(weights, *backend_);
+  if (groups_ != nullptr) {
+    const ModelShard shard = model_shard(weights.config, groups_->config, groups_->at);
+    model_ = std::make_unique<BeamModel>(shard_weights(weights, shard), *backend_, shard, groups_.get());
+  } else {
+    model_ = std::make_unique<BeamModel>(weights, *backend_);
+  }
   const ModelConfig& model_config = model_->config();
   if (config.speculative.method == SpeculativeMethod::DFlash) {
     // Checked in full first, so that a drafter that does not fit is named as such.
@@ -41,7 +70,9 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
     const int64_t used = memory ? memory->used_bytes + kDeviceActivationHeadroomBytes : 0;
     budget = kv_cache_budget_bytes(config, memory ? memory->total_bytes : 0, used);
   }
-  const int64_t num_blocks = budget / bytes_per_block_;
+  int64_t num_blocks = budget / bytes_per_block_;
+  // Rank 0 schedules blocks that every rank must have.
+  if (groups_ != nullptr) num_blocks = groups_->world->all_reduce_min(num_blocks);
   require(num_blocks >= 1 && num_blocks <= INT32_MAX,
           "a KV budget of {} bytes gives {} blocks of {} bytes; set --kv-cache-memory or --gpu-memory-utilization",
           budget, num_blocks, bytes_per_block_);
@@ -52,7 +83,8 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
                static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
                backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
-  if (backend_->supports_graphs() && !config.enforce_eager) {
+  // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
+  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
@@ -61,8 +93,51 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
 }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
+  if (groups_ != nullptr) return sampler_->step(launch_distributed(batch), batch.logit_rows.size());
   const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler_->deferred_source();
   return sampler_->step(forward(batch, token_source), batch.logit_rows.size());
+}
+
+Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
+  require(failure_.empty(), "the distributed model stopped after an earlier failure: {}", failure_);
+  // The other ranks have no copy of the tokens sampled on this device: they travel in the plan.
+  ForwardBatch plan = batch;
+  if (!plan.deferred_tokens.empty()) {
+    const std::vector<int32_t> sampled = backend_->download_i32(sampler_->deferred_source());
+    for (const DeferredToken& deferred : plan.deferred_tokens) {
+      require(deferred.source >= 0 && deferred.source < static_cast<int32_t>(sampled.size()) && deferred.row >= 0 &&
+                  deferred.row < static_cast<int32_t>(plan.tokens.size()),
+              "forward batch: deferred token (row {}, source {}) is outside the {} rows or the {} sampled tokens",
+              deferred.row, deferred.source, plan.tokens.size(), sampled.size());
+      plan.tokens[static_cast<std::size_t>(deferred.row)] = sampled[static_cast<std::size_t>(deferred.source)];
+    }
+    plan.deferred_tokens.clear();
+  }
+  ForwardBatch checked = plan;  // forward() asks a step of prompt chunks only for one row it drops; so does the check
+  if (checked.logit_rows.empty() && !checked.tokens.empty())
+    checked.logit_rows.push_back(static_cast<int32_t>(checked.tokens.size()) - 1);
+  model_->validate(checked, *cache_, {});
+  try {
+    std::vector<std::byte> message = encode_step_message(&plan);
+    groups_->world->broadcast_bytes(message, 0);
+    return forward(plan, {});
+  } catch (const std::exception& error) {
+    // A batch refused before the broadcast (above) leaves the ranks in step; a failure from here on does not.
+    failure_ = error.what();
+    if (failure_handler_) failure_handler_(failure_);
+    throw;
+  }
+}
+
+void BeamModelRunner::follow() {
+  require(groups_ != nullptr && groups_->world_rank != 0, "follow() is for the ranks other than 0");
+  for (;;) {
+    std::vector<std::byte> message;
+    groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
+    const std::optional<ForwardBatch> batch = decode_step_message(message);
+    if (!batch) return;
+    forward(*batch, {});
+  }
 }
 
 Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source) {

@@ -3,7 +3,9 @@
 // memory flags (once, at start-up) and runs batched steps through it: the forward pass (a recorded decode graph where
 // one fits) and sampling on the same backend (runner/step_sampler.h).
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "backend/backend.h"
@@ -11,6 +13,9 @@
 #include "engine/model_runner.h"
 #include "model/beam_model.h"
 #include "model/weights.h"
+#include "parallel/mpi_world.h"
+#include "parallel/parallel_config.h"
+#include "parallel/parallel_groups.h"
 #include "runner/decode_graphs.h"
 #include "runner/kv_cache.h"
 #include "runner/step_sampler.h"
@@ -24,6 +29,18 @@ class BeamModelRunner : public ModelRunner {
   // `weights` come from a checkpoint or are random (dummy_weights, --load-format dummy). The compute and KV
   // dtypes are the config's --dtype and --kv-cache-dtype.
   BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config);
+  // One rank of a distributed model (docs/parallel.md): loads this rank's shard of `weights` on the GPU of its local
+  // rank, sizes the KV pool to the smallest of all ranks', and runs the steps collectively. Rank 0 is the ModelRunner
+  // the engine drives: launch() broadcasts each step's batch first. Every other rank calls follow().
+  BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config, MpiWorld& world,
+                  const ParallelConfig& parallel);
+  ~BeamModelRunner() override;  // rank 0 of a distributed run tells the others to stop
+
+  // Ranks other than 0: runs the steps that rank 0 broadcasts until it stops. Throws Error when a step fails.
+  void follow();
+  // Rank 0: called (on the engine thread) with the cause when a distributed step fails. After that the ranks are out
+  // of step, every later launch fails at once, and the caller should stop.
+  void on_distributed_failure(std::function<void(const std::string&)> handler) { failure_handler_ = std::move(handler); }
 
   int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }
   const KvCacheLayout& kv_layout() const override { return cache_->layout(); }
@@ -38,7 +55,15 @@ class BeamModelRunner : public ModelRunner {
   // The logits of batch.logit_rows (undefined when there are none); `token_source` feeds batch.deferred_tokens.
   Tensor forward(const ForwardBatch& batch, const Tensor& token_source);
 
+  // The model, its KV pool, graphs and sampler, once the backend (and, distributed, the groups) exist.
+  void load(const BeamWeights& weights, const EngineConfig& config);
+  // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it.
+  Tensor launch_distributed(const ForwardBatch& batch);
+
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<ParallelGroups> groups_;  // null on one process
+  std::function<void(const std::string&)> failure_handler_;
+  std::string failure_;                     // the first distributed failure, after which launch refuses
   std::unique_ptr<BeamModel> model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs

@@ -41,6 +41,7 @@ std::vector<float> SequenceRunner::step(std::span<const int32_t> tokens, bool al
   }
   const Tensor logits = model_.forward(batch, cache_);
   length_ += count;
+  if (!logits.defined()) return {};  // a middle pipeline stage of a distributed model
   return model_.backend().download_f32(logits);
 }
 

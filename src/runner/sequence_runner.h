@@ -17,7 +17,8 @@ class SequenceRunner {
   SequenceRunner(BeamModel& model, int64_t max_len, int64_t max_step, DType kv_dtype = DType::F32);
 
   // Feeds `tokens` after the ones fed so far (one prefill or decode step) and returns, row-major, the
-  // logits [n, vocab] of every new position when all_positions, else of the last one only ([1, vocab]).
+  // logits [n, vocab] of every new position when all_positions, else of the last one only ([1, vocab]); none on a
+  // middle pipeline stage of a distributed model.
   std::vector<float> step(std::span<const int32_t> tokens, bool all_positions);
 
   int64_t length() const { return length_; }

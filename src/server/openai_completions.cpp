@@ -8,6 +8,7 @@
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 namespace beamline::server {
 
@@ -153,6 +154,13 @@ CompletionPlan plan_completion(const Json& body, const ServingContext& context) 
                            context.generation_config);
   plan.request.detokenize = true;
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  plan.request.grammar = completion_grammar(body, context);
+  // The grammar's end (eos) stops the output even with ignore_eos: what follows could not be in the grammar.
+  if (plan.request.grammar) {
+    std::vector<TokenId>& stops = plan.request.sampling.stop_token_ids;
+    for (TokenId eos : plan.request.grammar->stop_tokens())
+      if (std::find(stops.begin(), stops.end(), eos) == stops.end()) stops.push_back(eos);
+  }
   return plan;
 }
 

@@ -1,5 +1,7 @@
 #include "server/openai_logprobs.h"
 
+#include <algorithm>
+
 namespace beamline::server {
 
 namespace {
@@ -9,6 +11,9 @@ Json token_bytes_json(const Tokenizer& tokenizer, TokenId id) {
   for (char byte : tokenizer.token_bytes(id)) bytes.push_back(static_cast<unsigned char>(byte));
   return bytes;
 }
+
+// A token the grammar masked has logprob -inf, which JSON cannot hold (nlohmann writes null): vLLM's -9999.0 instead.
+double json_logprob(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
 
 }  // namespace
 
@@ -20,10 +25,10 @@ Json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogpr
     Json top = Json::array();
     for (const auto& [token, logprob] : entry.top) {
       top.push_back(
-          {{"token", token_text(tokenizer, token)}, {"logprob", logprob}, {"bytes", token_bytes_json(tokenizer, token)}});
+          {{"token", token_text(tokenizer, token)}, {"logprob", json_logprob(logprob)}, {"bytes", token_bytes_json(tokenizer, token)}});
     }
     content.push_back({{"token", token_text(tokenizer, entry.token)},
-                       {"logprob", entry.logprob},
+                       {"logprob", json_logprob(entry.logprob)},
                        {"bytes", token_bytes_json(tokenizer, entry.token)},
                        {"top_logprobs", std::move(top)}});
   }
@@ -37,9 +42,9 @@ Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<Toke
   for (const TokenLogprob& entry : logprobs) {
     const std::string text = token_text(tokenizer, entry.token);
     tokens.push_back(text);
-    token_logprobs.push_back(entry.logprob);
+    token_logprobs.push_back(json_logprob(entry.logprob));
     Json top = Json::object();
-    for (const auto& [token, logprob] : entry.top) top[token_text(tokenizer, token)] = logprob;
+    for (const auto& [token, logprob] : entry.top) top[token_text(tokenizer, token)] = json_logprob(logprob);
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset);
     offset += text.size();

@@ -1,0 +1,253 @@
+#include "parallel/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+// The NCCL functions beamline calls, resolved from libnccl.so.2 once, with the types of the toolkit's nccl.h.
+struct NcclLibrary {
+  decltype(&ncclGetUniqueId) get_unique_id;
+  decltype(&ncclCommInitRankConfig) init_rank_config;
+  decltype(&ncclCommDestroy) destroy;
+  decltype(&ncclCommAbort) abort;
+  decltype(&ncclCommGetAsyncError) async_error;
+  decltype(&ncclGetErrorString) error_string;
+  decltype(&ncclAllReduce) all_reduce;
+  decltype(&ncclAllGather) all_gather;
+  decltype(&ncclReduceScatter) reduce_scatter;
+  decltype(&ncclBroadcast) broadcast;
+  decltype(&ncclSend) send;
+  decltype(&ncclRecv) recv;
+  decltype(&ncclGroupStart) group_start;
+  decltype(&ncclGroupEnd) group_end;
+
+  static const NcclLibrary& get() {
+    static const NcclLibrary library = load();
+    return library;
+  }
+
+ private:
+  static NcclLibrary load() {
+    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    require(handle != nullptr, "NCCL is needed for more than one GPU and libnccl.so.2 could not be loaded: {}",
+            dlerror());
+    auto symbol = [handle](const char* name) {
+      void* address = dlsym(handle, name);
+      require(address != nullptr, "libnccl.so.2 has no {}", name);
+      return address;
+    };
+    NcclLibrary l;
+    l.get_unique_id = reinterpret_cast<decltype(l.get_unique_id)>(symbol("ncclGetUniqueId"));
+    l.init_rank_config = reinterpret_cast<decltype(l.init_rank_config)>(symbol("ncclCommInitRankConfig"));
+    l.destroy = reinterpret_cast<decltype(l.destroy)>(symbol("ncclCommDestroy"));
+    l.abort = reinterpret_cast<decltype(l.abort)>(symbol("ncclCommAbort"));
+    l.async_error = reinterpret_cast<decltype(l.async_error)>(symbol("ncclCommGetAsyncError"));
+    l.error_string = reinterpret_cast<decltype(l.error_string)>(symbol("ncclGetErrorString"));
+    l.all_reduce = reinterpret_cast<decltype(l.all_reduce)>(symbol("ncclAllReduce"));
+    l.all_gather = reinterpret_cast<decltype(l.all_gather)>(symbol("ncclAllGather"));
+    l.reduce_scatter = reinterpret_cast<decltype(l.reduce_scatter)>(symbol("ncclReduceScatter"));
+    l.broadcast = reinterpret_cast<decltype(l.broadcast)>(symbol("ncclBroadcast"));
+    l.send = reinterpret_cast<decltype(l.send)>(symbol("ncclSend"));
+    l.recv = reinterpret_cast<decltype(l.recv)>(symbol("ncclRecv"));
+    l.group_start = reinterpret_cast<decltype(l.group_start)>(symbol("ncclGroupStart"));
+    l.group_end = reinterpret_cast<decltype(l.group_end)>(symbol("ncclGroupEnd"));
+    return l;
+  }
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::unique_ptr<Communicator> host, Backend& backend, double timeout_seconds)
+      : host_(std::move(host)), backend_(backend), nccl_(NcclLibrary::get()), timeout_seconds_(timeout_seconds) {
+    ncclUniqueId id{};
+    if (host_->rank() == 0) check(nccl_.get_unique_id(&id), "ncclGetUniqueId");
+    std::vector<std::byte> bytes(sizeof id);
+    std::memcpy(bytes.data(), &id, sizeof id);
+    host_->broadcast_bytes(bytes, 0);
+    std::memcpy(&id, bytes.data(), sizeof id);
+    require(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess, "{}: cudaStreamCreate failed",
+            host_->name());
+    // Nonblocking initialisation, polled like every op, so that a peer that never joins is a timeout.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t result = nccl_.init_rank_config(&comm_, host_->size(), id, host_->rank(), &config);
+    if (result != ncclInProgress) check(result, "ncclCommInitRankConfig");
+    wait_comm("ncclCommInitRank");
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) (aborted_ ? nccl_.abort : nccl_.destroy)(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  int32_t rank() const override { return host_->rank(); }
+  int32_t size() const override { return host_->size(); }
+  const std::string& name() const override { return host_->name(); }
+
+  void all_reduce_sum(Tensor& tensor) override {
+    require_device(tensor, "all_reduce_sum", true);
+    run("all_reduce_sum", [&] {
+      return nccl_.all_reduce(tensor.raw(), tensor.raw(), static_cast<std::size_t>(tensor.numel()), ncclFloat32,
+                              ncclSum, comm_, stream_);
+    });
+  }
+
+  void all_gather(const Tensor& in, Tensor& out) override {
+    require_device(in, "all_gather", false);
+    require_device(out, "all_gather", false);
+    require(out.nbytes() == in.nbytes() * static_cast<std::size_t>(size()), "all_gather in the {}: out {} is not {} x in {}",
+            name(), describe(out), size(), describe(in));
+    run("all_gather", [&] { return nccl_.all_gather(in.raw(), out.raw(), in.nbytes(), ncclUint8, comm_, stream_); });
+  }
+
+  void all_gather_columns(const Tensor& in, Tensor& out) override {
+    require(in.rank() == 2 && out.rank() == 2 && out.dim(0) == in.dim(0) && out.dim(1) == in.dim(1) * size() &&
+                in.dtype() == out.dtype(),
+            "all_gather_columns in the {}: out {} is not in {} with {} times the columns", name(), describe(out),
+            describe(in), size());
+    Tensor blocks = backend_.alloc(in.dtype(), {size(), in.dim(0), in.dim(1)});
+    all_gather(in, blocks);
+    const std::size_t row_bytes = static_cast<std::size_t>(in.dim(1)) * dtype_size(in.dtype());
+    for (int32_t p = 0; p < size(); ++p)
+      cuda_check(cudaMemcpy2DAsync(out.raw() + p * row_bytes, row_bytes * static_cast<std::size_t>(size()),
+                                   blocks.raw() + static_cast<std::size_t>(p) * in.nbytes(), row_bytes, row_bytes,
+                                   static_cast<std::size_t>(in.dim(0)), cudaMemcpyDeviceToDevice, stream_),
+                 "all_gather_columns");
+    wait_stream("all_gather_columns");
+  }
+
+  void reduce_scatter_sum(const Tensor& in, Tensor& out) override {
+    require_device(in, "reduce_scatter_sum", true);
+    require_device(out, "reduce_scatter_sum", true);
+    require(in.numel() == out.numel() * size(), "reduce_scatter_sum in the {}: in {} is not {} x out {}", name(),
+            describe(in), size(), describe(out));
+    run("reduce_scatter_sum", [&] {
+      return nccl_.reduce_scatter(in.raw(), out.raw(), static_cast<std::size_t>(out.numel()), ncclFloat32, ncclSum,
+                                  comm_, stream_);
+    });
+  }
+
+  void all_to_all(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                  std::span<const int64_t> recv_counts) override {
+    require_device(in, "all_to_all", false);
+    require_device(out, "all_to_all", false);
+    require(send_counts.size() == static_cast<std::size_t>(size()) && recv_counts.size() == send_counts.size(),
+            "all_to_all in the {}: {} send and {} receive counts for {} ranks", name(), send_counts.size(),
+            recv_counts.size(), size());
+    const std::size_t element = dtype_size(in.dtype());
+    run("all_to_all", [&] {
+      ncclResult_t result = nccl_.group_start();
+      std::size_t sent = 0, received = 0;
+      for (int32_t p = 0; p < size() && result == ncclSuccess; ++p) {
+        const auto send_bytes = static_cast<std::size_t>(send_counts[p]) * element;
+        const auto recv_bytes = static_cast<std::size_t>(recv_counts[p]) * element;
+        result = nccl_.send(in.raw() + sent, send_bytes, ncclUint8, p, comm_, stream_);
+        if (result == ncclSuccess) result = nccl_.recv(out.raw() + received, recv_bytes, ncclUint8, p, comm_, stream_);
+        sent += send_bytes;
+        received += recv_bytes;
+      }
+      const ncclResult_t end = nccl_.group_end();
+      return result != ncclSuccess ? result : end;
+    });
+  }
+
+  void broadcast(Tensor& tensor, int32_t root) override {
+    require_device(tensor, "broadcast", false);
+    run("broadcast", [&] {
+      return nccl_.broadcast(tensor.raw(), tensor.raw(), tensor.nbytes(), ncclUint8, root, comm_, stream_);
+    });
+  }
+
+  void send(const Tensor& tensor, int32_t peer) override {
+    require_device(tensor, "send", false);
+    run("send", [&] { return nccl_.send(tensor.raw(), tensor.nbytes(), ncclUint8, peer, comm_, stream_); });
+  }
+
+  void recv(Tensor& tensor, int32_t peer) override {
+    require_device(tensor, "recv", false);
+    run("recv", [&] { return nccl_.recv(tensor.raw(), tensor.nbytes(), ncclUint8, peer, comm_, stream_); });
+  }
+
+  void barrier() override { host_->barrier(); }
+  void broadcast_bytes(std::vector<std::byte>& bytes, int32_t root, bool wait_forever) override {
+    host_->broadcast_bytes(bytes, root, wait_forever);
+  }
+  int64_t all_reduce_max(int64_t value) override { return host_->all_reduce_max(value); }
+
+ private:
+  void require_device(const Tensor& tensor, const char* op, bool f32) const {
+    require(tensor.defined() && tensor.device() == Device::Cuda && (!f32 || tensor.dtype() == DType::F32),
+            "{} in the {}: {} must be a{} CUDA tensor", op, name(), describe(tensor), f32 ? "n F32" : "");
+  }
+  void check(ncclResult_t result, const char* what) const {
+    require(result == ncclSuccess, "{} in the {}: {}", what, name(), nccl_.error_string(result));
+  }
+  void cuda_check(cudaError_t result, const char* what) const {
+    require(result == cudaSuccess, "{} in the {}: {}", what, name(), cudaGetErrorString(result));
+  }
+  // The backend's queued work first (its stream is its own), then the op on ours, then the wait.
+  template <typename Launch>
+  void run(const char* op, Launch launch) {
+    backend_.synchronize();
+    const ncclResult_t result = launch();
+    if (result != ncclInProgress) check(result, op);
+    wait_stream(op);
+  }
+  void wait_comm(const char* op) {
+    poll(op, [&] {
+      ncclResult_t state = ncclSuccess;
+      check(nccl_.async_error(comm_, &state), op);
+      if (state != ncclInProgress) check(state, op);
+      return state == ncclSuccess;
+    });
+  }
+  void wait_stream(const char* op) {
+    poll(op, [&] {
+      ncclResult_t state = ncclSuccess;
+      check(nccl_.async_error(comm_, &state), op);
+      if (state != ncclInProgress) check(state, op);
+      const cudaError_t query = cudaStreamQuery(stream_);
+      if (query != cudaErrorNotReady) cuda_check(query, op);
+      return query == cudaSuccess;
+    });
+  }
+  template <typename Done>
+  void poll(const char* op, Done done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds_);
+    for (int polls = 0; !done(); ++polls) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        aborted_ = true;
+        fail("{} in the {}: no answer within --distributed-timeout-seconds {} (a peer is dead, stuck, or running "
+             "another step)",
+             op, name(), timeout_seconds_);
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  std::unique_ptr<Communicator> host_;
+  Backend& backend_;
+  const NcclLibrary& nccl_;
+  double timeout_seconds_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host, Backend& backend,
+                                                     double timeout_seconds) {
+  return std::make_unique<NcclCommunicator>(std::move(host), backend, timeout_seconds);
+}
+
+}  // namespace beamline

@@ -1,0 +1,93 @@
+#include "runner/step_message.h"
+
+#include <cstring>
+
+#include "util/error.h"
+
+namespace beamline {
+namespace {
+
+constexpr int32_t kStep = 1, kStop = 2;
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  int32_t next() {
+    require(at_ + sizeof(int32_t) <= bytes_.size(), "step message: truncated at byte {} of {}", at_, bytes_.size());
+    int32_t value = 0;
+    std::memcpy(&value, bytes_.data() + at_, sizeof value);
+    at_ += sizeof value;
+    return value;
+  }
+  std::vector<int32_t> list() {
+    const int32_t count = next();
+    require(count >= 0 && static_cast<std::size_t>(count) * sizeof(int32_t) <= bytes_.size() - at_,
+            "step message: a list of {} words at byte {} overruns the {} bytes", count, at_, bytes_.size());
+    std::vector<int32_t> values(static_cast<std::size_t>(count));
+    std::memcpy(values.data(), bytes_.data() + at_, values.size() * sizeof(int32_t));
+    at_ += values.size() * sizeof(int32_t);
+    return values;
+  }
+  bool done() const { return at_ == bytes_.size(); }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::byte> encode_step_message(const ForwardBatch* batch) {
+  std::vector<int32_t> words{batch == nullptr ? kStop : kStep};
+  if (batch != nullptr) {
+    auto list = [&](const std::vector<int32_t>& values) {
+      words.push_back(static_cast<int32_t>(values.size()));
+      words.insert(words.end(), values.begin(), values.end());
+    };
+    list(batch->tokens);
+    words.push_back(static_cast<int32_t>(batch->sequences.size()));
+    for (const SequenceSlice& sequence : batch->sequences) {
+      words.insert(words.end(), {sequence.token_begin, sequence.token_end, sequence.context_begin,
+                                 static_cast<int32_t>(sequence.block_tables.size())});
+      for (const std::vector<int32_t>& table : sequence.block_tables) list(table);
+    }
+    list(batch->logit_rows);
+    words.push_back(static_cast<int32_t>(batch->deferred_tokens.size()));
+    for (const DeferredToken& deferred : batch->deferred_tokens) words.insert(words.end(), {deferred.row, deferred.source});
+  }
+  std::vector<std::byte> bytes(words.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
+
+std::optional<ForwardBatch> decode_step_message(std::span<const std::byte> bytes) {
+  Reader reader(bytes);
+  const int32_t kind = reader.next();
+  require(kind == kStep || kind == kStop, "step message: unknown kind {}", kind);
+  if (kind == kStop) return std::nullopt;
+  ForwardBatch batch;
+  batch.tokens = reader.list();
+  const int32_t sequences = reader.next();
+  require(sequences >= 0, "step message: {} sequences", sequences);
+  for (int32_t s = 0; s < sequences; ++s) {
+    SequenceSlice sequence;
+    sequence.token_begin = reader.next();
+    sequence.token_end = reader.next();
+    sequence.context_begin = reader.next();
+    const int32_t groups = reader.next();
+    require(groups >= 0, "step message: sequence {} has {} block tables", s, groups);
+    for (int32_t g = 0; g < groups; ++g) sequence.block_tables.push_back(reader.list());
+    batch.sequences.push_back(std::move(sequence));
+  }
+  batch.logit_rows = reader.list();
+  const int32_t deferred = reader.next();
+  require(deferred >= 0, "step message: {} deferred tokens", deferred);
+  for (int32_t d = 0; d < deferred; ++d) {
+    const int32_t row = reader.next();
+    batch.deferred_tokens.push_back({row, reader.next()});
+  }
+  require(reader.done(), "step message: bytes left after the batch");
+  return batch;
+}
+
+}  // namespace beamline
