@@ -52,6 +52,12 @@ void Backend::linear_many(const Tensor& x, std::span<const LinearTensors* const>
   for (std::size_t i = 0; i < weights.size(); ++i) linear(x, *weights[i], *ys[i]);
 }
 
+void Backend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                                     const Tensor& next_weight, Tensor& out) {
+  add_rms_norm(residual, y, weight, eps, scale);
+  rms_norm(residual, next_weight, eps, out);
+}
+
 Tensor Backend::upload_f32(std::span<const float> host, std::vector<int64_t> shape) {
   Tensor tensor = upload(host.data(), DType::F32, std::move(shape));
   require(static_cast<std::size_t>(tensor.numel()) == host.size(), "upload_f32: {} values for shape {}",

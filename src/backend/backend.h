@@ -193,6 +193,11 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // residual += scale * rms(y, weight), per row (the sandwich-norm residual add). residual, y [T, H].
   virtual void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) = 0;
+  // add_rms_norm(residual, y, weight, eps, scale) then out = rms(residual, next_weight): a sandwich norm's residual
+  // add and the next sub-layer's input norm, one op so that a device backend can do both in one pass over the row.
+  // Default: the two ops.
+  virtual void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                                      const Tensor& next_weight, Tensor& out);
   // y = x Wᵀ. x [T, in] F32, weight [out, in], y [T, out] F32.
   virtual void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) = 0;
   // ys[i] = x weights[i]ᵀ for weights of one input width (q, k and v of a layer): one op, so that a device backend

@@ -329,7 +329,8 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
     const auto i = static_cast<std::size_t>(index);
     const Layer& layer = layers_[i];
-    backend_.rms_norm(x, layer.input_norm, eps, h);
+    // The shard's later layers get their input norm fused into the previous layer's residual add (below).
+    if (index == shard_.layer_begin) backend_.rms_norm(x, layer.input_norm, eps, h);
     const std::array<const LinearTensors*, 3> qkv_weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> qkv{&q, &k, &v};
     backend_.linear_many(h, qkv_weights, qkv);
@@ -347,16 +348,19 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
     backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
     reduce_tensor_parallel(branch);
-    backend_.add_rms_norm(x, branch, layer.post_attention_norm, eps, residual_scale);
-
-    backend_.rms_norm(x, layer.pre_feedforward_norm, eps, h);
+    backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
+                                    layer.pre_feedforward_norm, h);
     if (layer.moe) {
       moe_block(layer, h_rows, branch_rows, h, branch);
     } else {
       backend_.swiglu(h, layer.mlp, branch);
       reduce_tensor_parallel(branch);
     }
-    backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+    if (index + 1 < shard_.layer_end)
+      backend_.add_rms_norm_then_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale,
+                                      layers_[i + 1].input_norm, h);
+    else
+      backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
   }
 
   Tensor logits;

@@ -112,8 +112,7 @@ void run_perf(const PerfOptions& options) {
         backend.write_kv(k, v, pool, 0, block_table, attention_batch);
         backend.paged_attention(q, pool, block_table, attention_batch, params, attention);
         backend.linear(attention, o_proj, branch);
-        backend.add_rms_norm(x, branch, post_attention_norm, eps, residual_scale);
-        backend.rms_norm(x, pre_feedforward_norm, eps, h);
+        backend.add_rms_norm_then_norm(x, branch, post_attention_norm, eps, residual_scale, pre_feedforward_norm, h);
         if (timed) check(cudaEventRecord(marks[1], backend.stream()), "cudaEventRecord");
         backend.route(h, moe.router, moe.router_bias, router, ids, weights);
         backend.moe(h, ids, weights, moe, branch);

@@ -37,6 +37,8 @@ void test_route(Harness& harness) {
     const char* what;
   };
   const std::vector<Case> cases{{1, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0 decode"},
+                                {5, 5120, 256, {8, 4, 8, true, 2.5f}, true, "beam-1.0 decode, 5 rows, exact ties"},
+                                {3, 98, 16, {4, 2, 3, true, 1.0f}, false, "decode rows, hidden not a multiple of 4"},
                                 {64, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0"},
                                 {33, 64, 8, {4, 2, 2, true, 2.5f}, false, "tiny"},
                                 {17, 96, 24, {3, 2, 5, false, 1.0f}, false, "odd, unnormalised"},

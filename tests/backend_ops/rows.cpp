@@ -13,7 +13,7 @@
 namespace beamline::backend_ops {
 
 void test_embedding(Harness& harness) {
-  for (auto [vocab, hidden, dtype] : {std::tuple{997L, 5120L, DType::BF16}, {1000L, 67L, DType::F32}}) {
+  for (auto [vocab, hidden, dtype] : {std::tuple{997L, 5120L, DType::BF16}, {1000L, 67L, DType::F32}, {50L, 9000L, DType::BF16}}) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t rows = 37;
     auto table = harness.random_weight(dtype, {vocab, hidden}, 1.0f);
@@ -58,7 +58,7 @@ void test_place_tokens(Harness& harness) {
 }
 
 void test_norms(Harness& harness) {
-  for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}}) {
+  for (auto [rows, hidden] : {std::pair{1L, 5120L}, {64L, 5120L}, {7L, 1000L}, {3L, 64L}, {2L, 9000L}}) {
     const auto start = std::chrono::steady_clock::now();
     auto weight = harness.random_weight(DType::BF16, {hidden}, 1.0f);
     auto x = harness.f32(harness.inputs().uniform(rows * hidden, 3.0f), {rows, hidden});
@@ -72,11 +72,22 @@ void test_norms(Harness& harness) {
     harness.reference().add_rms_norm(residual.reference, x.reference, weight.reference, 1e-6f, 0.098f);
     harness.record("add_rms_norm", fmt::format("T {} H {} scale 0.098", rows, hidden), residual, kF32Tolerance,
                    seconds_since(start));
+
+    auto next_weight = harness.random_weight(DType::BF16, {hidden}, 1.0f);
+    auto normed = harness.poisoned(DType::F32, {rows, hidden});
+    harness.device().add_rms_norm_then_norm(residual.device, x.device, weight.device, 1e-6f, 0.098f,
+                                            next_weight.device, normed.device);
+    harness.reference().add_rms_norm_then_norm(residual.reference, x.reference, weight.reference, 1e-6f, 0.098f,
+                                               next_weight.reference, normed.reference);
+    harness.record("add_rms_norm_then_norm", fmt::format("T {} H {} residual", rows, hidden), residual, kF32Tolerance,
+                   seconds_since(start));
+    harness.record("add_rms_norm_then_norm", fmt::format("T {} H {} next norm", rows, hidden), normed, kF32Tolerance,
+                   seconds_since(start));
   }
 }
 
 void test_rope_ssmax(Harness& harness) {
-  for (auto [heads, dim] : {std::pair{48, 128}, {8, 128}, {3, 16}}) {
+  for (auto [heads, dim] : {std::pair{48, 128}, {8, 128}, {3, 16}, {80, 128}}) {
     const auto start = std::chrono::steady_clock::now();
     const int64_t rows = 37;
     std::vector<int32_t> positions(rows);

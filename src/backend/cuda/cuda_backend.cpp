@@ -15,6 +15,7 @@
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
+#include "backend/cuda/moe/router_gemv.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
@@ -645,6 +646,28 @@ void CudaBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& 
                "add_rms_norm");
 }
 
+void CudaBackend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps,
+                                         float scale, const Tensor& next_weight, Tensor& out) {
+  const auto timing = time_op("add_rms_norm_then_norm");
+  require_device(residual, "add_rms_norm_then_norm", "residual");
+  require(residual.rank() == 2, "add_rms_norm_then_norm: residual must be [T, H], got {}", describe(residual));
+  const int64_t rows = residual.dim(0), hidden = residual.dim(1);
+  require_float_weight(weight, "add_rms_norm_then_norm", "weight");
+  require_shape(weight, {hidden}, "add_rms_norm_then_norm", "weight");
+  require_float_weight(next_weight, "add_rms_norm_then_norm", "next_weight");
+  require_shape(next_weight, {hidden}, "add_rms_norm_then_norm", "next_weight");
+  if (next_weight.dtype() != weight.dtype()) {  // the fused kernel reads both weights as one type
+    Backend::add_rms_norm_then_norm(residual, y, weight, eps, scale, next_weight, out);
+    return;
+  }
+  require_shape(y, residual.shape(), "add_rms_norm_then_norm", "y");
+  require_shape(out, residual.shape(), "add_rms_norm_then_norm", "out");
+  check_launch(cuda::add_rms_norm_then_norm(residual.data<float>(), y.data<const float>(), weight.raw(),
+                                            next_weight.raw(), weight.dtype(), eps, scale, rows, hidden,
+                                            out.data<float>(), stream_),
+               "add_rms_norm_then_norm");
+}
+
 void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y) {
   const int64_t out = weight.dim(0);
   if (rows == 0 || out == 0) return;
@@ -932,7 +955,12 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
   require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
           cuda::kMaxRouterExperts);
   Tensor logits = scratch(DType::F32, {rows, experts});
-  gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
+  if (cuda::router_gemv_supported(h.data<const float>(), router.data<const float>(), rows, hidden))
+    check_launch(cuda::router_gemv(h.data<const float>(), router.data<const float>(), rows, hidden, experts,
+                                   logits.data<float>(), stream_),
+                 "route");
+  else
+    gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
   check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
                                 static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
                                 params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),

@@ -1,5 +1,6 @@
 // Per-row and elementwise kernels: token placement, embedding, RMSNorm (plain, fused residual add, gathered for the
 // LM head), RoPE, SSMax, dtype conversion, soft-cap, random and poison fills.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
@@ -12,16 +13,143 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int kElementThreads = 256;
 
+// Per-row kernels: a block per row. Rows of up to kNormMaxThreads * kNormPerThread values (Beam-1.0's are 5,120)
+// stay in registers: each thread issues all its loads (the row, the weight and for add_rms_norm the residual) before
+// the reduction, so a row costs one memory latency rather than one per loop trip — at decode, one row per launch,
+// that latency is the whole kernel (11–12 µs per norm with dependent loops, 32 norms a step). Wider norm rows take the
+// looping kernels below them; the embedding and SSMax, which keep nothing across the row, take kNormPerThread values
+// per thread per trip.
+constexpr int kNormPerThread = 8;
+constexpr int kNormMaxThreads = 1024;
+constexpr int64_t kNormMaxRegisterRow = int64_t{kNormPerThread} * kNormMaxThreads;
+
+// The fewest whole warps that hold a row of `hidden` values at kNormPerThread each, at most kNormMaxThreads.
+unsigned int norm_threads(int64_t hidden) {
+  const int64_t warps = (hidden + 32 * kNormPerThread - 1) / (32 * kNormPerThread);
+  return static_cast<unsigned int>(std::clamp<int64_t>(warps, 1, kNormMaxThreads / 32) * 32);
+}
+
 template <typename T>
-__global__ void embedding_kernel(const T* table, const int32_t* tokens, int64_t vocab, int64_t hidden, float* out) {
+__global__ void __launch_bounds__(kNormMaxThreads)
+    embedding_kernel(const T* __restrict__ table, const int32_t* __restrict__ tokens, int64_t vocab, int64_t hidden,
+                     float* __restrict__ out) {
   const int64_t row = blockIdx.x;
   const int32_t id = tokens[row];
   float* destination = out + row * hidden;
   const bool valid = id >= 0 && id < vocab;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    destination[i] = valid ? to_float(table[int64_t{id} * hidden + i]) : __int_as_float(0x7fc00000);
+  const T* source = table + (valid ? int64_t{id} : 0) * hidden;
+  for (int64_t base = threadIdx.x; base < hidden; base += int64_t{kNormPerThread} * blockDim.x) {
+    float values[kNormPerThread];
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      values[k] = valid && i < hidden ? to_float(source[i]) : __int_as_float(0x7fc00000);
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = base + int64_t{k} * blockDim.x;
+      if (i < hidden) destination[i] = values[k];
+    }
+  }
 }
 
+// Values i = threadIdx.x + k * blockDim.x of a row as F32 (0 past its end), all loads in flight at once.
+template <typename T>
+__device__ __forceinline__ void load_owned(const T* __restrict__ row, int64_t hidden, float (&values)[kNormPerThread]) {
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    values[k] = i < hidden ? to_float(row[i]) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ float inverse_rms_owned(const float (&values)[kNormPerThread], int64_t hidden, float eps) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) sum += values[k] * values[k];
+  sum = block_sum(sum);
+  return 1.0f / sqrtf(sum / static_cast<float>(hidden) + eps);
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    rms_norm_registers_kernel(const float* __restrict__ x, const W* __restrict__ weight, float eps, int64_t hidden,
+                              float* __restrict__ out) {
+  float values[kNormPerThread], scales[kNormPerThread];
+  load_owned(x + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+  float* destination = out + blockIdx.x * hidden;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    if (i < hidden) destination[i] = values[k] * inverse * scales[k];
+  }
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    add_rms_norm_registers_kernel(float* __restrict__ residual, const float* __restrict__ y,
+                                  const W* __restrict__ weight, float eps, float scale, int64_t hidden) {
+  float values[kNormPerThread], scales[kNormPerThread], sums[kNormPerThread];
+  float* destination = residual + blockIdx.x * hidden;
+  load_owned(y + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  load_owned(destination, hidden, sums);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    if (i < hidden) destination[i] = sums[k] + scale * (values[k] * inverse * scales[k]);
+  }
+}
+
+// The residual row never leaves registers between the add and the next norm.
+template <typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    add_rms_norm_then_norm_registers_kernel(float* __restrict__ residual, const float* __restrict__ y,
+                                            const W* __restrict__ weight, const W* __restrict__ next_weight, float eps,
+                                            float scale, int64_t hidden, float* __restrict__ out) {
+  float values[kNormPerThread], scales[kNormPerThread], sums[kNormPerThread], next_scales[kNormPerThread];
+  float* row = residual + blockIdx.x * hidden;
+  load_owned(y + blockIdx.x * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  load_owned(row, hidden, sums);
+  load_owned(next_weight, hidden, next_scales);
+  const float inverse = inverse_rms_owned(values, hidden, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) sums[k] += scale * (values[k] * inverse * scales[k]);
+  const float next_inverse = inverse_rms_owned(sums, hidden, eps);
+  float* destination = out + blockIdx.x * hidden;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    if (i < hidden) {
+      row[i] = sums[k];
+      destination[i] = sums[k] * next_inverse * next_scales[k];
+    }
+  }
+}
+
+template <typename W, typename O>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    gather_rms_norm_registers_kernel(const float* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ rows,
+                                     const W* __restrict__ weight, float eps, int64_t hidden, O* __restrict__ out) {
+  const int32_t source = rows[blockIdx.x];
+  O* destination = out + blockIdx.x * hidden;
+  const bool valid = source >= 0 && source < x_rows;  // uniform over the block, so block_sum below is reached by all
+  float values[kNormPerThread] = {}, scales[kNormPerThread];
+  if (valid) load_owned(x + int64_t{source} * hidden, hidden, values);
+  load_owned(weight, hidden, scales);
+  const float inverse = valid ? inverse_rms_owned(values, hidden, eps) : __int_as_float(0x7fc00000);
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
+    if (i < hidden) destination[i] = from_float<O>(values[k] * inverse * scales[k]);
+  }
+}
+
+// Rows wider than kNormMaxRegisterRow: loops over the row, reading it twice.
 // 1 / sqrt(mean(x²) + eps) of one row, accumulated in FP32.
 __device__ float inverse_rms(const float* x, int64_t hidden, float eps) {
   float sum = 0.0f;
@@ -81,10 +209,24 @@ __global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, in
   base[j + half] = b * c + a * s;
 }
 
-__global__ void ssmax_kernel(float* q, const int32_t* positions, int64_t width, double base, double exponent) {
+__global__ void __launch_bounds__(kNormMaxThreads)
+    ssmax_kernel(float* __restrict__ q, const int32_t* __restrict__ positions, int64_t width, double base,
+                 double exponent) {
   const float factor = static_cast<float>(pow(1.0 + static_cast<double>(positions[blockIdx.x]) / base, exponent));
   float* row = q + blockIdx.x * width;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) row[i] *= factor;
+  for (int64_t start = threadIdx.x; start < width; start += int64_t{kNormPerThread} * blockDim.x) {
+    float values[kNormPerThread];
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = start + int64_t{k} * blockDim.x;
+      values[k] = i < width ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kNormPerThread; ++k) {
+      const int64_t i = start + int64_t{k} * blockDim.x;
+      if (i < width) row[i] = values[k] * factor;
+    }
+  }
 }
 
 template <typename O>
@@ -139,8 +281,8 @@ cudaError_t embedding(const void* table, DType table_dtype, int64_t vocab, const
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(table_dtype, [&](auto tag) {
     using T = decltype(tag);
-    embedding_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(static_cast<const T*>(table), tokens,
-                                                                                   vocab, hidden, out);
+    embedding_kernel<<<static_cast<unsigned int>(rows), norm_threads(hidden), 0, stream>>>(
+        static_cast<const T*>(table), tokens, vocab, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -150,8 +292,12 @@ cudaError_t rms_norm(const float* x, const void* weight, DType weight_dtype, flo
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(weight_dtype, [&](auto tag) {
     using W = decltype(tag);
-    rms_norm_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(x, static_cast<const W*>(weight), eps,
-                                                                                  hidden, out);
+    const auto blocks = static_cast<unsigned int>(rows);
+    if (hidden <= kNormMaxRegisterRow)
+      rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(x, static_cast<const W*>(weight), eps,
+                                                                             hidden, out);
+    else
+      rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(x, static_cast<const W*>(weight), eps, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -161,8 +307,31 @@ cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DT
   if (rows == 0) return cudaSuccess;
   const bool known = dispatch_float(weight_dtype, [&](auto tag) {
     using W = decltype(tag);
-    add_rms_norm_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(
-        residual, y, static_cast<const W*>(weight), eps, scale, hidden);
+    const auto blocks = static_cast<unsigned int>(rows);
+    if (hidden <= kNormMaxRegisterRow)
+      add_rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(
+          residual, y, static_cast<const W*>(weight), eps, scale, hidden);
+    else
+      add_rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(residual, y, static_cast<const W*>(weight), eps, scale,
+                                                              hidden);
+  });
+  return known ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t add_rms_norm_then_norm(float* residual, const float* y, const void* weight, const void* next_weight,
+                                   DType weight_dtype, float eps, float scale, int64_t rows, int64_t hidden,
+                                   float* out, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (hidden > kNormMaxRegisterRow) {  // rows that do not fit in registers: the two looping kernels
+    if (const cudaError_t status = add_rms_norm(residual, y, weight, weight_dtype, eps, scale, rows, hidden, stream);
+        status != cudaSuccess)
+      return status;
+    return rms_norm(residual, next_weight, weight_dtype, eps, rows, hidden, out, stream);
+  }
+  const bool known = dispatch_float(weight_dtype, [&](auto tag) {
+    using W = decltype(tag);
+    add_rms_norm_then_norm_registers_kernel<<<static_cast<unsigned int>(rows), norm_threads(hidden), 0, stream>>>(
+        residual, y, static_cast<const W*>(weight), static_cast<const W*>(next_weight), eps, scale, hidden, out);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -176,8 +345,13 @@ cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows,
     using W = decltype(weight_tag);
     known = dispatch_float(out_dtype, [&](auto out_tag) {
       using O = decltype(out_tag);
-      gather_rms_norm_kernel<<<static_cast<unsigned int>(selected), kRowThreads, 0, stream>>>(
-          x, x_rows, rows, static_cast<const W*>(weight), eps, hidden, static_cast<O*>(out));
+      const auto blocks = static_cast<unsigned int>(selected);
+      if (hidden <= kNormMaxRegisterRow)
+        gather_rms_norm_registers_kernel<<<blocks, norm_threads(hidden), 0, stream>>>(
+            x, x_rows, rows, static_cast<const W*>(weight), eps, hidden, static_cast<O*>(out));
+      else
+        gather_rms_norm_kernel<<<blocks, kRowThreads, 0, stream>>>(x, x_rows, rows, static_cast<const W*>(weight), eps,
+                                                                   hidden, static_cast<O*>(out));
     });
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
@@ -195,7 +369,7 @@ cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_h
 cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
                         cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  ssmax_kernel<<<static_cast<unsigned int>(rows), kRowThreads, 0, stream>>>(q, positions, width, base, exponent);
+  ssmax_kernel<<<static_cast<unsigned int>(rows), norm_threads(width), 0, stream>>>(q, positions, width, base, exponent);
   return cudaGetLastError();
 }
 

@@ -21,6 +21,10 @@ cudaError_t rms_norm(const float* x, const void* weight, DType weight_dtype, flo
 // residual += scale * rms(y, weight)
 cudaError_t add_rms_norm(float* residual, const float* y, const void* weight, DType weight_dtype, float eps,
                          float scale, int64_t rows, int64_t hidden, cudaStream_t stream);
+// add_rms_norm(residual, y, weight) then out = rms(residual, next_weight), one pass (weights of one dtype).
+cudaError_t add_rms_norm_then_norm(float* residual, const float* y, const void* weight, const void* next_weight,
+                                   DType weight_dtype, float eps, float scale, int64_t rows, int64_t hidden,
+                                   float* out, cudaStream_t stream);
 // out[i] = rms(x[rows[i]], weight) stored as `out_dtype` (BF16/F16/F32), the input of the LM head GEMM; a row
 // outside the x_rows rows of x gives NaN.
 cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows, int64_t selected, const void* weight,
