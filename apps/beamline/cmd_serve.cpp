@@ -263,6 +263,10 @@ const CommandRegistration registration([](CLI::App& app) {
                       "HTTP connections served at once (each streaming response holds one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command
+      ->add_option_function<std::string>(
+          "--weight-update-dir", [options](const std::string& dir) { options->http.weight_update_dir = dir; },
+          "allow /update_weights_from_disk to load safetensors directories at or below DIR (off without it)");
   add_engine_options(*command, options->engine);
   add_parallel_options(*command, options->parallel);
   command->callback([options] { serve(*options); });

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "server/api_error.h"
 #include "server/metrics.h"
+#include "server/rollout_control.h"
 #include "server/serving_context.h"
 #include "server/sse.h"
 
@@ -30,6 +32,7 @@ struct HttpOptions {
   std::optional<std::string> api_key;                      // every /v1/* request must send it as a Bearer token
   std::size_t max_request_body_bytes = std::size_t{32} << 20;
   std::size_t http_threads = 1024;                         // connections served at once (streams hold one each)
+  std::optional<std::filesystem::path> weight_update_dir;  // /update_weights_from_disk reads only below it
 };
 
 class ListeningServer;
@@ -62,6 +65,8 @@ class ApiServer {
   void chat_completions(const httplib::Request& request, httplib::Response& response);
   void completions(const httplib::Request& request, httplib::Response& response);
   void models(httplib::Response& response) const;
+  // The control endpoints of rollout_control.h.
+  void add_control_routes();
   void metrics(httplib::Response& response) const;
 
   // Queues a request in the engine (400 for what the engine rejects, 503 once shutting down).
@@ -76,6 +81,7 @@ class ApiServer {
   HttpOptions options_;
   std::unique_ptr<ListeningServer> http_;
   HttpCounters counters_;
+  RolloutControl control_;
   std::atomic<bool> refusing_{false};
   std::mutex in_flight_mutex_;
   std::condition_variable in_flight_changed_;

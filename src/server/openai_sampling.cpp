@@ -102,8 +102,8 @@ void reject_unsupported_fields(const Json& body, Endpoint endpoint) {
   auto unsupported = [](const std::string& field, const std::string& why) {
     return invalid_request(field, fmt::format("{} is not supported by this server: {}", field, why));
   };
-  for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                            "prompt_logprobs"}) {
+  if (find_field(body, "prompt_logprobs")) throw unsupported("prompt_logprobs", "the prompt's logprobs are not computed yet (only those of generated tokens, `logprobs`)");
+  for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
     if (find_field(body, field)) throw unsupported(field, "constrained decoding is not implemented");
   }
   if (const Json* format = find_field(body, "response_format")) {
