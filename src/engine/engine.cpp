@@ -133,6 +133,7 @@ void Engine::loop() {
       std::unique_lock lock(inbox_mutex_);
       inbox_ready_.wait(lock, [&] {
         return stopping_ || !new_requests_.empty() || !aborts_.empty() || !controls_.empty() ||
+               (scheduling_ == Scheduling::Running && !held_.empty()) ||
                (scheduling_ != Scheduling::Paused && core_->has_work());
       });
       arrivals.swap(new_requests_);
