@@ -12,6 +12,7 @@
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/request_fields.h"
+#include "server/sglang_generate.h"
 #include "server/sse.h"
 
 namespace beamline::server {
@@ -98,6 +99,9 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
   });
   http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response, [&] { completions(request, response); });
+  });
+  http_->Post("/generate", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { generate(request, response); });
   });
   add_control_routes();
 }
@@ -288,22 +292,12 @@ void ApiServer::completions(const httplib::Request& request, httplib::Response& 
   const Json body = parse_body(request.body);
   std::vector<CompletionPlan> plans = plan_completions(body, context_);
   const std::string id = new_response_id("cmpl");
-  // A batch is one engine request per prompt; if one is refused, those already queued are taken back.
-  std::vector<std::shared_ptr<OutputStream>> streams;
+  std::vector<GenerationRequest*> requests;
   for (std::size_t p = 0; p < plans.size(); ++p) {
     plans[p].request.request_id = plans.size() == 1 ? id : fmt::format("{}-{}", id, p);
-    try {
-      streams.push_back(submit(plans[p].request));
-    } catch (const InvalidRequest& invalid) {
-      for (const std::shared_ptr<OutputStream>& queued : streams) {
-        context_.engine.abort(queued->request_id());
-        collect_output(*queued);
-        release(queued->request_id());
-      }
-      if (plans.size() == 1) throw;
-      throw invalid_request(invalid.param(), fmt::format("prompt[{}]: {}", p, invalid.what()));
-    }
+    requests.push_back(&plans[p].request);
   }
+  std::vector<std::shared_ptr<OutputStream>> streams = submit_batch(requests);
   if (plans.front().stream.stream) {
     respond_stream(response, std::move(streams.front()), completion_stream(id, context_, std::move(plans.front())));
     return;
@@ -311,6 +305,39 @@ void ApiServer::completions(const httplib::Request& request, httplib::Response& 
   std::vector<RequestOutput> outputs;
   for (const std::shared_ptr<OutputStream>& stream : streams) outputs.push_back(wait_for(*stream));
   response.set_content(dump_json(completion_response(id, context_, plans, outputs)), kJson);
+}
+
+std::vector<std::shared_ptr<OutputStream>> ApiServer::submit_batch(const std::vector<GenerationRequest*>& requests) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (std::size_t p = 0; p < requests.size(); ++p) {
+    try {
+      streams.push_back(submit(*requests[p]));
+    } catch (const InvalidRequest& invalid) {
+      // All or none: those already queued are taken back.
+      for (const std::shared_ptr<OutputStream>& queued : streams) {
+        context_.engine.abort(queued->request_id());
+        collect_output(*queued);
+        release(queued->request_id());
+      }
+      if (requests.size() == 1) throw;
+      throw invalid_request(invalid.param(), fmt::format("prompt {} of the batch: {}", p, invalid.what()));
+    }
+  }
+  return streams;
+}
+
+void ApiServer::generate(const httplib::Request& request, httplib::Response& response) {
+  const Json body = parse_body(request.body);
+  GeneratePlan plan = plan_generate(body, context_);
+  const std::string id = new_response_id("gen");
+  std::vector<GenerationRequest*> requests;
+  for (std::size_t p = 0; p < plan.requests.size(); ++p) {
+    plan.requests[p].request_id = plan.requests.size() == 1 ? id : fmt::format("{}-{}", id, p);
+    requests.push_back(&plan.requests[p]);
+  }
+  std::vector<RequestOutput> outputs;
+  for (const std::shared_ptr<OutputStream>& stream : submit_batch(requests)) outputs.push_back(wait_for(*stream));
+  response.set_content(dump_json(generate_response(context_, plan, outputs)), kJson);
 }
 
 void ApiServer::models(httplib::Response& response) const {

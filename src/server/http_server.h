@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "server/api_error.h"
 #include "server/metrics.h"
@@ -64,6 +65,7 @@ class ApiServer {
   void guarded(const httplib::Request& request, httplib::Response& response, Body&& body);
   void chat_completions(const httplib::Request& request, httplib::Response& response);
   void completions(const httplib::Request& request, httplib::Response& response);
+  void generate(const httplib::Request& request, httplib::Response& response);  // SGLang's /generate
   void models(httplib::Response& response) const;
   // The control endpoints of rollout_control.h.
   void add_control_routes();
@@ -71,6 +73,8 @@ class ApiServer {
 
   // Queues a request in the engine (400 for what the engine rejects, 503 once shutting down).
   std::shared_ptr<OutputStream> submit(GenerationRequest request);
+  // A batch (one request per prompt), all or none: a refused one takes back those queued, and its error names it.
+  std::vector<std::shared_ptr<OutputStream>> submit_batch(const std::vector<GenerationRequest*>& requests);
   // Waits for the whole output (non-streaming responses); unregisters the request.
   RequestOutput wait_for(OutputStream& stream);
   void respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,

@@ -1,5 +1,7 @@
 #include "server/openai_logprobs.h"
 
+#include <algorithm>
+
 namespace beamline::server {
 
 namespace {
@@ -9,6 +11,11 @@ Json token_bytes_json(const Tokenizer& tokenizer, TokenId id) {
   for (char byte : tokenizer.token_bytes(id)) bytes.push_back(static_cast<unsigned char>(byte));
   return bytes;
 }
+
+// vLLM's floor for the JSON of a logprob: -inf (a token processed_logprobs filtered out) is not a JSON number.
+constexpr float kLowestLogprob = -9999.0f;
+
+float json_logprob(float logprob) { return std::max(logprob, kLowestLogprob); }
 
 }  // namespace
 
@@ -20,10 +27,10 @@ Json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogpr
     Json top = Json::array();
     for (const auto& [token, logprob] : entry.top) {
       top.push_back(
-          {{"token", token_text(tokenizer, token)}, {"logprob", logprob}, {"bytes", token_bytes_json(tokenizer, token)}});
+          {{"token", token_text(tokenizer, token)}, {"logprob", json_logprob(logprob)}, {"bytes", token_bytes_json(tokenizer, token)}});
     }
     content.push_back({{"token", token_text(tokenizer, entry.token)},
-                       {"logprob", entry.logprob},
+                       {"logprob", json_logprob(entry.logprob)},
                        {"bytes", token_bytes_json(tokenizer, entry.token)},
                        {"top_logprobs", std::move(top)}});
   }
@@ -37,9 +44,9 @@ Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<Toke
   for (const TokenLogprob& entry : logprobs) {
     const std::string text = token_text(tokenizer, entry.token);
     tokens.push_back(text);
-    token_logprobs.push_back(entry.logprob);
+    token_logprobs.push_back(json_logprob(entry.logprob));
     Json top = Json::object();
-    for (const auto& [token, logprob] : entry.top) top[token_text(tokenizer, token)] = logprob;
+    for (const auto& [token, logprob] : entry.top) top[token_text(tokenizer, token)] = json_logprob(logprob);
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset);
     offset += text.size();

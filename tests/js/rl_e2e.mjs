@@ -1,5 +1,5 @@
 // The rollout API as an RL framework drives it (SkyRL's remote engine: token ids in through /v1/completions, control
-// endpoints over plain HTTP), against `beamline serve` on random tiny models on the CPU: batched token prompts with
+// endpoints over plain HTTP) and SGLang's /generate, against `beamline serve` on random tiny models on the CPU: batched token prompts with
 // return_token_ids, --logprobs-mode, /pause /resume /sleep /wake_up /reset_prefix_cache /flush_cache, and
 // /update_weights_from_disk, whose answers equal a fresh server's on the new checkpoint and whose bad inputs (unknown
 // tensor, wrong shape or dtype, a path outside --weight-update-dir) are refused naming them, old weights kept.
@@ -100,7 +100,7 @@ async function greedy(server) {
 }
 const control = (server, path, body) => postJson(server.base, path, body ?? {});
 
-test('token in, token out: a batch of token-id prompts with return_token_ids, through the openai client', async () => {
+test('token in, token out: batched token-id prompts with return_token_ids (openai client) and SGLang /generate', async () => {
   const server = await startServer(served, ['--weight-update-dir', updates]);
   try {
     const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused' });
@@ -129,6 +129,33 @@ test('token in, token out: a batch of token-id prompts with return_token_ids, th
     }
     assert.deepEqual(promptIds, prompts[0]);
     assert.deepEqual(ids, single[0].ids);
+    // SGLang's /generate: the same tokens and logprobs, a list for a batch, an object for one prompt.
+    const generated = await postJson(server.base, '/generate', {
+      input_ids: prompts, sampling_params: { max_new_tokens: 6, temperature: 0 }, return_logprob: true,
+    });
+    assert.equal(generated.status, 200, generated.text);
+    assert.equal(generated.json.length, prompts.length);
+    generated.json.forEach((answer, p) => {
+      assert.deepEqual(answer.output_ids, single[p].ids);
+      assert.deepEqual(answer.meta_info.output_token_logprobs.map(([logprob, id]) => [logprob, id]),
+        single[p].ids.map((id, i) => [single[p].logprobs[i], id]));
+      assert.deepEqual(answer.meta_info.finish_reason, { type: 'length', length: 6 });
+      assert.equal(answer.meta_info.prompt_tokens, prompts[p].length);
+      assert.equal(answer.meta_info.weight_version, '0');
+    });
+    const one = await postJson(server.base, '/generate', { input_ids: prompts[0], sampling_params: { max_new_tokens: 6, temperature: 0 } });
+    assert.deepEqual(one.json.output_ids, single[0].ids);
+    for (const [body, param, message] of [
+      [{ input_ids: [1, 2], sampling_params: { beam_width: 2 } }, 'sampling_params', /sampling_params.beam_width/],
+      [{ input_ids: [1, 2], sampling_params: { max_new_tokens: 0 } }, 'sampling_params.max_new_tokens', /max_tokens/],
+      [{ input_ids: [[1, 2], [1, 1e9]] }, 'input_ids', /input_ids\[1\]: 1000000000 is not a token id/],
+      [{ input_ids: [1], text: 'hi' }, 'input_ids', /exactly one/],
+    ]) {
+      const reply = await postJson(server.base, '/generate', body);
+      assert.equal(reply.status, 400, reply.text);
+      assert.equal(reply.json.error.param, param);
+      assert.match(reply.json.error.message, message);
+    }
     // What is refused, naming the field.
     const cases = [
       [{ prompt: prompts, stream: true, max_tokens: 2 }, 'prompt', /streaming takes one prompt/],
@@ -260,14 +287,16 @@ test('--logprobs-mode: raw_logits and processed_logprobs report those values for
       }
       assert.ok(logitTop[0] > a.choices[0].logprobs.token_logprobs[i], 'logits are not log-probabilities');
     });
-    // Sampled with top_k 2, the processed distribution has two tokens: their probabilities sum to 1.
-    const sampled = { prompt: prompts[2], max_tokens: 8, temperature: 0.7, top_k: 2, seed: 5, logprobs: 2 };
+    // Sampled with top_k 2, the processed distribution has two tokens: their probabilities sum to 1, and the third
+    // best is filtered out (-inf, sent as vLLM's -9999).
+    const sampled = { prompt: prompts[2], max_tokens: 8, temperature: 0.7, top_k: 2, seed: 5, logprobs: 3 };
     const [c, d] = [await completion(raw, sampled), await completion(processed, sampled)];
     assert.equal(d.choices[0].text, c.choices[0].text);
     for (const top of d.choices[0].logprobs.top_logprobs) {
-      if (Object.keys(top).length !== 2) continue;  // two tokens of one text
-      const sum = Object.values(top).reduce((total, logprob) => total + Math.exp(logprob), 0);
-      assert.ok(Math.abs(sum - 1) < 1e-4, `top-2 probabilities sum to ${sum}`);
+      const values = Object.values(top).sort((x, y) => y - x);
+      if (values.length !== 3) continue;  // two tokens of one text
+      assert.ok(Math.abs(Math.exp(values[0]) + Math.exp(values[1]) - 1) < 1e-4, `top-2 of ${values}`);
+      assert.equal(values[2], -9999);
     }
   } finally {
     await raw.stop();
