@@ -11,9 +11,11 @@
 
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
+#include "checkpoint/quantize_tensors.h"
 #include "checkpoint/safetensors.h"
 #include "commands.h"
 #include "model/checkpoint_layout.h"
+#include "model_options.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -30,6 +32,8 @@ struct MakeModelOptions {
   bool dry_run = false;
   bool no_weights = false;
   bool force = false;
+  std::string quantization;                                   // fp8 | mxfp8 | nvfp4, or empty
+  std::vector<std::string> modules_to_not_convert{"lm_head"};  // with --quantization
 };
 
 DType parse_dtype(const std::string& name) {
@@ -39,14 +43,17 @@ DType parse_dtype(const std::string& name) {
 }
 
 // The tensor list with shapes and dtypes, parameter counts and the file split, without writing anything.
+// Parameters are counted on the unquantized model (expected_tensors); bytes on what would be written.
 void print_dry_run(const ModelConfig& config, const std::vector<TensorSource>& tensors, uint64_t max_shard_bytes) {
   uint64_t parameters = 0, bytes = 0, shards = 1, shard_bytes = 0;
+  for (const ExpectedTensor& expected : expected_tensors(config)) {
+    uint64_t numel = 1;
+    for (int64_t dim : expected.shape) numel *= static_cast<uint64_t>(dim);
+    parameters += numel;
+  }
   for (const TensorSource& tensor : tensors) {
     std::printf("%s %s %s\n", tensor.name.c_str(), std::string(dtype_name(tensor.dtype)).c_str(),
                 shape_string(tensor.shape).c_str());
-    uint64_t numel = 1;
-    for (int64_t dim : tensor.shape) numel *= static_cast<uint64_t>(dim);
-    parameters += numel;
     bytes += tensor.nbytes();
     if (shard_bytes > 0 && shard_bytes + tensor.nbytes() > max_shard_bytes) ++shards, shard_bytes = 0;
     shard_bytes += tensor.nbytes();
@@ -80,9 +87,14 @@ void make_model(const MakeModelOptions& options) {
   const DType dtype = parse_dtype(options.dtype);
   const uint64_t max_shard_bytes = options.max_shard_mb << 20;
   require(max_shard_bytes > 0, "--max-shard-mb must be positive");
+  std::vector<TensorSource> tensors = random_checkpoint_tensors(config, options.seed, dtype);
+  if (!options.quantization.empty()) {
+    config.quantization = quantize_options_config(options.quantization, options.modules_to_not_convert);
+    tensors = quantized_sources(config, std::move(tensors), *config.quantization);
+  }
 
   if (options.dry_run) {
-    print_dry_run(config, random_checkpoint_tensors(config, options.seed, dtype), max_shard_bytes);
+    print_dry_run(config, tensors, max_shard_bytes);
     return;
   }
   require(!options.out.empty(), "make-model: --out DIR is required (unless --dry-run)");
@@ -95,10 +107,12 @@ void make_model(const MakeModelOptions& options) {
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  write_random_checkpoint(config, dir, options.seed, dtype, max_shard_bytes);
+  write_model_files(config, dir);
+  write_safetensors_checkpoint(dir, tensors, max_shard_bytes);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  spdlog::info("wrote {} ({} layers, {} experts, {}) in {:.1f} s", dir.string(), config.num_hidden_layers,
-               config.n_routed_experts, dtype_name(dtype), seconds);
+  spdlog::info("wrote {} ({} layers, {} experts, {}{}) in {:.1f} s", dir.string(), config.num_hidden_layers,
+               config.n_routed_experts, dtype_name(dtype), options.quantization.empty() ? "" : ", " + options.quantization,
+               seconds);
 }
 
 const CommandRegistration registration([](CLI::App& app) {
@@ -128,6 +142,7 @@ const CommandRegistration registration([](CLI::App& app) {
                     "write config.json, the tokenizer and templates only: a model directory for --load-format dummy");
   command->add_flag("--dry-run", options->dry_run, "print the tensors (name dtype shape) and totals; write nothing");
   command->add_flag("--force", options->force, "write into a non-empty --out, replacing the checkpoint files there");
+  add_quantize_options(*command, options->quantization, options->modules_to_not_convert);
   command->callback([options] { make_model(*options); });
 });
 

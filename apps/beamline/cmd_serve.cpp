@@ -18,11 +18,13 @@
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
+#include "model_options.h"
 #include "parallel/mpi_world.h"
 #include "parallel_options.h"
 #include "runner/beam_model_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
+#include "structured/grammar_cache.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -35,7 +37,7 @@ constexpr const char* kDefaultModelDir = "models/beam-nano";
 
 struct ServeOptions {
   std::string model;
-  std::string load_format = "auto", hf_overrides;
+  std::string load_format = "auto", hf_overrides, quantization;
   std::string served_model_name;
   std::string device = "auto";
   std::string api_key;
@@ -43,7 +45,11 @@ struct ServeOptions {
   server::HttpOptions http;
   EngineConfig engine;
   ParallelConfig parallel;
+  bool harmony_constraint = true;
 };
+
+// Compiled structured-output grammars kept (LRU): each distinct schema, tool set or format is one entry.
+constexpr std::size_t kGrammarCacheEntries = 256;
 
 // --model, else models/beam-nano under the working directory or under any folder above the binary
 // (the binary lives in a build folder of the source tree).
@@ -163,7 +169,8 @@ void follow(const ServeOptions& options, const fs::path& model_dir, MpiWorld& wo
   // Ctrl-C or SIGTERM reach every rank (mpirun forwards them): the server on rank 0 drains and then stops the others.
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGTERM, SIG_IGN);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
   BeamModelRunner runner(source.load(), options.device, options.engine, world, options.parallel);
   spdlog::info("rank {} of {} ready (pid {})", world.rank(), world.size(), getpid());
   runner.follow();
@@ -202,7 +209,8 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
-  const ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
+  source.quantization = options.quantization;
   auto runner = world == nullptr
                     ? std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine)
                     : std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine, *world,
@@ -217,8 +225,10 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
+  GrammarCache grammars(*tokenizer, kGrammarCacheEntries);
   server::ServingContext context{engine,         *tokenizer, std::move(harmony_template), std::move(harmony_stop_ids),
-                                 generation,     name,       server::unix_seconds_now()};
+                                 generation,     name,       server::unix_seconds_now(),  &grammars,
+                                 options.harmony_constraint};
   server::ApiServer api(context, options.http);
   running_api = &api;
   const int port = api.bind();
@@ -246,6 +256,7 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   command->add_option("--hf-overrides", options->hf_overrides,
                       "JSON object merged into the config with --load-format dummy, e.g. '{\"num_hidden_layers\": 8}'");
+  add_quantization_option(*command, options->quantization);
   command->add_option("--host", options->http.host, "address to listen on")->capture_default_str();
   command->add_option("--port", options->http.port, "port to listen on (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
@@ -267,6 +278,10 @@ const CommandRegistration registration([](CLI::App& app) {
       ->add_option_function<std::string>(
           "--weight-update-dir", [options](const std::string& dir) { options->http.weight_update_dir = dir; },
           "allow /update_weights_from_disk to load safetensors directories at or below DIR (off without it)");
+  command->add_flag("--harmony-constraint,!--no-harmony-constraint", options->harmony_constraint,
+                    "hold every chat turn to the Harmony template (channels, recipients among the request's tools, "
+                    "arguments to their schemas; default on). Requests with response_format, structured_outputs or "
+                    "tool_choice required / named are constrained either way");
   add_engine_options(*command, options->engine);
   add_parallel_options(*command, options->parallel);
   command->callback([options] { serve(*options); });

@@ -235,6 +235,10 @@ class Backend {
   // bias, penalties and min_tokens masking are not applied here: the engine samples such rows on the host
   // (engine/sampler.h). Outputs of rows that ask for fewer logprobs than K, or none, are left as they are.
   virtual void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) = 0;
+  // Structured outputs' token masks, applied before sample: for each i, logits[rows[i], t] = -inf for every token t
+  // whose bit (bit t % 32 of word t / 32) is clear in allowed[i]. allowed I32 [N, W] with 32 W >= V (bits past V are
+  // ignored); rows is host data, N entries, each in [0, R); logits [R, V] F32, edited in place.
+  virtual void mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) = 0;
 
   // ---- conveniences over the virtual memory functions ----
   Tensor upload_f32(std::span<const float> host, std::vector<int64_t> shape);

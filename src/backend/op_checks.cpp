@@ -11,8 +11,9 @@ void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require(pool.k.rank() == 5, "{}: KV pool must be [blocks, slots, block_size, kv_heads, head_dim], got {}", op,
           describe(pool.k));
   require_shape(pool.v, pool.k.shape(), op, "v pool");
-  require(pool.k.dtype() == DType::F32 || pool.k.dtype() == DType::BF16, "{}: KV pool dtype {} (expected F32 or BF16)",
-          op, dtype_name(pool.k.dtype()));
+  const DType dtype = pool.k.dtype();
+  require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F8_E4M3,
+          "{}: KV pool dtype {} (expected F32, BF16 or F8_E4M3)", op, dtype_name(dtype));
   require_dtype(pool.v, pool.k.dtype(), op, "v pool");
   require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
           pool.slots_per_block());
@@ -65,6 +66,19 @@ void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pair
     require(pairs[j + 1] >= 0 && pairs[j + 1] < source.dim(0), "place_tokens: pair {} reads source row {} of {}",
             j / 2, pairs[j + 1], source.dim(0));
   }
+}
+
+void check_mask_logits_args(const Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) {
+  require(logits.rank() == 2, "mask_logits: logits must be [R, V], got {}", describe(logits));
+  require_dtype(logits, DType::F32, "mask_logits", "logits");
+  require_dtype(allowed, DType::I32, "mask_logits", "allowed");
+  const int64_t words = (logits.dim(1) + 31) / 32;
+  require(allowed.rank() == 2 && allowed.dim(0) == static_cast<int64_t>(rows.size()) && allowed.dim(1) >= words,
+          "mask_logits: allowed {} must be [{}, >= {}] for {} rows of {} tokens", describe(allowed), rows.size(), words,
+          rows.size(), logits.dim(1));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    require(rows[i] >= 0 && rows[i] < logits.dim(0), "mask_logits: mask {} names logit row {} of {}", i, rows[i],
+            logits.dim(0));
 }
 
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out) {

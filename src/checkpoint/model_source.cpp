@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/presets.h"
+#include "checkpoint/quantize_tensors.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -41,20 +42,38 @@ ModelConfig with_overrides(const ModelConfig& config, const std::string& overrid
   return ModelConfig::from_json(merged, "--hf-overrides");
 }
 
+// --quantization against what was loaded: kept, refused, or applied at load (vLLM's online quantization). Dummy
+// weights of a config with a quantization_config are drawn in float and quantized as it says.
+BeamWeights apply_quantization(BeamWeights weights, const std::string& flag) {
+  const std::optional<QuantizationConfig> stored = weights.config.quantization;
+  if (!flag.empty() && stored) {
+    const QuantScheme scheme = parse_quantization_flag(flag), stored_scheme = quant_scheme_of(*stored);
+    require(stored_scheme == scheme,
+            "--quantization {} contradicts the checkpoint's quantization_config (quant_method \"{}\"{}, which is {})",
+            flag, stored->quant_method, stored->quant_algo.empty() ? "" : ", quant_algo \"" + stored->quant_algo + "\"",
+            quant_scheme_name(stored_scheme));
+  }
+  if (weights.random_seed && stored) return quantize_weights(std::move(weights), *stored);
+  if (flag.empty() || stored) return weights;
+  spdlog::info("--quantization {}: quantizing the projections at load (lm_head kept)", flag);
+  return quantize_weights(std::move(weights), quantization_config_for(parse_quantization_flag(flag), {"lm_head"}));
+}
+
 }  // namespace
 
 BeamWeights ModelSource::load() const {
   require(!model.empty(), "--model: a checkpoint directory is needed");
+  if (!quantization.empty()) parse_quantization_flag(quantization);  // a bad name fails before any loading
   if (load_format == "auto") {
     require(hf_overrides.empty(), "--hf-overrides: only with --load-format dummy (a checkpoint's shapes are fixed)");
-    return load_checkpoint(model);
+    return apply_quantization(load_checkpoint(model), quantization);
   }
   require(load_format == "dummy", "--load-format: unknown format \"{}\" (auto or dummy)", load_format);
   ModelConfig config = dummy_config(model);
   if (!hf_overrides.empty()) config = with_overrides(config, hf_overrides);
   spdlog::info("--load-format dummy: random weights for {} ({} layers, hidden {}), seed {}", model,
                config.num_hidden_layers, config.hidden_size, dummy_seed);
-  return dummy_weights(config, dummy_seed);
+  return apply_quantization(dummy_weights(config, dummy_seed), quantization);
 }
 
 }  // namespace beamline

@@ -15,6 +15,10 @@ struct ModelSource {
   std::string load_format = "auto";  // auto | dummy
   std::string hf_overrides;        // JSON object applied to the config (dummy only)
   uint64_t dummy_seed = 0;         // seed of the dummy weights: equal to make-model --seed's checkpoint
+  // --quantization (vLLM's flag): fp8, mxfp8 or nvfp4. A checkpoint whose quantization_config names the same scheme
+  // loads as it is; one that names another is refused naming both; a float checkpoint (or dummy weights) is
+  // quantized at load, leaving lm_head in its float dtype as quantized checkpoints do. Empty: as the checkpoint is.
+  std::string quantization;
 
   // Validates the combination and loads; errors name the option.
   BeamWeights load() const;

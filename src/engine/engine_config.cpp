@@ -120,7 +120,8 @@ void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_ca
       ->capture_default_str();
   command
       .add_option("--kv-cache-dtype,--kv-dtype", kv_cache_dtype,
-                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16 or float32")
+                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16, float32 or fp8 (E4M3, "
+                  "per-tensor scale 1.0; cpu only so far)")
       ->capture_default_str();
 }
 

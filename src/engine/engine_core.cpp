@@ -9,9 +9,18 @@
 #include "spec/draft_verification.h"
 #include "spec/ngram_proposer.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
 
 namespace beamline {
 namespace {
+
+// How many of `tokens` the grammar takes in a row from where the matcher is (which it is left at).
+std::size_t allowed_prefix(GrammarMatcher& matcher, std::span<const TokenId> tokens) {
+  std::size_t count = 0;
+  while (count < tokens.size() && matcher.accept_token(tokens[count])) ++count;
+  matcher.rollback(static_cast<int32_t>(count));
+  return count;
+}
 
 double seconds_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -64,7 +73,9 @@ EngineCore::SampleState::SampleState(RequestState* owner, int32_t sample_index, 
       index(sample_index),
       sequence(std::move(seq)),
       sampler(seed, owner->request.prompt, owner->request.sampling),
-      stop(tokenizer, owner->request.detokenize, owner->request.sampling, eos, max_tokens) {}
+      stop(tokenizer, owner->request.detokenize, owner->request.sampling, eos, max_tokens) {
+  if (owner->request.grammar) grammar = std::make_unique<GrammarMatcher>(owner->request.grammar);
+}
 
 EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const Tokenizer* tokenizer,
                        std::vector<TokenId> eos_token_ids)
@@ -256,6 +267,7 @@ std::vector<std::string> EngineCore::step() {
     next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   finish(*current, ended);
+  if (next && !next->sampled_at_launch && !sample_waiting_rows(*next, ended)) next.reset();
   if (next) {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
     complete(*next);
@@ -274,6 +286,41 @@ bool EngineCore::needs_host(const SampleState& sample) const {
   const SamplingParams& params = sample.request->request.sampling;
   if (params.logprobs && config_.logprobs_mode != LogprobsMode::RawLogprobs) return true;
   return needs_host_edits(params, sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+}
+
+bool EngineCore::waits_for_grammar(const InFlightStep& step) const {
+  return std::any_of(step.producing.begin(), step.producing.end(), [&](std::size_t i) {
+    const SampleState& sample = *samples_by_sequence_.at(step.ids[i]);
+    return sample.grammar != nullptr && sample.token_pending;
+  });
+}
+
+bool EngineCore::sample_waiting_rows(InFlightStep& step, std::vector<std::string>& ended) {
+  std::vector<std::size_t> live;
+  for (std::size_t p = 0; p < step.producing.size(); ++p) {
+    const SampleState* sample = live_sample(step.ids[step.producing[p]]);
+    if (sample == nullptr) continue;
+    if (needs_host(*sample)) return true;
+    live.push_back(p);
+  }
+  try {
+    sample_rows(step, live);
+  } catch (const std::exception& error) {
+    fail_step(step, error.what(), ended);
+    return false;
+  }
+  step.sampled_at_launch = true;
+  return true;
+}
+
+bool EngineCore::advance_grammar(SampleState& sample, TokenId token) {
+  if (sample.grammar == nullptr || sample.grammar->accept_token(token)) return true;
+  // The mask allows only grammar tokens, so this is a row whose every allowed token was masked again (min_tokens
+  // holding back the only possible end); failing says so instead of emitting output that does not parse.
+  fail_request(*sample.request, fmt::format("structured outputs: token {} at output position {} is not allowed by "
+                                            "the grammar (no allowed token was left to sample)",
+                                            token, sample.sequence.num_output_tokens()));
+  return false;
 }
 
 void EngineCore::fail_step(const InFlightStep& step, const std::string& what, std::vector<std::string>& ended) {
@@ -310,7 +357,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
       const bool verifies_on_host = step->plan.scheduled[i].num_draft_tokens > 0 && !sample.request->request.sampling.greedy();
       return needs_host(sample) || verifies_on_host;
     });
-    if (on_device && !step->producing.empty()) {
+    if (on_device && !step->producing.empty() && !waits_for_grammar(*step)) {
       std::vector<std::size_t> all(step->producing.size());
       std::iota(all.begin(), all.end(), std::size_t{0});
       sample_rows(*step, all);
@@ -414,6 +461,7 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   }
   sample.last_token_time = now;
 
+  if (!advance_grammar(sample, sampled.token)) return true;
   StopChecker::Result check = sample.stop.push(sampled.token, sequence.num_output_tokens());
   SampleOutput& out = pending_sample(sample);
   out.token_ids.push_back(sampled.token);
@@ -439,8 +487,10 @@ void EngineCore::propose_drafts() {
     const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
     const int32_t k = std::min(spec.num_speculative_tokens, room);
     if (k <= 0) continue;
-    const std::vector<TokenId> draft =
+    std::vector<TokenId> draft =
         propose_ngram_draft(sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    // A constrained sequence drafts only what its grammar allows: a later token could never be kept.
+    if (sample.grammar != nullptr) draft.resize(allowed_prefix(*sample.grammar, draft));
     sequence->tokens.insert(sequence->tokens.end(), draft.begin(), draft.end());
     sequence->num_draft_tokens = static_cast<int32_t>(draft.size());
   }
@@ -513,7 +563,38 @@ void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>&
     step.sampled.push_back({p, static_cast<bool>(row.sample_on_host)});
     rows.push_back(std::move(row));
   }
+  fill_grammar_masks(step, rows);
   step.model->sample(std::move(rows));
+}
+
+void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSampling>& rows) {
+  const std::size_t first = step.sampled.size() - rows.size();  // the rows' entries, appended by sample_rows
+  const auto mask_words = static_cast<std::size_t>((runner_.vocab_size() + 31) / 32);
+  // A sequence's rows are consecutive: one, or with a draft one per draft token plus one.
+  std::vector<std::pair<std::size_t, std::size_t>> groups;  // (first row, rows)
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    if (r > 0 && step.sampled[first + r].producing == step.sampled[first + r - 1].producing) ++groups.back().second;
+    else groups.emplace_back(r, 1);
+  }
+  // In parallel over sequences: each reads only its own sample's matcher.
+  ThreadPool::global().parallel_for(groups.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t g = begin; g < end; ++g) {
+      const auto [row, count] = groups[g];
+      SampleState* sample = samples_by_sequence_.at(step.ids[step.producing[step.sampled[first + row].producing]]);
+      if (sample->grammar == nullptr) continue;
+      // Row j's mask is the grammar's after the draft's first j tokens; the matcher goes back to where it was.
+      const std::vector<TokenId>& tokens = sample->sequence.tokens;
+      const std::size_t draft_begin = tokens.size() - (count - 1);
+      for (std::size_t j = 0; j < count; ++j) {
+        rows[row + j].allowed_tokens.assign(mask_words, 0u);
+        sample->grammar->fill_next_token_mask(rows[row + j].allowed_tokens);
+        if (j + 1 < count)
+          require(sample->grammar->accept_token(tokens[draft_begin + j]), "structured outputs: draft token {} is "
+                  "outside the grammar", tokens[draft_begin + j]);
+      }
+      sample->grammar->rollback(static_cast<int32_t>(count - 1));
+    }
+  });
 }
 
 std::vector<std::vector<SampledToken>> EngineCore::sample_tokens(InFlightStep& step) {

@@ -29,6 +29,7 @@
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
 #include "kv/kv_cache_manager.h"
+#include "structured/token_mask.h"
 
 namespace beamline {
 
@@ -67,6 +68,9 @@ class EngineCore {
     StopChecker stop;
     bool finished = false;
     bool token_pending = false;  // sequence.tokens ends with the placeholder of a token still being sampled
+    // Structured outputs: where the output is in the request's grammar. Its next-token mask needs every token so
+    // far, so a constrained row is sampled only once the token before it is known (see sample_waiting_rows).
+    std::unique_ptr<GrammarMatcher> grammar;
     Clock::time_point last_token_time;
     SampleState(RequestState* owner, int32_t sample_index, Sequence seq, uint64_t seed, const Tokenizer* tokenizer,
                 std::span<const TokenId> eos, int32_t max_tokens);
@@ -129,6 +133,17 @@ class EngineCore {
   // token, or with a draft one per logit row.
   std::vector<std::vector<SampledToken>> sample_tokens(InFlightStep& step);
   bool needs_host(const SampleState& sample) const;
+  // Some constrained row of the step cannot have its mask yet: its sequence's previous token is still being sampled.
+  bool waits_for_grammar(const InFlightStep& step) const;
+  // Structured outputs: the allowed-token mask of each constrained row sample_rows just appended to step.sampled (a
+  // draft's rows: the grammar advanced through the draft tokens before each).
+  void fill_grammar_masks(const InFlightStep& step, std::vector<RowSampling>& rows);
+  // --async-scheduling: once `current`'s tokens are in, samples the rows of the step launched ahead that waited only
+  // for them (constrained rows), so that the step after it can again be launched ahead. False when some row needs the
+  // host path (those rows are sampled when the step finishes).
+  bool sample_waiting_rows(InFlightStep& step, std::vector<std::string>& ended);
+  // Appends the token to the sample's grammar; false (after failing the request) when the grammar does not allow it.
+  bool advance_grammar(SampleState& sample, TokenId token);
   void finish_sample(SampleState& sample, FinishReason reason);
   void fail_request(RequestState& request, const std::string& message);
   // Pushes the request's pending event; when every sample is done, closes the stream and forgets the request.

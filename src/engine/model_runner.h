@@ -26,6 +26,10 @@ struct RowSampling {
   // function and not data. The runner may call the rows' functions concurrently: each must touch only its own row's
   // state.
   std::function<SampledToken(std::span<const float> raw_logits)> sample_on_host;
+  // Structured outputs: the tokens this row may take, a bitmask (bit t % 32 of word t / 32, ceil(vocab_size / 32)
+  // words); empty: every token. The runner sets the others' logits to -inf before either path samples the row, so
+  // sample_on_host and the logprobs see the masked row (as vLLM's grammar bitmask does).
+  std::vector<uint32_t> allowed_tokens;
 };
 
 // A step whose forward pass the runner has enqueued and whose tokens the engine has not taken yet.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "structured/token_mask.h"
+
 namespace beamline {
 
 void validate_request(const GenerationRequest& request, const RequestLimits& limits) {
@@ -33,6 +35,11 @@ void validate_request(const GenerationRequest& request, const RequestLimits& lim
   }
   if (!limits.has_tokenizer && request.detokenize) {
     throw InvalidRequest("detokenize", "text output needs a tokenizer, and this engine has none");
+  }
+  if (request.grammar && (request.grammar->vocabulary() == nullptr ||
+                          request.grammar->vocabulary()->size() > limits.vocab_size)) {
+    throw InvalidRequest("structured_outputs", fmt::format("the grammar was compiled for another vocabulary than this "
+                                                           "model's {} tokens", limits.vocab_size));
   }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // A generation request as the engine takes it, and the error for a bad one.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,12 +11,18 @@
 
 namespace beamline {
 
+class CompiledGrammar;  // structured/token_mask.h
+
 struct GenerationRequest {
   std::string request_id;               // unique among in-flight requests
   std::vector<TokenId> prompt;          // at least one token
   SamplingParams sampling;
   std::string cache_salt;               // prefix-cache isolation key: only equal salts share cached blocks
   bool detokenize = true;               // produce text deltas (needs the engine's tokenizer)
+  // Structured outputs: every sampled token must keep the output inside this grammar (each sample gets its own
+  // matcher). The token that completes it must stop the output: one of the grammar's stop tokens (e.g. eos) or a
+  // token the grammar ends with, in sampling.stop_token_ids (Harmony's <|call|>, <|return|>). Null: unconstrained.
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
 
 // A request the engine refuses; `param` names the offending field (OpenAI's error.param).

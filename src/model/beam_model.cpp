@@ -9,9 +9,10 @@
 namespace beamline {
 namespace {
 
-// A checkpoint tensor handed to the backend, or for a random model (dummy_weights) drawn by it.
+// A checkpoint tensor handed to the backend, or for a random model (dummy_weights) drawn by it, unless the host
+// already holds its bytes: a dummy model's slices drawn on the host (checkpoint/shard_weights.h) or its projections
+// quantized at load (checkpoint/quantize_tensors.h).
 Tensor materialise(Backend& backend, const BeamWeights& weights, const TensorView& view) {
-  // A dummy model's slices were drawn on the host (checkpoint/shard_weights.h) and have data.
   if (!weights.random_seed || view.data != nullptr) return backend.load_weight(view);
   const RandomInit& init = weights.random_inits.at(view.name);
   return backend.random_weight(view.dtype, view.shape, stream_key(*weights.random_seed, view.name), init.mean,

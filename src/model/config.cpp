@@ -23,9 +23,11 @@ QuantizationConfig parse_quantization(const json& value, const jf::Location& at)
     const json* block = jf::find(value, "weight_block_size");
     quant.weight_block_size =
         block ? jf::integer_or_integers(*block, at.key("weight_block_size")) : std::vector<int64_t>{128, 128};
-    if (quant.weight_block_size.size() != 2 || quant.weight_block_size[0] <= 0 || quant.weight_block_size[1] <= 0)
+    // Every backend implements DeepSeek-V3's 128x128 blocks (and the activations' 1x128 groups that go with them).
+    if (quant.weight_block_size != std::vector<int64_t>{128, 128})
       jf::fail_at(at.key("weight_block_size"),
-                  fmt::format("must be two positive integers [rows, columns], found {}", block ? block->dump() : "[]"));
+                  fmt::format("must be [128, 128] (the block size beamline computes with), found {}",
+                              block ? block->dump() : "[]"));
   } else if (quant.quant_method == "modelopt") {
     quant.quant_algo = jf::required_string(value, "quant_algo", at);
     if (quant.quant_algo != "NVFP4")
@@ -35,7 +37,8 @@ QuantizationConfig parse_quantization(const json& value, const jf::Location& at)
                 fmt::format("\"{}\" is not one of \"fp8\", \"mxfp8\", \"modelopt\"", quant.quant_method));
   }
   if (quant.quant_method != "modelopt") quant.quant_algo = jf::optional_string(value, "quant_algo", at).value_or("");
-  for (const char* key : {"ignored_layers", "modules_to_not_convert"})
+  // fp8's ignored_layers, Hugging Face's modules_to_not_convert, ModelOpt's exclude_modules: the same prefixes.
+  for (const char* key : {"ignored_layers", "modules_to_not_convert", "exclude_modules"})
     for (auto& prefix : jf::optional_string_array(value, key, at)) quant.ignored_layers.push_back(std::move(prefix));
   return quant;
 }
@@ -222,10 +225,18 @@ nlohmann::json ModelConfig::to_json() const {
   if (eos_token_ids.size() == 1) out["eos_token_id"] = eos_token_ids.front();
   else if (!eos_token_ids.empty()) out["eos_token_id"] = eos_token_ids;
   if (quantization) {
+    // The keys vLLM reads for each method: Fp8Config (DeepSeek-V3's checkpoints) and ModelOpt's NVFP4 export.
     json quant = {{"quant_method", quantization->quant_method}};
     if (!quantization->quant_algo.empty()) quant["quant_algo"] = quantization->quant_algo;
+    if (quantization->quant_method == "fp8") {
+      quant["activation_scheme"] = "dynamic";
+      quant["fmt"] = "e4m3";
+    }
+    if (quantization->quant_method == "modelopt") quant["group_size"] = 16;
     if (!quantization->weight_block_size.empty()) quant["weight_block_size"] = quantization->weight_block_size;
-    if (!quantization->ignored_layers.empty()) quant["ignored_layers"] = quantization->ignored_layers;
+    if (!quantization->ignored_layers.empty())
+      quant[quantization->quant_method == "modelopt" ? "exclude_modules" : "ignored_layers"] =
+          quantization->ignored_layers;
     out["quantization_config"] = std::move(quant);
   }
   return out;

@@ -18,6 +18,7 @@ class StepSampler::Step final : public ModelStep {
   std::vector<SampledToken> tokens() override;
 
  private:
+  void apply_token_masks(const std::vector<RowSampling>& rows);
   void enqueue_on_device();
   void sample_on_host(const std::vector<RowSampling>& rows, const std::vector<std::size_t>& on_host);
 
@@ -52,8 +53,29 @@ void StepSampler::Step::sample(std::vector<RowSampling> rows) {
     device_rows_.push_back(r);
     device_settings_.push_back(settings);
   }
+  apply_token_masks(rows);
   if (!device_rows_.empty()) enqueue_on_device();
   if (!on_host.empty()) sample_on_host(rows, on_host);
+}
+
+void StepSampler::Step::apply_token_masks(const std::vector<RowSampling>& rows) {
+  const auto words = static_cast<std::size_t>((sampler_.vocab_size_ + 31) / 32);
+  std::vector<int32_t> masked_rows;
+  std::vector<uint32_t> allowed;
+  for (const RowSampling& row : rows) {
+    if (row.allowed_tokens.empty()) continue;
+    require(row.allowed_tokens.size() == words, "step sampling: a token mask of {} words for {} tokens",
+            row.allowed_tokens.size(), sampler_.vocab_size_);
+    masked_rows.push_back(row.settings.logit_row);
+    allowed.insert(allowed.end(), row.allowed_tokens.begin(), row.allowed_tokens.end());
+  }
+  if (masked_rows.empty()) return;
+  // One upload for all the masks; the logits are edited in place (this step is their only reader).
+  Backend& backend = sampler_.backend_;
+  const Tensor device_allowed = backend.upload(allowed.data(), DType::I32,
+                                               {static_cast<int64_t>(masked_rows.size()), static_cast<int64_t>(words)});
+  Tensor logits = logits_;
+  backend.mask_logits(logits, masked_rows, device_allowed);
 }
 
 void StepSampler::Step::enqueue_on_device() {

@@ -7,17 +7,11 @@
 #include "harmony/harmony_render.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 namespace beamline::server {
 
 namespace {
-
-enum class ToolChoiceMode { Auto, None, Required, Named };
-
-struct ToolChoice {
-  ToolChoiceMode mode = ToolChoiceMode::Auto;
-  std::string name;  // Named only
-};
 
 std::vector<std::string> tool_names(const Json& body) {
   std::vector<std::string> names;
@@ -228,6 +222,7 @@ ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
   // The Harmony parser reads token ids; the engine's text is needed only to find stop strings.
   plan.request.detokenize = !sampling.stop.empty();
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  plan.request.grammar = chat_grammar(body, tool_choice, context);
   return plan;
 }
 

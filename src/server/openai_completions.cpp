@@ -8,6 +8,7 @@
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/structured_outputs.h"
 
 namespace beamline::server {
 
@@ -162,6 +163,13 @@ std::vector<CompletionPlan> plan_completions(const Json& body, const ServingCont
   common.return_token_ids = optional_bool(body, "return_token_ids").value_or(false);
   common.request.detokenize = true;
   common.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  common.request.grammar = completion_grammar(body, context);
+  // The grammar's end (eos) stops the output even with ignore_eos: what follows could not be in the grammar.
+  if (common.request.grammar) {
+    std::vector<TokenId>& stops = common.request.sampling.stop_token_ids;
+    for (TokenId eos : common.request.grammar->stop_tokens())
+      if (std::find(stops.begin(), stops.end(), eos) == stops.end()) stops.push_back(eos);
+  }
   const std::vector<const Json*> prompts = prompts_of(body);
   if (common.stream.stream && prompts.size() > 1) {
     throw invalid_request("prompt", fmt::format("prompt: streaming takes one prompt (got {}); send the batch without "

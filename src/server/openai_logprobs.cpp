@@ -12,10 +12,8 @@ Json token_bytes_json(const Tokenizer& tokenizer, TokenId id) {
   return bytes;
 }
 
-// vLLM's floor for the JSON of a logprob: -inf (a token processed_logprobs filtered out) is not a JSON number.
-constexpr float kLowestLogprob = -9999.0f;
-
-float json_logprob(float logprob) { return std::max(logprob, kLowestLogprob); }
+// A token the grammar masked has logprob -inf, which JSON cannot hold (nlohmann writes null): vLLM's -9999.0 instead.
+double json_logprob(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
 
 }  // namespace
 

@@ -102,14 +102,11 @@ void reject_unsupported_fields(const Json& body, Endpoint endpoint) {
   auto unsupported = [](const std::string& field, const std::string& why) {
     return invalid_request(field, fmt::format("{} is not supported by this server: {}", field, why));
   };
-  if (find_field(body, "prompt_logprobs")) throw unsupported("prompt_logprobs", "the prompt's logprobs are not computed yet (only those of generated tokens, `logprobs`)");
-  for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}) {
-    if (find_field(body, field)) throw unsupported(field, "constrained decoding is not implemented");
+  // vLLM's older names for structured_outputs (server/structured_outputs reads the current fields).
+  for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
+    if (find_field(body, field)) throw unsupported(field, "use structured_outputs (json, regex, choice, grammar)");
   }
-  if (const Json* format = find_field(body, "response_format")) {
-    const bool text = format->is_object() && format->contains("type") && (*format)["type"] == "text";
-    if (!text) throw unsupported("response_format", "only {\"type\": \"text\"} (constrained decoding is not implemented)");
-  }
+  if (find_field(body, "prompt_logprobs")) throw unsupported("prompt_logprobs", "prompt logprobs are not computed");
   if (auto best_of = optional_integer(body, "best_of")) {
     const int64_t n = optional_integer(body, "n").value_or(1);
     if (*best_of != n) throw unsupported("best_of", "best_of must equal n");

@@ -23,7 +23,7 @@ void check_model(const Json& body, const std::string& served_model_name);
 StreamOptions read_stream_options(const Json& body);
 
 // 400 for fields that change what the answer must be but that this server cannot honour
-// (response_format other than text, guided decoding, the legacy `functions`, completions' `suffix`, ...).
+// (vLLM's old guided_* fields, prompt_logprobs, the legacy `functions`, completions' `suffix`, ...).
 void reject_unsupported_fields(const Json& body, Endpoint endpoint);
 
 // Sampling fields with their types checked (ranges are the engine's validate_sampling_params):

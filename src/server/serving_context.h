@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
+#include "structured/grammar_cache.h"
 
 namespace beamline::server {
 
@@ -18,6 +19,8 @@ struct ServingContext {
   GenerationConfig generation_config;     // the checkpoint's sampling defaults for fields a request leaves out
   std::string model_name;
   int64_t created = 0;                    // unix seconds the server started (GET /v1/models)
+  GrammarCache* grammars = nullptr;       // structured outputs' compiled grammars (server/structured_outputs)
+  bool harmony_constraint = true;         // hold every chat turn to the Harmony template (--no-harmony-constraint)
 };
 
 // The response field that reports the served weights' version (SGLang's name, in its meta_info): set by

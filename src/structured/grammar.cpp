@@ -358,6 +358,22 @@ RuleId Grammar::add_rule(std::string name) {
   return num_rules() - 1;
 }
 
+RuleId Grammar::import(const Grammar& other, const std::string& prefix) {
+  require(other.root() >= 0, "grammar: the grammar to import has no root rule");
+  const auto expr_base = static_cast<ExprId>(exprs_.size());
+  const RuleId rule_base = num_rules();
+  const auto automaton_base = static_cast<int32_t>(automata_.size());
+  automata_.insert(automata_.end(), other.automata_.begin(), other.automata_.end());
+  for (Expr e : other.exprs_) {  // verbatim, ids shifted: the builders' simplifications were applied already
+    if (e.kind == Expr::Kind::kRule) e.index += rule_base;
+    if (e.kind == Expr::Kind::kAutomaton) e.index += automaton_base;
+    for (ExprId& child : e.children) child += expr_base;
+    exprs_.push_back(std::move(e));
+  }
+  for (const Rule& rule : other.rules_) set_body(add_rule(prefix + rule.name), rule.body < 0 ? -1 : rule.body + expr_base);
+  return other.root() + rule_base;
+}
+
 RuleId Grammar::find_rule(std::string_view name) const {
   auto it = rule_by_name_.find(std::string(name));
   return it == rule_by_name_.end() ? -1 : it->second;

@@ -95,6 +95,9 @@ class Grammar {
   void set_body(RuleId rule, ExprId body) { rules_.at(rule).body = body; }
   RuleId find_rule(std::string_view name) const;  // -1 when absent
   void set_root(RuleId rule) { root_ = rule; }
+  // Copies every rule of `other` into this grammar (names prefixed with `prefix`, which must keep them unique) and
+  // returns the rule that was its root: how one grammar embeds another (a tool's arguments inside Harmony's).
+  RuleId import(const Grammar& other, const std::string& prefix);
 
   RuleId root() const { return root_; }
   int32_t num_rules() const { return static_cast<int32_t>(rules_.size()); }

@@ -12,7 +12,7 @@ std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const Tokenizer& to
     if (tokenizer.is_special(id)) { specials.push_back(id); continue; }
     try {
       bytes[id] = std::string(tokenizer.token_bytes(id));
-    } catch (const Error&) {  // a gap in the id space: an empty token never matches
+    } catch (const std::exception&) {  // a gap in the id space: an empty token never matches
     }
   }
   return from_tokens(std::move(bytes), std::move(specials));

@@ -96,6 +96,11 @@ class GrammarMatcher {
 
   bool can_end() const { return space_.at(history_.back()).can_end; }
   bool terminated() const { return terminated_.back() != 0; }
+  // Nothing more can follow: a stop token was accepted, or the grammar has ended and has no stop tokens to wait for
+  // (e.g. Harmony's, whose ending tokens are part of the grammar).
+  bool completed() const {
+    return terminated() || (can_end() && space_.at(history_.back()).nodes.empty() && grammar_->stop_tokens().empty());
+  }
   int32_t steps() const { return static_cast<int32_t>(history_.size()) - 1; }
   // Does `bytes` match the whole grammar from the start (no tokens involved)?
   static bool matches(const CompiledGrammar& grammar, std::string_view bytes);

@@ -19,6 +19,9 @@ TEST(BackendChoice, KvCacheAutoFollowsTheComputeDtype) {
   EXPECT_EQ(parse_kv_cache_dtype("auto", parse_compute_dtype("auto", Device::Cpu)), DType::F32);
   EXPECT_EQ(parse_kv_cache_dtype("bfloat16", ComputeDType::Float32), DType::BF16);
   EXPECT_THROW(parse_kv_cache_dtype("int4", ComputeDType::Float32), Error);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8", ComputeDType::BFloat16), DType::F8_E4M3);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8_e4m3", ComputeDType::Float32), DType::F8_E4M3);
+  EXPECT_THROW(parse_kv_cache_dtype("fp8_e5m2", ComputeDType::Float32), Error);
 }
 
 TEST(BackendChoice, AutoTakesTheGpuWherePresentElseTheCpu) {

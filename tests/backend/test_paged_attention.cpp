@@ -1,10 +1,12 @@
 // write_kv + paged_attention against a naive softmax over the visible keys: causal, sliding windows (exactly
-// at the boundary), GQA, varlen batches over shuffled block tables, F32 and BF16 pools, given-back blocks.
+// at the boundary), GQA, varlen batches over shuffled block tables, F32, BF16 and FP8 (E4M3, CPU) pools, given-back
+// blocks.
 #include <algorithm>
 #include <numeric>
 
 #include "backend_test_support.h"
 #include "model/forward_batch.h"
+#include "quant/element_codes.h"
 #include "util/error.h"
 
 namespace beamline::testing {
@@ -24,7 +26,10 @@ struct PoolSetup {
   std::vector<std::vector<float>> k, v;  // per sequence [length, kv_heads * dim], rounded through the pool dtype
 };
 
-float round_through(float value, DType dtype) { return dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(value)) : value; }
+float round_through(float value, DType dtype) {
+  if (dtype == DType::F8_E4M3) return fp8_e4m3_to_f32(f32_to_e4m3(value));  // per-tensor scale 1.0, saturating
+  return dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(value)) : value;
+}
 
 // Writes every position of every sequence into a fresh pool through shuffled block tables.
 PoolSetup write_sequences(Backend& backend, Random& random, const Case& c) {
@@ -152,6 +157,40 @@ TEST_P(AttentionTest, MatchesNaiveSoftmaxOverVisibleKeys) {
                               params_of(c), out);
     expect_close(backend().download_f32(out), naive_attention(c, setup, q), 1e-5, fmt::format("case {}", i));
   }
+}
+
+// --kv-cache-dtype fp8: K and V stored as E4M3 (scale 1.0); attention equals the naive one over the rounded keys and
+// values. Values beyond ±448 saturate.
+TEST_P(AttentionTest, Fp8PoolMatchesNaiveSoftmaxOverRoundedKeys) {
+  Random random(22);
+  const std::vector<Case> cases{
+      {4, 2, 16, 0, 16, DType::F8_E4M3, {37}, {37}},           // causal prefill, GQA 2
+      {5, 5, 6, 4, 2, DType::F8_E4M3, {9, 9, 9}, {1, 9, 3}},   // window 4, varlen
+      {8, 1, 64, 16, 8, DType::F8_E4M3, {70, 3}, {1, 3}},      // decode row next to a prefill, GQA 8
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const PoolSetup setup = write_sequences(backend(), random, c);
+    const AttentionBatch batch = query_batch(backend(), c);
+    const int64_t rows = batch.num_rows(), width = int64_t{c.heads} * c.dim;
+    const std::vector<float> q = random.normal(static_cast<std::size_t>(rows * width));
+    Tensor out = backend().alloc(DType::F32, {rows, width});
+    backend().paged_attention(backend().upload_f32(q, {rows, width}), setup.pool, setup.block_table, batch,
+                              params_of(c), out);
+    expect_close(backend().download_f32(out), naive_attention(c, setup, q), 1e-5, fmt::format("fp8 case {}", i));
+  }
+  // Saturation: a key of 1000 is stored as 448.
+  PagedKvPool pool{backend().alloc(DType::F8_E4M3, {1, 1, 1, 1, 2}), backend().alloc(DType::F8_E4M3, {1, 1, 1, 1, 2})};
+  const AttentionBatch one = backend().make_attention_batch({0}, {0, 1}, {1});
+  backend().write_kv(backend().upload_f32(std::vector<float>{1000.0f, -0.3f}, {1, 2}),
+                     backend().upload_f32(std::vector<float>{-1000.0f, 0.0f}, {1, 2}), pool, 0,
+                     backend().upload_i32(std::vector<int32_t>{0}, {1, 1}), one);
+  uint8_t k_codes[2] = {}, v_codes[2] = {};
+  backend().download(pool.k, k_codes);
+  backend().download(pool.v, v_codes);
+  EXPECT_EQ(k_codes[0], f32_to_e4m3(448.0f));
+  EXPECT_EQ(v_codes[0], f32_to_e4m3(-448.0f));
+  EXPECT_EQ(fp8_e4m3_to_f32(k_codes[1]), round_through(-0.3f, DType::F8_E4M3));
 }
 
 // q = 0 makes the softmax uniform over the visible keys; V[t] = one-hot(t) then shows exactly which keys those are.

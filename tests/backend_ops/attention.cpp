@@ -24,6 +24,7 @@
 #include "harness.h"
 #include "op_families.h"
 #include "perf.h"
+#include "quant/element_codes.h"
 
 namespace beamline::backend_ops {
 namespace {
@@ -90,6 +91,11 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
   const int64_t pool_elements = int64_t{pool_blocks} * slots * c.block_size * c.kv_heads * c.dim;
   auto pool_tensor = [&](Backend& backend, const std::vector<float>& values) {
     if (c.kv_dtype == DType::F32) return backend.upload_f32(values, pool_shape);
+    if (c.kv_dtype == DType::F8_E4M3) {  // --kv-cache-dtype fp8: E4M3 codes, scale 1.0
+      std::vector<uint8_t> codes(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) codes[i] = f32_to_e4m3(values[i]);
+      return backend.upload(codes.data(), DType::F8_E4M3, pool_shape);
+    }
     std::vector<uint16_t> bits(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
     return backend.upload(bits.data(), DType::BF16, pool_shape);
@@ -109,8 +115,22 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
 
   harness.device().write_kv(k.device, v.device, device_pool, slot, block_table.device, device_batch);
   harness.reference().write_kv(k.reference, v.reference, reference_pool, slot, block_table.reference, reference_batch);
-  harness.record("write_kv", shape, {device_pool.k, reference_pool.k}, 0.0, seconds_since(start), "K pool, exact");
-  harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
+  if (c.kv_dtype == DType::F8_E4M3) {
+    // The codes bit for bit: both round to nearest even and saturate at ±448.
+    int64_t mismatches = 0;
+    for (auto [device, reference] : {std::pair{&device_pool.k, &reference_pool.k}, {&device_pool.v, &reference_pool.v}}) {
+      std::vector<uint8_t> got(static_cast<std::size_t>(pool_elements)), want(got.size());
+      harness.device().download(*device, got.data());
+      harness.reference().download(*reference, want.data());
+      for (std::size_t i = 0; i < got.size(); ++i) mismatches += got[i] != want[i] ? 1 : 0;
+    }
+    harness.record_result({"write_kv", shape, static_cast<double>(mismatches), 0.0,
+                           fmt::format("K and V E4M3 codes bit for bit: {} mismatches", mismatches), mismatches == 0,
+                           seconds_since(start)});
+  } else {
+    harness.record("write_kv", shape, {device_pool.k, reference_pool.k}, 0.0, seconds_since(start), "K pool, exact");
+    harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
+  }
 
   AttentionParams params;
   params.num_heads = c.heads;
@@ -196,6 +216,10 @@ void test_attention(Harness& harness) {
       {"missing block, 1 row", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {6000, 1}}, 1},
       {"missing block, prefill", 48, 8, 128, 16, 0, DType::BF16, {{40, 1}, {64, 70}, {20, 9}}, 1},
       {"missing block, generic", 6, 3, 40, 4, 0, DType::F32, {{40, 3}, {8, 2}}, 0},
+      // FP8 KV cache (E4M3, scale 1.0): the device reads the same codes exactly, so FP32's tolerance.
+      {"fp8 kv decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{600, 1}, {15, 1}, {16, 1}}},
+      {"fp8 kv mixed, window", 48, 8, 128, 16, 512, DType::F8_E4M3, {{530, 70}, {0, 129}, {900, 1}}},
+      {"fp8 kv odd dims", 6, 3, 40, 4, 5, DType::F8_E4M3, {{3, 11}, {0, 2}}},
   };
   if (!harness.small_only()) {
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});

@@ -41,6 +41,11 @@ void add_sample_perf(CLI::App& perf);
 void test_fp8(Harness& harness);
 void add_fp8_perf(CLI::App& perf);
 
+// micro_scaled.cpp: MXFP8 and NVFP4 weights in every op that takes them.
+void test_mxfp8(Harness& harness);
+void test_nvfp4(Harness& harness);
+void add_micro_perf(CLI::App& perf);
+
 // layer.cpp: one full decoder layer, composed of the ops above (perf only).
 void add_layer_perf(CLI::App& perf);
 

@@ -331,6 +331,75 @@ TEST_F(MakeModelTest, Beam10DryRunHasTheDocumentedTensors) {
   EXPECT_GT(totals["files"], 200u);  // ~1 TB in 4 GiB shards
 }
 
+// The full model's bytes per format (docs/quantization.md): projections quantized, lm_head, embeddings, norms and
+// the router kept; the parameter count is the unquantized model's.
+TEST_F(MakeModelTest, Beam10DryRunQuantized) {
+  std::map<std::string, uint64_t> bf16_totals;
+  parse_dry_run(run_beamline("make-model --preset beam-1.0 --dry-run").output, bf16_totals);
+  for (const std::string format : {"fp8", "nvfp4"}) {
+    const RunResult result = run_beamline("make-model --preset beam-1.0 --dry-run --quantization " + format);
+    ASSERT_EQ(result.exit_code, 0) << result.output.substr(0, 2000);
+    std::map<std::string, uint64_t> totals;
+    const auto tensors = parse_dry_run(result.output, totals);
+    const auto expect = [&](const std::string& name, const std::string& dtype, const std::string& shape) {
+      const auto it = tensors.find(name);
+      ASSERT_NE(it, tensors.end()) << name;
+      EXPECT_EQ(it->second.dtype, dtype) << name;
+      EXPECT_EQ(it->second.shape, shape) << name;
+    };
+    expect("lm_head.weight", "BF16", "[201088, 5120]");
+    expect("model.embed_tokens.weight", "BF16", "[201088, 5120]");
+    expect("model.layers.3.mlp.gate.weight", "F32", "[256, 5120]");
+    expect("model.layers.0.input_layernorm.weight", "BF16", "[5120]");
+    if (format == "fp8") {
+      expect("model.layers.0.self_attn.q_proj.weight", "F8_E4M3", "[6144, 5120]");
+      expect("model.layers.0.self_attn.q_proj.weight_scale_inv", "F32", "[48, 40]");
+      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale_inv", "F32", "[40, 20]");
+    } else {
+      expect("model.layers.9.mlp.experts.7.down_proj.weight", "U8", "[5120, 1280]");
+      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale", "F8_E4M3", "[5120, 160]");
+      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale_2", "F32", "[]");
+    }
+    EXPECT_EQ(totals["parameters"], bf16_totals["parameters"]);
+    // fp8: one byte a weight plus 4 bytes per 128x128 block; nvfp4: 4.5 bits a weight; the BF16 embeddings and
+    // lm_head (2.06 B parameters each) on top.
+    const double ratio = static_cast<double>(totals["bytes"]) / static_cast<double>(bf16_totals["bytes"]);
+    EXPECT_NEAR(ratio, format == "fp8" ? 0.504 : 0.289, 0.01) << totals["bytes"];
+  }
+}
+
+TEST_F(MakeModelTest, QuantizeCommandAndQuantizedMakeModel) {
+  const fs::path bf16 = dir_ / "bf16", quantized = dir_ / "mxfp8", random_nvfp4 = dir_ / "nvfp4";
+  ASSERT_EQ(run_beamline(fmt::format("make-model --preset tiny --out {}", bf16.string())).exit_code, 0);
+  RunResult result = run_beamline(
+      fmt::format("quantize --model {} --out {} --quantization mxfp8", bf16.string(), quantized.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  BeamWeights weights = load_checkpoint(quantized);
+  ASSERT_TRUE(weights.config.quantization);
+  EXPECT_EQ(weights.config.quantization->quant_method, "mxfp8");
+  EXPECT_EQ(weights.config.quantization->ignored_layers, std::vector<std::string>{"lm_head"});
+  EXPECT_TRUE(weights.layers[0].q_proj.quantized());
+  EXPECT_FALSE(weights.lm_head.quantized());
+  EXPECT_TRUE(fs::exists(quantized / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(quantized / "harmony.json"));
+
+  result = run_beamline(
+      fmt::format("quantize --model {} --out {} --quantization fp8", quantized.string(), (dir_ / "twice").string()));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("already quantized"), std::string::npos) << result.output;
+  result = run_beamline(fmt::format("quantize --model {} --out {}", bf16.string(), (dir_ / "none").string()));
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("--quantization"), std::string::npos) << result.output;
+
+  result = run_beamline(fmt::format("make-model --preset tiny --out {} --quantization nvfp4 --modules-to-not-convert none",
+                                    random_nvfp4.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  weights = load_checkpoint(random_nvfp4);
+  EXPECT_EQ(weights.config.quantization->quant_algo, "NVFP4");
+  EXPECT_TRUE(weights.lm_head.quantized());
+  EXPECT_EQ(weights.layers[1].experts[0].down_proj.scale_2.dtype, DType::F32);
+}
+
 TEST_F(MakeModelTest, LayersOverrideKeepsDenseLayersAndTheRule) {
   const RunResult result = run_beamline("make-model --preset beam-1.0 --layers 4 --dry-run");
   ASSERT_EQ(result.exit_code, 0) << result.output.substr(0, 2000);

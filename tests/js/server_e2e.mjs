@@ -317,7 +317,7 @@ describe('beamline serve', () => {
     assertErrorShape(await chat({ model: MODEL, messages: user, tool_choice: 'required' }), 400, 'tool_choice');
     assertErrorShape(await chat({ model: MODEL, messages: user, tool_choice: 'sometimes', tools: [WEATHER_TOOL] }), 400, 'tool_choice');
     assertErrorShape(await chat({ model: MODEL, messages: user, reasoning_effort: 'extreme' }), 400, 'reasoning_effort');
-    assertErrorShape(await chat({ model: MODEL, messages: user, response_format: { type: 'json_schema' } }), 400, 'response_format');
+    assertErrorShape(await chat({ model: MODEL, messages: user, response_format: { type: 'json_schema' } }), 400, 'response_format.json_schema');
     // Longer than the 4096-token context.
     const longIds = Array.from({ length: 4200 }, (_, i) => 10 + (i % 200));
     assertErrorShape(await postJson(base, '/v1/completions', { model: MODEL, prompt: longIds, max_tokens: 1 }), 400, 'prompt');

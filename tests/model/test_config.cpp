@@ -117,9 +117,12 @@ TEST(Config, QuantizationConfigs) {
   EXPECT_EQ(c.quantization->quant_method, "fp8");
   EXPECT_EQ(c.quantization->weight_block_size, (std::vector<int64_t>{128, 128}));
 
-  document["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {64, 32}}, {"ignored_layers", {"lm_head"}}};
+  document["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}, {"ignored_layers", {"lm_head"}}};
   c = ModelConfig::from_json(document);
-  EXPECT_EQ(c.quantization->weight_block_size, (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(c.quantization->weight_block_size, (std::vector<int64_t>{128, 128}));
+  // What vLLM's Fp8Config reads back.
+  EXPECT_EQ(c.to_json()["quantization_config"]["activation_scheme"], "dynamic");
+  EXPECT_EQ(c.to_json()["quantization_config"]["ignored_layers"], json({"lm_head"}));
   EXPECT_EQ(c.quantization->ignored_layers, std::vector<std::string>{"lm_head"});
   EXPECT_EQ(ModelConfig::from_json(c.to_json()).to_json(), c.to_json());
 
@@ -222,9 +225,11 @@ TEST(Config, QuantizationRejectionsAreNamed) {
   expect_rejected(with_quant({{"quant_method", "modelopt"}, {"quant_algo", "FP8"}}), "quantization_config.quant_algo",
                   "only \"NVFP4\"");
   expect_rejected(with_quant({{"quant_method", "fp8"}, {"weight_block_size", {128}}}),
-                  "quantization_config.weight_block_size", "two positive integers");
+                  "quantization_config.weight_block_size", "must be [128, 128]");
   expect_rejected(with_quant({{"quant_method", "fp8"}, {"weight_block_size", {128, 0}}}),
-                  "quantization_config.weight_block_size", "two positive integers");
+                  "quantization_config.weight_block_size", "must be [128, 128]");
+  expect_rejected(with_quant({{"quant_method", "fp8"}, {"weight_block_size", {64, 32}}}),
+                  "quantization_config.weight_block_size", "found [64,32]");
   expect_rejected(with_quant({{"quant_method", "mxfp8"}, {"ignored_layers", {"lm_head", 3}}}),
                   "quantization_config.ignored_layers[1]", "must be a string");
 }

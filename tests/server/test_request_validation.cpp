@@ -243,7 +243,7 @@ TEST(RequestFields, UnsupportedFieldsThatChangeTheAnswerAre400) {
   const auto param_of = [](const std::string& json, Endpoint endpoint) {
     return error_of([&] { reject_unsupported_fields(Json::parse(json), endpoint); }).param().value_or("");
   };
-  EXPECT_EQ(param_of(R"({"response_format": {"type": "json_schema"}})", Endpoint::ChatCompletions), "response_format");
+  EXPECT_EQ(param_of(R"({"prompt_logprobs": 1})", Endpoint::ChatCompletions), "prompt_logprobs");
   EXPECT_EQ(param_of(R"({"functions": []})", Endpoint::ChatCompletions), "functions");
   EXPECT_EQ(param_of(R"({"guided_json": {}})", Endpoint::Completions), "guided_json");
   EXPECT_EQ(param_of(R"({"suffix": "end"})", Endpoint::Completions), "suffix");
@@ -251,6 +251,10 @@ TEST(RequestFields, UnsupportedFieldsThatChangeTheAnswerAre400) {
   EXPECT_NO_THROW(reject_unsupported_fields(
       Json::parse(R"({"response_format": {"type": "text"}, "user": "u", "best_of": 2, "n": 2})"),
       Endpoint::ChatCompletions));
+  // Structured outputs are read (and their keywords refused) by server/structured_outputs, not refused here.
+  EXPECT_NO_THROW(reject_unsupported_fields(
+      Json::parse(R"({"response_format": {"type": "json_schema"}, "structured_outputs": {"regex": "a"}})"),
+      Endpoint::Completions));
 }
 
 TEST(RequestFields, IntegersAcceptIntegralFloatsOnly) {

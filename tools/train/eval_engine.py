@@ -25,6 +25,41 @@ def run(command, stdin=None):
     return done.stdout
 
 
+def load_turns(heldout, limit):
+    """(kind, prompt, check) of every model turn of the first `limit` conversations."""
+    turns = []
+    with open(heldout) as f:
+        for index, line in enumerate(f):
+            if index >= limit:
+                break
+            example = json.loads(line)
+            turns += [(example["kind"], t["prompt"], t["check"]) for t in example["turns"]]
+    return turns
+
+
+def encode(beamline, model, prompts):
+    """Token ids (lists of ints) of each prompt, special tokens allowed."""
+    encoded = run([beamline, "tokenize", "--model", model, "--allow-special", "--jsonl"],
+                  "".join(json.dumps(prompt) + "\n" for prompt in prompts)).splitlines()
+    if len(encoded) != len(prompts):
+        sys.exit(f"beamline tokenize returned {len(encoded)} lines for {len(prompts)} prompts")
+    return [[int(token) for token in line.split()] for line in encoded]
+
+
+def evaluate(beamline, model, turns, encoded, max_tokens=400, device="cpu", extra=()):
+    """Greedy completions of every turn by `beamline generate`, scored; each result also keeps the generated ids."""
+    results = []
+    for (kind, _, check), ids in zip(turns, encoded):
+        output = run([beamline, "generate", "--model", model, "--tokens", ",".join(map(str, ids)),
+                      "--max-tokens", str(max_tokens), "--device", device, *extra]).splitlines()
+        id_lines = [line for line in output if line.strip() and set(line.strip()) <= set("0123456789, ")]
+        generated = id_lines[-1].strip() if id_lines else ""
+        completion = run([beamline, "detokenize", "--model", model, "--ids", generated]) if generated else ""
+        results.append({"kind": kind, "check": check, "completion": completion,
+                        "generated": [int(t) for t in generated.replace(",", " ").split()], **score(completion, check)})
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--beamline", required=True)
@@ -35,25 +70,10 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="write per-turn results here")
     args = parser.parse_args()
-    turns = []
-    with open(args.heldout) as f:
-        for index, line in enumerate(f):
-            if index >= args.limit:
-                break
-            example = json.loads(line)
-            turns += [(example["kind"], t["prompt"], t["check"]) for t in example["turns"]]
-    encoded = run([args.beamline, "tokenize", "--model", args.model, "--allow-special", "--jsonl"],
-                  "".join(json.dumps(prompt) + "\n" for _, prompt, _ in turns)).splitlines()
-    if len(encoded) != len(turns):
-        sys.exit(f"beamline tokenize returned {len(encoded)} lines for {len(turns)} prompts")
-    started, results = time.time(), []
-    for (kind, _, check), ids in zip(turns, encoded):
-        output = run([args.beamline, "generate", "--model", args.model, "--tokens", ",".join(ids.split()),
-                      "--max-tokens", str(args.max_tokens), "--device", args.device]).splitlines()
-        id_lines = [line for line in output if line.strip() and set(line.strip()) <= set("0123456789, ")]
-        generated = id_lines[-1].strip() if id_lines else ""
-        completion = run([args.beamline, "detokenize", "--model", args.model, "--ids", generated]) if generated else ""
-        results.append({"kind": kind, "check": check, "completion": completion, **score(completion, check)})
+    turns = load_turns(args.heldout, args.limit)
+    encoded = encode(args.beamline, args.model, [prompt for _, prompt, _ in turns])
+    started = time.time()
+    results = evaluate(args.beamline, args.model, turns, encoded, args.max_tokens, args.device)
     print(f"{len(results)} turns decoded by beamline ({args.device}) in {time.time() - started:.0f} s")
     summarize(results)
     if args.json:

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/projection.h"
 #include "backend/op_checks.h"
 #include "util/counter_random.h"
 #include "util/error.h"
@@ -125,9 +126,8 @@ void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& w
 }
 
 void CpuBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
-  require_float_weight(weight.weight, "linear", "weight");
-  require(weight.weight.rank() == 2, "linear: weight must be [out, in], got {}", describe(weight.weight));
-  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
+  const cpu::Projection shape = cpu::projection(weight, "linear", "weight");
+  const int64_t rows = x.dim(0), out = shape.out, in = shape.in;
   require_shape(x, {rows, in}, "linear", "x");
   require_shape(y, {rows, out}, "linear", "y");
   require_dtype(x, DType::F32, "linear", "x");
@@ -178,10 +178,11 @@ void CpuBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, flo
 
 void CpuBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                          float softcap, Tensor& logits) {
-  require_float_weight(head.weight, "lm_head", "head");
+  const cpu::Projection shape = cpu::projection(head, "lm_head", "head");
   require_float_weight(norm, "lm_head", "norm");
-  const int64_t tokens = x.dim(0), hidden = x.dim(1), selected = rows.numel(), vocab = head.weight.dim(0);
-  require_shape(head.weight, {vocab, hidden}, "lm_head", "head");
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), selected = rows.numel(), vocab = shape.out;
+  require(shape.in == hidden, "lm_head: head {} has {} input features, x has {}", describe(head.weight), shape.in,
+          hidden);
   require_shape(norm, {hidden}, "lm_head", "norm");
   require_dtype(rows, DType::I32, "lm_head", "rows");
   require_shape(logits, {selected, vocab}, "lm_head", "logits");

@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;  // sample.cpp
+  void mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) override;  // sample.cpp
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

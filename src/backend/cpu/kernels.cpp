@@ -9,6 +9,9 @@
 #define BEAMLINE_CPU_AVX2 1
 #endif
 
+#include "backend/cpu/dequantize.h"
+#include "backend/cpu/projection.h"
+#include "quant/element_codes.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
 
@@ -41,6 +44,12 @@ void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float
       for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
       return;
     }
+    case DType::F8_E4M3: {  // an FP8 KV cache (per-tensor scale 1.0)
+      const auto* in = reinterpret_cast<const uint8_t*>(data) + offset;
+      const std::array<float, 256>& table = e4m3_table();
+      for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];
+      return;
+    }
     default:
       fail("cpu backend: cannot read {} values as floats", dtype_name(dtype));
   }
@@ -54,6 +63,11 @@ void from_f32(const float* values, int64_t n, DType dtype, int64_t offset, std::
     case DType::BF16: {
       auto* out = reinterpret_cast<uint16_t*>(data) + offset;
       for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(values[i]);
+      return;
+    }
+    case DType::F8_E4M3: {  // round to nearest even, saturating at ±448 (quant/element_codes.h)
+      auto* out = reinterpret_cast<uint8_t*>(data) + offset;
+      for (int64_t i = 0; i < n; ++i) out[i] = f32_to_e4m3(values[i]);
       return;
     }
     default:
@@ -150,8 +164,8 @@ void dot4(const float* w0, const float* w1, const float* w2, const float* w3, co
 
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride) {
   const Tensor& w = weight.weight;
-  require(!weight.scale.defined(), "cpu backend: quantized weight {} is not supported yet", describe(w));
-  const int64_t out = w.dim(0), in = w.dim(1);
+  const Projection shape = projection(weight, "matmul", "weight");
+  const int64_t out = shape.out, in = shape.in;
   constexpr int64_t kRowsPerGroup = 4;
   const int64_t groups = (out + kRowsPerGroup - 1) / kRowsPerGroup;
   const bool direct = w.dtype() == DType::F32;
@@ -165,8 +179,12 @@ void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float*
         for (auto group = static_cast<int64_t>(group_begin); group < static_cast<int64_t>(group_end); ++group) {
           const int64_t first = group * kRowsPerGroup, count = std::min(kRowsPerGroup, out - first);
           const float* row[kRowsPerGroup];
+          // Quantized weights: the group's rows dequantized exactly (cpu/dequantize.h), then the same FP32 dots.
+          if (shape.quantized) dequantize_weight_rows(*shape.quantized, first, count, converted.data());
           for (int64_t r = 0; r < count; ++r) {
-            if (direct) {
+            if (shape.quantized) {
+              row[r] = converted.data() + r * in;
+            } else if (direct) {
               row[r] = w.data<const float>() + (first + r) * in;
             } else {
               to_f32(w.raw(), w.dtype(), (first + r) * in, in, converted.data() + r * in);

@@ -8,16 +8,17 @@
 
 namespace beamline::cpu {
 
-// out[0..n) = elements [offset, offset + n) of an F32/F16/BF16 buffer, as F32.
+// out[0..n) = elements [offset, offset + n) of an F32/F16/BF16/F8_E4M3 buffer, as F32.
 void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float* out);
-// Stores F32 values into an F32 or BF16 buffer at element `offset`.
+// Stores F32 values into an F32, BF16 or F8_E4M3 (saturating) buffer at element `offset`.
 void from_f32(const float* values, int64_t n, DType dtype, int64_t offset, std::byte* data);
 
 // FP32 dot product; the summation order depends only on n, so a result never depends on batching.
 float dot(const float* a, const float* b, int64_t n);
 
-// y[t * y_stride + o] = x[t] · W[o] for t < rows, o < out, with W = weight [out, in] in its stored dtype and
-// x rows `in` floats apart. Threads over output rows (serially when called inside a pool chunk).
+// y[t * y_stride + o] = x[t] · W[o] for t < rows, o < out, with W = weight [out, in] in its stored dtype (a
+// quantized weight through its exact dequantization, a few rows at a time; cpu/projection.h) and x rows `in`
+// floats apart. Threads over output rows (serially when called inside a pool chunk).
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride);
 
 // out = x / sqrt(mean(x²) + eps) * weight for one row of n values.

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/projection.h"
 #include "backend/op_checks.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -27,7 +28,7 @@ std::vector<int32_t> top_indices(const std::vector<float>& values, int32_t count
 
 // SwiGLU over `rows` rows of x into y: y = down(silu(gate(x)) * up(x)).
 void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* y) {
-  const int64_t intermediate = mlp.gate.weight.dim(0), hidden = mlp.down.weight.dim(0);
+  const int64_t intermediate = mlp.gate.out_features(), hidden = mlp.down.out_features();
   std::vector<float> gate(static_cast<std::size_t>(rows * intermediate)), up(gate.size());
   cpu::matmul_wt(x, rows, mlp.gate, gate.data(), intermediate);
   cpu::matmul_wt(x, rows, mlp.up, up.data(), intermediate);
@@ -36,15 +37,16 @@ void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* 
 }
 
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
-  for (const Tensor* w : {&mlp.gate.weight, &mlp.up.weight, &mlp.down.weight}) {
-    require(w->defined() && w->rank() == 2, "{}: expert weight missing or not a matrix", op);
-    require(w->dtype() == DType::F32 || w->dtype() == DType::BF16 || w->dtype() == DType::F16,
-            "{}: expert weight is {}, expected F32, BF16 or F16", op, dtype_name(w->dtype()));
-  }
-  const int64_t intermediate = mlp.gate.weight.dim(0);
-  require_shape(mlp.gate.weight, {intermediate, hidden}, op, "gate");
-  require_shape(mlp.up.weight, {intermediate, hidden}, op, "up");
-  require_shape(mlp.down.weight, {hidden, intermediate}, op, "down");
+  const cpu::Projection gate = cpu::projection(mlp.gate, op, "gate"), up = cpu::projection(mlp.up, op, "up"),
+                        down = cpu::projection(mlp.down, op, "down");
+  const int64_t intermediate = gate.out;
+  const auto require_matrix = [&](const cpu::Projection& found, int64_t out, int64_t in, std::string_view what) {
+    require(found.out == out && found.in == in, "{}: {} is [{}, {}] (as dequantized), expected [{}, {}]", op, what,
+            found.out, found.in, out, in);
+  };
+  require_matrix(gate, intermediate, hidden, "gate");
+  require_matrix(up, intermediate, hidden, "up");
+  require_matrix(down, hidden, intermediate, "down");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
-// CpuBackend::sample: sampling/sampling.h's sample_row over the rows, in parallel (each row is independent).
+// CpuBackend::sample: sampling/sampling.h's sample_row over the rows, in parallel (each row is independent); and
+// mask_logits, the structured-output token masks applied before it.
 #include <algorithm>
+#include <limits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
@@ -32,6 +34,18 @@ void CpuBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, S
         }
       },
       std::max<std::size_t>(1, 65536 / vocab));
+}
+
+void CpuBackend::mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) {
+  require(logits.device() == Device::Cpu && allowed.device() == Device::Cpu, "mask_logits: inputs are not CPU tensors");
+  check_mask_logits_args(logits, rows, allowed);
+  const int64_t vocab = logits.dim(1), words = allowed.dim(1);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    float* row = logits.data<float>() + rows[i] * vocab;
+    const auto* bits = reinterpret_cast<const uint32_t*>(allowed.data<const int32_t>()) + static_cast<int64_t>(i) * words;
+    for (int64_t t = 0; t < vocab; ++t)
+      if (((bits[t >> 5] >> (t & 31)) & 1u) == 0) row[t] = -std::numeric_limits<float>::infinity();
+  }
 }
 
 }  // namespace beamline

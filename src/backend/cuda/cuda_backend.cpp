@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/rows/rows.h"
@@ -15,7 +16,9 @@
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
+#include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/micro.h"
 #include "backend/op_checks.h"
 #include "backend/registry.h"
 #include "util/error.h"
@@ -51,13 +54,18 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 void require_unquantized(const LinearTensors& weight, std::string_view op) {
-  require(!weight.scale.defined(), "{}: quantized weight {} is not supported by the cuda backend yet", op,
-          describe(weight.weight));
+  require(!weight.scale.defined(),
+          "{}: weight {} with scale {} is none of the quantized layouts (F8_E4M3 + F32 block-128 scales, F8_E4M3 + "
+          "F8_E8M0 per-32 scales, U8 packed E2M1 + F8_E4M3 per-16 scales + F32 scale_2)",
+          op, describe(weight.weight), weight.scale.defined() ? describe(weight.scale) : std::string());
 }
 
 // FP8 block-128 (MODEL_FORMAT.md section 5 "fp8"): E4M3 [out, in] with F32 scales [ceil(out/128), ceil(in/128)].
-// The other quantized layouts (MXFP8's E8M0 scales, NVFP4) are refused by name.
-bool is_fp8_block(const LinearTensors& weight) { return weight.weight.dtype() == DType::F8_E4M3; }
+// E4M3 codes with E8M0 (or U8) scales are MXFP8 (micro_format below).
+bool is_fp8_block(const LinearTensors& weight) {
+  const bool per_32 = weight.scale.defined() && (weight.scale.dtype() == DType::F8_E8M0 || weight.scale.dtype() == DType::U8);
+  return weight.weight.dtype() == DType::F8_E4M3 && !per_32;
+}
 
 void check_fp8_block(const LinearTensors& weight, std::string_view op) {
   require_device(weight.weight, op, "weight");
@@ -66,12 +74,59 @@ void check_fp8_block(const LinearTensors& weight, std::string_view op) {
   require(weight.scale.defined(), "{}: FP8 weight {} has no block scales", op, describe(weight.weight));
   require_device(weight.scale, op, "weight scale");
   require(weight.scale.dtype() == DType::F32 && !weight.scale_2.defined(),
-          "{}: weight {} with scale {}: only FP8 block-128 (F32 scales) is supported by the cuda backend so far "
-          "(MXFP8 and NVFP4 are not)",
+          "{}: weight {} with scale {} is none of the layouts of FP8 codes (F32 block-128 scales, E8M0 per-32 scales)",
           op, describe(weight.weight), describe(weight.scale));
   require_shape(weight.scale, {cuda::fp8::blocks_of(out), cuda::fp8::blocks_of(in)}, op, "weight scale");
   require(cuda::fp8::gemm_supported(in) && aligned16(weight.weight.raw()),
           "{}: FP8 weight {} needs in_features a multiple of 16 on the cuda backend", op, describe(weight.weight));
+}
+
+// MXFP8 (E4M3 codes, E8M0 or U8 scales per 32) and NVFP4 (U8 packed E2M1, E4M3 scales per 16, F32 scale_2): the
+// layouts with a scale per few elements of a row (backend/cuda/quant/micro.h). nullopt for any other weight.
+std::optional<cuda::micro::Format> micro_format(const LinearTensors& weight) {
+  if (!weight.scale.defined()) return std::nullopt;
+  const DType codes = weight.weight.dtype(), scales = weight.scale.dtype();
+  if (codes == DType::F8_E4M3 && (scales == DType::F8_E8M0 || scales == DType::U8)) return cuda::micro::Format::Mxfp8;
+  if (codes == DType::U8 && scales == DType::F8_E4M3) return cuda::micro::Format::Nvfp4;
+  return std::nullopt;
+}
+
+const char* format_name(cuda::micro::Format format) {
+  return format == cuda::micro::Format::Mxfp8 ? "MXFP8" : "NVFP4";
+}
+
+// in_features of the logical [out, in] matrix (NVFP4 stores two codes a byte).
+int64_t logical_in(const LinearTensors& weight) {
+  const std::optional<cuda::micro::Format> format = micro_format(weight);
+  return format == cuda::micro::Format::Nvfp4 ? 2 * weight.weight.dim(1) : weight.weight.dim(1);
+}
+
+void check_micro(const LinearTensors& weight, std::string_view op) {
+  const cuda::micro::Format format = *micro_format(weight);
+  require_device(weight.weight, op, "weight");
+  require_device(weight.scale, op, "weight scale");
+  require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
+  const int64_t out = weight.weight.dim(0), in = logical_in(weight), group = cuda::micro::group_size(format);
+  require(cuda::micro::supported(format, in), "{}: {} weight {} needs in_features ({}) a multiple of {}", op,
+          format_name(format), describe(weight.weight), in, group);
+  require_shape(weight.scale, {out, in / group}, op, "weight scale");
+  if (format == cuda::micro::Format::Nvfp4) {
+    require(weight.scale_2.defined() && weight.scale_2.dtype() == DType::F32 && weight.scale_2.numel() == 1,
+            "{}: NVFP4 weight {} needs an F32 scalar scale_2, got {}", op, describe(weight.weight),
+            weight.scale_2.defined() ? describe(weight.scale_2) : std::string("none"));
+    require_device(weight.scale_2, op, "weight scale_2");
+  } else {
+    require(!weight.scale_2.defined(), "{}: MXFP8 weight {} has a scale_2 {} that the layout does not use", op,
+            describe(weight.weight), describe(weight.scale_2));
+  }
+  require(aligned16(weight.weight.raw()), "{}: {} weight {} is not 16-byte aligned on the device", op,
+          format_name(format), describe(weight.weight));
+}
+
+cuda::micro::Weight micro_weight(const LinearTensors& weight) {
+  const bool nvfp4 = micro_format(weight) == cuda::micro::Format::Nvfp4;
+  return {reinterpret_cast<const uint8_t*>(weight.weight.raw()), reinterpret_cast<const uint8_t*>(weight.scale.raw()),
+          nvfp4 ? weight.scale_2.data<const float>() : nullptr};
 }
 
 int to_int(int64_t value, std::string_view what) {
@@ -135,7 +190,9 @@ cuda::BatchGeometry batch_geometry(const AttentionBatch& batch, const Tensor& bl
 struct PackedExperts {
   Tensor pointers;     // I64 [3, E]: gate, up, down
   Tensor tensor_maps;  // U8 [3, E, kTensorMapBytes] of the same matrices when the wgmma GEMMs can take them
-  Tensor scale_pointers;  // FP8: I64 [3, E], the block scales of the same matrices
+  Tensor scale_pointers;  // FP8, MXFP8, NVFP4: I64 [3, E], the scales of the same matrices
+  Tensor scale_2_pointers;  // NVFP4: I64 [3, E], the per-tensor scale_2 of the same matrices
+  std::optional<cuda::micro::Format> micro;  // MXFP8 or NVFP4 experts
   DType dtype = DType::BF16;
   int64_t hidden = 0, intermediate = 0;
 };
@@ -144,6 +201,21 @@ namespace {
 
 
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
+  if (const std::optional<cuda::micro::Format> format = micro_format(mlp.gate)) {
+    for (const LinearTensors* w : {&mlp.gate, &mlp.up, &mlp.down}) {
+      require(micro_format(*w) == format, "{}: gate is {}, {} with scale {} is not", op, format_name(*format),
+              describe(w->weight), w->scale.defined() ? describe(w->scale) : std::string("none"));
+      check_micro(*w, op);
+    }
+    const int64_t intermediate = mlp.gate.weight.dim(0);
+    require(logical_in(mlp.gate) == hidden && logical_in(mlp.up) == hidden && mlp.up.weight.dim(0) == intermediate,
+            "{}: gate {} and up {} must both be [{}, {}] ({})", op, describe(mlp.gate.weight), describe(mlp.up.weight),
+            intermediate, hidden, format_name(*format));
+    require(mlp.down.weight.dim(0) == hidden && logical_in(mlp.down) == intermediate,
+            "{}: down {} must be [{}, {}] ({})", op, describe(mlp.down.weight), hidden, intermediate,
+            format_name(*format));
+    return;
+  }
   if (is_fp8_block(mlp.gate)) {
     for (const LinearTensors* w : {&mlp.gate, &mlp.up, &mlp.down}) {
       require(is_fp8_block(*w), "{}: gate is FP8, {} is not", op, describe(w->weight));
@@ -171,14 +243,16 @@ void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op)
 }
 
 void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y, std::string_view op) {
-  if (is_fp8_block(weight)) {
+  if (micro_format(weight)) {
+    check_micro(weight, op);
+  } else if (is_fp8_block(weight)) {
     check_fp8_block(weight, op);
   } else {
-    require_float_weight(weight.weight, op, "weight");
     require_unquantized(weight, op);
+    require_float_weight(weight.weight, op, "weight");
   }
   require(weight.weight.rank() == 2, "{}: weight must be [out, in], got {}", op, describe(weight.weight));
-  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = weight.weight.dim(1);
+  const int64_t rows = x.dim(0), out = weight.weight.dim(0), in = logical_in(weight);
   require_device(x, op, "x");
   require_shape(x, {rows, in}, op, "x");
   require_shape(y, {rows, out}, op, "y");
@@ -460,7 +534,7 @@ void prepare_fp8_experts(Backend& backend, const MoeTensors& moe, const std::vec
 void CudaBackend::prepare_moe(MoeTensors& moe) {
   require(!moe.experts.empty(), "prepare_moe: no experts");
   const int64_t experts = static_cast<int64_t>(moe.experts.size());
-  const int64_t hidden = moe.experts.front().gate.weight.dim(1);
+  const int64_t hidden = logical_in(moe.experts.front().gate);
   std::vector<int64_t> pointers(static_cast<std::size_t>(3 * experts));
   for (int64_t e = 0; e < experts; ++e) {
     const SwigluTensors& expert = moe.experts[static_cast<std::size_t>(e)];
@@ -473,6 +547,29 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
   }
   auto packed = std::make_shared<PackedExperts>();
   packed->pointers = upload(pointers.data(), DType::I64, {3, experts});
+  if (const std::optional<cuda::micro::Format> format = micro_format(moe.experts.front().gate)) {
+    packed->micro = format;
+    packed->dtype = moe.experts.front().gate.weight.dtype();
+    packed->hidden = hidden;
+    packed->intermediate = moe.experts.front().gate.weight.dim(0);
+    require(cuda::micro::moe_supported(*format, hidden, packed->intermediate),
+            "prepare_moe: {} experts of H {} and I {} need widths that are multiples of {}", format_name(*format),
+            hidden, packed->intermediate, cuda::micro::group_size(*format));
+    std::vector<int64_t> scales(static_cast<std::size_t>(3 * experts)), scales_2(scales.size());
+    for (int64_t e = 0; e < experts; ++e) {
+      const SwigluTensors& expert = moe.experts[static_cast<std::size_t>(e)];
+      const LinearTensors* matrices[3] = {&expert.gate, &expert.up, &expert.down};
+      for (int64_t m = 0; m < 3; ++m) {
+        const cuda::micro::Weight weight = micro_weight(*matrices[m]);
+        scales[static_cast<std::size_t>(m * experts + e)] = reinterpret_cast<int64_t>(weight.scales);
+        scales_2[static_cast<std::size_t>(m * experts + e)] = reinterpret_cast<int64_t>(weight.scale_2);
+      }
+    }
+    packed->scale_pointers = upload(scales.data(), DType::I64, {3, experts});
+    if (*format == cuda::micro::Format::Nvfp4) packed->scale_2_pointers = upload(scales_2.data(), DType::I64, {3, experts});
+    moe.packed = std::move(packed);
+    return;
+  }
   if (is_fp8_block(moe.experts.front().gate)) {
     prepare_fp8_experts(*this, moe, pointers, *packed);
     moe.packed = std::move(packed);
@@ -640,6 +737,45 @@ void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const Line
                  "linear (fp8 wgmma)");
 }
 
+void CudaBackend::project_micro(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                                std::span<float* const> ys, float softcap) {
+  if (rows == 0 || weights.empty()) return;
+  const cuda::micro::Format format = *micro_format(*weights.front());
+  const int64_t in = logical_in(*weights.front());
+  if (rows <= std::min(streaming_max_rows_, kMicroStreamingMaxRows) && aligned16(x)) {
+    for (std::size_t first = 0; first < weights.size(); first += cuda::micro::kMaxStreamWeights) {
+      cuda::micro::StreamBatch batch;
+      batch.format = format;
+      batch.in = in;
+      batch.softcap = softcap;
+      for (std::size_t i = first; i < std::min(weights.size(), first + cuda::micro::kMaxStreamWeights); ++i) {
+        batch.weight[batch.count] = micro_weight(*weights[i]);
+        batch.y[batch.count] = ys[i];
+        batch.out[batch.count] = weights[i]->weight.dim(0);
+        ++batch.count;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        cuda::micro::StreamBatch row = batch;
+        for (int32_t s = 0; s < row.count; ++s) row.y[s] += r * row.out[s];
+        check_launch(cuda::micro::stream_row(x + r * in, row, stream_), "linear (mxfp8/nvfp4 streaming)");
+      }
+    }
+    return;
+  }
+  // More rows: each weight decoded exactly into BF16 scratch, the BF16 GEMM, then NVFP4's scale_2 and the soft cap.
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const int64_t out = weights[i]->weight.dim(0);
+    const cuda::micro::Weight weight = micro_weight(*weights[i]);
+    Tensor decoded = scratch(DType::BF16, {out, in});
+    check_launch(cuda::micro::decode_bf16(format, weight, out, in, reinterpret_cast<__nv_bfloat16*>(decoded.raw()),
+                                          stream_),
+                 "linear (mxfp8/nvfp4 decode)");
+    project(x, rows, decoded, ys[i]);
+    check_launch(cuda::micro::scale_outputs(ys[i], rows * out, weight.scale_2, softcap, stream_),
+                 "linear (mxfp8/nvfp4 scale)");
+  }
+}
+
 void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scales) {
   require_device(x, "quantize_fp8_rows", "x");
   require(x.rank() == 2, "quantize_fp8_rows: x must be [rows, cols], got {}", describe(x));
@@ -656,6 +792,12 @@ void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scal
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
   const auto timing = time_op("linear");
   check_linear(x, weight, y, "linear");
+  if (micro_format(weight)) {
+    const LinearTensors* const weights[] = {&weight};
+    float* const outputs[] = {y.data<float>()};
+    project_micro(x.data<const float>(), x.dim(0), weights, outputs, 0.0f);
+    return;
+  }
   if (is_fp8_block(weight)) {
     const LinearTensors* const weights[] = {&weight};
     float* const outputs[] = {y.data<float>()};
@@ -671,12 +813,21 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
   require(weights.size() == ys.size(), "linear_many: {} weights for {} outputs", weights.size(), ys.size());
   std::vector<const Tensor*> matrices;
   std::vector<float*> outputs;
-  std::size_t fp8 = 0;
+  std::size_t fp8 = 0, micro = 0;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     check_linear(x, *weights[i], *ys[i], "linear_many");
     matrices.push_back(&weights[i]->weight);
     outputs.push_back(ys[i]->data<float>());
     fp8 += is_fp8_block(*weights[i]) ? 1 : 0;
+    micro += micro_format(*weights[i]) ? 1 : 0;
+  }
+  if (micro > 0) {
+    const std::optional<cuda::micro::Format> format = micro_format(*weights.front());
+    for (const LinearTensors* weight : weights)
+      require(micro_format(*weight) == format, "linear_many: {} and {} in one call", describe(weights.front()->weight),
+              describe(weight->weight));
+    project_micro(x.data<const float>(), x.dim(0), weights, outputs, 0.0f);
+    return;
   }
   if (fp8 > 0) {
     require(fp8 == weights.size(), "linear_many: FP8 and unquantized weights in one call");
@@ -726,8 +877,7 @@ void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, 
 void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                   const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
   const auto timing = time_op("paged_attention");
-  require_device(pool.k, "paged_attention", "k pool");
-  require_device(pool.v, "paged_attention", "v pool");
+  check_pool(pool, params.slot, "paged_attention");
   check_attention_args(q, pool, block_table, batch, params, out);
   const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
   require(dim <= cuda::kMaxAttentionHeadDim && heads / kv_heads <= cuda::kMaxAttentionGroup,
@@ -805,6 +955,10 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   require_dtype(expert_weights, DType::F32, "moe", "expert_weights");
   require_shape(out, h.shape(), "moe", "out");
   if (rows == 0) return;
+  if (packed.micro) {
+    moe_micro(h, expert_ids, expert_weights, packed, experts, out);
+    return;
+  }
   if (packed.dtype == DType::F8_E4M3) {
     moe_fp8(h, expert_ids, expert_weights, packed, experts, out);
     return;
@@ -929,6 +1083,33 @@ void CudaBackend::moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tenso
                "moe (fp8 wgmma)");
 }
 
+// Every token streams its routed experts' weights (micro.h): one token reads each routed weight byte once; more
+// tokens read their experts again per token, correct but not yet a grouped GEMM.
+void CudaBackend::moe_micro(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                            const PackedExperts& packed, int32_t experts, Tensor& out) {
+  const int64_t rows = h.dim(0), top_k = expert_ids.dim(1);
+  require(top_k <= cuda::micro::kMaxTopK, "moe: top_k {} exceeds the {} experts' {}", top_k,
+          format_name(*packed.micro), cuda::micro::kMaxTopK);
+  cuda::micro::Experts tables;
+  tables.format = *packed.micro;
+  const auto* codes = packed.pointers.data<const uint8_t* const>();
+  const auto* scales = packed.scale_pointers.data<const uint8_t* const>();
+  for (int m = 0; m < 3; ++m) {
+    tables.codes[m] = codes + m * int64_t{experts};
+    tables.scales[m] = scales + m * int64_t{experts};
+    if (packed.scale_2_pointers.defined())
+      tables.scale_2[m] = packed.scale_2_pointers.data<const float* const>() + m * int64_t{experts};
+  }
+  tables.experts = experts;
+  tables.hidden = packed.hidden;
+  tables.intermediate = packed.intermediate;
+  Tensor activated = scratch(DType::F32, {rows * top_k, packed.intermediate});
+  check_launch(cuda::micro::moe_tokens(h.data<const float>(), expert_ids.data<const int32_t>(),
+                                       expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), tables,
+                                       activated.data<float>(), out.data<float>(), stream_),
+               packed.micro == cuda::micro::Format::Mxfp8 ? "moe (mxfp8)" : "moe (nvfp4)");
+}
+
 bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
   if (rows > std::min(streaming_max_rows_, kStreamingSwigluMaxRows) ||
@@ -989,6 +1170,19 @@ void CudaBackend::swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& 
   project_fp8(activated.data<const float>(), rows, second, second_out, 0.0f);
 }
 
+// gate and up in one projection call (one streaming launch for a row), silu_mul, down.
+void CudaBackend::swiglu_micro(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
+  const int64_t rows = h.dim(0), intermediate = mlp.gate.weight.dim(0);
+  Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
+  const LinearTensors* const first[] = {&mlp.gate, &mlp.up};
+  float* const first_out[] = {gate.data<float>(), up.data<float>()};
+  project_micro(h.data<const float>(), rows, first, first_out, 0.0f);
+  check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
+  const LinearTensors* const second[] = {&mlp.down};
+  float* const second_out[] = {out.data<float>()};
+  project_micro(gate.data<const float>(), rows, second, second_out, 0.0f);
+}
+
 void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const auto timing = time_op("swiglu");
   require_device(h, "swiglu", "h");
@@ -996,6 +1190,10 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
   if (rows == 0) return;
+  if (micro_format(mlp.gate)) {
+    swiglu_micro(h, mlp, out);
+    return;
+  }
   if (is_fp8_block(mlp.gate)) {
     swiglu_fp8(h, mlp, out);
     return;
@@ -1013,7 +1211,9 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
 void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                           float softcap, Tensor& logits) {
   const auto timing = time_op("lm_head");
-  if (is_fp8_block(head)) {
+  if (micro_format(head)) {
+    check_micro(head, "lm_head");
+  } else if (is_fp8_block(head)) {
     check_fp8_block(head, "lm_head");
   } else {
     require_float_weight(head.weight, "lm_head", "head");
@@ -1023,7 +1223,7 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   require_device(x, "lm_head", "x");
   require_device(rows, "lm_head", "rows");
   const int64_t hidden = x.dim(1), selected = rows.numel(), vocab = head.weight.dim(0);
-  require_shape(head.weight, {vocab, hidden}, "lm_head", "head");
+  require(head.weight.rank() == 2 && logical_in(head) == hidden, "lm_head: head {} does not take {} features", describe(head.weight), hidden);
   require_shape(norm, {hidden}, "lm_head", "norm");
   require_dtype(rows, DType::I32, "lm_head", "rows");
   require_shape(logits, {selected, vocab}, "lm_head", "logits");
@@ -1033,6 +1233,12 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
                                      norm.dtype(), eps, hidden, normed.data<float>(), DType::F32, stream_),
                "lm_head");
+  if (micro_format(head)) {
+    const LinearTensors* const heads[] = {&head};
+    float* const head_out[] = {logits.data<float>()};
+    project_micro(normed.data<const float>(), selected, heads, head_out, softcap);
+    return;
+  }
   if (is_fp8_block(head)) {
     const LinearTensors* const heads[] = {&head};
     float* const head_out[] = {logits.data<float>()};
@@ -1080,6 +1286,19 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, 
                             max_logprobs >= 0 ? out.top_ids.data<int32_t>() : nullptr,
                             max_logprobs >= 0 ? out.top_logprobs.data<float>() : nullptr, width, stream_),
                "sample");
+}
+
+void CudaBackend::mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) {
+  const auto timing = time_op("mask_logits");
+  require_device(logits, "mask_logits", "logits");
+  require_device(allowed, "mask_logits", "allowed");
+  check_mask_logits_args(logits, rows, allowed);
+  if (rows.empty()) return;
+  const Tensor device_rows = upload(rows.data(), DType::I32, {static_cast<int64_t>(rows.size())});
+  check_launch(cuda::mask_logits(logits.data<float>(), logits.dim(1), device_rows.data<const int32_t>(),
+                                 reinterpret_cast<const uint32_t*>(allowed.data<const int32_t>()), allowed.dim(1),
+                                 static_cast<int32_t>(rows.size()), stream_),
+               "mask_logits");
 }
 
 }  // namespace beamline

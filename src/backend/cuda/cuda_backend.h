@@ -82,6 +82,7 @@ class CudaBackend final : public Backend {
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;
   void sample(const Tensor& logits, std::span<const SampleRow> rows, SampleOutputs& out) override;
+  void mask_logits(Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed) override;
 
   // ---- beyond the interface: the harness and benchmarks ----
   std::string device_description() const;  // "NVIDIA H200 (sm_90, 132 SMs, 141 GiB)"
@@ -107,6 +108,9 @@ class CudaBackend final : public Backend {
   // the streaming kernel re-reads its F32 activations from L1 for every 16 weight bytes and was 1.7-4x slower than
   // wgmma on the H200 (bench/results/2026-12-02-fp8.md).
   static constexpr int64_t kFp8StreamingMaxRows = 1;
+  // MXFP8 and NVFP4 weights (quant/micro.h) stream one row per launch up to this many rows (a launch per row; the
+  // MoE token by token at any count); more rows decode each weight to BF16 for the BF16 GEMMs.
+  static constexpr int64_t kMicroStreamingMaxRows = 1;
 
  private:
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
@@ -124,6 +128,13 @@ class CudaBackend final : public Backend {
   void project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
                    std::span<float* const> ys, float softcap);
   void swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  // The same for MXFP8 / NVFP4 weights of one format and width: streamed (one launch per row) up to
+  // kMicroStreamingMaxRows rows, else each weight decoded exactly to BF16 scratch and projected by the BF16 GEMMs.
+  void project_micro(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                     std::span<float* const> ys, float softcap);
+  void swiglu_micro(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  void moe_micro(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const PackedExperts& packed,
+                 int32_t experts, Tensor& out);
   void moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const PackedExperts& packed,
                int32_t experts, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).

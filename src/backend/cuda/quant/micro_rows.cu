@@ -1,0 +1,432 @@
+// MXFP8 and NVFP4 kernels (micro.h): one-row weight streaming (projections, the LM head, the experts token by token)
+// with the codes decoded in registers, the BF16 decode for the GEMM path, and the output scaling of that path.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/quant/micro.h"
+
+namespace beamline::cuda::micro {
+namespace {
+
+// ---- decoding ----
+// Sixteen E4M3 codes (one 16-byte load) as F32, exactly (E4M3 is a subset of F16).
+__device__ __forceinline__ void unpack_e4m3(const uint4& bits, float (&out)[16]) {
+  const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
+      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      out[4 * w + 2 * h] = f.x;
+      out[4 * w + 2 * h + 1] = f.y;
+    }
+  }
+}
+
+// Eight E2M1 codes (one 32-bit word, element n in bits 4n..4n+3) as F32 times 2^-14, exactly: the three magnitude
+// bits of a code placed at F16's bits 9-11 and its sign at bit 15 make the F16 of the value times 2^-14 (the exponent
+// field 0 giving E2M1's one subnormal, 0.5), so a pair costs a few bit operations and one conversion. The 2^14 is
+// folded into the group's scale (kE2m1Unscale).
+constexpr float kE2m1Unscale = 16384.0f;
+__device__ __forceinline__ void unpack_e2m1(uint32_t word, float (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v = word >> (4 * i);  // element i in bits 0-3, element i + 4 in bits 16-19
+    const uint32_t bits = ((v & 0x00070007u) << 9) | ((v & 0x00080008u) << 12);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
+    out[i] = f.x;
+    out[i + 4] = f.y;
+  }
+}
+
+__device__ __forceinline__ float e4m3_to_float(uint32_t code) {
+  const __half_raw raw = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code & 0xffu), __NV_E4M3);
+  return __half2float(__half(raw));
+}
+
+// 2^(e - 127); 0xff is NaN (tensor/dtype.h's e8m0_to_f32). e = 0 is the subnormal 2^-127.
+__device__ __forceinline__ float e8m0_to_float(uint32_t e) {
+  e &= 0xffu;
+  if (e == 0xffu) return __int_as_float(0x7fc00000);
+  return e == 0 ? __int_as_float(0x00400000) : __int_as_float(static_cast<int>(e << 23));
+}
+
+template <int kCount>
+__device__ __forceinline__ float dot(const float* w, const float* x) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) sum += w[i] * x[i];
+  return sum;
+}
+
+// ---- the chunk one lane reads from one weight row per step ----
+// MXFP8: one scale group, 32 codes in two 16-byte loads.
+struct Mxfp8Chunk {
+  static constexpr int kElements = 32, kGroup = 32;
+  struct Bits {
+    uint4 a, b;
+    uint32_t scale;
+  };
+  static __host__ __device__ int64_t row_bytes(int64_t in) { return in; }
+  static __device__ Bits load(const uint8_t* codes, const uint8_t* scales, int64_t chunk) {
+    const uint8_t* p = codes + chunk * kElements;
+    return {load_streaming(p), load_streaming(p + 16), __ldg(scales + chunk)};
+  }
+  static __device__ float dot_chunk(const Bits& bits, const float (&x)[kElements]) {
+    float w[16];
+    unpack_e4m3(bits.a, w);
+    float sum = dot<16>(w, x);
+    unpack_e4m3(bits.b, w);
+    sum += dot<16>(w, x + 16);
+    return sum * e8m0_to_float(bits.scale);
+  }
+};
+
+// NVFP4 rows whose width is a multiple of 32: two scale groups, 32 codes in one 16-byte load.
+struct Nvfp4Chunk32 {
+  static constexpr int kElements = 32, kGroup = 16;
+  struct Bits {
+    uint4 codes;
+    uint32_t scales;  // two E4M3 bytes
+  };
+  static __host__ __device__ int64_t row_bytes(int64_t in) { return in / 2; }
+  static __device__ Bits load(const uint8_t* codes, const uint8_t* scales, int64_t chunk) {
+    return {load_streaming(codes + chunk * 16),
+            __ldg(reinterpret_cast<const unsigned short*>(scales) + chunk)};
+  }
+  static __device__ float dot_chunk(const Bits& bits, const float (&x)[kElements]) {
+    const uint32_t words[4] = {bits.codes.x, bits.codes.y, bits.codes.z, bits.codes.w};
+    float group[2] = {};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float v[8];
+      unpack_e2m1(words[w], v);
+      group[w / 2] += dot<8>(v, x + 8 * w);
+    }
+    return group[0] * (e4m3_to_float(bits.scales) * kE2m1Unscale) +
+           group[1] * (e4m3_to_float(bits.scales >> 8) * kE2m1Unscale);
+  }
+};
+
+// NVFP4 rows of any width (a multiple of 16): one scale group, 16 codes in one 8-byte load.
+struct Nvfp4Chunk16 {
+  static constexpr int kElements = 16, kGroup = 16;
+  struct Bits {
+    uint2 codes;
+    uint32_t scale;
+  };
+  static __host__ __device__ int64_t row_bytes(int64_t in) { return in / 2; }
+  static __device__ Bits load(const uint8_t* codes, const uint8_t* scales, int64_t chunk) {
+    return {__ldcs(reinterpret_cast<const uint2*>(codes) + chunk), __ldg(scales + chunk)};
+  }
+  static __device__ float dot_chunk(const Bits& bits, const float (&x)[kElements]) {
+    float v[8];
+    unpack_e2m1(bits.codes.x, v);
+    float sum = dot<8>(v, x);
+    unpack_e2m1(bits.codes.y, v);
+    sum += dot<8>(v, x + 8);
+    return sum * (e4m3_to_float(bits.scale) * kE2m1Unscale);
+  }
+};
+
+// sum[j] += this lane's share of row j · x for kRows weight rows of `chunks` chunks each: lane l takes chunks
+// l, l + 32, ...; kUnroll chunks of every row are loaded before the first is used, and each chunk of x is loaded
+// once into registers for all kRows rows.
+template <class Chunk, int kRows, int kUnroll>
+__device__ __forceinline__ void rows_dot(const uint8_t* const (&codes)[kRows], const uint8_t* const (&scales)[kRows],
+                                         int64_t chunks, const float* __restrict__ x, int lane, float (&sum)[kRows]) {
+  for (int64_t base = lane; base < chunks; base += 32 * kUnroll) {
+    typename Chunk::Bits bits[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = base + 32 * u;
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+        if (c < chunks) bits[u][j] = Chunk::load(codes[j], scales[j], c);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = base + 32 * u;
+      if (c >= chunks) break;
+      float xv[Chunk::kElements];
+#pragma unroll
+      for (int i = 0; i < Chunk::kElements; i += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(x + c * Chunk::kElements + i);
+        xv[i] = a.x;
+        xv[i + 1] = a.y;
+        xv[i + 2] = a.z;
+        xv[i + 3] = a.w;
+      }
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) sum[j] += Chunk::dot_chunk(bits[u][j], xv);
+    }
+  }
+}
+
+__device__ __forceinline__ float scale_2_of(const float* scale_2) { return scale_2 != nullptr ? *scale_2 : 1.0f; }
+
+// ---- projections of one row ----
+constexpr int kStreamWarps = 8;
+constexpr int kStreamRows = 4;  // weight rows per warp: each activation load serves four rows
+
+struct Stacked {
+  Weight weight[kMaxStreamWeights];
+  float* y[kMaxStreamWeights];
+  int64_t first_row[kMaxStreamWeights + 1];
+  int32_t count;
+  int64_t in, total_rows;
+  float softcap;
+};
+
+template <class Chunk>
+__global__ void __launch_bounds__(kStreamWarps * 32) stream_kernel(const float* __restrict__ x, Stacked stacked) {
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t first = (int64_t{blockIdx.x} * kStreamWarps + warp) * kStreamRows;
+  if (first >= stacked.total_rows) return;
+  const int64_t in = stacked.in, scale_width = in / Chunk::kGroup;
+  const uint8_t* codes[kStreamRows];
+  const uint8_t* scales[kStreamRows];
+  const float* scale_2[kStreamRows];
+  float* y[kStreamRows];
+#pragma unroll
+  for (int j = 0; j < kStreamRows; ++j) {
+    // Rows past the last are clamped onto it (read again, never stored); the weight is picked by unrolled
+    // comparisons so that the parameter is not copied to local memory.
+    const int64_t row = min(first + j, stacked.total_rows - 1);
+    Weight weight = stacked.weight[0];
+    float* out = stacked.y[0];
+    int64_t start = 0;
+#pragma unroll
+    for (int s = 1; s < kMaxStreamWeights; ++s) {
+      if (s < stacked.count && row >= stacked.first_row[s]) {
+        weight = stacked.weight[s];
+        out = stacked.y[s];
+        start = stacked.first_row[s];
+      }
+    }
+    codes[j] = weight.codes + (row - start) * Chunk::row_bytes(in);
+    scales[j] = weight.scales + (row - start) * scale_width;
+    scale_2[j] = weight.scale_2;
+    y[j] = out + (row - start);
+  }
+  float sum[kStreamRows] = {};
+  rows_dot<Chunk, kStreamRows, 2>(codes, scales, in / Chunk::kElements, x, lane, sum);
+#pragma unroll
+  for (int j = 0; j < kStreamRows; ++j) {
+    float value = warp_sum(sum[j]);
+    if (lane != 0 || first + j >= stacked.total_rows) continue;
+    value *= scale_2_of(scale_2[j]);
+    if (stacked.softcap > 0.0f) value = stacked.softcap * tanhf(value / stacked.softcap);
+    *y[j] = value;
+  }
+}
+
+// ---- the experts, token by token ----
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
+
+constexpr int kGateUpWarps = 8;
+constexpr int kGateUpRows = 2;  // intermediate rows per warp, of gate and of up: four weight rows
+
+// activated[s, i] = silu(gate_e[i] · h_t) * (up_e[i] · h_t) for the slot s = blockIdx.x, t = s / top_k, e = ids[s].
+template <class Chunk>
+__global__ void __launch_bounds__(kGateUpWarps * 32)
+    gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, int32_t top_k, Experts experts,
+                   float* __restrict__ activated) {
+  const int64_t inter = experts.intermediate, hidden = experts.hidden;
+  const int64_t row = (int64_t{blockIdx.y} * kGateUpWarps + threadIdx.x / 32) * kGateUpRows;
+  if (row >= inter) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t slot = blockIdx.x, token = slot / top_k;
+  const int32_t e = ids[slot];
+  if (e < 0 || e >= experts.experts) {  // the down pass makes the token NaN
+    if (lane < kGateUpRows && row + lane < inter) activated[slot * inter + row + lane] = 0.0f;
+    return;
+  }
+  const int64_t scale_width = hidden / Chunk::kGroup;
+  const uint8_t* codes[2 * kGateUpRows];
+  const uint8_t* scales[2 * kGateUpRows];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int r = 0; r < kGateUpRows; ++r) {
+      const int64_t i = min(row + r, inter - 1);
+      codes[m * kGateUpRows + r] = experts.codes[m][e] + i * Chunk::row_bytes(hidden);
+      scales[m * kGateUpRows + r] = experts.scales[m][e] + i * scale_width;
+    }
+  float sum[2 * kGateUpRows] = {};
+  rows_dot<Chunk, 2 * kGateUpRows, 2>(codes, scales, hidden / Chunk::kElements, h + token * hidden, lane, sum);
+  float result[2 * kGateUpRows];
+#pragma unroll
+  for (int j = 0; j < 2 * kGateUpRows; ++j) result[j] = warp_sum(sum[j]);
+  if (lane != 0) return;
+  const float gate_scale = experts.scale_2[0] != nullptr ? *experts.scale_2[0][e] : 1.0f;
+  const float up_scale = experts.scale_2[1] != nullptr ? *experts.scale_2[1][e] : 1.0f;
+#pragma unroll
+  for (int r = 0; r < kGateUpRows; ++r)
+    if (row + r < inter)
+      activated[slot * inter + row + r] = silu(result[r] * gate_scale) * (result[kGateUpRows + r] * up_scale);
+}
+
+constexpr int kDownWarps = 4;
+constexpr int kDownRows = 2;  // output rows per warp
+
+// out[t, n] = sum over j in order of weights[t, j] * (down_{ids[t, j]}[n] · activated[t, j]) for t = blockIdx.x.
+template <class Chunk>
+__global__ void __launch_bounds__(kDownWarps * 32)
+    down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                int32_t top_k, Experts experts, float* __restrict__ out) {
+  const int64_t inter = experts.intermediate, hidden = experts.hidden;
+  const int64_t row = (int64_t{blockIdx.y} * kDownWarps + threadIdx.x / 32) * kDownRows;
+  if (row >= hidden) return;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t token = blockIdx.x, scale_width = inter / Chunk::kGroup;
+  float total[kDownRows] = {};
+  bool valid = true;
+#pragma unroll 1
+  for (int32_t j = 0; j < top_k; ++j) {
+    const int64_t slot = token * top_k + j;
+    const int32_t id = ids[slot];
+    const bool known = id >= 0 && id < experts.experts;
+    valid = valid && known;
+    const int32_t e = known ? id : 0;  // an unknown expert reads expert 0, so every load stays in bounds
+    const uint8_t* codes[kDownRows];
+    const uint8_t* scales[kDownRows];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) {
+      const int64_t n = min(row + r, hidden - 1);
+      codes[r] = experts.codes[2][e] + n * Chunk::row_bytes(inter);
+      scales[r] = experts.scales[2][e] + n * scale_width;
+    }
+    float sum[kDownRows] = {};
+    rows_dot<Chunk, kDownRows, 4>(codes, scales, inter / Chunk::kElements, activated + slot * inter, lane, sum);
+    const float down_scale = experts.scale_2[2] != nullptr ? *experts.scale_2[2][e] : 1.0f;
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) total[r] += weights[slot] * (warp_sum(sum[r]) * down_scale);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r)
+    if (row + r < hidden) out[token * hidden + row + r] = valid ? total[r] : __int_as_float(0x7fc00000);
+}
+
+// ---- BF16 decode: one thread per 16 elements of a row ----
+__global__ void decode_kernel(Format format, Weight weight, int64_t out_rows, int64_t in, __nv_bfloat16* decoded) {
+  const int64_t piece = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, per_row = in / 16;
+  if (piece >= out_rows * per_row) return;
+  const int64_t row = piece / per_row, column = (piece % per_row) * 16;
+  float w[16];
+  if (format == Format::Mxfp8) {
+    unpack_e4m3(*reinterpret_cast<const uint4*>(weight.codes + row * in + column), w);
+    const float scale = e8m0_to_float(weight.scales[row * (in / 32) + column / 32]);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] *= scale;
+  } else {
+    const uint2 bits = *reinterpret_cast<const uint2*>(weight.codes + row * (in / 2) + column / 2);
+    unpack_e2m1(bits.x, *reinterpret_cast<float(*)[8]>(w));
+    unpack_e2m1(bits.y, *reinterpret_cast<float(*)[8]>(w + 8));
+    const float scale = e4m3_to_float(weight.scales[row * (in / 16) + column / 16]) * kE2m1Unscale;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] *= scale;
+  }
+  __nv_bfloat162 pairs[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) pairs[i] = __floats2bfloat162_rn(w[2 * i], w[2 * i + 1]);
+  auto* target = reinterpret_cast<uint4*>(decoded + row * in + column);
+  target[0] = *reinterpret_cast<const uint4*>(&pairs[0]);
+  target[1] = *reinterpret_cast<const uint4*>(&pairs[4]);
+}
+
+__global__ void scale_outputs_kernel(float* y, int64_t n, const float* scale_2, float softcap) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float value = y[i] * scale_2_of(scale_2);
+  if (softcap > 0.0f) value = softcap * tanhf(value / softcap);
+  y[i] = value;
+}
+
+bool aligned(const void* pointer, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; }
+
+// Calls body(Chunk{}) with the chunk that reads rows of width `in` in `format`.
+template <typename Body>
+void dispatch_chunk(Format format, int64_t in, Body&& body) {
+  if (format == Format::Mxfp8)
+    body(Mxfp8Chunk{});
+  else if (in % 32 == 0)
+    body(Nvfp4Chunk32{});
+  else
+    body(Nvfp4Chunk16{});
+}
+
+}  // namespace
+
+bool supported(Format format, int64_t in) { return in > 0 && in % group_size(format) == 0; }
+
+cudaError_t stream_row(const float* x, const StreamBatch& batch, cudaStream_t stream) {
+  if (batch.count < 1 || batch.count > kMaxStreamWeights || !supported(batch.format, batch.in) || !aligned(x, 16))
+    return cudaErrorInvalidValue;
+  Stacked stacked{};
+  stacked.count = batch.count;
+  stacked.in = batch.in;
+  stacked.softcap = batch.softcap;
+  for (int32_t s = 0; s < batch.count; ++s) {
+    if (!aligned(batch.weight[s].codes, 16)) return cudaErrorInvalidValue;
+    stacked.weight[s] = batch.weight[s];
+    stacked.y[s] = batch.y[s];
+    stacked.first_row[s + 1] = stacked.first_row[s] + batch.out[s];
+  }
+  stacked.total_rows = stacked.first_row[batch.count];
+  if (stacked.total_rows == 0) return cudaSuccess;
+  const auto blocks = blocks_for((stacked.total_rows + kStreamRows - 1) / kStreamRows, kStreamWarps);
+  dispatch_chunk(batch.format, batch.in, [&](auto chunk) {
+    stream_kernel<decltype(chunk)><<<blocks, kStreamWarps * 32, 0, stream>>>(x, stacked);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t decode_bf16(Format format, const Weight& weight, int64_t out, int64_t in, __nv_bfloat16* decoded,
+                        cudaStream_t stream) {
+  if (!supported(format, in) || !aligned(weight.codes, 16) || !aligned(decoded, 16)) return cudaErrorInvalidValue;
+  if (out == 0) return cudaSuccess;
+  decode_kernel<<<blocks_for(out * (in / 16), 256), 256, 0, stream>>>(format, weight, out, in, decoded);
+  return cudaGetLastError();
+}
+
+cudaError_t scale_outputs(float* y, int64_t n, const float* scale_2, float softcap, cudaStream_t stream) {
+  if (n == 0 || (scale_2 == nullptr && softcap <= 0.0f)) return cudaSuccess;
+  scale_outputs_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, n, scale_2, softcap);
+  return cudaGetLastError();
+}
+
+bool moe_supported(Format format, int64_t hidden, int64_t intermediate) {
+  return supported(format, hidden) && supported(format, intermediate);
+}
+
+cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
+                       const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+  if (top_k < 1 || top_k > kMaxTopK || rows * top_k > 0x7fffffff ||
+      !moe_supported(experts.format, experts.hidden, experts.intermediate))
+    return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
+  const dim3 up_grid(static_cast<unsigned int>(rows * top_k),
+                     blocks_for((experts.intermediate + kGateUpRows - 1) / kGateUpRows, kGateUpWarps));
+  const dim3 down_grid(static_cast<unsigned int>(rows),
+                       blocks_for((experts.hidden + kDownRows - 1) / kDownRows, kDownWarps));
+  // Both passes read rows of width hidden (gate, up) and intermediate (down): each picks its own chunk.
+  dispatch_chunk(experts.format, experts.hidden, [&](auto chunk) {
+    gate_up_kernel<decltype(chunk)><<<up_grid, kGateUpWarps * 32, 0, stream>>>(h, ids, top_k, experts, activated);
+  });
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  dispatch_chunk(experts.format, experts.intermediate, [&](auto chunk) {
+    down_kernel<decltype(chunk)><<<down_grid, kDownWarps * 32, 0, stream>>>(activated, ids, weights, top_k, experts,
+                                                                            out);
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace beamline::cuda::micro

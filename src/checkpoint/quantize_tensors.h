@@ -1,0 +1,39 @@
+#pragma once
+// Quantizing a float model's projections into the layouts of docs/model-format.md §5, tensor by tensor in bounded
+// memory. One path for every producer: `beamline quantize` (a checkpoint on disk), `make-model --quantization`
+// (random weights), and `--quantization` at load (vLLM's online quantization of a float checkpoint, or
+// --load-format dummy): each turns float TensorSources into quantized ones with quantized_sources.
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/checkpoint_writer.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "quant/quant_scheme.h"
+
+namespace beamline {
+
+// The quantization_config of `scheme` (what vLLM reads: quant_method, quant_algo, weight_block_size), leaving the
+// projections under the tensor-name prefixes `modules_to_not_convert` in their float dtype.
+QuantizationConfig quantization_config_for(QuantScheme scheme, std::vector<std::string> modules_to_not_convert);
+// The scheme a parsed quantization_config names (ModelConfig has accepted only these three).
+QuantScheme quant_scheme_of(const QuantizationConfig& quant);
+// `--quantization NAME` as a scheme: fp8, mxfp8 or nvfp4, else an Error naming the flag and the accepted names.
+QuantScheme parse_quantization_flag(std::string_view name);
+
+// `tensors`, float tensors named as expected_tensors(config) names them (others pass through), with every projection
+// that `quant` converts (all but those under its ignored prefixes; router, norms and embeddings are not projections)
+// replaced by its quantized tensors: X.weight (codes), X.weight_scale_inv (fp8) or X.weight_scale, and
+// X.weight_scale_2 (nvfp4). Their bytes are computed from the float tensor's bytes, a band of rows at a time (at most
+// 16 MiB of F32), whenever the writer asks for them, so a checkpoint of any size quantizes in bounded memory. nvfp4
+// first reads the whole float tensor once for its amax (weight_scale_2).
+std::vector<TensorSource> quantized_sources(const ModelConfig& config, std::vector<TensorSource> tensors,
+                                            const QuantizationConfig& quant);
+
+// Float weights (a loaded unquantized checkpoint, or dummy_weights) with the projections that `quant` converts
+// quantized into memory the result owns, and config.quantization set: what --quantization does to a checkpoint
+// that has no quantization_config. Dummy weights are drawn on the host first (make-model --quantization's bytes).
+BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant);
+
+}  // namespace beamline
