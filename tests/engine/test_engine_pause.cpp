@@ -117,7 +117,7 @@ TEST(EnginePause, AHeldRequestCanBeAborted) {
   const RequestOutput output = collect_output(*held);
   EXPECT_EQ(output.samples.at(0).finish_reason, FinishReason::Abort);
   engine->resume();
-  EXPECT_TRUE(collect_output(*engine->add_request(request("h", 3))).finished);
+  EXPECT_TRUE(collect_output(*engine->add_request(request("after", 3))).finished);
 }
 
 TEST(EnginePause, RunBetweenStepsRunsOnTheEngineThreadAndRethrows) {
