@@ -274,6 +274,10 @@ const CommandRegistration registration([](CLI::App& app) {
                       "HTTP connections served at once (each streaming response holds one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command
+      ->add_option_function<std::string>(
+          "--weight-update-dir", [options](const std::string& dir) { options->http.weight_update_dir = dir; },
+          "allow /update_weights_from_disk to load safetensors directories at or below DIR (off without it)");
   command->add_flag("--harmony-constraint,!--no-harmony-constraint", options->harmony_constraint,
                     "hold every chat turn to the Harmony template (channels, recipients among the request's tools, "
                     "arguments to their schemas; default on). Requests with response_format, structured_outputs or "

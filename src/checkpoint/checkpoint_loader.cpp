@@ -40,10 +40,15 @@ class WeightChecker {
     fail("unknown tensor role for \"{}\"", expected.name);
   }
 
-  void warn_unused() const {
+  std::vector<std::string> unused() const {
     std::vector<std::string> unused;
     for (const std::string& name : archive_.tensor_names())
       if (!used_.contains(name)) unused.push_back(name);
+    return unused;
+  }
+
+  void warn_unused() const {
+    const std::vector<std::string> unused = this->unused();
     if (unused.empty()) return;
     constexpr std::size_t kShown = 8;
     const std::vector<std::string> shown(unused.begin(), unused.begin() + std::min(unused.size(), kShown));
@@ -172,6 +177,28 @@ BeamWeights load_checkpoint(const std::filesystem::path& dir) {
   std::map<std::string, LinearWeight, std::less<>> checked;
   for (const ExpectedTensor& expected : expected_tensors(config)) checked.emplace(expected.name, checker.check(expected));
   checker.warn_unused();
+  assemble(weights, checked);
+  return weights;
+}
+
+BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConfig& served) {
+  BeamWeights weights;
+  weights.config = served;
+  if (std::filesystem::exists(dir / "config.json")) {
+    const ModelConfig config = ModelConfig::load(dir / "config.json");
+    require(config.to_json() == served.to_json(),
+            "{}: config.json describes another model than the one served (the architecture cannot change)",
+            (dir / "config.json").string());
+  }
+  weights.archive = SafetensorsArchive::open(dir);
+  WeightChecker checker(*weights.archive, served, dir);
+  std::map<std::string, LinearWeight, std::less<>> checked;
+  for (const ExpectedTensor& expected : expected_tensors(served)) checked.emplace(expected.name, checker.check(expected));
+  const std::vector<std::string> unknown = checker.unused();
+  if (!unknown.empty()) {
+    fail("{}: tensor \"{}\" is not a tensor of this model ({} unknown tensor(s))",
+         weights.archive->file_of(unknown.front()).string(), unknown.front(), unknown.size());
+  }
   assemble(weights, checked);
   return weights;
 }

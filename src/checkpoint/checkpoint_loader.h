@@ -14,6 +14,10 @@ namespace beamline {
 // expected shape and a supported dtype, or this throws naming the file and tensor.
 BeamWeights load_checkpoint(const std::filesystem::path& dir);
 
+// New weights for a model being served (/update_weights_from_disk): the safetensors of `dir` checked as
+// load_checkpoint checks them against the served config (a config.json there must describe the same model), and
+// stricter: a tensor the model does not have is an error naming it, not a warning. The router must be F32.
+BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConfig& served);
 // No checkpoint (vLLM's --load-format dummy): every view has its name, dtype and shape but no data, and the backend
 // draws it (Backend::random_weight), on the device for a GPU, exactly as make-model would have written it with this
 // seed and dtype.

@@ -69,28 +69,110 @@ EngineStats Engine::stats() const {
   return stats_;
 }
 
+void Engine::pause(PauseMode mode) {
+  run_between_steps([this, mode](EngineCore& core, ModelRunner&) {
+    const std::vector<std::string> ended = mode == PauseMode::Abort ? core.abort_all() : std::vector<std::string>{};
+    std::lock_guard lock(inbox_mutex_);
+    for (const std::string& id : ended) in_flight_ids_.erase(id);
+    scheduling_ = mode == PauseMode::Wait && core.has_work() ? Scheduling::Draining : Scheduling::Paused;
+  });
+  paused_ = true;
+  std::unique_lock lock(inbox_mutex_);
+  drained_.wait(lock, [&] { return scheduling_ != Scheduling::Draining || stopping_; });
+}
+
+void Engine::resume() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    scheduling_ = Scheduling::Running;
+  }
+  paused_ = false;
+  drained_.notify_all();
+  inbox_ready_.notify_one();
+}
+
+void Engine::run_between_steps(std::function<void(EngineCore& core, ModelRunner& runner)> task) {
+  std::packaged_task<void()> control([this, task = std::move(task)] {
+    const std::vector<std::string> ended = core_->settle();
+    {
+      std::lock_guard lock(inbox_mutex_);
+      for (const std::string& id : ended) in_flight_ids_.erase(id);
+    }
+    task(*core_, *runner_);
+  });
+  std::future<void> done = control.get_future();
+  {
+    std::lock_guard lock(inbox_mutex_);
+    require(!stopping_, "the engine is shutting down");
+    controls_.push_back(std::move(control));
+  }
+  inbox_ready_.notify_one();
+  done.get();
+}
+
+std::string Engine::weight_version() const {
+  std::lock_guard lock(inbox_mutex_);
+  return weight_version_;
+}
+
+void Engine::set_weight_version(std::string version) {
+  std::lock_guard lock(inbox_mutex_);
+  weight_version_ = std::move(version);
+}
+
 void Engine::loop() {
   constexpr std::chrono::milliseconds kStatsInterval(50);
   auto last_snapshot = std::chrono::steady_clock::now();
   for (;;) {
     std::vector<std::pair<GenerationRequest, std::shared_ptr<OutputStream>>> arrivals;
     std::vector<std::string> aborts;
+    std::vector<std::packaged_task<void()>> controls;
     bool stopping = false;
     ShutdownMode mode = ShutdownMode::Drain;
     {
       std::unique_lock lock(inbox_mutex_);
-      inbox_ready_.wait(lock, [&] { return stopping_ || !new_requests_.empty() || !aborts_.empty() || core_->has_work(); });
+      inbox_ready_.wait(lock, [&] {
+        return stopping_ || !new_requests_.empty() || !aborts_.empty() || !controls_.empty() ||
+               (scheduling_ == Scheduling::Running && !held_.empty()) ||
+               (scheduling_ != Scheduling::Paused && core_->has_work());
+      });
       arrivals.swap(new_requests_);
       aborts.swap(aborts_);
+      controls.swap(controls_);
       stopping = stopping_;
       mode = shutdown_mode_;
+      if (stopping) scheduling_ = Scheduling::Running;  // a shutdown ends a pause: drain or abort as asked
     }
-    for (auto& [request, stream] : arrivals) core_->add_request(std::move(request), std::move(stream));
+    // Requests that arrive while paused or draining wait in held_, in arrival order, until resume().
+    held_.insert(held_.end(), std::make_move_iterator(arrivals.begin()), std::make_move_iterator(arrivals.end()));
+    for (const std::string& id : aborts) {
+      const auto held = std::find_if(held_.begin(), held_.end(), [&](const auto& entry) { return entry.first.request_id == id; });
+      if (held == held_.end()) continue;
+      // Handed to the core only to be aborted there, which ends its stream the usual way.
+      core_->add_request(std::move(held->first), std::move(held->second));
+      held_.erase(held);
+    }
     for (const std::string& id : aborts) core_->abort_request(id);
+    for (std::packaged_task<void()>& control : controls) control();
+    if (stopping) paused_ = false;
+    Scheduling scheduling;
+    {
+      std::lock_guard lock(inbox_mutex_);
+      scheduling = scheduling_;
+    }
+    if (scheduling == Scheduling::Running) {
+      for (auto& [request, stream] : held_) core_->add_request(std::move(request), std::move(stream));
+      held_.clear();
+    }
     if (stopping && mode == ShutdownMode::Abort) core_->abort_all();
 
     std::vector<std::string> ended;
-    if (core_->has_work()) ended = core_->step();
+    if (scheduling != Scheduling::Paused && core_->has_work()) ended = core_->step();
+    if (scheduling == Scheduling::Draining && !core_->has_work()) {
+      std::lock_guard lock(inbox_mutex_);
+      if (scheduling_ == Scheduling::Draining) scheduling_ = Scheduling::Paused;
+      drained_.notify_all();
+    }
     // Snapshots cost a pass over the running sequences: take one per interval while busy, and when idle.
     const auto now = std::chrono::steady_clock::now();
     if (!core_->has_work() || now - last_snapshot >= kStatsInterval) {
@@ -103,7 +185,10 @@ void Engine::loop() {
       for (const std::string& id : ended) in_flight_ids_.erase(id);
       for (const std::string& id : aborts) in_flight_ids_.erase(id);
       if (stopping && mode == ShutdownMode::Abort) in_flight_ids_.clear();
-      if (stopping_ && !core_->has_work() && new_requests_.empty()) return;
+      if (stopping_ && !core_->has_work() && new_requests_.empty() && controls_.empty() && held_.empty()) {
+        drained_.notify_all();
+        return;
+      }
     }
   }
 }

@@ -3,7 +3,10 @@
 //   schedule (continuous batching, chunked prefill, hybrid paged KV with prefix caching)
 //   -> ModelRunner::launch (forward pass and sampling) -> stop checks -> per-request output streams.
 // Every public member is thread-safe; HTTP threads only add, abort and read streams.
+#include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <future>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,14 @@ enum class ShutdownMode {
   Abort,  // refuse new requests, abort the in-flight ones (their streams end with FinishReason::Abort)
 };
 
+// vLLM's /pause modes: what happens to the requests in flight. New requests are held (queued, not scheduled) until
+// resume() in every mode.
+enum class PauseMode {
+  Abort,  // abort them (their streams end with FinishReason::Abort)
+  Wait,   // let them finish; pause() returns when they have
+  Keep,   // freeze them where they are; resume() continues them
+};
+
 class Engine {
  public:
   // `tokenizer` may be null: then requests must not ask for detokenize or stop strings.
@@ -48,6 +59,17 @@ class Engine {
   void abort(const std::string& request_id);
   // Stops the loop after draining or aborting in-flight requests; returns when the engine thread has ended.
   void shutdown(ShutdownMode mode);
+
+  // Stops scheduling as `mode` says; returns when no step is in flight (with Wait: when the requests in flight ended).
+  void pause(PauseMode mode);
+  void resume();
+  bool paused() const { return paused_.load(); }
+  // Runs `task` on the engine thread between two steps, none in flight (a step launched ahead is finished first);
+  // returns when it has run and rethrows what it threw. For changes a step must not see half-done (new weights).
+  void run_between_steps(std::function<void(EngineCore& core, ModelRunner& runner)> task);
+  // The served weights' version, reported with every response (/update_weights_from_disk sets it).
+  std::string weight_version() const;
+  void set_weight_version(std::string version);
 
   // A snapshot taken by the engine thread: at most ~50 ms old while busy, current when idle.
   EngineStats stats() const;
@@ -69,6 +91,14 @@ class Engine {
   std::vector<std::pair<GenerationRequest, std::shared_ptr<OutputStream>>> new_requests_;
   std::vector<std::string> aborts_;
   std::unordered_set<std::string> in_flight_ids_;
+  std::vector<std::packaged_task<void()>> controls_;  // run_between_steps, on the engine thread
+  // Requests added while paused or draining, handed to the core on resume. Engine thread only.
+  std::vector<std::pair<GenerationRequest, std::shared_ptr<OutputStream>>> held_;
+  enum class Scheduling { Running, Draining, Paused };
+  Scheduling scheduling_ = Scheduling::Running;       // under inbox_mutex_
+  std::condition_variable drained_;                   // scheduling_ went from Draining to Paused
+  std::atomic<bool> paused_{false};
+  std::string weight_version_ = "0";                  // under inbox_mutex_
   bool accepting_ = true;
   bool stopping_ = false;
   ShutdownMode shutdown_mode_ = ShutdownMode::Drain;

@@ -26,6 +26,9 @@ void EngineConfig::validate() const {
   require(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1,
           "--gpu-memory-utilization must be in (0, 1] (got {})", gpu_memory_utilization);
   require(max_logprobs >= 0, "--max-logprobs must not be negative (got {})", max_logprobs);
+  require(logprobs_mode == LogprobsMode::RawLogprobs || !speculative.enabled(),
+          "--logprobs-mode {} with --speculative-config is not supported (draft verification reports raw_logprobs only)",
+          to_string(logprobs_mode));
 }
 
 int64_t parse_byte_size(std::string_view text, std::string_view flag) {
@@ -87,6 +90,10 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
   command.add_option("--seed", config.seed, "Random seed for requests that do not set one")->capture_default_str();
   command.add_option("--max-logprobs", config.max_logprobs, "Largest top_logprobs / logprobs a request may ask for")
       ->capture_default_str();
+  command
+      .add_option_function<std::string>(
+          "--logprobs-mode", [&config](const std::string& text) { config.logprobs_mode = parse_logprobs_mode(text); },
+          "What logprobs report: raw_logprobs (default), processed_logprobs, raw_logits, processed_logits (vLLM's)");
   add_dtype_options(command, config.dtype, config.kv_cache_dtype);
   command.add_flag("--enforce-eager", config.enforce_eager,
                    "Run every step op by op: no recorded CUDA graphs for decode steps");

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "engine/logprobs_mode.h"
 #include "spec/speculative_config.h"
 
 namespace CLI {
@@ -30,6 +31,7 @@ struct EngineConfig {
   double gpu_memory_utilization = 0.9;    // --gpu-memory-utilization
   uint64_t seed = 0;                      // --seed: for requests without their own seed
   int32_t max_logprobs = 20;              // --max-logprobs: top_logprobs limit per token
+  LogprobsMode logprobs_mode = LogprobsMode::RawLogprobs;  // --logprobs-mode: what logprobs report (logprobs_mode.h)
   std::string dtype = "auto";             // --dtype: tensor-core operand precision (Backend::set_compute_dtype)
   std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
   bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (runner/decode_graphs.h)

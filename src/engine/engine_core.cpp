@@ -219,10 +219,19 @@ void EngineCore::abort_request(const std::string& request_id) {
   flush(request, ended);
 }
 
-void EngineCore::abort_all() {
+std::vector<std::string> EngineCore::abort_all() {
   std::vector<std::string> ids;
   for (const auto& [id, state] : requests_) ids.push_back(id);
   for (const std::string& id : ids) abort_request(id);
+  return ids;
+}
+
+std::vector<std::string> EngineCore::settle() {
+  std::vector<std::string> ended;
+  if (!in_flight_) return ended;
+  const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
+  finish(*current, ended);
+  return ended;
 }
 
 void EngineCore::fail_request(RequestState& request, const std::string& message) {
@@ -273,8 +282,10 @@ EngineCore::SampleState* EngineCore::live_sample(kv::SeqId id) const {
 }
 
 bool EngineCore::needs_host(const SampleState& sample) const {
-  return needs_host_edits(sample.request->request.sampling,
-                          sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
+  // Backend::sample reports raw_logprobs only: the other --logprobs-mode values are computed on the host.
+  const SamplingParams& params = sample.request->request.sampling;
+  if (params.logprobs && config_.logprobs_mode != LogprobsMode::RawLogprobs) return true;
+  return needs_host_edits(params, sample.stop.masked_tokens(sample.sequence.num_output_tokens()));
 }
 
 bool EngineCore::waits_for_grammar(const InFlightStep& step) const {
@@ -542,9 +553,9 @@ void EngineCore::sample_rows(InFlightStep& step, const std::vector<std::size_t>&
     RowSampling row;
     if (needs_host(*sample)) {
       row.settings.logit_row = logit_row;
-      row.sample_on_host = [sample](std::span<const float> raw_logits) {
+      row.sample_on_host = [sample, mode = config_.logprobs_mode](std::span<const float> raw_logits) {
         return sample_token(raw_logits, sample->request->request.sampling, sample->sampler,
-                            sample->stop.masked_tokens(sample->sequence.num_output_tokens()));
+                            sample->stop.masked_tokens(sample->sequence.num_output_tokens()), mode);
       };
     } else {
       row.settings = sample_settings(sample->request->request.sampling, sample->sampler, logit_row);

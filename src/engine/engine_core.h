@@ -43,10 +43,15 @@ class EngineCore {
   // The request must have passed validate_request; its id must not be in flight.
   void add_request(GenerationRequest request, std::shared_ptr<OutputStream> stream);
   void abort_request(const std::string& request_id);
-  void abort_all();
+  std::vector<std::string> abort_all();  // returns the ids that ended
   bool has_work() const { return scheduler_.has_work() || in_flight_ != nullptr; }
   // One step; returns the ids of the requests that ended in it.
   std::vector<std::string> step();
+  // Finishes the step launched ahead (--async-scheduling), launching none: afterwards no step is in flight and the
+  // runner may change (new weights). Returns the ids of the requests that ended in it.
+  std::vector<std::string> settle();
+  // Nothing cached is reused afterwards (after new weights, the cached KV is of the old ones).
+  void reset_prefix_cache() { kv_.reset_prefix_cache(); }
 
   EngineStats stats() const;
   const kv::KvCacheManager& kv() const { return kv_; }

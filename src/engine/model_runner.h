@@ -4,6 +4,7 @@
 // the tokens back); the engine sees plain data only. BeamModelRunner (runner/beam_model_runner.h) wires BeamModel in;
 // tests use deterministic fakes.
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <span>
@@ -11,6 +12,7 @@
 
 #include "model/forward_batch.h"
 #include "sampling/sampling.h"
+#include "util/error.h"
 
 namespace beamline {
 
@@ -58,6 +60,13 @@ class ModelRunner {
   // which must have sampled all its rows on the runner already (--async-scheduling: at its launch); the host need not
   // have them yet.
   virtual std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) = 0;
+
+  // /update_weights_from_disk: replaces the weights with the safetensors of `dir` (the same model, every tensor),
+  // called between steps with none in flight. Everything is checked and loaded before the old weights are let go, so
+  // a failure (Error naming the file and tensor) leaves the served weights as they were.
+  virtual void load_weights_from_disk(const std::filesystem::path& dir) {
+    fail("{}: this model runner cannot load new weights", dir.string());
+  }
 };
 
 }  // namespace beamline

@@ -1,6 +1,7 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "util/counter_random.h"
@@ -76,13 +77,38 @@ SampleRow sample_settings(const SamplingParams& params, SamplerState& state, int
   return row;
 }
 
+TokenLogprob logprob_in_mode(std::span<const float> raw, std::span<const float> edited, const SampleRow& row,
+                             int32_t token, LogprobsMode mode) {
+  const bool processed = mode == LogprobsMode::ProcessedLogprobs || mode == LogprobsMode::ProcessedLogits;
+  std::vector<float> values(processed ? edited.begin() : raw.begin(), processed ? edited.end() : raw.end());
+  for (float& v : values) {
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  }
+  if (processed && !row.greedy) {
+    apply_temperature(values, row.temperature);
+    apply_min_p(values, row.min_p);
+    apply_top_k(values, row.top_k);
+    apply_top_p(values, row.top_p);
+  }
+  // Ranks and the best alternatives are the same whether read as logits or as their log-softmax.
+  TokenLogprob result = token_logprob(values, token, row.num_logprobs);
+  if (mode == LogprobsMode::RawLogits || mode == LogprobsMode::ProcessedLogits) {
+    result.logprob = values[static_cast<std::size_t>(token)];
+    for (auto& [id, value] : result.top) value = values[static_cast<std::size_t>(id)];
+  }
+  return result;
+}
+
 SampledToken sample_token(std::span<const float> raw_logits, const SamplingParams& params, SamplerState& state,
-                          std::span<const TokenId> masked) {
+                          std::span<const TokenId> masked, LogprobsMode mode) {
   std::vector<float> logits(raw_logits.begin(), raw_logits.end());
   apply_logit_bias(logits, params.logit_bias);
   mask_tokens(logits, masked);
   apply_penalties(logits, params, state);
-  const SampledToken result = sample_row(raw_logits, logits, sample_settings(params, state, 0));
+  const SampleRow row = sample_settings(params, state, 0);
+  SampledToken result = sample_row(raw_logits, logits, row);
+  if (result.logprob && mode != LogprobsMode::RawLogprobs)
+    result.logprob = logprob_in_mode(raw_logits, logits, row, result.token, mode);
   state.record_output(result.token);
   return result;
 }

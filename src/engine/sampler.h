@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/logprobs_mode.h"
 #include "engine/sampling_params.h"
 #include "sampling/sampling.h"
 #include "tokenizer/tokenizer.h"
@@ -52,8 +53,14 @@ bool needs_host_edits(const SamplingParams& params, std::span<const TokenId> mas
 SampleRow sample_settings(const SamplingParams& params, SamplerState& state, int32_t logit_row);
 
 // The host path, whole: edits, then the same row sampling as Backend::sample, then record_output.
-// `masked` are tokens that must not be chosen now (eos and stop ids before min_tokens).
+// `masked` are tokens that must not be chosen now (eos and stop ids before min_tokens). The logprobs, when asked,
+// are of `mode`'s values (Backend::sample gives raw_logprobs only, so rows of other modes come here).
 SampledToken sample_token(std::span<const float> logits, const SamplingParams& params, SamplerState& state,
-                          std::span<const TokenId> masked);
+                          std::span<const TokenId> masked, LogprobsMode mode = LogprobsMode::RawLogprobs);
+
+// The logprobs entry of `token` in `mode` from the raw row and the row it was drawn from after the host edits
+// (`edited`: bias, masks, penalties; temperature and the filters are applied here as the draw applied them).
+TokenLogprob logprob_in_mode(std::span<const float> raw, std::span<const float> edited, const SampleRow& row,
+                             int32_t token, LogprobsMode mode);
 
 }  // namespace beamline

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/registry.h"
+#include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
 #include "checkpoint/shard_weights.h"
 #include "runner/step_message.h"
@@ -86,10 +87,24 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
   if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
+    graph_max_num_seqs_ = config.max_num_seqs;
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
   }
   sampler_ = std::make_unique<StepSampler>(*backend_, vocab_size());
+}
+
+void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
+  require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", dir.string());
+  const BeamWeights weights = load_weight_update(dir, model_->config());
+  // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
+  auto model = std::make_unique<BeamModel>(weights, *backend_);
+  backend_->synchronize();
+  // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
+  graphs_.reset();
+  model_ = std::move(model);
+  if (graph_max_num_seqs_ > 0) graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_);
+  spdlog::info("loaded new weights from {}", dir.string());
 }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {

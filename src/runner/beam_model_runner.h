@@ -48,6 +48,7 @@ class BeamModelRunner : public ModelRunner {
   int64_t max_position_embeddings() const override { return model_->config().max_position_embeddings; }
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
+  void load_weights_from_disk(const std::filesystem::path& dir) override;
 
   const ModelConfig& model_config() const { return model_->config(); }
 
@@ -67,6 +68,7 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<BeamModel> model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
+  int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
   std::unique_ptr<StepSampler> sampler_;
   int64_t bytes_per_block_ = 0;
 };

@@ -1,15 +1,18 @@
 #include "server/http_server.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
 #include <chrono>
+#include <functional>
 
 #include "server/auth.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/request_fields.h"
+#include "server/sglang_generate.h"
 #include "server/sse.h"
 
 namespace beamline::server {
@@ -43,7 +46,10 @@ void write_error(httplib::Response& response, const ApiError& error) {
 }
 
 ApiServer::ApiServer(ServingContext& context, HttpOptions options)
-    : context_(context), options_(std::move(options)), http_(std::make_unique<ListeningServer>()) {
+    : context_(context),
+      options_(std::move(options)),
+      http_(std::make_unique<ListeningServer>()),
+      control_(context, options_.weight_update_dir) {
   const std::size_t threads = options_.http_threads;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.max_request_body_bytes);
@@ -94,6 +100,40 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
   http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response, [&] { completions(request, response); });
   });
+  http_->Post("/generate", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { generate(request, response); });
+  });
+  add_control_routes();
+}
+
+void ApiServer::add_control_routes() {
+  const auto control_request = [](const httplib::Request& request) {
+    ControlRequest control;
+    for (const auto& [key, value] : request.params) control.query[key] = value;
+    if (!request.body.empty()) control.body = parse_body(request.body);
+    return control;
+  };
+  const auto post = [&](const std::string& path, std::function<Json(const ControlRequest&)> handler) {
+    http_->Post(path, [this, control_request, handler](const httplib::Request& request, httplib::Response& response) {
+      guarded(request, response, [&] { response.set_content(dump_json(handler(control_request(request))), kJson); });
+    });
+  };
+  const auto get = [&](const std::string& path, std::function<Json()> handler) {
+    http_->Get(path, [this, handler](const httplib::Request& request, httplib::Response& response) {
+      guarded(request, response, [&] { response.set_content(dump_json(handler()), kJson); });
+    });
+  };
+  post("/pause", [this](const ControlRequest& request) { return control_.pause(request); });
+  post("/resume", [this](const ControlRequest&) { return control_.resume(); });
+  get("/is_paused", [this] { return control_.is_paused(); });
+  post("/sleep", [this](const ControlRequest& request) { return control_.sleep(request); });
+  post("/wake_up", [this](const ControlRequest& request) { return control_.wake_up(request); });
+  get("/is_sleeping", [this] { return control_.is_sleeping(); });
+  post("/reset_prefix_cache", [this](const ControlRequest&) { return control_.reset_prefix_cache(); });
+  post("/flush_cache", [this](const ControlRequest&) { return control_.reset_prefix_cache(); });  // SGLang's name
+  get("/flush_cache", [this] { return control_.reset_prefix_cache(); });
+  post("/update_weights_from_disk",
+       [this](const ControlRequest& request) { return control_.update_weights_from_disk(request); });
 }
 
 ApiServer::~ApiServer() = default;
@@ -250,16 +290,54 @@ void ApiServer::chat_completions(const httplib::Request& request, httplib::Respo
 
 void ApiServer::completions(const httplib::Request& request, httplib::Response& response) {
   const Json body = parse_body(request.body);
-  CompletionPlan plan = plan_completion(body, context_);
+  std::vector<CompletionPlan> plans = plan_completions(body, context_);
   const std::string id = new_response_id("cmpl");
-  plan.request.request_id = id;
-  std::shared_ptr<OutputStream> stream = submit(plan.request);
-  if (plan.stream.stream) {
-    respond_stream(response, std::move(stream), completion_stream(id, context_, std::move(plan)));
+  std::vector<GenerationRequest*> requests;
+  for (std::size_t p = 0; p < plans.size(); ++p) {
+    plans[p].request.request_id = plans.size() == 1 ? id : fmt::format("{}-{}", id, p);
+    requests.push_back(&plans[p].request);
+  }
+  std::vector<std::shared_ptr<OutputStream>> streams = submit_batch(requests);
+  if (plans.front().stream.stream) {
+    respond_stream(response, std::move(streams.front()), completion_stream(id, context_, std::move(plans.front())));
     return;
   }
-  const RequestOutput output = wait_for(*stream);
-  response.set_content(dump_json(completion_response(id, context_, plan, output)), kJson);
+  std::vector<RequestOutput> outputs;
+  for (const std::shared_ptr<OutputStream>& stream : streams) outputs.push_back(wait_for(*stream));
+  response.set_content(dump_json(completion_response(id, context_, plans, outputs)), kJson);
+}
+
+std::vector<std::shared_ptr<OutputStream>> ApiServer::submit_batch(const std::vector<GenerationRequest*>& requests) {
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (std::size_t p = 0; p < requests.size(); ++p) {
+    try {
+      streams.push_back(submit(*requests[p]));
+    } catch (const InvalidRequest& invalid) {
+      // All or none: those already queued are taken back.
+      for (const std::shared_ptr<OutputStream>& queued : streams) {
+        context_.engine.abort(queued->request_id());
+        collect_output(*queued);
+        release(queued->request_id());
+      }
+      if (requests.size() == 1) throw;
+      throw invalid_request(invalid.param(), fmt::format("prompt {} of the batch: {}", p, invalid.what()));
+    }
+  }
+  return streams;
+}
+
+void ApiServer::generate(const httplib::Request& request, httplib::Response& response) {
+  const Json body = parse_body(request.body);
+  GeneratePlan plan = plan_generate(body, context_);
+  const std::string id = new_response_id("gen");
+  std::vector<GenerationRequest*> requests;
+  for (std::size_t p = 0; p < plan.requests.size(); ++p) {
+    plan.requests[p].request_id = plan.requests.size() == 1 ? id : fmt::format("{}-{}", id, p);
+    requests.push_back(&plan.requests[p]);
+  }
+  std::vector<RequestOutput> outputs;
+  for (const std::shared_ptr<OutputStream>& stream : submit_batch(requests)) outputs.push_back(wait_for(*stream));
+  response.set_content(dump_json(generate_response(context_, plan, outputs)), kJson);
 }
 
 void ApiServer::models(httplib::Response& response) const {

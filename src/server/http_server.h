@@ -6,14 +6,17 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "server/api_error.h"
 #include "server/metrics.h"
+#include "server/rollout_control.h"
 #include "server/serving_context.h"
 #include "server/sse.h"
 
@@ -30,6 +33,7 @@ struct HttpOptions {
   std::optional<std::string> api_key;                      // every /v1/* request must send it as a Bearer token
   std::size_t max_request_body_bytes = std::size_t{32} << 20;
   std::size_t http_threads = 1024;                         // connections served at once (streams hold one each)
+  std::optional<std::filesystem::path> weight_update_dir;  // /update_weights_from_disk reads only below it
 };
 
 class ListeningServer;
@@ -61,11 +65,16 @@ class ApiServer {
   void guarded(const httplib::Request& request, httplib::Response& response, Body&& body);
   void chat_completions(const httplib::Request& request, httplib::Response& response);
   void completions(const httplib::Request& request, httplib::Response& response);
+  void generate(const httplib::Request& request, httplib::Response& response);  // SGLang's /generate
   void models(httplib::Response& response) const;
+  // The control endpoints of rollout_control.h.
+  void add_control_routes();
   void metrics(httplib::Response& response) const;
 
   // Queues a request in the engine (400 for what the engine rejects, 503 once shutting down).
   std::shared_ptr<OutputStream> submit(GenerationRequest request);
+  // A batch (one request per prompt), all or none: a refused one takes back those queued, and its error names it.
+  std::vector<std::shared_ptr<OutputStream>> submit_batch(const std::vector<GenerationRequest*>& requests);
   // Waits for the whole output (non-streaming responses); unregisters the request.
   RequestOutput wait_for(OutputStream& stream);
   void respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
@@ -76,6 +85,7 @@ class ApiServer {
   HttpOptions options_;
   std::unique_ptr<ListeningServer> http_;
   HttpCounters counters_;
+  RolloutControl control_;
   std::atomic<bool> refusing_{false};
   std::mutex in_flight_mutex_;
   std::condition_variable in_flight_changed_;

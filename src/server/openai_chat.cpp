@@ -96,6 +96,7 @@ Json chunk_json(const std::string& id, const ServingContext& context, int64_t cr
                 {"model", context.model_name},
                 {"choices", std::move(choices)}};
   if (include_usage) chunk["usage"] = nullptr;
+  chunk[kWeightVersionField] = context.engine.weight_version();
   return chunk;
 }
 
@@ -303,7 +304,8 @@ Json chat_completion_response(const std::string& id, const ServingContext& conte
               {"created", unix_seconds_now()},
               {"model", context.model_name},
               {"choices", std::move(choices)},
-              {"usage", usage_json(output.usage)}};
+              {"usage", usage_json(output.usage)},
+              {kWeightVersionField, context.engine.weight_version()}};
 }
 
 std::unique_ptr<SseResponder> chat_completion_stream(const std::string& id, const ServingContext& context,

@@ -34,25 +34,26 @@ std::vector<TokenId> token_list(const Json& value, const std::string& where) {
   return ids;
 }
 
-// Sets the prompt ids and text of `plan` from the request's `prompt`.
-void read_prompt(const Json& body, const ServingContext& context, CompletionPlan& plan) {
+// The prompts of `prompt`: a string, a list of token ids, or a non-empty list of those.
+std::vector<const Json*> prompts_of(const Json& body) {
   const Json* prompt = find_field(body, "prompt");
   if (prompt == nullptr) throw invalid_request("prompt", "prompt: missing (a string or a list of token ids is required)");
-  const Json* single = prompt;
-  if (prompt->is_array() && !prompt->empty() && !is_token_list(*prompt)) {
-    if (prompt->size() != 1) {
-      throw invalid_request("prompt", fmt::format("prompt: this server takes one prompt per request (got {})",
-                                                  prompt->size()));
-    }
-    single = &(*prompt)[0];
-  }
-  if (single->is_string()) {
-    plan.prompt_text = single->get<std::string>();
+  if (!prompt->is_array() || is_token_list(*prompt)) return {prompt};
+  if (prompt->empty()) throw invalid_request("prompt", "prompt: the list of prompts is empty");
+  std::vector<const Json*> prompts;
+  for (const Json& item : *prompt) prompts.push_back(&item);
+  return prompts;
+}
+
+// Sets the prompt ids and text of `plan` from one prompt (`where` names it in errors).
+void read_prompt(const Json& single, const std::string& where, const ServingContext& context, CompletionPlan& plan) {
+  if (single.is_string()) {
+    plan.prompt_text = single.get<std::string>();
     plan.request.prompt = context.tokenizer.encode(plan.prompt_text, /*allow_special=*/true);
     return;
   }
-  if (is_token_list(*single)) {
-    plan.request.prompt = token_list(*single, "prompt");
+  if (is_token_list(single)) {
+    plan.request.prompt = token_list(single, where);
     // The engine rejects ids outside the vocabulary; only known ids can be shown as text.
     const auto vocab = static_cast<TokenId>(context.tokenizer.vocab_size());
     const bool known = std::all_of(plan.request.prompt.begin(), plan.request.prompt.end(),
@@ -60,8 +61,8 @@ void read_prompt(const Json& body, const ServingContext& context, CompletionPlan
     if (known) plan.prompt_text = context.tokenizer.decode(plan.request.prompt);
     return;
   }
-  throw invalid_request("prompt", fmt::format("prompt: expected a string or a non-empty list of token ids, got {}",
-                                              single->is_array() ? "an empty or mixed list" : single->type_name()));
+  throw invalid_request("prompt", fmt::format("{}: expected a string or a non-empty list of token ids, got {}", where,
+                                              single.is_array() ? "an empty or mixed list" : single.type_name()));
 }
 
 std::string completion_finish_reason(FinishReason reason) { return std::string(to_string(reason)); }
@@ -73,13 +74,14 @@ class CompletionStream : public SseResponder {
         context_(context),
         plan_(std::move(plan)),
         created_(unix_seconds_now()),
-        text_offsets_(static_cast<std::size_t>(plan_.request.sampling.n), 0) {}
+        text_offsets_(static_cast<std::size_t>(plan_.request.sampling.n), 0),
+        prompt_ids_sent_(text_offsets_.size(), false) {}
 
   std::string begin() override {
     if (!plan_.echo) return "";
     std::string events;
     for (std::size_t i = 0; i < text_offsets_.size(); ++i) {
-      events += chunk(i, plan_.prompt_text, nullptr, nullptr);
+      events += chunk(i, plan_.prompt_text, nullptr, nullptr, {});
       text_offsets_[i] = plan_.prompt_text.size();
     }
     return events;
@@ -95,8 +97,8 @@ class CompletionStream : public SseResponder {
       }
       text_offsets_.at(index) += sample.text.size();
       Json finish = sample.finish_reason ? Json(completion_finish_reason(*sample.finish_reason)) : Json();
-      if (!sample.text.empty() || !logprobs.is_null() || !finish.is_null()) {
-        events += chunk(index, sample.text, std::move(logprobs), std::move(finish));
+      if (!sample.text.empty() || !logprobs.is_null() || !finish.is_null() || !sample.token_ids.empty()) {
+        events += chunk(index, sample.text, std::move(logprobs), std::move(finish), sample.token_ids);
       }
     }
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
@@ -118,13 +120,21 @@ class CompletionStream : public SseResponder {
                 {"choices", std::move(choices)}};
   }
 
-  std::string chunk(std::size_t index, const std::string& text, Json logprobs, Json finish_reason) const {
+  std::string chunk(std::size_t index, const std::string& text, Json logprobs, Json finish_reason,
+                    const std::vector<TokenId>& token_ids) {
     Json choice = {{"index", index},
                    {"text", text},
                    {"logprobs", std::move(logprobs)},
                    {"finish_reason", std::move(finish_reason)}};
+    if (plan_.return_token_ids) {
+      // The prompt's ids go with a choice's first chunk, as vLLM sends them.
+      if (!prompt_ids_sent_.at(index)) choice["prompt_token_ids"] = plan_.request.prompt;
+      prompt_ids_sent_.at(index) = true;
+      choice["token_ids"] = token_ids;
+    }
     Json json = base(Json::array({std::move(choice)}));
     if (plan_.stream.include_usage) json["usage"] = nullptr;
+    json[kWeightVersionField] = context_.engine.weight_version();
     return sse_event(json);
   }
 
@@ -133,56 +143,83 @@ class CompletionStream : public SseResponder {
   const CompletionPlan plan_;
   int64_t created_;
   std::vector<std::size_t> text_offsets_;
+  std::vector<bool> prompt_ids_sent_;
 };
 
 }  // namespace
 
-CompletionPlan plan_completion(const Json& body, const ServingContext& context) {
+std::vector<CompletionPlan> plan_completions(const Json& body, const ServingContext& context) {
   check_model(body, context.model_name);
   reject_unsupported_fields(body, Endpoint::Completions);
-  CompletionPlan plan;
-  plan.stream = read_stream_options(body);
-  plan.request.sampling = read_sampling_params(body, Endpoint::Completions, context.engine.config().max_logprobs,
-                           context.generation_config);
-  plan.echo = optional_bool(body, "echo").value_or(false);
-  if (plan.echo && plan.request.sampling.logprobs) {
+  CompletionPlan common;
+  common.stream = read_stream_options(body);
+  common.request.sampling = read_sampling_params(body, Endpoint::Completions, context.engine.config().max_logprobs,
+                                                 context.generation_config);
+  common.echo = optional_bool(body, "echo").value_or(false);
+  if (common.echo && common.request.sampling.logprobs) {
     throw invalid_request("echo", "echo together with logprobs would need the prompt's logprobs, which this server "
                                   "does not compute");
   }
-  read_prompt(body, context, plan);
-  apply_default_max_tokens(plan.request.sampling, plan.request.prompt.size(), context.engine.config().max_model_len,
-                           context.generation_config);
-  plan.request.detokenize = true;
-  plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
-  plan.request.grammar = completion_grammar(body, context);
+  common.return_token_ids = optional_bool(body, "return_token_ids").value_or(false);
+  common.request.detokenize = true;
+  common.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  common.request.grammar = completion_grammar(body, context);
   // The grammar's end (eos) stops the output even with ignore_eos: what follows could not be in the grammar.
-  if (plan.request.grammar) {
-    std::vector<TokenId>& stops = plan.request.sampling.stop_token_ids;
-    for (TokenId eos : plan.request.grammar->stop_tokens())
+  if (common.request.grammar) {
+    std::vector<TokenId>& stops = common.request.sampling.stop_token_ids;
+    for (TokenId eos : common.request.grammar->stop_tokens())
       if (std::find(stops.begin(), stops.end(), eos) == stops.end()) stops.push_back(eos);
   }
-  return plan;
+  const std::vector<const Json*> prompts = prompts_of(body);
+  if (common.stream.stream && prompts.size() > 1) {
+    throw invalid_request("prompt", fmt::format("prompt: streaming takes one prompt (got {}); send the batch without "
+                                                "stream",
+                                                prompts.size()));
+  }
+  std::vector<CompletionPlan> plans;
+  for (std::size_t p = 0; p < prompts.size(); ++p) {
+    CompletionPlan plan = common;
+    read_prompt(*prompts[p], prompts.size() == 1 ? "prompt" : fmt::format("prompt[{}]", p), context, plan);
+    apply_default_max_tokens(plan.request.sampling, plan.request.prompt.size(), context.engine.config().max_model_len,
+                             context.generation_config);
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
-Json completion_response(const std::string& id, const ServingContext& context, const CompletionPlan& plan,
-                         const RequestOutput& output) {
+Json completion_response(const std::string& id, const ServingContext& context, const std::vector<CompletionPlan>& plans,
+                         const std::vector<RequestOutput>& outputs) {
   Json choices = Json::array();
-  const std::string prefix = plan.echo ? plan.prompt_text : "";
-  for (const SampleOutput& sample : output.samples) {
-    Json logprobs = plan.request.sampling.logprobs
-                        ? completion_logprobs_json(context.tokenizer, sample.logprobs, prefix.size())
-                        : Json();
-    choices.push_back({{"index", sample.index},
-                       {"text", prefix + sample.text},
-                       {"logprobs", std::move(logprobs)},
-                       {"finish_reason", completion_finish_reason(sample.finish_reason.value_or(FinishReason::Abort))}});
+  Usage usage;
+  for (std::size_t p = 0; p < plans.size(); ++p) {
+    const CompletionPlan& plan = plans[p];
+    const RequestOutput& output = outputs.at(p);
+    const std::string prefix = plan.echo ? plan.prompt_text : "";
+    for (const SampleOutput& sample : output.samples) {
+      Json logprobs = plan.request.sampling.logprobs
+                          ? completion_logprobs_json(context.tokenizer, sample.logprobs, prefix.size())
+                          : Json();
+      Json choice = {{"index", static_cast<int64_t>(p) * plan.request.sampling.n + sample.index},
+                     {"text", prefix + sample.text},
+                     {"logprobs", std::move(logprobs)},
+                     {"finish_reason", completion_finish_reason(sample.finish_reason.value_or(FinishReason::Abort))}};
+      if (plan.return_token_ids) {
+        choice["prompt_token_ids"] = plan.request.prompt;
+        choice["token_ids"] = sample.token_ids;
+      }
+      choices.push_back(std::move(choice));
+    }
+    usage.prompt_tokens += output.usage.prompt_tokens;
+    usage.completion_tokens += output.usage.completion_tokens;
+    usage.cached_tokens += output.usage.cached_tokens;
   }
   return Json{{"id", id},
               {"object", "text_completion"},
               {"created", unix_seconds_now()},
               {"model", context.model_name},
               {"choices", std::move(choices)},
-              {"usage", usage_json(output.usage)}};
+              {"usage", usage_json(usage)},
+              {kWeightVersionField, context.engine.weight_version()}};
 }
 
 std::unique_ptr<SseResponder> completion_stream(const std::string& id, const ServingContext& context,

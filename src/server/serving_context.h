@@ -23,6 +23,10 @@ struct ServingContext {
   bool harmony_constraint = true;         // hold every chat turn to the Harmony template (--no-harmony-constraint)
 };
 
+// The response field that reports the served weights' version (SGLang's name, in its meta_info): set by
+// /update_weights_from_disk, "0" for the weights the server started with.
+inline constexpr const char* kWeightVersionField = "weight_version";
+
 // "<prefix>-" followed by 32 random hex digits (response ids: chatcmpl-..., cmpl-...).
 std::string new_response_id(const std::string& prefix);
 int64_t unix_seconds_now();
