@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "commands.h"
+#include "server/tokenize_endpoints.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -15,6 +16,7 @@ std::vector<CommandSetup>& command_setups() {
 
 int main(int argc, char** argv) {
   CLI::App app{"beamline: an inference server for Reflection-Beam-class models"};
+  app.set_version_flag("--version", beamline::server::beamline_version());
   app.require_subcommand(1);
   for (const auto& setup : beamline::cli::command_setups()) setup(app);
   try {

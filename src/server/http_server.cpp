@@ -14,6 +14,7 @@
 #include "server/request_fields.h"
 #include "server/sglang_generate.h"
 #include "server/sse.h"
+#include "server/tokenize_endpoints.h"
 
 namespace beamline::server {
 
@@ -102,6 +103,18 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
   });
   http_->Post("/generate", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response, [&] { generate(request, response); });
+  });
+  http_->Post("/tokenize", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response,
+            [&] { response.set_content(dump_json(tokenize_response(parse_body(request.body), context_)), kJson); });
+  });
+  http_->Post("/detokenize", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response,
+            [&] { response.set_content(dump_json(detokenize_response(parse_body(request.body), context_)), kJson); });
+  });
+  http_->Get("/version", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response,
+            [&] { response.set_content(dump_json(Json{{"version", beamline_version()}}), kJson); });
   });
   add_control_routes();
 }
