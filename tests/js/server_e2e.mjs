@@ -3,9 +3,10 @@
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { execFileSync } from 'node:child_process';
 
 import {
-  makeTinyModel, startServer, postJson, metrics, metricValue, waitFor, readSse, rawStream,
+  BEAMLINE, makeTinyModel, startServer, postJson, metrics, metricValue, waitFor, readSse, rawStream,
 } from './server_harness.mjs';
 
 const MODEL = 'tiny';
@@ -100,6 +101,63 @@ describe('beamline serve', () => {
     const models = await client.models.list();
     assert.deepEqual(models.data.map((m) => m.id), [MODEL]);
     assert.equal(models.data[0].max_model_len, 4096);
+  });
+
+  test('/version agrees with beamline --version', async () => {
+    const response = await fetch(`${server.base}/version`);
+    assert.equal(response.status, 200);
+    const { version } = await response.json();
+    assert.match(version, /^\d+\.\d+\.\d+/);
+    assert.equal(execFileSync(BEAMLINE, ['--version'], { encoding: 'utf8' }).trim(), version);
+  });
+
+  test('/tokenize and /detokenize: a prompt round-trips, chat messages count as the chat endpoint does', async () => {
+    const base = server.base;
+    const text = 'The sky is blue, and <|start|> is a special token.';
+    const tokenized = await postJson(base, '/tokenize', { model: MODEL, prompt: text, return_token_strs: true });
+    assert.equal(tokenized.status, 200, tokenized.text);
+    const { count, max_model_len: maxModelLen, tokens, token_strs: tokenStrs } = tokenized.json;
+    assert.equal(count, tokens.length);
+    assert.ok(count > 5);
+    assert.equal(maxModelLen, 4096);
+    assert.equal(tokenStrs.length, count);
+    assert.equal(tokenStrs.join(''), text, 'this text is ASCII: the token strings concatenate to it');
+    const plain = await postJson(base, '/tokenize', { model: MODEL, prompt: text });
+    assert.equal(plain.json.token_strs, undefined, 'token_strs only when asked');
+
+    const detokenized = await postJson(base, '/detokenize', { model: MODEL, tokens });
+    assert.equal(detokenized.status, 200, detokenized.text);
+    assert.deepEqual(detokenized.json, { prompt: text });
+
+    const messages = [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Name three colours.' }];
+    const chatTokens = await postJson(base, '/tokenize', { model: MODEL, messages, add_generation_prompt: true });
+    assert.equal(chatTokens.status, 200, chatTokens.text);
+    const chat = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 1, temperature: 0 });
+    assert.equal(chatTokens.json.count, chat.usage.prompt_tokens);
+    // The ids are the chat prompt: Harmony messages, ending in the assistant header the model continues.
+    const rendered = (await postJson(base, '/detokenize', { model: MODEL, tokens: chatTokens.json.tokens })).json.prompt;
+    assert.ok(rendered.startsWith('<|start|>system<|message|>'), rendered);
+    assert.ok(rendered.endsWith('<|start|>assistant'), rendered);
+    assert.ok(rendered.includes('<|start|>user<|message|>Name three colours.<|end|>'), rendered);
+    const noGeneration = await postJson(base, '/tokenize', { model: MODEL, messages, add_generation_prompt: false });
+    assert.deepEqual(noGeneration.json.tokens, chatTokens.json.tokens.slice(0, noGeneration.json.count),
+      'without the generation prompt the ids are a prefix');
+    assert.ok(noGeneration.json.count < chatTokens.json.count);
+
+    assertErrorShape(await postJson(base, '/tokenize', { model: MODEL }), 400, 'prompt');
+    assertErrorShape(await postJson(base, '/tokenize', { model: MODEL, prompt: 'x', messages }), 400, 'messages');
+    assertErrorShape(await postJson(base, '/tokenize', { model: MODEL, prompt: 7 }), 400, 'prompt');
+    assertErrorShape(await postJson(base, '/tokenize', { model: MODEL, messages: [] }), 400, 'messages');
+    assertErrorShape(await postJson(base, '/tokenize', { model: MODEL, prompt: 'x', return_token_strs: 'yes' }), 400,
+      'return_token_strs');
+    const unknown = await postJson(base, '/tokenize', { model: 'gpt-4o', prompt: 'x' });
+    assertErrorShape(unknown, 404, 'model');
+    assert.equal(unknown.json.error.code, 'model_not_found');
+    assertErrorShape(await postJson(base, '/detokenize', { model: MODEL, tokens: [1, 1000000000] }), 400, 'tokens');
+    assertErrorShape(await postJson(base, '/detokenize', { model: MODEL, tokens: [-1] }), 400, 'tokens');
+    assertErrorShape(await postJson(base, '/detokenize', { model: MODEL, tokens: 'abc' }), 400, 'tokens');
+    assertErrorShape(await postJson(base, '/detokenize', { model: MODEL }), 400, 'tokens');
+    assertErrorShape(await postJson(base, '/detokenize', { model: 'gpt-4o', tokens: [1] }), 404, 'model');
   });
 
   test('chat: non-streaming and streaming give the same greedy answer', async () => {
