@@ -245,7 +245,8 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
 
 const CommandRegistration registration([](CLI::App& app) {
   auto* command = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API "
-                                              "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)");
+                                              "(/v1/chat/completions, /v1/completions, /v1/models, /tokenize, "
+                                              "/detokenize, /version, /health, /metrics)");
   auto options = std::make_shared<ServeOptions>();
   command->add_option("--model", options->model,
                       std::string("checkpoint directory (default: ") + kDefaultModelDir + ")");

@@ -32,8 +32,7 @@ Json tokenize_response(const Json& body, const ServingContext& context) {
   const bool has_prompt = find_field(body, "prompt") != nullptr;
   const bool has_messages = find_field(body, "messages") != nullptr;
   if (has_prompt == has_messages) {
-    throw invalid_request(has_prompt ? "messages" : "prompt",
-                          "prompt, messages: exactly one of them is required");
+    throw invalid_request(has_prompt ? "messages" : "prompt", "prompt, messages: exactly one of them is required");
   }
   // vLLM's defaults. The tokenizers served here add no BOS/EOS, so add_special_tokens changes nothing, but
   // its type is still checked.
@@ -59,7 +58,9 @@ Json tokenize_response(const Json& body, const ServingContext& context) {
 
 Json detokenize_response(const Json& body, const ServingContext& context) {
   check_model(body, context.model_name);
-  if (find_field(body, "tokens") == nullptr) throw invalid_request("tokens", "tokens: missing (a list of token ids is required)");
+  if (find_field(body, "tokens") == nullptr) {
+    throw invalid_request("tokens", "tokens: missing (a list of token ids is required)");
+  }
   const std::vector<int64_t> tokens = integer_list(body, "tokens");
   std::vector<TokenId> ids;
   ids.reserve(tokens.size());
