@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "structured/regex.h"
+#include "tokenizer/utf8.h"
 
 namespace beamline {
 
@@ -111,7 +112,7 @@ class EbnfParser {
     std::string bytes;
     while (!at_end() && peek() != quote) {
       uint32_t cp = parse_char();
-      append_utf8(bytes, cp);
+      text::append_utf8(bytes, cp);
     }
     if (!eat(quote)) fail("unterminated string");
     return g_.literal(bytes);

@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 
+#include "tokenizer/utf8.h"
+
 namespace beamline {
 
 int ByteSet::count() const {
@@ -456,31 +458,13 @@ std::vector<Automaton> Grammar::compile_rules() const {
   return out;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 namespace {
 
 // [low, high] within one encoded length: split until every byte position is an independent range.
 ExprId utf8_same_length(Grammar& g, uint32_t low, uint32_t high) {
   std::string lo_bytes, hi_bytes;
-  append_utf8(lo_bytes, low);
-  append_utf8(hi_bytes, high);
+  text::append_utf8(lo_bytes, low);
+  text::append_utf8(hi_bytes, high);
   size_t n = lo_bytes.size();
   for (size_t i = 1; i < n; ++i) {
     uint32_t mask = (1u << (6 * i)) - 1;

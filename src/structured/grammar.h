@@ -128,6 +128,5 @@ class Grammar {
 
 // UTF-8 encodings of the code points in [low, high] (surrogates excluded) as a grammar expression.
 ExprId utf8_range(Grammar& grammar, uint32_t low, uint32_t high);
-void append_utf8(std::string& out, uint32_t code_point);
 
 }  // namespace beamline
