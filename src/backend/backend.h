@@ -183,7 +183,9 @@ class Backend {
   virtual void prepare_moe(MoeTensors& moe) { (void)moe; }
 
   // ---- ops ----
-  // out[t] = table[tokens[t]] as F32. table [V, H] (any float dtype), tokens I32 [T], out [T, H].
+  // out[t] = table[tokens[t]] as F32. table [V, H] (any float dtype), tokens I32 [T], out [T, H]. An id outside [0, V)
+  // is an Error where the ids are on the host (cpu); a device backend, whose ids live on the device, writes NaN over
+  // that row instead, so that the bad id cannot pass unnoticed.
   virtual void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) = 0;
   // tokens[pairs[2j]] = source[pairs[2j + 1]] for each (row, source row) pair of the host list `pairs`: the ids of
   // tokens that an earlier step sampled on the device and the host has not read yet (--async-scheduling).

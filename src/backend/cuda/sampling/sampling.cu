@@ -982,7 +982,7 @@ cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* ro
     return status;
   // Blocks per row: the most, up to a cluster of kMaxRowParts, that keep every row's blocks on the GPU at once
   // (one block per SM), give each block at least one whole pass of its own (below that the cluster's barriers
-  // cost more than the split saves: measured with bench-sample, bench/results/2026-12-01-small-ops.md), and that
+  // cost more than the split saves: measured with `backend_ops perf sample`, bench/results/2026-12-01-small-ops.md), and that
   // the GPU can schedule as a cluster.
   const int64_t passes = (vocab + 4 * int64_t{kUnroll} * kSampleThreads - 1) / (4 * int64_t{kUnroll} * kSampleThreads);
   int parts = kMaxRowParts;
