@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/quant/e4m3_unpack.cuh"
 #include "backend/cuda/quant/fp8.h"
 #include "util/counter_random.h"
 
@@ -36,22 +37,6 @@ __global__ void __launch_bounds__(kQuantizeWarps * 32)
 }
 
 // ---- dequantization in registers ----
-// Sixteen E4M3 values (one 16-byte load) as F32, exactly (E4M3 is a subset of F16).
-__device__ __forceinline__ void unpack_e4m3(const uint4& bits, float (&out)[16]) {
-  const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
-      out[4 * w + 2 * h] = f.x;
-      out[4 * w + 2 * h + 1] = f.y;
-    }
-  }
-}
-
 // w · x[0, 16) for 16-byte aligned F32 activations.
 __device__ __forceinline__ float dot16(const float (&w)[16], const float* x) {
   float sum = 0.0f;

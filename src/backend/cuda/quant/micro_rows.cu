@@ -6,28 +6,13 @@
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/quant/e4m3_unpack.cuh"
 #include "backend/cuda/quant/micro.h"
 
 namespace beamline::cuda::micro {
 namespace {
 
 // ---- decoding ----
-// Sixteen E4M3 codes (one 16-byte load) as F32, exactly (E4M3 is a subset of F16).
-__device__ __forceinline__ void unpack_e4m3(const uint4& bits, float (&out)[16]) {
-  const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
-      const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
-      out[4 * w + 2 * h] = f.x;
-      out[4 * w + 2 * h + 1] = f.y;
-    }
-  }
-}
-
 // Eight E2M1 codes (one 32-bit word, element n in bits 4n..4n+3) as F32 times 2^-14, exactly: the three magnitude
 // bits of a code placed at F16's bits 9-11 and its sign at bit 15 make the F16 of the value times 2^-14 (the exponent
 // field 0 giving E2M1's one subnormal, 0.5), so a pair costs a few bit operations and one conversion. The 2^14 is
