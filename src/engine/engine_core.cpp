@@ -121,7 +121,9 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
     sequence.tokens = r.prompt;
     sequence.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sequence.cache_salt = r.cache_salt;
-    if (i > 0 && config_.enable_prefix_caching) sequence.prompt_leader = &state->samples.front()->sequence;
+    sequence.skip_prefix_cache = r.return_routed_experts;
+    if (i > 0 && config_.enable_prefix_caching && !sequence.skip_prefix_cache)
+      sequence.prompt_leader = &state->samples.front()->sequence;
     const uint64_t seed = sample_seed(r.sampling.seed, i, seeds_());
     state->samples.push_back(std::make_unique<SampleState>(state.get(), i, std::move(sequence), seed, tokenizer_,
                                                            eos_token_ids_, state->max_tokens));
@@ -347,6 +349,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     if (s.logit_index >= 0) step->producing.push_back(i);
     RequestState& request = *samples_by_sequence_.at(s.sequence->id)->request;
     if (!request.first_scheduled) request.first_scheduled = scheduled_at;
+    if (request.request.return_routed_experts) step->plan.batch.capture_routed_experts = true;
   }
   try {
     step->model = runner_.launch(step->plan.batch);
@@ -420,6 +423,18 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     return;
   }
   ++counters_.steps_total;
+  RoutedExperts routed;
+  if (step.plan.batch.capture_routed_experts) {
+    try {
+      routed = step.model->routed_experts();
+      require(routed.row_width() > 0 && routed.ids.size() == step.plan.batch.tokens.size() * routed.row_width(),
+              "routed experts: the model runner returned {} ids ({} layers, top-{}) for a step of {} rows",
+              routed.ids.size(), routed.num_moe_layers, routed.top_k, step.plan.batch.tokens.size());
+    } catch (const std::exception& error) {
+      fail_step(step, error.what(), ended);
+      return;
+    }
+  }
 
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
@@ -432,6 +447,8 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     SampleState& sample = *live;
     RequestState& request = *sample.request;
     if (std::find(touched.begin(), touched.end(), &request) == touched.end()) touched.push_back(&request);
+    if (request.request.return_routed_experts)
+      record_routed_experts(sample, routed, step.plan.batch.sequences[i]);
     if (!producing) continue;
     std::vector<SampledToken> tokens = std::move(sampled_tokens[p]);
     const int32_t num_drafts = step.plan.scheduled[i].num_draft_tokens;
@@ -441,6 +458,15 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
+}
+
+void EngineCore::record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice) {
+  const std::size_t width = routed.row_width();
+  const auto rows = static_cast<std::size_t>(slice.token_end - slice.token_begin);
+  const std::size_t end = (static_cast<std::size_t>(slice.context_begin) + rows) * width;
+  if (sample.routed_experts.size() < end) sample.routed_experts.resize(end);
+  std::copy_n(routed.ids.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(slice.token_begin) * width), rows * width,
+              sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(slice.context_begin) * width));
 }
 
 bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_point now) {
@@ -467,6 +493,12 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   out.token_ids.push_back(sampled.token);
   out.text += check.text;
   if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
+  if (request.request.return_routed_experts) {
+    // The rows computed since the last token: the prompt's with the first token, then the previous token's.
+    const auto begin = sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(sample.routed_ids_sent);
+    out.routed_experts.insert(out.routed_experts.end(), begin, sample.routed_experts.end());
+    sample.routed_ids_sent = sample.routed_experts.size();
+  }
   if (!check.finish) return false;
   out.finish_reason = check.finish;
   out.stop_reason = std::move(check.stop_reason);

@@ -71,6 +71,11 @@ class EngineCore {
     // Structured outputs: where the output is in the request's grammar. Its next-token mask needs every token so
     // far, so a constrained row is sampled only once the token before it is known (see sample_waiting_rows).
     std::unique_ptr<GrammarMatcher> grammar;
+    // Routing replay: the expert ids of every position computed so far ([positions, moe_layers, top_k]), by
+    // position, so that a preempted sequence's recomputation rewrites the same rows; the first `routed_ids_sent` ids
+    // went out with earlier tokens.
+    std::vector<int16_t> routed_experts;
+    std::size_t routed_ids_sent = 0;
     Clock::time_point last_token_time;
     SampleState(RequestState* owner, int32_t sample_index, Sequence seq, uint64_t seed, const Tokenizer* tokenizer,
                 std::span<const TokenId> eos, int32_t max_tokens);
@@ -113,6 +118,8 @@ class EngineCore {
   // cache (Scheduler::settle_drafts) and returns the tokens to emit: the accepted drafts, then the target's token at the
   // first row that disagreed or after the last draft. Takes the accepted tokens back off the sequence for emit().
   std::vector<SampledToken> settle_drafts(SampleState& sample, int32_t num_drafts, std::vector<SampledToken> rows);
+  // Routing replay: keeps the expert ids of the sample's rows of the step (batch slice `slice`) at their positions.
+  static void record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice);
   // Appends one sampled token to the sample, checks stops and adds it to the request's event; true when it ended.
   bool emit(SampleState& sample, SampledToken sampled, Clock::time_point now);
   // Launches the step's forward pass (and its sampling when no row needs the host); null after failing its requests.

@@ -32,6 +32,14 @@ struct RowSampling {
   std::vector<uint32_t> allowed_tokens;
 };
 
+// Routing replay: the experts each token row of a step was routed to, in every MoE layer.
+struct RoutedExperts {
+  int32_t num_moe_layers = 0, top_k = 0;
+  // [rows, num_moe_layers, top_k]: row r's choices in MoE layer l, in order of selection, at (r * layers + l) * top_k.
+  std::vector<int16_t> ids;
+  std::size_t row_width() const { return static_cast<std::size_t>(num_moe_layers) * static_cast<std::size_t>(top_k); }
+};
+
 // A step whose forward pass the runner has enqueued and whose tokens the engine has not taken yet.
 class ModelStep {
  public:
@@ -41,6 +49,9 @@ class ModelStep {
   virtual void sample(std::vector<RowSampling> rows) = 0;
   // Waits for the sampled tokens, one per row given to sample(), in that order. Once, after sample().
   virtual std::vector<SampledToken> tokens() = 0;
+  // After tokens(): the experts of every token row of the batch, when it set ForwardBatch::capture_routed_experts and
+  // the runner captures them (--enable-return-routed-experts); otherwise no ids.
+  virtual RoutedExperts routed_experts() { return {}; }
 };
 
 class ModelRunner {

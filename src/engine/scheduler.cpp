@@ -90,9 +90,12 @@ StepPlan Scheduler::schedule() {
       Sequence* sequence = waiting_.front();
       if (!admissible(*sequence)) break;
       const kv::PrefixHit hit =
-          kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
+          sequence->skip_prefix_cache
+              ? kv::PrefixHit{}
+              : kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
       const int32_t num_new = std::min(sequence->num_tokens() - hit.num_tokens, budget);
-      if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new, &hit)) {
+      if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new,
+                        sequence->skip_prefix_cache ? nullptr : &hit)) {
         break;
       }
       if (!sequence->admitted) {

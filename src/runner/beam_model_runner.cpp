@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
 #include "checkpoint/shard_weights.h"
+#include "runner/routed_experts_step.h"
 #include "runner/step_message.h"
 #include "util/error.h"
 
@@ -46,6 +47,14 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
     model_ = std::make_unique<BeamModel>(weights, *backend_);
   }
   const ModelConfig& model_config = model_->config();
+  if (config.enable_return_routed_experts) {
+    require(groups_ == nullptr, "--enable-return-routed-experts: capturing the routing of a distributed model is not "
+            "implemented");
+    require(model_->num_moe_layers() > 0, "--enable-return-routed-experts: the model has no MoE layer");
+    require(model_config.n_routed_experts <= INT16_MAX,
+            "--enable-return-routed-experts: {} experts do not fit the int16 ids it returns", model_config.n_routed_experts);
+    capture_routed_experts_ = true;
+  }
   if (config.speculative.method == SpeculativeMethod::DFlash) {
     // Checked in full first, so that a drafter that does not fit is named as such.
     const DrafterCheckpoint drafter =
@@ -86,7 +95,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
                backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
   if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
-    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs, capture_routed_experts_);
     graph_max_num_seqs_ = config.max_num_seqs;
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
@@ -103,14 +112,20 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
   model_ = std::move(model);
-  if (graph_max_num_seqs_ > 0) graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_);
+  if (graph_max_num_seqs_ > 0)
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
   spdlog::info("loaded new weights from {}", dir.string());
 }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
   if (groups_ != nullptr) return sampler_->step(launch_distributed(batch), batch.logit_rows.size());
   const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler_->deferred_source();
-  return sampler_->step(forward(batch, token_source), batch.logit_rows.size());
+  Tensor routed_experts;
+  std::unique_ptr<ModelStep> step =
+      sampler_->step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
+  if (!routed_experts.defined()) return step;
+  return std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, routed_experts,
+                                             static_cast<int64_t>(batch.tokens.size()));
 }
 
 Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
@@ -135,7 +150,8 @@ Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
   try {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    return forward(plan, {});
+    Tensor no_routing;
+    return forward(plan, {}, no_routing);
   } catch (const std::exception& error) {
     // A batch refused before the broadcast (above) leaves the ranks in step; a failure from here on does not.
     failure_ = error.what();
@@ -151,25 +167,34 @@ void BeamModelRunner::follow() {
     groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
     const std::optional<ForwardBatch> batch = decode_step_message(message);
     if (!batch) return;
-    forward(*batch, {});
+    Tensor no_routing;
+    forward(*batch, {}, no_routing);
   }
 }
 
-Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source) {
+Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source, Tensor& routed_experts) {
+  const bool capture = capture_routed_experts_ && batch.capture_routed_experts;
+  // Eager steps route into a buffer of their own; a replayed graph into the graph's.
+  auto eager_routing = [&] {
+    if (capture)
+      routed_experts = backend_->alloc(DType::I32, {model_->num_moe_layers(), static_cast<int64_t>(batch.tokens.size()),
+                                                    model_->config().num_experts_per_tok});
+    return routed_experts;
+  };
   if (batch.logit_rows.empty() && !batch.tokens.empty()) {
     // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
     // ask for one and drop it.
     ForwardBatch with_row = batch;
     with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
-    model_->forward(with_row, *cache_, token_source);
+    model_->forward(with_row, *cache_, token_source, eager_routing());
     return {};
   }
   if (graphs_) {
     model_->validate(batch, *cache_, token_source);
-    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source)) return *logits;
-    return model_->forward_validated(batch, *cache_, token_source);
+    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source, &routed_experts)) return *logits;
+    return model_->forward_validated(batch, *cache_, token_source, eager_routing());
   }
-  return model_->forward(batch, *cache_, token_source);
+  return model_->forward(batch, *cache_, token_source, eager_routing());
 }
 
 }  // namespace beamline

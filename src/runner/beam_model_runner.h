@@ -53,8 +53,10 @@ class BeamModelRunner : public ModelRunner {
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
-  // The logits of batch.logit_rows (undefined when there are none); `token_source` feeds batch.deferred_tokens.
-  Tensor forward(const ForwardBatch& batch, const Tensor& token_source);
+  // The logits of batch.logit_rows (undefined when there are none); `token_source` feeds batch.deferred_tokens. With
+  // batch.capture_routed_experts (and --enable-return-routed-experts) `routed_experts` gets the step's expert ids
+  // (DecodeGraphs::forward's).
+  Tensor forward(const ForwardBatch& batch, const Tensor& token_source, Tensor& routed_experts);
 
   // The model, its KV pool, graphs and sampler, once the backend (and, distributed, the groups) exist.
   void load(const BeamWeights& weights, const EngineConfig& config);
@@ -69,6 +71,7 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
+  bool capture_routed_experts_ = false;   // --enable-return-routed-experts
   std::unique_ptr<StepSampler> sampler_;
   int64_t bytes_per_block_ = 0;
 };
