@@ -116,6 +116,9 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
   command.add_flag("--enable-return-routed-experts", config.enable_return_routed_experts,
                    "Routing replay: capture the router's top-k expert ids of every MoE layer, returned to requests "
                    "that set return_routed_experts (SGLang's names; docs/rl.md)");
+  command.add_flag("--batch-invariant", config.batch_invariant,
+                   "Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's tokens and logprobs are bit-identical "
+                   "whatever shares its batch; the cpu backend always is, cuda refuses the flag (docs/rl.md)");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

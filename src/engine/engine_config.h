@@ -38,6 +38,7 @@ struct EngineConfig {
   bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
   SpeculativeConfig speculative;          // --speculative-config: draft tokens verified per step (engine_core.h)
   bool enable_return_routed_experts = false;  // --enable-return-routed-experts: capture the router's choices (docs/rl.md)
+  bool batch_invariant = false;           // --batch-invariant: a row's results never depend on its batch (docs/rl.md)
 
   // Throws beamline::Error naming the flag of the first bad value.
   void validate() const;

@@ -121,7 +121,8 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
     sequence.tokens = r.prompt;
     sequence.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sequence.cache_salt = r.cache_salt;
-    sequence.skip_prefix_cache = r.return_routed_experts;
+    sequence.prompt_logprobs = r.sampling.prompt_logprobs.has_value();
+    sequence.skip_prefix_cache = r.return_routed_experts || sequence.prompt_logprobs;
     if (i > 0 && config_.enable_prefix_caching && !sequence.skip_prefix_cache)
       sequence.prompt_leader = &state->samples.front()->sequence;
     const uint64_t seed = sample_seed(r.sampling.seed, i, seeds_());
@@ -435,6 +436,12 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
       return;
     }
   }
+  try {
+    record_prompt_logprobs(step);
+  } catch (const std::exception& error) {
+    fail_step(step, error.what(), ended);
+    return;
+  }
 
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
@@ -458,6 +465,44 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
+}
+
+void EngineCore::record_prompt_logprobs(InFlightStep& step) {
+  struct Entry {
+    SampleState* sample;
+    int32_t position;  // its row predicts prompt token position + 1
+  };
+  std::vector<Entry> entries;
+  std::vector<int32_t> rows;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const ScheduledSequence& scheduled = step.plan.scheduled[i];
+    SampleState* sample = live_sample(step.ids[i]);
+    if (sample == nullptr || scheduled.num_prompt_logit_rows == 0) continue;
+    const int32_t first = step.plan.batch.sequences[i].context_begin;
+    for (int32_t j = 0; j < scheduled.num_prompt_logit_rows; ++j) {
+      entries.push_back({sample, first + j});
+      rows.push_back(scheduled.prompt_logit_index + j);
+    }
+  }
+  if (rows.empty()) return;
+  const std::vector<float> logits = step.model->raw_logits(rows);
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  for (const Entry& entry : entries)
+    if (entry.sample->prompt_logprobs.empty())
+      entry.sample->prompt_logprobs.resize(static_cast<std::size_t>(entry.sample->sequence.num_prompt_tokens));
+  // A prompt token is not drawn: no temperature or filter shapes its row, so the processed modes give the raw values.
+  ThreadPool::global().parallel_for(entries.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t e = begin; e < end; ++e) {
+      const Entry& entry = entries[e];
+      const std::span<const float> row(logits.data() + e * vocab, vocab);
+      SampleRow settings;
+      settings.greedy = true;
+      settings.num_logprobs = *entry.sample->request->request.sampling.prompt_logprobs;
+      const auto next = static_cast<std::size_t>(entry.position) + 1;
+      entry.sample->prompt_logprobs[next] =
+          logprob_in_mode(row, row, settings, entry.sample->sequence.tokens[next], config_.logprobs_mode);
+    }
+  });
 }
 
 void EngineCore::record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice) {
@@ -493,6 +538,7 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   out.token_ids.push_back(sampled.token);
   out.text += check.text;
   if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
+  if (sample.sequence.prompt_logprobs && sequence.num_output_tokens() == 1) out.prompt_logprobs = sample.prompt_logprobs;
   if (request.request.return_routed_experts) {
     // The rows computed since the last token: the prompt's with the first token, then the previous token's.
     const auto begin = sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(sample.routed_ids_sent);

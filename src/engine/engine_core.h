@@ -76,6 +76,8 @@ class EngineCore {
     // went out with earlier tokens.
     std::vector<int16_t> routed_experts;
     std::size_t routed_ids_sent = 0;
+    // prompt_logprobs: entry p + 1 from position p's logits, filled as the prompt is computed; sent with the first token.
+    std::vector<std::optional<TokenLogprob>> prompt_logprobs;
     Clock::time_point last_token_time;
     SampleState(RequestState* owner, int32_t sample_index, Sequence seq, uint64_t seed, const Tokenizer* tokenizer,
                 std::span<const TokenId> eos, int32_t max_tokens);
@@ -118,6 +120,9 @@ class EngineCore {
   // cache (Scheduler::settle_drafts) and returns the tokens to emit: the accepted drafts, then the target's token at the
   // first row that disagreed or after the last draft. Takes the accepted tokens back off the sequence for emit().
   std::vector<SampledToken> settle_drafts(SampleState& sample, int32_t num_drafts, std::vector<SampledToken> rows);
+  // prompt_logprobs: scores the step's prompt rows (ScheduledSequence::prompt_logit_index) on the host in
+  // --logprobs-mode, into their samples' prompt_logprobs.
+  void record_prompt_logprobs(InFlightStep& step);
   // Routing replay: keeps the expert ids of the sample's rows of the step (batch slice `slice`) at their positions.
   static void record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice);
   // Appends one sampled token to the sample, checks stops and adds it to the request's event; true when it ended.

@@ -52,6 +52,12 @@ class ModelStep {
   // After tokens(): the experts of every token row of the batch, when it set ForwardBatch::capture_routed_experts and
   // the runner captures them (--enable-return-routed-experts); otherwise no ids.
   virtual RoutedExperts routed_experts() { return {}; }
+  // After tokens(): the raw logits of the step's logit rows `rows` (indices into ForwardBatch::logit_rows) on the host,
+  // row after row, for what the engine computes there (prompt_logprobs).
+  virtual std::vector<float> raw_logits(std::span<const int32_t> rows) {
+    (void)rows;
+    fail("this model step cannot hand out its logits");
+  }
 };
 
 class ModelRunner {

@@ -19,6 +19,7 @@ class RoutedExpertsStep final : public ModelStep {
   void sample(std::vector<RowSampling> rows) override { step_->sample(std::move(rows)); }
   std::vector<SampledToken> tokens() override { return step_->tokens(); }
   RoutedExperts routed_experts() override;
+  std::vector<float> raw_logits(std::span<const int32_t> rows) override { return step_->raw_logits(rows); }
 
  private:
   std::unique_ptr<ModelStep> step_;

@@ -82,7 +82,7 @@ class CompletionStream : public SseResponder {
     if (!plan_.echo) return "";
     std::string events;
     for (std::size_t i = 0; i < text_offsets_.size(); ++i) {
-      events += chunk(i, plan_.prompt_text, nullptr, nullptr, {}, {});
+      events += chunk(i, plan_.prompt_text, nullptr, nullptr, {}, {}, {});
       text_offsets_[i] = plan_.prompt_text.size();
     }
     return events;
@@ -100,7 +100,7 @@ class CompletionStream : public SseResponder {
       Json finish = sample.finish_reason ? Json(completion_finish_reason(*sample.finish_reason)) : Json();
       if (!sample.text.empty() || !logprobs.is_null() || !finish.is_null() || !sample.token_ids.empty()) {
         events += chunk(index, sample.text, std::move(logprobs), std::move(finish), sample.token_ids,
-                        sample.routed_experts);
+                        sample.routed_experts, sample.prompt_logprobs);
       }
     }
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
@@ -123,7 +123,8 @@ class CompletionStream : public SseResponder {
   }
 
   std::string chunk(std::size_t index, const std::string& text, Json logprobs, Json finish_reason,
-                    const std::vector<TokenId>& token_ids, std::span<const int16_t> routed_experts) {
+                    const std::vector<TokenId>& token_ids, std::span<const int16_t> routed_experts,
+                    const std::vector<std::optional<TokenLogprob>>& prompt_logprobs) {
     Json choice = {{"index", index},
                    {"text", text},
                    {"logprobs", std::move(logprobs)},
@@ -136,6 +137,8 @@ class CompletionStream : public SseResponder {
     }
     // The rows of the positions computed since the previous chunk: concatenated, a choice's whole routing.
     if (plan_.request.return_routed_experts) choice[kRoutedExpertsField] = routed_experts_base64(routed_experts);
+    // With the first token, as the engine sends them.
+    if (!prompt_logprobs.empty()) choice["prompt_logprobs"] = prompt_logprobs_json(context_.tokenizer, prompt_logprobs);
     Json json = base(Json::array({std::move(choice)}));
     if (plan_.stream.include_usage) json["usage"] = nullptr;
     json[kWeightVersionField] = context_.engine.weight_version();
@@ -213,6 +216,8 @@ Json completion_response(const std::string& id, const ServingContext& context, c
         choice["token_ids"] = sample.token_ids;
       }
       if (plan.request.return_routed_experts) choice[kRoutedExpertsField] = routed_experts_base64(sample.routed_experts);
+      if (plan.request.sampling.prompt_logprobs)
+        choice["prompt_logprobs"] = prompt_logprobs_json(context.tokenizer, sample.prompt_logprobs);
       choices.push_back(std::move(choice));
     }
     usage.prompt_tokens += output.usage.prompt_tokens;

@@ -17,68 +17,24 @@ Exits 1 on the first difference, naming request, token and layer.
 import argparse
 import base64
 import concurrent.futures
-import json
 import os
-import re
 import shlex
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
-
-
-def post(base, path, body, stream=False):
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            text = response.read().decode()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read().decode())
-    if not stream:
-        return status, json.loads(text)
-    events = [json.loads(line[len("data: "):]) for line in text.splitlines()
-              if line.startswith("data: ") and line != "data: [DONE]"]
-    return status, events
+from beamline_server import Server, post  # noqa: E402
 
 
 def decode(field, layers, top_k):
     raw = base64.b64decode(field) if field else b""
     return np.frombuffer(raw, dtype="<i2").astype(np.int64).reshape(-1, layers, top_k)
 
-
-class Server:
-    def __init__(self, beamline, model, device, extra):
-        args = [beamline, "serve", "--model", model, "--device", device, "--port", "0", "--max-model-len", "512",
-                "--kv-cache-memory", "64M", "--block-size", "8"] + extra
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.log = ""
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.log += line
-            match = re.search(r"at http://[^:]+:(\d+)/v1", line)
-            if match:
-                self.base = f"http://127.0.0.1:{match.group(1)}"
-                return
-        self.stop()
-        sys.exit(f"the server did not start:\n{self.log}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
 
 
 def main():
