@@ -130,6 +130,7 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
                                                            eos_token_ids_, state->max_tokens));
   }
   for (auto& sample : state->samples) {
+    if (sample->sequence.prompt_logprobs) sample->prompt_logprobs.resize(r.prompt.size());
     samples_by_sequence_[sample->sequence.id] = sample.get();
     scheduler_.add(&sample->sequence);
   }
@@ -487,9 +488,6 @@ void EngineCore::record_prompt_logprobs(InFlightStep& step) {
   if (rows.empty()) return;
   const std::vector<float> logits = step.model->raw_logits(rows);
   const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
-  for (const Entry& entry : entries)
-    if (entry.sample->prompt_logprobs.empty())
-      entry.sample->prompt_logprobs.resize(static_cast<std::size_t>(entry.sample->sequence.num_prompt_tokens));
   // A prompt token is not drawn: no temperature or filter shapes its row, so the processed modes give the raw values.
   ThreadPool::global().parallel_for(entries.size(), [&](std::size_t begin, std::size_t end) {
     for (std::size_t e = begin; e < end; ++e) {
