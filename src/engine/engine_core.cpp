@@ -506,10 +506,11 @@ void EngineCore::record_prompt_logprobs(InFlightStep& step) {
 void EngineCore::record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice) {
   const std::size_t width = routed.row_width();
   const auto rows = static_cast<std::size_t>(slice.token_end - slice.token_begin);
-  const std::size_t end = (static_cast<std::size_t>(slice.context_begin) + rows) * width;
-  if (sample.routed_experts.size() < end) sample.routed_experts.resize(end);
-  std::copy_n(routed.ids.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(slice.token_begin) * width), rows * width,
-              sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(slice.context_begin) * width));
+  const auto from = static_cast<std::size_t>(slice.token_begin) * width;
+  const auto to = static_cast<std::size_t>(slice.context_begin) * width;
+  if (sample.routed_experts.size() < to + rows * width) sample.routed_experts.resize(to + rows * width);
+  std::copy_n(routed.ids.begin() + static_cast<std::ptrdiff_t>(from), rows * width,
+              sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(to));
 }
 
 bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_point now) {
@@ -536,7 +537,7 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   out.token_ids.push_back(sampled.token);
   out.text += check.text;
   if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
-  if (sample.sequence.prompt_logprobs && sequence.num_output_tokens() == 1) out.prompt_logprobs = sample.prompt_logprobs;
+  if (sequence.prompt_logprobs && sequence.num_output_tokens() == 1) out.prompt_logprobs = sample.prompt_logprobs;
   if (request.request.return_routed_experts) {
     // The rows computed since the last token: the prompt's with the first token, then the previous token's.
     const auto begin = sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(sample.routed_ids_sent);
