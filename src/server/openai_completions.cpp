@@ -164,8 +164,8 @@ std::vector<CompletionPlan> plan_completions(const Json& body, const ServingCont
                                                  context.generation_config);
   common.echo = optional_bool(body, "echo").value_or(false);
   if (common.echo && common.request.sampling.logprobs) {
-    throw invalid_request("echo", "echo together with logprobs would need the prompt's logprobs, which this server "
-                                  "does not compute");
+    throw invalid_request("echo", "echo together with logprobs (the prompt's logprobs inside `logprobs`) is not "
+                                  "supported; ask for prompt_logprobs instead");
   }
   common.return_token_ids = optional_bool(body, "return_token_ids").value_or(false);
   common.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
