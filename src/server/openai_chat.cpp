@@ -132,11 +132,11 @@ class ChatStream : public SseResponder {
         deltas.insert(deltas.end(), last.begin(), last.end());
       }
       for (const harmony::ChatDelta& chat_delta : deltas) {
-        events += chunk(index, harmony::to_json(chat_delta), take_logprobs(state), nullptr, state);
+        events += chunk(index, harmony::to_json(chat_delta), take_logprobs(state), nullptr, &state);
       }
       if (sample.finish_reason) {
         events += chunk(index, Json::object(), take_logprobs(state), state.choice.finish_reason(*sample.finish_reason),
-                        state);
+                        &state);
       }
     }
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));

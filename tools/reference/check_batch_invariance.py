@@ -35,7 +35,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--extra-args", default="--batch-invariant --max-num-batched-tokens 32",
+    parser.add_argument("--extra-args", default="--batch-invariant --max-num-batched-tokens 32 --max-num-seqs 8",
                         help="`beamline serve` flags")
     args = parser.parse_args()
     rng = random.Random(args.seed)

@@ -66,7 +66,7 @@ def main():
         k = 3
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "prompt_logprobs": k}
 
-        server = Server(args.beamline, model, args.device, ["--max-num-batched-tokens", "16"])
+        server = Server(args.beamline, model, args.device, ["--max-num-batched-tokens", "16", "--max-num-seqs", "8"])
         try:
             status, first = post(server.base, "/v1/completions", body)
             assert status == 200, first

@@ -65,7 +65,7 @@ def main():
         # (what, prompt ids, output ids, routing field) of every answer
         answers = []
         server = Server(args.beamline, model, args.device,
-                        ["--enable-return-routed-experts", "--max-num-batched-tokens", "24", "--seed", "0"]
+                        ["--enable-return-routed-experts", "--max-num-batched-tokens", "24", "--max-num-seqs", "8", "--seed", "0"]
                         + shlex.split(args.extra_args))
         try:
             prompts = [prompt(n) for n in (5, 29, 40, 11)]
