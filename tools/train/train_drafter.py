@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trains a DFlash-style block drafter (DRAFTER_SEMANTICS.md, docs/model-format.md §6) for a Beam target.
 
-  python3 tools/train/train_drafter.py --target models/beam-nano --out OUT_DIR [--conversations 24000]
+  python3 tools/train/train_drafter.py --target models/beam-nano --out OUT_DIR [--conversations 32000]
       [--gen-seconds 45] [--seconds 130] [--layers 3] [--block-size 8] [--target-layer-ids 1,3,5,7]
       [--sliding-window 128] [--anchors 32] [--batch 128] [--gamma 4] [--eval-conversations 300] [--json R]
 
@@ -147,7 +147,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True, help="target checkpoint directory (with tokenizer.json)")
     parser.add_argument("--out", required=True, help="drafter directory to write")
-    parser.add_argument("--conversations", type=int, default=24000, help="train-split conversations to prompt with")
+    parser.add_argument("--conversations", type=int, default=32000, help="train-split conversations to prompt with")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--gen-seconds", type=float, default=45.0, help="time budget for generating the data")
     parser.add_argument("--gen-batch", type=int, default=2048)
