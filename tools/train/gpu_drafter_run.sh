@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
   python3 tools/reference/check_drafter.py --target "$target" \
     || echo "WARNING: random drafter torch-vs-numpy check failed"
   python3 tools/train/train_drafter.py --target "$target" --out "$OUT/beam-nano-drafter" --seconds "$seconds" \
-    --gen-seconds "$gen_seconds" --json "$OUT/report.json"
+    --gen-seconds "$gen_seconds" --json "$OUT/report.json" || echo "ERROR: train_drafter.py failed"
   python3 tools/reference/check_drafter.py --target "$target" --drafter "$OUT/beam-nano-drafter" --device cuda \
     --tokens 200 --anchors 0,1,57,150,199 || echo "WARNING: trained drafter torch-vs-numpy check failed"
 } 2>&1 | tee "$OUT/log.txt"

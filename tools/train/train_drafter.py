@@ -179,11 +179,14 @@ def main():
     rng = random.Random(args.seed)
     device = args.device
     torch.backends.cuda.matmul.allow_tf32 = True
+    tokenizer_path = os.path.join(args.target, "tokenizer.json")
+    tokenizer = Tokenizer.load(tokenizer_path)
+    # tokenized in worker processes before CUDA is initialised in this one
+    prompts = training_prompts(tokenizer_path, args.conversations, args.seed, args.workers)
+    log(f"{len(prompts)} training prompts from {args.conversations} conversations")
     target = load_checkpoint(args.target, device)
     for p in target.parameters():
         p.requires_grad_(False)
-    tokenizer_path = os.path.join(args.target, "tokenizer.json")
-    tokenizer = Tokenizer.load(tokenizer_path)
     config_dict = drafter_config(beam_numpy.read_config(args.target), layers=args.layers,
                                  target_layer_ids=[int(v) for v in args.target_layer_ids.split(",")],
                                  block_size=args.block_size, mask_token_id=args.mask_token_id,
@@ -191,8 +194,6 @@ def main():
     config = DrafterConfig(config_dict, target.config)
     mask = config.mask_token_id
 
-    prompts = training_prompts(tokenizer_path, args.conversations, args.seed, args.workers)
-    log(f"{len(prompts)} training prompts from {args.conversations} conversations")
     stops = drafter_acceptance.stop_ids(tokenizer)
     sequences = generate_sequences(target, prompts, stops, args.max_new_tokens, args.gen_batch, args.gen_seconds,
                                    device, rng, log)
