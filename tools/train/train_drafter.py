@@ -237,7 +237,7 @@ def main():
         optimizer.step()
         step += 1
         if step % 20 == 0:
-            value, acc = float(loss), accuracy.cpu().numpy()
+            value, acc = float(loss.detach()), accuracy.cpu().numpy()
             running_loss = value if running_loss is None else 0.9 * running_loss + 0.1 * value
             running_acc = acc if running_acc is None else 0.9 * running_acc + 0.1 * acc
         if step % 200 == 0:
