@@ -22,6 +22,7 @@ task kind.
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
@@ -40,7 +41,6 @@ from drafter_torch import draft, load_drafter  # noqa: E402
 
 def heldout_turns(tokenizer, conversations, seed=1):
     """(kind, prompt ids) of every model turn of the first `conversations` held-out conversations."""
-    import random
     turns = []
     for split, job_seed, count in generate.split_jobs("heldout", conversations, seed + generate.HELDOUT_SEED_OFFSET):
         rng = random.Random(job_seed)
