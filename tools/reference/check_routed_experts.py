@@ -129,7 +129,7 @@ def main():
                 sys.exit(f"{what}: {got.shape[0]} rows of routing for {len(prompt_ids)} prompt and {len(output_ids)} "
                          f"output tokens (expected {len(tokens) - 1})")
             routing = []
-            beam_numpy.forward(config, weights, tokens[:-1], routing)
+            beam_numpy.forward(config, weights, tokens[:-1], routing=routing)
             expected = np.stack(routing, axis=1)  # [tokens, layers, top_k]
             wrong = np.argwhere(got != expected)
             if wrong.size:
