@@ -1,0 +1,111 @@
+// `beamline bench serve` against `beamline serve` on the default model (beam-nano, CPU): vLLM's summary table
+// and result JSON, with figures that agree with the server's own /metrics counters, for the completions and the
+// chat backends; a wrong model fails at the initial test request, naming the server's answer.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { BEAMLINE, metrics, metricValue, startServer } from './server_harness.mjs';
+
+const run = promisify(execFile);
+const repoRoot = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+// The counters a benchmark must agree with: its requests, prompt tokens and generated tokens.
+async function counters(base) {
+  const { samples } = await metrics(base);
+  let requests = 0;
+  for (const [key, value] of samples) if (key.startsWith('vllm:request_success_total{')) requests += value;
+  return {
+    requests,
+    prompt: metricValue(samples, 'vllm:prompt_tokens_total') ?? samples.get('vllm:prompt_tokens_total'),
+    generated: metricValue(samples, 'vllm:generation_tokens_total') ?? samples.get('vllm:generation_tokens_total'),
+  };
+}
+
+function summaryValue(stdout, label) {
+  const line = stdout.split('\n').find((l) => l.startsWith(label));
+  assert.ok(line, `no "${label}" line in:\n${stdout}`);
+  return Number(line.slice(label.length).trim());
+}
+
+describe('beamline bench serve', () => {
+  let server;
+  let resultDir;
+
+  before(async () => {
+    server = await startServer(null, [], { cwd: repoRoot });
+    resultDir = mkdtempSync(join(tmpdir(), 'beamline-bench-'));
+  });
+
+  after(async () => {
+    await server.stop();
+    rmSync(resultDir, { recursive: true, force: true });
+  });
+
+  test('completions: the summary and JSON agree with the server\'s /metrics', async () => {
+    const before = await counters(server.base);
+    const { stdout } = await run(BEAMLINE, ['bench', 'serve', '--base-url', server.base, '--num-prompts', '8',
+      '--random-input-len', '32', '--random-output-len', '8', '--ignore-eos', '--max-concurrency', '4',
+      '--percentile-metrics', 'ttft,tpot,itl,e2el', '--metric-percentiles', '50,99', '--save-result', '--save-detailed',
+      '--result-dir', resultDir, '--result-filename', 'completions.json']);
+    const afterRun = await counters(server.base);
+    assert.match(stdout, /^=+ Serving Benchmark Result =+$/m);
+    assert.equal(summaryValue(stdout, 'Successful requests:'), 8);
+    assert.equal(summaryValue(stdout, 'Failed requests:'), 0);
+    assert.equal(summaryValue(stdout, 'Total input tokens:'), 8 * 32);
+    assert.equal(summaryValue(stdout, 'Total generated tokens:'), 8 * 8);
+    for (const label of ['Mean TTFT (ms):', 'Median TPOT (ms):', 'P99 ITL (ms):', 'P50 E2EL (ms):']) {
+      assert.ok(summaryValue(stdout, label) > 0, label);
+    }
+
+    const result = JSON.parse(readFileSync(join(resultDir, 'completions.json'), 'utf8'));
+    assert.equal(result.completed, 8);
+    assert.equal(result.failed, 0);
+    assert.equal(result.model_id, 'beam-nano');
+    assert.equal(result.request_rate, 'inf');
+    assert.equal(result.max_concurrency, 4);
+    assert.ok(result.max_concurrent_requests >= 1 && result.max_concurrent_requests <= 4, result.max_concurrent_requests);
+    assert.equal(result.total_input_tokens, 8 * 32);
+    assert.equal(result.total_output_tokens, 8 * 8);
+    assert.equal(result.output_lens.length, 8);
+    assert.ok(result.itls.every((itl) => itl.length === 7), 'one ITL per token after the first (one token a chunk)');
+    for (const key of ['mean_ttft_ms', 'median_tpot_ms', 'p99_itl_ms', 'p50_e2el_ms', 'std_e2el_ms']) {
+      assert.ok(result[key] > 0, key);
+    }
+    assert.ok(result.p99_e2el_ms >= result.p50_e2el_ms);
+    assert.ok(Math.abs(result.output_throughput - result.total_output_tokens / result.duration) < 1e-6);
+    // The server counted the same work, plus the initial test request (the first prompt again).
+    assert.equal(afterRun.requests - before.requests, 8 + 1);
+    assert.equal(afterRun.generated - before.generated, 8 * 8 + 8);
+    assert.equal(afterRun.prompt - before.prompt, 8 * 32 + 32);
+  });
+
+  test('chat backend with Poisson arrivals; the default file name', async () => {
+    const { stdout } = await run(BEAMLINE, ['bench', 'serve', '--backend', 'openai-chat', '--host', '127.0.0.1',
+      '--port', String(server.port), '--model', 'beam-nano', '--num-prompts', '4', '--random-input-len', '16',
+      '--random-output-len', '6', '--ignore-eos', '--request-rate', '20', '--save-result', '--result-dir', resultDir]);
+    assert.equal(summaryValue(stdout, 'Successful requests:'), 4);
+    assert.equal(summaryValue(stdout, 'Total generated tokens:'), 4 * 6);
+    assert.equal(summaryValue(stdout, 'Request rate configured (RPS):'), 20);
+    const file = readdirSync(resultDir).find((name) => name.startsWith('openai-chat-20.0qps-beam-nano-'));
+    assert.ok(file, readdirSync(resultDir).join(', '));
+    const result = JSON.parse(readFileSync(join(resultDir, file), 'utf8'));
+    assert.equal(result.endpoint_type, 'openai-chat');
+    assert.equal(result.request_rate, 20);
+    assert.equal(result.ttfts, undefined, 'per-request lists only with --save-detailed');
+  });
+
+  test('a wrong model fails at the initial test request, with the server\'s answer', async () => {
+    await assert.rejects(
+      run(BEAMLINE, ['bench', 'serve', '--base-url', server.base, '--model', 'nope', '--num-prompts', '2']),
+      (error) => {
+        assert.notEqual(error.code, 0);
+        assert.match(error.stderr + error.stdout, /initial test run failed: HTTP 404.*model_not_found/s);
+        return true;
+      });
+  });
+});
