@@ -8,6 +8,7 @@
 #include "loadgen/openai_stream_client.h"
 #include "loadgen/serve_metrics.h"
 #include "loadgen/sse_reader.h"
+#include "util/error.h"
 
 namespace beamline::loadgen {
 namespace {

@@ -130,39 +130,36 @@ TEST(Sampling, OutOfRangeCountsAre400) {
 
 // Each limit of request_limits.h: one past it is a 400 naming the field and the limit, the limit itself passes.
 TEST(RequestLimits, EachLimitIs400NamingTheFieldOnlyPastIt) {
-  const auto json_list = [](std::size_t count, const std::string& item) {
-    std::string text = "[";
-    for (std::size_t i = 0; i < count; ++i) text += (i ? "," : "") + item;
-    return text + "]";
-  };
+  const auto repeated = [](std::size_t count, const Json& item) { return Json(std::vector<Json>(count, item)); };
   const auto bias = [](std::size_t count) {
-    std::string text = "{";
-    for (std::size_t i = 0; i < count; ++i) text += (i ? "," : "") + fmt::format("\"{}\": 1", i);
-    return text + "}";
+    Json entries = Json::object();
+    for (std::size_t i = 0; i < count; ++i) entries[std::to_string(i)] = 1;
+    return entries;
   };
-  const std::string long_stop = "\"" + std::string(kMaxStopStringBytes + 1, 'x') + "\"";
-  for (const auto& [json, param] : std::vector<std::pair<std::string, std::string>>{
-           {"{\"stop\": " + json_list(kMaxStopStrings + 1, "\"s\"") + "}", "stop"},
-           {"{\"stop\": [" + long_stop + "]}", "stop"},
-           {"{\"stop_token_ids\": " + json_list(kMaxStopTokenIds + 1, "1") + "}", "stop_token_ids"},
-           {"{\"logit_bias\": " + bias(kMaxLogitBiasEntries + 1) + "}", "logit_bias"}}) {
-    const ApiError error = sampling_error(json);
+  for (const auto& [body, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"stop", repeated(kMaxStopStrings + 1, "s")}}, "stop"},
+           {{{"stop", Json::array({std::string(kMaxStopStringBytes + 1, 'x')})}}, "stop"},
+           {{{"stop_token_ids", repeated(kMaxStopTokenIds + 1, 1)}}, "stop_token_ids"},
+           {{{"logit_bias", bias(kMaxLogitBiasEntries + 1)}}, "logit_bias"}}) {
+    const ApiError error = sampling_error(body.dump());
     EXPECT_EQ(error.status(), 400);
     EXPECT_EQ(error.param().value_or("<none>"), param);
     EXPECT_NE(std::string(error.what()).find("limit"), std::string::npos) << error.what();
   }
-  const SamplingParams at_limits = read_sampling_params(
-      Json::parse("{\"stop\": " + json_list(kMaxStopStrings, "\"s\"") + ", \"stop_token_ids\": " +
-                  json_list(kMaxStopTokenIds, "1") + ", \"logit_bias\": " + bias(kMaxLogitBiasEntries) + "}"),
-      Endpoint::ChatCompletions, kMaxLogprobs, GenerationConfig{});
+  const Json at_limits_body = {{"stop", repeated(kMaxStopStrings, "s")},
+                               {"stop_token_ids", repeated(kMaxStopTokenIds, 1)},
+                               {"logit_bias", bias(kMaxLogitBiasEntries)}};
+  const SamplingParams at_limits =
+      read_sampling_params(at_limits_body, Endpoint::ChatCompletions, kMaxLogprobs, GenerationConfig{});
   EXPECT_EQ(at_limits.stop.size(), kMaxStopStrings);
   EXPECT_EQ(at_limits.stop_token_ids.size(), kMaxStopTokenIds);
   EXPECT_EQ(at_limits.logit_bias.size(), kMaxLogitBiasEntries);
 }
 
 TEST(RequestLimits, DeepJsonIsRefusedWhileParsing) {
+  // {"a": [[...]]}: the object is one level, each bracket one more.
   const auto nested = [](std::size_t depth) {
-    return "{\"a\": " + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+    return fmt::format("{{\"a\": {}{}}}", std::string(depth - 1, '['), std::string(depth - 1, ']'));
   };
   EXPECT_NO_THROW(parse_body(nested(kMaxJsonDepth)));
   const ApiError error = error_of([&] { parse_body(nested(kMaxJsonDepth + 1)); });
