@@ -359,7 +359,8 @@ class ResponseStream : public SseResponder {
 
   std::string begin() override {
     const Json response = response_json(id_, context_, plan_, created_, "in_progress", Json::array(), Json(), Json(), Json());
-    return event("response.created", {{"response", response}}) + event("response.in_progress", {{"response", response}});
+    std::string text = event("response.created", {{"response", response}});  // numbered before the next
+    return text + event("response.in_progress", {{"response", response}});
   }
 
   std::string on_output(const RequestOutput& delta) override {

@@ -72,7 +72,9 @@ describe('beamline bench serve', () => {
     assert.equal(result.total_input_tokens, 8 * 32);
     assert.equal(result.total_output_tokens, 8 * 8);
     assert.equal(result.output_lens.length, 8);
-    assert.ok(result.itls.every((itl) => itl.length === 7), 'one ITL per token after the first (one token a chunk)');
+    // One ITL per chunk with text after the first: at most one per token after the first (a chunk may carry
+    // several tokens, a token may carry no text of its own).
+    assert.ok(result.itls.every((itl) => itl.length >= 1 && itl.length <= 7), JSON.stringify(result.itls));
     for (const key of ['mean_ttft_ms', 'median_tpot_ms', 'p99_itl_ms', 'p50_e2el_ms', 'std_e2el_ms']) {
       assert.ok(result[key] > 0, key);
     }
