@@ -151,7 +151,7 @@ describe('robustness', () => {
     assert.equal(code, 0, `server exit code after SIGTERM\n${server.log()}`);
   });
 
-  test(`fuzzed request bodies (${FUZZ_REQUESTS}) all get a success or an OpenAI error`, async () => {
+  test(`fuzzed request bodies (${FUZZ_REQUESTS}) all get a success or an OpenAI error`, async (t) => {
     const seed = Number(process.env.BEAMLINE_FUZZ_SEED ?? 22);
     const random = rng(seed);
     const paths = Object.keys(ENDPOINTS);
@@ -169,6 +169,7 @@ describe('robustness', () => {
         statuses.set(result.status, (statuses.get(result.status) ?? 0) + 1);
       }));
     }
+    t.diagnostic(`seed ${seed}: HTTP statuses ${JSON.stringify(Object.fromEntries(statuses))}`);
     // The fuzz must reach both sides: bodies the server accepts and bodies it refuses.
     assert.ok((statuses.get(200) ?? 0) > 0, `no fuzzed request succeeded: ${[...statuses]}`);
     assert.ok((statuses.get(400) ?? 0) > FUZZ_REQUESTS / 4, `too few 400s: ${[...statuses]}`);
