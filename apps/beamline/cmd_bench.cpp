@@ -16,6 +16,8 @@
 
 #include "commands.h"
 #include "loadgen/datasets.h"
+#include "loadgen/multi_turn_session.h"
+#include "loadgen/prefix_cache_counters.h"
 #include "loadgen/serve_benchmark.h"
 #include "loadgen/serve_metrics.h"
 #include "util/error.h"
@@ -41,6 +43,8 @@ struct BenchServeOptions {
   int64_t random_prefix_len = 0;
   std::string random_token_id_range = "0-255";
   int64_t custom_output_len = 256;
+  int64_t num_sessions = 16;
+  int64_t num_turns = 4;
   std::string request_rate = "inf";
   double burstiness = 1.0;
   std::optional<int64_t> max_concurrency;
@@ -112,7 +116,13 @@ void run_bench_serve(BenchServeOptions options) {
   const std::vector<double> percentiles = parse_percentiles(options.metric_percentiles);
   const double rate = parse_request_rate(options.request_rate);
 
+  nlohmann::json sampling = nlohmann::json::object();
+  if (options.temperature) sampling["temperature"] = *options.temperature;
+  if (options.top_p) sampling["top_p"] = *options.top_p;
+  if (options.top_k) sampling["top_k"] = *options.top_k;
+
   std::vector<BenchRequest> requests;
+  std::vector<BenchSession> sessions;
   if (options.dataset_name == "random") {
     RandomDatasetOptions random;
     random.num_prompts = options.num_prompts;
@@ -126,37 +136,52 @@ void run_bench_serve(BenchServeOptions options) {
   } else if (options.dataset_name == "custom") {
     require(!options.dataset_path.empty(), "--dataset-name custom needs --dataset-path (a JSONL of {{\"prompt\": ...}})");
     requests = custom_dataset(options.dataset_path, options.num_prompts, options.custom_output_len);
+  } else if (options.dataset_name == "multi-turn") {
+    sessions = multi_turn_dataset(MultiTurnDatasetOptions{options.num_sessions, options.num_turns, options.random_input_len,
+                                                          options.random_output_len, options.random_range_ratio,
+                                                          options.seed});
   } else {
-    fail("--dataset-name: '{}' is not one of random, custom", options.dataset_name);
+    fail("--dataset-name: '{}' is not one of random, custom, multi-turn", options.dataset_name);
   }
 
-  nlohmann::json sampling = nlohmann::json::object();
-  if (options.temperature) sampling["temperature"] = *options.temperature;
-  if (options.top_p) sampling["top_p"] = *options.top_p;
-  if (options.top_k) sampling["top_k"] = *options.top_k;
-  std::vector<nlohmann::json> payloads;
-  std::vector<int64_t> prompt_lens;
+  std::vector<WorkItem> items;
   for (const BenchRequest& request : requests) {
-    payloads.push_back(request_payload(endpoint.kind, options.model, request, options.ignore_eos, sampling));
-    prompt_lens.push_back(request.prompt_len);
+    items.push_back(single_request(endpoint, request_payload(endpoint.kind, options.model, request, options.ignore_eos,
+                                                             sampling),
+                                   request.prompt_len));
+  }
+  for (const BenchSession& session : sessions) {
+    items.push_back(multi_turn_session(endpoint, options.model, session, options.ignore_eos, sampling));
   }
 
-  // As vLLM does: one request first, so a wrong URL, model or payload fails at once with the server's answer.
+  // As vLLM does: one request first, so a wrong URL, model or payload fails at once with the server's answer. (A
+  // multi-turn run sends the first session's first turn.)
   spdlog::info("Starting initial single prompt test run against {}{} (model {})...", endpoint.base_url, endpoint.path,
                options.model);
-  const RequestResult probe = send_streaming(endpoint, payloads.front(), prompt_lens.front(), std::chrono::steady_clock::now());
+  const nlohmann::json probe_payload =
+      requests.empty()
+          ? request_payload(endpoint.kind, options.model,
+                            BenchRequest{endpoint.kind == ApiKind::Completions
+                                             ? nlohmann::json("User: " + sessions.front().user_turns.front() + "\nAssistant:")
+                                             : nlohmann::json(sessions.front().user_turns.front()),
+                                         0, sessions.front().output_len},
+                            options.ignore_eos, sampling)
+          : request_payload(endpoint.kind, options.model, requests.front(), options.ignore_eos, sampling);
+  const RequestResult probe = send_streaming(endpoint, probe_payload, 0, std::chrono::steady_clock::now());
   require(probe.success, "the initial test run failed: {}", probe.error);
-  spdlog::info("Initial test run completed. Starting main benchmark run: {} prompts, request rate {}, max concurrency {}",
-               payloads.size(), python_float(rate), options.max_concurrency ? std::to_string(*options.max_concurrency) : "unlimited");
-
-  const std::size_t total = payloads.size();
-  const auto progress = [total](std::size_t done) {
-    if (done == total || done % std::max<std::size_t>(1, total / 10) == 0) spdlog::info("{}/{} requests done", done, total);
-  };
-  const BenchmarkRun run = run_benchmark(endpoint, payloads, prompt_lens,
-                                         LoadShape{rate, options.burstiness, options.max_concurrency, options.seed}, progress);
-  const ServeMetrics metrics = compute_metrics(run.results, run.duration, run.max_concurrent_requests, percentiles);
   const std::string concurrency_text = options.max_concurrency ? std::to_string(*options.max_concurrency) : "unlimited";
+  spdlog::info("Initial test run completed. Starting main benchmark run: {} {}, request rate {}, max concurrency {}",
+               items.size(), sessions.empty() ? "prompts" : "sessions", python_float(rate), concurrency_text);
+
+  const std::size_t total = items.size();
+  const auto progress = [total](std::size_t done) {
+    if (done == total || done % std::max<std::size_t>(1, total / 10) == 0) spdlog::info("{}/{} done", done, total);
+  };
+  const std::optional<PrefixCacheCounters> cache_before = read_prefix_cache_counters(base_url, api_key);
+  const BenchmarkRun run =
+      run_benchmark(items, LoadShape{rate, options.burstiness, options.max_concurrency, options.seed}, progress);
+  ServeMetrics metrics = compute_metrics(run.results, run.duration, run.max_concurrent_requests, percentiles);
+  metrics.prefix_cache_hit_rate = hit_rate_between(cache_before, read_prefix_cache_counters(base_url, api_key));
   std::fputs(format_summary(metrics, selected, concurrency_text, python_float(rate)).c_str(), stdout);
   std::fflush(stdout);
   for (const RequestResult& result : run.results) {
@@ -173,7 +198,7 @@ void run_bench_serve(BenchServeOptions options) {
                            {"label", nullptr},
                            {"model_id", options.model},
                            {"tokenizer_id", nullptr},
-                           {"num_prompts", total},
+                           {"num_prompts", run.results.size()},
                            {"request_rate", std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate)},
                            {"burstiness", options.burstiness},
                            {"max_concurrency", options.max_concurrency ? nlohmann::json(*options.max_concurrency) : nlohmann::json()}};
@@ -210,7 +235,8 @@ const CommandRegistration registration([](CLI::App& app) {
   serve->add_option("--port", options->port, "server port")->capture_default_str();
   serve->add_option("--endpoint", options->endpoint, "API path (default: /v1/completions, /v1/chat/completions for openai-chat)");
   serve->add_option("--model", options->model, "model name in the requests (default: the server's first /v1/models entry)");
-  serve->add_option("--dataset-name", options->dataset_name, "random or custom")->capture_default_str();
+  serve->add_option("--dataset-name", options->dataset_name, "random, custom, or multi-turn (sessions of growing conversations)")
+      ->capture_default_str();
   serve->add_option("--dataset-path", options->dataset_path, "custom: a JSONL file of {\"prompt\": ...} lines");
   serve->add_option("--num-prompts", options->num_prompts, "requests to send")->capture_default_str();
   serve->add_option("--random-input-len", options->random_input_len, "random: prompt tokens")->capture_default_str();
@@ -223,6 +249,12 @@ const CommandRegistration registration([](CLI::App& app) {
                     "random: token ids drawn from LOW-HIGH (inside the model's vocabulary; no tokenizer here)")
       ->capture_default_str();
   serve->add_option("--custom-output-len", options->custom_output_len, "custom: max_tokens")->capture_default_str();
+  serve->add_option("--num-sessions", options->num_sessions, "multi-turn: conversations (each an item of the run)")
+      ->capture_default_str();
+  serve->add_option("--num-turns", options->num_turns,
+                    "multi-turn: requests per conversation, each resending the conversation so far plus a user turn of "
+                    "--random-input-len words, answered with --random-output-len tokens")
+      ->capture_default_str();
   serve->add_option("--request-rate", options->request_rate, "requests per second, or inf (all at once)")->capture_default_str();
   serve->add_option("--burstiness", options->burstiness, "gamma shape of the arrival gaps (1: Poisson)")->capture_default_str();
   serve->add_option("--max-concurrency", options->max_concurrency, "requests in flight at most (default: unlimited)");

@@ -25,7 +25,33 @@ int64_t draw_length(std::mt19937_64& random, int64_t length, double ratio) {
   return std::max<int64_t>(1, std::uniform_int_distribution<int64_t>(std::max<int64_t>(low, 1), std::max(high, low))(random));
 }
 
+std::string random_words(std::mt19937_64& random, int64_t count) {
+  std::uniform_int_distribution<std::size_t> word(0, kWords.size() - 1);
+  std::string text;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!text.empty()) text += ' ';
+    text += kWords[word(random)];
+  }
+  return text;
+}
+
 }  // namespace
+
+std::vector<BenchSession> multi_turn_dataset(const MultiTurnDatasetOptions& options) {
+  require(options.num_sessions >= 1 && options.num_turns >= 1, "--num-sessions and --num-turns must be at least 1");
+  require(options.input_len >= 1 && options.output_len >= 1, "--random-input-len and --random-output-len must be at least 1");
+  require(options.range_ratio >= 0 && options.range_ratio < 1, "--random-range-ratio must lie in [0, 1) (got {})",
+          options.range_ratio);
+  std::mt19937_64 random(options.seed);
+  std::vector<BenchSession> sessions(static_cast<std::size_t>(options.num_sessions));
+  for (BenchSession& session : sessions) {
+    for (int64_t turn = 0; turn < options.num_turns; ++turn) {
+      session.user_turns.push_back(random_words(random, draw_length(random, options.input_len, options.range_ratio)));
+    }
+    session.output_len = draw_length(random, options.output_len, options.range_ratio);
+  }
+  return sessions;
+}
 
 std::vector<BenchRequest> random_dataset(const RandomDatasetOptions& options, ApiKind kind) {
   require(options.num_prompts >= 1, "--num-prompts must be at least 1 (got {})", options.num_prompts);

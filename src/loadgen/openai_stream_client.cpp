@@ -25,21 +25,34 @@ httplib::Headers auth_headers(const std::optional<std::string>& api_key) {
   return headers;
 }
 
-// The text a chunk adds: completions' choices[].text, chat's delta content and reasoning.
-std::string chunk_text(const nlohmann::json& chunk, ApiKind kind) {
-  std::string text;
+struct ChunkText {
+  std::string all;      // completions' choices[].text; chat's delta reasoning and content
+  std::string content;  // chat's delta content alone
+};
+
+std::string string_member(const nlohmann::json& object, const char* key) {
+  const auto field = object.find(key);
+  return field != object.end() && field->is_string() ? field->get<std::string>() : std::string();
+}
+
+ChunkText chunk_text(const nlohmann::json& chunk, ApiKind kind) {
+  ChunkText text;
   const auto choices = chunk.find("choices");
   if (choices == chunk.end() || !choices->is_array()) return text;
   for (const nlohmann::json& choice : *choices) {
+    if (!choice.is_object()) continue;
     if (kind == ApiKind::Completions) {
-      if (auto field = choice.find("text"); field != choice.end() && field->is_string()) text += field->get<std::string>();
+      text.all += string_member(choice, "text");
       continue;
     }
     const auto delta = choice.find("delta");
     if (delta == choice.end() || !delta->is_object()) continue;
-    for (const char* key : {"reasoning_content", "reasoning", "content"}) {
-      if (auto field = delta->find(key); field != delta->end() && field->is_string()) text += field->get<std::string>();
-    }
+    // vLLM sends the reasoning as reasoning_content (older) or reasoning; beamline sends both, so one is read.
+    std::string reasoning = string_member(*delta, "reasoning_content");
+    if (reasoning.empty()) reasoning = string_member(*delta, "reasoning");
+    const std::string content = string_member(*delta, "content");
+    text.all += reasoning + content;
+    text.content += content;
   }
   return text;
 }
@@ -61,7 +74,9 @@ class StreamTimer {
       return false;
     }
     const Clock::time_point now = Clock::now();
-    const std::string text = chunk_text(chunk, kind_);
+    const ChunkText chunk_texts = chunk_text(chunk, kind_);
+    const std::string& text = chunk_texts.all;
+    result_.content_text += chunk_texts.content;
     if (!text.empty()) {
       if (!got_text_) {
         result_.ttft = seconds_between(sent_, now);

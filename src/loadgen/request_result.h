@@ -23,7 +23,8 @@ struct RequestResult {
   double start_time = 0;     // seconds since the benchmark started, when the request was sent
   int64_t prompt_len = 0;    // usage.prompt_tokens (the dataset's length when the server sends no usage)
   int64_t output_tokens = 0; // usage.completion_tokens (chunks with text when the server sends no usage)
-  std::string generated_text;
+  std::string generated_text;  // all text the stream carried (chat: reasoning and content)
+  std::string content_text;    // chat: the content alone (what a client keeps in its history)
 };
 
 }  // namespace beamline::loadgen

@@ -53,20 +53,23 @@ class ArrivalQueue {
 
 }  // namespace
 
-BenchmarkRun run_benchmark(const ServerEndpoint& endpoint, const std::vector<nlohmann::json>& payloads,
-                           const std::vector<int64_t>& prompt_lens, const LoadShape& shape,
+WorkItem single_request(ServerEndpoint endpoint, nlohmann::json payload, int64_t dataset_prompt_len) {
+  return [endpoint = std::move(endpoint), payload = std::move(payload), dataset_prompt_len](Clock::time_point start) {
+    return std::vector<RequestResult>{send_streaming(endpoint, payload, dataset_prompt_len, start)};
+  };
+}
+
+BenchmarkRun run_benchmark(const std::vector<WorkItem>& items, const LoadShape& shape,
                            const std::function<void(std::size_t)>& on_done) {
-  require(payloads.size() == prompt_lens.size(), "run_benchmark: {} payloads but {} prompt lengths", payloads.size(),
-          prompt_lens.size());
   require(shape.request_rate > 0, "--request-rate must be positive or inf (got {})", shape.request_rate);
   require(shape.burstiness > 0, "--burstiness must be positive (got {})", shape.burstiness);
   require(!shape.max_concurrency || *shape.max_concurrency >= 1, "--max-concurrency must be at least 1");
   BenchmarkRun run;
-  run.results.resize(payloads.size());
-  // One sending thread per request that may be in flight at once: --max-concurrency bounds the threads too.
+  std::vector<std::vector<RequestResult>> results(items.size());
+  // One sending thread per item that may be in flight at once: --max-concurrency bounds the threads too.
   const std::size_t senders =
-      shape.max_concurrency ? std::min<std::size_t>(static_cast<std::size_t>(*shape.max_concurrency), payloads.size())
-                            : payloads.size();
+      shape.max_concurrency ? std::min<std::size_t>(static_cast<std::size_t>(*shape.max_concurrency), items.size())
+                            : items.size();
   ArrivalQueue queue;
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> peak{0};
@@ -80,7 +83,7 @@ BenchmarkRun run_benchmark(const ServerEndpoint& endpoint, const std::vector<nlo
         const int64_t now_in_flight = ++in_flight;
         for (int64_t seen = peak.load(); now_in_flight > seen && !peak.compare_exchange_weak(seen, now_in_flight);) {
         }
-        run.results[*index] = send_streaming(endpoint, payloads[*index], prompt_lens[*index], start);
+        results[*index] = items[*index](start);
         --in_flight;
         const std::size_t finished = ++done;
         if (on_done) on_done(finished);
@@ -92,7 +95,7 @@ BenchmarkRun run_benchmark(const ServerEndpoint& endpoint, const std::vector<nlo
   // Gaps with mean 1 / rate; the shape sets how bursty they are (its scale would be 0 at an infinite rate).
   std::gamma_distribution<double> gap(shape.burstiness, paced ? 1.0 / (shape.request_rate * shape.burstiness) : 1.0);
   Clock::time_point next = start;
-  for (std::size_t i = 0; i < payloads.size(); ++i) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
     std::this_thread::sleep_until(next);
     queue.push(i);
     if (paced) next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gap(random)));
@@ -100,6 +103,9 @@ BenchmarkRun run_benchmark(const ServerEndpoint& endpoint, const std::vector<nlo
   queue.close();
   for (std::thread& thread : threads) thread.join();
   run.duration = std::chrono::duration<double>(Clock::now() - start).count();
+  for (std::vector<RequestResult>& item_results : results) {
+    for (RequestResult& result : item_results) run.results.push_back(std::move(result));
+  }
   run.max_concurrent_requests = peak.load();
   return run;
 }

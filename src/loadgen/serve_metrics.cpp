@@ -155,6 +155,7 @@ std::string format_summary(const ServeMetrics& metrics, const std::vector<std::s
   line("Output token throughput (tok/s):", number(metrics.output_throughput));
   line("Peak concurrent requests:", std::to_string(metrics.max_concurrent_requests));
   line("Total Token throughput (tok/s):", number(metrics.total_token_throughput));
+  if (metrics.prefix_cache_hit_rate) line("Prefix cache hit rate (%):", number(100 * *metrics.prefix_cache_hit_rate));
   for (const std::string& name : latency_metric_names()) {
     if (std::find(selected.begin(), selected.end(), name) == selected.end()) continue;
     const MetricStats& stats = metrics.latency.at(name);
@@ -179,7 +180,9 @@ nlohmann::json metrics_json(const ServeMetrics& metrics, const std::vector<std::
                          {"request_goodput", nullptr},
                          {"output_throughput", metrics.output_throughput},
                          {"total_token_throughput", metrics.total_token_throughput},
-                         {"max_concurrent_requests", metrics.max_concurrent_requests}};
+                         {"max_concurrent_requests", metrics.max_concurrent_requests},
+                         {"prefix_cache_hit_rate", metrics.prefix_cache_hit_rate ? nlohmann::json(*metrics.prefix_cache_hit_rate)
+                                                                                 : nlohmann::json()}};
   for (const std::string& name : selected) {
     const MetricStats& stats = metrics.latency.at(name);
     json[fmt::format("mean_{}_ms", name)] = stats.mean;

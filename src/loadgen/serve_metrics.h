@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct ServeMetrics {
   double output_throughput = 0;
   double total_token_throughput = 0;
   int64_t max_concurrent_requests = 0;
+  std::optional<double> prefix_cache_hit_rate;  // from the server's /metrics, where it has the counters
   std::map<std::string, MetricStats> latency;  // "ttft", "tpot", "itl", "e2el", in ms
 };
 
@@ -49,7 +51,8 @@ std::string format_summary(const ServeMetrics& metrics, const std::vector<std::s
                            const std::string& max_concurrency_text, const std::string& request_rate_text);
 
 // vLLM's result JSON fields: duration, completed, failed, total_input_tokens, total_output_tokens,
-// request_throughput, output_throughput, total_token_throughput, max_concurrent_requests and, per selected metric,
+// request_throughput, output_throughput, total_token_throughput, max_concurrent_requests, prefix_cache_hit_rate
+// (a fraction; null when the server has no counters) and, per selected metric,
 // mean_/median_/std_/p<P>_<metric>_ms; with `detailed`, the per-request lists input_lens, output_lens, ttfts, itls,
 // generated_texts, errors (seconds, as vLLM writes them).
 nlohmann::json metrics_json(const ServeMetrics& metrics, const std::vector<std::string>& selected,

@@ -101,6 +101,19 @@ describe('beamline bench serve', () => {
     assert.equal(result.ttfts, undefined, 'per-request lists only with --save-detailed');
   });
 
+  test('multi-turn sessions: every turn sent, the server\'s prefix-cache hit rate reported', async () => {
+    const { stdout } = await run(BEAMLINE, ['bench', 'serve', '--backend', 'openai-chat', '--base-url', server.base,
+      '--dataset-name', 'multi-turn', '--num-sessions', '3', '--num-turns', '3', '--random-input-len', '24',
+      '--random-output-len', '8', '--max-concurrency', '3', '--save-result', '--result-dir', resultDir,
+      '--result-filename', 'multi-turn.json']);
+    assert.equal(summaryValue(stdout, 'Successful requests:'), 3 * 3);
+    const result = JSON.parse(readFileSync(join(resultDir, 'multi-turn.json'), 'utf8'));
+    assert.equal(result.completed, 9);
+    // Turns 2 and 3 resend the conversation so far: most of their prompt is cached.
+    assert.ok(result.prefix_cache_hit_rate > 0.3, `hit rate ${result.prefix_cache_hit_rate}`);
+    assert.equal(summaryValue(stdout, 'Prefix cache hit rate (%):').toFixed(2), (100 * result.prefix_cache_hit_rate).toFixed(2));
+  });
+
   test('a wrong model fails at the initial test request, with the server\'s answer', async () => {
     await assert.rejects(
       run(BEAMLINE, ['bench', 'serve', '--base-url', server.base, '--model', 'nope', '--num-prompts', '2']),

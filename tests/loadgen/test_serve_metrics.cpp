@@ -2,10 +2,12 @@
 // percentiles, vLLM's TPOT / throughput definitions, the summary's lines and the result JSON's keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "loadgen/datasets.h"
 #include "loadgen/openai_stream_client.h"
+#include "loadgen/prefix_cache_counters.h"
 #include "loadgen/serve_metrics.h"
 #include "loadgen/sse_reader.h"
 #include "util/error.h"
@@ -121,6 +123,32 @@ TEST(Datasets, RandomLengthsStayInTheirRangeAndShareThePrefix) {
   }
   EXPECT_EQ(random_dataset(options, ApiKind::Completions)[7].prompt, requests[7].prompt) << "same seed, same prompts";
   EXPECT_TRUE(random_dataset(options, ApiKind::ChatCompletions)[0].prompt.is_string());
+}
+
+TEST(PrefixCacheCounters, ReadFromPrometheusTextAndDifferenced) {
+  const auto before = parse_prefix_cache_counters(
+      "# HELP vllm:prefix_cache_queries_total Tokens looked up.\n"
+      "vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n"
+      "vllm:prefix_cache_queries_total_created 5\n"
+      "vllm:prefix_cache_hits_total{model_name=\"m\"} 40\n");
+  ASSERT_TRUE(before);
+  EXPECT_DOUBLE_EQ(before->queries, 100);
+  EXPECT_DOUBLE_EQ(before->hits, 40);
+  const auto after = parse_prefix_cache_counters("vllm:prefix_cache_queries_total 300\nvllm:prefix_cache_hits_total 190\n");
+  EXPECT_DOUBLE_EQ(*hit_rate_between(before, after), 0.75);
+  EXPECT_FALSE(hit_rate_between(before, before)) << "nothing queried: no rate";
+  EXPECT_FALSE(parse_prefix_cache_counters("other_metric 1\n"));
+}
+
+TEST(Datasets, MultiTurnSessions) {
+  const std::vector<BenchSession> sessions = multi_turn_dataset(MultiTurnDatasetOptions{3, 4, 10, 5, 0.0, 1});
+  ASSERT_EQ(sessions.size(), 3u);
+  for (const BenchSession& session : sessions) {
+    ASSERT_EQ(session.user_turns.size(), 4u);
+    EXPECT_EQ(session.output_len, 5);
+    for (const std::string& turn : session.user_turns) EXPECT_EQ(std::count(turn.begin(), turn.end(), ' '), 9) << turn;
+  }
+  EXPECT_NE(sessions[0].user_turns[0], sessions[1].user_turns[0]);
 }
 
 TEST(OpenAIStreamClient, PayloadsAndUrls) {
