@@ -21,6 +21,7 @@
 #include "loadgen/serve_benchmark.h"
 #include "loadgen/serve_metrics.h"
 #include "util/error.h"
+#include "util/progress_bar.h"
 
 namespace beamline::cli {
 namespace {
@@ -173,10 +174,8 @@ void run_bench_serve(BenchServeOptions options) {
   spdlog::info("Initial test run completed. Starting main benchmark run: {} {}, request rate {}, max concurrency {}",
                items.size(), sessions.empty() ? "prompts" : "sessions", python_float(rate), concurrency_text);
 
-  const std::size_t total = items.size();
-  const auto progress = [total](std::size_t done) {
-    if (done == total || done % std::max<std::size_t>(1, total / 10) == 0) spdlog::info("{}/{} done", done, total);
-  };
+  ProgressBar bar(sessions.empty() ? "Requests" : "Sessions", items.size());
+  const auto progress = [&bar](std::size_t done) { bar.update(done); };
   const std::optional<PrefixCacheCounters> cache_before = read_prefix_cache_counters(base_url, api_key);
   const BenchmarkRun run =
       run_benchmark(items, LoadShape{rate, options.burstiness, options.max_concurrency, options.seed}, progress);
