@@ -104,7 +104,8 @@ function assertWellFormed(result, what) {
   for (const key of ['type', 'param', 'code']) assert.ok(key in json.error, `${what}: error.${key} missing`);
 }
 
-// Raw bytes on a fresh connection; resolves to what the server wrote before closing (or after 2 s).
+// Raw bytes on a fresh connection; resolves to what the server wrote before closing (or after 2 s, for requests
+// the server still waits to complete).
 function rawExchange(port, bytes) {
   return new Promise((resolve) => {
     const socket = net.connect(port, '127.0.0.1');
@@ -183,7 +184,7 @@ describe('robustness', () => {
     await expectIdle(server.base);
   });
 
-  test('malformed HTTP on the socket: answered with a status line or closed, and the server keeps serving', async () => {
+  test('malformed HTTP on the socket: answered with a status line or closed, and the server keeps serving', async (t) => {
     const cases = [
       'GARBAGE\r\n\r\n',
       'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n{}',
@@ -196,10 +197,14 @@ describe('robustness', () => {
       'GET /health HTTP/9.9\r\n\r\n',
       '\r\n\r\n\r\n',
     ];
-    for (const bytes of cases) {
-      const answer = await rawExchange(server.port, bytes);
+    const answers = await Promise.all(cases.map((bytes) => rawExchange(server.port, bytes)));
+    cases.forEach((bytes, i) => {
+      const answer = answers[i];
       if (answer) assert.match(answer, /^HTTP\/1\.1 \d{3} /, `${JSON.stringify(bytes.slice(0, 80))} got ${answer.slice(0, 200)}`);
-    }
+    });
+    t.diagnostic(`status lines: ${answers.map((answer) => answer.slice(9, 12) || 'closed').join(' ')}`);
+    // Most of these are answered rather than dropped (a malformed request line, an oversize header, ...).
+    assert.ok(answers.filter(Boolean).length >= cases.length / 2, answers.map((a) => a.slice(0, 12)).join(' | '));
     await expectServing(server.base, client);
     await expectIdle(server.base);
   });
