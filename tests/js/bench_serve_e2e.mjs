@@ -1,9 +1,11 @@
-// `beamline bench serve` against `beamline serve` on the default model (beam-nano, CPU): vLLM's summary table
+// `beamline bench serve` against a stand-in server whose timings are known, and against `beamline serve` on the
+// default model (beam-nano, CPU): vLLM's summary table
 // and result JSON, with figures that agree with the server's own /metrics counters, for the completions and the
 // chat backends; a wrong model fails at the initial test request, naming the server's answer.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import http from 'node:http';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -31,6 +33,87 @@ function summaryValue(stdout, label) {
   assert.ok(line, `no "${label}" line in:\n${stdout}`);
   return Number(line.slice(label.length).trim());
 }
+
+// A stand-in OpenAI server with known timings: each streamed completion waits TTFT_MS, then sends TOKENS chunks of
+// one token ITL_MS apart, a usage chunk and [DONE]. It records what it was sent and how many requests overlapped.
+const TTFT_MS = 120;
+const ITL_MS = 40;
+const TOKENS = 5;
+function startMockServer() {
+  const seen = { bodies: [], active: 0, peak: 0 };
+  const server = http.createServer((request, response) => {
+    let body = '';
+    request.on('data', (chunk) => { body += chunk; });
+    request.on('end', async () => {
+      if (request.url === '/v1/models') {
+        response.end(JSON.stringify({ object: 'list', data: [{ id: 'mock-model', object: 'model' }] }));
+        return;
+      }
+      if (request.url !== '/v1/completions') {  // e.g. /metrics: this server has none
+        response.writeHead(404).end();
+        return;
+      }
+      const payload = JSON.parse(body);
+      seen.bodies.push(payload);
+      seen.peak = Math.max(seen.peak, ++seen.active);
+      response.writeHead(200, { 'Content-Type': 'text/event-stream' });
+      const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+      await sleep(TTFT_MS);
+      for (let i = 0; i < TOKENS; ++i) {
+        if (i > 0) await sleep(ITL_MS);
+        response.write(`data: ${JSON.stringify({ choices: [{ index: 0, text: 'tok ', finish_reason: null }] })}\n\n`);
+        response.write(': keep-alive\n\n');  // comments are no chunks
+      }
+      response.write(`data: ${JSON.stringify({ choices: [], usage: {
+        prompt_tokens: payload.prompt.length, completion_tokens: TOKENS, total_tokens: payload.prompt.length + TOKENS } })}\n\n`);
+      response.end('data: [DONE]\n\n');
+      --seen.active;
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ server, seen, port: server.address().port })));
+}
+
+test('against a stand-in server with known timings: TTFT, ITL, TPOT and E2EL as it paced them', async () => {
+  const mock = await startMockServer();
+  const dir = mkdtempSync(join(tmpdir(), 'beamline-bench-mock-'));
+  try {
+    const { stdout } = await run(BEAMLINE, ['bench', 'serve', '--base-url', `http://127.0.0.1:${mock.port}`,
+      '--num-prompts', '6', '--random-input-len', '10', '--random-output-len', String(TOKENS), '--ignore-eos',
+      '--max-concurrency', '2', '--percentile-metrics', 'ttft,tpot,itl,e2el', '--save-result', '--result-dir', dir,
+      '--result-filename', 'mock.json']);
+    const result = JSON.parse(readFileSync(join(dir, 'mock.json'), 'utf8'));
+    assert.equal(result.model_id, 'mock-model', 'the model comes from /v1/models');
+    assert.equal(result.completed, 6);
+    assert.equal(result.total_input_tokens, 6 * 10);
+    assert.equal(result.total_output_tokens, 6 * TOKENS);
+    assert.equal(mock.seen.bodies.length, 6 + 1, 'six requests and the initial test request');
+    assert.ok(mock.seen.peak <= 2, `--max-concurrency 2 but ${mock.seen.peak} requests overlapped`);
+    assert.equal(result.max_concurrent_requests, 2);
+    for (const body of mock.seen.bodies) {
+      assert.equal(body.model, 'mock-model');
+      assert.equal(body.max_tokens, TOKENS);
+      assert.equal(body.ignore_eos, true);
+      assert.equal(body.stream, true);
+      assert.deepEqual(body.stream_options, { include_usage: true });
+      assert.equal(body.prompt.length, 10);
+    }
+    // Timers on a busy CI machine run late, never early: each figure lies between its pace and a margin above it.
+    const within = (value, low, what) => assert.ok(value >= low * 0.95 && value < low + 150, `${what} ${value} ms, paced ${low} ms`);
+    within(result.mean_ttft_ms, TTFT_MS, 'mean TTFT');
+    within(result.median_itl_ms, ITL_MS, 'median ITL');
+    within(result.mean_tpot_ms, ITL_MS, 'mean TPOT');
+    within(result.mean_e2el_ms, TTFT_MS + (TOKENS - 1) * ITL_MS, 'mean E2EL');
+    // Three rounds of two requests each.
+    assert.ok(result.duration >= 3 * (TTFT_MS + (TOKENS - 1) * ITL_MS) / 1000 * 0.95, `duration ${result.duration} s`);
+    assert.ok(Math.abs(result.request_throughput - 6 / result.duration) < 1e-9);
+    assert.equal(summaryValue(stdout, 'Successful requests:'), 6);
+    assert.equal(result.prefix_cache_hit_rate, null, 'no /metrics here: no hit rate');
+    assert.ok(!stdout.includes('Prefix cache hit rate'));
+  } finally {
+    mock.server.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
 
 describe('beamline bench serve', () => {
   let server;
