@@ -12,7 +12,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "loadgen/datasets.h"
@@ -48,7 +50,7 @@ struct BenchServeOptions {
   int64_t num_turns = 4;
   std::string request_rate = "inf";
   double burstiness = 1.0;
-  std::optional<int64_t> max_concurrency;
+  std::string max_concurrency;  // "" (unlimited), "N", or "N1,N2,..." (a sweep)
   uint64_t seed = 0;
   bool ignore_eos = false;
   std::optional<double> temperature;
@@ -87,6 +89,21 @@ std::pair<int64_t, int64_t> parse_id_range(const std::string& text) {
   }
 }
 
+// --max-concurrency: nothing (unlimited), one level, or a comma-separated sweep of levels.
+std::vector<std::optional<int64_t>> parse_concurrency_levels(const std::string& text) {
+  if (text.empty()) return {std::nullopt};
+  std::vector<std::optional<int64_t>> levels;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) {
+    char* end = nullptr;
+    const long long level = std::strtoll(part.c_str(), &end, 10);
+    require(end != part.c_str() && *end == '\0' && level >= 1, "--max-concurrency: '{}' is not a positive count", part);
+    levels.emplace_back(level);
+  }
+  require(!levels.empty(), "--max-concurrency: give a count or a comma-separated list of counts");
+  return levels;
+}
+
 std::string local_timestamp(const char* format) {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
@@ -94,6 +111,43 @@ std::string local_timestamp(const char* format) {
   char text[32];
   std::strftime(text, sizeof text, format, &local);
   return text;
+}
+
+std::string model_base_name(const std::string& model) { return std::filesystem::path(model).filename().string(); }
+
+std::filesystem::path result_path(const BenchServeOptions& options, const std::string& file_name) {
+  if (options.result_dir.empty()) return file_name;
+  std::filesystem::create_directories(options.result_dir);
+  return std::filesystem::path(options.result_dir) / file_name;
+}
+
+// vLLM's result JSON: the run's settings, then metrics_json's fields.
+void save_result(const BenchServeOptions& options, double rate, std::optional<int64_t> max_concurrency,
+                 const ServeMetrics& metrics, const std::vector<std::string>& selected,
+                 const std::vector<RequestResult>& results) {
+  nlohmann::json result = {{"date", local_timestamp("%Y%m%d-%H%M%S")},
+                           {"endpoint_type", options.backend},
+                           {"backend", options.backend},
+                           {"label", nullptr},
+                           {"model_id", options.model},
+                           {"tokenizer_id", nullptr},
+                           {"num_prompts", results.size()},
+                           {"request_rate", std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate)},
+                           {"burstiness", options.burstiness},
+                           {"max_concurrency", max_concurrency ? nlohmann::json(*max_concurrency) : nlohmann::json()}};
+  result.update(metrics_json(metrics, selected, results, options.save_detailed));
+  std::string file_name = options.result_filename;
+  if (file_name.empty()) {
+    file_name = fmt::format("{}-{}qps{}-{}-{}.json", options.backend, python_float(rate),
+                            max_concurrency ? fmt::format("-concurrency{}", *max_concurrency) : "",
+                            model_base_name(options.model), local_timestamp("%Y%m%d-%H%M%S"));
+  }
+  const std::filesystem::path path = result_path(options, file_name);
+  std::ofstream file(path);
+  require(file.good(), "--save-result: cannot write {}", path.string());
+  file << result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  require(file.good(), "--save-result: writing {} failed", path.string());
+  spdlog::info("result written to {}", path.string());
 }
 
 void run_bench_serve(BenchServeOptions options) {
@@ -116,6 +170,10 @@ void run_bench_serve(BenchServeOptions options) {
   const std::vector<std::string> selected = parse_metric_names(options.percentile_metrics);
   const std::vector<double> percentiles = parse_percentiles(options.metric_percentiles);
   const double rate = parse_request_rate(options.request_rate);
+  const std::vector<std::optional<int64_t>> levels = parse_concurrency_levels(options.max_concurrency);
+  const bool sweep = levels.size() > 1;
+  require(!sweep || options.result_filename.empty(),
+          "--result-filename names one file; a --max-concurrency sweep writes one per level (leave it out)");
 
   nlohmann::json sampling = nlohmann::json::object();
   if (options.temperature) sampling["temperature"] = *options.temperature;
@@ -170,55 +228,43 @@ void run_bench_serve(BenchServeOptions options) {
           : request_payload(endpoint.kind, options.model, requests.front(), options.ignore_eos, sampling);
   const RequestResult probe = send_streaming(endpoint, probe_payload, 0, std::chrono::steady_clock::now());
   require(probe.success, "the initial test run failed: {}", probe.error);
-  const std::string concurrency_text = options.max_concurrency ? std::to_string(*options.max_concurrency) : "unlimited";
   spdlog::info("Initial test run completed. Starting main benchmark run: {} {}, request rate {}, max concurrency {}",
-               items.size(), sessions.empty() ? "prompts" : "sessions", python_float(rate), concurrency_text);
+               items.size(), sessions.empty() ? "prompts" : "sessions", python_float(rate),
+               options.max_concurrency.empty() ? "unlimited" : options.max_concurrency);
 
-  ProgressBar bar(sessions.empty() ? "Requests" : "Sessions", items.size());
-  const auto progress = [&bar](std::size_t done) { bar.update(done); };
-  const std::optional<PrefixCacheCounters> cache_before = read_prefix_cache_counters(base_url, api_key);
-  const BenchmarkRun run =
-      run_benchmark(items, LoadShape{rate, options.burstiness, options.max_concurrency, options.seed}, progress);
-  ServeMetrics metrics = compute_metrics(run.results, run.duration, run.max_concurrent_requests, percentiles);
-  metrics.prefix_cache_hit_rate = hit_rate_between(cache_before, read_prefix_cache_counters(base_url, api_key));
-  std::fputs(format_summary(metrics, selected, concurrency_text, python_float(rate)).c_str(), stdout);
-  std::fflush(stdout);
-  for (const RequestResult& result : run.results) {
-    if (!result.success) {
-      spdlog::warn("first failed request: {}", result.error);
-      break;
+  std::vector<std::pair<std::string, ServeMetrics>> sweep_rows;
+  for (const std::optional<int64_t>& level : levels) {
+    const std::string concurrency_text = level ? std::to_string(*level) : "unlimited";
+    ProgressBar bar(fmt::format("{} (concurrency {})", sessions.empty() ? "Requests" : "Sessions", concurrency_text),
+                    items.size());
+    const auto progress = [&bar](std::size_t done) { bar.update(done); };
+    const std::optional<PrefixCacheCounters> cache_before = read_prefix_cache_counters(base_url, api_key);
+    const BenchmarkRun run = run_benchmark(items, LoadShape{rate, options.burstiness, level, options.seed}, progress);
+    ServeMetrics metrics = compute_metrics(run.results, run.duration, run.max_concurrent_requests, percentiles);
+    metrics.prefix_cache_hit_rate = hit_rate_between(cache_before, read_prefix_cache_counters(base_url, api_key));
+    std::fputs(format_summary(metrics, selected, concurrency_text, python_float(rate)).c_str(), stdout);
+    std::fflush(stdout);
+    for (const RequestResult& result : run.results) {
+      if (!result.success) {
+        spdlog::warn("first failed request: {}", result.error);
+        break;
+      }
     }
+    sweep_rows.emplace_back(concurrency_text, metrics);
+    if (options.save_result) save_result(options, rate, level, metrics, selected, run.results);
   }
-
-  if (!options.save_result) return;
-  nlohmann::json result = {{"date", local_timestamp("%Y%m%d-%H%M%S")},
-                           {"endpoint_type", options.backend},
-                           {"backend", options.backend},
-                           {"label", nullptr},
-                           {"model_id", options.model},
-                           {"tokenizer_id", nullptr},
-                           {"num_prompts", run.results.size()},
-                           {"request_rate", std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate)},
-                           {"burstiness", options.burstiness},
-                           {"max_concurrency", options.max_concurrency ? nlohmann::json(*options.max_concurrency) : nlohmann::json()}};
-  result.update(metrics_json(metrics, selected, run.results, options.save_detailed));
-  std::string file_name = options.result_filename;
-  if (file_name.empty()) {
-    const std::string model_base = std::filesystem::path(options.model).filename().string();
-    file_name = fmt::format("{}-{}qps{}-{}-{}.json", options.backend, python_float(rate),
-                            options.max_concurrency ? fmt::format("-concurrency{}", *options.max_concurrency) : "",
-                            model_base, local_timestamp("%Y%m%d-%H%M%S"));
+  if (!sweep) return;
+  const std::string table = format_sweep_table(sweep_rows);
+  std::fputs(table.c_str(), stdout);
+  if (options.save_result) {
+    const std::filesystem::path path = result_path(options, fmt::format("{}-{}qps-sweep-{}-{}.tsv", options.backend,
+                                                                        python_float(rate), model_base_name(options.model),
+                                                                        local_timestamp("%Y%m%d-%H%M%S")));
+    std::ofstream file(path);
+    file << table;
+    require(file.good(), "--save-result: writing {} failed", path.string());
+    spdlog::info("sweep table written to {} (bench/plot_serve_sweep.sh draws it)", path.string());
   }
-  std::filesystem::path path = file_name;
-  if (!options.result_dir.empty()) {
-    std::filesystem::create_directories(options.result_dir);
-    path = std::filesystem::path(options.result_dir) / file_name;
-  }
-  std::ofstream file(path);
-  require(file.good(), "--save-result: cannot write {}", path.string());
-  file << result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-  require(file.good(), "--save-result: writing {} failed", path.string());
-  spdlog::info("result written to {}", path.string());
 }
 
 const CommandRegistration registration([](CLI::App& app) {
@@ -256,7 +302,9 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   serve->add_option("--request-rate", options->request_rate, "requests per second, or inf (all at once)")->capture_default_str();
   serve->add_option("--burstiness", options->burstiness, "gamma shape of the arrival gaps (1: Poisson)")->capture_default_str();
-  serve->add_option("--max-concurrency", options->max_concurrency, "requests in flight at most (default: unlimited)");
+  serve->add_option("--max-concurrency", options->max_concurrency,
+                    "requests in flight at most (default: unlimited); a comma-separated list runs the benchmark at each "
+                    "level (a sweep) and prints a table of them");
   serve->add_option("--seed", options->seed, "seed of the dataset and the arrivals")->capture_default_str();
   serve->add_flag("--ignore-eos", options->ignore_eos, "send ignore_eos: every request generates its max_tokens");
   serve->add_option("--temperature", options->temperature, "sampling temperature (default 0: greedy)");

@@ -169,6 +169,22 @@ std::string format_summary(const ServeMetrics& metrics, const std::vector<std::s
   return out;
 }
 
+std::string format_sweep_table(const std::vector<std::pair<std::string, ServeMetrics>>& rows) {
+  std::string table = "max_concurrency\trequest_throughput\toutput_throughput\ttotal_token_throughput";
+  for (const std::string& name : latency_metric_names()) table += fmt::format("\tmean_{0}_ms\tmedian_{0}_ms", name);
+  table += '\n';
+  for (const auto& [level, metrics] : rows) {
+    table += fmt::format("{}\t{:.3f}\t{:.3f}\t{:.3f}", level, metrics.request_throughput, metrics.output_throughput,
+                         metrics.total_token_throughput);
+    for (const std::string& name : latency_metric_names()) {
+      const MetricStats& stats = metrics.latency.at(name);
+      table += fmt::format("\t{:.3f}\t{:.3f}", stats.mean, stats.median);
+    }
+    table += '\n';
+  }
+  return table;
+}
+
 nlohmann::json metrics_json(const ServeMetrics& metrics, const std::vector<std::string>& selected,
                             const std::vector<RequestResult>& results, bool detailed) {
   nlohmann::json json = {{"duration", metrics.duration},

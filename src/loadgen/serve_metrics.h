@@ -58,6 +58,11 @@ std::string format_summary(const ServeMetrics& metrics, const std::vector<std::s
 nlohmann::json metrics_json(const ServeMetrics& metrics, const std::vector<std::string>& selected,
                             const std::vector<RequestResult>& results, bool detailed);
 
+// A --max-concurrency sweep as a tab-separated table (header line first), one row per level: max_concurrency,
+// request_throughput, output_throughput, total_token_throughput, then mean and median of TTFT, TPOT, ITL, E2EL in ms.
+// Printed after the sweep and saved as .tsv for bench/plot_serve_sweep.sh.
+std::string format_sweep_table(const std::vector<std::pair<std::string, ServeMetrics>>& rows);
+
 // "99" for 99, "99.9" for 99.9: how vLLM names a percentile in labels and keys.
 std::string percentile_label(double p);
 

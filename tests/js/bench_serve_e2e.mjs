@@ -115,6 +115,36 @@ test('against a stand-in server with known timings: TTFT, ITL, TPOT and E2EL as 
   }
 });
 
+test('a --max-concurrency sweep: one run and one JSON per level, and the sweep table', async () => {
+  const mock = await startMockServer();
+  const dir = mkdtempSync(join(tmpdir(), 'beamline-bench-sweep-'));
+  try {
+    const { stdout } = await run(BEAMLINE, ['bench', 'serve', '--base-url', `http://127.0.0.1:${mock.port}`,
+      '--num-prompts', '4', '--random-input-len', '8', '--random-output-len', String(TOKENS), '--max-concurrency', '1,4',
+      '--save-result', '--result-dir', dir]);
+    assert.equal(stdout.match(/Serving Benchmark Result/g).length, 2);
+    const files = readdirSync(dir).sort();
+    assert.deepEqual(files.filter((f) => f.endsWith('.json')).map((f) => f.replace(/-\d{8}-\d{6}\.json$/, '')),
+                     ['vllm-infqps-concurrency1-mock-model', 'vllm-infqps-concurrency4-mock-model']);
+    const tsv = files.find((f) => f.endsWith('.tsv'));
+    const rows = readFileSync(join(dir, tsv), 'utf8').trim().split('\n').map((line) => line.split('\t'));
+    assert.equal(rows[0][0], 'max_concurrency');
+    assert.deepEqual(rows.slice(1).map((row) => row[0]), ['1', '4']);
+    const column = (name) => rows[0].indexOf(name);
+    // Four requests one at a time take about four times as long as all four at once.
+    const throughput = rows.slice(1).map((row) => Number(row[column('request_throughput')]));
+    assert.ok(throughput[1] > 2 * throughput[0], `request throughput at 1 and 4: ${throughput}`);
+    await assert.rejects(run(BEAMLINE, ['bench', 'serve', '--base-url', `http://127.0.0.1:${mock.port}`,
+      '--num-prompts', '1', '--max-concurrency', '1,x']), (error) => {
+      assert.match(error.stderr + error.stdout, /--max-concurrency: 'x' is not a positive count/);
+      return true;
+    });
+  } finally {
+    mock.server.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 describe('beamline bench serve', () => {
   let server;
   let resultDir;
