@@ -386,20 +386,39 @@ def families_for(split):
     return tf.TRAIN if split != "ood" else tf.TRAIN + tf.OOD
 
 
+SYNTHETIC_SHARE = 0.35   # of training's tool requests and distractors: made-up tools (tool_families.synthetic_family)
+
+
 def tool_set(rng, needed, split="train", exclude=()):
-    """1-4 tools of distinct families including `needed` (a family name, or None), in random order."""
+    """1-4 tools of distinct families including `needed` (a family or its name, or None), in random order.
+    Outside the OOD split some distractors are synthetic families."""
+    if isinstance(needed, str):
+        needed = tf.FAMILIES[needed]
     count = rng.randint(1, 4) if needed else rng.randint(1, 3)
-    pool = [f for f in families_for(split) if f.name != needed and f.name not in exclude]
+    pool = [f for f in families_for(split) if f is not needed and f.name not in exclude]
     rng.shuffle(pool)
-    chosen = ([tf.FAMILIES[needed]] if needed else []) + pool[:count - (1 if needed else 0)]
+    others = []
+    for family in pool[:count - (1 if needed else 0)]:
+        synthetic = split != "ood" and rng.random() < SYNTHETIC_SHARE
+        others.append(tf.synthetic_family(rng) if synthetic else family)
+    chosen = ([needed] if needed else []) + others
     rng.shuffle(chosen)
     camel = rng.random() < 0.15
-    return [tf.draw_tool(rng, family, split, camel) for family in chosen]
+    tools, names = [], set()
+    for family in chosen:
+        tool = tf.draw_tool(rng, family, split, camel)
+        if tool.name not in names or family is needed:
+            tools = [t for t in tools if t.name != tool.name] + [tool]
+            names.add(tool.name)
+    rng.shuffle(tools)
+    return tools
 
 
 def pick_family(rng, split):
     if split == "ood":
         return rng.choice(tf.OOD) if rng.random() < 0.6 else rng.choice(tf.TRAIN)
+    if rng.random() < SYNTHETIC_SHARE:
+        return tf.synthetic_family(rng)
     weights = [3 if f.name in ("weather", "time") else 1 for f in tf.TRAIN]
     return rng.choices(tf.TRAIN, weights)[0]
 
@@ -442,8 +461,8 @@ def tool_exchange(rng, tool, split, frame, phrases_override=None):
 
 def task_tool(rng, split):
     family = pick_family(rng, split)
-    tools = tool_set(rng, family.name, split)
-    tool = next(t for t in tools if t.category == family.name)
+    tools = tool_set(rng, family, split)
+    tool = next(t for t in tools if t.family is family)
     frame = Frame(rng, tools=[t.declaration() for t in tools])
     question, args, result, final, mentions, values, fields, field_text, keys = tool_exchange(rng, tool, split,
                                                                                              frame)

@@ -109,6 +109,8 @@ class Param:
 
 
 class Family:
+    synthetic = False   # made up by synthetic_family() for one conversation
+
     def __init__(self, name, names, descs, params, questions, result, answers, need, follow=None):
         """result(rng, values) -> [(field, value, key pool)]; the first `main` fields (those in answers'
         slots) are what an answer must quote. need: what the user lacks when no tool fits (no tool name).
@@ -535,7 +537,7 @@ def templates(items, split):
 
 
 def family_templates(family, split):
-    if family in OOD:
+    if family in OOD or family.synthetic:
         return list(family.questions)
     return templates(family.questions, split)
 
@@ -713,3 +715,109 @@ def shape_result(rng, fields):
     else:
         return ", ".join(f"{k}: {v}" for k, v in flat.items()), {f: v for f, v, _ in fields}, named
     return json.dumps(data, ensure_ascii=False), {f: v for f, v, _ in fields}, named
+
+
+# ---------------------------------------------------------------- synthetic families
+# Training also draws tools made up on the spot: a subject noun, a verb, and parameters whose names the question
+# spells out ("for 3 tickets", "with genre jazz"). They teach what no fixed list can: pick the declared tool whose
+# name and description share the request's words, and copy each value under the parameter it names. Their words
+# avoid the OOD families' subjects (hotels, air quality, films, sports, dictionaries, rides).
+
+SUBJECTS = ["bike rental", "parking spot", "library book", "gym class", "recipe", "podcast", "invoice",
+            "train ticket", "ferry", "museum", "concert", "pharmacy", "car rental", "charging station", "tide",
+            "sunrise", "pollen count", "earthquake", "bus route", "coworking desk", "tennis court", "wine",
+            "plant", "pet sitter", "plumber", "course", "exam result", "gift card", "coupon", "loyalty points",
+            "grocery order", "laundry pickup", "bank balance", "password reset", "support ticket", "job posting",
+            "apartment listing", "mortgage rate", "tax form", "vaccine appointment", "blood donation", "boat tour",
+            "ski pass", "campsite", "hiking trail", "snow report", "surf forecast", "volunteer shift", "printer",
+            "smart light", "thermostat", "door lock", "playlist", "audiobook", "board game", "toy store",
+            "bakery", "flower delivery", "moving truck", "storage unit", "translation agency", "bicycle repair"]
+VERBS = ["find", "get", "check", "book", "lookup", "list", "reserve", "track", "search", "order", "cancel",
+         "fetch", "show", "update", "rate", "compare"]
+CONTEXTS = ["for the user", "by name or city", "at a given date", "from the provider", "in real time",
+            "with details", "", "", ""]
+COUNT_KEYS = ["tickets", "seats", "people", "bags", "rooms", "copies", "laps", "players", "items", "pages",
+              "boxes", "slots", "units", "passengers", "kids", "pets", "hours", "bottles"]
+FREE_KEYS = ["genre", "color", "flavor", "brand", "model", "author", "artist", "platform", "route", "department",
+             "category", "size", "material", "level", "station", "region", "store", "branch", "variety", "season",
+             "zone", "format", "language_code", "team_size", "cuisine_type", "line", "gate_code", "plan"]
+FREE_VALUES = ["jazz", "red", "vanilla", "acme", "x200", "tolkien", "nova", "android", "blue line", "sales",
+               "outdoor", "large", "oak", "advanced", "north", "east wing", "downtown", "premium", "summer", "pdf",
+               "basic", "gold", "zone 3", "express", "classic", "mint", "silver", "kids", "weekend", "pro"]
+ENUMS = [["small", "medium", "large"], ["low", "medium", "high"], ["standard", "express"],
+         ["morning", "afternoon", "evening"], ["asc", "desc"], ["json", "text"], ["basic", "plus", "pro"]]
+STATUS = ["available", "confirmed", "open", "closed", "pending", "sold out", "in stock", "ready", "active"]
+
+
+def _snake(words):
+    return "_".join(words.replace("-", " ").split())
+
+
+def synthetic_family(rng):
+    subject, verb = rng.choice(SUBJECTS), rng.choice(VERBS)
+    snake = _snake(subject)
+    names = [f"{verb}_{snake}", f"{snake}_{verb}", f"{verb}_{snake}s", f"{snake}_service", f"{snake}_lookup"]
+    context = rng.choice(CONTEXTS)
+    descs = [f"{verb.capitalize()} {subject}s {context}".strip() + ".",
+             f"{subject.capitalize()} {rng.choice(['service', 'API', 'lookup', 'tool'])}: {verb} {subject}s.",
+             f"Use this to {verb} a {subject}."]
+    params, phrases = [], []
+    kinds = rng.sample(["city", "date", "time", "count", "free", "code", "enum", "free2"], rng.randint(1, 3))
+    for kind in kinds:
+        required = rng.random() < 0.7 or not params
+        if kind == "city":
+            params.append(P("city", "string", CITY_KEYS, [None, "City name"], city, required=required))
+            phrases.append(rng.choice(["in {city}", "near {city}", "for {city}"]))
+        elif kind == "date":
+            params.append(P("date", "string", ["date", "day", "on", "when"], [None, "YYYY-MM-DD"], date,
+                            required=required))
+            phrases.append(rng.choice(["on {date}", "for {date}"]))
+        elif kind == "time":
+            params.append(P("time", "string", ["time", "at", "hour"], [None, "HH:MM"], clock, required=required))
+            phrases.append(rng.choice(["at {time}", "around {time}"]))
+        elif kind == "count":
+            key = rng.choice(COUNT_KEYS)
+            params.append(P("count", "integer", [key, "num_" + key, key + "_count"], [None, f"Number of {key}"],
+                            lambda r: r.randint(1, 12), required=required))
+            phrases.append(rng.choice(["for {count} " + key, "{count} " + key, "with {count} " + key]))
+        elif kind in ("free", "free2"):
+            key = rng.choice(FREE_KEYS)
+            role = "value" if kind == "free" else "detail"
+            params.append(P(role, "string", [key], [None, f"The {key.replace('_', ' ')}"],
+                            lambda r: r.choice(FREE_VALUES), required=required))
+            phrases.append(rng.choice([f"with {key.replace('_', ' ')} {{{role}}}", f"{key.replace('_', ' ')} {{{role}}}",
+                                       f"({key.replace('_', ' ')}: {{{role}}})"]))
+        elif kind == "code":
+            params.append(P("code", "string", ["id", "reference", "number", "code", snake + "_id"],
+                            [None, f"The {subject} id"], lambda r: code(r, 2, 5), required=required))
+            phrases.append(rng.choice(["number {code}", "with id {code}", "{code}", "ref {code}"]))
+        else:
+            options = rng.choice(ENUMS)
+            key = rng.choice(["option", "tier", "mode", "priority", "kind", "variant"])
+            params.append(P("choice", "enum", [key], [None, f"The {key}"], required=required, options=options))
+            phrases.append(rng.choice(["({choice})", "{choice} " + key, "as {choice}"]))
+    starts = [f"Can you {verb} a {subject}", f"Please {verb} the {subject}", f"I want to {verb} a {subject}",
+              f"{verb} {subject}", f"Help me {verb} a {subject}", f"Could you {verb} my {subject}",
+              f"I need to {verb} a {subject}", f"{subject} {verb}"]
+    questions = []
+    for start in starts:
+        order = list(phrases)
+        rng.shuffle(order)
+        questions.append(start + " " + " ".join(order) + rng.choice(["?", ".", "", " please."]))
+    fields = rng.sample([("status", lambda r: r.choice(STATUS), ["status", "state", "availability"]),
+                         ("price", price, ["price", "cost", "total"]),
+                         ("ref", lambda r: code(r, 3, 3), ["confirmation", "ref", "booking_id", "id"]),
+                         ("when", clock, ["time", "slot", "starts_at", "eta"]),
+                         ("name", lambda r: fictional(r) + " " + r.choice(["Center", "Point", "Hub", "Place"]),
+                          ["name", "location", "provider", "place"])], 2)
+
+    def result(r, values):
+        return [(field, gen(r), keys) for field, gen, keys in fields]
+
+    first, second = fields[0][0], fields[1][0]
+    answers = [f"The {subject}: {{{first}}}, {{{second}}}.", f"Here is what I found: {{{first}}} and {{{second}}}.",
+               f"Done. {{{first}}} ({{{second}}})."]
+    family = Family("synthetic:" + snake + ":" + verb, names, descs, params, questions, result, answers,
+                    f"a {subject} service")
+    family.synthetic = True
+    return family
