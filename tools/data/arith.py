@@ -5,7 +5,8 @@ reasoning for easy cases stays one line:
   add       7+2=9, 6+9=15 c1, 5+8+1=14 c1, 4+0+1=5, so 5459
   subtract  7-2=5, 6-9 b 16-9=7, 5-1-8 b 14-8=6, 4-1-0=3, so 3675    (b: borrow)
   multiply  7*8=56 c5, 6*8+5=53 c5, 5*8+5=45 c4, 4*8+4=36, so 36536  (by each digit, then the partial sums)
-  divide    45/8=5 r5, 56/8=7 r0, 7/8=0 r7, so 570 r7              (long division)
+  divide    45/8=5 (8*5=40) r5, 56/8=7 (8*7=56) r0, 7/8=0 r7, so 570 r7   (long division; each digit's product
+            shown, so the remainder is a subtraction; easy cases as the product: 8*7=56, so 7)
 Negative operands are reduced to these with a sign rule stated first.
 """
 
@@ -94,7 +95,7 @@ def div_steps(a, b):
     """a >= 0, 1 <= b <= 99: long division. -> (text, quotient, remainder)."""
     q, r = divmod(a, b)
     if is_easy("/", a, b):
-        return f"{a}/{b}={q}", q, r
+        return f"{b}*{q}={a}, so {q}", q, r
     digits = str(a)
     steps, current, index, quotient = [], 0, 0, ""
     while index < len(digits) and current * 10 + int(digits[index]) < b and index < len(digits) - 1:
@@ -105,7 +106,7 @@ def div_steps(a, b):
         digit = current // b
         rest = current - digit * b
         step = f"{current}/{b}={digit}"
-        if b >= 10 and digit:
+        if digit:
             step += f" ({b}*{digit}={b * digit})"
         steps.append(step + f" r{rest}")
         quotient += str(digit)
