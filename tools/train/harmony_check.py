@@ -157,8 +157,8 @@ def summarize(results):
     tool = [r for r in results if r["check"]["type"] == "tool_call"]
     numeric = [r for r in results if r["check"]["type"] == "final_number"]
     arith = [r for r in numeric if r["kind"] in ("arith", "arith_with_tools")]
-    quoting = [r for r in results if r["check"]["type"] == "final_contains" and r["kind"].startswith("tool")
-               and r["check"]["strings"]]
+    quoting = [r for r in results if r["check"]["type"] == "final_contains" and r["check"]["strings"]
+               and r["kind"] in ("tool", "tool_followup", "tool_answer")]
     other = [r for r in results if r["check"]["type"] == "final_contains"]
     judged = [r for r in results if "declared" in r["check"]]
     figures = {

@@ -4,14 +4,18 @@ as a new user would try beam-nano (issue 24): two plainly declared tools (weathe
 generator template produced, tool results whose keys differ from the training data's, arithmetic over the
 four operations, and questions that need no tool. Pure Python 3.
 
-  python3 tools/train/new_user_probes.py --out probes.jsonl
+  python3 tools/train/new_user_probes.py --out probes.jsonl                 # for eval_torch.py / eval_engine.py
+  python3 tools/train/new_user_probes.py --server http://127.0.0.1:8000     # through `beamline serve`
 """
 import argparse
 import json
 import os
 import sys
+import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+from harmony_check import score, summarize  # noqa: E402
 from generate import BEAM_CUTOFF, BEAM_IDENTITY  # noqa: E402
 from harmony_render import (render_developer, render_past_call, render_system, render_tool_result,  # noqa: E402
                             render_user)
@@ -63,39 +67,97 @@ def frame():
             + render_developer(None, TOOLS))
 
 
-def turn(kind, prompt, check):
+def probe(kind, messages, check):
+    """One probe: the OpenAI-style messages a client sends, the Harmony prompt they render to, and the check."""
+    prompt = frame()
+    for message in messages:
+        if message["role"] == "user":
+            prompt += render_user(message["content"])
+        elif message["role"] == "assistant":
+            call = message["tool_calls"][0]["function"]
+            prompt += render_past_call(call["name"], call["arguments"])
+        else:
+            prompt += render_tool_result(message["name"], message["content"])
     check["declared"] = [t["name"] for t in TOOLS]
-    return {"kind": kind, "segments": [[prompt, False]], "turns": [{"prompt": prompt, "check": check}]}
+    prompt += "<|start|>assistant"
+    return {"kind": kind, "messages": messages, "segments": [[prompt, False]],
+            "turns": [{"prompt": prompt, "check": check}]}
 
 
 def probes():
     out = []
     for question, tool, args in TOOL_QUESTIONS:
         schema = next(t for t in TOOLS if t["name"] == tool)["parameters"]
-        out.append(turn("tool", frame() + render_user(question) + "<|start|>assistant",
-                        {"type": "tool_call", "tool": tool, "parameters": schema, "args": args}))
-    for question, tool, args, result, strings in TOOL_RESULTS:
-        prompt = (frame() + render_user(question) + render_past_call(tool, json.dumps(args, ensure_ascii=False))
-                  + render_tool_result(tool, json.dumps(result)) + "<|start|>assistant")
-        out.append(turn("tool_answer", prompt, {"type": "final_contains", "strings": strings}))
+        out.append(probe("tool", [{"role": "user", "content": question}],
+                         {"type": "tool_call", "tool": tool, "parameters": schema, "args": args}))
+    for index, (question, tool, args, result, strings) in enumerate(TOOL_RESULTS):
+        call = {"id": f"call_{index}", "type": "function",
+                "function": {"name": tool, "arguments": json.dumps(args, ensure_ascii=False)}}
+        out.append(probe("tool_answer", [{"role": "user", "content": question},
+                                         {"role": "assistant", "content": None, "tool_calls": [call]},
+                                         {"role": "tool", "tool_call_id": call["id"], "name": tool,
+                                          "content": json.dumps(result)}],
+                         {"type": "final_contains", "strings": strings}))
     for question, answer, remainder, op in ARITHMETIC:
         check = {"type": "final_number", "answer": answer, "op": op}
         if remainder:
             check["remainder"] = remainder
-        out.append(turn("arith_with_tools", frame() + render_user(question) + "<|start|>assistant", check))
+        out.append(probe("arith_with_tools", [{"role": "user", "content": question}], check))
     for question, strings in NO_TOOL:
-        out.append(turn("tool_unneeded", frame() + render_user(question) + "<|start|>assistant",
-                        {"type": "final_contains", "strings": strings}))
+        out.append(probe("tool_unneeded", [{"role": "user", "content": question}],
+                         {"type": "final_contains", "strings": strings}))
     return out
+
+
+def as_completion(choice):
+    """A chat completion's message written back as the Harmony completion harmony_check.py scores."""
+    message = choice["message"]
+    text = ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        text += "<|channel|>analysis<|message|>" + reasoning + "<|end|><|start|>assistant"
+    if message.get("tool_calls"):
+        call = message["tool_calls"][0]["function"]
+        return text + (" to=functions." + call["name"] + "<|channel|>commentary <|constrain|>json<|message|>"
+                       + call["arguments"] + "<|call|>")
+    return text + "<|channel|>final<|message|>" + (message.get("content") or "") + "<|return|>"
+
+
+def run_against_server(base, model, probes_list):
+    """Sends every probe through /v1/chat/completions at temperature 0 and scores the answers."""
+    results = []
+    for item in probes_list:
+        body = {"model": model, "messages": item["messages"], "tools": [{"type": "function", "function": t}
+                                                                        for t in TOOLS],
+                "temperature": 0, "max_tokens": 400}
+        request = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as response:
+            choice = json.load(response)["choices"][0]
+        turn = item["turns"][0]
+        completion = as_completion(choice)
+        results.append({"kind": item["kind"], "check": turn["check"], "completion": completion,
+                        **score(completion, turn["check"], turn["prompt"])})
+    return results
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="write the probes as held-out JSONL (for eval_torch.py / eval_engine.py)")
+    parser.add_argument("--server", help="or score a running `beamline serve`, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", default="beam-nano", help="model name sent to the server")
+    parser.add_argument("--json", help="with --server: write per-probe results here")
     args = parser.parse_args()
-    with open(args.out, "w") as f:
-        for probe in probes():
-            f.write(json.dumps(probe, ensure_ascii=False) + "\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            for item in probes():
+                f.write(json.dumps(item, ensure_ascii=False) + "\n")
+    if args.server:
+        results = run_against_server(args.server.rstrip("/"), args.model, probes())
+        summarize(results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1, ensure_ascii=False)
 
 
 if __name__ == "__main__":
