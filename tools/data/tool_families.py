@@ -684,10 +684,22 @@ def arguments(tool, values, roles):
     return args
 
 
+def made_up_phrase(rng):
+    """A string value no list holds ("snow showers", "Brevi lomar"): answers must copy what the result says,
+    not pick the nearest value they saw in training."""
+    words = [rng.choice(["light", "heavy", "mostly", "scattered", "very", "partly", "no", "late", "early", "new"])]
+    words += [fictional(rng).lower() if rng.random() < 0.5 else rng.choice(
+        ["showers", "sky", "breeze", "mist", "delay", "update", "gusts", "sun", "haze", "clouds", "stop", "hold"])
+        for _ in range(rng.randint(1, 2))]
+    return " ".join(words)
+
+
 def shape_result(rng, fields):
     """Tool result JSON text from [(field, value, key pool)]: varied keys, nesting and extra fields.
     -> (text, {field: value as it appears}, {field: its key})."""
     flat, named = {}, {}
+    fields = [(field, made_up_phrase(rng) if isinstance(value, str) and rng.random() < 0.2 else value, keys)
+              for field, value, keys in fields]
     for field, value, keys in fields:
         key = rng.choice(keys)
         while key in flat:
