@@ -7,8 +7,10 @@
 # harmony.json, eval-*.json headline figures, eval-*-turns.json.gz completions, log.txt), refreshed after
 # every step so that a run cut short still returns what it did.
 #   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 280] [seconds for the whole call, default 570]
-# Optional: COMPARE_HELDOUT=file.jsonl also scores the new model on another held-out set (v1's), and
-# COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only while time is left.
+# Optional: DRAFTER_SECONDS=N trains the speculative-decoding drafter for the new model (train_drafter.py, its
+# default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
+# another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
+# while time is left.
 # Every step after training is allowed to fail: the checkpoint is already under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,6 +55,17 @@ evaluate() {
   echo "after OOD eval: $(left) s left"
   evaluate heldout "$work/beam-nano" "$work/heldout.jsonl" 1000 60
   echo "after held-out eval: $(left) s left"
+  if [[ -n "${DRAFTER_SECONDS:-}" ]]; then
+    if (( $(left) > DRAFTER_SECONDS + 90 )); then
+      timeout $(( $(left) - 20 )) python3 tools/train/train_drafter.py --target "$work/beam-nano" \
+        --out "$work/beam-nano-drafter" --seconds "$DRAFTER_SECONDS" --json "$small/drafter-report.json" \
+        || echo "WARNING: drafter training failed or ran out of time"
+      [[ -f "$work/beam-nano-drafter/model.safetensors" ]] && tar cf "$OUT/beam-nano-drafter.tar" -C "$work" beam-nano-drafter
+      pack
+    else
+      echo "SKIPPED drafter: $(left) s left"
+    fi
+  fi
   if [[ -n "${COMPARE_HELDOUT:-}" ]]; then evaluate compare-heldout "$work/beam-nano" "$COMPARE_HELDOUT" 600 35; fi
   if [[ -n "${COMPARE_MODEL:-}" ]]; then evaluate compare-model-ood "$COMPARE_MODEL" "$work/ood.jsonl" 600 15; fi
   if (( $(left) > 12 )); then
