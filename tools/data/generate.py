@@ -24,6 +24,7 @@ import os
 import random
 import re
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import arith  # noqa: E402
@@ -423,7 +424,7 @@ def pick_family(rng, split):
     return rng.choices(tf.TRAIN, weights)[0]
 
 
-def call_analysis(rng, frame, tool, args):
+def call_analysis(frame, tool, args):
     shown_args = ", ".join(f"{k}={j(v)}" for k, v in args.items())
     names = ", ".join(frame.declared())
     return {"low": f"Call {tool.name}.",
@@ -437,13 +438,12 @@ def answer_analysis(frame, fields, values, keys):
             "high": f"The tool returned {quoted}. Quote these values exactly."}[frame.effort]
 
 
-def tool_exchange(rng, tool, split, frame, phrases_override=None):
-    """One request for `tool`: -> (question, args, result text, final, mentions, phrases)."""
+def tool_exchange(rng, tool, split):
+    """One request for `tool` and its answer: question, call arguments, result text, final answer, the strings the
+    answer must quote (mentions), the drawn values, and the quoted fields with their text and result keys."""
     family = tool.family
     template = rng.choice(tf.fitting_templates(tool, split))
     values = tf.draw_values(rng, tool)
-    if phrases_override:
-        values.update(phrases_override)
     roles = tf.slots_of(template)
     question = fill(noisy(rng, template), {r: values[r][0] for r in roles})
     args = tf.arguments(tool, values, sorted(roles))
@@ -456,7 +456,8 @@ def tool_exchange(rng, tool, split, frame, phrases_override=None):
     final = fill(answer, {**phrases, **{k: str(v) for k, v in field_values.items()}})
     mentioned = [f for f in field_values if "{" + f + "}" in answer]
     mentions = [str(field_values[f]) for f in mentioned]
-    return question, args, result, final, mentions, values, mentioned, {k: str(v) for k, v in field_values.items()}, keys
+    return SimpleNamespace(question=question, args=args, result=result, final=final, mentions=mentions, values=values,
+                           fields=mentioned, field_text={k: str(v) for k, v in field_values.items()}, keys=keys)
 
 
 def task_tool(rng, split):
@@ -464,29 +465,31 @@ def task_tool(rng, split):
     tools = tool_set(rng, family, split)
     tool = next(t for t in tools if t.family is family)
     frame = Frame(rng, tools=[t.declaration() for t in tools])
-    question, args, result, final, mentions, values, fields, field_text, keys = tool_exchange(rng, tool, split,
-                                                                                             frame)
+    exchange = tool_exchange(rng, tool, split)
+    args = exchange.args
     conv = frame.start(rng)
-    conv.prompt(render_user(question))
+    conv.prompt(render_user(exchange.question))
     prompt1 = conv.text() + "<|start|>assistant"
     resume = rng.random() < 0.25
     if resume:
         # the client sent the call back without its reasoning (what a Chat Completions client does)
         conv.prompt(render_past_call(tool.name, j(args)))
     else:
-        conv.assistant_turn([("analysis", call_analysis(rng, frame, tool, args)), ("commentary", j(args), tool.name)])
-    conv.prompt(render_tool_result(tool.name, result))
+        conv.assistant_turn([("analysis", call_analysis(frame, tool, args)), ("commentary", j(args), tool.name)])
+    conv.prompt(render_tool_result(tool.name, exchange.result))
     prompt2 = conv.text() + "<|start|>assistant"
-    conv.assistant_turn([("analysis", answer_analysis(frame, fields, field_text, keys)), ("final", final)])
+    conv.assistant_turn([("analysis", answer_analysis(frame, exchange.fields, exchange.field_text, exchange.keys)),
+                         ("final", exchange.final)])
     declared = frame.declared()
     call_turn = {"prompt": prompt1, "check": {"type": "tool_call", "tool": tool.name, "parameters": tool.parameters,
                                               "args": args, "declared": declared}}
-    answer_turn = {"prompt": prompt2, "check": {"type": "final_contains", "strings": mentions, "declared": declared}}
+    answer_turn = {"prompt": prompt2, "check": {"type": "final_contains", "strings": exchange.mentions,
+                                                  "declared": declared}}
     turns = ([] if resume else [call_turn]) + [answer_turn]
     kind = "tool"
     if family.follow and family.follow in tool.slots and rng.random() < 0.3:
         kind = "tool_followup"
-        turns += followup(rng, conv, frame, tool, split, values)
+        turns += followup(rng, conv, frame, tool, split, exchange.values)
     return conv, turns, kind
 
 
@@ -506,7 +509,7 @@ def followup(rng, conv, frame, tool, split, values):
     prompt1 = conv.text() + "<|start|>assistant"
     previous = [r for r in values if r in _roles_in_args(tool, conv)]
     args = tf.arguments(tool, new_values, sorted(set(previous) | {role}))
-    conv.assistant_turn([("analysis", call_analysis(rng, frame, tool, args)), ("commentary", j(args), tool.name)])
+    conv.assistant_turn([("analysis", call_analysis(frame, tool, args)), ("commentary", j(args), tool.name)])
     fields = tool.family.result(rng, {r: v for r, (_, v) in new_values.items()})
     result, field_values, keys = tf.shape_result(rng, fields)
     conv.prompt(render_tool_result(tool.name, result))
