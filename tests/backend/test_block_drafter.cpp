@@ -75,7 +75,9 @@ class BlockDrafterTest : public BackendTest {
       drafter.commit(std::span(&verified, 1));
       fed += size;
       const DraftAnchor between{3, fed, tokens[static_cast<std::size_t>(fed)]};
-      if (fed < anchor) EXPECT_EQ(drafter.block_logits(std::span(&between, 1), 7).drafting.size(), 1u);
+      if (fed < anchor) {
+        EXPECT_EQ(drafter.block_logits(std::span(&between, 1), 7).drafting.size(), 1u);
+      }
     }
     EXPECT_EQ(fed, anchor);
     const DraftAnchor draft{3, anchor, tokens.back()};

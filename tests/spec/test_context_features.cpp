@@ -26,8 +26,12 @@ TEST(ContextFeatureRing, DraftsWhereTheCommittedRunEndsAtTheAnchor) {
   EXPECT_FALSE(ring.begin_draft(1, 41));
   const auto draft = ring.begin_draft(1, 40);
   ASSERT_TRUE(draft);
-  // Positions 25 .. 47 in use (window back to 40 - 15, block to 47): shifted by 32 they lie in [0, 2R).
-  EXPECT_EQ(draft->shift, 32);
+  // Positions 25 .. 47 in use (window back to 40 - 15, block to 47): already in [0, 2R).
+  EXPECT_EQ(draft->shift, 0);
+  ring.begin_write(1, 40, 41);
+  EXPECT_EQ(ring.begin_draft(1, 41)->shift, 0);  // 26 .. 48
+  ring.begin_write(1, 41, 60);
+  EXPECT_EQ(ring.begin_draft(1, 60)->shift, 32);  // 45 .. 67: 13 .. 35 shifted
   EXPECT_EQ(draft->slot, write.ring.slot);
 }
 
