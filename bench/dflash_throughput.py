@@ -2,13 +2,16 @@
 """Decode throughput of `beamline serve` with and without dflash speculative decoding, per batch size.
 
 For each server configuration (no speculation; dflash with the given drafter and K) the model is served once, then for
-each batch size B, B concurrent greedy /v1/completions requests of a short text prompt and D output tokens
-(ignore_eos) are sent, after a warm-up request. Output tokens per second = B * D / wall time of the batch (the short
+each batch size B, B concurrent greedy /v1/completions requests are sent after a warm-up request: with --heldout, the
+first B model-turn prompts of beam-nano's held-out conversations (tools/data/generate.py; the rendered Harmony prompt
+tokenized with `beamline tokenize --allow-special`), each answered up to its end or D tokens; else a short text prompt
+and D output tokens (ignore_eos), text the drafter was not trained on. Output tokens per second = B * D / wall time of the batch (the short
 prompts' prefill included: it is one step). The spec-decode counters of /metrics (drafts, draft tokens, accepted) are
 read before and after each batch, so that each row shows its mean tokens per drafted step (1 + accepted / drafts) and
 its acceptance rate. Prints a Markdown table.
 
 Usage: python3 bench/dflash_throughput.py BINARY --model DIR --drafter DIR [--k 7] [--batches 1,16] [--decode 256]
+                                          [--heldout FILE] [--rounds R]
                                           [--device cuda] [--serve-args '...']
 """
 import argparse
@@ -44,9 +47,16 @@ def counters():
     return values
 
 
-def run_batch(batch, decode, name):
-    bodies = [{"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": decode, "temperature": 0,
-               "ignore_eos": True} for i in range(batch)]
+# `batch` requests in flight at a time, `rounds` each in turn (different prompts), so that short answers still time
+# many steps.
+def run_batch(batch, decode, name, heldout=None, rounds=1):
+    count = batch * rounds
+    if heldout:
+        bodies = [{"model": name, "prompt": heldout[i % len(heldout)], "max_tokens": decode, "temperature": 0}
+                  for i in range(count)]
+    else:
+        bodies = [{"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": decode, "temperature": 0,
+                   "ignore_eos": True} for i in range(count)]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=batch) as pool:
         results = list(pool.map(post, bodies))
@@ -81,8 +91,22 @@ def main():
     parser.add_argument("--decode", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--serve-args", default="")
+    parser.add_argument("--rounds", type=int, default=1, help="requests per concurrent slot, one after another")
+    parser.add_argument("--heldout", help="held-out conversations (jsonl with turns[].prompt): their prompts")
     args = parser.parse_args()
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    heldout = None
+    if args.heldout:
+        prompts = []
+        with open(args.heldout) as f:
+            for line in f:
+                prompts += [turn["prompt"] for turn in json.loads(line)["turns"]]
+                if len(prompts) >= max(args.batch_sizes) * args.rounds:
+                    break
+        encoded = subprocess.run([args.binary, "tokenize", "--model", args.model, "--allow-special", "--jsonl"],
+                                 input="".join(json.dumps(p) + "\n" for p in prompts), capture_output=True, text=True,
+                                 check=True).stdout
+        heldout = [[int(t) for t in line.split()] for line in encoded.splitlines() if line.strip()]
     name = args.model.rstrip("/").split("/")[-1]
     configs = [("none", "none"),
                (f"dflash K={args.k}", json.dumps({"method": "dflash", "model": args.drafter,
@@ -95,7 +119,7 @@ def main():
             run_batch(1, 16, name)  # warm-up
             for batch in args.batch_sizes:
                 before = counters()
-                elapsed, produced = run_batch(batch, args.decode, name)
+                elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
                 after = counters()
                 delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 drafts = delta.get("vllm:spec_decode_num_drafts_total", 0.0)
@@ -105,7 +129,9 @@ def main():
         finally:
             server.terminate()
             server.wait(timeout=60)
-    print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {args.decode} output tokens per request, "
+    what = f"{args.rounds} requests per slot, "
+    what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else "text prompts, {args.decode}"
+    print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {what} output tokens per request, "
           f"device {args.device}\n")
     print("| speculation | batch | output tokens | wall s | output tokens/s | tokens per drafted step | acceptance |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
