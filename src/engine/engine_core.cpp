@@ -90,14 +90,17 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
   if (!spec.enabled()) return;
-  require(spec.method == SpeculativeMethod::Ngram,
-          "--speculative-config: method \"dflash\" is not implemented yet (the block drafter's forward pass is not "
-          "built); use \"ngram\" or \"none\"");
+  require(spec.method == SpeculativeMethod::Ngram || runner_.has_drafter(),
+          "--speculative-config: method \"dflash\" needs a model runner with its drafter loaded");
   // Its presence tells /metrics that speculative decoding is on, so the counters show from the start.
   counters_.spec_decode_num_accepted_tokens_per_pos.assign(spec.num_speculative_tokens, 0);
-  spdlog::info("speculative decoding: n-gram drafts of up to {} tokens (prompt lookup {}..{}), verified in the target's "
-               "step; the engine runs synchronously{}",
-               spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+  const std::string proposer = spec.method == SpeculativeMethod::Ngram
+                                   ? fmt::format("n-gram drafts (prompt lookup {}..{})", spec.prompt_lookup_min,
+                                                 spec.prompt_lookup_max)
+                                   : fmt::format("block drafts of the dflash drafter {}", spec.model);
+  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step; the engine runs "
+               "synchronously{}",
+               proposer, spec.num_speculative_tokens,
                config.async_scheduling ? " (--async-scheduling does not apply)" : "");
 }
 
@@ -160,6 +163,7 @@ void EngineCore::finish_sample(SampleState& sample, FinishReason reason) {
   counters_.kv_hybrid_saved_bytes_finished_total += static_cast<uint64_t>(std::max<int64_t>(0, saved_bytes(sample.sequence)));
   scheduler_.remove(&sample.sequence);
   samples_by_sequence_.erase(sample.sequence.id);
+  runner_.forget_sequence(sample.sequence.id);
   sample.finished = true;
   ++request.num_finished;
   SampleOutput& out = pending_sample(sample);
@@ -466,6 +470,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
+  commit_draft_context(step);
 }
 
 void EngineCore::record_prompt_logprobs(InFlightStep& step) {
@@ -554,6 +559,12 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
 void EngineCore::propose_drafts() {
   const SpeculativeConfig& spec = config_.speculative;
   if (!spec.enabled()) return;
+  struct Drafting {
+    Sequence* sequence;
+    SampleState* sample;
+    int32_t max_tokens;
+  };
+  std::vector<Drafting> drafting;
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
     SampleState& sample = *samples_by_sequence_.at(sequence->id);
@@ -563,14 +574,40 @@ void EngineCore::propose_drafts() {
     // Never past max_tokens: the draft and the target's token after it must fit.
     const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
     const int32_t k = std::min(spec.num_speculative_tokens, room);
-    if (k <= 0) continue;
-    std::vector<TokenId> draft =
-        propose_ngram_draft(sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    if (k > 0) drafting.push_back({sequence, &sample, k});
+  }
+  std::vector<std::vector<TokenId>> drafts;
+  if (spec.method == SpeculativeMethod::DFlash) {
+    // One drafter pass for every drafting sequence; each keeps what its room allows.
+    std::vector<DraftRequest> requests;
+    for (const Drafting& d : drafting)
+      requests.push_back({d.sequence->id, d.sequence->num_tokens() - 1, d.sequence->tokens.back()});
+    if (!requests.empty()) drafts = runner_.propose_drafts(requests, spec.num_speculative_tokens);
+  } else {
+    for (const Drafting& d : drafting)
+      drafts.push_back(propose_ngram_draft(d.sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                           d.max_tokens));
+  }
+  for (std::size_t i = 0; i < drafting.size(); ++i) {
+    auto& [sequence, sample, max_tokens] = drafting[i];
+    std::vector<TokenId>& draft = drafts[i];
+    if (static_cast<int32_t>(draft.size()) > max_tokens) draft.resize(static_cast<std::size_t>(max_tokens));
     // A constrained sequence drafts only what its grammar allows: a later token could never be kept.
-    if (sample.grammar != nullptr) draft.resize(allowed_prefix(*sample.grammar, draft));
+    if (sample->grammar != nullptr) draft.resize(allowed_prefix(*sample->grammar, draft));
     sequence->tokens.insert(sequence->tokens.end(), draft.begin(), draft.end());
     sequence->num_draft_tokens = static_cast<int32_t>(draft.size());
   }
+}
+
+void EngineCore::commit_draft_context(const InFlightStep& step) {
+  if (!runner_.has_drafter()) return;
+  std::vector<StepVerified> verified;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const SampleState* sample = live_sample(step.ids[i]);
+    if (sample != nullptr)
+      verified.push_back({step.ids[i], static_cast<int32_t>(i), sample->sequence.num_computed_tokens});
+  }
+  runner_.commit_draft_context(verified);
 }
 
 void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts,

@@ -8,7 +8,7 @@
 // only then does the host wait for the tokens and check stops, while the device runs the next step. A sequence that
 // stopped meanwhile has its extra row dropped. Its outputs equal those of the synchronous loop.
 // With --speculative-config each decoding sequence gets draft tokens before the step is scheduled (the n-gram proposer,
-// spec/ngram_proposer.h); they join the step as extra query rows with logit rows, and the target's rows decide how
+// spec/ngram_proposer.h, or the runner's block drafter, spec/block_drafter.h); they join the step as extra query rows with logit rows, and the target's rows decide how
 // many are kept (spec/draft_verification.h): the outputs are distributed as without speculation, token for token for
 // greedy rows. A draft is proposed from tokens the host has, so speculating engines run synchronously.
 #include <chrono>
@@ -111,8 +111,12 @@ class EngineCore {
     bool sampled_at_launch = false;
   };
 
-  // With speculative decoding: appends a draft to every decoding sequence that may speculate.
+  // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
+  // pass of the runner's block drafter over all of them).
   void propose_drafts();
+  // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
+  // the target's hidden states of those positions only.
+  void commit_draft_context(const InFlightStep& step);
   // The rows of a producing sequence with `num_drafts` draft tokens (logit rows from `logit_row`): the target's
   // settings for each, and for sampled (not greedy) rows before the last the draft's verification rule on the host.
   void add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts, std::vector<RowSampling>& rows);

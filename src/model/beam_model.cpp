@@ -334,6 +334,14 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
   }
   int64_t moe_index = 0;
 
+  // The rows' identity as gather indices: embedding() over x copies the rows into the capture.
+  Tensor every_row;
+  if (!capture_layers_.empty()) {
+    std::vector<int32_t> identity(static_cast<std::size_t>(rows));
+    for (int32_t r = 0; r < static_cast<int32_t>(rows); ++r) identity[static_cast<std::size_t>(r)] = r;
+    every_row = backend_.upload_i32(identity, {rows});
+    captured_ = backend_.alloc(DType::F32, {static_cast<int64_t>(capture_layers_.size()), rows, hidden});
+  }
   if (first_stage) {
     backend_.embedding(embed_tokens_, tokens, x);
   } else {
@@ -376,6 +384,11 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
                                       layers_[i + 1].input_norm, h);
     else
       backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+    for (std::size_t c = 0; c < capture_layers_.size(); ++c) {
+      if (capture_layers_[c] != index) continue;
+      Tensor slice = captured_.view(static_cast<int64_t>(c) * rows * hidden, {rows, hidden});
+      backend_.embedding(x, every_row, slice);
+    }
   }
 
   Tensor logits;
@@ -401,6 +414,14 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     }
   }
   return logits;
+}
+
+void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {
+  require(groups_ == nullptr, "model: capturing hidden states for a drafter needs the whole model on one process");
+  for (const int64_t layer : layers)
+    require(layer >= 0 && layer < config_.num_hidden_layers, "model: cannot capture after layer {} of {}", layer,
+            config_.num_hidden_layers);
+  capture_layers_ = std::move(layers);
 }
 
 void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,

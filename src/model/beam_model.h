@@ -85,6 +85,16 @@ class BeamModel {
   // The MoE layers (routing replay's second axis), in layer order.
   int64_t num_moe_layers() const;
 
+  // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
+  // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
+  // in that order. Empty (the default): nothing is captured, nothing is spent.
+  void capture_hidden_after(std::vector<int64_t> layers);
+  const Tensor& captured_hidden() const { return captured_; }
+  // The pieces a drafter shares with the target (first and last pipeline stage: a whole model).
+  const Tensor& embed_tokens() const { return embed_tokens_; }
+  const Tensor& final_norm() const { return final_norm_; }
+  const LinearTensors& lm_head() const { return lm_head_; }
+
  private:
   struct Layer {
     Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
@@ -113,6 +123,8 @@ class BeamModel {
   Tensor embed_tokens_, final_norm_;
   LinearTensors lm_head_;
   std::vector<Layer> layers_;
+  std::vector<int64_t> capture_layers_;
+  Tensor captured_;
 };
 
 }  // namespace beamline

@@ -19,6 +19,7 @@
 #include "runner/decode_graphs.h"
 #include "runner/kv_cache.h"
 #include "runner/step_sampler.h"
+#include "spec/block_drafter.h"
 
 namespace beamline {
 
@@ -49,6 +50,10 @@ class BeamModelRunner : public ModelRunner {
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
   void load_weights_from_disk(const std::filesystem::path& dir) override;
+  bool has_drafter() const override { return drafter_ != nullptr; }
+  void commit_draft_context(std::span<const StepVerified> sequences) override;
+  std::vector<std::vector<int32_t>> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
+  void forget_sequence(int64_t sequence_id) override;
 
   const ModelConfig& model_config() const { return model_->config(); }
 
@@ -74,6 +79,13 @@ class BeamModelRunner : public ModelRunner {
   bool capture_routed_experts_ = false;   // --enable-return-routed-experts
   std::unique_ptr<StepSampler> sampler_;
   int64_t bytes_per_block_ = 0;
+  std::unique_ptr<BlockDrafter> drafter_;  // --speculative-config dflash
+  // The rows of the last forward step, per sequence: which of them the drafter may keep (commit_draft_context).
+  struct StepRows {
+    int32_t first_row = 0, count = 0;
+    int64_t first_position = 0;
+  };
+  std::vector<StepRows> last_step_rows_;
 };
 
 }  // namespace beamline
