@@ -3,7 +3,8 @@
 // token by token (one mask = one fill of the 32-bit bitmask), pooled over passes; p50 / p99 / max. The Harmony
 // cases are whole assistant turns under the template constraint (structured/harmony_constraint.h), with the
 // schema as a tool's parameters.
-// With a device name (`cpu`, `cuda`) it then times one decode step's mask work at batch 64 (batch_step_masks).
+// With a device name (`cpu`, `cuda`) it then times one decode step's mask work at batch 64 (batch_step_masks);
+// passes 0 skips the per-case table.
 // Usage: bench_structured <o200k_base.tiktoken> [passes] [device]
 //        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
   std::printf("| case | output tokens | compile ms wall (first) | compile CPU ms | front end | rule automata | token classes | states | uncertain entries | mask p50 µs | p99 µs | max µs | accept µs |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Case& c : kCases) {
+    if (passes == 0) break;
     // Compile = front end (JSON Schema / Harmony template to a grammar) + rule automata and pushdown tables +
     // per-state token classes, in this thread's CPU time; the middle part is timed again on its own, the last is
     // the rest. Medians of 3.
