@@ -542,7 +542,8 @@ class SchemaCompiler {
     pick(&Language::objects, kObjectKeywords, "objects");
     pick(&Language::arrays, kArrayKeywords, "arrays");
     for (const Language& o : options)
-      if (o.composite_literals || !o.literal_extra.empty()) refuse("oneOf", "a branch has enum or const objects or arrays");
+      if ((o.composite_literals && !o.composite_literals->empty()) || !o.literal_extra.empty())
+        refuse("oneOf", "a branch has enum or const objects or arrays");
     return out;
   }
 
