@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
                 compile_ms, stops, per_schema - stops, tokens, seconds);
     std::fflush(stdout);
     if (control > 0) run(i, nullptr, control);
+    out.flush();  // a schema's outputs are whole on disk before the next one starts (runs can be resumed)
   }
   std::printf("constrained outputs: %lld ended by the grammar, %lld cut by max_tokens (%d); %.0f s in all\n",
               static_cast<long long>(total_stop), static_cast<long long>(total_length), max_tokens,
