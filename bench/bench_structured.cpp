@@ -3,17 +3,23 @@
 // token by token (one mask = one fill of the 32-bit bitmask), pooled over passes; p50 / p99 / max. The Harmony
 // cases are whole assistant turns under the template constraint (structured/harmony_constraint.h), with the
 // schema as a tool's parameters.
-// Usage: bench_structured <o200k_base.tiktoken> [passes]   (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
+// With a device name (`cpu`, `cuda`) it then times one decode step's mask work at batch 64 (batch_step_masks);
+// passes 0 skips the per-case table.
+// Usage: bench_structured <o200k_base.tiktoken> [passes] [device]
+//        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "backend/registry.h"
 #include "structured/harmony_constraint.h"
 #include "structured/json_schema.h"
 #include "structured/token_mask.h"
 #include "tokenizer/tokenizer.h"
+#include "util/thread_pool.h"
 
 namespace {
 
@@ -21,12 +27,19 @@ using Clock = std::chrono::steady_clock;
 double micros_since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
+// This thread's CPU time in ms: compile figures that other processes on a shared machine do not inflate.
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 struct Case {
   const char* name;
   const char* schema;  // nullptr: any JSON object (response_format json_object)
   const char* output;  // a valid output in the grammar's form, fed token by token
   bool harmony = false;  // the output is a Harmony turn; `schema` is functions.get_weather's parameters
+  int search_max_length = 0;  // > 0: the Harmony request's search tool bounds its query to this many characters
 };
 
 constexpr const char* kWeatherArguments = R"({"type":"object","properties":{
@@ -67,20 +80,95 @@ const Case kCases[] = {
      "<|channel|>analysis<|message|>Simple arithmetic, no tool needed.<|end|><|start|>assistant<|channel|>final"
      "<|message|>2 + 2 = 4. If you also want the weather, tell me the city.<|return|>",
      true},
+    {"Harmony turn: reasoning, then a tool call; search.query maxLength 200", kWeatherArguments,
+     "<|channel|>analysis<|message|>The user wants the weather in Paris for the next five days, including wind and "
+     "UV. I should call get_weather with celsius.<|end|><|start|>assistant<|channel|>commentary "
+     "to=functions.get_weather <|constrain|>json<|message|>"
+     R"({"location": "Paris, France", "unit": "celsius", "days": 5, "include": ["wind", "uv"]}<|call|>)",
+     true, 200},
 };
 
 // The Harmony constraint of a request declaring get_weather (the case's schema) and two more tools.
-beamline::Grammar harmony_case_grammar(const char* weather_schema) {
+beamline::Grammar harmony_case_grammar(const char* weather_schema, int search_max_length = 0) {
   beamline::HarmonyConstraintSpec spec;
   spec.tools.push_back({"functions.get_weather", weather_schema});
   spec.tools.push_back({"functions.get_time", R"({"type":"object","properties":{"timezone":{"type":"string"}},"required":["timezone"]})"});
-  spec.tools.push_back({"functions.search", R"({"type":"object","properties":{"query":{"type":"string"},"top_n":{"type":"integer","minimum":1,"maximum":10}},"required":["query"]})"});
+  const std::string query = search_max_length > 0
+                                ? R"({"type":"string","maxLength":)" + std::to_string(search_max_length) + "}"
+                                : std::string(R"({"type":"string"})");
+  spec.tools.push_back({"functions.search", R"({"type":"object","properties":{"query":)" + query +
+                                                R"(,"top_n":{"type":"integer","minimum":1,"maximum":10}},"required":["query"]})"});
   return beamline::harmony_grammar(spec);
 }
 
 double percentile(std::vector<double> values, double p) {
   std::sort(values.begin(), values.end());
   return values[std::min(values.size() - 1, static_cast<size_t>(p * values.size()))];
+}
+
+// One decode step's structured-output work at batch 64 on `device`: the host fills 64 rows' masks from matchers
+// spread over a Harmony tool-call turn (in parallel over rows, as EngineCore::fill_grammar_masks does), the masks go
+// up in one upload and Backend::mask_logits applies them to [64, vocab] logits; Backend::sample on the same rows is
+// timed beside it as the step's own sampling cost. Medians of `iterations`, each ended by a synchronize.
+void batch_step_masks(const std::string& device, const std::shared_ptr<const beamline::CompiledGrammar>& grammar,
+                      const std::vector<beamline::TokenId>& turn, int iterations) {
+  using namespace beamline;
+  constexpr int64_t kRows = 64;
+  const int64_t vocab = grammar->vocabulary()->size(), words = grammar->vocabulary()->mask_words();
+  std::vector<std::unique_ptr<GrammarMatcher>> matchers;
+  for (int64_t r = 0; r < kRows; ++r) {
+    matchers.push_back(std::make_unique<GrammarMatcher>(grammar));
+    for (std::size_t i = 0; i < static_cast<std::size_t>(r) * turn.size() / kRows; ++i)
+      if (!matchers.back()->accept_token(turn[i])) throw Error("batch_step_masks: the turn left the grammar");
+  }
+  std::vector<uint32_t> masks(static_cast<std::size_t>(kRows * words));
+  auto fill = [&] {
+    ThreadPool::global().parallel_for(kRows, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t r = begin; r < end; ++r)
+        matchers[r]->fill_next_token_mask(std::span<uint32_t>(masks).subspan(r * words, words));
+    });
+  };
+  auto backend = create_backend(device);
+  std::vector<float> host_logits(static_cast<std::size_t>(kRows * vocab));
+  for (std::size_t i = 0; i < host_logits.size(); ++i) host_logits[i] = static_cast<float>((i * 2654435761u) % 1000) / 100;
+  Tensor logits = backend->upload_f32(host_logits, {kRows, vocab});
+  std::vector<int32_t> rows(kRows);
+  std::vector<SampleRow> settings(kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    rows[r] = static_cast<int32_t>(r);
+    settings[r].logit_row = static_cast<int32_t>(r);
+    settings[r].uniform = (r + 0.5) / kRows;
+  }
+  SampleOutputs out;
+  out.tokens = backend->alloc(DType::I32, {kRows});
+  std::vector<double> fill_us, upload_us, apply_us, sample_us;
+  for (int i = 0; i < iterations + 3; ++i) {  // the first three warm up (allocations, kernel loads)
+    auto start = Clock::now();
+    fill();
+    const double filled = micros_since(start);
+    start = Clock::now();
+    const Tensor allowed = backend->upload(masks.data(), DType::I32, {kRows, words});
+    backend->synchronize();
+    const double uploaded = micros_since(start);
+    start = Clock::now();
+    backend->mask_logits(logits, rows, allowed);
+    backend->synchronize();
+    const double applied = micros_since(start);
+    start = Clock::now();
+    backend->sample(logits, settings, out);
+    backend->synchronize();
+    const double sampled = micros_since(start);
+    if (i < 3) continue;
+    fill_us.push_back(filled);
+    upload_us.push_back(uploaded);
+    apply_us.push_back(applied);
+    sample_us.push_back(sampled);
+  }
+  std::printf("\nbatch 64 on %s (%zu host threads): mask fill (host) p50 %.0f µs, p99 %.0f µs; upload %.2f MB p50 %.0f µs, "
+              "p99 %.0f µs; mask_logits p50 %.0f µs, p99 %.0f µs; sample (for scale) p50 %.0f µs\n",
+              device.c_str(), ThreadPool::global().size(), percentile(fill_us, 0.5), percentile(fill_us, 0.99),
+              kRows * words * 4 / 1e6, percentile(upload_us, 0.5), percentile(upload_us, 0.99), percentile(apply_us, 0.5),
+              percentile(apply_us, 0.99), percentile(sample_us, 0.5));
 }
 
 }  // namespace
@@ -92,6 +180,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int passes = argc > 2 ? std::atoi(argv[2]) : 10;
+  const std::string device = argc > 3 ? argv[3] : "";
   auto tokenizer = Tokenizer::from_tiktoken(argv[1], "o200k_harmony");
   auto start = Clock::now();
   auto vocabulary = Vocabulary::from_tokenizer(*tokenizer);
@@ -101,20 +190,28 @@ int main(int argc, char** argv) {
   auto harmony = harmony_vocabulary(*tokenizer);
   std::printf("Harmony vocabulary (special tokens as grammar bytes): index built in %.1f ms\n", micros_since(start) / 1000);
   TokenId end = *tokenizer->token_to_id("<|end|>");
-  std::printf("| case | output tokens | compile ms (grammar + masks) | states | uncertain entries | mask p50 µs | p99 µs | max µs | accept µs |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("| case | output tokens | compile ms wall (first) | compile CPU ms | front end | rule automata | token classes | states | uncertain entries | mask p50 µs | p99 µs | max µs | accept µs |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const Case& c : kCases) {
-    std::vector<double> compile_ms;
+    if (passes == 0) break;
+    // Compile = front end (JSON Schema / Harmony template to a grammar) + rule automata and pushdown tables +
+    // per-state token classes, in this thread's CPU time; the middle part is timed again on its own, the last is
+    // the rest. Medians of 3.
+    std::vector<double> wall_ms, cpu_ms, front_ms, tables_ms;
     std::shared_ptr<const CompiledGrammar> compiled;
     for (int i = 0; i < 3; ++i) {
       start = Clock::now();
-      if (c.harmony) {
-        compiled = CompiledGrammar::compile(harmony_case_grammar(c.schema), harmony, {});
-      } else {
-        Grammar grammar = c.schema ? json_schema_grammar(c.schema) : any_json_grammar("object");
-        compiled = CompiledGrammar::compile(grammar, vocabulary, {end});
-      }
-      compile_ms.push_back(micros_since(start) / 1000);
+      const double cpu_start = thread_cpu_ms();
+      Grammar grammar = c.harmony ? harmony_case_grammar(c.schema, c.search_max_length)
+                                  : c.schema ? json_schema_grammar(c.schema) : any_json_grammar("object");
+      front_ms.push_back(thread_cpu_ms() - cpu_start);
+      compiled = CompiledGrammar::compile(grammar, c.harmony ? harmony : vocabulary,
+                                          c.harmony ? std::vector<TokenId>{} : std::vector<TokenId>{end});
+      cpu_ms.push_back(thread_cpu_ms() - cpu_start);
+      wall_ms.push_back(micros_since(start) / 1000);
+      const double tables_start = thread_cpu_ms();
+      PushdownTables::build(grammar);
+      tables_ms.push_back(thread_cpu_ms() - tables_start);
     }
     std::vector<TokenId> tokens = tokenizer->encode(c.output, c.harmony);
     std::vector<uint32_t> mask(vocabulary->mask_words());
@@ -147,9 +244,18 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    std::printf("| %s | %zu | %.1f (first %.1f) | %d | %zu | %.1f | %.1f | %.1f | %.2f |\n", c.name, tokens.size(),
-                percentile(compile_ms, 0.5), compile_ms[0], compiled->tables().num_states, compiled->uncertain_total(),
+    const double front = percentile(front_ms, 0.5), tables = percentile(tables_ms, 0.5);
+    const double cpu = percentile(cpu_ms, 0.5);
+    std::printf("| %s | %zu | %.1f (%.1f) | %.1f | %.1f | %.1f | %.1f | %d | %zu | %.1f | %.1f | %.1f | %.2f |\n", c.name,
+                tokens.size(), percentile(wall_ms, 0.5), wall_ms[0], cpu, front, tables, cpu - front - tables,
+                compiled->tables().num_states,
+                compiled->uncertain_total(),
                 percentile(mask_us, 0.5), percentile(mask_us, 0.99), percentile(mask_us, 1.0), percentile(accept_us, 0.5));
+  }
+  if (!device.empty()) {
+    const Case& turn = kCases[3];  // the Harmony tool-call turn
+    batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),
+                     tokenizer->encode(turn.output, true), 100);
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <bit>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include "tokenizer/utf8.h"
 
@@ -230,16 +231,32 @@ Automaton minimize(const Automaton& input) {
   std::vector<int32_t> cls(a.num_states);
   for (int32_t s = 0; s < a.num_states; ++s) cls[s] = a.accepting[s];
   int32_t num_classes = 0;
+  // A signature lists the row as runs (first byte, target class) rather than 256 entries: rows are mostly a
+  // few ranges, and hashing short signatures keeps each round linear in the states.
+  struct SignatureHash {
+    size_t operator()(const std::vector<int32_t>& v) const {
+      uint64_t h = 1469598103934665603ull;
+      for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+      return static_cast<size_t>(h);
+    }
+  };
   for (;;) {
-    std::map<std::vector<int32_t>, int32_t> signatures;
+    std::unordered_map<std::vector<int32_t>, int32_t, SignatureHash> signatures;
+    signatures.reserve(static_cast<size_t>(a.num_states) * 2);
     std::vector<int32_t> next_cls(a.num_states);
     std::vector<int32_t> signature;
     for (int32_t s = 0; s < a.num_states; ++s) {
       signature.assign(1, cls[s]);
+      int32_t previous = -2;
       for (int b = 0; b < 256; ++b) {
         int32_t t = a.step(s, static_cast<uint8_t>(b));
-        signature.push_back(t < 0 ? -1 : cls[t]);
+        const int32_t target = t < 0 ? -1 : cls[t];
+        if (target == previous) continue;
+        signature.push_back(b);
+        signature.push_back(target);
+        previous = target;
       }
+      signature.push_back(-3);  // the calls follow
       for (auto [rule, t] : a.calls[s]) { signature.push_back(rule); signature.push_back(cls[t]); }
       auto [it, inserted] = signatures.emplace(signature, static_cast<int32_t>(signatures.size()));
       next_cls[s] = it->second;

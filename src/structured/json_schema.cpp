@@ -542,7 +542,8 @@ class SchemaCompiler {
     pick(&Language::objects, kObjectKeywords, "objects");
     pick(&Language::arrays, kArrayKeywords, "arrays");
     for (const Language& o : options)
-      if (o.composite_literals || !o.literal_extra.empty()) refuse("oneOf", "a branch has enum or const objects or arrays");
+      if ((o.composite_literals && !o.composite_literals->empty()) || !o.literal_extra.empty())
+        refuse("oneOf", "a branch has enum or const objects or arrays");
     return out;
   }
 
@@ -703,7 +704,11 @@ class SchemaCompiler {
   }
 
   static std::string format_regex(const std::string& format) {
-    const std::string date = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+    // RFC 3339 full-date, calendar-correct: 30-day months, February's 28 days, its 29th only in leap years
+    // (a year divisible by 4, and by 400 when it ends in 00).
+    const std::string date =
+        "(\\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
+        "|(\\d\\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)";
     const std::string time = "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([zZ]|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
     const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
     const std::string octet = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";

@@ -52,9 +52,13 @@ class ConfigurationSpace {
   explicit ConfigurationSpace(const PushdownTables& tables);
   int32_t start(int32_t state, int32_t parent);  // the closure of one stack
   int32_t step(int32_t config, uint8_t byte) {
-    int32_t& cached = transitions_[static_cast<size_t>(config) * 256 + byte];
-    if (cached == kUnknown) cached = compute_step(config, byte);
-    return cached;
+    const size_t at = static_cast<size_t>(config) * 256 + byte;
+    if (transitions_[at] == kUnknown) {
+      // Not through a reference taken before: computing may intern a configuration, which grows transitions_.
+      const int32_t to = compute_step(config, byte);
+      transitions_[at] = to;
+    }
+    return transitions_[at];
   }
   int32_t walk(int32_t config, std::string_view bytes) {
     for (char c : bytes) {

@@ -1,9 +1,37 @@
 #include "structured/token_mask.h"
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
+#include <unordered_map>
 
 namespace beamline {
+
+uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) {
+  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
+    return byte >= low && byte <= high ? next : kUtf8Invalid;
+  };
+  switch (state) {
+    case 0:
+      if (byte < 0x80) return 0;
+      if (byte >= 0xC2 && byte <= 0xDF) return 1;
+      if (byte == 0xE0) return 4;
+      if (byte == 0xED) return 5;
+      if (byte >= 0xE1 && byte <= 0xEF) return 2;
+      if (byte == 0xF0) return 6;
+      if (byte >= 0xF1 && byte <= 0xF3) return 3;
+      if (byte == 0xF4) return 7;
+      return kUtf8Invalid;
+    case 1: return continuation(0x80, 0xBF, 0);
+    case 2: return continuation(0x80, 0xBF, 1);
+    case 3: return continuation(0x80, 0xBF, 2);
+    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
+    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
+    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
+    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
+    default: return kUtf8Invalid;
+  }
+}
 
 std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const Tokenizer& tokenizer) {
   std::vector<std::string> bytes(tokenizer.vocab_size());
@@ -59,6 +87,37 @@ void Vocabulary::build_trie() {
   }
   close_to(0);
   first_token_.push_back(num_sorted());  // first_token(num_nodes()) closes the last subtree's range
+  summarize_subtrees();
+}
+
+// In reverse preorder every node comes after its descendants, so one pass folds each subtree's bytes into its
+// root's set (the parent of n is the nearest earlier node one level up, tracked per depth on the way down).
+void Vocabulary::summarize_subtrees() {
+  std::vector<int32_t> parent(num_nodes(), -1), last_at_depth;
+  utf8_state_.resize(num_nodes());
+  for (int32_t n = 0; n < num_nodes(); ++n) {
+    const auto depth = static_cast<size_t>(node_depth_[n]);
+    last_at_depth.resize(depth - 1);  // depths 1 .. depth - 1 on the path to n
+    if (depth > 1) parent[n] = last_at_depth[depth - 2];
+    last_at_depth.push_back(n);
+    utf8_state_[n] = utf8_prefix_step(parent[n] < 0 ? 0 : utf8_state_[parent[n]], node_byte_[n]);
+  }
+  std::vector<ByteSet> below(num_nodes());
+  utf8_valid_below_.assign(num_nodes(), 1);
+  for (int32_t n = num_nodes() - 1; n >= 0; --n) {
+    if (parent[n] < 0) continue;
+    below[parent[n]] |= below[n];
+    below[parent[n]].add(node_byte_[n]);
+    if (!utf8_valid_below_[n] || utf8_state_[n] == kUtf8Invalid) utf8_valid_below_[parent[n]] = 0;
+  }
+  below_index_.assign(num_nodes(), -1);
+  for (int32_t n = 0; n < num_nodes(); ++n) {
+    if (subtree_end_[n] - n - 1 < kSummarizedDescendants) continue;
+    below_index_[n] = static_cast<int32_t>(bytes_below_.size());
+    bytes_below_.push_back(below[n]);
+  }
+  trie_tokens_mask_.assign(mask_words(), 0u);
+  for (TokenId id : sorted_) trie_tokens_mask_[id >> 5] |= 1u << (id & 31);
 }
 
 std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& grammar,
@@ -78,14 +137,131 @@ size_t CompiledGrammar::uncertain_total() const {
   return total;
 }
 
+namespace {
+
+// Is every token below a trie node accepted from `config`, the node's UTF-8 decoder state being `utf8`? The
+// subtree's tokens read only bytes of `below` (bytes_below), each token well-formed UTF-8 from the node on
+// (utf8_valid_below), so its paths are among the walks of (decoder state, configuration) pairs over `below`: if
+// every pair those walks reach is alive within the frame, so is every token. Two ways to see that, both
+// remembered per starting pair:
+// - a safe set, found once: bytes such that every well-formed walk over them stays alive (explore the pairs
+//   reachable over all bytes; when a walk ends the frame, drop its first byte and explore again). Text and string
+//   contents keep all but the bytes that end or escape them, so most subtrees pass by one subset test;
+// - otherwise a search of the pairs over `below` itself. The bytes of a walk that ended the frame fail any later
+//   `below` holding them all, and a pair whose search found too many pairs (a length-bounded string's counter)
+//   is not searched again.
+class WholeSubtreeCheck {
+ public:
+  explicit WholeSubtreeCheck(ConfigurationSpace& space) : space_(space) {}
+
+  bool accepted(int32_t config, uint8_t utf8, const ByteSet& below) {
+    auto [it, inserted] = memo_.try_emplace((static_cast<uint64_t>(config) << 8) | utf8);
+    Memo& memo = it->second;
+    if (inserted) memo.safe = safe_bytes(config, utf8, memo);
+    if (subset(below, memo.safe)) return true;
+    if (memo.gave_up) return false;
+    for (const ByteSet& killer : memo.killers)
+      if (subset(killer, below)) return false;
+    return search(config, utf8, below, memo);
+  }
+
+ private:
+  struct Memo {
+    ByteSet safe;
+    bool gave_up = false;
+    std::vector<ByteSet> killers;
+  };
+  struct Pair {
+    uint8_t utf8;
+    int32_t config;
+    ByteSet path;   // the bytes the walk that found it read
+    int16_t first;  // the first of them (-1: the starting pair)
+  };
+  static constexpr size_t kMaxPairs = 32;
+  static constexpr size_t kMaxKillers = 8;
+
+  static bool subset(const ByteSet& a, const ByteSet& b) {
+    for (int i = 0; i < 4; ++i)
+      if ((a.words[i] & ~b.words[i]) != 0) return false;
+    return true;
+  }
+
+  // Explores the pairs reachable from (utf8, config) over `bytes`. Returns the first byte of a walk that ended the
+  // frame, -1 when none did, -2 when there were too many pairs; a walk that ended the frame is also remembered.
+  int explore(int32_t config, uint8_t utf8, const ByteSet& bytes, Memo& memo) {
+    Pair pairs[kMaxPairs];
+    size_t num_pairs = 1;
+    pairs[0] = {utf8, config, ByteSet{}, -1};
+    for (size_t done = 0; done < num_pairs; ++done) {
+      const Pair from = pairs[done];
+      for (int w = 0; w < 4; ++w)
+        for (uint64_t word = bytes.words[w]; word != 0; word &= word - 1) {
+          const auto byte = static_cast<uint8_t>(w * 64 + std::countr_zero(word));
+          const uint8_t to_utf8 = utf8_prefix_step(from.utf8, byte);
+          if (to_utf8 == kUtf8Invalid) continue;  // no token reads it here
+          ByteSet path = from.path;
+          path.add(byte);
+          if (!step_alive(from.config, byte)) {
+            if (memo.killers.size() < kMaxKillers) memo.killers.push_back(path);
+            return from.first < 0 ? byte : from.first;
+          }
+          const int32_t to_config = space_.step(from.config, byte);
+          auto same = [&](const Pair& p) { return p.utf8 == to_utf8 && p.config == to_config; };
+          if (std::any_of(pairs, pairs + num_pairs, same)) continue;
+          if (num_pairs == kMaxPairs) return -2;
+          pairs[num_pairs++] = {to_utf8, to_config, path, from.first < 0 ? static_cast<int16_t>(byte) : from.first};
+        }
+    }
+    return -1;
+  }
+
+  ByteSet safe_bytes(int32_t config, uint8_t utf8, Memo& memo) {
+    ByteSet allowed;
+    for (int b = 0; b < 256; ++b)
+      if (utf8_prefix_step(utf8, static_cast<uint8_t>(b)) == kUtf8Invalid || step_alive(config, static_cast<uint8_t>(b)))
+        allowed.add(static_cast<uint8_t>(b));
+    for (;;) {
+      const int killer = explore(config, utf8, allowed, memo);
+      if (killer == -1) return allowed;
+      if (killer == -2) return ByteSet{};
+      allowed.words[killer >> 6] &= ~(uint64_t{1} << (killer & 63));
+    }
+  }
+
+  bool search(int32_t config, uint8_t utf8, const ByteSet& below, Memo& memo) {
+    const int result = explore(config, utf8, below, memo);
+    if (result == -2) memo.gave_up = true;
+    return result == -1;
+  }
+
+  // Does reading `byte` from `config` leave a path alive within the frame? (A byte no stack top reads does not.)
+  bool step_alive(int32_t config, uint8_t byte) {
+    return space_.at(config).bytes.contains(byte) && space_.at(space_.step(config, byte)).alive_within_frame();
+  }
+
+  ConfigurationSpace& space_;
+  std::unordered_map<uint64_t, Memo> memo_;
+};
+
+// Sorted-index ranges [begin, end), appended in increasing order; adjacent ones merge.
+void add_range(std::vector<std::pair<int32_t, int32_t>>& ranges, int32_t begin, int32_t end) {
+  if (begin == end) return;
+  if (!ranges.empty() && ranges.back().second == begin) ranges.back().second = end;
+  else ranges.emplace_back(begin, end);
+}
+
+}  // namespace
+
 // One preorder pass over the trie per state that reads bytes, from that state alone over the sentinel;
-// a subtree whose prefix is already rejected (or already past the rule's end) is skipped whole.
+// a subtree whose prefix is already rejected (or already past the rule's end) is skipped whole, and so is one
+// that WholeSubtreeCheck shows to be accepted whole (text, string contents).
 void CompiledGrammar::classify_tokens() {
   const Vocabulary& v = *vocabulary_;
   ConfigurationSpace space(tables_);
+  WholeSubtreeCheck whole_subtree(space);
   state_tokens_.resize(tables_.num_states);
   std::vector<int32_t> config_at_depth;
-  std::vector<TokenId> accepted;
+  std::vector<std::pair<int32_t, int32_t>> accepted;
   for (int32_t state = 0; state < tables_.num_states; ++state) {
     if (tables_.out_bytes[state].empty()) continue;
     StateTokens& out = state_tokens_[state];
@@ -93,7 +269,16 @@ void CompiledGrammar::classify_tokens() {
     config_at_depth.assign(1, space.start(state, kSentinelParent));
     for (int32_t n = 0; n < v.num_nodes();) {
       int32_t depth = v.node_depth(n);
-      int32_t config = space.step(config_at_depth[depth - 1], v.node_byte(n));
+      const int32_t from = config_at_depth[depth - 1];
+      // A byte no stack top reads ends the frame's paths; only past the rule's end may it still fit (uncertain).
+      // Deciding that here saves interning a dead configuration per (configuration, byte).
+      if (const auto& f = space.at(from); !f.bytes.contains(v.node_byte(n))) {
+        if (f.popped || f.sentinel_follow.contains(v.node_byte(n)))
+          for (int32_t i = v.first_token(n); i < v.first_token(v.subtree_end(n)); ++i) out.uncertain.push_back(i);
+        n = v.subtree_end(n);
+        continue;
+      }
+      int32_t config = space.step(from, v.node_byte(n));
       const ConfigurationSpace::Configuration& c = space.at(config);
       if (!c.alive_within_frame()) {
         if (c.popped)
@@ -101,18 +286,45 @@ void CompiledGrammar::classify_tokens() {
         n = v.subtree_end(n);
         continue;
       }
-      for (int32_t i = 0; i < v.own_tokens(n); ++i) accepted.push_back(v.sorted(v.first_token(n) + i));
+      const ByteSet* below = v.bytes_below(n);
+      if (below != nullptr && v.utf8_state(n) != kUtf8Invalid && v.utf8_valid_below(n) &&
+          whole_subtree.accepted(config, v.utf8_state(n), *below)) {
+        add_range(accepted, v.first_token(n), v.first_token(v.subtree_end(n)));
+        n = v.subtree_end(n);
+        continue;
+      }
+      add_range(accepted, v.first_token(n), v.first_token(n) + v.own_tokens(n));
       config_at_depth.resize(depth + 1);
       config_at_depth[depth] = config;
       ++n;
     }
-    // A list costs 4 bytes a token, a bitmask 1 bit: keep whichever is smaller.
-    if (accepted.size() * 32 > static_cast<size_t>(v.size())) {
-      out.accepted_mask.assign(v.mask_words(), 0);
-      for (TokenId t : accepted) out.accepted_mask[t >> 5] |= 1u << (t & 31);
-    } else {
-      out.accepted_ids = accepted;
+    store_accepted(accepted, out);
+  }
+}
+
+// A list costs 4 bytes a token, a bitmask 1 bit: keep whichever is smaller. A bitmask of most of the trie starts
+// from all of it and clears the few tokens left out, so its cost follows the smaller side.
+void CompiledGrammar::store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const {
+  const Vocabulary& v = *vocabulary_;
+  int64_t count = 0;
+  for (auto [begin, end] : ranges) count += end - begin;
+  auto flip = [&](std::vector<uint32_t>& mask, int32_t begin, int32_t end) {
+    for (int32_t i = begin; i < end; ++i) mask[v.sorted(i) >> 5] ^= 1u << (v.sorted(i) & 31);
+  };
+  if (count * 32 <= v.size()) {
+    for (auto [begin, end] : ranges)
+      for (int32_t i = begin; i < end; ++i) out.accepted_ids.push_back(v.sorted(i));
+  } else if (count * 2 <= v.num_sorted()) {
+    out.accepted_mask.assign(v.mask_words(), 0u);
+    for (auto [begin, end] : ranges) flip(out.accepted_mask, begin, end);
+  } else {
+    out.accepted_mask = v.trie_tokens_mask();
+    int32_t at = 0;
+    for (auto [begin, end] : ranges) {
+      flip(out.accepted_mask, at, begin);
+      at = end;
     }
+    flip(out.accepted_mask, at, v.num_sorted());
   }
 }
 

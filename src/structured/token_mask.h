@@ -17,6 +17,12 @@
 
 namespace beamline {
 
+// An incremental UTF-8 well-formedness check (the decoder of tokenizer/utf8.h as a state machine): 0 at a
+// character boundary, 1..7 inside a character (which continuation bytes may come), kUtf8Invalid once the bytes
+// cannot be well-formed UTF-8 any more.
+inline constexpr uint8_t kUtf8Invalid = 8;
+uint8_t utf8_prefix_step(uint8_t state, uint8_t byte);
+
 class Vocabulary {
  public:
   // Special tokens never match grammar bytes; only the listed stop tokens are allowed, once the output may end.
@@ -40,15 +46,32 @@ class Vocabulary {
   int32_t own_tokens(int32_t n) const { return own_tokens_[n]; }
   TokenId sorted(int32_t index) const { return sorted_[index]; }
   int32_t num_sorted() const { return static_cast<int32_t>(sorted_.size()); }
+  // The bytes read anywhere below node n (not n's own), for nodes with at least kSummarizedDescendants
+  // descendants; nullptr for smaller subtrees, which are as cheap to walk as to check.
+  const ByteSet* bytes_below(int32_t n) const {
+    return below_index_[n] < 0 ? nullptr : &bytes_below_[below_index_[n]];
+  }
+  static constexpr int32_t kSummarizedDescendants = 8;
+  // utf8_prefix_step over node n's bytes from a token's start, and whether every descendant stays well-formed
+  // from there (then the subtree's tokens are whole characters after n, the last one possibly cut short).
+  uint8_t utf8_state(int32_t n) const { return utf8_state_[n]; }
+  bool utf8_valid_below(int32_t n) const { return utf8_valid_below_[n] != 0; }
+  // Bit t is set for every token in the trie (neither special nor empty): the start of a mask that excludes few.
+  const std::vector<uint32_t>& trie_tokens_mask() const { return trie_tokens_mask_; }
 
  private:
   void build_trie();
+  void summarize_subtrees();
 
   std::vector<std::string> token_bytes_;
   std::vector<uint8_t> special_;
   std::vector<TokenId> sorted_;
   std::vector<uint8_t> node_byte_;
   std::vector<int32_t> node_depth_, subtree_end_, first_token_, own_tokens_;
+  std::vector<int32_t> below_index_;
+  std::vector<uint8_t> utf8_state_, utf8_valid_below_;
+  std::vector<ByteSet> bytes_below_;
+  std::vector<uint32_t> trie_tokens_mask_;
 };
 
 // A grammar ready to match: the pushdown tables and, with a vocabulary, the per-state token classification.
@@ -73,6 +96,7 @@ class CompiledGrammar {
 
  private:
   void classify_tokens();
+  void store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
 
   PushdownTables tables_;
   std::shared_ptr<const Vocabulary> vocabulary_;

@@ -125,6 +125,18 @@ TEST(JsonSchema, NumbersAndStrings) {
   EXPECT_FALSE(schema_matches(R"({"pattern":"^a+$"})", "\"ab\""));
   EXPECT_TRUE(schema_matches(R"({"type":"string","format":"date-time"})", "\"2026-12-02T10:00:00Z\""));
   EXPECT_FALSE(schema_matches(R"({"type":"string","format":"date-time"})", "\"2026-13-02T10:00:00Z\""));
+  // A branch whose enum holds only scalars is no composite literal (game_move's promotion in the scale bench).
+  const std::string promotion = R"({"oneOf":[{"enum":["queen","rook"]},{"type":"null"}]})";
+  EXPECT_TRUE(schema_matches(promotion, "\"rook\""));
+  EXPECT_TRUE(schema_matches(promotion, "null"));
+  EXPECT_FALSE(schema_matches(promotion, "\"pawn\""));
+  const std::string date = R"({"type":"string","format":"date"})";
+  EXPECT_TRUE(schema_matches(date, "\"2026-01-31\""));
+  EXPECT_FALSE(schema_matches(date, "\"2026-04-31\""));  // April has 30 days
+  EXPECT_FALSE(schema_matches(date, "\"2026-02-29\""));
+  EXPECT_TRUE(schema_matches(date, "\"2028-02-29\""));
+  EXPECT_TRUE(schema_matches(date, "\"2000-02-29\""));   // divisible by 400
+  EXPECT_FALSE(schema_matches(date, "\"1900-02-29\""));  // by 100, not 400
 }
 
 TEST(JsonSchema, CombinatorsAndReferences) {
