@@ -94,6 +94,8 @@ fi
 if wanted perf; then
   step 90 '^\|' "$OPS" perf fp8 --no-moe --rows 4,8,64,1024,8192 --iterations 10
   step 40 '^\||pool' "$OPS" perf attention --kv-cache-dtype fp8 --filter "decode global"
+  step 40 '^\|' "$OPS" perf fp8 --no-linear --tokens 1 --iterations 20
+  step 40 '^\|' "$OPS" perf micro --tokens 1 --iterations 20
 fi
 if wanted torch; then
   PYTHONUNBUFFERED=1 step 60 '^\||PyTorch' python3 "$CARRY/torch_fp8_peers.py" --no-moe --blockwise --rows 64,1024,8192 \
@@ -108,8 +110,8 @@ if wanted ncu; then
     [ $family = micro ] && args+=(--formats nvfp4)
     echo "\$ ncu ... $OPS perf $family ${args[*]}" >>"$OUT/ncu.txt"
     timeout 60 ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis -k 'regex:one_token|gate_up|down_kernel' \
-      --launch-count 4 "$OPS" perf $family "${args[@]}" >>"$OUT/ncu.txt" 2>&1
+      --section WarpStateStats --section MemoryWorkloadAnalysis -k 'regex:one_token|gate_up|down_kernel|route|router' \
+      --launch-count 6 "$OPS" perf $family "${args[@]}" >>"$OUT/ncu.txt" 2>&1
     echo "ncu $family: exit $?"
   done
   grep -E '^  [a-z_].*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occupancy|Waves Per SM|Stall' "$OUT/ncu.txt" | head -120
