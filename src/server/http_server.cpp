@@ -11,6 +11,7 @@
 #include "server/auth.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
+#include "server/openai_responses.h"
 #include "server/request_fields.h"
 #include "server/sglang_generate.h"
 #include "server/sse.h"
@@ -100,6 +101,9 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
   });
   http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response, [&] { completions(request, response); });
+  });
+  http_->Post("/v1/responses", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response, [&] { responses(request, response); });
   });
   http_->Post("/generate", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response, [&] { generate(request, response); });
@@ -299,6 +303,29 @@ void ApiServer::chat_completions(const httplib::Request& request, httplib::Respo
   }
   const RequestOutput output = wait_for(*stream);
   response.set_content(dump_json(chat_completion_response(id, context_, plan, output)), kJson);
+}
+
+void ApiServer::responses(const httplib::Request& request, httplib::Response& response) {
+  const Json body = parse_body(request.body);
+  ResponsesPlan plan = plan_response(body, context_);
+  const std::string id = new_item_id("resp");
+  plan.chat.request.request_id = id;
+  std::shared_ptr<OutputStream> stream;
+  try {
+    stream = submit(plan.chat.request);
+  } catch (const InvalidRequest& invalid) {
+    // The engine's `prompt` is the request's `input`; its max_tokens is max_output_tokens.
+    const std::string param = invalid.param() == "prompt" ? "input"
+                              : invalid.param() == "max_tokens" ? "max_output_tokens"
+                                                                : invalid.param();
+    throw invalid_request(param, invalid.what());
+  }
+  if (plan.chat.stream.stream) {
+    respond_stream(response, std::move(stream), response_stream(id, context_, std::move(plan)));
+    return;
+  }
+  const RequestOutput output = wait_for(*stream);
+  response.set_content(dump_json(response_object(id, context_, plan, output)), kJson);
 }
 
 void ApiServer::completions(const httplib::Request& request, httplib::Response& response) {

@@ -65,6 +65,7 @@ class ApiServer {
   void guarded(const httplib::Request& request, httplib::Response& response, Body&& body);
   void chat_completions(const httplib::Request& request, httplib::Response& response);
   void completions(const httplib::Request& request, httplib::Response& response);
+  void responses(const httplib::Request& request, httplib::Response& response);  // OpenAI's /v1/responses
   void generate(const httplib::Request& request, httplib::Response& response);  // SGLang's /generate
   void models(httplib::Response& response) const;
   // The control endpoints of rollout_control.h.

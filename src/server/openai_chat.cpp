@@ -7,6 +7,7 @@
 #include "harmony/harmony_render.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/request_limits.h"
 #include "server/structured_outputs.h"
 
 namespace beamline::server {
@@ -189,6 +190,9 @@ ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
   if (messages == nullptr) throw invalid_request("messages", "messages: missing (a list of messages is required)");
   if (!messages->is_array() || messages->empty()) {
     throw invalid_request("messages", "messages: expected a non-empty list of messages");
+  }
+  if (const Json* tools = find_field(body, "tools"); tools != nullptr && tools->is_array() && tools->size() > kMaxTools) {
+    throw invalid_request("tools", fmt::format("tools: {} tools, more than the limit of {}", tools->size(), kMaxTools));
   }
   const ToolChoice tool_choice = read_tool_choice(body);
   if (auto effort = optional_string(body, "reasoning_effort"); effort && !harmony::reasoning_effort_from_name(*effort)) {

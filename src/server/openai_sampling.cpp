@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "server/request_fields.h"
+#include "server/request_limits.h"
 
 namespace beamline::server {
 
@@ -21,6 +22,10 @@ std::vector<std::pair<TokenId, float>> read_logit_bias(const Json& body) {
   if (!bias->is_object()) {
     throw invalid_request("logit_bias", fmt::format("logit_bias: expected an object mapping token ids to biases, got {}",
                                                     bias->type_name()));
+  }
+  if (bias->size() > kMaxLogitBiasEntries) {
+    throw invalid_request("logit_bias", fmt::format("logit_bias: {} entries, more than the limit of {}", bias->size(),
+                                                    kMaxLogitBiasEntries));
   }
   std::vector<std::pair<TokenId, float>> entries;
   for (const auto& [key, value] : bias->items()) {
@@ -152,7 +157,22 @@ SamplingParams read_sampling_params(const Json& body, Endpoint endpoint, int32_t
   params.max_tokens = read_max_tokens(body, endpoint);
   params.min_tokens = integer_in_range(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()).value_or(0);
   params.stop = string_or_strings(body, "stop");
-  for (int64_t token : integer_list(body, "stop_token_ids")) {
+  if (params.stop.size() > kMaxStopStrings) {
+    throw invalid_request("stop", fmt::format("stop: {} strings, more than the limit of {}", params.stop.size(),
+                                              kMaxStopStrings));
+  }
+  for (std::size_t i = 0; i < params.stop.size(); ++i) {
+    if (params.stop[i].size() > kMaxStopStringBytes) {
+      throw invalid_request("stop", fmt::format("stop[{}]: {} bytes, longer than the limit of {}", i,
+                                                params.stop[i].size(), kMaxStopStringBytes));
+    }
+  }
+  const std::vector<int64_t> stop_token_ids = integer_list(body, "stop_token_ids");
+  if (stop_token_ids.size() > kMaxStopTokenIds) {
+    throw invalid_request("stop_token_ids", fmt::format("stop_token_ids: {} ids, more than the limit of {}",
+                                                        stop_token_ids.size(), kMaxStopTokenIds));
+  }
+  for (int64_t token : stop_token_ids) {
     if (token < 0 || token > std::numeric_limits<TokenId>::max()) {
       throw invalid_request("stop_token_ids", fmt::format("stop_token_ids: {} is not a token id", token));
     }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "server/request_limits.h"
 #include "util/error.h"
 #include "util/json_fields.h"
 
@@ -24,9 +25,18 @@ auto read_field(const std::string& key, Read read) {
 }  // namespace
 
 Json parse_body(const std::string& body) {
+  // Deeper nesting is refused while parsing: later steps (rendering tool schemas, writing JSON) recurse.
+  const auto limit_depth = [](int depth, nlohmann::json::parse_event_t event, Json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+        static_cast<std::size_t>(depth) >= kMaxJsonDepth) {
+      throw invalid_request("", fmt::format("The request body nests objects and arrays deeper than {} levels",
+                                            kMaxJsonDepth));
+    }
+    return true;
+  };
   Json json;
   try {
-    json = Json::parse(body);
+    json = Json::parse(body, limit_depth);
   } catch (const nlohmann::json::parse_error& error) {
     throw invalid_request("", std::string("The request body is not valid JSON: ") + error.what());
   }

@@ -1,5 +1,6 @@
 // Request validation and error mapping of the OpenAI endpoints: every bad field is a 4xx naming the field,
 // every good one reaches the engine's SamplingParams unchanged.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -9,6 +10,7 @@
 #include "server/api_error.h"
 #include "server/openai_sampling.h"
 #include "server/request_fields.h"
+#include "server/request_limits.h"
 
 namespace beamline::server {
 namespace {
@@ -124,6 +126,47 @@ TEST(Sampling, OutOfRangeCountsAre400) {
   expect_bad_field(R"({"logit_bias": {"5": 101}})", "logit_bias");
   expect_bad_field(R"({"top_k": -2})", "top_k");
   expect_bad_field(R"({"min_tokens": -1})", "min_tokens");
+}
+
+// Each limit of request_limits.h: one past it is a 400 naming the field and the limit, the limit itself passes.
+TEST(RequestLimits, EachLimitIs400NamingTheFieldOnlyPastIt) {
+  const auto repeated = [](std::size_t count, const Json& item) { return Json(std::vector<Json>(count, item)); };
+  const auto bias = [](std::size_t count) {
+    Json entries = Json::object();
+    for (std::size_t i = 0; i < count; ++i) entries[std::to_string(i)] = 1;
+    return entries;
+  };
+  for (const auto& [body, param] : std::vector<std::pair<Json, std::string>>{
+           {{{"stop", repeated(kMaxStopStrings + 1, "s")}}, "stop"},
+           {{{"stop", Json::array({std::string(kMaxStopStringBytes + 1, 'x')})}}, "stop"},
+           {{{"stop_token_ids", repeated(kMaxStopTokenIds + 1, 1)}}, "stop_token_ids"},
+           {{{"logit_bias", bias(kMaxLogitBiasEntries + 1)}}, "logit_bias"}}) {
+    const ApiError error = sampling_error(body.dump());
+    EXPECT_EQ(error.status(), 400);
+    EXPECT_EQ(error.param().value_or("<none>"), param);
+    EXPECT_NE(std::string(error.what()).find("limit"), std::string::npos) << error.what();
+  }
+  const Json at_limits_body = {{"stop", repeated(kMaxStopStrings, "s")},
+                               {"stop_token_ids", repeated(kMaxStopTokenIds, 1)},
+                               {"logit_bias", bias(kMaxLogitBiasEntries)}};
+  const SamplingParams at_limits =
+      read_sampling_params(at_limits_body, Endpoint::ChatCompletions, kMaxLogprobs, GenerationConfig{});
+  EXPECT_EQ(at_limits.stop.size(), kMaxStopStrings);
+  EXPECT_EQ(at_limits.stop_token_ids.size(), kMaxStopTokenIds);
+  EXPECT_EQ(at_limits.logit_bias.size(), kMaxLogitBiasEntries);
+}
+
+TEST(RequestLimits, DeepJsonIsRefusedWhileParsing) {
+  // {"a": [[...]]}: the object is one level, each bracket one more.
+  const auto nested = [](std::size_t depth) {
+    return fmt::format("{{\"a\": {}{}}}", std::string(depth - 1, '['), std::string(depth - 1, ']'));
+  };
+  EXPECT_NO_THROW(parse_body(nested(kMaxJsonDepth)));
+  const ApiError error = error_of([&] { parse_body(nested(kMaxJsonDepth + 1)); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_NE(std::string(error.what()).find("deeper than"), std::string::npos) << error.what();
+  // Far deeper than any stack would survive if parsing or freeing recursed.
+  EXPECT_EQ(error_of([&] { parse_body(std::string(1'000'000, '[')); }).status(), 400);
 }
 
 TEST(Sampling, RandomValidRequestsReachTheEngineUnchanged) {

@@ -31,17 +31,41 @@ def render_system(identity, knowledge_cutoff, current_date, reasoning_effort, ha
     return "<|start|>system<|message|>" + text + "<|end|>"
 
 
-def _property_type(schema):
+def _type_expression(schema, indent):
+    """A property's TypeScript type, as the engine writes it (src/harmony/harmony_tools.cpp)."""
     if "enum" in schema:
         return " | ".join(json.dumps(value) for value in schema["enum"])
     kind = schema.get("type", "any")
-    if kind == "integer":
+    if kind in ("integer", "number"):
         return "number"
-    if kind == "array":
-        return _property_type(schema.get("items", {})) + "[]"
-    if kind in ("string", "number", "boolean"):
+    if kind in ("string", "boolean"):
         return kind
+    if kind == "array":
+        items = schema.get("items")
+        if not items:
+            return "any[]"
+        item = _type_expression(items, indent)
+        return "(" + item + ")[]" if " | " in item and not item.startswith("{") else item + "[]"
+    if kind == "object":
+        if not schema.get("properties"):
+            return "object"
+        return "{\n" + _properties(schema, indent + "  ") + indent + "}"
     raise ValueError("unsupported schema type in tool parameters: " + json.dumps(schema))
+
+
+def _properties(schema, indent):
+    out = ""
+    required = set(schema.get("required", []))
+    for name, prop in schema["properties"].items():
+        if prop.get("description"):
+            out += indent + "// " + prop["description"] + "\n"
+        kind = _type_expression(prop, indent)
+        out += indent + name + ("" if name in required else "?") + ": " + kind + ","
+        if "default" in prop:
+            default = prop["default"]
+            out += " // default: " + (default if isinstance(default, str) and '"' in kind else json.dumps(default))
+        out += "\n"
+    return out
 
 
 def render_function(tool):
@@ -52,18 +76,7 @@ def render_function(tool):
     parameters = tool.get("parameters")
     if not parameters or not parameters.get("properties"):
         return out + "type " + tool["name"] + " = () => any;\n"
-    out += "type " + tool["name"] + " = (_: {\n"
-    required = set(parameters.get("required", []))
-    for name, schema in parameters["properties"].items():
-        if schema.get("description"):
-            out += "// " + schema["description"] + "\n"
-        out += name + ("" if name in required else "?") + ": " + _property_type(schema) + ","
-        if "default" in schema:
-            default = schema["default"]
-            shown = default if ("enum" in schema and isinstance(default, str)) else json.dumps(default)
-            out += " // default: " + str(shown)
-        out += "\n"
-    return out + "}) => any;\n"
+    return out + "type " + tool["name"] + " = (_: {\n" + _properties(parameters, "") + "}) => any;\n"
 
 
 def render_developer(instructions, tools):

@@ -77,19 +77,19 @@ class BeamConfig:
 
 
 def nano_config(vocab_size, bos_id, eos_ids, pad_id):
-    """beam-nano: every Beam feature, about 9.2 M parameters (18.4 MB in BF16)."""
+    """beam-nano (v2): every Beam feature, about 28 M parameters (57 MB in BF16)."""
     layers = 8
     return {
         "architectures": ["BeamForCausalLM"],
         "model_type": "beam",
         "vocab_size": vocab_size,
-        "hidden_size": 256,
+        "hidden_size": 512,
         "num_hidden_layers": layers,
-        "num_attention_heads": 4,
+        "num_attention_heads": 8,
         "num_key_value_heads": 2,
         "head_dim": 64,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 128,
+        "intermediate_size": 1536,
+        "moe_intermediate_size": 192,
         "first_k_dense_replace": 2,
         "n_routed_experts": 8,
         "num_experts_per_tok": 2,

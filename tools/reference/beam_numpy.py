@@ -146,8 +146,9 @@ def route(h, gate_w, bias, c):
     return selections
 
 
-def forward(c, t, tokens):
-    """Logits [len(tokens), vocab] in float64."""
+def forward(c, t, tokens, hidden=None):
+    """Logits [len(tokens), vocab] in float64. `hidden`, if a list, receives the residual stream after each layer
+    ([len(tokens), hidden_size] per layer, before the final norm): the block drafter's input features."""
     eps = c["rms_norm_eps"]
     s = c["residual_scale"]
     nq, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -191,6 +192,8 @@ def forward(c, t, tokens):
                     m[row] += weight * swiglu(h[row:row + 1], t[e_p + "gate_proj.weight"], t[e_p + "up_proj.weight"],
                                               t[e_p + "down_proj.weight"])[0]
         x = x + s * rms(m, t[p + "post_feedforward_layernorm.weight"], eps)
+        if hidden is not None:
+            hidden.append(x.copy())
     head = t["model.embed_tokens.weight"] if c["tie_word_embeddings"] else t["lm_head.weight"]
     logits = rms(x, t["model.norm.weight"], eps) @ head.T
     cap = c["final_logit_softcapping"]

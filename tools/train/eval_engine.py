@@ -3,7 +3,7 @@
 `beamline generate` (stops at the checkpoint's eos ids), decoded by `beamline detokenize`, scored by
 harmony_check.py (the same figures eval_torch.py prints for the PyTorch model). Pure Python 3.
 
-  python3 tools/data/generate.py --out DIR --train 0 --heldout 1000 --seed 1     # beam-nano's held-out set
+  python3 tools/data/generate.py --out DIR --train 0 --heldout 1000 --ood 1000 --seed 1   # beam-nano's held-out sets
   python3 tools/train/eval_engine.py --beamline build/apps/beamline/beamline --model models/beam-nano \
       --heldout DIR/heldout.jsonl [--limit 1000] [--device cpu] [--json results.json]
 """
@@ -49,14 +49,14 @@ def encode(beamline, model, prompts):
 def evaluate(beamline, model, turns, encoded, max_tokens=400, device="cpu", extra=()):
     """Greedy completions of every turn by `beamline generate`, scored; each result also keeps the generated ids."""
     results = []
-    for (kind, _, check), ids in zip(turns, encoded):
+    for (kind, prompt, check), ids in zip(turns, encoded):
         output = run([beamline, "generate", "--model", model, "--tokens", ",".join(map(str, ids)),
                       "--max-tokens", str(max_tokens), "--device", device, *extra]).splitlines()
         id_lines = [line for line in output if line.strip() and set(line.strip()) <= set("0123456789, ")]
         generated = id_lines[-1].strip() if id_lines else ""
         completion = run([beamline, "detokenize", "--model", model, "--ids", generated]) if generated else ""
         results.append({"kind": kind, "check": check, "completion": completion,
-                        "generated": [int(t) for t in generated.replace(",", " ").split()], **score(completion, check)})
+                        "generated": [int(t) for t in generated.replace(",", " ").split()], **score(completion, check, prompt)})
     return results
 
 

@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=400)
     parser.add_argument("--json", help="write per-turn results here")
+    parser.add_argument("--summary", help="write the headline figures here ({name: [passed, total]})")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_checkpoint(args.model, device)
@@ -56,11 +57,16 @@ def main():
             outputs = greedy_generate(model, prompts, stops, args.max_new_tokens, device)
         for (kind, prompt, check), output in zip(chunk, outputs):
             completion = tokenizer.decode(output)
-            results.append({"kind": kind, "check": check, "completion": completion, **score(completion, check)})
+            results.append({"kind": kind, "check": check, "completion": completion,
+                            **score(completion, check, prompt)})
     seconds = time.time() - started
 
     print(f"{len(results)} turns decoded in {seconds:.0f} s")
-    summarize(results)
+    figures = summarize(results)
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump({"model": args.model, "heldout": args.heldout, "turns": len(results), "seconds": round(seconds),
+                       "figures": figures}, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

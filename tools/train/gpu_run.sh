@@ -1,25 +1,78 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: checks the tokenizer and the PyTorch model against the other readers,
-# trains beam-nano, checks the trained checkpoint torch-vs-numpy, evaluates it greedily on the held-out
-# turns, and leaves under $OUT: config.json, generation_config.json, harmony.json, model.safetensors split
-# into parts below 16 MB (rejoin with `cat model.safetensors.part-* > model.safetensors`), eval.json, log.txt.
-#   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 270]
-set -euo pipefail
+# One call on the GPU machine: trains beam-nano, writes the checkpoint first, then evaluates it greedily on
+# the out-of-distribution turns (tool families and question templates training never saw) and the
+# in-distribution held-out turns, and cross-checks it torch-vs-numpy. Leaves under $OUT (at most 8 files, as
+# the device tool returns): model.safetensors split into parts below 15 MB (rejoin with
+# `cat model.safetensors.part-* > model.safetensors`) and results.tar.gz (config.json, generation_config.json,
+# harmony.json, eval-*.json headline figures, eval-*-turns.json.gz completions, log.txt), refreshed after
+# every step so that a run cut short still returns what it did.
+#   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 280] [seconds for the whole call, default 570]
+# Optional: DRAFTER_SECONDS=N trains the speculative-decoding drafter for the new model (train_drafter.py, its
+# default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
+# another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
+# while time is left.
+# Every step after training is allowed to fail: the checkpoint is already under $OUT.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
-seconds=${1:-270}
+seconds=${1:-280}
+budget=${2:-570}
+started=$SECONDS
 work=$(mktemp -d /tmp/beam-nano-run.XXXXXX)
+small="$work/results"
+mkdir -p "$small"
 export PYTHONUNBUFFERED=1
+tokenizer=${TOKENIZER:-models/beam-nano/tokenizer.json}
+
+left() { echo $((budget - (SECONDS - started))); }
+pack() { cp "$work/log.txt" "$small/" 2>/dev/null; tar czf "$OUT/results.tar.gz" -C "$small" . ; }
+
+# eval NAME MODEL HELDOUT LIMIT: greedy eval under what time is left (minus a reserve for the steps after it)
+evaluate() {
+  local name=$1 model=$2 heldout=$3 limit=$4 reserve=$5
+  local allowed=$(( $(left) - reserve ))
+  if (( allowed < 20 )); then echo "SKIPPED eval $name: ${allowed}s left"; return; fi
+  timeout "$allowed" python3 tools/train/eval_torch.py --model "$model" --heldout "$heldout" --limit "$limit" \
+    --summary "$small/eval-$name.json" --json "$work/eval-$name-turns.json" || echo "WARNING: eval $name failed or ran out of time"
+  [[ -f "$work/eval-$name-turns.json" ]] && gzip -c "$work/eval-$name-turns.json" > "$small/eval-$name-turns.json.gz"
+  pack
+}
+
 {
-  python3 tools/data/generate.py --out "$work/sample" --train 0 --heldout 300 --seed 3 --workers 4
-  python3 tools/tokenizer/check_tokenizer.py models/beam-nano/tokenizer.json "$work/sample/heldout.jsonl" \
-    || echo "WARNING: tokenizer cross-check failed"
-  python3 tools/reference/check_against_beamline.py --random-nano --skip-beamline
-  python3 tools/train/train.py --tokenizer models/beam-nano/tokenizer.json --out "$work/beam-nano" \
-    --heldout-out "$work/heldout.jsonl" --seconds "$seconds"
-  cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$OUT"/
-  split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"
-  python3 tools/reference/check_against_beamline.py --model "$work/beam-nano" --skip-beamline \
-    || echo "WARNING: trained checkpoint torch-vs-numpy check failed"
-  python3 tools/train/eval_torch.py --model "$work/beam-nano" --heldout "$work/heldout.jsonl" --json "$OUT/eval.json"
-} 2>&1 | tee "$OUT/log.txt"
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  python3 tools/train/train.py --tokenizer "$tokenizer" --out "$work/beam-nano" \
+    --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds"
+  if [[ -f "$work/beam-nano/model.safetensors" ]]; then
+    cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$small"/
+    split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"
+    sha256sum "$work/beam-nano/model.safetensors"
+  else
+    echo "ERROR: no checkpoint written"
+  fi
+  pack
+  echo "after training: $(left) s left"
+  evaluate ood "$work/beam-nano" "$work/ood.jsonl" 1000 90
+  echo "after OOD eval: $(left) s left"
+  evaluate heldout "$work/beam-nano" "$work/heldout.jsonl" 1000 60
+  echo "after held-out eval: $(left) s left"
+  if [[ -n "${DRAFTER_SECONDS:-}" ]]; then
+    if (( $(left) > DRAFTER_SECONDS + 90 )); then
+      timeout $(( $(left) - 20 )) python3 tools/train/train_drafter.py --target "$work/beam-nano" \
+        --out "$work/beam-nano-drafter" --seconds "$DRAFTER_SECONDS" --json "$small/drafter-report.json" \
+        || echo "WARNING: drafter training failed or ran out of time"
+      [[ -f "$work/beam-nano-drafter/model.safetensors" ]] && tar cf "$OUT/beam-nano-drafter.tar" -C "$work" beam-nano-drafter
+      pack
+    else
+      echo "SKIPPED drafter: $(left) s left"
+    fi
+  fi
+  if [[ -n "${COMPARE_HELDOUT:-}" ]]; then evaluate compare-heldout "$work/beam-nano" "$COMPARE_HELDOUT" 600 35; fi
+  if [[ -n "${COMPARE_MODEL:-}" ]]; then evaluate compare-model-ood "$COMPARE_MODEL" "$work/ood.jsonl" 600 15; fi
+  if (( $(left) > 12 )); then
+    timeout $(( $(left) - 5 )) python3 tools/reference/check_against_beamline.py --model "$work/beam-nano" --skip-beamline \
+      || echo "WARNING: trained checkpoint torch-vs-numpy check failed or ran out of time"
+  fi
+  echo "done: $((SECONDS - started)) s"
+  pack
+} 2>&1 | tee "$work/log.txt"
+pack

@@ -82,14 +82,35 @@ def schema_errors(value, schema):
     return []
 
 
-def score(completion, check):
-    """-> dict with valid (bool), ok (bool: the check passed), and details."""
+IDENTIFIER = re.compile(r"(?<![\w.@/-])(?:functions\.)?([A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*)"
+                        r"(?![\w@/-])")
+
+
+def undeclared_references(messages, check, prompt):
+    """Tool-like names the completion uses that the prompt never declared: a call's recipient outside
+    `declared`, or an identifier (snake_case or camelCase) written in any message that appears nowhere in
+    the prompt (so keys of a tool result or parameter names the prompt shows are fine)."""
+    declared = set(check.get("declared", []))
+    found = [r for r, _, _, _ in messages if r and r not in declared]
+    if prompt is not None:
+        for recipient, _, content, _ in messages:
+            if recipient:
+                continue
+            found += [name for name in IDENTIFIER.findall(content) if name not in declared and name not in prompt]
+    return found
+
+
+def score(completion, check, prompt=None):
+    """-> dict with valid (bool), ok (bool: the check passed), undeclared (names of tools the completion
+    refers to that the prompt does not declare; judged only where check lists "declared"), and details."""
     try:
         messages = parse_completion(completion)
     except ValueError as error:
         return {"valid": False, "ok": False, "error": str(error)}
     recipient, channel, content, terminator = messages[-1]
     result = {"valid": True}
+    if "declared" in check:
+        result["undeclared"] = undeclared_references(messages, check, prompt)
     kind = check["type"]
     if kind == "tool_call":
         result["right_tool"] = recipient == check["tool"]
@@ -109,8 +130,9 @@ def score(completion, check):
         result["error"] = "expected a final answer, got a tool call"
         return result
     if kind == "final_number":
-        numbers = NUMBER.findall(content)
-        result["ok"] = bool(numbers) and float(numbers[-1]) == float(check["answer"])
+        numbers = [float(n) for n in NUMBER.findall(content)]
+        expected = [float(check["answer"])] + ([float(check["remainder"])] if "remainder" in check else [])
+        result["ok"] = numbers[-len(expected):] == expected
     elif kind == "final_contains":
         result["ok"] = all(s in content for s in check["strings"])
     else:
@@ -123,7 +145,8 @@ def pct(part, whole):
 
 
 def summarize(results):
-    """Prints per-kind and overall figures of scored turns ({kind, check, completion, **score(...)})."""
+    """Prints per-kind and headline figures of scored turns ({kind, check, completion, **score(...)});
+    returns the headline figures as {name: [passed, total]}."""
     by_kind = {}
     for r in results:
         by_kind.setdefault(r["kind"], []).append(r)
@@ -134,13 +157,30 @@ def summarize(results):
     tool = [r for r in results if r["check"]["type"] == "tool_call"]
     numeric = [r for r in results if r["check"]["type"] == "final_number"]
     arith = [r for r in numeric if r["kind"] in ("arith", "arith_with_tools")]
+    quoting = [r for r in results if r["check"]["type"] == "final_contains" and r["check"]["strings"]
+               and r["kind"] in ("tool", "tool_followup", "tool_answer")]
     other = [r for r in results if r["check"]["type"] == "final_contains"]
-    print(f"valid Harmony:                         {pct(sum(r['valid'] for r in results), len(results))}")
-    print(f"tool call: right function + schema-valid JSON args: {pct(sum(r['ok'] for r in tool), len(tool))}")
-    print(f"tool call: exactly the expected arguments:          "
-          f"{pct(sum(r.get('args_exact', False) for r in tool), len(tool))}")
-    print(f"arithmetic answers correct:            {pct(sum(r['ok'] for r in arith), len(arith))}")
-    print(f"arithmetic + unit conversion correct:  {pct(sum(r['ok'] for r in numeric), len(numeric))}")
-    print(f"other checks (facts, tool results in answers): {pct(sum(r['ok'] for r in other), len(other))}")
-    for r in [r for r in results if not r["ok"]][:8]:
+    judged = [r for r in results if "declared" in r["check"]]
+    figures = {
+        "valid Harmony": [sum(r["valid"] for r in results), len(results)],
+        "tool call: right function + schema-valid JSON args": [sum(r["ok"] for r in tool), len(tool)],
+        "tool call: exactly the expected arguments": [sum(r.get("args_exact", False) for r in tool), len(tool)],
+        "arithmetic answers correct": [sum(r["ok"] for r in arith), len(arith)],
+    }
+    for op in "+-*/":
+        some = [r for r in arith if r["check"].get("op") == op]
+        if some:
+            figures[f"arithmetic {op}"] = [sum(r["ok"] for r in some), len(some)]
+    figures.update({
+        "arithmetic + unit conversion correct": [sum(r["ok"] for r in numeric), len(numeric)],
+        "answers after a tool result quote its values": [sum(r["ok"] for r in quoting), len(quoting)],
+        "other checks (facts, tool results in answers)": [sum(r["ok"] for r in other), len(other)],
+        "completions naming an undeclared tool": [sum(bool(r.get("undeclared")) for r in judged), len(judged)],
+    })
+    for name, (part, whole) in figures.items():
+        print(f"{name + ':':52s} {pct(part, whole)}")
+    for r in [r for r in results if not r["ok"]][:12]:
         print("FAIL", r["kind"], r.get("error", ""), repr(r["completion"][-300:]))
+    for r in [r for r in judged if r.get("undeclared")][:5]:
+        print("UNDECLARED", r["undeclared"], repr(r["completion"][-300:]))
+    return figures

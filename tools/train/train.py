@@ -2,13 +2,13 @@
 """Trains beam-nano (a Beam-architecture model, every feature exercised) on synthetic Harmony conversations.
 
   python3 tools/train/train.py --tokenizer models/beam-nano/tokenizer.json --out OUT_DIR \
-      [--examples 400000] [--heldout 1000] [--seconds 240] [--seed 1]
+      [--examples 300000] [--heldout 1000] [--ood 1000] [--seconds 240] [--seed 1]
 
 Generates the data in-process (tools/data/generate.py, all CPU cores), tokenizes it with the given
 tokenizer.json, trains with the loss on assistant-produced tokens only, prints the held-out loss, and writes
 OUT_DIR/{config.json, model.safetensors (BF16, router F32), tokenizer.json, harmony.json,
-generation_config.json}; --heldout-out saves the held-out conversations (the same file
-`generate.py --train 0 --heldout N --seed S` writes).
+generation_config.json}; --heldout-out and --ood-out save the held-out conversations (the same files
+`generate.py --train 0 --heldout N --ood M --seed S` writes).
 
 Router balance: aux-loss-free (DeepSeek-V3): after every step each MoE layer's e_score_correction_bias moves
 by --bias-rate toward balance (up for experts that got fewer tokens than the mean, down for more).
@@ -56,7 +56,7 @@ def _make_chunk(job):
             ids.extend(piece)
             mask.extend([trainable] * len(piece))
         out.append((np.array(ids, dtype=np.int16 if max(ids) < 32768 else np.int32), np.array(mask, dtype=bool),
-                    json.dumps(example) if split == "heldout" else None))
+                    json.dumps(example, ensure_ascii=False) if split != "train" else None))
     return out
 
 
@@ -124,11 +124,13 @@ def main():
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--heldout-out", help="write the held-out conversations here (JSONL, as generate.py)")
-    parser.add_argument("--examples", type=int, default=400000)
+    parser.add_argument("--ood-out", help="write the out-of-distribution conversations here (JSONL, as generate.py)")
+    parser.add_argument("--examples", type=int, default=300000)
     parser.add_argument("--heldout", type=int, default=1000)
+    parser.add_argument("--ood", type=int, default=1000, help="conversations of held-out templates and tools")
     parser.add_argument("--seconds", type=float, default=240.0, help="training time budget (schedule follows it)")
     parser.add_argument("--batch-tokens", type=int, default=48000)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, default=1.5e-3)
     parser.add_argument("--warmup", type=int, default=150)
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
@@ -144,8 +146,10 @@ def main():
     train = build_split(args.tokenizer, "train", args.examples, args.seed, args.workers)
     held = build_split(args.tokenizer, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET,
                        args.workers)
+    ood = build_split(args.tokenizer, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET, args.workers)
     train_tokens = sum(len(e[0]) for e in train)
-    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out; "
+    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out, "
+          f"{len(ood)} out-of-distribution; "
           f"{time.time() - started:.0f} s", flush=True)
 
     eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
@@ -199,8 +203,8 @@ def main():
                   f"max expert load/mean {imbalance:.2f}", flush=True)
     seconds = time.time() - train_started
     print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs)", flush=True)
-    print(f"held-out loss (assistant tokens): {heldout_loss(model, held, device, args.batch_tokens):.4f}", flush=True)
 
+    # the checkpoint is written before anything else can fail
     harmony = {"channels": ["analysis", "commentary", "final"], "reasoning_channel": "analysis",
                "final_channel": "final", "tool_channel": "commentary", "tool_namespace": "functions",
                "stop_tokens": ["<|return|>", "<|call|>"], "model_identity": generate.BEAM_IDENTITY,
@@ -210,10 +214,14 @@ def main():
     model.cpu()
     save_checkpoint(model, args.out, {"harmony.json": harmony, "generation_config.json": generation})
     shutil.copyfile(args.tokenizer, os.path.join(args.out, "tokenizer.json"))
-    if args.heldout_out:
-        with open(args.heldout_out, "w") as f:
-            for _, _, line in held:
-                f.write(line + "\n")
+    for path, examples in [(args.heldout_out, held), (args.ood_out, ood)]:
+        if path:
+            with open(path, "w") as f:
+                for _, _, line in examples:
+                    f.write(line + "\n")
+    model.to(device)
+    print(f"held-out loss (assistant tokens): {heldout_loss(model, held, device, args.batch_tokens):.4f}; "
+          f"out-of-distribution: {heldout_loss(model, ood, device, args.batch_tokens):.4f}", flush=True)
     print(f"wrote {args.out}; total {time.time() - started:.0f} s", flush=True)
 
 
