@@ -6,11 +6,11 @@
 # and Nsight Compute on the one-token MoE kernels.
 # Usage: bench/gpu_quant2.sh CARRY_DIR [STEPS]   (CARRY_DIR from bench/make_carry.sh plus test_paged_attention,
 #        torch_fp8_peers.py and prompts.txt: one comma-separated prompt a line; STEPS: a comma-separated subset of
-#        attention,fp8,generate,serve,perf,torch,ncu; default all). Writes $OUT/quant2.log and $OUT/ncu.txt; prints
+#        attention,fp8,generate,serve,perf,moe,torch,ncu; default all). Writes $OUT/quant2.log and $OUT/ncu.txt; prints
 #        the lines that matter.
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_quant2.sh CARRY_DIR [STEPS]}
-STEPS=,${2:-attention,fp8,generate,serve,perf,torch,ncu},
+STEPS=,${2:-attention,fp8,generate,serve,perf,moe,torch,ncu},
 OUT=${OUT:-$(mktemp -d)}
 BIN=$PWD/$CARRY/apps/beamline/beamline
 OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
@@ -92,8 +92,10 @@ if wanted serve; then
   done
 fi
 if wanted perf; then
-  step 90 '^\|' "$OPS" perf fp8 --no-moe --rows 4,8,64,1024,8192 --iterations 10
+  step 60 '^\|' "$OPS" perf fp8 --no-moe --rows 8,1024,8192 --iterations 5
   step 40 '^\||pool' "$OPS" perf attention --kv-cache-dtype fp8 --filter "decode global"
+fi
+if wanted moe; then
   step 40 '^\|' "$OPS" perf fp8 --no-linear --tokens 1 --iterations 20
   step 40 '^\|' "$OPS" perf micro --tokens 1 --iterations 20
 fi
