@@ -41,7 +41,7 @@ if wanted attention; then
   step 30 'FAILED|PASSED|OK \]|tests? ran' "$CARRY/test_paged_attention"
 fi
 if wanted fp8; then
-  step 100 'FAIL|cases|failed|T (4|8|12|16|36|64|68|256|300) ' "$OPS" test --filter fp8_linear,fp8_swiglu,fp8_quantize --seed 6
+  step 100 'FAIL|cases|failed|T (4|8|12|16|36|64|68|256|300) ' "$OPS" test --filter fp8 --seed 6
 fi
 if wanted generate; then
   # Greedy continuations of each prompt: CUDA with the FP8 KV cache against the CPU's (both FP32 compute) and against
@@ -52,7 +52,7 @@ if wanted generate; then
     for config in "cuda float32 fp8" "cpu float32 fp8" "cuda float32 auto" "cuda bfloat16 auto" "cuda bfloat16 fp8"; do
       set -- $config
       ids=$(timeout 30 "$BIN" generate --model "$MODEL" --device "$1" --dtype "$2" --kv-cache-dtype "$3" \
-              --tokens "$prompt" --max-tokens 96 --ignore-eos 2>>"$LOG" | tail -1)
+              --tokens "$prompt" --max-tokens 96 --ignore-eos 2>>"$LOG" | grep -E '^[0-9]+(,[0-9]+)*$' | tail -1)
       echo "prompt $n $1 $2 kv $3: $ids" >>"$LOG"
       echo "$n|$1 $2 kv $3|$ids" >>"$OUT/generated.txt"
     done
