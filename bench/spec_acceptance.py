@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--k", type=int, default=7, help="num_speculative_tokens")
     parser.add_argument("--min", type=int, default=1, help="prompt_lookup_min")
     parser.add_argument("--max", type=int, default=4, help="prompt_lookup_max")
+    parser.add_argument("--drafter", help="a dflash drafter directory: block drafts from it instead of n-gram lookup")
     args = parser.parse_args()
     turns = []
     with open(args.heldout) as f:
@@ -53,8 +54,13 @@ def main():
     encoded, _ = run([args.beamline, "tokenize", "--model", args.model, "--allow-special", "--jsonl"],
                      "".join(json.dumps(prompt) + "\n" for prompt in turns))
     encoded = encoded.splitlines()
-    config = json.dumps({"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.min,
-                         "prompt_lookup_max": args.max})
+    if args.drafter:
+        config = json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.k})
+        method = f"dflash ({args.drafter}) K={args.k}"
+    else:
+        config = json.dumps({"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.min,
+                             "prompt_lookup_max": args.max})
+        method = f"ngram K={args.k} lookup {args.min}..{args.max}"
     drafts = draft_tokens = accepted = tokens = steps = mismatches = 0
     per_position = [0] * args.k
     started = time.time()
@@ -77,7 +83,7 @@ def main():
             per_position[i] += count
         tokens += int(counted[1])
         steps += int(counted[2])
-    print(f"{len(encoded)} turns, ngram K={args.k} lookup {args.min}..{args.max}, {time.time() - started:.0f} s")
+    print(f"{len(encoded)} turns, {method}, {time.time() - started:.0f} s")
     print(f"outputs equal to those without speculation: {len(encoded) - mismatches}/{len(encoded)}")
     print(f"{tokens} tokens in {steps} engine steps (prefill steps included): {tokens / max(1, steps):.3f} tokens per step")
     print(f"{drafts} drafts, {draft_tokens} draft tokens, {accepted} accepted ({accepted / max(1, draft_tokens):.1%})")

@@ -17,7 +17,9 @@
 #include "parallel/parallel_groups.h"
 #include "parallel_options.h"
 #include "runner/sequence_runner.h"
+#include "spec/block_drafter.h"
 #include "token_list.h"
+#include "util/error.h"
 #include "util/npy.h"
 
 namespace beamline::cli {
@@ -26,6 +28,7 @@ namespace {
 struct LogitsOptions {
   ModelSource source;
   std::string tokens, out, device = "auto", dtype = "auto", kv_cache_dtype = "auto";
+  std::string drafter;  // --drafter: the block logits of a draft at the last token instead
   ParallelConfig parallel;
 };
 
@@ -54,7 +57,36 @@ void compute_logits(const LogitsOptions& options, MpiWorld* world) {
                elapsed.count(), backend->name(), options.out);
 }
 
+// --drafter: the target runs over tokens[0..P-1], the drafter drafts at anchor P = the last token; its block logits of
+// rows 1..B-1 go to the file, [B - 1, vocab_size] (tools/reference/check_drafter_against_beamline.py compares them).
+void compute_block_logits(const LogitsOptions& options) {
+  std::unique_ptr<Backend> backend = create_backend(options.device);
+  backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
+  const BeamWeights weights = options.source.load();
+  const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
+  BeamModel model(weights, *backend);
+  const DrafterConfig config = DrafterConfig::load(options.drafter);
+  const auto block = static_cast<int32_t>(config.block_size);
+  BlockDrafter drafter(load_drafter_checkpoint(options.drafter, weights.config, block - 1), model, 1);
+  const auto anchor = static_cast<int64_t>(tokens.size()) - 1;
+  if (anchor > 0) {
+    SequenceRunner runner(model, anchor, anchor, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
+    runner.step(std::span(tokens).first(static_cast<std::size_t>(anchor)), false);
+    const VerifiedRows context{0, 0, 0, static_cast<int32_t>(anchor)};
+    drafter.commit(std::span(&context, 1));
+  }
+  const DraftAnchor draft{0, anchor, tokens.back()};
+  const BlockDrafter::BlockLogits pass = drafter.block_logits(std::span(&draft, 1), block - 1);
+  write_npy(options.out, backend->download_f32(pass.logits), {block - 1, weights.config.vocab_size});
+  spdlog::info("block logits [{}, {}] of a draft at position {} on {} -> {}", block - 1, weights.config.vocab_size,
+               anchor, backend->name(), options.out);
+}
+
 void run_logits(const LogitsOptions& options) {
+  if (!options.drafter.empty()) {
+    require(options.parallel.world_size() == 1, "logits --drafter: runs on one process (no parallel flags)");
+    return compute_block_logits(options);
+  }
   options.parallel.validate();
   relaunch_under_mpirun_unless_launched(options.parallel);
   if (!launched_by_mpi()) return compute_logits(options, nullptr);
@@ -76,6 +108,9 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--tokens", options->tokens, "comma-separated token ids, e.g. 5,17,300")->required();
   command->add_option("--out", options->out, "output .npy file")->required();
   command->add_option("--device", options->device, "auto (cuda where a GPU is present, else cpu), cpu or cuda")->capture_default_str();
+  command->add_option("--drafter", options->drafter,
+                      "a dflash drafter directory: write instead the block logits [block_size - 1, vocab_size] of its "
+                      "draft at the last token (the target runs over the tokens before it)");
   add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
   add_parallel_options(*command, options->parallel);
   command->callback([options] { run_logits(*options); });

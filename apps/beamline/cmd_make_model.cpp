@@ -25,6 +25,7 @@ struct MakeModelOptions {
   std::string preset;
   std::string config_file;
   std::string out;
+  std::string drafter_out;  // a random block drafter for the model, written there
   uint64_t seed = 0;
   std::string dtype = "bf16";
   std::optional<int64_t> layers;
@@ -97,7 +98,13 @@ void make_model(const MakeModelOptions& options) {
     print_dry_run(config, tensors, max_shard_bytes);
     return;
   }
-  require(!options.out.empty(), "make-model: --out DIR is required (unless --dry-run)");
+  if (!options.drafter_out.empty()) {
+    write_random_drafter(random_drafter_config(config), options.drafter_out, options.seed, dtype);
+    spdlog::info("wrote a random block drafter for {} to {}", options.preset.empty() ? options.config_file : options.preset,
+                 options.drafter_out);
+    if (options.out.empty()) return;
+  }
+  require(!options.out.empty(), "make-model: --out DIR is required (unless --dry-run or --drafter-out)");
   const std::filesystem::path dir(options.out);
   prepare_output_dir(dir, options.force);
   if (options.no_weights) {
@@ -128,6 +135,8 @@ const CommandRegistration registration([](CLI::App& app) {
                      ->check(CLI::ExistingFile);
   preset->excludes(config);
   command->add_option("--out", options->out, "output directory (created; must be empty unless --force)");
+  command->add_option("--drafter-out", options->drafter_out,
+                      "also write a random dflash block drafter that fits the model to this directory (alone: only it)");
   command->add_option("--seed", options->seed, "random seed (same seed, same bytes)")->capture_default_str();
   command->add_option("--dtype", options->dtype, "storage type of all weights but the F32 router")
       ->check(CLI::IsMember({"bf16", "f16", "f32"}))

@@ -32,8 +32,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Where `beamline serve` looks when --model is not given: the project's own trained model.
+// Where `beamline serve` looks when --model is not given: the project's own trained model, and beside it its block
+// drafter, used for speculative decoding unless --speculative-config says otherwise.
 constexpr const char* kDefaultModelDir = "models/beam-nano";
+constexpr const char* kDefaultDrafterDir = "beam-nano-drafter";
+constexpr int32_t kDefaultDraftTokens = 7;
 
 struct ServeOptions {
   std::string model;
@@ -197,8 +200,24 @@ void serve(ServeOptions& options) {
   }
 }
 
+// The default model with no --speculative-config: dflash with its drafter, when that directory is there (and the other
+// flags allow speculation: raw logprobs, one process).
+void use_default_drafter(const fs::path& model_dir, EngineConfig& engine) {
+  SpeculativeConfig& speculative = engine.speculative;
+  const fs::path drafter = model_dir.parent_path() / kDefaultDrafterDir;
+  if (speculative.given || engine.logprobs_mode != LogprobsMode::RawLogprobs ||
+      !fs::is_regular_file(drafter / "config.json"))
+    return;
+  speculative.method = SpeculativeMethod::DFlash;
+  speculative.model = drafter.string();
+  speculative.num_speculative_tokens = kDefaultDraftTokens;
+  spdlog::info("speculative decoding with the default drafter {} (K = {}; --speculative-config none turns it off)",
+               drafter.string(), kDefaultDraftTokens);
+}
+
 void serve_ranks(ServeOptions& options, MpiWorld* world) {
   const fs::path model_dir = resolve_model_dir(options.model);
+  if (options.model.empty() && world == nullptr) use_default_drafter(model_dir, options.engine);
   if (world != nullptr && world->rank() != 0) return follow(options, model_dir, *world);
   options.engine.validate();
   options.http.max_request_body_bytes =

@@ -246,4 +246,18 @@ void write_random_checkpoint(const ModelConfig& config, const std::filesystem::p
   write_safetensors_checkpoint(dir, random_checkpoint_tensors(config, seed, dtype), max_shard_bytes);
 }
 
+void write_random_drafter(const DrafterConfig& config, const std::filesystem::path& dir, uint64_t seed, DType dtype) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) fail("{}: cannot create directory: {}", dir.string(), error.message());
+  write_text_file(dir / "config.json", config.to_json().dump(2) + "\n");
+  std::vector<TensorSource> tensors;
+  for (ExpectedTensor& expected : expected_drafter_tensors(config)) {
+    const RandomInit init = random_init(expected, dtype);
+    tensors.push_back(random_tensor(std::move(expected.name), init.dtype, std::move(expected.shape), seed, init.mean,
+                                    init.stddev));
+  }
+  write_safetensors(dir / "model.safetensors", tensors);
+}
+
 }  // namespace beamline

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/drafter_checkpoint.h"
 #include "model/config.h"
 #include "tensor/dtype.h"
 
@@ -60,6 +61,11 @@ void write_model_files(const ModelConfig& config, const std::filesystem::path& d
 // harmony.json, and a byte-level BPE tokenizer.json when the vocabulary has room for one.
 void write_random_checkpoint(const ModelConfig& config, const std::filesystem::path& dir, uint64_t seed = 0,
                              DType dtype = DType::BF16, uint64_t max_shard_bytes = kDefaultMaxShardBytes);
+
+// A drafter directory (docs/model-format.md §6): config.json and seeded random weights drawn as make-model's are
+// (random_init by role), stored as `dtype`.
+void write_random_drafter(const DrafterConfig& config, const std::filesystem::path& dir, uint64_t seed = 0,
+                          DType dtype = DType::BF16);
 
 // Writes `text` to `path`, failing with the path and errno text.
 void write_text_file(const std::filesystem::path& path, std::string_view text);

@@ -50,6 +50,8 @@ DrafterConfig DrafterConfig::load(const std::filesystem::path& dir) {
   c.intermediate_size = positive(json, "intermediate_size", root);
   c.sliding_window = positive(json, "sliding_window", root);
   c.rope_theta = jf::optional_number(json, "rope_theta", root).value_or(c.rope_theta);
+  c.rms_norm_eps = jf::optional_number(json, "rms_norm_eps", root);
+  c.residual_scale = jf::optional_number(json, "residual_scale", root);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     jf::fail_at(root.key("num_key_value_heads"),
                 fmt::format("{} does not divide num_attention_heads {}", c.num_key_value_heads, c.num_attention_heads));
@@ -61,6 +63,42 @@ DrafterConfig DrafterConfig::load(const std::filesystem::path& dir) {
   c.block_size = positive(block, "block_size", dflash);
   if (c.block_size < 2) jf::fail_at(dflash.key("block_size"), "must be at least 2 (an anchor and one draft token)");
   c.mask_token_id = jf::as_integer(jf::required(block, "mask_token_id", dflash), dflash.key("mask_token_id"));
+  return c;
+}
+
+nlohmann::json DrafterConfig::to_json() const {
+  nlohmann::json json{{"architectures", {"BeamDrafter"}},
+                      {"hidden_size", hidden_size},
+                      {"num_hidden_layers", num_hidden_layers},
+                      {"num_attention_heads", num_attention_heads},
+                      {"num_key_value_heads", num_key_value_heads},
+                      {"head_dim", head_dim},
+                      {"intermediate_size", intermediate_size},
+                      {"sliding_window", sliding_window},
+                      {"rope_theta", rope_theta},
+                      {"dflash_config",
+                       {{"target_layer_ids", target_layer_ids}, {"block_size", block_size},
+                        {"mask_token_id", mask_token_id}}}};
+  if (rms_norm_eps) json["rms_norm_eps"] = *rms_norm_eps;
+  if (residual_scale) json["residual_scale"] = *residual_scale;
+  return json;
+}
+
+DrafterConfig random_drafter_config(const ModelConfig& target) {
+  DrafterConfig c;
+  c.hidden_size = target.hidden_size;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = target.num_attention_heads;
+  c.num_key_value_heads = target.num_key_value_heads;
+  c.head_dim = target.head_dim;
+  c.intermediate_size = target.intermediate_size;
+  c.sliding_window = 64;
+  c.rope_theta = target.rope_theta;
+  const int64_t last = target.num_hidden_layers - 1;
+  c.target_layer_ids = {0, last / 2, last};
+  c.target_layer_ids.erase(std::unique(c.target_layer_ids.begin(), c.target_layer_ids.end()), c.target_layer_ids.end());
+  c.block_size = 8;
+  c.mask_token_id = target.vocab_size - 1;
   return c;
 }
 

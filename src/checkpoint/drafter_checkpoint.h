@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/safetensors.h"
@@ -22,13 +24,20 @@ struct DrafterConfig {
   int64_t intermediate_size = 0;
   int64_t sliding_window = 0;         // the drafter's own window over the context features
   double rope_theta = 10000.0;
+  std::optional<double> rms_norm_eps;     // unset: the target's
+  std::optional<double> residual_scale;   // unset: the target's
   std::vector<int64_t> target_layer_ids;  // dflash_config: whose outputs feed the context features
   int64_t block_size = 0;                 // dflash_config: anchor + block_size - 1 draft tokens per pass
   int64_t mask_token_id = 0;              // dflash_config: fills the block after the anchor
 
   // Reads `dir`/config.json; throws Error naming the file and key.
   static DrafterConfig load(const std::filesystem::path& dir);
+  nlohmann::json to_json() const;  // what load() reads back
 };
+
+// A small drafter that fits `target`, for tests and benchmarks with random weights: 2 layers of the target's attention
+// shape, window 64, blocks of 8, reading the target's first, middle and last layers, the mask the last vocabulary id.
+DrafterConfig random_drafter_config(const ModelConfig& target);
 
 // The drafter's tensors in file order: fc, hidden_norm, then each layer like a dense target layer (no "model." prefix;
 // it shares the target's embed_tokens, final norm and lm_head, so it has none).

@@ -31,7 +31,8 @@ Engine::Engine(EngineConfig config, std::unique_ptr<ModelRunner> runner, std::sh
 Engine::~Engine() { shutdown(ShutdownMode::Abort); }
 
 std::shared_ptr<OutputStream> Engine::add_request(GenerationRequest request) {
-  validate_request(request, RequestLimits{config_.max_model_len, vocab_size_, config_.max_logprobs, tokenizer_ != nullptr});
+  validate_request(request, RequestLimits{config_.max_model_len, vocab_size_, config_.max_logprobs, tokenizer_ != nullptr,
+                                             config_.enable_return_routed_experts});
   auto stream = std::make_shared<OutputStream>(request.request_id);
   {
     std::lock_guard lock(inbox_mutex_);

@@ -29,6 +29,9 @@ void EngineConfig::validate() const {
   require(logprobs_mode == LogprobsMode::RawLogprobs || !speculative.enabled(),
           "--logprobs-mode {} with --speculative-config is not supported (draft verification reports raw_logprobs only)",
           to_string(logprobs_mode));
+  // A draft's rows route tokens that may be rejected; their positions would be routed again.
+  require(!enable_return_routed_experts || !speculative.enabled(),
+          "--enable-return-routed-experts with --speculative-config is not supported");
 }
 
 int64_t parse_byte_size(std::string_view text, std::string_view flag) {
@@ -110,6 +113,12 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
           "target's step (outputs stay the target's exactly; speculating runs the engine synchronously); "
           "\"dflash\" is not implemented yet; none (default) turns it off")
       ->type_name("JSON");
+  command.add_flag("--enable-return-routed-experts", config.enable_return_routed_experts,
+                   "Routing replay: capture the router's top-k expert ids of every MoE layer, returned to requests "
+                   "that set return_routed_experts (SGLang's names; docs/rl.md)");
+  command.add_flag("--batch-invariant", config.batch_invariant,
+                   "Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's tokens and logprobs are bit-identical "
+                   "whatever shares its batch; the cpu backend always is, cuda refuses the flag (docs/rl.md)");
 }
 
 void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {

@@ -90,14 +90,17 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
   if (!spec.enabled()) return;
-  require(spec.method == SpeculativeMethod::Ngram,
-          "--speculative-config: method \"dflash\" is not implemented yet (the block drafter's forward pass is not "
-          "built); use \"ngram\" or \"none\"");
+  require(spec.method == SpeculativeMethod::Ngram || runner_.has_drafter(),
+          "--speculative-config: method \"dflash\" needs a model runner with its drafter loaded");
   // Its presence tells /metrics that speculative decoding is on, so the counters show from the start.
   counters_.spec_decode_num_accepted_tokens_per_pos.assign(spec.num_speculative_tokens, 0);
-  spdlog::info("speculative decoding: n-gram drafts of up to {} tokens (prompt lookup {}..{}), verified in the target's "
-               "step; the engine runs synchronously{}",
-               spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max,
+  const std::string proposer = spec.method == SpeculativeMethod::Ngram
+                                   ? fmt::format("n-gram drafts (prompt lookup {}..{})", spec.prompt_lookup_min,
+                                                 spec.prompt_lookup_max)
+                                   : fmt::format("block drafts of the dflash drafter {}", spec.model);
+  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step; the engine runs "
+               "synchronously{}",
+               proposer, spec.num_speculative_tokens,
                config.async_scheduling ? " (--async-scheduling does not apply)" : "");
 }
 
@@ -121,12 +124,16 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
     sequence.tokens = r.prompt;
     sequence.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sequence.cache_salt = r.cache_salt;
-    if (i > 0 && config_.enable_prefix_caching) sequence.prompt_leader = &state->samples.front()->sequence;
+    sequence.prompt_logprobs = r.sampling.prompt_logprobs.has_value();
+    sequence.skip_prefix_cache = r.return_routed_experts || sequence.prompt_logprobs;
+    if (i > 0 && config_.enable_prefix_caching && !sequence.skip_prefix_cache)
+      sequence.prompt_leader = &state->samples.front()->sequence;
     const uint64_t seed = sample_seed(r.sampling.seed, i, seeds_());
     state->samples.push_back(std::make_unique<SampleState>(state.get(), i, std::move(sequence), seed, tokenizer_,
                                                            eos_token_ids_, state->max_tokens));
   }
   for (auto& sample : state->samples) {
+    if (sample->sequence.prompt_logprobs) sample->prompt_logprobs.resize(r.prompt.size());
     samples_by_sequence_[sample->sequence.id] = sample.get();
     scheduler_.add(&sample->sequence);
   }
@@ -156,6 +163,7 @@ void EngineCore::finish_sample(SampleState& sample, FinishReason reason) {
   counters_.kv_hybrid_saved_bytes_finished_total += static_cast<uint64_t>(std::max<int64_t>(0, saved_bytes(sample.sequence)));
   scheduler_.remove(&sample.sequence);
   samples_by_sequence_.erase(sample.sequence.id);
+  runner_.forget_sequence(sample.sequence.id);
   sample.finished = true;
   ++request.num_finished;
   SampleOutput& out = pending_sample(sample);
@@ -347,6 +355,7 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     if (s.logit_index >= 0) step->producing.push_back(i);
     RequestState& request = *samples_by_sequence_.at(s.sequence->id)->request;
     if (!request.first_scheduled) request.first_scheduled = scheduled_at;
+    if (request.request.return_routed_experts) step->plan.batch.capture_routed_experts = true;
   }
   try {
     step->model = runner_.launch(step->plan.batch);
@@ -420,6 +429,24 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     return;
   }
   ++counters_.steps_total;
+  RoutedExperts routed;
+  if (step.plan.batch.capture_routed_experts) {
+    try {
+      routed = step.model->routed_experts();
+      require(routed.row_width() > 0 && routed.ids.size() == step.plan.batch.tokens.size() * routed.row_width(),
+              "routed experts: the model runner returned {} ids ({} layers, top-{}) for a step of {} rows",
+              routed.ids.size(), routed.num_moe_layers, routed.top_k, step.plan.batch.tokens.size());
+    } catch (const std::exception& error) {
+      fail_step(step, error.what(), ended);
+      return;
+    }
+  }
+  try {
+    record_prompt_logprobs(step);
+  } catch (const std::exception& error) {
+    fail_step(step, error.what(), ended);
+    return;
+  }
 
   const auto now = Clock::now();
   std::vector<RequestState*> touched;
@@ -432,6 +459,8 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     SampleState& sample = *live;
     RequestState& request = *sample.request;
     if (std::find(touched.begin(), touched.end(), &request) == touched.end()) touched.push_back(&request);
+    if (request.request.return_routed_experts)
+      record_routed_experts(sample, routed, step.plan.batch.sequences[i]);
     if (!producing) continue;
     std::vector<SampledToken> tokens = std::move(sampled_tokens[p]);
     const int32_t num_drafts = step.plan.scheduled[i].num_draft_tokens;
@@ -441,6 +470,52 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
+  commit_draft_context(step);
+}
+
+void EngineCore::record_prompt_logprobs(InFlightStep& step) {
+  struct Entry {
+    SampleState* sample;
+    int32_t position;  // its row predicts prompt token position + 1
+  };
+  std::vector<Entry> entries;
+  std::vector<int32_t> rows;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const ScheduledSequence& scheduled = step.plan.scheduled[i];
+    SampleState* sample = live_sample(step.ids[i]);
+    if (sample == nullptr || scheduled.num_prompt_logit_rows == 0) continue;
+    const int32_t first = step.plan.batch.sequences[i].context_begin;
+    for (int32_t j = 0; j < scheduled.num_prompt_logit_rows; ++j) {
+      entries.push_back({sample, first + j});
+      rows.push_back(scheduled.prompt_logit_index + j);
+    }
+  }
+  if (rows.empty()) return;
+  const std::vector<float> logits = step.model->raw_logits(rows);
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  // A prompt token is not drawn: no temperature or filter shapes its row, so the processed modes give the raw values.
+  ThreadPool::global().parallel_for(entries.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t e = begin; e < end; ++e) {
+      const Entry& entry = entries[e];
+      const std::span<const float> row(logits.data() + e * vocab, vocab);
+      SampleRow settings;
+      settings.greedy = true;
+      settings.num_logprobs = *entry.sample->request->request.sampling.prompt_logprobs;
+      const auto next = static_cast<std::size_t>(entry.position) + 1;
+      entry.sample->prompt_logprobs[next] =
+          logprob_in_mode(row, row, settings, entry.sample->sequence.tokens[next], config_.logprobs_mode);
+    }
+  });
+}
+
+void EngineCore::record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice) {
+  const std::size_t width = routed.row_width();
+  const auto rows = static_cast<std::size_t>(slice.token_end - slice.token_begin);
+  const auto from = static_cast<std::size_t>(slice.token_begin) * width;
+  const auto to = static_cast<std::size_t>(slice.context_begin) * width;
+  if (sample.routed_experts.size() < to + rows * width) sample.routed_experts.resize(to + rows * width);
+  std::copy_n(routed.ids.begin() + static_cast<std::ptrdiff_t>(from), rows * width,
+              sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(to));
 }
 
 bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_point now) {
@@ -467,6 +542,13 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   out.token_ids.push_back(sampled.token);
   out.text += check.text;
   if (sampled.logprob) out.logprobs.push_back(*sampled.logprob);
+  if (sequence.prompt_logprobs && sequence.num_output_tokens() == 1) out.prompt_logprobs = sample.prompt_logprobs;
+  if (request.request.return_routed_experts) {
+    // The rows computed since the last token: the prompt's with the first token, then the previous token's.
+    const auto begin = sample.routed_experts.begin() + static_cast<std::ptrdiff_t>(sample.routed_ids_sent);
+    out.routed_experts.insert(out.routed_experts.end(), begin, sample.routed_experts.end());
+    sample.routed_ids_sent = sample.routed_experts.size();
+  }
   if (!check.finish) return false;
   out.finish_reason = check.finish;
   out.stop_reason = std::move(check.stop_reason);
@@ -477,6 +559,12 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
 void EngineCore::propose_drafts() {
   const SpeculativeConfig& spec = config_.speculative;
   if (!spec.enabled()) return;
+  struct Drafting {
+    Sequence* sequence;
+    SampleState* sample;
+    int32_t max_tokens;
+  };
+  std::vector<Drafting> drafting;
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
     SampleState& sample = *samples_by_sequence_.at(sequence->id);
@@ -486,14 +574,40 @@ void EngineCore::propose_drafts() {
     // Never past max_tokens: the draft and the target's token after it must fit.
     const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
     const int32_t k = std::min(spec.num_speculative_tokens, room);
-    if (k <= 0) continue;
-    std::vector<TokenId> draft =
-        propose_ngram_draft(sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max, k);
+    if (k > 0) drafting.push_back({sequence, &sample, k});
+  }
+  std::vector<std::vector<TokenId>> drafts;
+  if (spec.method == SpeculativeMethod::DFlash) {
+    // One drafter pass for every drafting sequence; each keeps what its room allows.
+    std::vector<DraftRequest> requests;
+    for (const Drafting& d : drafting)
+      requests.push_back({d.sequence->id, d.sequence->num_tokens() - 1, d.sequence->tokens.back()});
+    if (!requests.empty()) drafts = runner_.propose_drafts(requests, spec.num_speculative_tokens);
+  } else {
+    for (const Drafting& d : drafting)
+      drafts.push_back(propose_ngram_draft(d.sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                           d.max_tokens));
+  }
+  for (std::size_t i = 0; i < drafting.size(); ++i) {
+    auto& [sequence, sample, max_tokens] = drafting[i];
+    std::vector<TokenId>& draft = drafts[i];
+    if (static_cast<int32_t>(draft.size()) > max_tokens) draft.resize(static_cast<std::size_t>(max_tokens));
     // A constrained sequence drafts only what its grammar allows: a later token could never be kept.
-    if (sample.grammar != nullptr) draft.resize(allowed_prefix(*sample.grammar, draft));
+    if (sample->grammar != nullptr) draft.resize(allowed_prefix(*sample->grammar, draft));
     sequence->tokens.insert(sequence->tokens.end(), draft.begin(), draft.end());
     sequence->num_draft_tokens = static_cast<int32_t>(draft.size());
   }
+}
+
+void EngineCore::commit_draft_context(const InFlightStep& step) {
+  if (!runner_.has_drafter()) return;
+  std::vector<StepVerified> verified;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const SampleState* sample = live_sample(step.ids[i]);
+    if (sample != nullptr)
+      verified.push_back({step.ids[i], static_cast<int32_t>(i), sample->sequence.num_computed_tokens});
+  }
+  runner_.commit_draft_context(verified);
 }
 
 void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts,

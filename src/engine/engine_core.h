@@ -8,7 +8,7 @@
 // only then does the host wait for the tokens and check stops, while the device runs the next step. A sequence that
 // stopped meanwhile has its extra row dropped. Its outputs equal those of the synchronous loop.
 // With --speculative-config each decoding sequence gets draft tokens before the step is scheduled (the n-gram proposer,
-// spec/ngram_proposer.h); they join the step as extra query rows with logit rows, and the target's rows decide how
+// spec/ngram_proposer.h, or the runner's block drafter, spec/block_drafter.h); they join the step as extra query rows with logit rows, and the target's rows decide how
 // many are kept (spec/draft_verification.h): the outputs are distributed as without speculation, token for token for
 // greedy rows. A draft is proposed from tokens the host has, so speculating engines run synchronously.
 #include <chrono>
@@ -71,6 +71,13 @@ class EngineCore {
     // Structured outputs: where the output is in the request's grammar. Its next-token mask needs every token so
     // far, so a constrained row is sampled only once the token before it is known (see sample_waiting_rows).
     std::unique_ptr<GrammarMatcher> grammar;
+    // Routing replay: the expert ids of every position computed so far ([positions, moe_layers, top_k]), by
+    // position, so that a preempted sequence's recomputation rewrites the same rows; the first `routed_ids_sent` ids
+    // went out with earlier tokens.
+    std::vector<int16_t> routed_experts;
+    std::size_t routed_ids_sent = 0;
+    // prompt_logprobs: entry p + 1 from position p's logits, filled as the prompt is computed; sent with the first token.
+    std::vector<std::optional<TokenLogprob>> prompt_logprobs;
     Clock::time_point last_token_time;
     SampleState(RequestState* owner, int32_t sample_index, Sequence seq, uint64_t seed, const Tokenizer* tokenizer,
                 std::span<const TokenId> eos, int32_t max_tokens);
@@ -104,8 +111,12 @@ class EngineCore {
     bool sampled_at_launch = false;
   };
 
-  // With speculative decoding: appends a draft to every decoding sequence that may speculate.
+  // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
+  // pass of the runner's block drafter over all of them).
   void propose_drafts();
+  // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
+  // the target's hidden states of those positions only.
+  void commit_draft_context(const InFlightStep& step);
   // The rows of a producing sequence with `num_drafts` draft tokens (logit rows from `logit_row`): the target's
   // settings for each, and for sampled (not greedy) rows before the last the draft's verification rule on the host.
   void add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts, std::vector<RowSampling>& rows);
@@ -113,6 +124,11 @@ class EngineCore {
   // cache (Scheduler::settle_drafts) and returns the tokens to emit: the accepted drafts, then the target's token at the
   // first row that disagreed or after the last draft. Takes the accepted tokens back off the sequence for emit().
   std::vector<SampledToken> settle_drafts(SampleState& sample, int32_t num_drafts, std::vector<SampledToken> rows);
+  // prompt_logprobs: scores the step's prompt rows (ScheduledSequence::prompt_logit_index) on the host in
+  // --logprobs-mode, into their samples' prompt_logprobs.
+  void record_prompt_logprobs(InFlightStep& step);
+  // Routing replay: keeps the expert ids of the sample's rows of the step (batch slice `slice`) at their positions.
+  static void record_routed_experts(SampleState& sample, const RoutedExperts& routed, const SequenceSlice& slice);
   // Appends one sampled token to the sample, checks stops and adds it to the request's event; true when it ended.
   bool emit(SampleState& sample, SampledToken sampled, Clock::time_point now);
   // Launches the step's forward pass (and its sampling when no row needs the host); null after failing its requests.

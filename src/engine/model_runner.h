@@ -32,6 +32,14 @@ struct RowSampling {
   std::vector<uint32_t> allowed_tokens;
 };
 
+// Routing replay: the experts each token row of a step was routed to, in every MoE layer.
+struct RoutedExperts {
+  int32_t num_moe_layers = 0, top_k = 0;
+  // [rows, num_moe_layers, top_k]: row r's choices in MoE layer l, in order of selection, at (r * layers + l) * top_k.
+  std::vector<int16_t> ids;
+  std::size_t row_width() const { return static_cast<std::size_t>(num_moe_layers) * static_cast<std::size_t>(top_k); }
+};
+
 // A step whose forward pass the runner has enqueued and whose tokens the engine has not taken yet.
 class ModelStep {
  public:
@@ -41,6 +49,28 @@ class ModelStep {
   virtual void sample(std::vector<RowSampling> rows) = 0;
   // Waits for the sampled tokens, one per row given to sample(), in that order. Once, after sample().
   virtual std::vector<SampledToken> tokens() = 0;
+  // After tokens(): the experts of every token row of the batch, when it set ForwardBatch::capture_routed_experts and
+  // the runner captures them (--enable-return-routed-experts); otherwise no ids.
+  virtual RoutedExperts routed_experts() { return {}; }
+  // After tokens(): the raw logits of the step's logit rows `rows` (indices into ForwardBatch::logit_rows) on the host,
+  // row after row, for what the engine computes there (prompt_logprobs).
+  virtual std::vector<float> raw_logits(std::span<const int32_t> rows) {
+    (void)rows;
+    fail("this model step cannot hand out its logits");
+  }
+};
+
+// Block drafting (--speculative-config dflash, spec/block_drafter.h): how far a sequence of the last launched step is
+// verified, and where a draft is asked for.
+struct StepVerified {
+  int64_t sequence_id = 0;
+  int32_t batch_index = 0;      // its SequenceSlice in the last launched ForwardBatch
+  int64_t verified_length = 0;  // its positions [0, verified_length) hold verified tokens (num_computed_tokens)
+};
+struct DraftRequest {
+  int64_t sequence_id = 0;
+  int64_t position = 0;  // P: the last token's position (the token has not been through the target yet)
+  int32_t token = 0;     // that token
 };
 
 class ModelRunner {
@@ -60,6 +90,21 @@ class ModelRunner {
   // which must have sampled all its rows on the runner already (--async-scheduling: at its launch); the host need not
   // have them yet.
   virtual std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) = 0;
+
+  // A drafter model (dflash) that proposes drafts from the target's hidden states; the three functions below are
+  // used only when this is true.
+  virtual bool has_drafter() const { return false; }
+  // After each step's tokens are settled (and before the next step is launched): the sequences of the last launched
+  // step that are still there, with what of them is verified. The drafter keeps the target's hidden states of the
+  // verified positions only.
+  virtual void commit_draft_context(std::span<const StepVerified> sequences) { (void)sequences; }
+  // Up to `num_tokens` draft tokens per request (empty where the drafter has too little context yet).
+  virtual std::vector<std::vector<int32_t>> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) {
+    (void)num_tokens;
+    return std::vector<std::vector<int32_t>>(requests.size());
+  }
+  // The sequence has ended: its drafting state goes.
+  virtual void forget_sequence(int64_t sequence_id) { (void)sequence_id; }
 
   // /update_weights_from_disk: replaces the weights with the safetensors of `dir` (the same model, every tensor),
   // called between steps with none in flight. Everything is checked and loaded before the old weights are let go, so

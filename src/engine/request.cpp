@@ -33,6 +33,10 @@ void validate_request(const GenerationRequest& request, const RequestLimits& lim
   if (!request.detokenize && !request.sampling.stop.empty()) {
     throw InvalidRequest("stop", "stop strings need detokenized output");
   }
+  if (request.return_routed_experts && !limits.routed_experts_enabled) {
+    throw InvalidRequest("return_routed_experts",
+                         "return_routed_experts needs the server started with --enable-return-routed-experts");
+  }
   if (!limits.has_tokenizer && request.detokenize) {
     throw InvalidRequest("detokenize", "text output needs a tokenizer, and this engine has none");
   }

@@ -23,6 +23,10 @@ struct GenerationRequest {
   // matcher). The token that completes it must stop the output: one of the grammar's stop tokens (e.g. eos) or a
   // token the grammar ends with, in sampling.stop_token_ids (Harmony's <|call|>, <|return|>). Null: unconstrained.
   std::shared_ptr<const CompiledGrammar> grammar;
+  // Routing replay (SGLang's return_routed_experts, needs --enable-return-routed-experts): each sample's events carry
+  // the experts every computed token was routed to (SampleOutput::routed_experts). The prompt is then computed, not
+  // read from the prefix cache.
+  bool return_routed_experts = false;
 };
 
 // A request the engine refuses; `param` names the offending field (OpenAI's error.param).
@@ -40,6 +44,7 @@ struct RequestLimits {
   int32_t vocab_size = 0;
   int32_t max_logprobs = 0;
   bool has_tokenizer = false;
+  bool routed_experts_enabled = false;  // --enable-return-routed-experts
 };
 
 // Throws InvalidRequest naming the field: empty prompt or ids outside the vocabulary ("prompt"), prompt plus

@@ -25,6 +25,8 @@ void merge_output(RequestOutput& earlier, RequestOutput&& later) {
     it->token_ids.insert(it->token_ids.end(), sample.token_ids.begin(), sample.token_ids.end());
     it->text += sample.text;
     std::move(sample.logprobs.begin(), sample.logprobs.end(), std::back_inserter(it->logprobs));
+    it->routed_experts.insert(it->routed_experts.end(), sample.routed_experts.begin(), sample.routed_experts.end());
+    if (!sample.prompt_logprobs.empty()) it->prompt_logprobs = std::move(sample.prompt_logprobs);
     if (sample.finish_reason) {
       it->finish_reason = sample.finish_reason;
       it->stop_reason = std::move(sample.stop_reason);

@@ -29,6 +29,13 @@ struct SampleOutput {
   // One per new token, when the request asked: the raw log-softmax of the soft-capped logits (before penalties,
   // bias, temperature and truncation), sampling/sampling.h.
   std::vector<TokenLogprob> logprobs;
+  // Routing replay (GenerationRequest::return_routed_experts): the expert ids of the positions computed since the
+  // previous event, [positions, moe_layers, top_k] flattened, in position order from 0. Over a whole sample they
+  // cover every prompt and output token but the last output token, which no step computes.
+  std::vector<int16_t> routed_experts;
+  // prompt_logprobs (vLLM's): with the sample's first token, one entry per prompt token, in --logprobs-mode, the first
+  // empty (nothing predicts it).
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;
   std::optional<FinishReason> finish_reason;       // set once, on the sample's last event
   std::variant<std::monostate, TokenId, std::string> stop_reason;  // the stop token id or stop string met
 };

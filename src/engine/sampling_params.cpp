@@ -47,6 +47,11 @@ void validate_sampling_params(const SamplingParams& p, int32_t vocab_size, int32
     check(*p.logprobs >= 0 && *p.logprobs <= max_logprobs, "logprobs",
           "logprobs (top alternatives per token) must be between 0 and {} (got {})", max_logprobs, *p.logprobs);
   }
+  if (p.prompt_logprobs) {
+    check(*p.prompt_logprobs >= 0 && *p.prompt_logprobs <= max_logprobs, "prompt_logprobs",
+          "prompt_logprobs (top alternatives per prompt token) must be between 0 and {} (got {})", max_logprobs,
+          *p.prompt_logprobs);
+  }
 }
 
 }  // namespace beamline

@@ -32,6 +32,7 @@ struct SamplingParams {
   bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;       // special tokens add no text (their ids are still returned)
   std::optional<int32_t> logprobs;       // log-probabilities of sampled tokens plus this many alternatives
+  std::optional<int32_t> prompt_logprobs;  // vLLM's: each prompt token's (after the first) plus this many alternatives
 
   bool greedy() const { return temperature < kGreedyTemperature; }
 };

@@ -90,9 +90,12 @@ StepPlan Scheduler::schedule() {
       Sequence* sequence = waiting_.front();
       if (!admissible(*sequence)) break;
       const kv::PrefixHit hit =
-          kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
+          sequence->skip_prefix_cache
+              ? kv::PrefixHit{}
+              : kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
       const int32_t num_new = std::min(sequence->num_tokens() - hit.num_tokens, budget);
-      if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new, &hit)) {
+      if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new,
+                        sequence->skip_prefix_cache ? nullptr : &hit)) {
         break;
       }
       if (!sequence->admitted) {
@@ -136,6 +139,19 @@ void Scheduler::build_batch(StepPlan& plan) const {
       for (int32_t row = slice.token_end - 1 - sequence.num_draft_tokens; row < slice.token_end; ++row)
         batch.logit_rows.push_back(row);
     }
+  }
+  for (std::size_t i = 0; i < plan.scheduled.size(); ++i) {
+    ScheduledSequence& scheduled = plan.scheduled[i];
+    const Sequence& sequence = *scheduled.sequence;
+    if (!sequence.prompt_logprobs || sequence.prompt_computed) continue;
+    const SequenceSlice& slice = batch.sequences[i];
+    // Position p's row predicts prompt token p + 1; the last prompt position's row is the sampling row.
+    const int32_t end = std::min(slice.context_begin + scheduled.num_new_tokens, sequence.num_prompt_tokens - 1);
+    if (end <= slice.context_begin) continue;
+    scheduled.prompt_logit_index = static_cast<int32_t>(batch.logit_rows.size());
+    scheduled.num_prompt_logit_rows = end - slice.context_begin;
+    for (int32_t row = slice.token_begin; row < slice.token_begin + scheduled.num_prompt_logit_rows; ++row)
+      batch.logit_rows.push_back(row);
   }
 }
 

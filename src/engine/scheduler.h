@@ -29,6 +29,11 @@ struct ScheduledSequence {
   int32_t num_new_tokens = 0;
   int32_t logit_index = -1;  // row of the step's logits with this sequence's next-token logits; -1 mid-prefill
   int32_t num_draft_tokens = 0;  // draft tokens verified in this step: logit rows logit_index .. + num_draft_tokens
+  // Sequence::prompt_logprobs: logit rows prompt_logit_index .. + num_prompt_logit_rows are those of the step's prompt
+  // positions from its first (SequenceSlice::context_begin) on, each predicting the prompt token after it. They follow
+  // every sampling row of the step.
+  int32_t prompt_logit_index = -1;
+  int32_t num_prompt_logit_rows = 0;
 };
 
 struct StepPlan {

@@ -27,6 +27,12 @@ struct Sequence {
   // Speculative decoding: the last num_draft_tokens of `tokens` are proposed, not yet verified. They live for one
   // step: the scheduler schedules them with the last real token (or drops them), the engine settles them after it.
   int32_t num_draft_tokens = 0;
+  // Its prompt must go through the model (routing replay, prompt logprobs): the scheduler never reads it from the
+  // prefix cache, on any admission (vLLM skips the lookup for prompt_logprobs). Its blocks are still published.
+  bool skip_prefix_cache = false;
+  // prompt_logprobs: until the prompt is computed, its steps also ask for the logits of every prompt position but the
+  // last (ScheduledSequence::prompt_logit_index).
+  bool prompt_logprobs = false;
 
   std::span<const int32_t> token_span() const { return tokens; }
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }

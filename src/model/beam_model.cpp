@@ -1,5 +1,6 @@
 #include "model/beam_model.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -188,16 +189,18 @@ void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache, const Ten
             "forward batch: logit row {} is outside the {} tokens", row, batch.tokens.size());
 }
 
-Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) {
+Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source,
+                          const Tensor& routed_experts) {
   validate(batch, cache, token_source);
-  return forward_validated(batch, cache, token_source);
+  return forward_validated(batch, cache, token_source, routed_experts);
 }
 
-Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) {
+Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source,
+                                    const Tensor& routed_experts) {
   StepInputs inputs = prepare(batch, cache.layout);
   upload(inputs);
   place_deferred_tokens(batch, token_source, inputs.tokens);
-  return run(inputs, cache);
+  return run(inputs, cache, routed_experts);
 }
 
 void BeamModel::place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const {
@@ -294,7 +297,11 @@ AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayo
   return params;
 }
 
-Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
+int64_t BeamModel::num_moe_layers() const {
+  return std::count_if(layers_.begin(), layers_.end(), [](const Layer& layer) { return layer.moe; });
+}
+
+Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor& routed_experts) {
   const ModelConfig& config = config_;
   const KvCacheLayout& layout = cache.layout;
   const int64_t rows = inputs.rows;
@@ -320,7 +327,21 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   const bool first_stage = shard_.layer_begin == 0, last_stage = shard_.layer_end == config.num_hidden_layers;
+  if (routed_experts.defined()) {
+    require(groups_ == nullptr, "routed experts: capturing them in a distributed model is not implemented");
+    require_shape(routed_experts, {num_moe_layers(), rows, config.num_experts_per_tok}, "forward", "routed_experts");
+    require_dtype(routed_experts, DType::I32, "forward", "routed_experts");
+  }
+  int64_t moe_index = 0;
 
+  // The rows' identity as gather indices: embedding() over x copies the rows into the capture.
+  Tensor every_row;
+  if (!capture_layers_.empty()) {
+    std::vector<int32_t> identity(static_cast<std::size_t>(rows));
+    for (int32_t r = 0; r < static_cast<int32_t>(rows); ++r) identity[static_cast<std::size_t>(r)] = r;
+    every_row = backend_.upload_i32(identity, {rows});
+    captured_ = backend_.alloc(DType::F32, {static_cast<int64_t>(capture_layers_.size()), rows, hidden});
+  }
   if (first_stage) {
     backend_.embedding(embed_tokens_, tokens, x);
   } else {
@@ -351,7 +372,9 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
     backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
                                     layer.pre_feedforward_norm, h);
     if (layer.moe) {
-      moe_block(layer, h_rows, branch_rows, h, branch);
+      moe_block(layer, h_rows, branch_rows, h, branch,
+                routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor());
+      ++moe_index;
     } else {
       backend_.swiglu(h, layer.mlp, branch);
       reduce_tensor_parallel(branch);
@@ -361,6 +384,11 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
                                       layers_[i + 1].input_norm, h);
     else
       backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+    for (std::size_t c = 0; c < capture_layers_.size(); ++c) {
+      if (capture_layers_[c] != index) continue;
+      Tensor slice = captured_.view(static_cast<int64_t>(c) * rows * hidden, {rows, hidden});
+      backend_.embedding(x, every_row, slice);
+    }
   }
 
   Tensor logits;
@@ -388,12 +416,20 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache) {
   return logits;
 }
 
+void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {
+  require(groups_ == nullptr, "model: capturing hidden states for a drafter needs the whole model on one process");
+  for (const int64_t layer : layers)
+    require(layer >= 0 && layer < config_.num_hidden_layers, "model: cannot capture after layer {} of {}", layer,
+            config_.num_hidden_layers);
+  capture_layers_ = std::move(layers);
+}
+
 void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,
-                          Tensor& branch) {
+                          Tensor& branch, Tensor expert_ids) {
   const RouterParams router = router_params(config_);
   const int64_t top_k = config_.num_experts_per_tok;
   if (groups_ == nullptr || !groups_->expert) {  // every expert here, whole or split by its intermediate
-    Tensor expert_ids = backend_.alloc(DType::I32, {h.dim(0), top_k});
+    if (!expert_ids.defined()) expert_ids = backend_.alloc(DType::I32, {h.dim(0), top_k});
     Tensor expert_weights = backend_.alloc(DType::F32, {h.dim(0), top_k});
     backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
     backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
@@ -410,7 +446,7 @@ void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& bran
     groups_->data->all_gather(h_rows, tokens);
     out = backend_.alloc(DType::F32, tokens.shape());
   }
-  Tensor expert_ids = backend_.alloc(DType::I32, {tokens.dim(0), top_k});
+  expert_ids = backend_.alloc(DType::I32, {tokens.dim(0), top_k});
   Tensor expert_weights = backend_.alloc(DType::F32, {tokens.dim(0), top_k});
   backend_.route(tokens, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
   keep_own_experts(expert_ids, expert_weights);

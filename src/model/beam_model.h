@@ -44,9 +44,14 @@ class BeamModel {
   // [logit_rows.size(), vocab_size] on the backend. Validates the batch (token ids, row ranges, block table
   // coverage) and throws beamline::Error naming the field. `token_source` (I32 [N] on this backend) holds the
   // previous step's sampled tokens that batch.deferred_tokens read; a batch without them needs none.
-  Tensor forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source = {});
+  // `routed_experts` (routing replay, --enable-return-routed-experts), when defined: I32 [num_moe_layers(), rows,
+  // top_k] on this backend, rows the step's token rows; the router writes each MoE layer's expert ids (its top-k, in
+  // order of selection) straight into that layer's slice, so capturing them costs no extra device work.
+  Tensor forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source = {},
+                 const Tensor& routed_experts = {});
   // forward() of a batch that validate() has passed.
-  Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source);
+  Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source,
+                           const Tensor& routed_experts = {});
 
   // The same in three parts, for recorded steps (runner/decode_graphs.h): what a step reads besides weights and
   // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
@@ -70,12 +75,25 @@ class BeamModel {
   void upload(StepInputs& inputs) const;
   // Writes the batch's deferred tokens (the previous step's device samples, `token_source`) into uploaded `tokens`.
   void place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const;
-  // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab].
-  Tensor run(const StepInputs& inputs, KvCacheView cache);
+  // The layers and the LM head over uploaded inputs: logits [inputs.selected, vocab]. `routed_experts`: as forward()'s,
+  // with inputs.rows rows.
+  Tensor run(const StepInputs& inputs, KvCacheView cache, const Tensor& routed_experts = {});
   void validate(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) const;
   // AttentionParams of layer `i`.
   AttentionParams attention_params(std::size_t layer, const KvCacheLayout& layout) const;
   std::size_t num_layers() const { return layers_.size(); }
+  // The MoE layers (routing replay's second axis), in layer order.
+  int64_t num_moe_layers() const;
+
+  // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
+  // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
+  // in that order. Empty (the default): nothing is captured, nothing is spent.
+  void capture_hidden_after(std::vector<int64_t> layers);
+  const Tensor& captured_hidden() const { return captured_; }
+  // The pieces a drafter shares with the target (first and last pipeline stage: a whole model).
+  const Tensor& embed_tokens() const { return embed_tokens_; }
+  const Tensor& final_norm() const { return final_norm_; }
+  const LinearTensors& lm_head() const { return lm_head_; }
 
  private:
   struct Layer {
@@ -89,7 +107,9 @@ class BeamModel {
 
   // The MoE block of one layer: routed experts over h into branch, with the collectives of the parallel layout.
   // `h_rows`/`branch_rows` are h and branch padded to the largest batch of the data-parallel group.
-  void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch);
+  // `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or undefined.
+  void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch,
+                 Tensor expert_ids);
   // Keeps the choices of this rank's experts, renumbered from 0; the others get weight 0 (expert parallelism).
   void keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const;
   // tensor = its sum over the tensor-parallel group (row-parallel projections' partial sums).
@@ -103,6 +123,8 @@ class BeamModel {
   Tensor embed_tokens_, final_norm_;
   LinearTensors lm_head_;
   std::vector<Layer> layers_;
+  std::vector<int64_t> capture_layers_;
+  Tensor captured_;
 };
 
 }  // namespace beamline

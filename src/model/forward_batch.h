@@ -33,6 +33,8 @@ struct ForwardBatch {
   std::vector<SequenceSlice> sequences;
   std::vector<int32_t> logit_rows;         // token rows whose logits are wanted (e.g. the last of each sequence)
   std::vector<DeferredToken> deferred_tokens;
+  // Routing replay: some sequence wants the experts its tokens are routed to (ModelStep::routed_experts).
+  bool capture_routed_experts = false;
 };
 
 }  // namespace beamline

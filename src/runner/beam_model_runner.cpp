@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
 #include "checkpoint/shard_weights.h"
+#include "runner/routed_experts_step.h"
 #include "runner/step_message.h"
 #include "util/error.h"
 
@@ -46,14 +47,33 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
     model_ = std::make_unique<BeamModel>(weights, *backend_);
   }
   const ModelConfig& model_config = model_->config();
+  // Every cpu op reduces each row in a fixed order of its own (matmul_wt's dot per output, attention per row and head,
+  // moe's per-(token, slot) rows summed in slot order), whatever the batch; the cuda backend picks kernels by the
+  // number of rows (docs/rl.md lists where).
+  require(!config.batch_invariant || backend_->device() == Device::Cpu,
+          "--batch-invariant is not implemented on the {} backend: its projections, router, experts and decode "
+          "attention choose kernels and split-KV counts by the batch's rows (docs/rl.md); serve on the cpu backend or "
+          "leave the flag off",
+          backend_->name());
+  if (config.enable_return_routed_experts) {
+    require(groups_ == nullptr, "--enable-return-routed-experts: capturing the routing of a distributed model is not "
+            "implemented");
+    require(model_->num_moe_layers() > 0, "--enable-return-routed-experts: the model has no MoE layer");
+    require(model_config.n_routed_experts <= INT16_MAX,
+            "--enable-return-routed-experts: {} experts do not fit the int16 ids it returns", model_config.n_routed_experts);
+    capture_routed_experts_ = true;
+  }
   if (config.speculative.method == SpeculativeMethod::DFlash) {
+    require(groups_ == nullptr, "--speculative-config: the dflash drafter runs with the whole target on one process");
     // Checked in full first, so that a drafter that does not fit is named as such.
-    const DrafterCheckpoint drafter =
+    DrafterCheckpoint checkpoint =
         load_drafter_checkpoint(config.speculative.model, model_config, config.speculative.num_speculative_tokens);
-    fail("--speculative-config: the drafter {} fits this model ({} layers reading target layers [{}], blocks of {}), "
-         "but the dflash drafter's forward pass is not implemented yet; use \"ngram\" or \"none\"",
-         config.speculative.model, drafter.config.num_hidden_layers, fmt::join(drafter.config.target_layer_ids, ", "),
-         drafter.config.block_size);
+    // Room for the running sequences and as many again that wait (preempted) with their context kept.
+    drafter_ = std::make_unique<BlockDrafter>(std::move(checkpoint), *model_, 2 * config.max_num_seqs);
+    const DrafterConfig& drafter = drafter_->config();
+    spdlog::info("dflash drafter {}: {} layers reading target layers [{}], blocks of {}, window {}",
+                 config.speculative.model, drafter.num_hidden_layers, fmt::join(drafter.target_layer_ids, ", "),
+                 drafter.block_size, drafter.sliding_window);
   }
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
 
@@ -85,8 +105,10 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
                backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
-  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
-    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs);
+  // The drafter reads each step's hidden states, which a recorded graph does not hand out: with it, steps run op by op
+  // (most of its decode steps carry drafts, which graphs do not cover anyway).
+  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr && drafter_ == nullptr) {
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs, capture_routed_experts_);
     graph_max_num_seqs_ = config.max_num_seqs;
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
@@ -96,6 +118,8 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
 
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", dir.string());
+  require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
+          "come from the served weights)", dir.string());
   const BeamWeights weights = load_weight_update(dir, model_->config());
   // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
   auto model = std::make_unique<BeamModel>(weights, *backend_);
@@ -103,14 +127,20 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
   model_ = std::move(model);
-  if (graph_max_num_seqs_ > 0) graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_);
+  if (graph_max_num_seqs_ > 0)
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
   spdlog::info("loaded new weights from {}", dir.string());
 }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
   if (groups_ != nullptr) return sampler_->step(launch_distributed(batch), batch.logit_rows.size());
   const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler_->deferred_source();
-  return sampler_->step(forward(batch, token_source), batch.logit_rows.size());
+  Tensor routed_experts;
+  std::unique_ptr<ModelStep> step =
+      sampler_->step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
+  if (!routed_experts.defined()) return step;
+  return std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, routed_experts,
+                                             static_cast<int64_t>(batch.tokens.size()));
 }
 
 Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
@@ -135,7 +165,8 @@ Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
   try {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    return forward(plan, {});
+    Tensor no_routing;
+    return forward(plan, {}, no_routing);
   } catch (const std::exception& error) {
     // A batch refused before the broadcast (above) leaves the ranks in step; a failure from here on does not.
     failure_ = error.what();
@@ -151,25 +182,68 @@ void BeamModelRunner::follow() {
     groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
     const std::optional<ForwardBatch> batch = decode_step_message(message);
     if (!batch) return;
-    forward(*batch, {});
+    Tensor no_routing;
+    forward(*batch, {}, no_routing);
   }
 }
 
-Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source) {
+Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_source, Tensor& routed_experts) {
+  if (drafter_) {
+    last_step_rows_.clear();
+    for (const SequenceSlice& slice : batch.sequences)
+      last_step_rows_.push_back({slice.token_begin, slice.token_end - slice.token_begin, slice.context_begin});
+  }
+  const bool capture = capture_routed_experts_ && batch.capture_routed_experts;
+  // Eager steps route into a buffer of their own; a replayed graph into the graph's.
+  auto eager_routing = [&] {
+    if (capture)
+      routed_experts = backend_->alloc(DType::I32, {model_->num_moe_layers(), static_cast<int64_t>(batch.tokens.size()),
+                                                    model_->config().num_experts_per_tok});
+    return routed_experts;
+  };
   if (batch.logit_rows.empty() && !batch.tokens.empty()) {
     // A step of prompt chunks only wants no logits, but BeamModel::forward requires at least one row:
     // ask for one and drop it.
     ForwardBatch with_row = batch;
     with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
-    model_->forward(with_row, *cache_, token_source);
+    model_->forward(with_row, *cache_, token_source, eager_routing());
     return {};
   }
   if (graphs_) {
     model_->validate(batch, *cache_, token_source);
-    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source)) return *logits;
-    return model_->forward_validated(batch, *cache_, token_source);
+    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source, &routed_experts)) return *logits;
+    return model_->forward_validated(batch, *cache_, token_source, eager_routing());
   }
-  return model_->forward(batch, *cache_, token_source);
+  return model_->forward(batch, *cache_, token_source, eager_routing());
+}
+
+}  // namespace beamline
+
+namespace beamline {
+
+void BeamModelRunner::commit_draft_context(std::span<const StepVerified> sequences) {
+  std::vector<VerifiedRows> rows;
+  for (const StepVerified& sequence : sequences) {
+    require(sequence.batch_index >= 0 && sequence.batch_index < static_cast<int32_t>(last_step_rows_.size()),
+            "draft context: sequence {} of a step of {}", sequence.batch_index, last_step_rows_.size());
+    const StepRows& step = last_step_rows_[static_cast<std::size_t>(sequence.batch_index)];
+    // A row at position t holds the target's state after tokens 0..t: verified when t < verified_length.
+    const int64_t verified = std::min<int64_t>(step.count, sequence.verified_length - step.first_position);
+    if (verified > 0)
+      rows.push_back({sequence.sequence_id, step.first_row, step.first_position, static_cast<int32_t>(verified)});
+  }
+  drafter_->commit(rows);
+}
+
+std::vector<std::vector<int32_t>> BeamModelRunner::propose_drafts(std::span<const DraftRequest> requests,
+                                                                 int32_t num_tokens) {
+  std::vector<DraftAnchor> anchors;
+  for (const DraftRequest& request : requests) anchors.push_back({request.sequence_id, request.position, request.token});
+  return drafter_->propose(anchors, num_tokens);
+}
+
+void BeamModelRunner::forget_sequence(int64_t sequence_id) {
+  if (drafter_) drafter_->forget(sequence_id);
 }
 
 }  // namespace beamline

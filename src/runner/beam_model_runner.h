@@ -19,6 +19,7 @@
 #include "runner/decode_graphs.h"
 #include "runner/kv_cache.h"
 #include "runner/step_sampler.h"
+#include "spec/block_drafter.h"
 
 namespace beamline {
 
@@ -49,12 +50,18 @@ class BeamModelRunner : public ModelRunner {
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
   void load_weights_from_disk(const std::filesystem::path& dir) override;
+  bool has_drafter() const override { return drafter_ != nullptr; }
+  void commit_draft_context(std::span<const StepVerified> sequences) override;
+  std::vector<std::vector<int32_t>> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
+  void forget_sequence(int64_t sequence_id) override;
 
   const ModelConfig& model_config() const { return model_->config(); }
 
  private:
-  // The logits of batch.logit_rows (undefined when there are none); `token_source` feeds batch.deferred_tokens.
-  Tensor forward(const ForwardBatch& batch, const Tensor& token_source);
+  // The logits of batch.logit_rows (undefined when there are none); `token_source` feeds batch.deferred_tokens. With
+  // batch.capture_routed_experts (and --enable-return-routed-experts) `routed_experts` gets the step's expert ids
+  // (DecodeGraphs::forward's).
+  Tensor forward(const ForwardBatch& batch, const Tensor& token_source, Tensor& routed_experts);
 
   // The model, its KV pool, graphs and sampler, once the backend (and, distributed, the groups) exist.
   void load(const BeamWeights& weights, const EngineConfig& config);
@@ -69,8 +76,16 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
+  bool capture_routed_experts_ = false;   // --enable-return-routed-experts
   std::unique_ptr<StepSampler> sampler_;
   int64_t bytes_per_block_ = 0;
+  std::unique_ptr<BlockDrafter> drafter_;  // --speculative-config dflash
+  // The rows of the last forward step, per sequence: which of them the drafter may keep (commit_draft_context).
+  struct StepRows {
+    int32_t first_row = 0, count = 0;
+    int64_t first_position = 0;
+  };
+  std::vector<StepRows> last_step_rows_;
 };
 
 }  // namespace beamline

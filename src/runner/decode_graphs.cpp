@@ -12,7 +12,8 @@
 
 namespace beamline {
 
-DecodeGraphs::DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch) : model_(model), cache_(cache) {
+DecodeGraphs::DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch, bool capture_routed_experts)
+    : model_(model), cache_(cache), capture_routed_experts_(capture_routed_experts) {
   require(max_batch >= 1, "decode graphs: max_batch {} must be at least 1", max_batch);
   max_batch = std::min(max_batch, kMaxBucket);
   // vLLM's spacing: every small size, then steps of about a third, so padding wastes at most ~a third of a step.
@@ -40,7 +41,8 @@ std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs
   return key;
 }
 
-std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Tensor& token_source) {
+std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Tensor& token_source,
+                                            Tensor* routed_experts) {
   const auto sequences = static_cast<int32_t>(batch.sequences.size());
   if (static_cast<int32_t>(batch.tokens.size()) != sequences || batch.logit_rows.size() != batch.sequences.size())
     return std::nullopt;
@@ -71,12 +73,16 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
     graph.inputs = std::move(inputs);
     model_.upload(graph.inputs);
     model_.place_deferred_tokens(batch, token_source, graph.inputs.tokens);
+    if (capture_routed_experts_)
+      graph.routed_experts = backend.alloc(
+          DType::I32, {model_.num_moe_layers(), graph.inputs.rows, model_.config().num_experts_per_tok});
     // This step runs op by op first: what ops make lazily on the device (weight pointer tables, cuBLAS's plans) then
-    // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once.
-    const Tensor logits = model_.run(graph.inputs, cache_);
+    // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once (and the
+    // routing of this step is the op-by-op run's, in the same buffer).
+    const Tensor logits = model_.run(graph.inputs, cache_, graph.routed_experts);
     backend.begin_capture();
     try {
-      graph.logits = model_.run(graph.inputs, cache_);
+      graph.logits = model_.run(graph.inputs, cache_, graph.routed_experts);
     } catch (...) {
       // The op's own error is the one to report, not the aborted capture's.
       try {
@@ -87,6 +93,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
     }
     graph.graph = backend.end_capture();
     graph.last_used = ++steps_;
+    if (routed_experts != nullptr && batch.capture_routed_experts) *routed_experts = graph.routed_experts;
     graphs_.emplace(*graph_key, std::move(graph));
     ++recorded_;
     spdlog::debug("decode graphs: recorded {} ({} graphs)", *graph_key, graphs_.size());
@@ -101,6 +108,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
   ++replayed_;
   graph.last_used = ++steps_;
   backend.replay(*graph.graph);
+  if (routed_experts != nullptr && batch.capture_routed_experts) *routed_experts = graph.routed_experts;
   return graph.logits.view(0, {sequences, graph.logits.dim(1)});
 }
 

@@ -17,8 +17,10 @@ namespace beamline {
 
 class DecodeGraphs {
  public:
-  // Buckets up to max_batch (at most kMaxBucket) sequences. The model and cache must outlive this object.
-  DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch);
+  // Buckets up to max_batch (at most kMaxBucket) sequences. The model and cache must outlive this object. With
+  // `capture_routed_experts` every graph's router also writes its expert ids into a buffer of the graph's
+  // (BeamModel::forward's routed_experts), for the steps that want them.
+  DecodeGraphs(BeamModel& model, KvCache& cache, int32_t max_batch, bool capture_routed_experts = false);
 
   static constexpr int32_t kMaxBucket = 512;
   // Graphs kept at once; the least recently used goes first (each holds its step's activations).
@@ -26,8 +28,11 @@ class DecodeGraphs {
 
   // The logits of a validated batch when it can replay a graph (every sequence decodes one token, logits of all of
   // them in order, at most max_batch sequences, an attention plan a graph can hold); nullopt otherwise.
-  // `token_source`: what batch.deferred_tokens read (BeamModel::forward).
-  std::optional<Tensor> forward(const ForwardBatch& batch, const Tensor& token_source = {});
+  // `token_source`: what batch.deferred_tokens read (BeamModel::forward). With capture_routed_experts and
+  // batch.capture_routed_experts, `routed_experts` gets the step's expert ids: I32 [moe_layers, bucket, top_k], the
+  // batch's rows first.
+  std::optional<Tensor> forward(const ForwardBatch& batch, const Tensor& token_source = {},
+                                Tensor* routed_experts = nullptr);
 
   // Steps that recorded a graph / replayed one, for logs and tests.
   int64_t recorded() const { return recorded_; }
@@ -37,6 +42,7 @@ class DecodeGraphs {
   struct Graph {
     BeamModel::StepInputs inputs;  // the buffers the graph reads
     Tensor logits;                 // and the one it writes
+    Tensor routed_experts;         // and the router's choices (capture_routed_experts)
     std::unique_ptr<OpGraph> graph;
     int64_t last_used = 0;
   };
@@ -46,6 +52,7 @@ class DecodeGraphs {
 
   BeamModel& model_;
   KvCache& cache_;
+  bool capture_routed_experts_;
   std::vector<int32_t> buckets_;
   std::map<std::string, Graph> graphs_;
   int64_t steps_ = 0, recorded_ = 0, replayed_ = 0;

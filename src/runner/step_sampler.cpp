@@ -16,6 +16,7 @@ class StepSampler::Step final : public ModelStep {
 
   void sample(std::vector<RowSampling> rows) override;
   std::vector<SampledToken> tokens() override;
+  std::vector<float> raw_logits(std::span<const int32_t> rows) override;
 
  private:
   void apply_token_masks(const std::vector<RowSampling>& rows);
@@ -147,6 +148,25 @@ std::vector<SampledToken> StepSampler::Step::tokens() {
     }
   }
   return std::move(results_);
+}
+
+std::vector<float> StepSampler::Step::raw_logits(std::span<const int32_t> rows) {
+  const int64_t num_logit_rows = logits_.defined() ? logits_.dim(0) : 0;
+  const auto vocab = static_cast<std::size_t>(sampler_.vocab_size_);
+  std::vector<float> host(rows.size() * vocab);
+  // Consecutive rows (a prompt's) come back in one copy.
+  for (std::size_t r = 0; r < rows.size();) {
+    require(rows[r] >= 0 && rows[r] < num_logit_rows, "step logits: row {} of {}", rows[r], num_logit_rows);
+    std::size_t run = 1;
+    while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int32_t>(run) &&
+           rows[r + run] < num_logit_rows)
+      ++run;
+    const Tensor block = logits_.view(static_cast<int64_t>(rows[r]) * static_cast<int64_t>(vocab),
+                                      {static_cast<int64_t>(run), static_cast<int64_t>(vocab)});
+    sampler_.backend_.download(block, host.data() + r * vocab);
+    r += run;
+  }
+  return host;
 }
 
 StepSampler::StepSampler(Backend& backend, int32_t vocab_size) : backend_(backend), vocab_size_(vocab_size) {}

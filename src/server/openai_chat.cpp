@@ -8,6 +8,7 @@
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
 #include "server/request_limits.h"
+#include "server/routed_experts_json.h"
 #include "server/structured_outputs.h"
 
 namespace beamline::server {
@@ -124,16 +125,19 @@ class ChatStream : public SseResponder {
       ChoiceState& state = *choices_.at(static_cast<std::size_t>(sample.index));
       const auto index = static_cast<std::size_t>(sample.index);
       state.pending_logprobs.insert(state.pending_logprobs.end(), sample.logprobs.begin(), sample.logprobs.end());
+      state.pending_routed_experts.insert(state.pending_routed_experts.end(), sample.routed_experts.begin(),
+                                          sample.routed_experts.end());
       std::vector<harmony::ChatDelta> deltas = state.choice.push(sample.token_ids);
       if (sample.finish_reason) {
         std::vector<harmony::ChatDelta> last = state.choice.finish();
         deltas.insert(deltas.end(), last.begin(), last.end());
       }
       for (const harmony::ChatDelta& chat_delta : deltas) {
-        events += chunk(index, harmony::to_json(chat_delta), take_logprobs(state), nullptr);
+        events += chunk(index, harmony::to_json(chat_delta), take_logprobs(state), nullptr, &state);
       }
       if (sample.finish_reason) {
-        events += chunk(index, Json::object(), take_logprobs(state), state.choice.finish_reason(*sample.finish_reason));
+        events += chunk(index, Json::object(), take_logprobs(state), state.choice.finish_reason(*sample.finish_reason),
+                        &state);
       }
     }
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
@@ -151,6 +155,7 @@ class ChatStream : public SseResponder {
     ChoiceState(const ServingContext& context, const std::vector<TokenId>& prefill) : choice(context, prefill) {}
     ChatChoice choice;
     std::vector<TokenLogprob> pending_logprobs;
+    std::vector<int16_t> pending_routed_experts;  // like the logprobs, sent with the next chunk
   };
 
   // Logprobs ride on the next chunk after their tokens (header tokens produce no delta of their own).
@@ -161,11 +166,16 @@ class ChatStream : public SseResponder {
     return json;
   }
 
-  std::string chunk(std::size_t index, Json delta, Json logprobs, Json finish_reason) {
+  std::string chunk(std::size_t index, Json delta, Json logprobs, Json finish_reason,
+                    ChoiceState* routed_from = nullptr) {
     Json choice = {{"index", index},
                    {"delta", std::move(delta)},
                    {"logprobs", std::move(logprobs)},
                    {"finish_reason", std::move(finish_reason)}};
+    if (plan_.request.return_routed_experts && routed_from != nullptr) {
+      choice[kRoutedExpertsField] = routed_experts_base64(routed_from->pending_routed_experts);
+      routed_from->pending_routed_experts.clear();
+    }
     return sse_event(chunk_json(id_, context_, created_, Json::array({std::move(choice)}), plan_.stream.include_usage));
   }
 
@@ -228,6 +238,7 @@ ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
   plan.request.detokenize = !sampling.stop.empty();
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
   plan.request.grammar = chat_grammar(body, tool_choice, context);
+  plan.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   return plan;
 }
 
@@ -298,10 +309,13 @@ Json chat_completion_response(const std::string& id, const ServingContext& conte
     choice.push(sample.token_ids);
     choice.finish();
     Json logprobs = plan.request.sampling.logprobs ? chat_logprobs_json(context.tokenizer, sample.logprobs) : Json();
-    choices.push_back({{"index", sample.index},
-                       {"message", harmony::to_json(choice.message())},
-                       {"logprobs", std::move(logprobs)},
-                       {"finish_reason", choice.finish_reason(sample.finish_reason.value_or(FinishReason::Abort))}});
+    Json json_choice = {{"index", sample.index},
+                        {"message", harmony::to_json(choice.message())},
+                        {"logprobs", std::move(logprobs)},
+                        {"finish_reason", choice.finish_reason(sample.finish_reason.value_or(FinishReason::Abort))}};
+    if (plan.request.return_routed_experts)
+      json_choice[kRoutedExpertsField] = routed_experts_base64(sample.routed_experts);
+    choices.push_back(std::move(json_choice));
   }
   return Json{{"id", id},
               {"object", "chat.completion"},

@@ -8,6 +8,7 @@
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
+#include "server/routed_experts_json.h"
 #include "server/structured_outputs.h"
 
 namespace beamline::server {
@@ -81,7 +82,7 @@ class CompletionStream : public SseResponder {
     if (!plan_.echo) return "";
     std::string events;
     for (std::size_t i = 0; i < text_offsets_.size(); ++i) {
-      events += chunk(i, plan_.prompt_text, nullptr, nullptr, {});
+      events += chunk(i, plan_.prompt_text, nullptr, nullptr, {}, {}, {});
       text_offsets_[i] = plan_.prompt_text.size();
     }
     return events;
@@ -98,7 +99,8 @@ class CompletionStream : public SseResponder {
       text_offsets_.at(index) += sample.text.size();
       Json finish = sample.finish_reason ? Json(completion_finish_reason(*sample.finish_reason)) : Json();
       if (!sample.text.empty() || !logprobs.is_null() || !finish.is_null() || !sample.token_ids.empty()) {
-        events += chunk(index, sample.text, std::move(logprobs), std::move(finish), sample.token_ids);
+        events += chunk(index, sample.text, std::move(logprobs), std::move(finish), sample.token_ids,
+                        sample.routed_experts, sample.prompt_logprobs);
       }
     }
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
@@ -121,7 +123,8 @@ class CompletionStream : public SseResponder {
   }
 
   std::string chunk(std::size_t index, const std::string& text, Json logprobs, Json finish_reason,
-                    const std::vector<TokenId>& token_ids) {
+                    const std::vector<TokenId>& token_ids, std::span<const int16_t> routed_experts,
+                    const std::vector<std::optional<TokenLogprob>>& prompt_logprobs) {
     Json choice = {{"index", index},
                    {"text", text},
                    {"logprobs", std::move(logprobs)},
@@ -132,6 +135,10 @@ class CompletionStream : public SseResponder {
       prompt_ids_sent_.at(index) = true;
       choice["token_ids"] = token_ids;
     }
+    // The rows of the positions computed since the previous chunk: concatenated, a choice's whole routing.
+    if (plan_.request.return_routed_experts) choice[kRoutedExpertsField] = routed_experts_base64(routed_experts);
+    // With the first token, as the engine sends them.
+    if (!prompt_logprobs.empty()) choice["prompt_logprobs"] = prompt_logprobs_json(context_.tokenizer, prompt_logprobs);
     Json json = base(Json::array({std::move(choice)}));
     if (plan_.stream.include_usage) json["usage"] = nullptr;
     json[kWeightVersionField] = context_.engine.weight_version();
@@ -157,10 +164,11 @@ std::vector<CompletionPlan> plan_completions(const Json& body, const ServingCont
                                                  context.generation_config);
   common.echo = optional_bool(body, "echo").value_or(false);
   if (common.echo && common.request.sampling.logprobs) {
-    throw invalid_request("echo", "echo together with logprobs would need the prompt's logprobs, which this server "
-                                  "does not compute");
+    throw invalid_request("echo", "echo together with logprobs (the prompt's logprobs inside `logprobs`) is not "
+                                  "supported; ask for prompt_logprobs instead");
   }
   common.return_token_ids = optional_bool(body, "return_token_ids").value_or(false);
+  common.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   common.request.detokenize = true;
   common.request.cache_salt = optional_string(body, "cache_salt").value_or("");
   common.request.grammar = completion_grammar(body, context);
@@ -207,6 +215,9 @@ Json completion_response(const std::string& id, const ServingContext& context, c
         choice["prompt_token_ids"] = plan.request.prompt;
         choice["token_ids"] = sample.token_ids;
       }
+      if (plan.request.return_routed_experts) choice[kRoutedExpertsField] = routed_experts_base64(sample.routed_experts);
+      if (plan.request.sampling.prompt_logprobs)
+        choice["prompt_logprobs"] = prompt_logprobs_json(context.tokenizer, sample.prompt_logprobs);
       choices.push_back(std::move(choice));
     }
     usage.prompt_tokens += output.usage.prompt_tokens;

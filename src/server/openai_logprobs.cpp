@@ -55,4 +55,24 @@ Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<Toke
               {"text_offset", std::move(offsets)}};
 }
 
+Json prompt_logprobs_json(const Tokenizer& tokenizer, const std::vector<std::optional<TokenLogprob>>& logprobs) {
+  Json entries = Json::array();
+  for (const std::optional<TokenLogprob>& entry : logprobs) {
+    if (!entry) {
+      entries.push_back(nullptr);
+      continue;
+    }
+    Json tokens = Json::object();
+    auto add = [&](TokenId id, float logprob, int32_t rank) {
+      tokens[std::to_string(id)] = {{"logprob", json_logprob(logprob)}, {"rank", rank},
+                                    {"decoded_token", token_text(tokenizer, id)}};
+    };
+    for (std::size_t j = 0; j < entry->top.size(); ++j)
+      add(entry->top[j].first, entry->top[j].second, static_cast<int32_t>(j) + 1);
+    add(entry->token, entry->logprob, entry->rank);
+    entries.push_back(std::move(tokens));
+  }
+  return entries;
+}
+
 }  // namespace beamline::server

@@ -20,4 +20,8 @@ Json chat_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogpr
 Json completion_logprobs_json(const Tokenizer& tokenizer, const std::vector<TokenLogprob>& logprobs,
                               std::size_t text_offset);
 
+// vLLM's prompt_logprobs: per prompt token null (the first) or {"<id>": {"logprob", "rank", "decoded_token"}} holding
+// the prompt token and the top alternatives (ranks from 1, best first).
+Json prompt_logprobs_json(const Tokenizer& tokenizer, const std::vector<std::optional<TokenLogprob>>& logprobs);
+
 }  // namespace beamline::server

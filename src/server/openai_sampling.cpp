@@ -111,7 +111,8 @@ void reject_unsupported_fields(const Json& body, Endpoint endpoint) {
   for (const char* field : {"guided_json", "guided_regex", "guided_choice", "guided_grammar"}) {
     if (find_field(body, field)) throw unsupported(field, "use structured_outputs (json, regex, choice, grammar)");
   }
-  if (find_field(body, "prompt_logprobs")) throw unsupported("prompt_logprobs", "prompt logprobs are not computed");
+  if (endpoint == Endpoint::ChatCompletions && find_field(body, "prompt_logprobs"))
+    throw unsupported("prompt_logprobs", "prompt logprobs are computed for /v1/completions only");
   if (auto best_of = optional_integer(body, "best_of")) {
     const int64_t n = optional_integer(body, "n").value_or(1);
     if (*best_of != n) throw unsupported("best_of", "best_of must equal n");
@@ -182,6 +183,7 @@ SamplingParams read_sampling_params(const Json& body, Endpoint endpoint, int32_t
   params.skip_special_tokens = optional_bool(body, "skip_special_tokens").value_or(true);
   params.include_stop_str_in_output = optional_bool(body, "include_stop_str_in_output").value_or(false);
   params.logprobs = read_logprobs(body, endpoint, max_logprobs);
+  if (endpoint == Endpoint::Completions) params.prompt_logprobs = integer_in_range(body, "prompt_logprobs", 0, max_logprobs);
   return params;
 }
 

@@ -7,6 +7,7 @@
 
 #include "server/openai_sampling.h"
 #include "server/request_fields.h"
+#include "server/routed_experts_json.h"
 
 namespace beamline::server {
 
@@ -114,6 +115,7 @@ GeneratePlan plan_generate(const Json& body, const ServingContext& context) {
     }
   }
   plan.return_logprob = optional_bool(body, "return_logprob").value_or(false);
+  const bool return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   if (plan.return_logprob) sampling["logprobs"] = optional_integer(body, "top_logprobs_num").value_or(0);
   SamplingParams params;
   try {
@@ -133,6 +135,7 @@ GeneratePlan plan_generate(const Json& body, const ServingContext& context) {
     request.prompt = std::move(prompt);
     request.sampling = params;
     request.detokenize = true;
+    request.return_routed_experts = return_routed_experts;
     apply_default_max_tokens(request.sampling, request.prompt.size(), context.engine.config().max_model_len,
                              context.generation_config);
     plan.requests.push_back(std::move(request));
@@ -163,6 +166,8 @@ Json generate_response(const ServingContext& context, const GeneratePlan& plan, 
         meta["output_token_logprobs"] = std::move(tokens);
         meta["output_top_logprobs"] = std::move(tops);
       }
+      if (plan.requests[p].return_routed_experts)
+        meta[kRoutedExpertsField] = routed_experts_base64(sample.routed_experts);
       answers.push_back({{"text", sample.text}, {"output_ids", sample.token_ids}, {"meta_info", std::move(meta)}});
     }
   }

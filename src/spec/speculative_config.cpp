@@ -34,6 +34,7 @@ void refuse_unknown_keys(const nlohmann::json& object) {
 
 SpeculativeConfig parse_speculative_config(std::string_view text) {
   SpeculativeConfig config;
+  config.given = true;
   if (text.empty() || text == "none" || text == "None" || text == "null") return config;
   nlohmann::json object;
   try {
@@ -45,6 +46,7 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     json_fields::expect_object(object, json_fields::Location(std::string(kFlag)));
     refuse_unknown_keys(object);
     const std::string method = json_fields::required_string(object, "method", json_fields::Location());
+    if (method == "none") return config;  // '{"method": "none"}' as vLLM's off switch
     config.num_speculative_tokens = positive_key(object, "num_speculative_tokens", 0);
     if (method == "ngram") {
       config.method = SpeculativeMethod::Ngram;
@@ -66,7 +68,7 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
       require(!object.contains("prompt_lookup_min") && !object.contains("prompt_lookup_max"),
               "{}: \"prompt_lookup_min\" / \"prompt_lookup_max\" apply to method \"ngram\" only", kFlag);
     } else {
-      fail("{}: \"method\" must be \"ngram\" or \"dflash\" (got \"{}\")", kFlag, method);
+      fail("{}: \"method\" must be \"ngram\", \"dflash\" or \"none\" (got \"{}\")", kFlag, method);
     }
   } catch (const Error& error) {
     const std::string what = error.what();

@@ -16,6 +16,7 @@ struct SpeculativeConfig {
   int32_t prompt_lookup_min = 0;       // ngram: shortest suffix n-gram looked up in the context
   int32_t prompt_lookup_max = 0;       // ngram: longest (tried first)
   std::string model;                   // dflash: the drafter's checkpoint directory
+  bool given = false;                  // set by parse_speculative_config (also for "none"): the user chose
 
   // Test hook, never set outside tests: replaces the acceptance probability of a sampled draft token (the exact rule
   // is p_target(token) for a point-mass draft) so a test can show that a biased rule is caught.
@@ -26,7 +27,7 @@ struct SpeculativeConfig {
 
 // Parses the flag's value; throws Error naming --speculative-config and the key of the first bad value. "none" (or an
 // empty string) turns speculation off. "dflash" is parsed here; the model runner loads and checks the drafter
-// (checkpoint/drafter_checkpoint.h), then refuses it: the drafter's forward pass is not built yet.
+// (checkpoint/drafter_checkpoint.h) and runs it (spec/block_drafter.h).
 SpeculativeConfig parse_speculative_config(std::string_view text);
 
 }  // namespace beamline

@@ -7,39 +7,12 @@
 #include <sstream>
 
 #include "tokenizer/bpe_tokenizer.h"
+#include "util/base64.h"
 #include "util/error.h"
 
 namespace beamline {
 
 namespace {
-
-// Decodes standard base64 (with '=' padding); nullopt when malformed.
-std::optional<std::string> decode_base64(std::string_view text) {
-  static const std::array<int8_t, 256> values = [] {
-    std::array<int8_t, 256> table;
-    table.fill(-1);
-    const std::string_view alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (std::size_t i = 0; i < alphabet.size(); ++i) table[static_cast<unsigned char>(alphabet[i])] = static_cast<int8_t>(i);
-    return table;
-  }();
-  if (text.empty() || text.size() % 4 != 0) return std::nullopt;
-  std::size_t padding = 0;
-  while (padding < 2 && text[text.size() - 1 - padding] == '=') ++padding;
-  std::string out;
-  uint32_t accumulator = 0;
-  int bits = 0;
-  for (std::size_t i = 0; i < text.size() - padding; ++i) {
-    const int8_t value = values[static_cast<unsigned char>(text[i])];
-    if (value < 0) return std::nullopt;
-    accumulator = (accumulator << 6) | static_cast<uint32_t>(value);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((accumulator >> bits) & 0xFF);
-    }
-  }
-  return out;
-}
 
 std::vector<text::AddedToken> o200k_special_tokens(std::string_view encoding) {
   if (encoding == "o200k_base") {

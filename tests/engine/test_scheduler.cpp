@@ -149,5 +149,62 @@ TEST(Scheduler, ParallelSamplesWaitForTheLeadersPromptAndShareItsBlocks) {
   EXPECT_EQ(h.kv.block_tables(sibling->id)[0][0], h.kv.block_tables(leader->id)[0][0]);
 }
 
+TEST(Scheduler, PromptLogprobRowsCoverEveryPromptPositionButTheLastOnceAfterTheSamplingRows) {
+  std::mt19937 rng(5);
+  Harness h(4096, 16, SchedulerConfig{8, 8});
+  Sequence* other = h.add(3, 6, rng);
+  Sequence* scored = h.add(21, 2, rng);
+  scored->prompt_logprobs = true;
+  std::vector<int32_t> positions;  // of the prompt rows, as the steps hand them out
+  while (h.scheduler.has_work()) {
+    StepPlan plan = h.scheduler.schedule();
+    for (std::size_t i = 0; i < plan.scheduled.size(); ++i) {
+      const ScheduledSequence& s = plan.scheduled[i];
+      if (s.sequence != scored) {
+        EXPECT_EQ(s.num_prompt_logit_rows, 0);
+        continue;
+      }
+      if (s.num_prompt_logit_rows == 0) continue;
+      int32_t sampling_rows = 0;
+      for (const ScheduledSequence& t : plan.scheduled) sampling_rows += t.logit_index >= 0 ? 1 : 0;
+      EXPECT_GE(s.prompt_logit_index, sampling_rows) << "prompt rows follow the sampling rows";
+      const SequenceSlice& slice = plan.batch.sequences[i];
+      for (int32_t j = 0; j < s.num_prompt_logit_rows; ++j) {
+        const int32_t row = plan.batch.logit_rows[static_cast<std::size_t>(s.prompt_logit_index + j)];
+        EXPECT_EQ(row, slice.token_begin + j);
+        positions.push_back(slice.context_begin + j);
+      }
+    }
+    h.scheduler.complete(plan);
+    for (const ScheduledSequence& s : plan.scheduled) {
+      if (s.logit_index < 0) continue;
+      Sequence& seq = *s.sequence;
+      seq.tokens.push_back(7);
+      if (seq.num_tokens() >= h.targets[seq.id]) h.scheduler.remove(&seq);
+    }
+  }
+  std::vector<int32_t> expected(20);
+  for (int32_t p = 0; p < 20; ++p) expected[static_cast<std::size_t>(p)] = p;
+  EXPECT_EQ(positions, expected);
+  EXPECT_EQ(other->num_tokens(), 9);
+}
+
+TEST(Scheduler, SequencesThatSkipThePrefixCacheComputeTheirWholePrompt) {
+  std::mt19937 rng(6);
+  Harness h(4096, 16, SchedulerConfig{8, 64});
+  Sequence* first = h.add(21, 1, rng);
+  while (h.scheduler.has_work()) h.step();
+  Sequence* skipping = h.add(21, 1, rng, first);
+  skipping->prompt_leader = nullptr;
+  skipping->skip_prefix_cache = true;
+  Sequence* reading = h.add(21, 1, rng, first);
+  reading->prompt_leader = nullptr;
+  const StepPlan plan = h.step();
+  ASSERT_EQ(plan.scheduled.size(), 2u);
+  EXPECT_EQ(plan.scheduled[0].num_new_tokens, skipping->num_prompt_tokens);
+  EXPECT_EQ(skipping->num_cached_tokens, 0);
+  EXPECT_GT(reading->num_cached_tokens, 0) << "the same prompt without the flag reads the cache";
+}
+
 }  // namespace
 }  // namespace beamline

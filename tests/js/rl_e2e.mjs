@@ -161,7 +161,9 @@ test('token in, token out: batched token-id prompts with return_token_ids (opena
       [{ prompt: prompts, stream: true, max_tokens: 2 }, 'prompt', /streaming takes one prompt/],
       [{ prompt: [[1, 2], [1, -4]], max_tokens: 2 }, 'prompt', /prompt\[1\]: -4 is not a token id/],
       [{ prompt: [[1, 2], []], max_tokens: 2 }, 'prompt', /prompt\[1\]/],
-      [{ prompt: [1, 2], max_tokens: 2, prompt_logprobs: 1 }, 'prompt_logprobs', /prompt logprobs are not computed/],
+      [{ prompt: [1, 2], max_tokens: 2, prompt_logprobs: 999 }, 'prompt_logprobs', /between 0 and/],
+      [{ prompt: [1, 2], max_tokens: 2, return_routed_experts: true }, 'return_routed_experts',
+        /--enable-return-routed-experts/],
     ];
     for (const [body, param, message] of cases) {
       const reply = await postJson(server.base, '/v1/completions', { model: 'tiny', ...body });

@@ -1,6 +1,7 @@
-// `beamline serve --speculative-config` (n-gram drafts) on the default model answers exactly as without it: the same
-// greedy chat answers, tool calls, streamed text and logprobs, through the official openai client; drafts are
-// accepted (vLLM's spec_decode metrics), and a dflash config without a fitting drafter is refused at start-up.
+// `beamline serve --speculative-config` on the default model answers exactly as without it (`none`), with n-gram drafts
+// and with the dflash drafter the default model uses when no flag is given (models/beam-nano-drafter): the same greedy
+// chat answers, tool calls, streamed text and logprobs, through the official openai client; drafts are accepted
+// (vLLM's spec_decode metrics), and a dflash config without a fitting drafter is refused at start-up.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
@@ -46,15 +47,22 @@ async function answers(server) {
   return out;
 }
 
-test('speculative decoding serves the answers of the plain engine', async () => {
-  const plain = await startServer(null, [], { cwd: repoRoot });
-  let expected;
+let expected;  // the plain engine's answers, once
+async function plainAnswers() {
+  if (expected) return expected;
+  const plain = await startServer(null, ['--speculative-config', 'none'], { cwd: repoRoot });
   try {
     expected = await answers(plain);
   } finally {
     await plain.stop();
   }
-  const speculative = await startServer(null, ['--speculative-config', ngram], { cwd: repoRoot });
+  return expected;
+}
+
+for (const [name, flags] of [['n-gram', ['--speculative-config', ngram]], ['dflash (the default)', []]]) test(
+    `speculative decoding (${name}) serves the answers of the plain engine`, async () => {
+  const expected = await plainAnswers();
+  const speculative = await startServer(null, flags, { cwd: repoRoot });
   try {
     const got = await answers(speculative);
     for (let i = 0; i < expected.length; ++i) {

@@ -37,6 +37,10 @@ TEST(SpeculativeConfig, ParsesNgramWithVllmDefaults) {
 TEST(SpeculativeConfig, NoneTurnsItOff) {
   EXPECT_FALSE(parse_speculative_config("none").enabled());
   EXPECT_FALSE(parse_speculative_config("").enabled());
+  EXPECT_FALSE(parse_speculative_config(R"({"method": "none"})").enabled());
+  // Given, even as "none": serve's default drafter then stays off.
+  EXPECT_TRUE(parse_speculative_config("none").given);
+  EXPECT_FALSE(SpeculativeConfig().given);
 }
 
 TEST(SpeculativeConfig, BadValuesNameTheFlagAndKey) {

@@ -146,9 +146,11 @@ def route(h, gate_w, bias, c):
     return selections
 
 
-def forward(c, t, tokens, hidden=None):
+def forward(c, t, tokens, hidden=None, routing=None):
     """Logits [len(tokens), vocab] in float64. `hidden`, if a list, receives the residual stream after each layer
-    ([len(tokens), hidden_size] per layer, before the final norm): the block drafter's input features."""
+    ([len(tokens), hidden_size] per layer, before the final norm): the block drafter's input features. `routing`, if a
+    list, receives each MoE layer's expert ids ([len(tokens), top_k] in order of selection, layer after layer): routing
+    replay's reference."""
     eps = c["rms_norm_eps"]
     s = c["residual_scale"]
     nq, nkv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -186,7 +188,10 @@ def forward(c, t, tokens, hidden=None):
         else:
             m = np.zeros_like(h)
             gate, bias = t[p + "mlp.gate.weight"], t[p + "mlp.gate.e_score_correction_bias"]
-            for row, (sel, w) in enumerate(route(h, gate, bias, c)):
+            selections = route(h, gate, bias, c)
+            if routing is not None:
+                routing.append(np.array([sel for sel, _ in selections], dtype=np.int64))
+            for row, (sel, w) in enumerate(selections):
                 for e, weight in zip(sel, w):
                     e_p = f"{p}mlp.experts.{e}."
                     m[row] += weight * swiglu(h[row:row + 1], t[e_p + "gate_proj.weight"], t[e_p + "up_proj.weight"],

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Decode throughput of `beamline serve` with and without dflash speculative decoding, per batch size.
+
+For each server configuration (no speculation; dflash with the given drafter and K) the model is served once, then for
+each batch size B, B concurrent greedy /v1/completions requests are sent after a warm-up request: with --heldout, the
+first B model-turn prompts of beam-nano's held-out conversations (tools/data/generate.py; the rendered Harmony prompt
+tokenized with `beamline tokenize --allow-special`), each answered up to its end or D tokens; else a short text prompt
+and D output tokens (ignore_eos), text the drafter was not trained on. Output tokens per second = B * D / wall time of the batch (the short
+prompts' prefill included: it is one step). The spec-decode counters of /metrics (drafts, draft tokens, accepted) are
+read before and after each batch, so that each row shows its mean tokens per drafted step (1 + accepted / drafts) and
+its acceptance rate. Prints a Markdown table.
+
+Usage: python3 bench/dflash_throughput.py BINARY --model DIR --drafter DIR [--k 7] [--batches 1,16] [--decode 256]
+                                          [--heldout FILE] [--rounds R]
+                                          [--device cuda] [--serve-args '...']
+"""
+import argparse
+import concurrent.futures
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+PORT = 8124
+PROMPTS = ["The weather in Paris today is", "Write a short story about a robot who", "List three facts about the moon:",
+           "def fibonacci(n):", "Once upon a time, in a small village,", "The capital of Japan is",
+           "Explain photosynthesis in simple words.", "My favourite recipe for pancakes is"]
+
+
+def post(body):
+    request = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=1800) as response:
+        return json.load(response)
+
+
+def counters():
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                     "vllm:spec_decode_num_accepted_tokens_total"):
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                values[name] = values.get(name, 0.0) + float(line.split()[-1])
+    return values
+
+
+# `batch` requests in flight at a time, `rounds` each in turn (different prompts), so that short answers still time
+# many steps.
+def run_batch(batch, decode, name, heldout=None, rounds=1):
+    count = batch * rounds
+    if heldout:
+        bodies = [{"model": name, "prompt": heldout[i % len(heldout)], "max_tokens": decode, "temperature": 0}
+                  for i in range(count)]
+    else:
+        bodies = [{"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": decode, "temperature": 0,
+                   "ignore_eos": True} for i in range(count)]
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=batch) as pool:
+        results = list(pool.map(post, bodies))
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(r["usage"]["completion_tokens"] for r in results)
+
+
+def serve(args, speculative):
+    command = [args.binary, "serve", "--model", args.model, "--device", args.device, "--port", str(PORT),
+               "--max-num-seqs", str(max(args.batch_sizes)), "--speculative-config", speculative]
+    command += args.serve_args.split()
+    server = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2):
+                return server, command
+        except OSError:
+            if server.poll() is not None:
+                sys.exit(f"beamline serve exited with {server.returncode}")
+            time.sleep(0.5)
+    server.kill()
+    sys.exit("beamline serve did not become healthy")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("binary")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--decode", type=int, default=256)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--serve-args", default="")
+    parser.add_argument("--rounds", type=int, default=1, help="requests per concurrent slot, one after another")
+    parser.add_argument("--heldout", help="held-out conversations (jsonl with turns[].prompt): their prompts")
+    args = parser.parse_args()
+    args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    heldout = None
+    if args.heldout:
+        prompts = []
+        with open(args.heldout) as f:
+            for line in f:
+                prompts += [turn["prompt"] for turn in json.loads(line)["turns"]]
+                if len(prompts) >= max(args.batch_sizes) * args.rounds:
+                    break
+        encoded = subprocess.run([args.binary, "tokenize", "--model", args.model, "--allow-special", "--jsonl"],
+                                 input="".join(json.dumps(p) + "\n" for p in prompts), capture_output=True, text=True,
+                                 check=True).stdout
+        heldout = [[int(t) for t in line.split()] for line in encoded.splitlines() if line.strip()]
+    name = args.model.rstrip("/").split("/")[-1]
+    configs = [("none", "none"),
+               (f"dflash K={args.k}", json.dumps({"method": "dflash", "model": args.drafter,
+                                                  "num_speculative_tokens": args.k}))]
+    rows = []
+    for label, speculative in configs:
+        server, command = serve(args, speculative)
+        try:
+            print(f"`{' '.join(command[1:])}`", file=sys.stderr)
+            run_batch(1, 16, name)  # warm-up
+            for batch in args.batch_sizes:
+                before = counters()
+                elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+                after = counters()
+                delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+                drafts = delta.get("vllm:spec_decode_num_drafts_total", 0.0)
+                accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+                draft_tokens = delta.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
+                rows.append((label, batch, produced, elapsed, drafts, accepted, draft_tokens))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    what = f"{args.rounds} requests per slot, "
+    what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else "text prompts, {args.decode}"
+    print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {what} output tokens per request, "
+          f"device {args.device}\n")
+    print("| speculation | batch | output tokens | wall s | output tokens/s | tokens per drafted step | acceptance |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, batch, produced, elapsed, drafts, accepted, draft_tokens in rows:
+        per_step = f"{1 + accepted / drafts:.2f}" if drafts else "-"
+        rate = f"{accepted / draft_tokens:.3f}" if draft_tokens else "-"
+        print(f"| {label} | {batch} | {produced} | {elapsed:.2f} | {produced / elapsed:.0f} | {per_step} | {rate} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+#include "spec/block_drafter.h"
+
+#include <array>
+#include <cmath>
+
+#include "util/error.h"
+
+namespace beamline {
+
+class BlockDrafter::PackedInts {
+ public:
+  std::size_t add(std::span<const int32_t> values) {
+    offsets_.push_back(values_.size());
+    values_.insert(values_.end(), values.begin(), values.end());
+    return offsets_.size() - 1;
+  }
+  // An AttentionBatch's four index tensors, to be attached once uploaded.
+  std::array<std::size_t, 4> add(const AttentionBatch& batch) {
+    return {add(batch.host_positions), add(batch.host_row_sequence), add(batch.host_query_start),
+            add(batch.host_seq_lens)};
+  }
+  void upload(Backend& backend) {
+    device_ = backend.upload_i32(values_, {static_cast<int64_t>(values_.size())});
+  }
+  Tensor view(std::size_t part, std::vector<int64_t> shape) const {
+    return device_.view(static_cast<int64_t>(offsets_.at(part)), std::move(shape));
+  }
+  void attach(const std::array<std::size_t, 4>& parts, AttentionBatch& batch) const {
+    const int64_t rows = batch.num_rows(), sequences = batch.num_sequences();
+    batch.positions = view(parts[0], {rows});
+    batch.row_sequence = view(parts[1], {rows});
+    batch.query_start = view(parts[2], {sequences + 1});
+    batch.seq_lens = view(parts[3], {sequences});
+  }
+
+ private:
+  std::vector<int32_t> values_;
+  std::vector<std::size_t> offsets_;
+  Tensor device_;
+};
+
+namespace {
+
+Tensor load(Backend& backend, const SafetensorsArchive& archive, const std::string& name) {
+  return backend.load_weight(archive.at(name));
+}
+
+LinearTensors load_linear(Backend& backend, const SafetensorsArchive& archive, const std::string& name) {
+  return {load(backend, archive, name), Tensor(), Tensor()};
+}
+
+}  // namespace
+
+BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences)
+    : checkpoint_(std::move(checkpoint)),
+      target_(target),
+      backend_(target.backend()),
+      ring_(static_cast<int32_t>(checkpoint_.config.sliding_window), static_cast<int32_t>(checkpoint_.config.block_size),
+            max_sequences) {
+  const DrafterConfig& c = checkpoint_.config;
+  const ModelConfig& t = target.config();
+  // Row i of the block reaches every block key through a window of W_d + B - 1 - i keys only while i < W_d.
+  require(c.sliding_window >= c.block_size,
+          "{}: key \"sliding_window\": {} is below dflash_config.block_size {}, which this drafter does not run",
+          (checkpoint_.archive->source() / "config.json").string(), c.sliding_window, c.block_size);
+  require(target.embed_tokens().defined() && target.final_norm().defined(),
+          "--speculative-config: the dflash drafter needs the whole target on one process");
+  eps_ = static_cast<float>(c.rms_norm_eps.value_or(t.rms_norm_eps));
+  residual_scale_ = static_cast<float>(c.residual_scale.value_or(t.residual_scale));
+  target_eps_ = static_cast<float>(t.rms_norm_eps);
+  const SafetensorsArchive& archive = *checkpoint_.archive;
+  fc_ = load_linear(backend_, archive, "fc.weight");
+  hidden_norm_ = load(backend_, archive, "hidden_norm.weight");
+  for (int64_t j = 0; j < c.num_hidden_layers; ++j) {
+    const auto name = [j](std::string_view suffix) { return fmt::format("layers.{}.{}", j, suffix); };
+    Layer layer;
+    layer.input_norm = load(backend_, archive, name("input_layernorm.weight"));
+    layer.post_attention_norm = load(backend_, archive, name("post_attention_layernorm.weight"));
+    layer.pre_feedforward_norm = load(backend_, archive, name("pre_feedforward_layernorm.weight"));
+    layer.post_feedforward_norm = load(backend_, archive, name("post_feedforward_layernorm.weight"));
+    layer.q = load_linear(backend_, archive, name("self_attn.q_proj.weight"));
+    layer.k = load_linear(backend_, archive, name("self_attn.k_proj.weight"));
+    layer.v = load_linear(backend_, archive, name("self_attn.v_proj.weight"));
+    layer.o = load_linear(backend_, archive, name("self_attn.o_proj.weight"));
+    layer.mlp = {load_linear(backend_, archive, name("mlp.gate_proj.weight")),
+                 load_linear(backend_, archive, name("mlp.up_proj.weight")),
+                 load_linear(backend_, archive, name("mlp.down_proj.weight"))};
+    layers_.push_back(std::move(layer));
+  }
+  const std::vector<int64_t> shape{max_sequences, c.num_hidden_layers, ring_.ring_size(), c.num_key_value_heads,
+                                   c.head_dim};
+  pool_.k = backend_.alloc(DType::F32, shape);
+  pool_.v = backend_.alloc(DType::F32, shape);
+  backend_.fill_zero(pool_.k);
+  backend_.fill_zero(pool_.v);
+  target.capture_hidden_after(c.target_layer_ids);
+}
+
+AttentionParams BlockDrafter::attention_params(int32_t layer, int32_t window) const {
+  const DrafterConfig& c = checkpoint_.config;
+  AttentionParams params;
+  params.num_heads = static_cast<int32_t>(c.num_attention_heads);
+  params.num_kv_heads = static_cast<int32_t>(c.num_key_value_heads);
+  params.head_dim = static_cast<int32_t>(c.head_dim);
+  params.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  params.sliding_window = window;
+  params.slot = layer;
+  return params;
+}
+
+void BlockDrafter::commit(std::span<const VerifiedRows> rows) {
+  const DrafterConfig& c = checkpoint_.config;
+  const Tensor& captured = target_.captured_hidden();
+  if (!captured.defined()) return;  // no target step yet
+  const int64_t num_features = captured.dim(0), step_rows = captured.dim(1), hidden = captured.dim(2);
+  std::vector<int32_t> gather, positions, ring_positions, query_start{0}, seq_lens, tables;
+  for (const VerifiedRows& verified : rows) {
+    if (verified.count <= 0) continue;
+    require(verified.first_row >= 0 && verified.first_row + verified.count <= step_rows,
+            "context features: rows [{}, {}) are outside the step's {} rows", verified.first_row,
+            verified.first_row + verified.count, step_rows);
+    const int64_t end = verified.first_position + verified.count;
+    const ContextFeatureRing::Write write = ring_.begin_write(verified.sequence, verified.first_position, end);
+    for (int64_t position = write.first; position < end; ++position) {
+      const int64_t row = verified.first_row + (position - verified.first_position);
+      for (int64_t l = 0; l < num_features; ++l) gather.push_back(static_cast<int32_t>(l * step_rows + row));
+      positions.push_back(static_cast<int32_t>(position));
+      ring_positions.push_back(static_cast<int32_t>(position - write.ring.shift));
+    }
+    query_start.push_back(static_cast<int32_t>(positions.size()));
+    seq_lens.push_back(static_cast<int32_t>(end - write.ring.shift));
+    tables.insert(tables.end(), {write.ring.slot, write.ring.slot});
+  }
+  if (positions.empty()) return;
+  const auto count = static_cast<int64_t>(positions.size()), sequences = static_cast<int64_t>(seq_lens.size());
+
+  PackedInts ints;
+  const std::size_t gather_part = ints.add(gather), positions_part = ints.add(positions),
+                    tables_part = ints.add(tables);
+  AttentionBatch batch = Backend::describe_attention_batch(ring_positions, query_start, seq_lens);
+  const auto batch_parts = ints.add(batch);
+  ints.upload(backend_);
+  ints.attach(batch_parts, batch);
+  const Tensor rope_positions = ints.view(positions_part, {count});
+  const Tensor table = ints.view(tables_part, {sequences, 2});
+
+  // c_t = rms(concat_l(h_l,t) fcᵀ, hidden_norm): the concatenation gathered row by row from the capture.
+  Tensor concat = backend_.alloc(DType::F32, {count * num_features, hidden});
+  backend_.embedding(captured.reshaped({num_features * step_rows, hidden}), ints.view(gather_part, {count * num_features}),
+                     concat);
+  Tensor fused = backend_.alloc(DType::F32, {count, hidden});
+  backend_.linear(concat.reshaped({count, num_features * hidden}), fc_, fused);
+  Tensor features = backend_.alloc(DType::F32, {count, hidden});
+  backend_.rms_norm(fused, hidden_norm_, eps_, features);
+
+  const int64_t kv_width = c.num_key_value_heads * c.head_dim;
+  Tensor k = backend_.alloc(DType::F32, {count, kv_width});
+  Tensor v = backend_.alloc(DType::F32, {count, kv_width});
+  for (std::size_t j = 0; j < layers_.size(); ++j) {
+    const std::array<const LinearTensors*, 2> weights{&layers_[j].k, &layers_[j].v};
+    const std::array<Tensor*, 2> outputs{&k, &v};
+    backend_.linear_many(features, weights, outputs);
+    backend_.rope(k, rope_positions, static_cast<int32_t>(c.num_key_value_heads), static_cast<int32_t>(c.head_dim),
+                  static_cast<float>(c.rope_theta));
+    backend_.write_kv(k, v, pool_, static_cast<int32_t>(j), table, batch);
+  }
+}
+
+std::vector<std::vector<int32_t>> BlockDrafter::propose(std::span<const DraftAnchor> anchors, int32_t num_tokens) {
+  std::vector<std::vector<int32_t>> drafts(anchors.size());
+  const BlockLogits pass = block_logits(anchors, num_tokens);
+  if (pass.drafting.empty()) return drafts;
+  const auto sequences = static_cast<int64_t>(pass.drafting.size()), rows = pass.logits.dim(0);
+  std::vector<SampleRow> argmax(static_cast<std::size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    argmax[static_cast<std::size_t>(r)].logit_row = static_cast<int32_t>(r);
+    argmax[static_cast<std::size_t>(r)].greedy = true;
+  }
+  SampleOutputs sampled;
+  sampled.tokens = backend_.alloc(DType::I32, {rows});
+  backend_.sample(pass.logits, argmax, sampled);
+  const std::vector<int32_t> chosen = backend_.download_i32(sampled.tokens);
+  for (int64_t r = 0; r < rows; ++r)
+    drafts[pass.drafting[static_cast<std::size_t>(r % sequences)]].push_back(chosen[static_cast<std::size_t>(r)]);
+  return drafts;
+}
+
+BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor> anchors, int32_t num_tokens) {
+  const DrafterConfig& c = checkpoint_.config;
+  const ModelConfig& target = target_.config();
+  const auto block = static_cast<int32_t>(c.block_size);
+  require(num_tokens >= 1 && num_tokens < block, "block drafter: {} draft tokens asked of blocks of {}", num_tokens,
+          block);
+  BlockLogits result;
+  std::vector<std::size_t>& drafting = result.drafting;  // anchors whose context is there
+  std::vector<RingWindow> windows;
+  for (std::size_t a = 0; a < anchors.size(); ++a) {
+    if (const std::optional<RingWindow> window = ring_.begin_draft(anchors[a].sequence, anchors[a].position)) {
+      drafting.push_back(a);
+      windows.push_back(*window);
+    }
+  }
+  if (drafting.empty()) return result;
+  const auto sequences = static_cast<int32_t>(drafting.size());
+  const int64_t rows = int64_t{block} * sequences;
+
+  // Block-row-major: row i * S + s is block row i of drafting sequence s.
+  std::vector<int32_t> tokens, positions, write_positions, write_starts{0}, write_lens, write_tables;
+  std::vector<int32_t> query_positions, query_starts{0}, query_lens, query_tables, logit_rows;
+  for (int32_t i = 0; i < block; ++i) {
+    for (int32_t s = 0; s < sequences; ++s) {
+      const DraftAnchor& anchor = anchors[drafting[static_cast<std::size_t>(s)]];
+      const RingWindow& window = windows[static_cast<std::size_t>(s)];
+      const int64_t position = anchor.position + i;
+      tokens.push_back(i == 0 ? anchor.token : static_cast<int32_t>(c.mask_token_id));
+      positions.push_back(static_cast<int32_t>(position));
+      write_positions.push_back(static_cast<int32_t>(position - window.shift));
+      write_starts.push_back(static_cast<int32_t>(write_positions.size()));
+      write_lens.push_back(static_cast<int32_t>(anchor.position + block - window.shift));
+      write_tables.insert(write_tables.end(), {window.slot, window.slot});
+      if (i >= 1 && i <= num_tokens) logit_rows.push_back(i * sequences + s);
+    }
+  }
+  // Every query of the block attends as the block's last position; the window (per block row) does the rest.
+  for (int32_t s = 0; s < sequences; ++s) {
+    const DraftAnchor& anchor = anchors[drafting[static_cast<std::size_t>(s)]];
+    const RingWindow& window = windows[static_cast<std::size_t>(s)];
+    query_positions.push_back(static_cast<int32_t>(anchor.position + block - 1 - window.shift));
+    query_starts.push_back(s + 1);
+    query_lens.push_back(static_cast<int32_t>(anchor.position + block - window.shift));
+    query_tables.insert(query_tables.end(), {window.slot, window.slot});
+  }
+  PackedInts ints;
+  const std::size_t tokens_part = ints.add(tokens), positions_part = ints.add(positions),
+                    write_tables_part = ints.add(write_tables), query_tables_part = ints.add(query_tables),
+                    logit_rows_part = ints.add(logit_rows);
+  AttentionBatch writes = Backend::describe_attention_batch(write_positions, write_starts, write_lens);
+  AttentionBatch queries = Backend::describe_attention_batch(query_positions, query_starts, query_lens);
+  const auto write_parts = ints.add(writes), query_parts = ints.add(queries);
+  ints.upload(backend_);
+  ints.attach(write_parts, writes);
+  ints.attach(query_parts, queries);
+  const Tensor rope_positions = ints.view(positions_part, {rows});
+  const Tensor write_table = ints.view(write_tables_part, {rows, 2});
+  const Tensor query_table = ints.view(query_tables_part, {sequences, 2});
+
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads,
+                head_dim = c.head_dim, q_width = heads * head_dim;
+  const auto theta = static_cast<float>(c.rope_theta);
+  Tensor y = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor h = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor branch = backend_.alloc(DType::F32, {rows, hidden});
+  Tensor q = backend_.alloc(DType::F32, {rows, q_width});
+  Tensor attention = backend_.alloc(DType::F32, {rows, q_width});
+  Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
+  Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
+  backend_.embedding(target_.embed_tokens(), ints.view(tokens_part, {rows}), y);
+  for (std::size_t j = 0; j < layers_.size(); ++j) {
+    const Layer& layer = layers_[j];
+    const auto slot = static_cast<int32_t>(j);
+    backend_.rms_norm(y, layer.input_norm, eps_, h);
+    const std::array<const LinearTensors*, 3> weights{&layer.q, &layer.k, &layer.v};
+    const std::array<Tensor*, 3> outputs{&q, &k, &v};
+    backend_.linear_many(h, weights, outputs);
+    backend_.rope(q, rope_positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
+    backend_.rope(k, rope_positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
+    backend_.write_kv(k, v, pool_, slot, write_table, writes);
+    for (int32_t i = 0; i < block; ++i) {
+      const Tensor rows_q = q.view(int64_t{i} * sequences * q_width, {sequences, q_width});
+      Tensor rows_out = attention.view(int64_t{i} * sequences * q_width, {sequences, q_width});
+      const auto window = static_cast<int32_t>(c.sliding_window + block - 1 - i);
+      backend_.paged_attention(rows_q, pool_, query_table, queries, attention_params(slot, window), rows_out);
+    }
+    backend_.linear(attention, layer.o, branch);
+    backend_.add_rms_norm(y, branch, layer.post_attention_norm, eps_, residual_scale_);
+    backend_.rms_norm(y, layer.pre_feedforward_norm, eps_, h);
+    backend_.swiglu(h, layer.mlp, branch);
+    backend_.add_rms_norm(y, branch, layer.post_feedforward_norm, eps_, residual_scale_);
+  }
+
+  // Block rows 1..K through the target's final norm, LM head and softcap; the draft is their argmax.
+  const auto num_logits = static_cast<int64_t>(logit_rows.size());
+  Tensor logits = backend_.alloc(DType::F32, {num_logits, target.vocab_size});
+  backend_.lm_head(y, ints.view(logit_rows_part, {num_logits}), target_.final_norm(), target_eps_, target_.lm_head(),
+                   static_cast<float>(target.final_logit_softcapping), logits);
+  result.logits = logits;
+  return result;
+}
+
+}  // namespace beamline

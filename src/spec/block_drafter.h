@@ -1,0 +1,85 @@
+#pragma once
+// The DFlash-style block drafter's forward pass (docs/model-format.md §6, exact math in DRAFTER_SEMANTICS.md): one
+// pass over the anchor and B - 1 mask tokens of every drafting sequence proposes B - 1 tokens each, reading the
+// target's hidden states of the committed context through per-sequence context features (spec/context_features.h).
+// Written against the Backend op set, so the CPU and CUDA backends both run it.
+//
+// The attention of a draft layer (context keys within the window plus every key of the block) needs no op of its own:
+// the block's K/V are written into the sequence's ring after its context, and the block's row i is then a one-row
+// query at the block's last position with a window of W_d + B - 1 - i keys, which reaches back exactly to the oldest
+// context key row i may see (P + i - t < W_d) and forward over the whole block. Rows are laid out block-row-major
+// (row i of every sequence together), so each of the B attention calls per layer reads a contiguous slice.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "checkpoint/drafter_checkpoint.h"
+#include "model/beam_model.h"
+#include "model/forward_batch.h"
+#include "spec/context_features.h"
+
+namespace beamline {
+
+// Rows [first_row, first_row + count) of a target step, at positions first_position.., of `sequence`, all verified.
+struct VerifiedRows {
+  int64_t sequence = 0;
+  int32_t first_row = 0;
+  int64_t first_position = 0;
+  int32_t count = 0;
+};
+
+// A draft asked for: the sequence's last token `token` (not yet through the target) at `position` P.
+struct DraftAnchor {
+  int64_t sequence = 0;
+  int64_t position = 0;
+  int32_t token = 0;
+};
+
+class BlockDrafter {
+ public:
+  // `target` must outlive the drafter (its embeddings, final norm and LM head are shared); the drafter tells it which
+  // hidden states to capture. `max_sequences` sequences keep context features at once.
+  BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences);
+
+  const DrafterConfig& config() const { return checkpoint_.config; }
+
+  // The context features of the rows of the target's latest step (BeamModel::captured_hidden) that are verified.
+  void commit(std::span<const VerifiedRows> rows);
+  // Up to `num_tokens` (<= B - 1) draft tokens per anchor, in order; empty for a sequence whose context features do
+  // not cover its window yet (spec/context_features.h).
+  std::vector<std::vector<int32_t>> propose(std::span<const DraftAnchor> anchors, int32_t num_tokens);
+
+  // The pass itself: the block logits of rows 1..num_tokens of the anchors that draft (`drafting`, indices into the
+  // anchors), F32 [num_tokens * drafting.size(), vocab] block-row-major (row (i - 1) * S + s is block row i of drafting
+  // anchor s). An anchor at position 0 drafts with no context.
+  struct BlockLogits {
+    std::vector<std::size_t> drafting;
+    Tensor logits;
+  };
+  BlockLogits block_logits(std::span<const DraftAnchor> anchors, int32_t num_tokens);
+  void forget(int64_t sequence) { ring_.forget(sequence); }
+
+ private:
+  struct Layer {
+    Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
+    LinearTensors q, k, v, o;
+    SwigluTensors mlp;
+  };
+  // One upload for a pass's index data: each part appended, then views of the uploaded tensor.
+  class PackedInts;
+
+  AttentionParams attention_params(int32_t layer, int32_t window) const;
+
+  DrafterCheckpoint checkpoint_;  // its archive keeps the CPU backend's borrowed weights mapped
+  BeamModel& target_;
+  Backend& backend_;
+  float eps_, residual_scale_, target_eps_;
+  LinearTensors fc_;
+  Tensor hidden_norm_;
+  std::vector<Layer> layers_;
+  ContextFeatureRing ring_;
+  PagedKvPool pool_;  // [max_sequences, layers, R, kv_heads, head_dim] F32
+};
+
+}  // namespace beamline

@@ -1,0 +1,59 @@
+"""A `beamline serve` process for the Python checks of tools/reference, and a small JSON client (stdlib only)."""
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def post(base, path, body, stream=False):
+    """(status, JSON body); streamed, (status, the list of SSE events' JSON)."""
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read().decode())
+    if not stream:
+        return status, json.loads(text)
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    return status, events
+
+
+class Server:
+    """Serves `model` on a free port (read from the start-up log) until stop()."""
+
+    def __init__(self, beamline, model, device, extra):
+        args = [beamline, "serve", "--model", model, "--device", device, "--port", "0", "--max-model-len", "512",
+                "--kv-cache-memory", "64M", "--block-size", "8"] + extra
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log = ""
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.log += line
+            match = re.search(r"at http://[^:]+:(\d+)/v1", line)
+            if match:
+                self.base = f"http://127.0.0.1:{match.group(1)}"
+                # The log keeps being read, so that a full pipe never stalls the server.
+                threading.Thread(target=self._drain, daemon=True).start()
+                return
+        self.stop()
+        sys.exit(f"the server did not start:\n{self.log}")
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log += line
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
