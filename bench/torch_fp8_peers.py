@@ -8,7 +8,10 @@ MoE: the FP32 router, then torch._scaled_grouped_mm experts (rowwise scales; tok
 SwiGLU, down, weighted sum back), in one CUDA graph where it can be captured, else eagerly (the table says which). Floors as in `backend_ops perf fp8`: max(bytes incl. scales / 4.8 TB/s,
 FLOPs / 1,341 TFLOP/s).
 
-Usage: python3 bench/torch_fp8_peers.py [--rows 1,2,4,8,64,1024] [--tokens 1,16,64,256,1024,8192]
+With --blockwise the projections use block-128 scales instead (torch.nn.functional.scaled_mm, BlockWise1x128 activations x
+BlockWise128x128 weights: cuBLASLt's block-scaled matmul, as beamline's FP8 path from 4 rows).
+
+Usage: python3 bench/torch_fp8_peers.py [--rows 1,2,4,8,64,1024] [--tokens 1,16,64,256,1024,8192] [--blockwise]
 """
 import argparse
 import math
@@ -35,6 +38,25 @@ def fp8_weight(out, inp, device):
     w = torch.randn(out, inp, device=device) / inp**0.5
     q, s = quantize_rows(w)
     return q, s.reshape(1, out)
+
+
+def quantize_groups(x):
+    """Per row and 128 columns (DeepSeek-V3's activations): codes and F32 scales [rows, cols / 128], the scales
+    outer-dim-major (rows contiguous) as cuBLASLt's VEC128_32F mode reads them."""
+    rows, cols = x.shape
+    groups = x.reshape(rows, cols // 128, 128)
+    scale = groups.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-10) / E4M3_MAX
+    codes = (groups / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(rows, cols)
+    return codes, scale.reshape(rows, cols // 128).t().contiguous().t()
+
+
+def fp8_block_weight(out, inp, device):
+    """FP8 block-128 weight (the checkpoint's layout): codes [out, in] and one F32 scale per 128 x 128 block."""
+    w = torch.randn(out, inp, device=device) / inp**0.5
+    blocks = w.reshape(out // 128, 128, inp // 128, 128)
+    scale = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-10) / E4M3_MAX
+    codes = (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).reshape(out, inp)
+    return codes, scale.reshape(out // 128, inp // 128).contiguous()
 
 
 def graph_ms(body, iterations):
@@ -67,8 +89,9 @@ def eager_ms(body, iterations):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def bench_linear(rows_list, iterations, device):
-    print(f"\nPyTorch {torch.__version__} on {torch.cuda.get_device_name()}: torch._scaled_mm, rowwise FP8, CUDA graph\n")
+def bench_linear(rows_list, iterations, device, blockwise):
+    recipe = "block-128 FP8 (BlockWise1x128 x BlockWise128x128)" if blockwise else "rowwise FP8"
+    print(f"\nPyTorch {torch.__version__} on {torch.cuda.get_device_name()}: scaled_mm, {recipe}, CUDA graph\n")
     print("| op | rows | floor ms | PyTorch ms | floor / time |")
     print("| --- | --- | --- | --- | --- |")
     ops = [("q|k|v (one GEMM)", Q + 2 * KV, HIDDEN), ("o", HIDDEN, Q), ("dense gate|up (one GEMM)", 2 * DENSE, HIDDEN),
@@ -76,7 +99,8 @@ def bench_linear(rows_list, iterations, device):
     for name, out, inp in ops:
         nbytes = fp8_bytes(out, inp)
         copies = max(1, math.ceil(256e6 / nbytes))
-        weights = [fp8_weight(out, inp, device) for _ in range(copies)]
+        make = fp8_block_weight if blockwise else fp8_weight
+        weights = [make(out, inp, device) for _ in range(copies)]
         for rows in rows_list:
             if name == "LM head" and rows > 64:
                 continue
@@ -84,6 +108,13 @@ def bench_linear(rows_list, iterations, device):
             x = torch.randn(padded, inp, device=device)
 
             def body():
+                if blockwise:
+                    xq, xs = quantize_groups(x)
+                    for wq, ws in weights:
+                        torch.nn.functional.scaled_mm(xq, wq.t(), xs, torch.nn.functional.ScalingType.BlockWise1x128,
+                                                      ws.t(), torch.nn.functional.ScalingType.BlockWise128x128,
+                                                      output_dtype=torch.bfloat16)
+                    return
                 xq, xs = quantize_rows(x)
                 for wq, ws in weights:
                     torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
@@ -165,10 +196,13 @@ def main():
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--no-linear", action="store_true")
     parser.add_argument("--no-moe", action="store_true")
+    parser.add_argument("--blockwise", action="store_true",
+                        help="projections with block-128 scales (activations per token and 128 channels, weights per "
+                             "128 x 128 block), beamline's scheme, instead of rowwise")
     args = parser.parse_args()
     torch.manual_seed(1)
     if not args.no_linear:
-        bench_linear([int(r) for r in args.rows.split(",")], args.iterations, "cuda")
+        bench_linear([int(r) for r in args.rows.split(",")], args.iterations, "cuda", args.blockwise)
     if not args.no_moe:
         bench_moe([int(t) for t in args.tokens.split(",")], args.iterations, "cuda")
 

@@ -63,8 +63,6 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, KvCacheLayout layo
     : layout_(std::move(layout)) {
   require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F8_E4M3,
           "KV cache: dtype {} is not supported (F32, BF16 or F8_E4M3)", dtype_name(dtype));
-  require(dtype != DType::F8_E4M3 || backend.device() == Device::Cpu,
-          "--kv-cache-dtype fp8: the {} backend has no FP8 KV cache yet (the cpu backend has)", backend.name());
   require(layout_.num_blocks > 0, "KV cache: the layout has no blocks");
   const std::vector<int64_t> shape{layout_.num_blocks, layout_.slots_per_block, layout_.block_size,
                                    config.num_key_value_heads, config.head_dim};

@@ -254,6 +254,7 @@ struct PerfOptions {
   uint64_t seed = 1;
   std::string filter;
   std::string dtype = "float32";
+  std::string kv_cache_dtype = "bfloat16";
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -296,12 +297,15 @@ void run_perf(const PerfOptions& options) {
     pool_blocks = std::max(pool_blocks, c.batch * per_sequence);
   }
   const std::vector<int64_t> pool_shape{pool_blocks, 1, kBlockSize, kKvHeads, kDim};
-  PagedKvPool pool{backend.random_weight(DType::BF16, pool_shape, options.seed, 0.0f, 1.0f),
-                   backend.random_weight(DType::BF16, pool_shape, options.seed + 1, 0.0f, 1.0f)};
-  const double block_bytes = 2.0 * 2.0 * kBlockSize * kKvHeads * kDim;  // K and V, BF16
-  spdlog::info("perf attention: {}, BF16 KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
-               backend.device_description(), pool_blocks, static_cast<double>(pool_blocks) * block_bytes / (1ull << 30),
-               options.dtype);
+  // FP8 pools (--kv-cache-dtype fp8): E4M3 codes of normal(0, 1), a per-tensor scale of 1.0 as the runner writes them.
+  const DType kv_dtype = options.kv_cache_dtype == "fp8" ? DType::F8_E4M3 : DType::BF16;
+  PagedKvPool pool{backend.random_weight(kv_dtype, pool_shape, options.seed, 0.0f, 1.0f),
+                   backend.random_weight(kv_dtype, pool_shape, options.seed + 1, 0.0f, 1.0f)};
+  const double element_bytes = static_cast<double>(dtype_size(kv_dtype));
+  const double block_bytes = 2.0 * element_bytes * kBlockSize * kKvHeads * kDim;  // K and V
+  spdlog::info("perf attention: {}, {} KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
+               backend.device_description(), dtype_name(kv_dtype), pool_blocks,
+               static_cast<double>(pool_blocks) * block_bytes / (1ull << 30), options.dtype);
   std::mt19937_64 rng(options.seed);
   cudaEvent_t marks[2];
   for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
@@ -323,7 +327,7 @@ void run_perf(const PerfOptions& options) {
       keys += static_cast<double>(c.window > 0 ? std::min<int64_t>(c.cached + c.added, c.window) : c.cached + c.added);
     }
     const AttentionBatch batch = backend.make_attention_batch(positions, query_start, seq_lens);
-    const double kv_bytes = keys * kKvHeads * kDim * 2.0 * 2.0;
+    const double kv_bytes = keys * kKvHeads * kDim * 2.0 * element_bytes;
     const bool decode = c.added == 1;
     // Block tables over disjoint, shuffled parts of the pool, enough of them to defeat L2.
     const int64_t needed = c.batch * per_sequence;
@@ -392,7 +396,7 @@ void add_attention_perf(CLI::App& perf) {
   auto options = std::make_shared<PerfOptions>();
   CLI::App* command = perf.add_subcommand(
       "attention",
-      "Time paged attention (decode and prefill, Beam-1.0 shapes, BF16 KV) on the GPU next to the HBM and "
+      "Time paged attention (decode and prefill, Beam-1.0 shapes, BF16 or FP8 KV) on the GPU next to the HBM and "
       "tensor-core floors");
   command->add_option("--iterations", options->iterations, "timed samples per case (median reported)")
       ->capture_default_str();
@@ -402,6 +406,9 @@ void add_attention_perf(CLI::App& perf) {
   command->add_option("--dtype", options->dtype,
                       "compute dtype: float32 (FP32-accurate split operands) or bfloat16 (one rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
+  command->add_option("--kv-cache-dtype", options->kv_cache_dtype, "the pool's dtype: bfloat16, or fp8 (E4M3, scale 1)")
+      ->check(CLI::IsMember({"bfloat16", "fp8"}))
       ->capture_default_str();
   command->callback([options] {
 #ifdef BEAMLINE_HAVE_CUDA

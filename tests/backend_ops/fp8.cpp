@@ -20,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -167,10 +168,13 @@ void test_fp8_linear(Harness& harness) {
     std::vector<int64_t> rows;
     const char* what;
   };
+  // On the CUDA backend, rows that are a multiple of 4 with ceil(in / 128) a multiple of 4 take cuBLASLt's
+  // block-scaled matmul (CudaBackend::kFp8CublasMinRows), the others above one row the wgmma GEMMs.
   std::vector<Case> cases{{5120, 6144, {1, 2, 3, 8, 16, 64, 300}, "q"},
-                          {6144, 5120, {1, 5, 130}, "o"},
-                          {2560, 5120, {2, 33}, "down"},
-                          {336, 77, {1, 2, 3, 9, 200}, "odd: in not a multiple of 128, out not of 64"}};
+                          {6144, 5120, {1, 5, 130, 256}, "o"},
+                          {2560, 5120, {2, 33, 36}, "down"},
+                          {336, 77, {1, 2, 3, 9, 200}, "odd: in not a multiple of 128, out not of 64"},
+                          {464, 200, {4, 68, 129}, "ceil(in/128) = 4 with in not a multiple of 128, out not of 128"}};
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
   Fp8Weights weights(harness);
   for (const Case& c : cases) {
@@ -253,7 +257,7 @@ void test_fp8_swiglu(Harness& harness) {
     int64_t hidden, intermediate;
     std::vector<int64_t> rows;
   };
-  std::vector<Case> cases{{5120, 2560, {1, 2, 7, 64}}, {336, 208, {1, 5, 70}}};
+  std::vector<Case> cases{{5120, 2560, {1, 2, 7, 64}}, {336, 208, {1, 5, 70}}, {512, 384, {3, 12}}};
   if (harness.small_only()) cases.erase(cases.begin());
   Fp8Weights weights(harness);
   for (const Case& c : cases) {
@@ -458,8 +462,8 @@ void bench_linear(CudaBackend& backend, const ModelConfig& config, uint64_t& see
          fp8_weight(backend, hidden, inter, seed, 1.0f / std::sqrt(static_cast<float>(inter)))};
   const LinearTensors head = fp8_weight(backend, vocab, hidden, seed, 4.0f * in_scale);
   const Tensor norm = backend.random_weight(DType::BF16, {hidden}, seed++, 0.0f, 1.0f);
-  std::printf("\n| op | weights | rows | floor ms | beamline ms (path) | floor / time | TB/s | TFLOP/s | wgmma ms at "
-              "streamed rows |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("\n| op | weights | rows | floor ms | beamline ms (path) | floor / time | TB/s | TFLOP/s | wgmma ms where "
+              "another path ran |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const int64_t rows : options.rows) {
     const Tensor h = backend.random_weight(DType::F32, {rows, hidden}, seed++, 0.0f, 1.0f);
     const Tensor attended = backend.random_weight(DType::F32, {rows, q_width}, seed++, 0.0f, 1.0f);
@@ -498,23 +502,30 @@ void bench_linear(CudaBackend& backend, const ModelConfig& config, uint64_t& see
         {"LM head (norm + soft cap)", head_bytes, 2.0 * static_cast<double>(head_rows * hidden * vocab), head_rows,
          [&] { backend.lm_head(h, logit_rows, norm, 1e-6f, head, 30.0f, logits); }}};
     const int copies[] = {qkv_copies, static_cast<int>(attention.size()), static_cast<int>(mlp.size()), 1};
+    // The first projection's shape of each op decides its W8A8 path label (the others share in and rows).
+    const int64_t first_out[] = {q_width, hidden, inter, vocab}, first_in[] = {hidden, q_width, hidden, hidden};
+    const int64_t cublas_rows = backend.fp8_cublas_min_rows();
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       if (i == 3 && rows > 64) continue;
       backend.set_streaming_max_rows(CudaBackend::kStreamingMaxRows);
       const double ms = time_graph(backend, op.run, options.iterations, "fp8") / copies[i];
       const bool streamed = op.rows <= CudaBackend::kFp8StreamingMaxRows;
+      const bool cublas = !streamed && i != 3 && backend.fp8_cublas_path(op.rows, first_in[i], first_out[i]);
       double wgmma_ms = 0.0;
-      if (streamed) {
+      if (streamed || cublas) {
         backend.set_streaming_max_rows(0);
+        backend.set_fp8_cublas_min_rows(std::numeric_limits<int64_t>::max());
         wgmma_ms = time_graph(backend, op.run, options.iterations, "fp8") / copies[i];
         backend.set_streaming_max_rows(CudaBackend::kStreamingMaxRows);
+        backend.set_fp8_cublas_min_rows(cublas_rows);
       }
       const double floor_ms = std::max(op.bytes / kHbmBytesPerSecond, op.flops / kFp8FlopsPerSecond) * 1e3;
       std::printf("| %s | %.0f MB | %lld | %.4f | %.4f (%s) | %.2f | %.2f | %.0f | %s |\n", op.name, op.bytes / 1e6,
-                  static_cast<long long>(op.rows), floor_ms, ms, streamed ? "W8A16 streamed" : "W8A8 wgmma",
-                  floor_ms / ms, op.bytes / (ms * 1e-3) / 1e12, op.flops / (ms * 1e-3) / 1e12,
-                  streamed ? fmt::format("{:.4f}", wgmma_ms).c_str() : "—");
+                  static_cast<long long>(op.rows), floor_ms, ms,
+                  streamed ? "W8A16 streamed" : cublas ? "W8A8 cuBLASLt" : "W8A8 wgmma", floor_ms / ms,
+                  op.bytes / (ms * 1e-3) / 1e12, op.flops / (ms * 1e-3) / 1e12,
+                  streamed || cublas ? fmt::format("{:.4f}", wgmma_ms).c_str() : "—");
       std::fflush(stdout);
     }
   }

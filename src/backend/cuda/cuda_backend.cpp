@@ -19,6 +19,7 @@
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/fp8_cublaslt.h"
 #include "backend/cuda/quant/micro.h"
 #include "backend/op_checks.h"
 #include "backend/registry.h"
@@ -286,6 +287,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
   BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  fp8_gemm_ = std::make_unique<cuda::fp8::BlockScaledGemm>(cublas_workspace_.raw(), kCublasWorkspaceBytes);
+  if (const char* rows = std::getenv("BEAMLINE_CUDA_FP8_CUBLAS_ROWS")) fp8_cublas_min_rows_ = std::max(0, std::atoi(rows));
   // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
   if (const char* rows = std::getenv("BEAMLINE_CUDA_STREAMING_ROWS")) streaming_max_rows_ = std::max(0, std::atoi(rows));
   if (const char* times = std::getenv("BEAMLINE_CUDA_OP_TIMES"); times != nullptr && std::string_view(times) == "1")
@@ -307,6 +310,7 @@ CudaBackend::~CudaBackend() {
                 static_cast<double>(stats.graph_pool_bytes) / (1 << 20),
                 static_cast<double>(weights_.bytes_used()) / (1 << 20), weights_.chunks());
   staging_.reset();
+  fp8_gemm_.reset();
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
 }
@@ -749,6 +753,10 @@ void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const Line
     }
     return;
   }
+  if (fp8_cublas_takes(rows, weights, ys, softcap)) {
+    fp8_cublas(x, rows, weights, ys);
+    return;
+  }
   // W8A8: the rows quantized once per token and 128 channels, then one FP8 wgmma GEMM per weight.
   Tensor xq = scratch(DType::U8, {rows, in}), xs = scratch(DType::F32, {rows, cuda::fp8::blocks_of(in)});
   check_launch(cuda::fp8::quantize_rows(x, rows, in, xq.data<uint8_t>(), xs.data<float>(), stream_),
@@ -758,6 +766,34 @@ void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const Line
                                    weights[i]->scale.data<const float>(), weights[i]->weight.dim(0), softcap, ys[i],
                                    stream_),
                  "linear (fp8 wgmma)");
+}
+
+bool CudaBackend::fp8_cublas_takes(int64_t rows, std::span<const LinearTensors* const> weights,
+                                   std::span<float* const> ys, float softcap) {
+  if (softcap > 0.0f || rows < fp8_cublas_min_rows_ || weights.empty()) return false;
+  const int64_t in = weights.front()->weight.dim(1);
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    if (!aligned16(ys[i]) || !fp8_gemm_->supports(rows, in, weights[i]->weight.dim(0))) return false;
+  return true;
+}
+
+bool CudaBackend::fp8_cublas_path(int64_t rows, int64_t in, int64_t out) {
+  return rows > std::min(streaming_max_rows_, kFp8StreamingMaxRows) && rows >= fp8_cublas_min_rows_ &&
+         fp8_gemm_->supports(rows, in, out);
+}
+
+// W8A8 on cuBLASLt: the rows quantized once per token and 128 channels (scales token-major, as cuBLASLt reads
+// them), then one block-scaled FP8 matmul per weight.
+void CudaBackend::fp8_cublas(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                             std::span<float* const> ys) {
+  const int64_t in = weights.front()->weight.dim(1);
+  Tensor xq = scratch(DType::U8, {rows, in}), xs = scratch(DType::F32, {cuda::fp8::blocks_of(in), rows});
+  check_launch(cuda::fp8::quantize_rows_token_major(x, rows, in, xq.data<uint8_t>(), xs.data<float>(), stream_),
+               "linear (fp8 quantize)");
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    BEAMLINE_CUBLAS_CHECK(fp8_gemm_->linear(xq.data<const uint8_t>(), xs.data<const float>(), rows, in,
+                                            weights[i]->weight.raw(), weights[i]->scale.data<const float>(),
+                                            weights[i]->weight.dim(0), ys[i], stream_));
 }
 
 void CudaBackend::project_micro(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
@@ -1171,15 +1207,17 @@ bool CudaBackend::swiglu_streaming(const Tensor& h, const SwigluTensors& mlp, Te
   return true;
 }
 
-// Few rows: gate and up streamed in one launch (W8A16), silu_mul, down streamed. More: h quantized, gate|up on FP8
-// wgmma with the SwiGLU fused, its output quantized, down on FP8 wgmma (W8A8).
+// Few rows: gate and up streamed in one launch (W8A16), silu_mul, down streamed. More: h quantized, gate and up on
+// cuBLASLt's block-scaled matmul where it takes the shapes (then silu_mul), else gate|up on FP8 wgmma with the SwiGLU
+// fused; down through project_fp8 (W8A8).
 void CudaBackend::swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), intermediate = mlp.gate.weight.dim(0);
   Tensor activated = scratch(DType::F32, {rows, intermediate});
-  if (rows <= std::min(streaming_max_rows_, kFp8StreamingMaxRows)) {
-    Tensor up = scratch(DType::F32, {rows, intermediate});
-    const LinearTensors* const first[] = {&mlp.gate, &mlp.up};
-    float* const first_out[] = {activated.data<float>(), up.data<float>()};
+  const LinearTensors* const first[] = {&mlp.gate, &mlp.up};
+  Tensor up = scratch(DType::F32, {rows, intermediate});
+  float* const first_out[] = {activated.data<float>(), up.data<float>()};
+  if (rows <= std::min(streaming_max_rows_, kFp8StreamingMaxRows) || fp8_cublas_takes(rows, first, first_out, 0.0f)) {
+    // gate and up in one projection call (streamed, or two cuBLASLt matmuls on one quantization of h), silu_mul.
     project_fp8(h.data<const float>(), rows, first, first_out, 0.0f);
     check_launch(cuda::silu_mul(activated.data<float>(), up.data<const float>(), rows * intermediate, stream_),
                  "swiglu");

@@ -28,6 +28,9 @@
 namespace beamline {
 
 struct PackedExperts;  // cuda_backend.cpp: one MoE layer's device tables
+namespace cuda::fp8 {
+class BlockScaledGemm;  // quant/fp8_cublaslt.h
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -110,6 +113,15 @@ class CudaBackend final : public Backend {
   // the streaming kernel re-reads its F32 activations from L1 for every 16 weight bytes and was 1.7-4x slower than
   // wgmma on the H200 (bench/results/2026-12-02-fp8.md).
   static constexpr int64_t kFp8StreamingMaxRows = 1;
+  // From this many rows, FP8 projections (and the dense SwiGLU's gate and up) whose shapes cuBLASLt's block-scaled
+  // matmul takes (quant/fp8_cublaslt.h: rows a multiple of 4, ceil(in/128) a multiple of 4) run there instead of on
+  // the wgmma GEMMs; BEAMLINE_CUDA_FP8_CUBLAS_ROWS sets it at start and set_fp8_cublas_min_rows for the benchmarks
+  // (a large value: wgmma only).
+  static constexpr int64_t kFp8CublasMinRows = 4;
+  void set_fp8_cublas_min_rows(int64_t rows) { fp8_cublas_min_rows_ = rows; }
+  int64_t fp8_cublas_min_rows() const { return fp8_cublas_min_rows_; }
+  // Whether an FP8 projection of these sizes (above the streamed rows) runs on cuBLASLt now: the benchmarks' label.
+  bool fp8_cublas_path(int64_t rows, int64_t in, int64_t out);
   // MXFP8 and NVFP4 weights (quant/micro.h) stream one row per launch up to this many rows (a launch per row; the
   // MoE token by token at any count); more rows decode each weight to BF16 for the BF16 GEMMs.
   static constexpr int64_t kMicroStreamingMaxRows = 1;
@@ -130,6 +142,13 @@ class CudaBackend final : public Backend {
   void project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
                    std::span<float* const> ys, float softcap);
   void swiglu_fp8(const Tensor& h, const SwigluTensors& mlp, Tensor& out);
+  // Whether ys[i] = x weights[i]ᵀ of `rows` rows goes to cuBLASLt's block-scaled matmul (no soft cap, every weight's
+  // shape supported, 16-byte aligned outputs); fp8_cublas runs it: x quantized once (token-major scales), a matmul per
+  // weight.
+  bool fp8_cublas_takes(int64_t rows, std::span<const LinearTensors* const> weights, std::span<float* const> ys,
+                        float softcap);
+  void fp8_cublas(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
+                  std::span<float* const> ys);
   // The same for MXFP8 / NVFP4 weights of one format and width: streamed (one launch per row) up to
   // kMicroStreamingMaxRows rows, else each weight decoded exactly to BF16 scratch and projected by the BF16 GEMMs.
   void project_micro(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
@@ -169,6 +188,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;  // a graph is being recorded (its tensors come from the allocator's graph pool)
   int64_t weights_loaded_ = 0;
   int64_t streaming_max_rows_ = kStreamingMaxRows;
+  int64_t fp8_cublas_min_rows_ = kFp8CublasMinRows;
+  std::unique_ptr<cuda::fp8::BlockScaledGemm> fp8_gemm_;
   // swiglu_streaming's one-expert pointer tables by (gate, up, down), and its routing: expert 0 with weight 1.
   std::map<std::array<const void*, 3>, Tensor> dense_expert_tables_;
   Tensor dense_expert_ids_, dense_expert_weights_;

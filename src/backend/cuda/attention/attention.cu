@@ -2,13 +2,12 @@
 // kernel (attention/decode.cu) for sequences with few query rows, the tiled prefill kernels (on the tensor
 // cores for BF16 pools: attention/prefill_wgmma.cu with BF16 operands, attention/prefill_mma.cu
 // with split ones; attention/prefill.cu for F32 pools) for the others, and the generic kernel below for
-// shapes those do not cover and for FP8 pools.
+// shapes those do not cover and for FP8 pools with prefill rows (the decode kernel reads FP8 pools).
 // The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
 // each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>
 
 #include <algorithm>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention/attention_common.cuh"
@@ -19,25 +18,6 @@ namespace {
 
 constexpr int kKeysPerTile = 32;  // one key per lane when scoring
 constexpr int kWriteThreads = 256;
-
-}  // namespace
-
-// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 with a per-tensor scale of 1.0, written with round to
-// nearest even and saturation at ±448 (quant/element_codes.h's f32_to_e4m3, as the CPU backend writes it) and read
-// back exactly. Only the generic kernel reads FP8 pools (plan_attention sends them there).
-struct E4m3 {
-  __nv_fp8_storage_t bits;
-};
-__device__ __forceinline__ float to_float(E4m3 v) {
-  const __half_raw raw = __nv_cvt_fp8_to_halfraw(v.bits, __NV_E4M3);
-  return __half2float(__half(raw));
-}
-template <>
-__host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
-  return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
-}
-
-namespace {
 
 template <typename P>
 __global__ void write_kv_kernel(const float* k, const float* v, PoolGeometry pool, int32_t slot, BatchGeometry batch) {
@@ -245,10 +225,15 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   plan.precision = precision;
   const int32_t group = num_heads / pool.num_kv_heads;
   const bool power_of_two_blocks = pool.block_size > 0 && (pool.block_size & (pool.block_size - 1)) == 0;
-  // FP8 pools: the generic kernel only so far (correct; the split-KV decode and tiled prefill read F32/BF16).
-  plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned ||
-                 pool.dtype == DType::F8_E4M3;
+  plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned;
   if (plan.generic) return plan;
+  // FP8 pools: the split-KV decode kernel reads them, the tiled prefill kernels do not (F32/BF16 only), so a batch
+  // with a prefill tile goes to the generic kernel whole.
+  if (pool.dtype == DType::F8_E4M3) {
+    for (int32_t s = 0; s < batch.sequences && !plan.generic; ++s)
+      plan.generic = batch.query_start[s + 1] - batch.query_start[s] > kDecodeMaxQueryRows;
+    if (plan.generic) return plan;
+  }
   std::vector<int32_t> decode_rows;
   struct Tile {
     int32_t sequence, first_row, rows;

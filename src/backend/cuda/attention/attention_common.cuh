@@ -1,9 +1,31 @@
 #pragma once
 // Shared by the paged-attention kernels (kernels_attention*.cu): pool addressing and the launchers of each path.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/attention/attention.h"
 
 namespace beamline::cuda {
+
+// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 with a per-tensor scale of 1.0, written with round to
+// nearest even and saturation at ±448 (quant/element_codes.h's f32_to_e4m3, as the CPU backend writes it) and read
+// back exactly (E4M3 is a subset of F16).
+struct E4m3 {
+  __nv_fp8_storage_t bits;
+};
+__device__ __forceinline__ float to_float(E4m3 v) {
+  const __half_raw raw = __nv_cvt_fp8_to_halfraw(v.bits, __NV_E4M3);
+  return __half2float(__half(raw));
+}
+template <>
+__host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
+  return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
+}
+// Four E4M3 pool codes, one 4-byte load.
+struct E4m3x4 {
+  uint32_t bits;
+};
 
 // The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
 __device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const BatchGeometry& batch, int32_t sequence,
@@ -71,9 +93,32 @@ __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[4]) {
   out[3] = __uint_as_float(raw.w);
 }
 
+// Four E4M3 codes as floats, exactly.
+__device__ __forceinline__ void unpack(const E4m3x4& raw, float (&out)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(raw.bits >> (16 * h));
+    const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+    out[2 * h] = f.x;
+    out[2 * h + 1] = f.y;
+  }
+}
+
 // Streaming 16-byte load of pool data (read once per kernel: keep it out of L1).
 __device__ __forceinline__ uint4 load_stream(const void* address) {
   return __ldcs(static_cast<const uint4*>(address));
+}
+// The same for the pieces a kernel reads per lane: 16 bytes, or four E4M3 codes.
+template <typename Raw>
+__device__ __forceinline__ Raw load_pool(const void* address);
+template <>
+__device__ __forceinline__ uint4 load_pool<uint4>(const void* address) {
+  return load_stream(address);
+}
+template <>
+__device__ __forceinline__ E4m3x4 load_pool<E4m3x4>(const void* address) {
+  return {__ldcs(static_cast<const unsigned int*>(address))};
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* address) {

@@ -3,12 +3,13 @@
 // heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
 // programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
 // - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
-// - F32: F32 math on the CUDA cores. Each key is spread over kLanesPerKey lanes (a "key slot") with several keys
-//   in flight; a slot keeps its own online softmax (running max and sum) and the block combines its slots in
-//   shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
+// - F32, and E4M3 (--kv-cache-dtype fp8, the codes read back exactly): F32 math on the CUDA cores. Each key is
+//   spread over kLanesPerKey lanes (a "key slot") with several keys in flight; a slot keeps its own online softmax
+//   (running max and sum) and the block combines its slots in shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
 //   memory, so shuffles and exponentials are not repeated on every lane.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
@@ -20,9 +21,12 @@ constexpr int kDecodeThreads = 128;
 constexpr int kKeysInFlight = 4;  // keys per key slot loaded before the first is used
 constexpr int kMergeThreads = 128;
 
+// What a lane loads per key: 16 bytes of an F32 pool (4 values), or 4 codes of an E4M3 pool (the same 4 values per
+// lane, so the same registers and lanes per key).
 template <typename P>
 struct DecodeShape {
-  static constexpr int kValuesPerLoad = 16 / static_cast<int>(sizeof(P));
+  using Raw = std::conditional_t<sizeof(P) == 1, E4m3x4, uint4>;
+  static constexpr int kValuesPerLoad = static_cast<int>(sizeof(Raw) / sizeof(P));
   static constexpr int kLanesPerKey = kFastHeadDim / kValuesPerLoad;
   static constexpr int kKeySlots = kDecodeThreads / kLanesPerKey;
   static constexpr int kKeysPerStep = kKeySlots * kKeysInFlight;
@@ -155,17 +159,17 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
   prefetch(first_step + kStep, blocks_next);
 
   for (int32_t step = first_step; step <= last_key; step += kStep) {
-    uint4 k_raw[kKeysInFlight], v_raw[kKeysInFlight];
+    typename Shape::Raw k_raw[kKeysInFlight], v_raw[kKeysInFlight];
     unsigned int valid = 0;  // bit c: key c of this step is visible and present
 #pragma unroll
     for (int c = 0; c < kKeysInFlight; ++c) {
-      k_raw[c] = v_raw[c] = uint4{0, 0, 0, 0};
+      k_raw[c] = v_raw[c] = typename Shape::Raw{};
       missing |= blocks_now[c] == -1;
       if (blocks_now[c] >= 0) {
         valid |= 1u << c;
         const int64_t offset = key_rows_of_sequence.offset(blocks_now[c], step + c * kSlots + key_slot) + part * kVec;
-        k_raw[c] = load_stream(k_pool + offset);
-        v_raw[c] = load_stream(v_pool + offset);
+        k_raw[c] = load_pool<typename Shape::Raw>(k_pool + offset);
+        v_raw[c] = load_pool<typename Shape::Raw>(v_pool + offset);
       }
     }
     prefetch(step + 2 * kStep, blocks_ahead);
@@ -715,13 +719,20 @@ int blocks_per_multiprocessor() {
   return blocks;
 }
 
-// Calls body.template run<float, kGroup>() (the CUDA-core kernel of F32 pools) for the group rounded up to 4, 6 or
-// 8 (heads past the group are computed on zeros and never stored; small groups stay correct, not fast).
-template <typename Body>
+// Calls body.template run<P, kGroup>() (the CUDA-core kernel of F32 and E4M3 pools) for the group rounded up to 4, 6
+// or 8 (heads past the group are computed on zeros and never stored; small groups stay correct, not fast).
+template <typename P, typename Body>
 cudaError_t dispatch_group(int32_t group, const Body& body) {
-  if (group <= 4) return body.template run<float, 4>();
-  if (group <= 6) return body.template run<float, 6>();
-  return body.template run<float, 8>();
+  if (group <= 4) return body.template run<P, 4>();
+  if (group <= 6) return body.template run<P, 6>();
+  return body.template run<P, 8>();
+}
+
+template <typename Body>
+cudaError_t dispatch_pool(DType dtype, int32_t group, const Body& body) {
+  if (dtype == DType::F32) return dispatch_group<float>(group, body);
+  if (dtype == DType::F8_E4M3) return dispatch_group<E4m3>(group, body);
+  return cudaErrorInvalidValue;
 }
 
 struct DecodeLaunch {
@@ -765,9 +776,9 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
   if (pool.dtype == DType::BF16)
     return launch_decode_mma(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window,
                              out, stream);
-  if (pool.dtype != DType::F32) return cudaErrorInvalidValue;
-  return dispatch_group(num_heads / pool.num_kv_heads, DecodeLaunch{q, pool, slot, batch, rows, count, splits, partials,
-                                                                    num_heads, scale, sliding_window, out, stream});
+  return dispatch_pool(pool.dtype, num_heads / pool.num_kv_heads,
+                       DecodeLaunch{q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
+                                    sliding_window, out, stream});
 }
 
 int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
@@ -783,7 +794,7 @@ int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
     }();
     return mma_blocks;
   }
-  dispatch_group(group, OccupancyQuery{&blocks});
+  dispatch_pool(dtype, group, OccupancyQuery{&blocks});
   return blocks;
 }
 

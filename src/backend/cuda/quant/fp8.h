@@ -33,6 +33,10 @@ constexpr int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
 // [rows, ceil(cols / 128)]. cols a multiple of 16 (the GEMMs' 16-byte row pieces).
 bool quantize_supported(int64_t cols);
 cudaError_t quantize_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream);
+// The same codes and scales with the scales token-major, [ceil(cols / 128), rows] (scales[b * rows + r]): the layout
+// of cuBLASLt's per-128-channel (VEC128_32F) operand scales (fp8_cublaslt.h).
+cudaError_t quantize_rows_token_major(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                                      cudaStream_t stream);
 
 // out[i] = e4m3(normal_value(key, i, mean, stddev)) (util/counter_random.h; round to nearest even, saturating): random
 // FP8 codes drawn on the device, for benchmarks of FP8 weights without a checkpoint.

@@ -18,7 +18,7 @@ constexpr int kQuantizeWarps = 8;
 
 __global__ void __launch_bounds__(kQuantizeWarps * 32)
     quantize_kernel(const float* __restrict__ x, int64_t rows, int64_t cols, int64_t blocks, uint8_t* __restrict__ q,
-                    float* __restrict__ scales) {
+                    float* __restrict__ scales, int64_t scale_row_stride, int64_t scale_block_stride) {
   const int64_t task = int64_t{blockIdx.x} * kQuantizeWarps + threadIdx.x / 32;
   if (task >= rows * blocks) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kQuantizeWarps * 32)
   const float4 v = inside ? *reinterpret_cast<const float4*>(x + row * cols + column) : make_float4(0, 0, 0, 0);
   const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   const float scale = fmaxf(amax, kMinScaledAmax) / kE4m3Max;
-  if (lane == 0) scales[row * blocks + block] = scale;
+  if (lane == 0) scales[row * scale_row_stride + block * scale_block_stride] = scale;
   if (!inside) return;
   const __nv_fp8x2_storage_t low = __nv_cvt_float2_to_fp8x2(make_float2(v.x / scale, v.y / scale), __NV_SATFINITE,
                                                             __NV_E4M3);
@@ -260,14 +260,28 @@ cudaError_t fill_random_e4m3(uint8_t* out, int64_t n, uint64_t key, float mean, 
 
 bool quantize_supported(int64_t cols) { return cols > 0 && cols % 16 == 0; }
 
-cudaError_t quantize_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream) {
+namespace {
+
+cudaError_t launch_quantize(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                            int64_t scale_row_stride, int64_t scale_block_stride, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (!quantize_supported(cols) || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(q) % 4 != 0)
     return cudaErrorInvalidValue;
   const int64_t blocks = blocks_of(cols);
-  quantize_kernel<<<blocks_for(rows * blocks, kQuantizeWarps), kQuantizeWarps * 32, 0, stream>>>(x, rows, cols, blocks,
-                                                                                                q, scales);
+  quantize_kernel<<<blocks_for(rows * blocks, kQuantizeWarps), kQuantizeWarps * 32, 0, stream>>>(
+      x, rows, cols, blocks, q, scales, scale_row_stride, scale_block_stride);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t quantize_rows(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales, cudaStream_t stream) {
+  return launch_quantize(x, rows, cols, q, scales, blocks_of(cols), 1, stream);
+}
+
+cudaError_t quantize_rows_token_major(const float* x, int64_t rows, int64_t cols, uint8_t* q, float* scales,
+                                      cudaStream_t stream) {
+  return launch_quantize(x, rows, cols, q, scales, 1, rows, stream);
 }
 
 bool stream_supported(int64_t rows, int64_t in) {
