@@ -266,12 +266,11 @@ def save_checkpoint(model, directory, extra_files=None):
             f.write("\n")
 
 
-def load_checkpoint(directory, device="cpu"):
-    """FP32 parameters (BF16 files widen exactly); run under autocast for BF16 speed."""
-    config = BeamConfig.load(os.path.join(directory, "config.json"))
-    model = BeamForCausalLM(config)
+def fill_from_directory(module, directory):
+    """Copies a checkpoint directory's tensors into `module`'s parameters (FP32; BF16 files widen exactly), refusing
+    a missing, misshapen or foreign tensor by name."""
     stored = safetensors_io.load_checkpoint_tensors(directory)
-    state = model.state_dict()
+    state = module.state_dict()
     for name, target in state.items():
         if name not in stored:
             raise ValueError(f"{directory}: tensor {name} missing, expected shape {list(target.shape)}")
@@ -282,7 +281,13 @@ def load_checkpoint(directory, device="cpu"):
     extra = set(stored) - set(state)
     if extra:
         raise ValueError(f"{directory}: unexpected tensors {sorted(extra)[:5]}")
-    return model.to(device).eval()
+    return module
+
+
+def load_checkpoint(directory, device="cpu"):
+    """FP32 parameters; run under autocast for BF16 speed."""
+    config = BeamConfig.load(os.path.join(directory, "config.json"))
+    return fill_from_directory(BeamForCausalLM(config), directory).to(device).eval()
 
 
 # ---------------------------------------------------------------- greedy decoding

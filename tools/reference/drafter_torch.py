@@ -20,7 +20,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
-from beam_torch import RMSNorm, SwiGLU, rope  # noqa: E402
+from beam_torch import RMSNorm, SwiGLU, fill_from_directory, rope  # noqa: E402
 
 
 class DrafterConfig:
@@ -228,17 +228,4 @@ def save_drafter(drafter, directory):
 def load_drafter(directory, target_config, device="cpu"):
     with open(os.path.join(directory, "config.json")) as f:
         config = DrafterConfig(json.load(f), target_config, os.path.join(directory, "config.json"))
-    drafter = BeamDrafter(config)
-    stored = safetensors_io.load_checkpoint_tensors(directory)
-    state = drafter.state_dict()
-    for name, target in state.items():
-        if name not in stored:
-            raise ValueError(f"{directory}: drafter tensor {name} missing, expected shape {list(target.shape)}")
-        array = stored[name].to_float32()
-        if list(array.shape) != list(target.shape):
-            raise ValueError(f"{directory}: tensor {name} has shape {list(array.shape)}, expected {list(target.shape)}")
-        target.copy_(torch.from_numpy(np.array(array)))
-    extra = set(stored) - set(state)
-    if extra:
-        raise ValueError(f"{directory}: unexpected tensors {sorted(extra)[:5]}")
-    return drafter.to(device).eval()
+    return fill_from_directory(BeamDrafter(config), directory).to(device).eval()
