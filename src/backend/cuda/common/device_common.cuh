@@ -23,6 +23,9 @@ __host__ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(floa
 template <>
 __host__ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
+// SwiGLU's gate activation, as the CPU reference computes it (model-format.md §4).
+__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

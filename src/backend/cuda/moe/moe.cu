@@ -213,8 +213,6 @@ struct GroupedOperands {
   int64_t rows_limit = 0;               // rows of C that exist
 };
 
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
 // kDual: C = silu(A B0ᵀ) * (A B1ᵀ) (gate|up with the SwiGLU fused); else C = A B0ᵀ. C is F32.
 template <typename W, bool kDual>
 __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float* a, GroupedOperands operands,

@@ -77,8 +77,6 @@ struct SplitOutput {
   __nv_bfloat16* lo = nullptr;
 };
 
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8; each lane gets two elements of
 // every matrix (row lane / 4, columns (lane % 4) * 2 and + 1), the MMA's fragment layout for A and for B.
 __device__ __forceinline__ void load_matrices(uint32_t (&a)[4], const __nv_bfloat16* address) {

@@ -23,8 +23,6 @@ constexpr int kTokensPerPass = 8;          // tokens whose sums a warp keeps whi
 constexpr int kElementsPerLoad = 8;        // 16 bytes of BF16/F16
 constexpr int kElementsPerWarpStep = 32 * kElementsPerLoad;
 
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
 // The expert of slot blockIdx.y and, if this block owns it (first slot naming it), its slots in ascending order.
 // Returns the number of slots, 0 when the block has nothing to do.
 __device__ int32_t claim_expert(const int32_t* ids, int32_t assignments, int32_t experts, int32_t* slots,

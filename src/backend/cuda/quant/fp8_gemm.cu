@@ -74,8 +74,6 @@ struct GemmArgs {
   float softcap = 0.0f;
 };
 
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
-
 __device__ __forceinline__ void arrive_expecting(uint64_t* barrier, uint32_t bytes) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
                    shared_address(barrier)),

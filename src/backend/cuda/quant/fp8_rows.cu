@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
 }
 
 // ---- one token's experts ----
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
 // activated[j, i] = silu(gate_e[i] · h) * (up_e[i] · h) for e = ids[blockIdx.y]: one warp per intermediate row.
 constexpr int kGateUpWarps = 8;

@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32) stream_kernel(const float* 
 }
 
 // ---- the experts, token by token ----
-__device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
 constexpr int kGateUpWarps = 8;
 constexpr int kGateUpRows = 2;  // intermediate rows per warp, of gate and of up: four weight rows

@@ -241,7 +241,7 @@ __global__ void split_kernel(const float* in, int64_t n, O* hi, O* lo) {
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+  if (i < n) gate[i] = silu(gate[i]) * up[i];
 }
 
 __global__ void add_halves_kernel(const float* halves, int64_t n, float* out) {
