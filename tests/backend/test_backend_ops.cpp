@@ -41,6 +41,24 @@ double gemm_tolerance(const Backend& backend) { return backend.device() == Devic
 
 using OpTest = BackendTest;
 
+// Large tensors take the CPU backend's page-returning path (≥ 16 MiB, mmap'd): a slice whose ends are not
+// page-aligned must come back zero while its neighbour keeps its values.
+TEST_P(OpTest, FillZeroClearsWholeTensorsAndSlicesOfLargeOnes) {
+  const int64_t row = 4'500'001;  // 18 MB of F32 per row, not a multiple of a page
+  Tensor both = backend().alloc(DType::F32, {2, row});
+  std::vector<float> values(static_cast<std::size_t>(2 * row));
+  std::iota(values.begin(), values.end(), 1.0f);
+  backend().copy_to(both, values.data());
+  Tensor second = both.slice_first(1);
+  backend().fill_zero(second);
+  const std::vector<float> after = backend().download_f32(both);
+  EXPECT_TRUE(std::equal(after.begin(), after.begin() + row, values.begin()));
+  EXPECT_TRUE(std::all_of(after.begin() + row, after.end(), [](float v) { return v == 0.0f; }));
+  backend().fill_zero(both);
+  const std::vector<float> cleared = backend().download_f32(both);
+  EXPECT_TRUE(std::all_of(cleared.begin(), cleared.end(), [](float v) { return v == 0.0f; }));
+}
+
 TEST_P(OpTest, EmbeddingGathersRowsOfEveryFloatDtype) {
   Random random(1);
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {

@@ -1,8 +1,12 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "backend/cpu/kernels.h"
@@ -34,6 +38,30 @@ void for_each_row(int64_t rows, int64_t row_size, const Body& body) {
       min_chunk);
 }
 
+// Allocations this large come straight from mmap, so that fill_zero can give their pages back to the kernel
+// (MADV_DONTNEED: a private anonymous page then reads as zeros) instead of writing every byte: a KV pool of
+// gigabytes is ready at once and costs memory only where sequences have written.
+constexpr std::size_t kMappedBytes = std::size_t{16} << 20;
+constexpr std::uintptr_t kPageBytes = 4096;
+
+// The live mmap'd allocations, base -> bytes. Never destroyed: tensors may outlive static destruction.
+struct MappedRegions {
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> regions;
+
+  bool contains(std::uintptr_t begin, std::size_t bytes) {
+    std::lock_guard lock(mutex);
+    auto after = regions.upper_bound(begin);
+    if (after == regions.begin()) return false;
+    const auto& [base, size] = *std::prev(after);
+    return begin + bytes <= base + size;
+  }
+};
+MappedRegions& mapped_regions() {
+  static auto* regions = new MappedRegions;
+  return *regions;
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
@@ -43,13 +71,44 @@ Tensor CpuBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   Tensor probe(Device::Cpu, dtype, shape, nullptr, nullptr);
   constexpr std::size_t kAlignment = 64;
   const std::size_t bytes = std::max<std::size_t>(kAlignment, (probe.nbytes() + kAlignment - 1) / kAlignment * kAlignment);
+  if (bytes >= kMappedBytes) {
+    void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    require(memory != MAP_FAILED, "alloc: out of memory for {} ({} bytes)", describe(probe), bytes);
+    MappedRegions& mapped = mapped_regions();
+    {
+      std::lock_guard lock(mapped.mutex);
+      mapped.regions.emplace(reinterpret_cast<std::uintptr_t>(memory), bytes);
+    }
+    std::shared_ptr<void> storage(memory, [bytes](void* base) {
+      MappedRegions& regions = mapped_regions();
+      {
+        std::lock_guard lock(regions.mutex);
+        regions.regions.erase(reinterpret_cast<std::uintptr_t>(base));
+      }
+      munmap(base, bytes);
+    });
+    return Tensor(Device::Cpu, dtype, std::move(shape), static_cast<std::byte*>(memory), std::move(storage));
+  }
   void* memory = std::aligned_alloc(kAlignment, bytes);
   require(memory != nullptr, "alloc: out of memory for {} ({} bytes)", describe(probe), bytes);
   std::shared_ptr<void> storage(memory, std::free);
   return Tensor(Device::Cpu, dtype, std::move(shape), static_cast<std::byte*>(memory), std::move(storage));
 }
 
-void CpuBackend::fill_zero(Tensor& tensor) { std::memset(tensor.raw(), 0, tensor.nbytes()); }
+void CpuBackend::fill_zero(Tensor& tensor) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(tensor.raw());
+  const std::size_t bytes = tensor.nbytes();
+  if (bytes >= kMappedBytes && mapped_regions().contains(begin, bytes)) {
+    const std::uintptr_t first_page = (begin + kPageBytes - 1) / kPageBytes * kPageBytes;
+    const std::uintptr_t end_page = (begin + bytes) / kPageBytes * kPageBytes;
+    if (madvise(reinterpret_cast<void*>(first_page), end_page - first_page, MADV_DONTNEED) == 0) {
+      std::memset(tensor.raw(), 0, first_page - begin);
+      std::memset(reinterpret_cast<void*>(end_page), 0, begin + bytes - end_page);
+      return;
+    }
+  }
+  std::memset(tensor.raw(), 0, bytes);
+}
 
 Tensor CpuBackend::upload(const void* host, DType dtype, std::vector<int64_t> shape) {
   Tensor tensor = alloc(dtype, std::move(shape));
