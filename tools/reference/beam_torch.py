@@ -42,6 +42,19 @@ def rope(x, positions, theta):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+def masked_gqa_attention(q, k, v, visible):
+    """softmax(q kᵀ / sqrt(D)) v per head over the keys `visible` [B, Tq, Tk] allows, query head h reading kv head
+    h // (Nq / Nkv); q [B, Nq, Tq, D], k and v [B, Nkv, Tk, D]; returns [B, Tq, Nq * D]."""
+    B, heads, T, head_dim = q.shape
+    group = heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(head_dim)
+    scores = scores.masked_fill(~visible[:, None, :, :], float("-inf"))
+    o = scores.softmax(-1).to(v.dtype) @ v
+    return o.transpose(1, 2).reshape(B, T, heads * head_dim)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size, eps):
         super().__init__()
@@ -90,13 +103,7 @@ class Attention(nn.Module):
         # a pad query (position -1) sees only itself, so no softmax row is empty (no NaN into pad K/V)
         self_index = torch.arange(T, device=h.device) + (kp.shape[-1] - T)
         visible |= (qp < 0) & (torch.arange(kp.shape[-1], device=h.device)[None, None, :] == self_index[None, :, None])
-        group = self.heads // self.kv_heads                                       # q head h reads kv head h // group
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~visible[:, None, :, :], float("-inf"))
-        o = scores.softmax(-1).to(v.dtype) @ v
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))
+        return self.o_proj(masked_gqa_attention(q, k, v, visible))
 
 
 class SwiGLU(nn.Module):

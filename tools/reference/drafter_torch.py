@@ -20,7 +20,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402
-from beam_torch import RMSNorm, SwiGLU, fill_from_directory, rope  # noqa: E402
+from beam_torch import RMSNorm, SwiGLU, fill_from_directory, masked_gqa_attention, rope  # noqa: E402
 
 
 class DrafterConfig:
@@ -83,13 +83,7 @@ class DraftAttention(nn.Module):
         vc = self.v_proj(context).view(N, T, self.kv_heads, self.head_dim).transpose(1, 2)
         k = torch.cat([kc.to(kb.dtype), kb], dim=2)
         v = torch.cat([vc.to(vb.dtype), vb], dim=2)
-        group = self.heads // self.kv_heads                                       # q head h reads kv head h // group
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(self.head_dim)
-        scores = scores.masked_fill(~visible[:, None, :, :], float("-inf"))
-        o = scores.softmax(-1).to(v.dtype) @ v
-        return self.o_proj(o.transpose(1, 2).reshape(N, Q, self.heads * self.head_dim))
+        return self.o_proj(masked_gqa_attention(q, k, v, visible))
 
 
 class DraftLayer(nn.Module):
