@@ -16,6 +16,7 @@
 #include <map>
 #include <random>
 
+#include "engine_outputs.h"
 #include "backend_test_support.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/checkpoint_writer.h"
@@ -121,18 +122,6 @@ class BlockDrafterTest : public BackendTest {
     return out;
   }
 
-  static std::map<std::string, std::vector<TokenId>> run(Engine& e, const std::vector<GenerationRequest>& rs) {
-    std::vector<std::shared_ptr<OutputStream>> streams;
-    for (const auto& r : rs) streams.push_back(e.add_request(r));
-    std::map<std::string, std::vector<TokenId>> out;
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-      const RequestOutput o = collect_output(*streams[i]);
-      EXPECT_FALSE(o.error) << *o.error;
-      out[rs[i].request_id] = o.samples.at(0).token_ids;
-    }
-    return out;
-  }
-
   static fs::path* root_;
 };
 
@@ -172,20 +161,20 @@ TEST_P(BlockDrafterTest, GreedyOutputsEqualThoseWithoutSpeculation) {
     second_turns.back().prompt.insert(second_turns.back().prompt.end(), more.begin(), more.end());
   }
   auto plain = engine(int64_t{8} << 20);
-  const auto expected_first = run(*plain, first_turns);
-  const auto expected_second = run(*plain, second_turns);
+  const auto expected_first = testing::token_ids_together(*plain, first_turns);
+  const auto expected_second = testing::token_ids_together(*plain, second_turns);
   plain->shutdown(ShutdownMode::Drain);
 
   // A pool too small for ten at once: preemption, recomputed sequences.
   auto small = engine(48 * 4096, dflash);
-  EXPECT_EQ(run(*small, first_turns), expected_first);
+  EXPECT_EQ(testing::token_ids_together(*small, first_turns), expected_first);
   small->shutdown(ShutdownMode::Drain);
   EXPECT_GT(small->stats().preemptions_total, 0u);
   EXPECT_GT(small->stats().spec_decode_num_drafts_total, 0u);
 
   auto cached = engine(int64_t{8} << 20, dflash);
-  EXPECT_EQ(run(*cached, first_turns), expected_first);
-  EXPECT_EQ(run(*cached, second_turns), expected_second);
+  EXPECT_EQ(testing::token_ids_together(*cached, first_turns), expected_first);
+  EXPECT_EQ(testing::token_ids_together(*cached, second_turns), expected_second);
   cached->shutdown(ShutdownMode::Drain);
   const EngineStats stats = cached->stats();
   EXPECT_GT(stats.prefix_cache_hits_total, 0u);

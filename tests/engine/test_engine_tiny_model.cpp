@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "engine_outputs.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
@@ -69,18 +70,6 @@ class TinyModel : public ::testing::Test {
     return out;
   }
 
-  static std::map<std::string, std::vector<TokenId>> run_batched(Engine& e, const std::vector<GenerationRequest>& rs) {
-    std::vector<std::shared_ptr<OutputStream>> streams;
-    for (const auto& r : rs) streams.push_back(e.add_request(r));
-    std::map<std::string, std::vector<TokenId>> out;
-    for (std::size_t i = 0; i < rs.size(); ++i) {
-      const RequestOutput o = collect_output(*streams[i]);
-      EXPECT_FALSE(o.error) << *o.error;
-      out[rs[i].request_id] = o.samples.at(0).token_ids;
-    }
-    return out;
-  }
-
   static std::map<std::string, std::vector<TokenId>> run_alone(const std::vector<GenerationRequest>& rs) {
     auto e = engine(int64_t{8} << 20, false, /*async_scheduling=*/false);  // the reference: the synchronous loop
     std::map<std::string, std::vector<TokenId>> out;
@@ -96,7 +85,7 @@ std::filesystem::path* TinyModel::dir_ = nullptr;
 TEST_F(TinyModel, BatchedGreedyEqualsOneAtATime) {
   const auto rs = requests(1, 10);
   auto e = engine(int64_t{8} << 20, true);
-  const auto batched = run_batched(*e, rs);
+  const auto batched = testing::token_ids_together(*e, rs);
   EXPECT_EQ(batched, run_alone(rs));
   e->shutdown(ShutdownMode::Drain);
   EXPECT_EQ(e->stats().requests_finished_total, 10u);
@@ -107,7 +96,7 @@ TEST_F(TinyModel, BatchedGreedyEqualsOneAtATime) {
 TEST_F(TinyModel, AsyncSchedulingEqualsOneAtATime) {
   const auto rs = requests(4, 10);
   auto e = engine(int64_t{8} << 20, false, true);
-  EXPECT_EQ(run_batched(*e, rs), run_alone(rs));
+  EXPECT_EQ(testing::token_ids_together(*e, rs), run_alone(rs));
   e->shutdown(ShutdownMode::Drain);
   EXPECT_EQ(e->stats().requests_finished_total, 10u);
   EXPECT_EQ(e->stats().kv_blocks_free, e->stats().kv_blocks_total);
@@ -117,7 +106,7 @@ TEST_F(TinyModel, PreemptionKeepsGreedyOutputs) {
   const auto rs = requests(2, 10);
   // 4 KiB blocks: 48 hold one 200-token sequence (25 full + 2 x 8 sliding) but not eight running at once.
   auto e = engine(48 * 4096, true);
-  const auto batched = run_batched(*e, rs);
+  const auto batched = testing::token_ids_together(*e, rs);
   e->shutdown(ShutdownMode::Drain);
   EXPECT_GT(e->stats().preemptions_total, 0u);
   EXPECT_EQ(batched, run_alone(rs));
@@ -134,8 +123,8 @@ TEST_F(TinyModel, PrefixCacheHitsKeepGreedyOutputs) {
     second_turns[i].prompt = prompt;
   }
   auto e = engine(int64_t{8} << 20, true);
-  run_batched(*e, first_turns);
-  const auto batched = run_batched(*e, second_turns);
+  testing::token_ids_together(*e, first_turns);
+  const auto batched = testing::token_ids_together(*e, second_turns);
   e->shutdown(ShutdownMode::Drain);
   uint64_t expected_hits = 0;  // full blocks of each first-turn prompt (it never ends exactly on a block: +9 tokens)
   for (const auto& r : first_turns) expected_hits += r.prompt.size() / 8 * 8;
@@ -163,14 +152,14 @@ TEST_F(TinyModel, SpeculativeDecodingKeepsGreedyOutputs) {
       R"({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 4})");
   // A pool too small for all at once: preemption.
   auto small = engine(48 * 4096, true, true, speculative);
-  const auto batched = run_batched(*small, rs);
+  const auto batched = testing::token_ids_together(*small, rs);
   small->shutdown(ShutdownMode::Drain);
   EXPECT_GT(small->stats().preemptions_total, 0u);
   EXPECT_EQ(batched, run_alone(rs));
   // A pool that keeps the first turns cached: prefix hits.
   auto e = engine(int64_t{8} << 20, true, true, speculative);
-  run_batched(*e, rs);
-  const auto batched_second = run_batched(*e, second);
+  testing::token_ids_together(*e, rs);
+  const auto batched_second = testing::token_ids_together(*e, second);
   e->shutdown(ShutdownMode::Drain);
   EXPECT_EQ(batched_second, run_alone(second));
   const EngineStats stats = e->stats();
