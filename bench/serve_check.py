@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""Serving comparison for bench/gpu_check.sh (python3 stdlib only): 32 concurrent greedy /v1/completions requests
-to `beamline serve --device cuda` against the same requests one at a time (>= 90% equal token for token), against
-the same concurrent requests with --enforce-eager (recorded decode graphs vs op by op) and with --no-async-scheduling
-(the default launches the next step before this step's tokens are read; this waits for them), and their first 16
-tokens
-against `beamline serve --device cpu` (>= 90% equal). Prints Markdown table rows.
+"""Serving comparison for bench/gpu_check.sh (python3 stdlib only): does a request's answer depend on what shares its
+steps? 32 greedy /v1/completions requests, sent all at once and then one at a time, to `beamline serve`:
 
-  serve_check.py BEAMLINE_BINARY MODEL_DIR
+- float32 compute and KV cache: the concurrent answers equal the lone ones token for token (100%), also against
+  --enforce-eager (op by op instead of recorded decode graphs), --no-async-scheduling (each step waits for the
+  previous step's tokens), and with preemption forced by a KV cache too small for the batch; the lone answers'
+  first 16 tokens against `--device cpu` (>= 90%: near-ties may flip between two backends' summation orders);
+- the defaults (bfloat16 compute, BF16 KV, async scheduling, decode graphs), and again eager and synchronous, and
+  with preemption forced: teacher-forced, i.e. at every position where the concurrent and the lone answer share
+  their prefix, the chosen tokens agree (>= 99% of such positions) and their logprobs agree within the BF16
+  tolerance. A position where the tokens first differ counts as a disagreement; the positions after it have
+  different prefixes and are not compared.
+
+Prints Markdown table rows.
+
+  serve_check.py BEAMLINE_BINARY MODEL_DIR [DEVICE]   (DEVICE cuda by default; cpu to try the script without a GPU)
 """
 import json
 import random
@@ -18,15 +26,23 @@ import urllib.request
 
 REQUESTS = 32
 MAX_TOKENS = 16
-REQUIRED = 0.9
+BACKENDS_AGREE = 0.9  # cuda against cpu: two summation orders
+ARGMAX_AGREE = 0.99
+# |logprob alone - logprob concurrent| of a token chosen from the same prefix, BF16 compute: the op harness's BF16
+# tolerance is 1e-2 relative on a logit, and a logprob near 0 moves with its neighbours' logits.
+LOGPROB_TOLERANCE = 0.1
+# A KV cache this small holds a few of the 32 sequences (8..200-token prompts), so the scheduler must preempt.
+PREEMPTING_KV = "6M"
 
 
-def start_server(binary, model, device, port, extra=()):
+def start_server(binary, model, device, port, dtype, extra=()):
     # The GPU server sizes its KV cache from the device's memory, as `vllm serve` does.
     budget = ["--gpu-memory-utilization", "0.3"] if device == "cuda" else ["--kv-cache-memory", "4G"]
-    # Both servers compute in FP32 with an F32 KV cache, so their tokens can be compared one for one.
-    budget += ["--dtype", "float32", "--kv-cache-dtype", "float32", *extra]
-    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port), *budget],
+    if "--kv-cache-memory" in extra:
+        budget = []
+    # float32 compute comes with an F32 KV cache (--kv-cache-dtype auto follows --dtype).
+    process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port),
+                                "--dtype", dtype, "--speculative-config", "none", *budget, *extra],
                                stdout=sys.stderr, stderr=sys.stderr)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -42,23 +58,32 @@ def start_server(binary, model, device, port, extra=()):
     raise RuntimeError(f"beamline serve --device {device} did not become healthy")
 
 
-def model_name(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
-        return json.load(response)["data"][0]["id"]
+def get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        return response.read().decode()
 
 
-# The completion's text: the same tokenizer decodes both sides, so equal text means equal greedy tokens.
+def preemptions(port):
+    for line in get(port, "/metrics").splitlines():
+        if line.startswith("vllm:num_preemptions_total"):
+            return float(line.split()[-1])
+    raise RuntimeError("/metrics has no vllm:num_preemptions_total")
+
+
+# One greedy completion: its token ids and each chosen token's logprob.
 def complete(port, model, prompt):
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 0,
+                       "return_token_ids": True}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=600) as response:
-        return json.load(response)["choices"][0]["text"]
+        choice = json.load(response)["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
 def run_all(port, prompts, concurrent):
     results = [None] * len(prompts)
-    model = model_name(port)
+    model = json.loads(get(port, "/v1/models"))["data"][0]["id"]
 
     def worker(i):
         results[i] = complete(port, model, prompts[i])
@@ -72,19 +97,43 @@ def run_all(port, prompts, concurrent):
     else:
         for i in range(len(prompts)):
             worker(i)
+    failed = [i for i, result in enumerate(results) if result is None]
+    if failed:
+        raise RuntimeError(f"requests {failed} got no answer (see the server's log above)")
     return results
 
 
-def row(name, matches, limit_fraction):
-    passed = matches >= limit_fraction * REQUESTS
-    print(f"| {name} | {matches} of {REQUESTS} requests equal | >= {limit_fraction:.0%} | "
-          f"{'pass' if passed else '**FAIL**'} |")
+def print_row(name, measured, limit, passed):
+    print(f"| {name} | {measured} | {limit} | {'pass' if passed else '**FAIL**'} |")
     return passed
 
 
+def equal_row(name, answers, reference, limit_fraction, first=MAX_TOKENS):
+    matches = sum(a[0][:first] == b[0][:first] for a, b in zip(answers, reference))
+    return print_row(name, f"{matches} of {REQUESTS} requests equal", f">= {limit_fraction:.0%}",
+                     matches >= limit_fraction * REQUESTS)
+
+
+# Teacher-forced agreement: positions compared while the prefixes are equal, the first difference included.
+def teacher_forced_row(name, answers, reference):
+    compared = agreed = 0
+    worst = 0.0
+    for (tokens, logprobs), (lone_tokens, lone_logprobs) in zip(answers, reference):
+        for position in range(min(len(tokens), len(lone_tokens))):
+            compared += 1
+            if tokens[position] != lone_tokens[position]:
+                break
+            agreed += 1
+            worst = max(worst, abs(logprobs[position] - lone_logprobs[position]))
+    fraction = agreed / max(compared, 1)
+    return print_row(name, f"argmax {agreed} of {compared} positions ({fraction:.2%}), max |d logprob| {worst:.3g}",
+                     f">= {ARGMAX_AGREE:.0%}, <= {LOGPROB_TOLERANCE}",
+                     fraction >= ARGMAX_AGREE and worst <= LOGPROB_TOLERANCE)
+
+
 # Runs `work(port)` against a server started with these flags, then stops the server.
-def with_server(binary, model, device, port, extra, work):
-    server = start_server(binary, model, device, port, extra)
+def with_server(binary, model, device, port, dtype, extra, work):
+    server = start_server(binary, model, device, port, dtype, extra)
     try:
         return work(port)
     finally:
@@ -92,30 +141,49 @@ def with_server(binary, model, device, port, extra, work):
         server.wait()
 
 
-def main(binary, model):
+def concurrent_with_preemption(prompts):
+    def work(port):
+        answers = run_all(port, prompts, concurrent=True)
+        return answers, preemptions(port)
+    return work
+
+
+def main(binary, model, device):
     rng = random.Random(5)
     prompts = [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
-    batched, alone = with_server(binary, model, "cuda", 8311, [], lambda port: (
-        run_all(port, prompts, concurrent=True), run_all(port, prompts, concurrent=False)))
-    # The same concurrent requests with every decode step run op by op instead of replaying recorded graphs.
-    eager = with_server(binary, model, "cuda", 8313, ["--enforce-eager"],
-                        lambda port: run_all(port, prompts, concurrent=True))
-    # And with the synchronous loop: each step waits for the previous step's tokens (the default overlaps them).
-    synchronous = with_server(binary, model, "cuda", 8314, ["--no-async-scheduling"],
-                              lambda port: run_all(port, prompts, concurrent=True))
-    cpu = with_server(binary, model, "cpu", 8312, [], lambda port: run_all(port, prompts, concurrent=False))
-    ok = row("serve --device cuda: 32 concurrent vs one at a time (greedy, 16 tokens)",
-             sum(a == b for a, b in zip(batched, alone)), REQUIRED)
-    ok &= row("serve --device cuda: 32 concurrent, decode graphs vs --enforce-eager",
-              sum(a == b for a, b in zip(batched, eager)), REQUIRED)
-    ok &= row("serve --device cuda: 32 concurrent, --async-scheduling (default) vs --no-async-scheduling",
-              sum(a == b for a, b in zip(batched, synchronous)), REQUIRED)
-    ok &= row("serve: cuda vs cpu, first 16 tokens", sum(a == b for a, b in zip(alone, cpu)), REQUIRED)
+    ok = True
+    port = 8311
+    for dtype in ("float32", "bfloat16"):
+        def serve(extra, work):
+            nonlocal port
+            port += 1
+            return with_server(binary, model, device, port, dtype, extra, work)
+
+        batched, alone = serve([], lambda p: (run_all(p, prompts, concurrent=True), run_all(p, prompts, False)))
+        eager = serve(["--enforce-eager"], lambda p: run_all(p, prompts, concurrent=True))
+        synchronous = serve(["--no-async-scheduling"], lambda p: run_all(p, prompts, concurrent=True))
+        preempted, count = serve(["--kv-cache-memory", PREEMPTING_KV], concurrent_with_preemption(prompts))
+        ok &= print_row(f"serve --device {device} --dtype {dtype}: preemptions forced by --kv-cache-memory "
+                        f"{PREEMPTING_KV}", f"{count:.0f} preemptions", "> 0", count > 0)
+        runs = [("32 concurrent (defaults: async scheduling, decode graphs) vs one at a time", batched),
+                ("32 concurrent with --enforce-eager vs one at a time", eager),
+                ("32 concurrent with --no-async-scheduling vs one at a time", synchronous),
+                ("32 concurrent with preemption forced vs one at a time", preempted)]
+        for name, answers in runs:
+            title = f"serve --device {device} --dtype {dtype}: {name} (greedy, {MAX_TOKENS} tokens)"
+            if dtype == "float32":
+                ok &= equal_row(title, answers, alone, 1.0)
+            else:
+                ok &= teacher_forced_row(title + ", teacher-forced", answers, alone)
+        if dtype == "float32" and device != "cpu":
+            cpu = with_server(binary, model, "cpu", 8310, dtype, [], lambda p: run_all(p, prompts, concurrent=False))
+            ok &= equal_row(f"serve: {device} vs cpu, float32, one at a time, first 16 tokens", alone, cpu,
+                            BACKENDS_AGREE, 16)
     return ok
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(0 if main(sys.argv[1], sys.argv[2]) else 1)
+    sys.exit(0 if main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "cuda") else 1)
