@@ -20,6 +20,7 @@ LOG=$OUT/gpu_check.log
 : >"$LOG"
 INFO=$(mktemp)
 
+CARRY=$BUILD source bench/open_carry.sh
 source bench/cuda_env.sh
 
 section() { printf '\n## %s\n\n' "$1" >>"$REPORT"; }

@@ -13,6 +13,9 @@ set -uo pipefail
 CARRY=${1:?usage: bench/gpu_ctest.sh CARRY_DIR}
 CARRY=$(cd "$CARRY" && pwd)
 OUT=${OUT:-$(mktemp -d)}
+source "$(dirname "$0")/open_carry.sh"
+# The test programs link the Debian libraries that beamline carries (cpp-httplib, Open MPI); the GPU machine lacks them.
+export LD_LIBRARY_PATH="$CARRY/apps/beamline/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export BEAMLINE_REQUIRE_CUDA=${BEAMLINE_REQUIRE_CUDA:-1}
 export BEAMLINE_SOURCE_DIR=$PWD BEAMLINE_EXE=$CARRY/apps/beamline/beamline
 [ ! -s "$CARRY/testdata/o200k_base.tiktoken" ] || export BEAMLINE_O200K_RANKS=$CARRY/testdata/o200k_base.tiktoken

@@ -8,6 +8,7 @@ TORCH_SCRIPT=${2:-bench/torch_fp8_peers.py}
 OUT=${OUT:-$(mktemp -d)}
 BIN=$PWD/$CARRY/apps/beamline/beamline
 OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
+source bench/open_carry.sh
 source bench/cuda_env.sh
 {
   date -u '+%Y-%m-%d %H:%M UTC'

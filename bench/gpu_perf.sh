@@ -15,6 +15,7 @@ OPS=$PWD/$BUILD/tests/backend_ops/backend_ops
 REPORT=$OUT/gpu_perf.md
 LOG=$OUT/gpu_perf.log
 : >"$LOG"
+CARRY=$BUILD source bench/open_carry.sh
 source bench/cuda_env.sh
 
 # Runs a command, logging it, and appends the Markdown tables of its output to the report under a heading.

@@ -6,6 +6,8 @@
 # tests.tar.xz (one xz stream, so the code they share is stored about once), the harness's CTest entries
 # (tests/HARNESS_TESTS), the o200k rank file the Harmony tests read when this build has it (testdata/), and in
 # tests/NOT_CARRIED the CTest entries that stay behind (the host-side scripted tests).
+# Everything but tests.tar.xz travels in programs.tar.xz (bench/open_carry.sh unpacks it on the GPU machine), so that
+# the working tree and the carry stay under the device tool's 64 MiB.
 # Usage: bench/make_carry.sh [--tests] BUILD_DIR CARRY_DIR   then carry CARRY_DIR and run e.g.
 #        bench/gpu_check.sh CARRY_DIR or bench/gpu_ctest.sh CARRY_DIR
 set -euo pipefail
@@ -53,4 +55,7 @@ for test in json.load(sys.stdin)["tests"]:
     elif not program.startswith("test_"):
         print(test["name"], file=other)' "$carry/tests/HARNESS_TESTS" "$carry/tests/NOT_CARRIED"
 fi
+tar -C "$carry" -cf - apps tests $([ -d "$carry/testdata" ] && echo testdata) |
+  xz -6 -T0 >"$carry/programs.tar.xz"
+rm -rf "$carry/apps" "$carry/tests" "$carry/testdata"
 du -sh "$carry"
