@@ -8,6 +8,7 @@ carry=$(realpath "${1:?usage: gpu_serve_sweep.sh CARRY_DIR [LEVELS]}")
 levels=${2:-1,2,4,8,16,32,64}
 out=${OUT:?set OUT}
 cd "$(dirname "$0")/.."
+CARRY=$carry source bench/open_carry.sh
 exe=$carry/apps/beamline/beamline
 cat "$carry/apps/beamline/COMMIT" > "$out/machine.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader >> "$out/machine.txt"
