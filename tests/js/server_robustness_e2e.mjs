@@ -210,8 +210,8 @@ describe('robustness', () => {
   });
 
   test('non-streamed requests whose clients leave are aborted: nothing left running, every KV block back', async () => {
-    // Long enough that none can end on its own in the test's time: 3,500 tokens take the tiny model seconds on
-    // the CPU (the chat prompt's 173 tokens leave room under the harness's 4,096 context).
+    // Long enough that none ends before the engine is paused below (the chat prompt's 173 tokens leave room under the
+    // harness's 4,096 context); paused, none can end on its own however fast the machine, so each must be aborted.
     const long = 3500;
     const bodies = [
       ['/v1/chat/completions', { messages: [{ role: 'user', content: 'Talk.' }], max_tokens: long, ignore_eos: true }],
@@ -232,12 +232,17 @@ describe('robustness', () => {
       const { samples } = await metrics(server.base);
       return metricValue(samples, 'vllm:num_requests_running') === engineRequests;
     }, 30000, `${engineRequests} requests running`);
-    controller.abort();
-    await Promise.all(pending);
-    await expectIdle(server.base);
-    const { samples } = await metrics(server.base);
-    assert.equal(metricValue(samples, 'vllm:request_success_total', 'abort') - abortedBefore, engineRequests,
-      'every request of a client that left ends as aborted');
+    assert.equal((await fetch(`${server.base}/pause?mode=keep`, { method: 'POST' })).status, 200);
+    try {
+      controller.abort();
+      await Promise.all(pending);
+      await expectIdle(server.base);
+      const { samples } = await metrics(server.base);
+      assert.equal(metricValue(samples, 'vllm:request_success_total', 'abort') - abortedBefore, engineRequests,
+        'every request of a client that left ends as aborted');
+    } finally {
+      assert.equal((await fetch(`${server.base}/resume`, { method: 'POST' })).status, 200);
+    }
     await expectServing(server.base, client);
   });
 
