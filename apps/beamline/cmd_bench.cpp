@@ -23,6 +23,7 @@
 #include "loadgen/serve_benchmark.h"
 #include "loadgen/serve_metrics.h"
 #include "util/error.h"
+#include "util/open_file_limit.h"
 #include "util/progress_bar.h"
 
 namespace beamline::cli {
@@ -167,6 +168,7 @@ void run_bench_serve(BenchServeOptions options) {
   const ServerEndpoint endpoint{url.base_url, url.path + options.endpoint,
                                 chat ? ApiKind::ChatCompletions : ApiKind::Completions, api_key};
   if (options.model.empty()) options.model = first_served_model(base_url, api_key);
+  raise_open_file_limit(kWantedOpenFiles);  // one connection per request in flight
   const std::vector<std::string> selected = parse_metric_names(options.percentile_metrics);
   const std::vector<double> percentiles = parse_percentiles(options.metric_percentiles);
   const double rate = parse_request_rate(options.request_rate);

@@ -26,6 +26,7 @@
 #include "server/serving_context.h"
 #include "structured/grammar_cache.h"
 #include "util/error.h"
+#include "util/open_file_limit.h"
 
 namespace beamline::cli {
 namespace {
@@ -248,6 +249,7 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   server::ServingContext context{engine,         *tokenizer, std::move(harmony_template), std::move(harmony_stop_ids),
                                  generation,     name,       server::unix_seconds_now(),  &grammars,
                                  options.harmony_constraint};
+  raise_open_file_limit(kWantedOpenFiles);
   server::ApiServer api(context, options.http);
   running_api = &api;
   const int port = api.bind();
@@ -291,7 +293,7 @@ const CommandRegistration registration([](CLI::App& app) {
                       "largest request body accepted (bytes; K/M/G suffixes); larger ones get 413")
       ->capture_default_str();
   command->add_option("--http-threads", options->http.http_threads,
-                      "HTTP connections served at once (each streaming response holds one)")
+                      "HTTP connections served at once, a thread each, started on demand (each streaming response holds one)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command

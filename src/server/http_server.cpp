@@ -9,9 +9,11 @@
 #include <functional>
 
 #include "server/auth.h"
+#include "server/connection_threads.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/openai_responses.h"
+#include "server/peer_connection.h"
 #include "server/request_fields.h"
 #include "server/sglang_generate.h"
 #include "server/sse.h"
@@ -35,7 +37,8 @@ constexpr int kListenBacklog = 4096;
 // How long a stream waits for engine output before checking on its client.
 constexpr std::chrono::milliseconds kStreamPoll{200};
 // A stream with nothing to say writes an SSE comment this often, so a gone client is noticed (and its
-// request aborted) even while the request waits in the queue.
+// request aborted) even while the request waits in the queue; a non-streamed request asks the kernel
+// whether its client is still connected as often.
 constexpr std::chrono::seconds kHeartbeatInterval{1};
 
 constexpr const char* kJson = "application/json";
@@ -53,7 +56,7 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
       http_(std::make_unique<ListeningServer>()),
       control_(context, options_.weight_update_dir) {
   const std::size_t threads = options_.http_threads;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->new_task_queue = [threads] { return new ConnectionThreads(threads); };
   http_->set_payload_max_length(options_.max_request_body_bytes);
   http_->set_keep_alive_max_count(1000);
   http_->set_tcp_nodelay(true);
@@ -226,11 +229,40 @@ void ApiServer::wait_until_idle(std::chrono::milliseconds timeout) {
   in_flight_changed_.wait_for(lock, timeout, [&] { return in_flight_.empty(); });
 }
 
-RequestOutput ApiServer::wait_for(OutputStream& stream) {
-  RequestOutput output = collect_output(stream);
-  release(stream.request_id());
-  if (output.error) throw internal_error("generation failed: " + *output.error);
-  return output;
+std::vector<RequestOutput> ApiServer::wait_for(const httplib::Request& request,
+                                               const std::vector<std::shared_ptr<OutputStream>>& streams) {
+  const TcpConnection connection{request.local_addr, request.local_port, request.remote_addr, request.remote_port};
+  std::chrono::steady_clock::time_point last_check = std::chrono::steady_clock::now();
+  bool aborted = false;
+  std::vector<RequestOutput> outputs(streams.size());
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    OutputStream& stream = *streams[i];
+    bool first = true;
+    while (!stream.done()) {
+      if (std::optional<RequestOutput> event = stream.next(kStreamPoll)) {
+        if (first) {
+          outputs[i] = std::move(*event);
+          first = false;
+        } else {
+          merge_output(outputs[i], std::move(*event));
+        }
+      }
+      const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+      if (aborted || now - last_check < kHeartbeatInterval) continue;
+      last_check = now;
+      if (tcp_peer_state(connection) == PeerState::Gone) {
+        // Nobody will read the answer: free the KV blocks now, as for a stream whose client left.
+        spdlog::info("client of {} went away before its answer: aborting it", stream.request_id());
+        for (std::size_t j = i; j < streams.size(); ++j) context_.engine.abort(streams[j]->request_id());
+        aborted = true;
+      }
+    }
+    release(stream.request_id());
+  }
+  for (const RequestOutput& output : outputs) {
+    if (output.error) throw internal_error("generation failed: " + *output.error);
+  }
+  return outputs;
 }
 
 void ApiServer::respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
@@ -301,7 +333,7 @@ void ApiServer::chat_completions(const httplib::Request& request, httplib::Respo
     respond_stream(response, std::move(stream), chat_completion_stream(id, context_, std::move(plan)));
     return;
   }
-  const RequestOutput output = wait_for(*stream);
+  const RequestOutput output = std::move(wait_for(request, {stream}).front());
   response.set_content(dump_json(chat_completion_response(id, context_, plan, output)), kJson);
 }
 
@@ -324,7 +356,7 @@ void ApiServer::responses(const httplib::Request& request, httplib::Response& re
     respond_stream(response, std::move(stream), response_stream(id, context_, std::move(plan)));
     return;
   }
-  const RequestOutput output = wait_for(*stream);
+  const RequestOutput output = std::move(wait_for(request, {stream}).front());
   response.set_content(dump_json(response_object(id, context_, plan, output)), kJson);
 }
 
@@ -342,8 +374,7 @@ void ApiServer::completions(const httplib::Request& request, httplib::Response& 
     respond_stream(response, std::move(streams.front()), completion_stream(id, context_, std::move(plans.front())));
     return;
   }
-  std::vector<RequestOutput> outputs;
-  for (const std::shared_ptr<OutputStream>& stream : streams) outputs.push_back(wait_for(*stream));
+  const std::vector<RequestOutput> outputs = wait_for(request, streams);
   response.set_content(dump_json(completion_response(id, context_, plans, outputs)), kJson);
 }
 
@@ -375,8 +406,7 @@ void ApiServer::generate(const httplib::Request& request, httplib::Response& res
     plan.requests[p].request_id = plan.requests.size() == 1 ? id : fmt::format("{}-{}", id, p);
     requests.push_back(&plan.requests[p]);
   }
-  std::vector<RequestOutput> outputs;
-  for (const std::shared_ptr<OutputStream>& stream : submit_batch(requests)) outputs.push_back(wait_for(*stream));
+  const std::vector<RequestOutput> outputs = wait_for(request, submit_batch(requests));
   response.set_content(dump_json(generate_response(context_, plan, outputs)), kJson);
 }
 

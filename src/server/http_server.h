@@ -1,6 +1,6 @@
 #pragma once
-// The OpenAI-compatible HTTP server over cpp-httplib. A pool of HTTP threads (one per open connection)
-// parses and validates requests, hands them to the engine and waits on each request's output stream; the
+// The OpenAI-compatible HTTP server over cpp-httplib. HTTP threads (one per connection being served)
+// parse and validate requests, hand them to the engine and wait on each request's output stream; the
 // engine thread alone runs the model.
 #include <atomic>
 #include <chrono>
@@ -32,7 +32,7 @@ struct HttpOptions {
   int port = 8000;                                         // 0: any free port (see ApiServer::port)
   std::optional<std::string> api_key;                      // every /v1/* request must send it as a Bearer token
   std::size_t max_request_body_bytes = std::size_t{32} << 20;
-  std::size_t http_threads = 1024;                         // connections served at once (streams hold one each)
+  std::size_t http_threads = 8192;                         // connections served at once, a thread each (connection_threads.h)
   std::optional<std::filesystem::path> weight_update_dir;  // /update_weights_from_disk reads only below it
 };
 
@@ -76,8 +76,10 @@ class ApiServer {
   std::shared_ptr<OutputStream> submit(GenerationRequest request);
   // A batch (one request per prompt), all or none: a refused one takes back those queued, and its error names it.
   std::vector<std::shared_ptr<OutputStream>> submit_batch(const std::vector<GenerationRequest*>& requests);
-  // Waits for the whole output (non-streaming responses); unregisters the request.
-  RequestOutput wait_for(OutputStream& stream);
+  // Waits for the whole output of each stream (non-streaming responses); unregisters the requests. A client that
+  // goes away meanwhile has them aborted, so their KV blocks are freed at once as a stream's are.
+  std::vector<RequestOutput> wait_for(const httplib::Request& request,
+                                      const std::vector<std::shared_ptr<OutputStream>>& streams);
   void respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
                       std::unique_ptr<SseResponder> responder);
   void release(const std::string& request_id);

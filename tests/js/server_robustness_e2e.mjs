@@ -209,6 +209,43 @@ describe('robustness', () => {
     await expectIdle(server.base);
   });
 
+  test('non-streamed requests whose clients leave are aborted: nothing left running, every KV block back', async () => {
+    // Long enough that none ends before the engine is paused below (the chat prompt's 173 tokens leave room under the
+    // harness's 4,096 context); paused, none can end on its own however fast the machine, so each must be aborted.
+    const long = 3500;
+    const bodies = [
+      ['/v1/chat/completions', { messages: [{ role: 'user', content: 'Talk.' }], max_tokens: long, ignore_eos: true }],
+      ['/v1/completions', { prompt: ['Once', 'Upon'], max_tokens: long, ignore_eos: true }],  // two engine requests
+      ['/v1/responses', { input: 'Talk.', max_output_tokens: long, ignore_eos: true }],
+      ['/generate', { text: 'Once', sampling_params: { max_new_tokens: long, ignore_eos: true } }],
+    ];
+    const engineRequests = 5;
+    const before = await metrics(server.base);
+    const abortedBefore = metricValue(before.samples, 'vllm:request_success_total', 'abort');
+    const controller = new AbortController();
+    const pending = bodies.map(([path, body]) => fetch(server.base + path, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body),
+      signal: controller.signal,
+    }).then((response) => assert.fail(`${path} answered ${response.status} before its client left`),
+      (error) => assert.equal(error.name, 'AbortError')));
+    await waitFor(async () => {
+      const { samples } = await metrics(server.base);
+      return metricValue(samples, 'vllm:num_requests_running') === engineRequests;
+    }, 30000, `${engineRequests} requests running`);
+    assert.equal((await fetch(`${server.base}/pause?mode=keep`, { method: 'POST' })).status, 200);
+    try {
+      controller.abort();
+      await Promise.all(pending);
+      await expectIdle(server.base);
+      const { samples } = await metrics(server.base);
+      assert.equal(metricValue(samples, 'vllm:request_success_total', 'abort') - abortedBefore, engineRequests,
+        'every request of a client that left ends as aborted');
+    } finally {
+      assert.equal((await fetch(`${server.base}/resume`, { method: 'POST' })).status, 200);
+    }
+    await expectServing(server.base, client);
+  });
+
   test('soak: streams whose clients leave at random points; /health stays fast, nothing leaks', async () => {
     const random = rng(7);
     const healthTimes = [];
