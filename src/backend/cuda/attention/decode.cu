@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
 // and V enter exactly. Memory-bound: the second MMA of each pair costs no time.
 //  - BF16 pools: BF16 operands, K and V tiles read by ldmatrix as copied.
 //  - E4M3 pools (--kv-cache-dtype fp8): F16 operands (E4M3 is a subset of F16; q scaled by a power of two into
-//    F16's range, P by 2^14). The tiles are copied raw (half the bytes: twice the tiles in flight), K decoded in
+//    F16's range, P by 2^14). The tiles are copied raw (half the bytes; more blocks per multiprocessor), K decoded in
 //    registers straight from the raw tile (lane (g, c) takes 16 codes of keys g and g + 8 per 64 dims; as the
 //    operand layout lets any dims pair up when q's fragments follow, its word j feeds k-step 4 h + j, codes 0 and
 //    2 as dims 2c, 2c + 1, codes 1 and 3 as 2c + 8, 2c + 9), V decoded into one F16 tile per warp that ldmatrix
@@ -338,30 +338,32 @@ constexpr float kLog2E = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kProbabilityScale = 16384.0f;  // E4M3 pools: P * 2^14 keeps the F16 split's low part normal
 
-// Per pool dtype: the tiles per warp in flight or in use (about 24 KiB of pool data per warp either way), the bytes
-// of one copied row, and the F16 V tile per warp that E4M3 pools decode into.
+// Per pool dtype: the tiles per warp in flight or in use, the bytes of one copied row, the F16 V tile per warp that
+// E4M3 pools decode into, and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more
+// instructions per byte (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather
+// than more tiles in flight per warp: three blocks (12 warps) of 3 stages, against two blocks of 6 stages at 54% of
+// the bytes floor (2026-12-02).
 template <typename Pool>
 struct MmaPool;
 template <>
 struct MmaPool<__nv_bfloat16> {
-  static constexpr int kStages = 3, kCopiedRowBytes = kFastHeadDim * 2, kStagingBytes = 0;
+  static constexpr int kStages = 3, kCopiedRowBytes = kFastHeadDim * 2, kStagingBytes = 0, kBlocksPerSm = 2;
 };
 template <>
 struct MmaPool<E4m3> {
-  static constexpr int kStages = 6, kCopiedRowBytes = kFastHeadDim, kStagingBytes = kTileBytes;
+  static constexpr int kStages = 3, kCopiedRowBytes = kFastHeadDim, kStagingBytes = kTileBytes, kBlocksPerSm = 3;
 };
 template <typename Pool>
 constexpr int kStageBytes = 2 * kTileKeys * MmaPool<Pool>::kCopiedRowBytes;  // K then V
 template <typename Pool>
 constexpr int kWarpBytes = MmaPool<Pool>::kStages * kStageBytes<Pool> + MmaPool<Pool>::kStagingBytes;
 template <typename Pool>
-constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16), 112 KiB (E4M3)
-constexpr int kMmaBlocksPerSm = 2;
-static_assert(kMmaBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
-                  kMmaBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
-              "two blocks per multiprocessor");
-static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(float) <=
-                  kMmaSharedBytes<__nv_bfloat16>,
+constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16), 64 KiB (E4M3)
+static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
+                  MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
+              "the blocks per multiprocessor fit the shared memory");
+static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+                  std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
               "the warps' results are combined in the pipeline's shared memory");
 
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
@@ -422,7 +424,7 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
 template <typename Pool>
-__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention_mma_kernel(
+__global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
   constexpr bool kE4m3 = sizeof(Pool) == 1;
