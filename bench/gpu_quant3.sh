@@ -42,14 +42,14 @@ if wanted fp8; then
   step 30 '^\|' "$OPS" perf fp8 --no-linear --tokens 1,8,64 --iterations 20
   step 50 'FAIL|cases|one token|streamed' "$OPS" test "${small[@]}" --filter fp8 --seed 7
 fi
-if wanted micro; then
-  step 30 '^\|' "$OPS" perf micro --tokens 1,8,64 --iterations 20 --formats "${MICRO_FORMATS:-mxfp8,nvfp4}"
-  step 30 'FAIL|cases|_moe' "$OPS" test "${small[@]}" --filter mxfp8,nvfp4 --seed 9
-fi
 if wanted attention; then
   step 25 '^\||pool' "$OPS" perf attention --kv-cache-dtype fp8 --filter "decode global"
   step 60 'FAIL|cases|fp8 kv' "$OPS" test "${small[@]}" --filter attention --seed 8
   step 20 'FAILED|PASSED|OK \]|tests? ran' "$CARRY/test_paged_attention"
+fi
+if wanted micro; then
+  step 30 '^\|' "$OPS" perf micro --tokens 1,8,64 --iterations 20 --formats "${MICRO_FORMATS:-mxfp8,nvfp4}"
+  step 30 'FAIL|cases|_moe' "$OPS" test "${small[@]}" --filter mxfp8,nvfp4 --seed 9
 fi
 if wanted bf16; then step 25 '^\||pool' "$OPS" perf attention --filter "decode global"; fi
 rm -f "$OUT/step.txt"
