@@ -4,7 +4,6 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/common/device_common.cuh"
-#include "backend/cuda/common/prefetch.cuh"
 #include "backend/cuda/attention/attention.h"
 
 namespace beamline::cuda {
@@ -93,6 +92,10 @@ __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[4]) {
 // Streaming 16-byte load of pool data (read once per kernel: keep it out of L1).
 __device__ __forceinline__ uint4 load_stream(const void* address) {
   return __ldcs(static_cast<const uint4*>(address));
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }

@@ -53,8 +53,6 @@ struct Fp8Dot {
     return dot;
   }
 
-  // Loads batch `first_step` into registers and asks L2 for the next one, so that two batches are in flight while
-  // one is computed (a second register batch would not fit).
   __device__ __forceinline__ void load(int first_step, int c, Batch& bits) const {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -63,15 +61,6 @@ struct Fp8Dot {
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < 2; ++r) bits[u][i][r] = column < k ? load_streaming(rows[i][r] + column) : uint4{};
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t column = int64_t{first_step + kBatch + u} * kStep + 16 * c;
-      if (column >= k) break;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) prefetch_l2(rows[i][r] + column);
     }
   }
 

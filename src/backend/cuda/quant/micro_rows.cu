@@ -308,8 +308,7 @@ __global__ void __launch_bounds__(kMaxTopK * 32, 2)
 // group), its word j feeding mma j of the step (codes 0 and 2 as k columns 2c, 2c + 1, codes 1 and 3 as 2c + 8,
 // 2c + 9), and each step's sums are scaled by their row's E8M0 scale and the split's 1/s.
 constexpr int kTokenStep = 32;
-constexpr int kTokenBatch = 4;      // steps loaded into registers before the first is used
-constexpr int kTokenPrefetch = 2;   // batches asked of L2 ahead of the one loaded
+constexpr int kTokenBatch = 4;  // steps loaded before the first is used
 
 struct Mxfp8Dot {
   struct Batch {
@@ -347,19 +346,6 @@ struct Mxfp8Dot {
           batch.scales[u][i][r] = column < k ? __ldg(scales[i][r] + step) : 0u;
         }
     }
-    // Batches first + kTokenPrefetch (and, at the start, those before it) into L2: more bytes in flight than the
-    // registers hold.
-    const int ahead_from = first_step == 0 ? 1 : kTokenPrefetch, ahead_batches = first_step == 0 ? kTokenPrefetch : 1;
-    for (int b = 0; b < ahead_batches; ++b)
-#pragma unroll
-      for (int u = 0; u < kTokenBatch; ++u) {
-        const int64_t column = (int64_t{first_step} + (ahead_from + b) * kTokenBatch + u) * kTokenStep + 8 * c;
-        if (column >= k) break;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) prefetch_l2(codes[i][r] + column);
-      }
   }
 
   __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {

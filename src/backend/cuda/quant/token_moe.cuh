@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "backend/cuda/common/device_common.cuh"
-#include "backend/cuda/common/prefetch.cuh"
 #include "backend/cuda/quant/activation_split.cuh"
 
 namespace beamline::cuda {
