@@ -2,8 +2,8 @@
 // product of quant/token_moe.cuh's kernels (every routed expert's gate|up in one launch, every down in a second).
 //
 // Why tensor cores for a matrix-vector product: dotting dequantized weights with F32 activations on the CUDA cores
-// costs a conversion per weight (E4M3 -> F16 -> F32), and conversions issue at a quarter of the FMA rate: that bound
-// the CUDA-core kernels at ~2 TB/s. Here each E4M3 code becomes F16 by bit operations (exact: E4M3 is a subset of
+// costs one to two conversions per weight (E4M3 -> F16 -> F32), and conversions issue at an eighth of the FMA rate
+// (16 against 128 per clock and multiprocessor on compute capability 9.0): the CUDA-core kernels' ~2 TB/s fits that. Here each E4M3 code becomes F16 by bit operations (exact: E4M3 is a subset of
 // F16) and mma.sync m16n8k16 multiplies sixteen weight rows by the activation vector split into two F16 columns
 // (quant/activation_split.cuh: 22 bits of every element); products are exact and sums FP32, so the result equals
 // the W8A16 reference up to summation order like the CUDA-core kernels did. The weight block scale (over the split's
