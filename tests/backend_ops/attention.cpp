@@ -220,10 +220,17 @@ void test_attention(Harness& harness) {
       {"fp8 kv decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{600, 1}, {15, 1}, {16, 1}}},
       {"fp8 kv mixed, window", 48, 8, 128, 16, 512, DType::F8_E4M3, {{530, 70}, {0, 129}, {900, 1}}},
       {"fp8 kv odd dims", 6, 3, 40, 4, 5, DType::F8_E4M3, {{3, 11}, {0, 2}}},
+      // The tensor-core decode kernel on E4M3 pools (F16 operands): block sizes, windows, groups 1-8, 2-4 rows.
+      {"fp8 kv decode bs 8 window", 48, 8, 128, 8, 30, DType::F8_E4M3, {{300, 1}, {29, 3}}},
+      {"fp8 kv decode bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::F8_E4M3, {{1500, 1}, {64, 1}, {63, 4}}},
+      {"fp8 kv decode GQA 14/2", 14, 2, 128, 16, 0, DType::F8_E4M3, {{777, 1}, {12, 2}}},
+      {"fp8 kv decode GQA 8/8", 8, 8, 128, 16, 0, DType::F8_E4M3, {{1024, 1}, {3, 1}}},
+      {"fp8 kv missing block, decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
   };
   if (!harness.small_only()) {
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::F32, {{32767, 1}, {100, 1}}});
+    cases.push_back({"fp8 kv decode 32K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{32767, 1}, {20000, 1}}});
     cases.push_back({"prefill global 1K", 48, 8, 128, 16, 0, DType::BF16, {{0, 1024}}});
     cases.push_back({"prefill window 2K", 48, 8, 128, 16, 512, DType::BF16, {{0, 2048}}});
     AttentionCase batch128{"decode B=128", 48, 8, 128, 16, 0, DType::BF16, {}};
@@ -281,6 +288,7 @@ void run_perf(const PerfOptions& options) {
   require(options.iterations >= 1 && options.repeats >= 1, "perf attention: --iterations and --repeats must be >= 1");
   const std::vector<Case> cases{
       {"decode global B=1 L=8K", 1, 8191, 1, 0},
+      {"decode global B=1 L=32K", 1, 32767, 1, 0},
       {"decode global B=1 L=128K", 1, 131071, 1, 0},
       {"decode global B=32 L=8K", 32, 8191, 1, 0},
       {"decode global B=128 L=4K", 128, 4095, 1, 0},

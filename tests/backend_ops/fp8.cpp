@@ -289,6 +289,7 @@ void test_fp8_moe(Harness& harness) {
     int32_t experts, top_k, distinct;
     const char* what;
     std::vector<int32_t> counts = {};
+    float h_scale = 1.0f;  // magnitude of the token rows (the one-token kernels split them into F16 parts)
   };
   std::vector<Case> cases{
       {1, 5120, 2560, 16, 8, 3, "beam widths, one token: streamed"},
@@ -302,7 +303,11 @@ void test_fp8_moe(Harness& harness) {
       {60, 336, 208, 64, 2, 16, "tiles of 8, counts 1/7/8/9/16/17/22/40, most idle",
        sparse_counts(64, {{0, 1}, {5, 7}, {9, 8}, {20, 9}, {33, 16}, {40, 17}, {50, 22}, {63, 40}})},
       {600, 256, 128, 10, 2, 10, "tiles of 128, counts 0/1/63/64/65/127/128/129/300/323",
-       {0, 1, 63, 64, 65, 127, 128, 129, 300, 323}}};
+       {0, 1, 63, 64, 65, 127, 128, 129, 300, 323}},
+      {1, 336, 208, 12, 3, 12, "odd widths, one token: streamed"},
+      {1, 1024, 720, 8, 8, 8, "one token, I a partial 64-wide step and 128 block"},
+      {1, 512, 256, 8, 4, 8, "one token, rows of magnitude 3e4", {}, 3e4f},
+      {1, 512, 256, 8, 4, 8, "one token, rows of magnitude 1e-6", {}, 1e-6f}};
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
@@ -327,7 +332,7 @@ void test_fp8_moe(Harness& harness) {
     if (!c.counts.empty()) id_values = assignment_with_counts(harness.inputs(), c.counts, c.rows, c.top_k);
     auto ids = harness.i32(id_values, {c.rows, c.top_k});
     auto routing = harness.f32(weight_values, {c.rows, c.top_k});
-    const std::vector<float> h = harness.inputs().uniform(c.rows * c.hidden);
+    const std::vector<float> h = harness.inputs().uniform(c.rows * c.hidden, c.h_scale);
     auto hp = harness.f32(h, {c.rows, c.hidden});
     auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
     harness.device().moe(hp.device, ids.device, routing.device, device_moe, out.device);

@@ -197,7 +197,9 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
   std::vector<MoeCase> moe_cases{{1, 5120, 2560, 16, 8, 2, "beam widths, one token"},
                                  {3, 5120, 2560, 16, 8, 2, "beam widths, three tokens"},
                                  {1, 256, 128, 8, 2, 8, "small, one token"},
-                                 {7, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths"}};
+                                 {7, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths"},
+                                 {1, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths, one token"},
+                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();

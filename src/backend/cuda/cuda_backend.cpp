@@ -1117,7 +1117,8 @@ void CudaBackend::moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tenso
   tables.hidden = hidden;
   tables.intermediate = inter;
   // One token: the routed experts' weights streamed once with F32 activations (W8A16), two launches.
-  if (rows == 1 && top_k <= cuda::fp8::kMaxStreamTopK && streaming_max_rows_ > 0) {
+  if (rows == 1 && streaming_max_rows_ > 0 &&
+      cuda::fp8::moe_one_token_supported(hidden, inter, static_cast<int32_t>(top_k))) {
     Tensor activated = scratch(DType::F32, {top_k, inter});
     check_launch(cuda::fp8::moe_one_token(h.data<const float>(), expert_ids.data<const int32_t>(),
                                           expert_weights.data<const float>(), static_cast<int32_t>(top_k), tables,

@@ -22,10 +22,6 @@ template <>
 __host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
   return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
 }
-// Four E4M3 pool codes, one 4-byte load.
-struct E4m3x4 {
-  uint32_t bits;
-};
 
 // The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
 __device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const BatchGeometry& batch, int32_t sequence,
@@ -93,32 +89,9 @@ __device__ __forceinline__ void unpack(const uint4& raw, float (&out)[4]) {
   out[3] = __uint_as_float(raw.w);
 }
 
-// Four E4M3 codes as floats, exactly.
-__device__ __forceinline__ void unpack(const E4m3x4& raw, float (&out)[4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(raw.bits >> (16 * h));
-    const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
-    out[2 * h] = f.x;
-    out[2 * h + 1] = f.y;
-  }
-}
-
 // Streaming 16-byte load of pool data (read once per kernel: keep it out of L1).
 __device__ __forceinline__ uint4 load_stream(const void* address) {
   return __ldcs(static_cast<const uint4*>(address));
-}
-// The same for the pieces a kernel reads per lane: 16 bytes, or four E4M3 codes.
-template <typename Raw>
-__device__ __forceinline__ Raw load_pool(const void* address);
-template <>
-__device__ __forceinline__ uint4 load_pool<uint4>(const void* address) {
-  return load_stream(address);
-}
-template <>
-__device__ __forceinline__ E4m3x4 load_pool<E4m3x4>(const void* address) {
-  return {__ldcs(static_cast<const unsigned int*>(address))};
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* address) {

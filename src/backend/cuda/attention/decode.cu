@@ -3,15 +3,16 @@
 // heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
 // programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
 // - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
-// - F32, and E4M3 (--kv-cache-dtype fp8, the codes read back exactly): F32 math on the CUDA cores. Each key is
+// - E4M3 (--kv-cache-dtype fp8, the codes read back exactly): the same kernel on F16 operands.
+// - F32: F32 math on the CUDA cores. Each key is
 //   spread over kLanesPerKey lanes (a "key slot") with several keys in flight; a slot keeps its own online softmax
 //   (running max and sum) and the block combines its slots in shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
 //   memory, so shuffles and exponentials are not repeated on every lane.
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
 namespace beamline::cuda {
@@ -21,11 +22,10 @@ constexpr int kDecodeThreads = 128;
 constexpr int kKeysInFlight = 4;  // keys per key slot loaded before the first is used
 constexpr int kMergeThreads = 128;
 
-// What a lane loads per key: 16 bytes of an F32 pool (4 values), or 4 codes of an E4M3 pool (the same 4 values per
-// lane, so the same registers and lanes per key).
+// What a lane loads per key: 16 bytes of an F32 pool (4 values).
 template <typename P>
 struct DecodeShape {
-  using Raw = std::conditional_t<sizeof(P) == 1, E4m3x4, uint4>;
+  using Raw = uint4;
   static constexpr int kValuesPerLoad = static_cast<int>(sizeof(Raw) / sizeof(P));
   static constexpr int kLanesPerKey = kFastHeadDim / kValuesPerLoad;
   static constexpr int kKeySlots = kDecodeThreads / kLanesPerKey;
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
       if (blocks_now[c] >= 0) {
         valid |= 1u << c;
         const int64_t offset = key_rows_of_sequence.offset(blocks_now[c], step + c * kSlots + key_slot) + part * kVec;
-        k_raw[c] = load_pool<typename Shape::Raw>(k_pool + offset);
-        v_raw[c] = load_pool<typename Shape::Raw>(v_pool + offset);
+        k_raw[c] = load_stream(k_pool + offset);
+        v_raw[c] = load_stream(v_pool + offset);
       }
     }
     prefetch(step + 2 * kStep, blocks_ahead);
@@ -310,12 +310,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(
   }
 }
 
-// ---- BF16 pools: the tensor-core kernel ----
+// ---- BF16 and E4M3 pools: the tensor-core kernel ----
 // Per warp and 16-key tile, S^T = K · Q^T and O^T += V^T · P^T on mma.m16n8k16: the tile's keys (then the head's
 // dims) are the MMA's M, the group's query heads its N (8, heads past the group computed on zeros and never
 // stored), so each K and V element read from the pool serves every head of the group. q (F32, pre-scaled by
-// scale · log2 e) and P enter as hi + lo BF16 operands accumulated in F32, so scores and outputs keep F32
-// accuracy; K and V are BF16 already (exact). Memory-bound: the second MMA of each pair costs no time.
+// scale · log2 e) and P enter as hi + lo operands accumulated in F32, so scores and outputs keep F32 accuracy; K
+// and V enter exactly. Memory-bound: the second MMA of each pair costs no time.
+//  - BF16 pools: BF16 operands, K and V tiles read by ldmatrix as copied.
+//  - E4M3 pools (--kv-cache-dtype fp8): F16 operands (E4M3 is a subset of F16; q scaled by a power of two into
+//    F16's range, P by 2^14). The tiles are copied raw (half the bytes; more blocks per multiprocessor), K decoded in
+//    registers straight from the raw tile (lane (g, c) takes 16 codes of keys g and g + 8 per 64 dims; as the
+//    operand layout lets any dims pair up when q's fragments follow, its word j feeds k-step 4 h + j, codes 0 and
+//    2 as dims 2c, 2c + 1, codes 1 and 3 as 2c + 8, 2c + 9), V decoded into one F16 tile per warp that ldmatrix
+//    reads transposed, as for BF16.
 // Each warp streams its own tiles (warp w takes tiles w, w + kMmaWarps, ... of the block's range) through a
 // cp.async pipeline of kStages tiles in shared memory, so the key loop has no block-wide barrier; the warps'
 // softmax states are combined at the end. Tiles are aligned to multiples of 16 positions (keys outside the
@@ -325,20 +332,52 @@ constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kTileKeys = 16;                         // the MMA's M
 constexpr int kMmaHeads = 8;                          // the MMA's N: query heads per kv head, padded
 constexpr int kDimSteps = kFastHeadDim / 16;          // MMA k-steps over head_dim for QK, m-tiles for PV
-constexpr int kStages = 3;                            // tiles per warp in flight or in use
-constexpr int kRowBytes = kFastHeadDim * 2;           // one BF16 key or value row
+constexpr int kRowBytes = kFastHeadDim * 2;           // one 16-bit key or value row, as ldmatrix reads it
 constexpr int kTileBytes = kTileKeys * kRowBytes;     // 4 KiB of K, as much of V
-constexpr int kStageBytes = 2 * kTileBytes;
-constexpr int kMmaSharedBytes = kMmaWarps * kStages * kStageBytes;  // 96 KiB
-constexpr int kMmaBlocksPerSm = 227 * 1024 / (kMmaSharedBytes + 1024);  // what the shared memory allows: 2
 constexpr float kLog2E = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * sizeof(float) <= kMmaSharedBytes,
+constexpr float kProbabilityScale = 16384.0f;  // E4M3 pools: P * 2^14 keeps the F16 split's low part normal
+
+// Per pool dtype: the tiles per warp in flight or in use, the bytes of one copied row, the F16 V tile per warp that
+// E4M3 pools decode into, and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more
+// instructions per byte (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather
+// than more tiles in flight per warp: three blocks (12 warps) of 3 stages, against two blocks of 6 stages at 54% of
+// the bytes floor (2026-12-02).
+template <typename Pool>
+struct MmaPool;
+template <>
+struct MmaPool<__nv_bfloat16> {
+  static constexpr int kStages = 3, kCopiedRowBytes = kFastHeadDim * 2, kStagingBytes = 0, kBlocksPerSm = 2;
+};
+template <>
+struct MmaPool<E4m3> {
+  static constexpr int kStages = 3, kCopiedRowBytes = kFastHeadDim, kStagingBytes = kTileBytes, kBlocksPerSm = 3;
+};
+template <typename Pool>
+constexpr int kStageBytes = 2 * kTileKeys * MmaPool<Pool>::kCopiedRowBytes;  // K then V
+template <typename Pool>
+constexpr int kWarpBytes = MmaPool<Pool>::kStages * kStageBytes<Pool> + MmaPool<Pool>::kStagingBytes;
+template <typename Pool>
+constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16), 64 KiB (E4M3)
+static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
+                  MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
+              "the blocks per multiprocessor fit the shared memory");
+static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+                  std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
               "the warps' results are combined in the pipeline's shared memory");
 
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
 // rows one ldmatrix reads at the same chunk fall in different banks.
 __device__ __forceinline__ int swizzled(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
+// The same for a copied row of either pool: BF16 rows as above; E4M3 rows of 8 chunks, the odd rows' halves swapped so
+// that the 16-byte K loads of keys g and g + 1 (one phase of a warp's shared load) fall in different banks.
+template <typename Pool>
+__device__ __forceinline__ int copied(int row, int chunk) {
+  if constexpr (sizeof(Pool) == 1)
+    return row * kFastHeadDim + ((chunk ^ ((row & 1) << 2)) << 4);
+  else
+    return swizzled(row, chunk);
+}
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
 // columns (lane % 4) * 2 and + 1 of every matrix (the MMA's A fragment), or with `.trans` the same of every
@@ -384,9 +423,13 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
-__global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention_mma_kernel(
+template <typename Pool>
+__global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
+  constexpr bool kE4m3 = sizeof(Pool) == 1;
+  constexpr int kStages = MmaPool<Pool>::kStages;
+  constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -406,19 +449,21 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
   const int32_t split_end = min(first_tile + tiles, split_begin + per_split);
   const int32_t warp_tiles = max(0, (split_end - split_begin - warp + kMmaWarps - 1) / kMmaWarps);
 
-  const auto* k_pool = static_cast<const __nv_bfloat16*>(pool.k);
-  const auto* v_pool = static_cast<const __nv_bfloat16*>(pool.v);
+  const auto* k_pool = static_cast<const Pool*>(pool.k);
+  const auto* v_pool = static_cast<const Pool*>(pool.v);
+  constexpr int kChunkElements = 16 / sizeof(Pool);
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
-  unsigned char* stages = shared + warp * kStages * kStageBytes;
+  unsigned char* stages = shared + warp * kWarpBytes<Pool>;
+  unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3: the warp's F16 V tile
   bool missing = false;
 
-  // Copies tile k of this warp into stage k % kStages: 8 lanes per row, each 16 bytes of both 128-byte halves of
-  // the K and the V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that
-  // wait_copies counts tiles.
+  // Copies tile k of this warp into stage k % kStages: 8 lanes per row, each 16 bytes of every 128 bytes of the K
+  // and the V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that wait_copies
+  // counts tiles.
   auto issue = [&](int32_t k) {
     if (k < warp_tiles) {
       const int32_t tile = split_begin + warp + k * kMmaWarps;
-      unsigned char* stage = stages + (k % kStages) * kStageBytes;
+      unsigned char* stage = stages + (k % kStages) * kStageBytes<Pool>;
 #pragma unroll
       for (int r = 0; r < kTileKeys / 4; ++r) {
         const int key_row = lane / 8 + 4 * r;
@@ -428,10 +473,11 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
         missing |= visible && block < 0;
         const int64_t offset = block >= 0 ? key_rows_of_sequence.offset(block, t) : 0;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
+        for (int half = 0; half < kChunksPerLane; ++half) {
           const int chunk = lane % 8 + 8 * half;
-          copy_async16(stage + swizzled(key_row, chunk), k_pool + offset + 8 * chunk, block >= 0);
-          copy_async16(stage + kTileBytes + swizzled(key_row, chunk), v_pool + offset + 8 * chunk, block >= 0);
+          copy_async16(stage + copied<Pool>(key_row, chunk), k_pool + offset + kChunkElements * chunk, block >= 0);
+          copy_async16(stage + kStageBytes<Pool> / 2 + copied<Pool>(key_row, chunk),
+                       v_pool + offset + kChunkElements * chunk, block >= 0);
         }
       }
     }
@@ -450,20 +496,51 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
   for (int k = 0; k < kStages - 1; ++k) issue(k);
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
-  // dims 16 s + 2 pair (+1) and the same + 8.
+  // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3), those the K words
+  // decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by 2^q_shift (one power of two for the warp).
   uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
+  float q_unscale = 1.0f;
   {
     const bool real_head = fragment_row < group;
     const float* query = q + (row * num_heads + int64_t{kv_head} * group + fragment_row) * kFastHeadDim;
     const float q_scale = scale * kLog2E;  // scores in base 2: exp2 in the loop
+    if constexpr (kE4m3) {
+      float values[2][16];
+      float amax = 0.0f;
 #pragma unroll
-    for (int s = 0; s < kDimSteps; ++s)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float2 pair{0.0f, 0.0f};
-        if (real_head) pair = *reinterpret_cast<const float2*>(query + 16 * s + 2 * fragment_pair + 8 * half);
-        split_pair(pair.x * q_scale, pair.y * q_scale, q_hi[s][half], q_lo[s][half]);
-      }
+        for (int i = 0; i < 16; i += 4) {
+          float4 v{0.0f, 0.0f, 0.0f, 0.0f};
+          if (real_head) v = *reinterpret_cast<const float4*>(query + 64 * h + 16 * fragment_pair + i);
+          values[h][i] = v.x * q_scale;
+          values[h][i + 1] = v.y * q_scale;
+          values[h][i + 2] = v.z * q_scale;
+          values[h][i + 3] = v.w * q_scale;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(values[h][i + e]));
+        }
+      const int shift = f16_shift(warp_max(amax));
+      const float up = ldexpf(1.0f, shift);
+      q_unscale = ldexpf(1.0f, -shift);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float* v = values[h] + 4 * j;
+          split_half2(v[0] * up, v[2] * up, q_hi[4 * h + j][0], q_lo[4 * h + j][0]);
+          split_half2(v[1] * up, v[3] * up, q_hi[4 * h + j][1], q_lo[4 * h + j][1]);
+        }
+    } else {
+#pragma unroll
+      for (int s = 0; s < kDimSteps; ++s)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float2 pair{0.0f, 0.0f};
+          if (real_head) pair = *reinterpret_cast<const float2*>(query + 16 * s + 2 * fragment_pair + 8 * half);
+          split_pair(pair.x * q_scale, pair.y * q_scale, q_hi[s][half], q_lo[s][half]);
+        }
+    }
   }
 
   for (int32_t k = 0; k < warp_tiles; ++k) {
@@ -471,18 +548,57 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     issue(k + kStages - 1);
     wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
-    const unsigned char* k_tile = stages + (k % kStages) * kStageBytes;
-    const unsigned char* v_tile = k_tile + kTileBytes;
+    const unsigned char* k_tile = stages + (k % kStages) * kStageBytes<Pool>;
+    const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
 
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
     // (two dependency chains).
     float score_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, score_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kE4m3) {
 #pragma unroll
-    for (int s = 0; s < kDimSteps; ++s) {
-      uint32_t a[4];
-      load_matrices(a, k_tile + swizzled(matrix_row + 8 * (matrix & 1), 2 * s + (matrix >> 1)));
-      mma_bf16(score_hi, a, q_hi[s][0], q_hi[s][1]);
-      mma_bf16(score_lo, a, q_lo[s][0], q_lo[s][1]);
+      for (int h = 0; h < 2; ++h) {
+        const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<Pool>(fragment_row, 4 * h + fragment_pair));
+        const uint4 high =
+            *reinterpret_cast<const uint4*>(k_tile + copied<Pool>(fragment_row + 8, 4 * h + fragment_pair));
+        const uint32_t low_words[4] = {low.x, low.y, low.z, low.w}, high_words[4] = {high.x, high.y, high.z, high.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t a[4];  // key g dims (2c, 2c+1), key g+8 the same, key g dims (2c+8, 2c+9), key g+8 the same
+          e4m3x4_to_half2(low_words[j], a[0], a[2]);
+          e4m3x4_to_half2(high_words[j], a[1], a[3]);
+          mma_f16(score_hi, a, q_hi[4 * h + j][0], q_hi[4 * h + j][1]);
+          mma_f16(score_lo, a, q_lo[4 * h + j][0], q_lo[4 * h + j][1]);
+        }
+      }
+      // V to F16 (in element order, as ldmatrix reads it): lane takes 16 codes of rows lane / 8 + 4 i.
+#pragma unroll
+      for (int i = 0; i < kTileKeys / 4; ++i) {
+        const int value_row = lane / 8 + 4 * i, chunk = lane % 8;
+        const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + copied<Pool>(value_row, chunk));
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+        uint32_t halves[8];
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const __half2_raw pair =
+                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * p)), __NV_E4M3);
+            halves[2 * w + p] = *reinterpret_cast<const uint32_t*>(&pair);
+          }
+        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk)) =
+            make_uint4(halves[0], halves[1], halves[2], halves[3]);
+        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk + 1)) =
+            make_uint4(halves[4], halves[5], halves[6], halves[7]);
+      }
+      v_tile = staging;
+    } else {
+#pragma unroll
+      for (int s = 0; s < kDimSteps; ++s) {
+        uint32_t a[4];
+        load_matrices(a, k_tile + swizzled(matrix_row + 8 * (matrix & 1), 2 * s + (matrix >> 1)));
+        mma_bf16(score_hi, a, q_hi[s][0], q_hi[s][1]);
+        mma_bf16(score_lo, a, q_lo[s][0], q_lo[s][1]);
+      }
     }
     const int32_t key = (split_begin + warp + k * kMmaWarps) * kTileKeys + fragment_row;
     const bool visible_low = key >= first && key <= last, visible_high = key + 8 >= first && key + 8 <= last;
@@ -490,7 +606,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const bool visible = j < 2 ? visible_low : visible_high;
-      score[j] = visible ? score_hi[j] + score_lo[j] : -INFINITY;
+      score[j] = visible ? (score_hi[j] + score_lo[j]) * q_unscale : -INFINITY;
     }
 
     // Online softmax per head over the tile's 16 keys (8 lanes share a head pair: xor over lane bits 2..4).
@@ -524,17 +640,27 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
     uint32_t p_hi[2], p_lo[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      split_pair(probability[2 * half], probability[2 * half + 1], p_hi[half], p_lo[half]);
+      if constexpr (kE4m3)
+        split_half2(probability[2 * half] * kProbabilityScale, probability[2 * half + 1] * kProbabilityScale,
+                    p_hi[half], p_lo[half]);
+      else
+        split_pair(probability[2 * half], probability[2 * half + 1], p_hi[half], p_lo[half]);
       p_hi[half] = transpose(p_hi[half]);
       p_lo[half] = transpose(p_lo[half]);
     }
+    if constexpr (kE4m3) __syncwarp();  // every lane's part of the F16 V tile is written
 
 #pragma unroll
     for (int i = 0; i < kDimSteps; ++i) {
       uint32_t a[4];
       load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
-      mma_bf16(acc[i], a, p_hi[0], p_hi[1]);
-      mma_bf16(acc[i], a, p_lo[0], p_lo[1]);
+      if constexpr (kE4m3) {
+        mma_f16(acc[i], a, p_hi[0], p_hi[1]);
+        mma_f16(acc[i], a, p_lo[0], p_lo[1]);
+      } else {
+        mma_bf16(acc[i], a, p_hi[0], p_hi[1]);
+        mma_bf16(acc[i], a, p_lo[0], p_lo[1]);
+      }
     }
   }
   wait_copies<0>();  // the trailing empty groups, before the stages' memory is reused
@@ -552,7 +678,7 @@ __global__ void __launch_bounds__(kMmaThreads, kMmaBlocksPerSm) decode_attention
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int head = 2 * fragment_pair + (j & 1), dim = 16 * i + fragment_row + 8 * (j >> 1);
-      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j];
+      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = kE4m3 ? acc[i][j] / kProbabilityScale : acc[i][j];
     }
   if (fragment_row == 0) {
 #pragma unroll
@@ -689,19 +815,21 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
+template <typename Pool>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
-      decode_attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes);
+      decode_attention_mma_kernel<Pool>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
   return status;
 }
 
+template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  if (const cudaError_t status = allow_mma_shared_memory(); status != cudaSuccess) return status;
+  if (const cudaError_t status = allow_mma_shared_memory<Pool>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<<<grid, kMmaThreads, kMmaSharedBytes, stream>>>(
+  decode_attention_mma_kernel<Pool><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
@@ -731,8 +859,20 @@ cudaError_t dispatch_group(int32_t group, const Body& body) {
 template <typename Body>
 cudaError_t dispatch_pool(DType dtype, int32_t group, const Body& body) {
   if (dtype == DType::F32) return dispatch_group<float>(group, body);
-  if (dtype == DType::F8_E4M3) return dispatch_group<E4m3>(group, body);
   return cudaErrorInvalidValue;
+}
+
+template <typename Pool>
+int mma_blocks_per_multiprocessor() {
+  static const int blocks = [] {
+    int result = 1;
+    if (allow_mma_shared_memory<Pool>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool>, kMmaThreads,
+                                                      kMmaSharedBytes<Pool>) != cudaSuccess)
+      result = 1;
+    return std::max(result, 1);
+  }();
+  return blocks;
 }
 
 struct DecodeLaunch {
@@ -774,26 +914,20 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
   if (count == 0) return cudaSuccess;
   if (splits > kMergeThreads) return cudaErrorInvalidValue;
   if (pool.dtype == DType::BF16)
-    return launch_decode_mma(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window,
-                             out, stream);
+    return launch_decode_mma<__nv_bfloat16>(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
+                                            sliding_window, out, stream);
+  if (pool.dtype == DType::F8_E4M3)
+    return launch_decode_mma<E4m3>(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
+                                   sliding_window, out, stream);
   return dispatch_pool(pool.dtype, num_heads / pool.num_kv_heads,
                        DecodeLaunch{q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
                                     sliding_window, out, stream});
 }
 
 int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
+  if (dtype == DType::BF16) return mma_blocks_per_multiprocessor<__nv_bfloat16>();
+  if (dtype == DType::F8_E4M3) return mma_blocks_per_multiprocessor<E4m3>();
   int blocks = 1;
-  if (dtype == DType::BF16) {
-    static const int mma_blocks = [] {
-      int result = 1;
-      if (allow_mma_shared_memory() != cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel, kMmaThreads,
-                                                        kMmaSharedBytes) != cudaSuccess)
-        result = 1;
-      return std::max(result, 1);
-    }();
-    return mma_blocks;
-  }
   dispatch_pool(dtype, group, OccupancyQuery{&blocks});
   return blocks;
 }

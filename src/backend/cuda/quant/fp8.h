@@ -6,8 +6,9 @@
 //
 // Numerics, per path:
 //  - W8A16 (weight streaming, few rows: decode projections, the LM head, a one-token MoE): every weight is
-//    dequantized exactly in registers (e4m3 * its block scale) and dotted with the F32 activations in FP32. Equal to
-//    the CPU backend's exact-dequant reference up to summation order.
+//    dequantized exactly in registers (e4m3 * its block scale) and dotted with the F32 activations in FP32 (the
+//    one-token MoE: on the tensor cores, the activations split exactly enough into two F16 parts). Equal to the CPU
+//    backend's exact-dequant reference up to summation order.
 //  - W8A8 (FP8 wgmma, more rows: prefill projections, the MoE from two tokens on): the activations are quantized per
 //    token and 128 channels to E4M3 with an F32 scale (quantize_rows), each 128-wide k block is summed on the tensor
 //    cores (e4m3 x e4m3 -> FP32) and promoted into an FP32 total with both block scales after every k block
@@ -90,10 +91,13 @@ struct Experts {
 };
 bool moe_supported(int32_t experts, int64_t hidden, int64_t intermediate);
 
-// One token (decode at batch 1) with top_k <= 8, W8A16: gate|up streamed with the SwiGLU fused (activated [top_k, I]
-// scratch), then down over all the token's experts per output row with the combine fused, in j order. Expert ids out
-// of range make the output NaN.
+// One token (decode at batch 1) with top_k <= 8, W8A16 on the tensor cores (fp8_token_moe.cu: exact weights in F16,
+// the F32 activations split into two F16 parts, FP32 sums): gate|up of every routed expert in one launch with the
+// SwiGLU fused (activated [top_k, I] scratch, 16-byte aligned, as h), then down of every routed expert in a second with
+// the combine fused, in j order. Expert ids out of range make the output NaN. Supported when the activation splits fit
+// in shared memory (H up to ~58K; I up to ~7K at top_k 8).
 constexpr int32_t kMaxStreamTopK = 8;
+bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k);
 cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
                           const Experts& experts, float* activated, float* out, cudaStream_t stream);
 

@@ -70,8 +70,11 @@ const BlockScaledGemm::Plan& BlockScaledGemm::plan(int64_t rows, int64_t in, int
   const auto key = std::make_tuple(rows, in, out);
   if (const auto found = plans_.find(key); found != plans_.end()) return found->second;
   Plan plan;
-  // The heuristic reads shapes and modes only; the scale pointers of the real call are set per call.
-  Descriptors descriptors(rows, in, out, nullptr, nullptr);
+  // The scale pointers of the real call are set per call, but the heuristic refuses block-scaled descriptors whose
+  // scale pointers are null (CUBLAS_STATUS_INVALID_VALUE on the H200, cuBLASLt 13.1: the reason this path was never
+  // taken; bench/cublaslt_block_scaled_probe.cu), so it is asked with the workspace standing in for both.
+  const auto* stand_in = static_cast<const float*>(workspace_);
+  Descriptors descriptors(rows, in, out, stand_in, stand_in);
   cublasLtMatmulPreference_t preference = nullptr;
   if (descriptors.status == CUBLAS_STATUS_SUCCESS &&
       cublasLtMatmulPreferenceCreate(&preference) == CUBLAS_STATUS_SUCCESS) {

@@ -1,6 +1,7 @@
 // FP8 block-128 kernels bound by memory: the activation quantizer (F32 rows to E4M3 per token and 128 channels) and
-// the weight-streaming projections and one-token experts of decode (W8A16: each FP8 weight read once with 16-byte
-// loads, dequantized in registers with its block scale, dotted with the F32 activations in FP32; fp8.h).
+// the weight-streaming projections of decode (W8A16: each FP8 weight read once with 16-byte loads, dequantized in
+// registers with its block scale, dotted with the F32 activations in FP32; fp8.h). The one-token experts are in
+// fp8_token_moe.cu.
 #include <cuda_fp8.h>
 
 #include <cmath>
@@ -140,109 +141,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32)
     }
 }
 
-// ---- one token's experts ----
-
-// activated[j, i] = silu(gate_e[i] · h) * (up_e[i] · h) for e = ids[blockIdx.y]: one warp per intermediate row.
-constexpr int kGateUpWarps = 8;
-constexpr int kGateUpUnroll = 5;
-__global__ void __launch_bounds__(kGateUpWarps * 32)
-    one_token_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, Experts experts,
-                             float* __restrict__ activated) {
-  const int64_t row = int64_t{blockIdx.x} * kGateUpWarps + threadIdx.x / 32;
-  const int j = static_cast<int>(blockIdx.y);
-  const int32_t e = ids[j];
-  if (row >= experts.intermediate) return;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t hidden = experts.hidden, scale_width = blocks_of(hidden);
-  if (e < 0 || e >= experts.experts) {  // the down pass makes the token NaN
-    if (lane == 0) activated[j * experts.intermediate + row] = 0.0f;
-    return;
-  }
-  const uint8_t* matrix[2] = {static_cast<const uint8_t*>(experts.weight[0][e]) + row * hidden,
-                              static_cast<const uint8_t*>(experts.weight[1][e]) + row * hidden};
-  const float* scale[2] = {experts.scale[0][e] + (row / kBlock) * scale_width,
-                           experts.scale[1][e] + (row / kBlock) * scale_width};
-  float sum[2] = {};
-  for (int64_t base = int64_t{lane} * kElementsPerLoad; base < hidden; base += int64_t{kWarpStep} * kGateUpUnroll) {
-    uint4 bits[kGateUpUnroll][2];
-    float block_scale[kGateUpUnroll][2];
-#pragma unroll
-    for (int u = 0; u < kGateUpUnroll; ++u) {
-      const int64_t k = base + u * kWarpStep;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        bits[u][m] = k < hidden ? load_streaming(matrix[m] + k) : uint4{};
-        block_scale[u][m] = k < hidden ? __ldg(scale[m] + k / kBlock) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kGateUpUnroll; ++u) {
-      const int64_t k = base + u * kWarpStep;
-      if (k >= hidden) break;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        float w[kElementsPerLoad];
-        unpack_e4m3(bits[u][m], w);
-        sum[m] += block_scale[u][m] * dot16(w, h + k);
-      }
-    }
-  }
-  const float gate = warp_sum(sum[0]), up = warp_sum(sum[1]);
-  if (lane == 0) activated[j * experts.intermediate + row] = silu(gate) * up;
-}
-
-// out[n] = sum over j in order of weights[j] * (down_{ids[j]}[n] · activated[j]): each warp streams row n of every
-// routed expert's down matrix, one 16-byte load of each in flight per lane and step.
-constexpr int kDownWarps = 2;
-__global__ void __launch_bounds__(kDownWarps * 32)
-    one_token_down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                          const float* __restrict__ weights, int32_t top_k, Experts experts, float* __restrict__ out) {
-  const int64_t row = int64_t{blockIdx.x} * kDownWarps + threadIdx.x / 32;
-  if (row >= experts.hidden) return;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t inter = experts.intermediate, scale_width = blocks_of(inter);
-  const uint8_t* down[kMaxStreamTopK];
-  const float* scale[kMaxStreamTopK];
-  bool valid = true;
-#pragma unroll
-  for (int j = 0; j < kMaxStreamTopK; ++j) {
-    const int32_t e = j < top_k ? ids[j] : 0;
-    const bool known = e >= 0 && e < experts.experts;
-    valid = valid && known;
-    // An unknown expert reads expert 0's row, so every load stays in bounds; the output is NaN then anyway.
-    down[j] = static_cast<const uint8_t*>(experts.weight[2][known ? e : 0]) + row * inter;
-    scale[j] = experts.scale[2][known ? e : 0] + (row / kBlock) * scale_width;
-  }
-  float sum[kMaxStreamTopK] = {};
-#pragma unroll 1
-  for (int64_t k = int64_t{lane} * kElementsPerLoad; k < inter; k += kWarpStep) {
-    uint4 bits[kMaxStreamTopK];
-    float block_scale[kMaxStreamTopK];
-#pragma unroll
-    for (int j = 0; j < kMaxStreamTopK; ++j) {
-      if (j < top_k) {
-        bits[j] = load_streaming(down[j] + k);
-        block_scale[j] = __ldg(scale[j] + k / kBlock);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kMaxStreamTopK; ++j) {
-      if (j < top_k) {
-        float w[kElementsPerLoad];
-        unpack_e4m3(bits[j], w);
-        sum[j] += block_scale[j] * dot16(w, activated + j * inter + k);
-      }
-    }
-  }
-  float total = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxStreamTopK; ++j) {
-    const float dot = warp_sum(sum[j]);
-    if (j < top_k) total += weights[j] * dot;
-  }
-  if (lane == 0) out[row] = valid ? total : __int_as_float(0x7fc00000);
-}
-
 __global__ void fill_random_kernel(uint8_t* out, int64_t n, uint64_t key, float mean, float stddev) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < n)
@@ -309,18 +207,6 @@ cudaError_t stream_rows(const float* x, int64_t rows, const StreamBatch& batch, 
     stream_kernel<1, 4><<<blocks, kStreamWarps * 32, 0, stream>>>(x, 1, stacked);
   else
     stream_kernel<2, 4><<<blocks, kStreamWarps * 32, 0, stream>>>(x, static_cast<int32_t>(rows), stacked);
-  return cudaGetLastError();
-}
-
-cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
-                          const Experts& experts, float* activated, float* out, cudaStream_t stream) {
-  if (top_k < 1 || top_k > kMaxStreamTopK || !moe_supported(experts.experts, experts.hidden, experts.intermediate))
-    return cudaErrorInvalidValue;
-  const dim3 up_grid(blocks_for(experts.intermediate, kGateUpWarps), static_cast<unsigned int>(top_k));
-  one_token_gate_up_kernel<<<up_grid, kGateUpWarps * 32, 0, stream>>>(h, ids, experts, activated);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  one_token_down_kernel<<<blocks_for(experts.hidden, kDownWarps), kDownWarps * 32, 0, stream>>>(activated, ids, weights,
-                                                                                                top_k, experts, out);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/quant/e4m3_unpack.cuh"
 #include "backend/cuda/quant/micro.h"
+#include "backend/cuda/quant/token_moe.cuh"
 
 namespace beamline::cuda::micro {
 namespace {
@@ -256,47 +257,128 @@ __global__ void __launch_bounds__(kGateUpWarps * 32)
       activated[slot * inter + row + r] = silu(result[r] * gate_scale) * (result[kGateUpRows + r] * up_scale);
 }
 
-constexpr int kDownWarps = 4;
-constexpr int kDownRows = 2;  // output rows per warp
+constexpr int kDownRows = 2;  // output rows per block
 
-// out[t, n] = sum over j in order of weights[t, j] * (down_{ids[t, j]}[n] · activated[t, j]) for t = blockIdx.x.
+// out[t, n] = sum over j in order of weights[t, j] * (down_{ids[t, j]}[n] · activated[t, j]) for t = blockIdx.x: warp
+// j streams routed expert j's rows, so that every expert's loads are in flight at once (a warp walking the experts one
+// after another waited on one HBM round trip per expert), and the block combines the experts in j order.
 template <class Chunk>
-__global__ void __launch_bounds__(kDownWarps * 32)
+__global__ void __launch_bounds__(kMaxTopK * 32, 2)
     down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids, const float* __restrict__ weights,
                 int32_t top_k, Experts experts, float* __restrict__ out) {
+  __shared__ float partial[kMaxTopK][kDownRows];
   const int64_t inter = experts.intermediate, hidden = experts.hidden;
-  const int64_t row = (int64_t{blockIdx.y} * kDownWarps + threadIdx.x / 32) * kDownRows;
-  if (row >= hidden) return;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t token = blockIdx.x, scale_width = inter / Chunk::kGroup;
-  float total[kDownRows] = {};
-  bool valid = true;
-#pragma unroll 1
-  for (int32_t j = 0; j < top_k; ++j) {
-    const int64_t slot = token * top_k + j;
-    const int32_t id = ids[slot];
-    const bool known = id >= 0 && id < experts.experts;
-    valid = valid && known;
-    const int32_t e = known ? id : 0;  // an unknown expert reads expert 0, so every load stays in bounds
-    const uint8_t* codes[kDownRows];
-    const uint8_t* scales[kDownRows];
+  const int64_t row = int64_t{blockIdx.y} * kDownRows;
+  const int j = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t token = blockIdx.x, slot = token * top_k + j, scale_width = inter / Chunk::kGroup;
+  const int32_t id = ids[slot];
+  const int32_t e = id >= 0 && id < experts.experts ? id : 0;  // an unknown expert reads expert 0: loads in bounds
+  const uint8_t* codes[kDownRows];
+  const uint8_t* scales[kDownRows];
 #pragma unroll
-    for (int r = 0; r < kDownRows; ++r) {
-      const int64_t n = min(row + r, hidden - 1);
-      codes[r] = experts.codes[2][e] + n * Chunk::row_bytes(inter);
-      scales[r] = experts.scales[2][e] + n * scale_width;
-    }
-    float sum[kDownRows] = {};
-    rows_dot<Chunk, kDownRows, 4>(codes, scales, inter / Chunk::kElements, activated + slot * inter, lane, sum);
-    const float down_scale = experts.scale_2[2] != nullptr ? *experts.scale_2[2][e] : 1.0f;
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) total[r] += weights[slot] * (warp_sum(sum[r]) * down_scale);
+  for (int r = 0; r < kDownRows; ++r) {
+    const int64_t n = min(row + r, hidden - 1);
+    codes[r] = experts.codes[2][e] + n * Chunk::row_bytes(inter);
+    scales[r] = experts.scales[2][e] + n * scale_width;
   }
-  if (lane != 0) return;
+  float sum[kDownRows] = {};
+  rows_dot<Chunk, kDownRows, 4>(codes, scales, inter / Chunk::kElements, activated + slot * inter, lane, sum);
+  const float down_scale = experts.scale_2[2] != nullptr ? *experts.scale_2[2][e] : 1.0f;
 #pragma unroll
-  for (int r = 0; r < kDownRows; ++r)
-    if (row + r < hidden) out[token * hidden + row + r] = valid ? total[r] : __int_as_float(0x7fc00000);
+  for (int r = 0; r < kDownRows; ++r) {
+    const float dot = warp_sum(sum[r]) * down_scale;
+    if (lane == 0) partial[j][r] = dot;
+  }
+  __syncthreads();
+  if (threadIdx.x >= kDownRows || row + threadIdx.x >= hidden) return;
+  float total = 0.0f;
+  bool valid = true;
+  for (int32_t k = 0; k < top_k; ++k) {
+    const int32_t routed = ids[token * top_k + k];
+    valid = valid && routed >= 0 && routed < experts.experts;
+    total += weights[token * top_k + k] * partial[k][threadIdx.x];
+  }
+  out[token * hidden + row + threadIdx.x] = valid ? total : __int_as_float(0x7fc00000);
 }
+
+// ---- one token's MXFP8 experts on the tensor cores (quant/token_moe.cuh) ----
+// As quant/fp8_token_moe.cu for FP8 block-128 (read its header): E4M3 codes decoded to F16 by bit operations, the token
+// split into two F16 parts, mma.sync m16n8k16, FP32 sums. An E8M0 scale belongs to 32 codes of one row, so an mma's k
+// columns must lie in one group: lane (g, c) loads 8 codes of rows g and g + 8 per 32-wide step (four lanes read one
+// group), its word j feeding mma j of the step (codes 0 and 2 as k columns 2c, 2c + 1, codes 1 and 3 as 2c + 8,
+// 2c + 9), and each step's sums are scaled by their row's E8M0 scale and the split's 1/s.
+constexpr int kTokenStep = 32;
+constexpr int kTokenBatch = 4;  // steps loaded before the first is used
+
+struct Mxfp8Dot {
+  struct Batch {
+    uint2 codes[kTokenBatch][2][2];
+    uint32_t scales[kTokenBatch][2][2];
+  };
+  const uint8_t* codes[2][2];
+  const uint8_t* scales[2][2];
+  int64_t k;
+
+  static __device__ Mxfp8Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                  const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
+    Mxfp8Dot dot;
+    dot.k = k;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t row = min(first_row[i] + g + 8 * r, row_count - 1);
+        dot.codes[i][r] = experts.codes[matrix[i]][e] + row * k;
+        dot.scales[i][r] = experts.scales[matrix[i]][e] + row * (k / Mxfp8Chunk::kGroup);
+      }
+    return dot;
+  }
+
+  __device__ __forceinline__ void load(int first_step, int c, Batch& batch) const {
+#pragma unroll
+    for (int u = 0; u < kTokenBatch; ++u) {
+      const int64_t step = first_step + u, column = step * kTokenStep + 8 * c;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          batch.codes[u][i][r] = column < k ? __ldcs(reinterpret_cast<const uint2*>(codes[i][r] + column)) : uint2{};
+          batch.scales[u][i][r] = column < k ? __ldg(scales[i][r] + step) : 0u;
+        }
+    }
+  }
+
+  __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4;
+    const int steps = static_cast<int>(k / kTokenStep);
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    for (int first = 0; first < steps; first += kTokenBatch) {
+      if (first > 0) load(first, c, batch);
+#pragma unroll
+      for (int u = 0; u < kTokenBatch; ++u) {
+        const int step = first + u;
+        if (step >= steps) break;
+        uint4 b{};
+        if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
+        const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float d[4] = {};
+          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+          e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
+          e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
+          mma_f16(d, a, b.x, b.y);
+          e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
+          e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
+          mma_f16(d, a, b.z, b.w);
+          // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+          total[i][0] += (d[0] + d[1]) * (e8m0_to_float(batch.scales[u][i][0]) * unscale);
+          total[i][1] += (d[2] + d[3]) * (e8m0_to_float(batch.scales[u][i][1]) * unscale);
+        }
+      }
+    }
+  }
+};
 
 // ---- BF16 decode: one thread per 16 elements of a row ----
 __global__ void decode_kernel(Format format, Weight weight, int64_t out_rows, int64_t in, __nv_bfloat16* decoded) {
@@ -396,19 +478,20 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
       !moe_supported(experts.format, experts.hidden, experts.intermediate))
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if (rows == 1 && experts.format == Format::Mxfp8 && token_moe_fits(experts.hidden, experts.intermediate, top_k) &&
+      aligned(h, 16) && aligned(activated, 16))
+    return launch_token_moe<Mxfp8Dot>(h, ids, weights, top_k, experts, activated, out, stream);
   // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
   const dim3 up_grid(static_cast<unsigned int>(rows * top_k),
                      blocks_for((experts.intermediate + kGateUpRows - 1) / kGateUpRows, kGateUpWarps));
-  const dim3 down_grid(static_cast<unsigned int>(rows),
-                       blocks_for((experts.hidden + kDownRows - 1) / kDownRows, kDownWarps));
+  const dim3 down_grid(static_cast<unsigned int>(rows), blocks_for(experts.hidden, kDownRows));
   // Both passes read rows of width hidden (gate, up) and intermediate (down): each picks its own chunk.
   dispatch_chunk(experts.format, experts.hidden, [&](auto chunk) {
     gate_up_kernel<decltype(chunk)><<<up_grid, kGateUpWarps * 32, 0, stream>>>(h, ids, top_k, experts, activated);
   });
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   dispatch_chunk(experts.format, experts.intermediate, [&](auto chunk) {
-    down_kernel<decltype(chunk)><<<down_grid, kDownWarps * 32, 0, stream>>>(activated, ids, weights, top_k, experts,
-                                                                            out);
+    down_kernel<decltype(chunk)><<<down_grid, top_k * 32, 0, stream>>>(activated, ids, weights, top_k, experts, out);
   });
   return cudaGetLastError();
 }

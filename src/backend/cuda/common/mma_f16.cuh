@@ -1,0 +1,55 @@
+#pragma once
+// F16 tensor-core operands made from exact data: E4M3 codes decoded to F16 by bit operations, F32 values split into
+// two F16 parts, and the mma.sync m16n8k16 F16 product with F32 accumulators. Shared by the one-token FP8 experts
+// (quant/fp8_token_moe.cu) and the decode attention over FP8 KV pools (attention/decode.cu).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace beamline::cuda {
+
+// d += a (16 x 16, row-major) * b (16 x 8, column-major), F16 operands, FP32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(__half low, __half high) {
+  const __half2 pair = __halves2half2(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// (x, y) as F16 pairs hi = f16(x, y) and lo = f16(x - hi.x, y - hi.y), x in the low half. hi + lo keeps 22 bits of
+// each value when |x| and |y| lie in [2^-3, 2^15] (below that, an absolute error under 2^-25): callers scale their
+// values by a power of two into that range.
+__device__ __forceinline__ void split_half2(float x, float y, uint32_t& hi, uint32_t& lo) {
+  const __half hx = __float2half_rn(x), hy = __float2half_rn(y);
+  hi = pack_half2(hx, hy);
+  lo = pack_half2(__float2half_rn(x - __half2float(hx)), __float2half_rn(y - __half2float(hy)));
+}
+
+// 2^shift with 2^shift * amax in [2^14, 2^15) (F16's full precision short of its 65504), clamped so that 2^shift is
+// a normal F32; 0 for amax = 0.
+__device__ __forceinline__ int f16_shift(float amax) {
+  return amax > 0.0f ? min(max(14 - ilogbf(amax), -100), 100) : 0;
+}
+
+// Four E4M3 codes (one word) as two F16 pairs, exactly: codes 0 and 2 in `even`, 1 and 3 in `odd`. E4M3's sign,
+// exponent and mantissa bits placed at F16's bits 15, 10-13 and 7-9 make the F16 of the value times 2^-8 (exponent
+// bias 15 against 7; E4M3's subnormals land on F16's), and one F16 multiplication by 2^8 restores the value exactly,
+// so the tensor cores never see a subnormal. Bit operations instead of conversion instructions, which issue at a
+// quarter of their rate. The codes 0x7f/0xff, NaN in E4M3 and never written by a quantizer (which saturates at 448),
+// read as +-480.
+__device__ __forceinline__ void e4m3x4_to_half2(uint32_t w, uint32_t& even, uint32_t& odd) {
+  const uint32_t even_bits = ((w & 0x007f007fu) << 7) | ((w & 0x00800080u) << 8);
+  const uint32_t odd_bits = ((w & 0x7f007f00u) >> 1) | (w & 0x80008000u);
+  const __half2 unbias = __float2half2_rn(256.0f);
+  const __half2 e = __hmul2(*reinterpret_cast<const __half2*>(&even_bits), unbias);
+  const __half2 o = __hmul2(*reinterpret_cast<const __half2*>(&odd_bits), unbias);
+  even = *reinterpret_cast<const uint32_t*>(&e);
+  odd = *reinterpret_cast<const uint32_t*>(&o);
+}
+
+}  // namespace beamline::cuda

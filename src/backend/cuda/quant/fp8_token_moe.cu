@@ -1,0 +1,136 @@
+// One token's routed FP8 block-128 experts (decode at batch 1; fp8.h moe_one_token) on the tensor cores: the tile dot
+// product of quant/token_moe.cuh's kernels (every routed expert's gate|up in one launch, every down in a second).
+//
+// Why tensor cores for a matrix-vector product: dotting dequantized weights with F32 activations on the CUDA cores
+// costs one to two conversions per weight (E4M3 -> F16 -> F32), and conversions issue at an eighth of the FMA rate
+// (16 against 128 per clock and multiprocessor on compute capability 9.0): the CUDA-core kernels' ~2 TB/s fits that. Here each E4M3 code becomes F16 by bit operations (exact: E4M3 is a subset of
+// F16) and mma.sync m16n8k16 multiplies sixteen weight rows by the activation vector split into two F16 columns
+// (quant/activation_split.cuh: 22 bits of every element); products are exact and sums FP32, so the result equals
+// the W8A16 reference up to summation order like the CUDA-core kernels did. The weight block scale (over the split's
+// power of two) is applied to each 128-wide k block's sum.
+//
+// Operand layout: lane (g, c) = (lane / 4, lane % 4) of a warp owning rows r0 + g and r0 + g + 8 loads, per 64-wide k
+// step, the 16 codes [64 step + 16 c, + 16) of both rows (four lanes read one row's 64 contiguous bytes). Its word q
+// (codes 4q..4q+3 of its chunk) feeds mma q: codes 0 and 2 as the A registers of k columns 2c, 2c + 1 and codes 1 and 3
+// as those of 2c + 8, 2c + 9. Any assignment of physical to logical k works when B follows it, so the activation split
+// is stored in that order, and lanes g = 0 (hi) and g = 1 (lo) load their B registers with two 16-byte shared loads
+// per step; the other lanes' B columns are zero.
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/mma_f16.cuh"
+#include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/token_moe.cuh"
+
+namespace beamline::cuda::fp8 {
+namespace {
+
+constexpr int kStep = 64;   // k per step: four lanes x 16 codes
+constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded before the first is used
+static_assert(kBatch * kStep % kBlock == 0, "a batch holds whole k blocks, so the promotion scales are per batch");
+constexpr int kBatchBlocks = kBatch * kStep / static_cast<int>(kBlock);
+
+// Two tiles of 16 rows (rows[i][0] row g, rows[i][1] row g + 8) and their block-scale rows, dotted with the split.
+struct Fp8Dot {
+  using Batch = uint4[kBatch][2][2];
+  const uint8_t* rows[2][2];
+  const float* scales[2];
+  int64_t k;
+
+  static __device__ Fp8Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
+    Fp8Dot dot;
+    dot.k = k;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const auto* weight = static_cast<const uint8_t*>(experts.weight[matrix[i]][e]);
+      dot.rows[i][0] = weight + min(first_row[i] + g, row_count - 1) * k;
+      dot.rows[i][1] = weight + min(first_row[i] + g + 8, row_count - 1) * k;
+      dot.scales[i] = experts.scale[matrix[i]][e] + (first_row[i] / kBlock) * blocks_of(k);  // 16 rows, one block
+    }
+    return dot;
+  }
+
+  __device__ __forceinline__ void load(int first_step, int c, Batch& bits) const {
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t column = int64_t{first_step + u} * kStep + 16 * c;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) bits[u][i][r] = column < k ? load_streaming(rows[i][r] + column) : uint4{};
+    }
+  }
+
+  __device__ __forceinline__ void run(const Split& split, int lane, Batch& bits, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4;
+    const int steps = static_cast<int>((k + kStep - 1) / kStep), blocks = static_cast<int>(blocks_of(k));
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    for (int first = 0; first < steps; first += kBatch) {
+      if (first > 0) load(first, c, bits);
+      float promote[kBatchBlocks][2];
+#pragma unroll
+      for (int b = 0; b < kBatchBlocks; ++b) {
+        const int block = first / 2 + b;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          promote[b][i] = block < blocks ? __ldg(scales[i] + block) * split.unscale[block] : 0.0f;
+      }
+#pragma unroll
+      for (int b = 0; b < kBatchBlocks; ++b) {
+        float d[2][4] = {};
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int u = 2 * b + half, step = first + u;
+          if (step >= steps) break;
+          uint4 b_words[2] = {};
+          if (g < 2) {
+            const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kStep + 16 * c) / 2);
+            b_words[0] = source[0];
+            b_words[1] = source[1];
+          }
+          const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
+                                      b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
+            const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+              e4m3x4_to_half2(low[q], a[0], a[2]);
+              e4m3x4_to_half2(high[q], a[1], a[3]);
+              mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
+            }
+          }
+        }
+        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          total[i][0] += (d[i][0] + d[i][1]) * promote[b][i];
+          total[i][1] += (d[i][2] + d[i][3]) * promote[b][i];
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k) {
+  return top_k <= kMaxStreamTopK && hidden % 16 == 0 && intermediate % 16 == 0 &&
+         token_moe_fits(hidden, intermediate, top_k);
+}
+
+cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
+                          const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+  if (!moe_supported(experts.experts, experts.hidden, experts.intermediate) ||
+      !moe_one_token_supported(experts.hidden, experts.intermediate, top_k) ||
+      reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(activated) % 16 != 0)
+    return cudaErrorInvalidValue;
+  return launch_token_moe<Fp8Dot>(h, ids, weights, top_k, experts, activated, out, stream);
+}
+
+}  // namespace beamline::cuda::fp8

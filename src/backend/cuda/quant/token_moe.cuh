@@ -1,0 +1,128 @@
+#pragma once
+// One token's routed experts on the tensor cores (decode at batch 1), for the weight formats whose codes are E4M3:
+// every routed expert's gate|up in one launch (SwiGLU fused) and every routed expert's down in a second (the combine
+// fused, in j order), each a single wave over the GPU. The format enters as `Dot` (quant/fp8_token_moe.cu for FP8
+// block-128, quant/micro_rows.cu for MXFP8): the dot products of a warp's two 16-row tiles with the token's
+// activation split (activation_split.cuh), with this interface:
+//   using Batch = ...;                      a batch of weight loads (registers)
+//   static Dot make(experts, e, matrix[2], first_row[2], rows, k, g)
+//                                           tiles i = 0, 1: rows first_row[i] + g and + 8 of matrix[i] (0 gate, 1 up,
+//                                           2 down) of expert e, rows of width k, rows past `rows` clamped
+//   void load(first_step, c, batch)         the first batch, before the split is written (the stream starts first)
+//   void run(split, lane, batch, total)     total[i][0] (row g) and [i][1] (row g + 8) in lanes c = 0
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/quant/activation_split.cuh"
+
+namespace beamline::cuda {
+
+constexpr int kTokenTileRows = 16;                     // weight rows of one mma (M)
+constexpr int kTokenGateUpWarps = 8;                   // 128 intermediate rows per block, one split of h
+constexpr int kTokenDownRows = 2 * kTokenTileRows;     // output rows per block: two tiles per routed expert
+constexpr int kTokenMaxTopK = 8;                       // warps of a down block: one per routed expert
+constexpr int kTokenMaxSharedBytes = 227 * 1024;       // Hopper's opt-in limit of shared memory per block
+constexpr int kTokenDownStaticBytes = static_cast<int>(sizeof(float)) * kTokenMaxTopK * kTokenDownRows;
+
+// activated[j, i] = silu(gate_e[i] · h) * (up_e[i] · h) for e = ids[j], j = blockIdx.y: each warp owns 16 intermediate
+// rows of gate and of up. An unknown expert reads expert 0 (every load in bounds) and writes zeros; the down pass
+// makes the token NaN.
+template <class Dot, class Experts>
+__global__ void __launch_bounds__(kTokenGateUpWarps * 32, 2)
+    token_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, Experts experts,
+                         float* __restrict__ activated) {
+  extern __shared__ __align__(16) unsigned char token_shared[];
+  const int64_t hidden = experts.hidden, inter = experts.intermediate;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
+  const int j = static_cast<int>(blockIdx.y);
+  const int32_t id = ids[j];
+  const bool known = id >= 0 && id < experts.experts;
+  const int64_t tile = (int64_t{blockIdx.x} * kTokenGateUpWarps + warp) * kTokenTileRows;
+  const Dot dot = Dot::make(experts, known ? id : 0, {0, 1}, {tile, tile}, inter, hidden, g);
+  typename Dot::Batch batch;
+  if (tile < inter) dot.load(0, lane % 4, batch);
+  const Split split = split_at(token_shared, hidden);
+  split_activations(h, hidden, split, warp, kTokenGateUpWarps, lane);
+  __syncthreads();
+  if (tile >= inter) return;
+  float total[2][2] = {};
+  dot.run(split, lane, batch, total);
+  if (lane % 4 != 0) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = tile + g + 8 * r;
+    if (row < inter) activated[j * inter + row] = known ? silu(total[0][r]) * total[1][r] : 0.0f;
+  }
+}
+
+// out[n] = sum over j in order of weights[j] * (down_{ids[j]}[n] · activated[j]): block = 32 output rows, warp j =
+// routed expert j (each splits its own activated row), the combine in j order through shared memory.
+template <class Dot, class Experts>
+__global__ void __launch_bounds__(kTokenMaxTopK * 32, 2)
+    token_down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                      const float* __restrict__ weights, int32_t top_k, Experts experts, float* __restrict__ out) {
+  extern __shared__ __align__(16) unsigned char token_shared[];
+  __shared__ float partial[kTokenMaxTopK][kTokenDownRows];
+  const int64_t hidden = experts.hidden, inter = experts.intermediate;
+  const int j = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
+  const int32_t id = ids[j];
+  const int64_t first_row = int64_t{blockIdx.x} * kTokenDownRows;
+  const Dot dot = Dot::make(experts, id >= 0 && id < experts.experts ? id : 0, {2, 2},
+                            {first_row, first_row + kTokenTileRows}, hidden, inter, g);
+  typename Dot::Batch batch;
+  dot.load(0, lane % 4, batch);
+  const Split split = split_at(token_shared + j * split_bytes(inter), inter);
+  split_activations(activated + j * inter, inter, split, 0, 1, lane);
+  __syncwarp();
+  float total[2][2] = {};
+  dot.run(split, lane, batch, total);
+  if (lane % 4 == 0)
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) partial[j][kTokenTileRows * t + g + 8 * r] = total[t][r];
+  __syncthreads();
+  if (threadIdx.x >= kTokenDownRows || first_row + threadIdx.x >= hidden) return;
+  float sum = 0.0f;
+  bool valid = true;
+  for (int32_t slot = 0; slot < top_k; ++slot) {
+    valid = valid && ids[slot] >= 0 && ids[slot] < experts.experts;
+    sum += weights[slot] * partial[slot][threadIdx.x];
+  }
+  out[first_row + threadIdx.x] = valid ? sum : __int_as_float(0x7fc00000);
+}
+
+// Whether the splits fit in shared memory (H up to ~58K; I up to ~7K at top_k 8).
+inline bool token_moe_fits(int64_t hidden, int64_t intermediate, int32_t top_k) {
+  return top_k >= 1 && top_k <= kTokenMaxTopK && split_bytes(hidden) <= kTokenMaxSharedBytes &&
+         top_k * split_bytes(intermediate) + kTokenDownStaticBytes <= kTokenMaxSharedBytes;
+}
+
+// The two launches; h and activated ([top_k, I] scratch) 16-byte aligned, token_moe_fits checked by the caller.
+template <class Dot, class Experts>
+cudaError_t launch_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
+                             const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+  // Above 48 KB a kernel's dynamic shared memory needs the opt-in: granted once, up to the limit.
+  static const cudaError_t allowed = [] {
+    const cudaError_t status = cudaFuncSetAttribute(token_gate_up_kernel<Dot, Experts>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kTokenMaxSharedBytes);
+    return status != cudaSuccess
+               ? status
+               : cudaFuncSetAttribute(token_down_kernel<Dot, Experts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kTokenMaxSharedBytes - kTokenDownStaticBytes);
+  }();
+  if (allowed != cudaSuccess) return allowed;
+  const auto up_bytes = static_cast<int>(split_bytes(experts.hidden));
+  const auto down_bytes = static_cast<int>(top_k * split_bytes(experts.intermediate));
+  const dim3 up_grid(blocks_for(experts.intermediate, kTokenGateUpWarps * kTokenTileRows),
+                     static_cast<unsigned int>(top_k));
+  token_gate_up_kernel<Dot, Experts><<<up_grid, kTokenGateUpWarps * 32, up_bytes, stream>>>(h, ids, experts, activated);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  token_down_kernel<Dot, Experts><<<blocks_for(experts.hidden, kTokenDownRows), top_k * 32, down_bytes, stream>>>(
+      activated, ids, weights, top_k, experts, out);
+  return cudaGetLastError();
+}
+
+}  // namespace beamline::cuda
