@@ -28,7 +28,9 @@ int32_t DecodeGraphs::bucket(int32_t sequences) const {
 }
 
 std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs) const {
-  std::string key = fmt::format("{}|{}", inputs.rows, fmt::join(inputs.table_widths, ","));
+  // Sequences and rows both: a verify step's rows (1 + k per sequence) can equal another bucket's.
+  std::string key = fmt::format("{}x{}|{}", inputs.attention.num_sequences(), inputs.rows,
+                                fmt::join(inputs.table_widths, ","));
   std::set<int32_t> windows;
   for (std::size_t layer = 0; layer < model_.num_layers(); ++layer) {
     const AttentionParams params = model_.attention_params(layer, cache_.layout());
