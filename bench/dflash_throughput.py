@@ -122,7 +122,12 @@ def main():
             run_batch(1, 16, name)  # warm-up
             for batch in args.batch_sizes:
                 before = counters()
-                elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+                try:
+                    elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+                except OSError as error:  # a failed request: say so in the table, measure the other rows
+                    print(f"{label}, batch {batch}: {error}", file=sys.stderr)
+                    rows.append((label + " (FAILED)", batch, 0, float("nan"), 0.0, 0.0, 0.0))
+                    continue
                 after = counters()
                 delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 drafts = delta.get("vllm:spec_decode_num_drafts_total", 0.0)
