@@ -17,7 +17,8 @@ tar -xJf "$CARRY/tests.tar.xz" -C "$TESTS"
 start=$SECONDS
 for test in "$TESTS"/tests/test_*; do
   timeout 120 "$test" >"$OUT/$(basename "$test").log" 2>&1
-  echo "$(basename "$test"): exit $?" | tee -a "$OUT/tests.txt"
+  rc=$?
+  echo "$(basename "$test"): exit $rc" | tee -a "$OUT/tests.txt"
   grep -E '^\[ +(OK|FAILED|SKIPPED) +\]|random dflash|PASSED' "$OUT/$(basename "$test").log"
 done
 echo "tests: $((SECONDS - start)) s"
