@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Decode throughput of `beamline serve` with and without dflash speculative decoding, per batch size.
 
-For each server configuration (no speculation; dflash with the given drafter and K) the model is served once, then for
+For each server configuration (no speculation; dflash with the given drafter and K verified in full; dflash with
+adaptive verification, which verifies only the drafts that pay, possibly none) the model is served once, then for
 each batch size B, B concurrent greedy /v1/completions requests are sent after a warm-up request: with --heldout, the
 first B model-turn prompts of beam-nano's held-out conversations (tools/data/generate.py; the rendered Harmony prompt
 tokenized with `beamline tokenize --allow-special`), each answered up to its end or D tokens; else a short text prompt
@@ -108,9 +109,11 @@ def main():
                                  check=True).stdout
         heldout = [[int(t) for t in line.split()] for line in encoded.splitlines() if line.strip()]
     name = args.model.rstrip("/").split("/")[-1]
-    configs = [("none", "none"),
-               (f"dflash K={args.k}", json.dumps({"method": "dflash", "model": args.drafter,
-                                                  "num_speculative_tokens": args.k}))]
+    configs = [("none", "none")]
+    for adaptive in (False, True):
+        configs.append((f"dflash K={args.k} {'adaptive' if adaptive else 'fixed'}",
+                        json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.k,
+                                    "adaptive_verification": adaptive})))
     rows = []
     for label, speculative in configs:
         server, command = serve(args, speculative)
@@ -119,7 +122,12 @@ def main():
             run_batch(1, 16, name)  # warm-up
             for batch in args.batch_sizes:
                 before = counters()
-                elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+                try:
+                    elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+                except OSError as error:  # a failed request: say so in the table, measure the other rows
+                    print(f"{label}, batch {batch}: {error}", file=sys.stderr)
+                    rows.append((label + " (FAILED)", batch, 0, float("nan"), 0.0, 0.0, 0.0))
+                    continue
                 after = counters()
                 delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 drafts = delta.get("vllm:spec_decode_num_drafts_total", 0.0)
@@ -133,12 +141,17 @@ def main():
     what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else "text prompts, {args.decode}"
     print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {what} output tokens per request, "
           f"device {args.device}\n")
-    print("| speculation | batch | output tokens | wall s | output tokens/s | tokens per drafted step | acceptance |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| speculation | batch | output tokens | wall s | output tokens/s | vs none | drafts | draft tokens per draft "
+          "| tokens per drafted step | acceptance |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    plain = {batch: produced / elapsed for label, batch, produced, elapsed, *_ in rows if label == "none"}
     for label, batch, produced, elapsed, drafts, accepted, draft_tokens in rows:
         per_step = f"{1 + accepted / drafts:.2f}" if drafts else "-"
         rate = f"{accepted / draft_tokens:.3f}" if draft_tokens else "-"
-        print(f"| {label} | {batch} | {produced} | {elapsed:.2f} | {produced / elapsed:.0f} | {per_step} | {rate} |")
+        per_draft = f"{draft_tokens / drafts:.2f}" if drafts else "-"
+        speedup = produced / elapsed / plain[batch] if batch in plain else float("nan")
+        print(f"| {label} | {batch} | {produced} | {elapsed:.2f} | {produced / elapsed:.0f} | {speedup:.2f}x "
+              f"| {drafts:.0f} | {per_draft} | {per_step} | {rate} |")
 
 
 if __name__ == "__main__":

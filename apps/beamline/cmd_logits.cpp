@@ -73,7 +73,7 @@ void compute_block_logits(const LogitsOptions& options) {
     SequenceRunner runner(model, anchor, anchor, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
     runner.step(std::span(tokens).first(static_cast<std::size_t>(anchor)), false);
     const VerifiedRows context{0, 0, 0, static_cast<int32_t>(anchor)};
-    drafter.commit(std::span(&context, 1));
+    drafter.commit(std::span(&context, 1), model.captured_hidden());
   }
   const DraftAnchor draft{0, anchor, tokens.back()};
   const BlockDrafter::BlockLogits pass = drafter.block_logits(std::span(&draft, 1), block - 1);

@@ -98,9 +98,11 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                                    ? fmt::format("n-gram drafts (prompt lookup {}..{})", spec.prompt_lookup_min,
                                                  spec.prompt_lookup_max)
                                    : fmt::format("block drafts of the dflash drafter {}", spec.model);
-  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step; the engine runs "
+  if (spec.adaptive_verification) adaptive_ = std::make_unique<AdaptiveVerification>(spec.num_speculative_tokens);
+  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; the engine runs "
                "synchronously{}",
                proposer, spec.num_speculative_tokens,
+               spec.adaptive_verification ? " as far as they pay (adaptive verification)" : "",
                config.async_scheduling ? " (--async-scheduling does not apply)" : "");
 }
 
@@ -249,8 +251,10 @@ void EngineCore::fail_request(RequestState& request, const std::string& message)
 
 std::vector<std::string> EngineCore::step() {
   std::vector<std::string> ended;
+  const auto started = Clock::now();
+  bool drafted = false;
   if (!in_flight_) {
-    propose_drafts();
+    drafted = propose_drafts();
     StepPlan plan = scheduler_.schedule();
     if (plan.empty()) {
       // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
@@ -274,7 +278,10 @@ std::vector<std::string> EngineCore::step() {
   if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch)
     next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
+  // Taken before finish(): a sequence that ends in it goes.
+  const std::optional<DecodeShape> shape = adaptive_ ? decode_shape(*current) : std::nullopt;
   finish(*current, ended);
+  if (shape) record_step_cost(*shape, drafted, started);
   if (next && !next->sampled_at_launch && !sample_waiting_rows(*next, ended)) next.reset();
   if (next) {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
@@ -556,17 +563,19 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   return true;
 }
 
-void EngineCore::propose_drafts() {
+bool EngineCore::propose_drafts() {
   const SpeculativeConfig& spec = config_.speculative;
-  if (!spec.enabled()) return;
+  if (!spec.enabled()) return false;
   struct Drafting {
     Sequence* sequence;
     SampleState* sample;
     int32_t max_tokens;
   };
   std::vector<Drafting> drafting;
+  int32_t decoding = 0;  // one-token decodes of the step, drafting or not (the step's size for its cost)
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
+    ++decoding;
     SampleState& sample = *samples_by_sequence_.at(sequence->id);
     // Penalties, logit bias and min_tokens masks edit each row by the tokens before it on the host path; such
     // sequences decode one token per step.
@@ -576,27 +585,72 @@ void EngineCore::propose_drafts() {
     const int32_t k = std::min(spec.num_speculative_tokens, room);
     if (k > 0) drafting.push_back({sequence, &sample, k});
   }
-  std::vector<std::vector<TokenId>> drafts;
+  if (drafting.empty()) return false;
+  if (adaptive_) {
+    std::vector<AdaptiveVerification::Candidate> candidates;
+    for (const Drafting& d : drafting) candidates.push_back({d.max_tokens, {}});
+    if (!adaptive_->should_draft(decoding, candidates)) return false;
+  }
+  std::vector<DraftProposal> drafts;
   if (spec.method == SpeculativeMethod::DFlash) {
     // One drafter pass for every drafting sequence; each keeps what its room allows.
     std::vector<DraftRequest> requests;
     for (const Drafting& d : drafting)
       requests.push_back({d.sequence->id, d.sequence->num_tokens() - 1, d.sequence->tokens.back()});
-    if (!requests.empty()) drafts = runner_.propose_drafts(requests, spec.num_speculative_tokens);
+    drafts = runner_.propose_drafts(requests, spec.num_speculative_tokens);
   } else {
     for (const Drafting& d : drafting)
-      drafts.push_back(propose_ngram_draft(d.sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max,
-                                           d.max_tokens));
+      drafts.push_back({propose_ngram_draft(d.sequence->token_span(), spec.prompt_lookup_min, spec.prompt_lookup_max,
+                                            d.max_tokens), {}});
   }
   for (std::size_t i = 0; i < drafting.size(); ++i) {
     auto& [sequence, sample, max_tokens] = drafting[i];
-    std::vector<TokenId>& draft = drafts[i];
+    std::vector<TokenId>& draft = drafts[i].tokens;
     if (static_cast<int32_t>(draft.size()) > max_tokens) draft.resize(static_cast<std::size_t>(max_tokens));
     // A constrained sequence drafts only what its grammar allows: a later token could never be kept.
     if (sample->grammar != nullptr) draft.resize(allowed_prefix(*sample->grammar, draft));
+    if (drafts[i].confidence.size() > draft.size()) drafts[i].confidence.resize(draft.size());
+  }
+  if (adaptive_) {
+    std::vector<AdaptiveVerification::Candidate> candidates;
+    for (const DraftProposal& draft : drafts)
+      candidates.push_back({static_cast<int32_t>(draft.tokens.size()), draft.confidence});
+    const std::vector<int32_t> verify = adaptive_->choose(decoding, candidates, true);
+    for (std::size_t i = 0; i < drafts.size(); ++i) {
+      drafts[i].tokens.resize(static_cast<std::size_t>(verify[i]));
+      if (drafts[i].confidence.size() > drafts[i].tokens.size()) drafts[i].confidence.resize(drafts[i].tokens.size());
+    }
+  }
+  for (std::size_t i = 0; i < drafting.size(); ++i) {
+    auto& [sequence, sample, max_tokens] = drafting[i];
+    const std::vector<TokenId>& draft = drafts[i].tokens;
     sequence->tokens.insert(sequence->tokens.end(), draft.begin(), draft.end());
     sequence->num_draft_tokens = static_cast<int32_t>(draft.size());
+    sample->draft_confidence = std::move(drafts[i].confidence);
   }
+  return true;
+}
+
+std::optional<EngineCore::DecodeShape> EngineCore::decode_shape(const InFlightStep& step) {
+  DecodeShape shape;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const ScheduledSequence& scheduled = step.plan.scheduled[i];
+    // A prompt row (a chunk, or a preempted sequence's recomputation) makes the step's time not a decode step's.
+    if (scheduled.num_new_tokens != 1 + scheduled.num_draft_tokens || scheduled.logit_index < 0 ||
+        step.plan.batch.sequences[i].context_begin < scheduled.sequence->num_prompt_tokens)
+      return std::nullopt;
+    ++shape.decoding;
+    shape.draft_tokens += scheduled.num_draft_tokens;
+  }
+  return shape;
+}
+
+void EngineCore::record_step_cost(const DecodeShape& shape, bool drafted, Clock::time_point started) {
+  const SpeculativeConfig& spec = config_.speculative;
+  const double seconds = spec.step_seconds_for_testing
+                             ? spec.step_seconds_for_testing(shape.decoding, shape.draft_tokens, drafted)
+                             : seconds_between(started, Clock::now());
+  adaptive_->record_step(shape.decoding, shape.draft_tokens, drafted, seconds);
 }
 
 void EngineCore::commit_draft_context(const InFlightStep& step) {
@@ -640,6 +694,11 @@ std::vector<SampledToken> EngineCore::settle_drafts(SampleState& sample, int32_t
   rows.resize(accepted + 1);
   for (int32_t j = 0; j <= accepted; ++j) sample.sampler.record_output(rows[j].token);
 
+  if (adaptive_) {
+    const std::span<const float> confidence(sample.draft_confidence);
+    adaptive_->record_verification(confidence.first(std::min(confidence.size(), static_cast<std::size_t>(num_drafts))),
+                                   num_drafts, accepted);
+  }
   ++counters_.spec_decode_num_drafts_total;
   counters_.spec_decode_num_draft_tokens_total += num_drafts;
   counters_.spec_decode_num_accepted_tokens_total += accepted;

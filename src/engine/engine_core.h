@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -29,6 +30,7 @@
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
 #include "kv/kv_cache_manager.h"
+#include "spec/adaptive_verification.h"
 #include "structured/token_mask.h"
 
 namespace beamline {
@@ -76,6 +78,8 @@ class EngineCore {
     // went out with earlier tokens.
     std::vector<int16_t> routed_experts;
     std::size_t routed_ids_sent = 0;
+    // The drafter's confidence in each draft token the sequence holds (adaptive verification learns from them).
+    std::vector<float> draft_confidence;
     // prompt_logprobs: entry p + 1 from position p's logits, filled as the prompt is computed; sent with the first token.
     std::vector<std::optional<TokenLogprob>> prompt_logprobs;
     Clock::time_point last_token_time;
@@ -112,8 +116,16 @@ class EngineCore {
   };
 
   // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
-  // pass of the runner's block drafter over all of them).
-  void propose_drafts();
+  // pass of the runner's block drafter over all of them); with adaptive verification only the drafts that pay, and
+  // none when the step is better off without (then no drafter pass runs). Returns whether drafts were proposed.
+  bool propose_drafts();
+  // Adaptive verification: a step without prompt rows, by its decoding sequences and drafts (nullopt for others),
+  // and the wall time of such a step from `started` to now.
+  struct DecodeShape {
+    int32_t decoding = 0, draft_tokens = 0;
+  };
+  static std::optional<DecodeShape> decode_shape(const InFlightStep& step);
+  void record_step_cost(const DecodeShape& shape, bool drafted, Clock::time_point started);
   // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
   // the target's hidden states of those positions only.
   void commit_draft_context(const InFlightStep& step);
@@ -181,6 +193,7 @@ class EngineCore {
   std::unordered_map<kv::SeqId, SampleState*> samples_by_sequence_;
   EngineStats counters_;
   std::unique_ptr<InFlightStep> in_flight_;  // --async-scheduling: launched in the previous step() call
+  std::unique_ptr<AdaptiveVerification> adaptive_;  // --speculative-config with adaptive_verification
 };
 
 // Fills in max_model_len and block_size from the runner and checks them against it and against the pool:

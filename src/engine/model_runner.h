@@ -12,6 +12,7 @@
 
 #include "model/forward_batch.h"
 #include "sampling/sampling.h"
+#include "spec/draft_proposal.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -98,10 +99,10 @@ class ModelRunner {
   // step that are still there, with what of them is verified. The drafter keeps the target's hidden states of the
   // verified positions only.
   virtual void commit_draft_context(std::span<const StepVerified> sequences) { (void)sequences; }
-  // Up to `num_tokens` draft tokens per request (empty where the drafter has too little context yet).
-  virtual std::vector<std::vector<int32_t>> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) {
+  // Up to `num_tokens` draft tokens per request (none where the drafter has too little context yet).
+  virtual std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) {
     (void)num_tokens;
-    return std::vector<std::vector<int32_t>>(requests.size());
+    return std::vector<DraftProposal>(requests.size());
   }
   // The sequence has ended: its drafting state goes.
   virtual void forget_sequence(int64_t sequence_id) { (void)sequence_id; }

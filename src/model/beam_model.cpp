@@ -260,6 +260,10 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
   }
   packed.insert(packed.end(), batch.logit_rows.begin(), batch.logit_rows.end());
   for (int32_t p = 0; p < padding; ++p) packed.push_back(real_rows + p);
+  // With a drafter: the rows' identity, the gather indices that copy the residual stream into the capture (part of
+  // the inputs, so that a recorded graph needs no upload of its own).
+  if (!capture_layers_.empty())
+    for (int32_t r = 0; r < static_cast<int32_t>(inputs.rows); ++r) packed.push_back(r);
   return inputs;
 }
 
@@ -282,6 +286,7 @@ void BeamModel::upload(StepInputs& inputs) const {
   inputs.block_tables.clear();
   for (int64_t width : inputs.table_widths) inputs.block_tables.push_back(next({sequences, width}));
   inputs.logit_rows = next({inputs.selected});
+  if (!capture_layers_.empty()) inputs.capture_rows = next({rows});
   require(at == total, "step inputs: {} packed values, {} used", total, at);
 }
 
@@ -334,14 +339,9 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
   }
   int64_t moe_index = 0;
 
-  // The rows' identity as gather indices: embedding() over x copies the rows into the capture.
-  Tensor every_row;
-  if (!capture_layers_.empty()) {
-    std::vector<int32_t> identity(static_cast<std::size_t>(rows));
-    for (int32_t r = 0; r < static_cast<int32_t>(rows); ++r) identity[static_cast<std::size_t>(r)] = r;
-    every_row = backend_.upload_i32(identity, {rows});
+  // embedding() over x with the rows' identity (inputs.capture_rows) copies the rows into the capture.
+  if (!capture_layers_.empty())
     captured_ = backend_.alloc(DType::F32, {static_cast<int64_t>(capture_layers_.size()), rows, hidden});
-  }
   if (first_stage) {
     backend_.embedding(embed_tokens_, tokens, x);
   } else {
@@ -387,7 +387,7 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     for (std::size_t c = 0; c < capture_layers_.size(); ++c) {
       if (capture_layers_[c] != index) continue;
       Tensor slice = captured_.view(static_cast<int64_t>(c) * rows * hidden, {rows, hidden});
-      backend_.embedding(x, every_row, slice);
+      backend_.embedding(x, inputs.capture_rows, slice);
     }
   }
 

@@ -57,13 +57,15 @@ class BeamModel {
   // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
   // buffer every step.
   struct StepInputs {
-    std::vector<int32_t> packed;  // tokens | positions | row_sequence | query_start | seq_lens | tables | logit rows
+    // tokens | positions | row_sequence | query_start | seq_lens | tables | logit rows (| capture rows)
+    std::vector<int32_t> packed;
     AttentionBatch attention;     // host copies; its tensors are views of `device`
     std::vector<int64_t> table_widths;  // per KV group
     int64_t rows = 0, selected = 0;
     Tensor device;                // I32 [packed.size()] once uploaded
     Tensor tokens, logit_rows;
     std::vector<Tensor> block_tables;
+    Tensor capture_rows;          // with capture_hidden_after: I32 [rows], 0..rows-1
   };
   // The inputs of a validated batch. `pad_sequences` > the batch's sequences appends one-token sequences at
   // position 0 with no blocks (their rows compute NaN and write nothing) whose rows follow in the logit rows;
@@ -87,7 +89,8 @@ class BeamModel {
 
   // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
   // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
-  // in that order. Empty (the default): nothing is captured, nothing is spent.
+  // in that order (a recorded decode graph writes its own buffer: runner/decode_graphs.h hands it out). Empty (the
+  // default): nothing is captured, nothing is spent.
   void capture_hidden_after(std::vector<int64_t> layers);
   const Tensor& captured_hidden() const { return captured_; }
   // The pieces a drafter shares with the target (first and last pipeline stage: a whole model).

@@ -105,9 +105,9 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
                backend_->compute_dtype() == ComputeDType::Float32 ? "float32" : "bfloat16");
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
-  // The drafter reads each step's hidden states, which a recorded graph does not hand out: with it, steps run op by op
-  // (most of its decode steps carry drafts, which graphs do not cover anyway).
-  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr && drafter_ == nullptr) {
+  // With a drafter the graphs also write the hidden states it reads; its steps with drafts (several rows per
+  // sequence) run op by op, its plain decode steps (adaptive verification's choice when drafts do not pay) replay.
+  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs, capture_routed_experts_);
     graph_max_num_seqs_ = config.max_num_seqs;
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
@@ -207,14 +207,20 @@ Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_s
     ForwardBatch with_row = batch;
     with_row.logit_rows.push_back(static_cast<int32_t>(batch.tokens.size()) - 1);
     model_->forward(with_row, *cache_, token_source, eager_routing());
+    last_captured_ = model_->captured_hidden();
     return {};
   }
   if (graphs_) {
     model_->validate(batch, *cache_, token_source);
-    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source, &routed_experts)) return *logits;
-    return model_->forward_validated(batch, *cache_, token_source, eager_routing());
+    if (std::optional<Tensor> logits = graphs_->forward(batch, token_source, &routed_experts, &last_captured_))
+      return *logits;
+    Tensor logits = model_->forward_validated(batch, *cache_, token_source, eager_routing());
+    last_captured_ = model_->captured_hidden();
+    return logits;
   }
-  return model_->forward(batch, *cache_, token_source, eager_routing());
+  Tensor logits = model_->forward(batch, *cache_, token_source, eager_routing());
+  last_captured_ = model_->captured_hidden();
+  return logits;
 }
 
 }  // namespace beamline
@@ -232,11 +238,11 @@ void BeamModelRunner::commit_draft_context(std::span<const StepVerified> sequenc
     if (verified > 0)
       rows.push_back({sequence.sequence_id, step.first_row, step.first_position, static_cast<int32_t>(verified)});
   }
-  drafter_->commit(rows);
+  drafter_->commit(rows, last_captured_);
 }
 
-std::vector<std::vector<int32_t>> BeamModelRunner::propose_drafts(std::span<const DraftRequest> requests,
-                                                                 int32_t num_tokens) {
+std::vector<DraftProposal> BeamModelRunner::propose_drafts(std::span<const DraftRequest> requests,
+                                                          int32_t num_tokens) {
   std::vector<DraftAnchor> anchors;
   for (const DraftRequest& request : requests) anchors.push_back({request.sequence_id, request.position, request.token});
   return drafter_->propose(anchors, num_tokens);

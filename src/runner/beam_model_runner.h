@@ -52,7 +52,7 @@ class BeamModelRunner : public ModelRunner {
   void load_weights_from_disk(const std::filesystem::path& dir) override;
   bool has_drafter() const override { return drafter_ != nullptr; }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
-  std::vector<std::vector<int32_t>> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
+  std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
   void forget_sequence(int64_t sequence_id) override;
 
   const ModelConfig& model_config() const { return model_->config(); }
@@ -86,6 +86,7 @@ class BeamModelRunner : public ModelRunner {
     int64_t first_position = 0;
   };
   std::vector<StepRows> last_step_rows_;
+  Tensor last_captured_;  // the hidden states of the last step for the drafter (BeamModel::captured_hidden)
 };
 
 }  // namespace beamline

@@ -28,7 +28,9 @@ int32_t DecodeGraphs::bucket(int32_t sequences) const {
 }
 
 std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs) const {
-  std::string key = fmt::format("{}|{}", inputs.rows, fmt::join(inputs.table_widths, ","));
+  // Sequences and rows both: a verify step's rows (1 + k per sequence) can equal another bucket's.
+  std::string key = fmt::format("{}x{}|{}", inputs.attention.num_sequences(), inputs.rows,
+                                fmt::join(inputs.table_widths, ","));
   std::set<int32_t> windows;
   for (std::size_t layer = 0; layer < model_.num_layers(); ++layer) {
     const AttentionParams params = model_.attention_params(layer, cache_.layout());
@@ -42,12 +44,19 @@ std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs
 }
 
 std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Tensor& token_source,
-                                            Tensor* routed_experts) {
+                                            Tensor* routed_experts, Tensor* captured_hidden) {
   const auto sequences = static_cast<int32_t>(batch.sequences.size());
-  if (static_cast<int32_t>(batch.tokens.size()) != sequences || batch.logit_rows.size() != batch.sequences.size())
+  if (sequences == 0) return std::nullopt;
+  // Every sequence the same number of rows (one; or 1 + k with k draft tokens each, a verify step), every row a logit
+  // row, in order.
+  const int32_t rows_per_sequence = batch.sequences[0].token_end - batch.sequences[0].token_begin;
+  const auto rows = static_cast<int32_t>(batch.tokens.size());
+  if (rows_per_sequence < 1 || rows != sequences * rows_per_sequence || batch.logit_rows.size() != batch.tokens.size())
     return std::nullopt;
-  for (int32_t s = 0; s < sequences; ++s)
-    if (batch.logit_rows[static_cast<std::size_t>(s)] != s) return std::nullopt;
+  for (const SequenceSlice& sequence : batch.sequences)
+    if (sequence.token_end - sequence.token_begin != rows_per_sequence) return std::nullopt;
+  for (int32_t r = 0; r < rows; ++r)
+    if (batch.logit_rows[static_cast<std::size_t>(r)] != r) return std::nullopt;
   const int32_t padded = bucket(sequences);
   if (padded == 0) return std::nullopt;
 
@@ -80,6 +89,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
     // exists before the recording, which must not upload. Recording runs nothing, so the KV is written once (and the
     // routing of this step is the op-by-op run's, in the same buffer).
     const Tensor logits = model_.run(graph.inputs, cache_, graph.routed_experts);
+    const Tensor eager_captured = model_.captured_hidden();  // this step's; the graph's buffer is written on replay
     backend.begin_capture();
     try {
       graph.logits = model_.run(graph.inputs, cache_, graph.routed_experts);
@@ -92,12 +102,14 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
       throw;
     }
     graph.graph = backend.end_capture();
+    graph.captured_hidden = model_.captured_hidden();
     graph.last_used = ++steps_;
+    if (captured_hidden != nullptr) *captured_hidden = eager_captured;
     if (routed_experts != nullptr && batch.capture_routed_experts) *routed_experts = graph.routed_experts;
     graphs_.emplace(*graph_key, std::move(graph));
     ++recorded_;
     spdlog::debug("decode graphs: recorded {} ({} graphs)", *graph_key, graphs_.size());
-    return logits.view(0, {sequences, logits.dim(1)});
+    return logits.view(0, {rows, logits.dim(1)});
   }
   require(found->second.inputs.packed.size() == inputs.packed.size(),
           "decode graphs: inputs of {} values for a graph recorded with {}", inputs.packed.size(),
@@ -108,8 +120,9 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
   ++replayed_;
   graph.last_used = ++steps_;
   backend.replay(*graph.graph);
+  if (captured_hidden != nullptr) *captured_hidden = graph.captured_hidden;
   if (routed_experts != nullptr && batch.capture_routed_experts) *routed_experts = graph.routed_experts;
-  return graph.logits.view(0, {sequences, graph.logits.dim(1)});
+  return graph.logits.view(0, {rows, graph.logits.dim(1)});
 }
 
 }  // namespace beamline

@@ -1,7 +1,9 @@
 #pragma once
 // Decode steps as recorded op graphs (CUDA graphs; vLLM's default, off with --enforce-eager). A step of one-token
-// sequences is padded to a batch-size bucket and its block tables to a power-of-two width; the first step of each
-// (bucket, widths, attention plans) runs op by op and records the forward pass once, every later one copies its
+// sequences (or of sequences with the same number of rows each, every row a logit row: speculative decoding's verify
+// steps, 1 + k rows per sequence, where the backend's attention plan can be recorded) is padded to a batch-size
+// bucket and its block tables to a power-of-two width; the first step of each (bucket, rows, widths, attention
+// plans) runs op by op and records the forward pass once, every later one copies its
 // inputs into the recorded buffers in a single upload and replays it, without the host's per-op work and launch gaps.
 #include <cstdint>
 #include <map>
@@ -26,13 +28,14 @@ class DecodeGraphs {
   // Graphs kept at once; the least recently used goes first (each holds its step's activations).
   static constexpr std::size_t kMaxGraphs = 48;
 
-  // The logits of a validated batch when it can replay a graph (every sequence decodes one token, logits of all of
-  // them in order, at most max_batch sequences, an attention plan a graph can hold); nullopt otherwise.
+  // The logits of a validated batch when it can replay a graph (every sequence has the same number of rows, logits of
+  // all of them in order, at most max_batch sequences, an attention plan a graph can hold); nullopt otherwise.
   // `token_source`: what batch.deferred_tokens read (BeamModel::forward). With capture_routed_experts and
   // batch.capture_routed_experts, `routed_experts` gets the step's expert ids: I32 [moe_layers, bucket, top_k], the
-  // batch's rows first.
+  // batch's rows first. When the model captures hidden states for a drafter (BeamModel::capture_hidden_after),
+  // `captured_hidden` gets the step's: F32 [layers, bucket, hidden], the batch's rows first.
   std::optional<Tensor> forward(const ForwardBatch& batch, const Tensor& token_source = {},
-                                Tensor* routed_experts = nullptr);
+                                Tensor* routed_experts = nullptr, Tensor* captured_hidden = nullptr);
 
   // Steps that recorded a graph / replayed one, for logs and tests.
   int64_t recorded() const { return recorded_; }
@@ -43,6 +46,7 @@ class DecodeGraphs {
     BeamModel::StepInputs inputs;  // the buffers the graph reads
     Tensor logits;                 // and the one it writes
     Tensor routed_experts;         // and the router's choices (capture_routed_experts)
+    Tensor captured_hidden;        // and the hidden states a drafter reads (BeamModel::capture_hidden_after)
     std::unique_ptr<OpGraph> graph;
     int64_t last_used = 0;
   };

@@ -108,9 +108,8 @@ AttentionParams BlockDrafter::attention_params(int32_t layer, int32_t window) co
   return params;
 }
 
-void BlockDrafter::commit(std::span<const VerifiedRows> rows) {
+void BlockDrafter::commit(std::span<const VerifiedRows> rows, const Tensor& captured) {
   const DrafterConfig& c = checkpoint_.config;
-  const Tensor& captured = target_.captured_hidden();
   if (!captured.defined()) return;  // no target step yet
   const int64_t num_features = captured.dim(0), step_rows = captured.dim(1), hidden = captured.dim(2);
   std::vector<int32_t> gather, positions, ring_positions, query_start{0}, seq_lens, tables;
@@ -166,22 +165,37 @@ void BlockDrafter::commit(std::span<const VerifiedRows> rows) {
   }
 }
 
-std::vector<std::vector<int32_t>> BlockDrafter::propose(std::span<const DraftAnchor> anchors, int32_t num_tokens) {
-  std::vector<std::vector<int32_t>> drafts(anchors.size());
+std::vector<DraftProposal> BlockDrafter::propose(std::span<const DraftAnchor> anchors, int32_t num_tokens) {
+  std::vector<DraftProposal> drafts(anchors.size());
   const BlockLogits pass = block_logits(anchors, num_tokens);
   if (pass.drafting.empty()) return drafts;
   const auto sequences = static_cast<int64_t>(pass.drafting.size()), rows = pass.logits.dim(0);
+  // The argmax and its log-probability under the drafter (its confidence, for adaptive verification).
   std::vector<SampleRow> argmax(static_cast<std::size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     argmax[static_cast<std::size_t>(r)].logit_row = static_cast<int32_t>(r);
     argmax[static_cast<std::size_t>(r)].greedy = true;
+    argmax[static_cast<std::size_t>(r)].num_logprobs = 0;
   }
   SampleOutputs sampled;
   sampled.tokens = backend_.alloc(DType::I32, {rows});
+  sampled.logprobs = backend_.alloc(DType::F32, {rows});
+  sampled.ranks = backend_.alloc(DType::I32, {rows});
+  sampled.top_ids = backend_.alloc(DType::I32, {rows, 1});
+  sampled.top_logprobs = backend_.alloc(DType::F32, {rows, 1});
   backend_.sample(pass.logits, argmax, sampled);
-  const std::vector<int32_t> chosen = backend_.download_i32(sampled.tokens);
-  for (int64_t r = 0; r < rows; ++r)
-    drafts[pass.drafting[static_cast<std::size_t>(r % sequences)]].push_back(chosen[static_cast<std::size_t>(r)]);
+  // Both read back through pinned buffers, one wait for the two.
+  std::vector<int32_t> chosen(static_cast<std::size_t>(rows));
+  std::vector<float> logprobs(static_cast<std::size_t>(rows));
+  const std::unique_ptr<PendingDownload> tokens_in = backend_.download_later(sampled.tokens, chosen.data());
+  const std::unique_ptr<PendingDownload> logprobs_in = backend_.download_later(sampled.logprobs, logprobs.data());
+  tokens_in->wait();
+  logprobs_in->wait();
+  for (int64_t r = 0; r < rows; ++r) {
+    DraftProposal& draft = drafts[pass.drafting[static_cast<std::size_t>(r % sequences)]];
+    draft.tokens.push_back(chosen[static_cast<std::size_t>(r)]);
+    draft.confidence.push_back(std::exp(logprobs[static_cast<std::size_t>(r)]));
+  }
   return drafts;
 }
 

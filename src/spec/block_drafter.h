@@ -18,6 +18,7 @@
 #include "model/beam_model.h"
 #include "model/forward_batch.h"
 #include "spec/context_features.h"
+#include "spec/draft_proposal.h"
 
 namespace beamline {
 
@@ -44,11 +45,12 @@ class BlockDrafter {
 
   const DrafterConfig& config() const { return checkpoint_.config; }
 
-  // The context features of the rows of the target's latest step (BeamModel::captured_hidden) that are verified.
-  void commit(std::span<const VerifiedRows> rows);
-  // Up to `num_tokens` (<= B - 1) draft tokens per anchor, in order; empty for a sequence whose context features do
-  // not cover its window yet (spec/context_features.h).
-  std::vector<std::vector<int32_t>> propose(std::span<const DraftAnchor> anchors, int32_t num_tokens);
+  // The context features of the rows of the target's latest step that are verified; `captured`: that step's hidden
+  // states (BeamModel::captured_hidden, or a recorded decode graph's), F32 [layers, rows >= the step's, hidden].
+  void commit(std::span<const VerifiedRows> rows, const Tensor& captured);
+  // Up to `num_tokens` (<= B - 1) draft tokens per anchor, in order, with the drafter's probability of each; empty
+  // for a sequence whose context features do not cover its window yet (spec/context_features.h).
+  std::vector<DraftProposal> propose(std::span<const DraftAnchor> anchors, int32_t num_tokens);
 
   // The pass itself: the block logits of rows 1..num_tokens of the anchors that draft (`drafting`, indices into the
   // anchors), F32 [num_tokens * drafting.size(), vocab] block-row-major (row (i - 1) * S + s is block row i of drafting

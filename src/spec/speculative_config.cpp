@@ -22,11 +22,11 @@ int32_t positive_key(const nlohmann::json& object, std::string_view key, int32_t
 
 void refuse_unknown_keys(const nlohmann::json& object) {
   static const char* const known[] = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                                      "model"};
+                                      "model", "adaptive_verification"};
   for (const auto& [key, value] : object.items()) {
     const bool ok = std::find(std::begin(known), std::end(known), key) != std::end(known);
     require(ok, "{}: unknown key \"{}\" (beamline reads method, num_speculative_tokens, prompt_lookup_min, "
-                "prompt_lookup_max, model)", kFlag, key);
+                "prompt_lookup_max, model, adaptive_verification)", kFlag, key);
   }
 }
 
@@ -48,6 +48,8 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     const std::string method = json_fields::required_string(object, "method", json_fields::Location());
     if (method == "none") return config;  // '{"method": "none"}' as vLLM's off switch
     config.num_speculative_tokens = positive_key(object, "num_speculative_tokens", 0);
+    config.adaptive_verification =
+        json_fields::optional_bool(object, "adaptive_verification", json_fields::Location()).value_or(true);
     if (method == "ngram") {
       config.method = SpeculativeMethod::Ngram;
       require(config.num_speculative_tokens > 0, "{}: \"num_speculative_tokens\" is required for method \"ngram\"", kFlag);

@@ -16,11 +16,18 @@ struct SpeculativeConfig {
   int32_t prompt_lookup_min = 0;       // ngram: shortest suffix n-gram looked up in the context
   int32_t prompt_lookup_max = 0;       // ngram: longest (tried first)
   std::string model;                   // dflash: the drafter's checkpoint directory
+  // "adaptive_verification" (beamline's key, default true): each step verifies only the drafts that pay for their
+  // cost, possibly none (spec/adaptive_verification.h); false: every sequence verifies all K drafts it gets.
+  bool adaptive_verification = true;
   bool given = false;                  // set by parse_speculative_config (also for "none"): the user chose
 
   // Test hook, never set outside tests: replaces the acceptance probability of a sampled draft token (the exact rule
   // is p_target(token) for a point-mass draft) so a test can show that a biased rule is caught.
   std::function<double(double p_target)> acceptance_for_testing;
+  // Test hook, never set outside tests: the seconds adaptive verification records for a step without prompt rows of
+  // `decoding` sequences verifying `draft_tokens` drafts (`drafter_ran`: drafts were proposed for it), instead of its
+  // wall time, so that a test can state the step costs the choice sees.
+  std::function<double(int32_t decoding, int32_t draft_tokens, bool drafter_ran)> step_seconds_for_testing;
 
   bool enabled() const { return method != SpeculativeMethod::None; }
 };

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -73,7 +74,7 @@ class BlockDrafterTest : public BackendTest {
       SequenceRunner runner(model, static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows.size()));
       runner.step(rows, false);
       const VerifiedRows verified{3, fed, fed, size};
-      drafter.commit(std::span(&verified, 1));
+      drafter.commit(std::span(&verified, 1), model.captured_hidden());
       fed += size;
       const DraftAnchor between{3, fed, tokens[static_cast<std::size_t>(fed)]};
       if (fed < anchor) {
@@ -150,8 +151,6 @@ TEST_P(BlockDrafterTest, DeviceLogitsMatchTheCpu) {
 }
 
 TEST_P(BlockDrafterTest, GreedyOutputsEqualThoseWithoutSpeculation) {
-  const SpeculativeConfig dflash = parse_speculative_config(
-      fmt::format(R"({{"method": "dflash", "model": "{}", "num_speculative_tokens": 7}})", drafter_dir().string()));
   auto first_turns = requests(3, 10);
   std::vector<GenerationRequest> second_turns;  // earlier prompts + more tokens: prefix-cache hits
   for (std::size_t i = 0; i < first_turns.size(); i += 2) {
@@ -165,28 +164,98 @@ TEST_P(BlockDrafterTest, GreedyOutputsEqualThoseWithoutSpeculation) {
   const auto expected_second = testing::token_ids_together(*plain, second_turns);
   plain->shutdown(ShutdownMode::Drain);
 
-  // A pool too small for ten at once: preemption, recomputed sequences.
-  auto small = engine(48 * 4096, dflash);
-  EXPECT_EQ(testing::token_ids_together(*small, first_turns), expected_first);
-  small->shutdown(ShutdownMode::Drain);
-  EXPECT_GT(small->stats().preemptions_total, 0u);
-  EXPECT_GT(small->stats().spec_decode_num_drafts_total, 0u);
+  // Fixed K (every step drafts), and adaptive verification (this random drafter's drafts are rejected, so most steps
+  // go without drafts: on a device they replay decode graphs, which hand the drafter its hidden states).
+  for (const bool adaptive : {false, true}) {
+    SCOPED_TRACE(adaptive ? "adaptive" : "fixed K");
+    const SpeculativeConfig dflash = parse_speculative_config(
+        fmt::format(R"({{"method": "dflash", "model": "{}", "num_speculative_tokens": 7, "adaptive_verification": {}}})",
+                    drafter_dir().string(), adaptive));
+    // A pool too small for ten at once: preemption, recomputed sequences.
+    auto small = engine(48 * 4096, dflash);
+    EXPECT_EQ(testing::token_ids_together(*small, first_turns), expected_first);
+    small->shutdown(ShutdownMode::Drain);
+    EXPECT_GT(small->stats().preemptions_total, 0u);
+    EXPECT_GT(small->stats().spec_decode_num_drafts_total, 0u);
 
-  auto cached = engine(int64_t{8} << 20, dflash);
-  EXPECT_EQ(testing::token_ids_together(*cached, first_turns), expected_first);
-  EXPECT_EQ(testing::token_ids_together(*cached, second_turns), expected_second);
-  cached->shutdown(ShutdownMode::Drain);
-  const EngineStats stats = cached->stats();
-  EXPECT_GT(stats.prefix_cache_hits_total, 0u);
-  EXPECT_GT(stats.spec_decode_num_draft_tokens_total, 0u);
-  EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
-  std::printf("%s, random dflash drafter K=7: %llu drafts, %llu of %llu draft tokens accepted, %llu steps for %llu "
-              "tokens\n",
-              GetParam().c_str(), static_cast<unsigned long long>(stats.spec_decode_num_drafts_total),
-              static_cast<unsigned long long>(stats.spec_decode_num_accepted_tokens_total),
-              static_cast<unsigned long long>(stats.spec_decode_num_draft_tokens_total),
-              static_cast<unsigned long long>(stats.steps_total),
-              static_cast<unsigned long long>(stats.generation_tokens_total));
+    auto cached = engine(int64_t{8} << 20, dflash);
+    EXPECT_EQ(testing::token_ids_together(*cached, first_turns), expected_first);
+    EXPECT_EQ(testing::token_ids_together(*cached, second_turns), expected_second);
+    cached->shutdown(ShutdownMode::Drain);
+    const EngineStats stats = cached->stats();
+    EXPECT_GT(stats.prefix_cache_hits_total, 0u);
+    EXPECT_GT(stats.spec_decode_num_draft_tokens_total, 0u);
+    EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+    std::printf("%s, random dflash drafter K=7%s: %llu drafts, %llu of %llu draft tokens accepted, %llu steps for "
+                "%llu tokens\n",
+                GetParam().c_str(), adaptive ? " adaptive" : "",
+                static_cast<unsigned long long>(stats.spec_decode_num_drafts_total),
+                static_cast<unsigned long long>(stats.spec_decode_num_accepted_tokens_total),
+                static_cast<unsigned long long>(stats.spec_decode_num_draft_tokens_total),
+                static_cast<unsigned long long>(stats.steps_total),
+                static_cast<unsigned long long>(stats.generation_tokens_total));
+  }
+}
+
+// Plain decode steps replay recorded decode graphs where the backend has them, and the graphs write the hidden states
+// the drafter reads into buffers of their own: the drafts after such steps (tokens and the drafter's confidence in
+// them) are those after the same steps run op by op.
+TEST_P(BlockDrafterTest, DecodeGraphStepsGiveTheDrafterTheSameContext) {
+  if (!backend().supports_graphs()) GTEST_SKIP() << "the " << GetParam() << " backend records no graphs";
+  const SpeculativeConfig dflash = parse_speculative_config(
+      fmt::format(R"({{"method": "dflash", "model": "{}", "num_speculative_tokens": 7}})", drafter_dir().string()));
+  const BeamWeights weights = load_checkpoint(target_dir());
+  EngineConfig eager_config = engine_config(int64_t{8} << 20, dflash);
+  eager_config.enforce_eager = true;
+  BeamModelRunner eager(weights, GetParam(), eager_config);
+  BeamModelRunner graphed(weights, GetParam(), engine_config(int64_t{8} << 20, dflash));
+  const std::vector<int32_t> tokens = random_tokens(5, 48);
+
+  // One sequence (id 9): a prompt of 20, then one token per step; after each step its context is committed and a
+  // draft proposed at the next token.
+  auto drafts_after_each_step = [&](BeamModelRunner& runner) {
+    const KvCacheLayout& layout = runner.kv_layout();
+    const auto per_group = static_cast<int32_t>((tokens.size() + layout.block_size - 1) / layout.block_size);
+    std::vector<DraftProposal> drafts;
+    int32_t fed = 0;
+    auto step = [&](int32_t count) {
+      ForwardBatch batch;
+      batch.tokens.assign(tokens.begin() + fed, tokens.begin() + fed + count);
+      SequenceSlice slice{0, count, fed, {}};
+      for (int32_t group = 0; group < layout.num_groups(); ++group) {
+        std::vector<int32_t>& table = slice.block_tables.emplace_back();
+        for (int32_t b = 0; b * layout.block_size < fed + count; ++b) table.push_back(group * per_group + b);
+      }
+      batch.sequences.push_back(std::move(slice));
+      batch.logit_rows = {count - 1};
+      std::unique_ptr<ModelStep> launched = runner.launch(batch);
+      std::vector<RowSampling> rows(1);
+      rows[0].settings.greedy = true;
+      launched->sample(std::move(rows));
+      launched->tokens();
+      fed += count;
+      const StepVerified verified{9, 0, fed};
+      runner.commit_draft_context(std::span(&verified, 1));
+      const DraftRequest request{9, fed, tokens[static_cast<std::size_t>(fed)]};
+      drafts.push_back(runner.propose_drafts(std::span(&request, 1), 7).at(0));
+    };
+    step(20);
+    while (fed + 1 < static_cast<int32_t>(tokens.size())) step(1);
+    return drafts;
+  };
+  const std::vector<DraftProposal> expected = drafts_after_each_step(eager);
+  const std::vector<DraftProposal> replayed = drafts_after_each_step(graphed);
+  ASSERT_EQ(replayed.size(), expected.size());
+  for (std::size_t s = 0; s < expected.size(); ++s) {
+    ASSERT_EQ(expected[s].tokens.size(), 7u) << "step " << s;
+    EXPECT_EQ(replayed[s].tokens, expected[s].tokens) << "step " << s;
+    // As log-probabilities: a random drafter's confidences are tiny.
+    std::vector<float> actual;
+    std::vector<double> reference;
+    for (const float c : replayed[s].confidence) actual.push_back(std::log(c));
+    for (const float c : expected[s].confidence) reference.push_back(std::log(c));
+    testing::expect_close(actual, reference, 1e-3, fmt::format("draft log-confidences after step {}", s));
+  }
 }
 
 TEST_P(BlockDrafterTest, ADrafterThatDoesNotFitStopsStartUpNamingTheKey) {

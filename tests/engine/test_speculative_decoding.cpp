@@ -22,9 +22,22 @@ constexpr int32_t kVocab = 8;  // small, so that drafts copied from the context 
 constexpr int32_t kBlockSize = 4;
 constexpr int32_t kWindow = 12;
 
-SpeculativeConfig ngram(int32_t k) {
-  return parse_speculative_config(fmt::format(
-      R"({{"method": "ngram", "num_speculative_tokens": {}, "prompt_lookup_min": 1, "prompt_lookup_max": 3}})", k));
+// Fixed K unless `adaptive`: the tests that count drafts must not depend on this machine's step times.
+SpeculativeConfig ngram(int32_t k, bool adaptive = false) {
+  return parse_speculative_config(fmt::format(R"({{"method": "ngram", "num_speculative_tokens": {}, )"
+                                              R"("prompt_lookup_min": 1, "prompt_lookup_max": 3, )"
+                                              R"("adaptive_verification": {}}})",
+                                              k, adaptive));
+}
+
+// Adaptive verification with stated step costs (seconds): `plain` for a step without drafts, plus `per_draft_row`
+// for each verified draft token and `drafter` for a step with a drafter pass, each per decoding sequence.
+SpeculativeConfig adaptive_ngram(int32_t k, double plain, double drafter, double per_draft_row) {
+  SpeculativeConfig config = ngram(k, true);
+  config.step_seconds_for_testing = [=](int32_t decoding, int32_t draft_tokens, bool drafter_ran) {
+    return plain * decoding + (drafter_ran ? drafter * decoding : 0.0) + per_draft_row * draft_tokens;
+  };
+  return config;
 }
 
 EngineConfig engine_config(const SpeculativeConfig& speculative, bool prefix_caching) {
@@ -161,6 +174,48 @@ TEST(SpeculativeDecoding, PreemptionAndPrefixHitsKeepGreedyOutputs) {
   expect_same_outputs(first, run_without_speculation(first_turns));
   expect_same_outputs(second, run_without_speculation(second_turns));
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+}
+
+// Adaptive verification changes how many drafts each step verifies, never the outputs: greedy outputs equal those
+// without speculation (batched, preemption, prefix hits) whether the stated costs make drafts pay or not; where they
+// pay the steps draft, where a drafted step costs more than it wins most steps do not.
+TEST(SpeculativeDecoding, AdaptiveVerificationKeepsGreedyOutputsAndFollowsTheCosts) {
+  const auto requests = repetitive_requests(4, 30);
+  const Results reference = run_without_speculation(requests);
+  struct Case {
+    const char* name;
+    SpeculativeConfig config;
+    bool drafts_pay;
+  };
+  const Case cases[] = {{"cheap drafts", adaptive_ngram(4, 1.0, 0.05, 0.02), true},
+                        {"costly drafts", adaptive_ngram(4, 1.0, 3.0, 1.0), false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (const int32_t blocks : {4000, 60}) {  // 60: preemption
+      auto engine = make_engine(engine_config(c.config, true), blocks);
+      const Results results = run_batched(*engine, requests);
+      engine->shutdown(ShutdownMode::Drain);
+      expect_same_outputs(results, reference);
+      const EngineStats stats = engine->stats();
+      EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+      // Of the sequences' decode steps (each emits one token plus its accepted drafts), those that verified a draft.
+      const double decode_steps = static_cast<double>(stats.generation_tokens_total -
+                                                      stats.spec_decode_num_accepted_tokens_total);
+      const double drafted_share = static_cast<double>(stats.spec_decode_num_drafts_total) / decode_steps;
+      std::printf("%s, %d blocks: %llu steps, %.0f sequence decode steps, %.2f of them with a draft, %llu of %llu draft "
+                  "tokens accepted\n",
+                  c.name, blocks, static_cast<unsigned long long>(stats.steps_total), decode_steps, drafted_share,
+                  static_cast<unsigned long long>(stats.spec_decode_num_accepted_tokens_total),
+                  static_cast<unsigned long long>(stats.spec_decode_num_draft_tokens_total));
+      if (c.drafts_pay) {
+        EXPECT_GT(stats.spec_decode_num_accepted_tokens_total, 0u);
+        EXPECT_GT(drafted_share, 0.5);
+      } else {
+        // Exploration only: the first drafted steps of each batch size, then one now and then.
+        EXPECT_LT(drafted_share, 0.25);
+      }
+    }
+  }
 }
 
 TEST(SpeculativeDecoding, StopStringsAndMaxTokensAreNeverPassed) {

@@ -1,5 +1,5 @@
-// Which steps DecodeGraphs takes: only batches of one-token sequences whose logits are wanted in order, up to its
-// largest bucket. The recording itself needs a device backend (bench/serve_check.py compares it with eager steps
+// Which steps DecodeGraphs takes: only batches whose sequences have the same number of rows (one-token decodes, or
+// verify steps with as many drafts each) whose logits are all wanted in order, up to its largest bucket. The recording itself needs a device backend (bench/serve_check.py compares it with eager steps
 // on the GPU); on the CPU backend an eligible batch runs op by op and then reaches begin_capture, which says that it
 // records no graphs.
 #include "runner/decode_graphs.h"
@@ -24,15 +24,18 @@ class DecodeGraphsTest : public ::testing::Test {
     cache_ = std::make_unique<KvCache>(*backend_, config_, layout_);
   }
 
-  // `sequences` sequences decoding one token each at position 4 (blocks of their own per group).
-  ForwardBatch decode_batch(int32_t sequences) const {
+  // `sequences` sequences decoding `rows` tokens each (one, or a verify step's 1 + k) from position 4 (blocks of their
+  // own per group), every row a logit row.
+  ForwardBatch decode_batch(int32_t sequences, int32_t rows = 1) const {
     ForwardBatch batch;
     for (int32_t s = 0; s < sequences; ++s) {
-      batch.tokens.push_back(s + 1);
-      SequenceSlice slice{s, s + 1, 4, {}};
+      SequenceSlice slice{s * rows, (s + 1) * rows, 4, {}};
       for (int32_t g = 0; g < layout_.num_groups(); ++g) slice.block_tables.push_back({s * layout_.num_groups() + g});
       batch.sequences.push_back(slice);
-      batch.logit_rows.push_back(s);
+      for (int32_t r = 0; r < rows; ++r) {
+        batch.tokens.push_back(s + r + 1);
+        batch.logit_rows.push_back(s * rows + r);
+      }
     }
     return batch;
   }
@@ -62,6 +65,10 @@ TEST_F(DecodeGraphsTest, DeclinesStepsThatAreNotPlainDecode) {
   fewer_logits.logit_rows = {1};
   EXPECT_FALSE(graphs.forward(fewer_logits).has_value());
 
+  ForwardBatch last_rows_only = decode_batch(2, 3);  // three rows each, but logits of the last only
+  last_rows_only.logit_rows = {2, 5};
+  EXPECT_FALSE(graphs.forward(last_rows_only).has_value());
+
   EXPECT_FALSE(graphs.forward(decode_batch(5)).has_value());  // past the largest bucket (max_batch 4)
   EXPECT_EQ(graphs.recorded(), 0);
   EXPECT_EQ(graphs.replayed(), 0);
@@ -71,6 +78,8 @@ TEST_F(DecodeGraphsTest, AnEligibleStepAsksTheBackendToRecord) {
   DecodeGraphs graphs(*model_, *cache_, 4);
   // A full bucket (no padding rows, which the CPU's attention refuses): the step runs, then recording fails.
   EXPECT_THROW(graphs.forward(decode_batch(4)), Error);  // the CPU backend records no op graphs
+  // So is a verify step: the same rows for every sequence (here 1 + 2 drafts), all of them logit rows.
+  EXPECT_THROW(graphs.forward(decode_batch(4, 3)), Error);
   EXPECT_EQ(graphs.recorded(), 0);
   EXPECT_THROW(DecodeGraphs(*model_, *cache_, 0), Error);
 }

@@ -949,7 +949,7 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
   const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
   Tensor work, partials;
-  if (!plan.work.empty()) work = upload_i32(plan.work, {static_cast<int64_t>(plan.work.size())});
+  if (!plan.work.empty()) work = attention_work(plan.work);
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
   check_launch(cuda::paged_attention(q.data<const float>(), geometry, params.slot,
                                      batch_geometry(batch, block_table, "paged_attention"), plan,
@@ -971,13 +971,38 @@ cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, con
                               operand_precision());
 }
 
+const Tensor& CudaBackend::attention_work(const std::vector<int32_t>& work) {
+  auto found = attention_work_.find(work);
+  if (found == attention_work_.end()) {
+    require(!capturing_, "paged_attention: a work list of {} entries that no op-by-op run uploaded before this "
+            "recording", work.size());
+    // The lists of op-by-op steps are many and short-lived (each step's prefill tiles): dropped in bulk.
+    if (attention_work_.size() >= 1024) std::erase_if(attention_work_, [](const auto& entry) {
+      return !entry.second.recorded;
+    });
+    found = attention_work_.emplace(work, AttentionWork{upload_i32(work, {static_cast<int64_t>(work.size())})}).first;
+  }
+  if (capturing_) found->second.recorded = true;
+  return found->second.device;
+}
+
 std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch& batch, const PagedKvPool& pool,
                                                             const AttentionParams& params) const {
   // Activations are 256-byte aligned by the allocator, so the graph's q and out are aligned too.
-  const cuda::AttentionPlan plan = attention_plan(batch, pool, params, true);
-  if (!plan.work.empty()) return std::nullopt;
-  return fmt::format("{}:{}:{}:{}:{}", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
-                     plan.scratch_floats);
+  cuda::AttentionPlan plan = attention_plan(batch, pool, params, true);
+  // A work list (the listed decode rows, then the prefill tiles as (sequence, first row, rows)) is recorded with the
+  // graph, so it is part of the signature. The tiles' order (longest first) only balances the waves: any order of
+  // the same tiles computes the same, so they are compared as a set and steps whose lengths differ share a graph.
+  const auto tiles = plan.work.begin() + (plan.decode_rows_listed ? plan.decode_rows : 0);
+  std::vector<std::array<int32_t, 3>> sorted;
+  for (auto tile = tiles; tile != plan.work.end(); tile += 3) sorted.push_back({tile[0], tile[1], tile[2]});
+  std::sort(sorted.begin(), sorted.end());
+  std::string listed;
+  for (auto row = plan.work.begin(); row != tiles; ++row) listed += fmt::format("{},", *row);
+  std::string tile_set;
+  for (const auto& [sequence, first_row, rows] : sorted) tile_set += fmt::format("{}/{}/{},", sequence, first_row, rows);
+  return fmt::format("{}:{}:{}:{}:{}:[{}]:[{}]", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
+                     plan.scratch_floats, listed, tile_set);
 }
 
 void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,

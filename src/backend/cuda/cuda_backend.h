@@ -174,6 +174,10 @@ class CudaBackend final : public Backend {
   // The plan paged_attention launches for `batch` (host data only).
   cuda::AttentionPlan attention_plan(const AttentionBatch& batch, const PagedKvPool& pool, const AttentionParams& params,
                                      bool aligned) const;
+  // A plan's work list on the device. While a graph is recorded it cannot be uploaded, so the lists are kept by
+  // content: the op-by-op run before a recording (runner/decode_graphs) uploads the list, the recording finds it, and
+  // a list a graph was recorded with stays for the backend's lifetime (the graph reads it on every replay).
+  const Tensor& attention_work(const std::vector<int32_t>& work);
 
   int device_ = 0;
   ComputeDType compute_dtype_ = ComputeDType::Float32;
@@ -194,6 +198,11 @@ class CudaBackend final : public Backend {
   std::map<std::array<const void*, 3>, Tensor> dense_expert_tables_;
   Tensor dense_expert_ids_, dense_expert_weights_;
   std::size_t weight_bytes_logged_ = 0;
+  struct AttentionWork {
+    Tensor device;
+    bool recorded = false;  // a graph reads it: kept
+  };
+  std::map<std::vector<int32_t>, AttentionWork> attention_work_;
 };
 
 std::unique_ptr<Backend> make_cuda_backend();

@@ -1,0 +1,226 @@
+// Adaptive verification (spec/adaptive_verification.h): the choice maximises expected tokens per second over every
+// allocation of drafts (brute force), it skips drafting where drafted steps cost more than they win and drafts in full
+// where verify rows are nearly free, the drafter's confidence is calibrated from what was accepted, and over a
+// simulated workload it is never slower than the better of "never draft" and "always draft K" by more than its
+// exploration costs, and faster than both where the best k lies between.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "spec/adaptive_verification.h"
+
+namespace beamline {
+namespace {
+
+using Candidate = AdaptiveVerification::Candidate;
+
+// Measures every entry of the bucket of `decoding` sequences twice with cost(per_sequence).
+void measure_all(AdaptiveVerification& policy, int32_t decoding, int32_t k,
+                 const std::function<double(int32_t)>& cost) {
+  for (int32_t per = 0; per <= k; ++per)
+    for (int repeat = 0; repeat < 2; ++repeat)
+      policy.record_step(decoding, per * decoding, per > 0, cost(per));
+}
+
+// Expected tokens of an allocation: each sequence 1 + sum_j prod_{m<=j} a_m.
+double expected_tokens(const std::vector<std::vector<double>>& acceptance, const std::vector<int32_t>& counts) {
+  double tokens = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    double reach = 1.0;
+    tokens += 1.0;
+    for (int32_t j = 0; j < counts[i]; ++j) tokens += reach *= acceptance[i][static_cast<std::size_t>(j)];
+  }
+  return tokens;
+}
+
+TEST(AdaptiveVerification, ChoosesTheBestAllocationOfDrafts) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(0.02f, 0.98f);
+  constexpr int32_t kK = 3, kSequences = 3;
+  for (int trial = 0; trial < 200; ++trial) {
+    AdaptiveVerification policy(kK);
+    // A step costs 1 plus a random convex-or-not increment per drafted token per sequence.
+    std::vector<double> cost{1.0};
+    for (int32_t per = 1; per <= kK; ++per) cost.push_back(cost.back() + 0.05 + 0.6 * uniform(rng));
+    measure_all(policy, kSequences, kK, [&](int32_t per) { return cost[static_cast<std::size_t>(per)]; });
+    std::vector<std::vector<float>> confidence(kSequences);
+    std::vector<std::vector<double>> acceptance(kSequences);
+    std::vector<Candidate> candidates;
+    for (int32_t s = 0; s < kSequences; ++s) {
+      const auto room = static_cast<int32_t>(rng() % (kK + 1));
+      for (int32_t j = 0; j < room; ++j) confidence[static_cast<std::size_t>(s)].push_back(uniform(rng));
+      for (const float c : confidence[static_cast<std::size_t>(s)])
+        acceptance[static_cast<std::size_t>(s)].push_back(policy.acceptance(0, c));
+    }
+    for (int32_t s = 0; s < kSequences; ++s) {
+      const std::vector<float>& own = confidence[static_cast<std::size_t>(s)];
+      candidates.push_back({static_cast<int32_t>(own.size()), own});
+    }
+    const std::vector<int32_t> chosen = policy.choose(kSequences, candidates, false);
+    auto rate = [&](const std::vector<int32_t>& counts) {
+      int32_t n = 0;
+      for (const int32_t c : counts) n += c;
+      return expected_tokens(acceptance, counts) / cost[static_cast<std::size_t>((n + kSequences - 1) / kSequences)];
+    };
+    // Every allocation within the rooms.
+    double best = 0;
+    std::vector<int32_t> counts(kSequences, 0);
+    std::function<void(int32_t)> visit = [&](int32_t s) {
+      if (s == kSequences) {
+        best = std::max(best, rate(counts));
+        return;
+      }
+      for (int32_t c = 0; c <= static_cast<int32_t>(confidence[static_cast<std::size_t>(s)].size()); ++c) {
+        counts[static_cast<std::size_t>(s)] = c;
+        visit(s + 1);
+      }
+    };
+    visit(0);
+    for (int32_t s = 0; s < kSequences; ++s)
+      ASSERT_LE(chosen[static_cast<std::size_t>(s)], static_cast<int32_t>(confidence[static_cast<std::size_t>(s)].size()));
+    EXPECT_NEAR(rate(chosen), best, 1e-9 * best) << "trial " << trial;
+  }
+}
+
+TEST(AdaptiveVerification, SkipsDraftsThatDoNotPayAndDraftsInFullWhereRowsAreFree) {
+  const std::vector<float> sure(7, 0.95f);
+  const std::vector<Candidate> sixteen(16, Candidate{7, {}});
+  // Rows nearly free (bandwidth-bound decode): draft all seven.
+  AdaptiveVerification cheap(7);
+  measure_all(cheap, 16, 7, [](int32_t per) { return 1.0 + 0.01 * per; });
+  for (int i = 0; i < 50; ++i) cheap.record_verification(sure, 7, 7);
+  EXPECT_TRUE(cheap.should_draft(16, sixteen));
+  const std::vector<Candidate> confident(16, Candidate{7, sure});
+  for (const int32_t k : cheap.choose(16, confident, true)) EXPECT_EQ(k, 7);
+  // A drafted step ten times a plain one, whatever its drafts: no drafting (and so no drafter pass).
+  AdaptiveVerification costly(7);
+  measure_all(costly, 16, 7, [](int32_t per) { return per == 0 ? 1.0 : 10.0; });
+  for (int i = 0; i < 50; ++i) costly.record_verification(sure, 7, 7);
+  EXPECT_FALSE(costly.should_draft(16, sixteen));
+  // Unsure drafts on expensive rows: none or few.
+  AdaptiveVerification unsure(7);
+  measure_all(unsure, 1, 7, [](int32_t per) { return 1.0 + 0.5 * per; });
+  const std::vector<float> doubtful(7, 0.1f);
+  const std::vector<Candidate> one{{7, doubtful}};
+  EXPECT_EQ(unsure.choose(1, one, false)[0], 0);
+  EXPECT_EQ(unsure.choose(1, one, true)[0], 1);  // the drafter ran: at least one token is verified
+}
+
+TEST(AdaptiveVerification, ExploresUnmeasuredStepsFirstThenTheLosingKindLessAndLessOften) {
+  AdaptiveVerification policy(4);
+  const std::vector<Candidate> four(4, Candidate{4, {}});
+  auto plain = [](int32_t) { return 1.0; };
+  auto drafted = [](int32_t) { return 20.0; };
+  // Nothing measured: draft (twice: an entry is known from its second sample), then plain steps.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(policy.should_draft(4, four));
+    policy.record_step(4, 16, true, drafted(4));
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_FALSE(policy.should_draft(4, four));
+    policy.record_step(4, 0, false, plain(0));
+  }
+  EXPECT_NEAR(*policy.step_seconds(4, 4), 20.0, 1e-12);
+  EXPECT_NEAR(*policy.step_seconds(4, 0), 1.0, 1e-12);
+  // Plain wins; drafted steps are measured again after 16, 32, 64, ... steps.
+  std::vector<int> explored;
+  for (int step = 0; step < 1000; ++step) {
+    if (policy.should_draft(4, four)) {
+      explored.push_back(step);
+      policy.record_step(4, 16, true, drafted(4));
+    } else {
+      policy.record_step(4, 0, false, plain(0));
+    }
+  }
+  ASSERT_GE(explored.size(), 3u);
+  EXPECT_LE(explored.size(), 8u);
+  for (std::size_t i = 2; i < explored.size(); ++i)
+    EXPECT_GT(explored[i] - explored[i - 1], explored[i - 1] - explored[i - 2]) << "exploration should slow down";
+}
+
+TEST(AdaptiveVerification, CalibratesTheDraftersConfidence) {
+  AdaptiveVerification policy(7);
+  EXPECT_NEAR(policy.acceptance(0, 0.85f), 0.85, 1e-6);  // before any evidence: the confidence itself
+  // An over-confident drafter: its 0.85s are accepted 30% of the time.
+  std::mt19937 rng(3);
+  for (int i = 0; i < 3000; ++i) {
+    const std::vector<float> confidence{0.85f};
+    policy.record_verification(confidence, 1, rng() % 10 < 3 ? 1 : 0);
+  }
+  EXPECT_NEAR(policy.acceptance(0, 0.85f), 0.3, 0.05);
+  // Without confidences: the running rate of each position, conditional on the ones before.
+  AdaptiveVerification positions(7);
+  EXPECT_NEAR(positions.acceptance(3, std::nullopt), 0.5, 1e-12);  // the prior
+  for (int i = 0; i < 3000; ++i) positions.record_verification({}, 4, i % 2 == 0 ? 4 : 1);
+  EXPECT_NEAR(positions.acceptance(0, std::nullopt), 1.0, 0.01);
+  EXPECT_NEAR(positions.acceptance(1, std::nullopt), 0.5, 0.02);
+  EXPECT_NEAR(positions.acceptance(2, std::nullopt), 1.0, 0.01);
+}
+
+// A simulated server: D sequences decode; a step with n drafts costs t(D, n) and each draft position is accepted
+// with probability a (independent per position, given the ones before). Tokens per second over 3000 steps.
+struct Workload {
+  int32_t decoding;
+  double acceptance;
+  std::function<double(int32_t decoding, int32_t drafts, bool drafter_ran)> seconds;
+};
+
+enum class Mode { Never, AlwaysK, Adaptive };
+
+double simulate(const Workload& w, int32_t k, Mode mode) {
+  std::mt19937 rng(11);
+  std::bernoulli_distribution accept(w.acceptance);
+  AdaptiveVerification policy(k);
+  const std::vector<Candidate> candidates(static_cast<std::size_t>(w.decoding), Candidate{k, {}});
+  double tokens = 0, seconds = 0;
+  for (int step = 0; step < 3000; ++step) {
+    std::vector<int32_t> counts(static_cast<std::size_t>(w.decoding), 0);
+    bool drafted = false;
+    if (mode == Mode::AlwaysK || (mode == Mode::Adaptive && policy.should_draft(w.decoding, candidates))) {
+      drafted = true;
+      counts = mode == Mode::AlwaysK ? std::vector<int32_t>(counts.size(), k)
+                                     : policy.choose(w.decoding, candidates, true);
+    }
+    int32_t n = 0;
+    for (const int32_t c : counts) {
+      n += c;
+      int32_t accepted = 0;
+      while (accepted < c && accept(rng)) ++accepted;
+      tokens += 1 + accepted;
+      if (c > 0) policy.record_verification({}, c, accepted);
+    }
+    const double t = w.seconds(w.decoding, n, drafted);
+    seconds += t;
+    policy.record_step(w.decoding, n, drafted, t);
+  }
+  return tokens / seconds;
+}
+
+TEST(AdaptiveVerification, NeverSlowerThanNoSpeculationAndBeatsFixedK) {
+  // Launch-bound small batch: rows are free, the drafter pass costs a third of a step. Large batch: a drafted step
+  // costs several plain ones. Medium: each verified row costs something, so the best k lies between 0 and K.
+  const Workload workloads[] = {
+      {1, 0.9, [](int32_t, int32_t n, bool ran) { return 1.0 + (ran ? 0.3 : 0.0) + 0.002 * n; }},
+      {16, 0.85, [](int32_t, int32_t n, bool ran) { return 2.6 + (ran ? 6.0 : 0.0) + 0.12 * n; }},
+      {64, 0.7, [](int32_t, int32_t n, bool ran) { return 4.0 + (ran ? 0.3 : 0.0) + 0.01 * n; }},
+  };
+  for (const Workload& w : workloads) {
+    const double never = simulate(w, 7, Mode::Never), always = simulate(w, 7, Mode::AlwaysK),
+                 adaptive = simulate(w, 7, Mode::Adaptive);
+    std::printf("batch %d, acceptance %.2f: tokens/s never %.3f, K=7 %.3f, adaptive %.3f\n", w.decoding, w.acceptance,
+                never, always, adaptive);
+    EXPECT_GE(adaptive, 0.97 * never) << "batch " << w.decoding;
+    EXPECT_GE(adaptive, 0.97 * always) << "batch " << w.decoding;
+  }
+  // Where the best k lies between: adaptive beats both ends by a margin.
+  const Workload& medium = workloads[2];
+  EXPECT_GT(simulate(medium, 7, Mode::Adaptive), 1.05 * std::max(simulate(medium, 7, Mode::Never),
+                                                                  simulate(medium, 7, Mode::AlwaysK)));
+}
+
+}  // namespace
+}  // namespace beamline
