@@ -1,5 +1,7 @@
 #include "engine/engine_client.h"
 
+#include <future>
+
 #include "util/error.h"
 
 namespace beamline {
@@ -39,7 +41,11 @@ void EngineClient::shutdown(ShutdownMode mode) {
 }
 
 void EngineClient::pause(PauseMode mode) {
-  for (const auto& engine : engines_) engine->pause(mode);
+  // All at once: one engine draining (PauseMode::Wait) must not leave the others scheduling new requests meanwhile.
+  std::vector<std::future<void>> paused;
+  for (const auto& engine : engines_)
+    paused.push_back(std::async(std::launch::async, [&engine, mode] { engine->pause(mode); }));
+  for (std::future<void>& done : paused) done.get();
 }
 
 void EngineClient::resume() {

@@ -24,6 +24,7 @@ class EngineClient {
   // Every engine ignores ids it does not hold, so the one that holds it aborts it.
   void abort(const std::string& request_id);
   void shutdown(ShutdownMode mode);
+  // Every engine at once; returns when all are paused (with Wait: drained).
   void pause(PauseMode mode);
   void resume();
   bool paused() const { return engines_.front()->paused(); }

@@ -1,14 +1,14 @@
 // `beamline serve --data-parallel-size 2` (one command: two ranks, an engine per replica behind one endpoint) on the
 // CPU backend gives the official client one process's greedy answers, with and without expert parallelism (where a
 // replica without work joins the other's expert collectives with dummy steps); uneven load is spread over both engines
-// (per-engine metrics, vLLM's engine label); a replica that dies stops the server, which exits naming its rank.
+// (per-engine metrics, vLLM's engine label); /pause holds the requests of every engine until /resume; a replica that dies stops the server, which exits naming its rank.
 // Run: BEAMLINE_EXE=... node --test.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
 import { MODEL, SERVE_ARGS, answers, assertSameAnswers, record } from './parallel_answers.mjs';
-import { makeTinyModel, metrics, startServer, waitFor } from './server_harness.mjs';
+import { makeTinyModel, metrics, postJson, startServer, waitFor } from './server_harness.mjs';
 
 const DP2 = [...SERVE_ARGS, '--data-parallel-size', '2'];
 const DP2_EP2 = [...DP2, '--enable-expert-parallel'];
@@ -68,6 +68,15 @@ describe('serve --data-parallel-size 2', () => {
         const total = expected.one.length * 2 + expected.completions.length + UNEVEN.length;
         assert.equal(finished.get('0') + finished.get('1'), total, `${name}: every request finished once`);
         assert.ok(finished.get('0') >= 3 && finished.get('1') >= 3, `${name}: both engines served: ${[...finished]}`);
+        if (name !== 'DP2') return;
+        // Paused: requests to either engine are held, and answered as before once resumed.
+        assert.equal((await postJson(server.base, '/pause?mode=keep', {})).status, 200);
+        let done = 0;
+        const held = unevenAnswers(server).then((reply) => { done = 1; return reply; });
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        assert.equal(done, 0, 'requests sent while paused are held');
+        assert.equal((await postJson(server.base, '/resume', {})).status, 200);
+        assertSameAnswers(await held, expectedUneven, 'after /resume');
       } finally {
         await server.stop();
       }
