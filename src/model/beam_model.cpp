@@ -434,8 +434,11 @@ std::vector<std::size_t> BeamModel::micro_batch_bounds(const ForwardBatch& batch
   if (groups_->expert && groups_->config.data > 1) return bounds;
   // The logits of the micro-batches are laid end to end: that is the batch's order only if its rows ascend.
   if (!std::is_sorted(batch.logit_rows.begin(), batch.logit_rows.end())) return bounds;
-  const auto parts = static_cast<std::size_t>(groups_->config.micro_batches());
   const auto rows = static_cast<int64_t>(batch.tokens.size());
+  // Every micro-batch reads the stage's weights again: worth it only where a step is compute-bound (prefill), not in
+  // memory-bound decode steps, whose time would grow with the number of micro-batches.
+  const auto parts = static_cast<std::size_t>(std::min<int64_t>(groups_->config.micro_batches(), rows / kMinMicroBatchRows));
+  if (parts < 2) return bounds;
   std::size_t next_logit = 0;  // the first logit row not yet in a closed micro-batch
   bounds = {0};
   for (std::size_t s = 0; s < sequences; ++s) {

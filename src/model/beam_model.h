@@ -57,8 +57,9 @@ class BeamModel {
   // all-gather / reduce-scatter of every data-parallel rank in step. Writes no KV.
   void dummy_forward();
   // Pipeline micro-batches (--pipeline-parallel-size above 1, ParallelConfig::pipeline_micro_batches): where forward()
-  // splits the batch's sequences into micro-batches of about equal rows, each with a logit row: {0, ..., sequences};
-  // {0, sequences} for one.
+  // splits the batch's sequences into micro-batches of about equal rows, at least kMinMicroBatchRows each, each with a
+  // logit row: {0, ..., sequences}; {0, sequences} for one.
+  static constexpr int64_t kMinMicroBatchRows = 128;
   std::vector<std::size_t> micro_batch_bounds(const ForwardBatch& batch) const;
 
   // The same in three parts, for recorded steps (runner/decode_graphs.h): what a step reads besides weights and
