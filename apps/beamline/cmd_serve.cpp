@@ -15,6 +15,7 @@
 #include "checkpoint/model_source.h"
 #include "commands.h"
 #include "engine/engine.h"
+#include "engine/engine_client.h"
 #include "engine/engine_config.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
@@ -22,6 +23,7 @@
 #include "parallel/mpi_world.h"
 #include "parallel_options.h"
 #include "runner/beam_model_runner.h"
+#include "runner/data_parallel_runner.h"
 #include "server/http_server.h"
 #include "server/serving_context.h"
 #include "structured/grammar_cache.h"
@@ -95,7 +97,7 @@ class ShutdownSignals {
   }
 
   // Waits for signals on a thread of its own until stop().
-  void watch(server::ApiServer& api, Engine& engine) {
+  void watch(server::ApiServer& api, EngineClient& engine) {
     watcher_ = std::thread([this, &api, &engine] {
       const timespec poll{0, 200'000'000};
       while (!stopping_) {
@@ -191,10 +193,6 @@ void serve(ServeOptions& options) {
   }
   if (world == nullptr) return serve_ranks(options, nullptr);
   try {
-    require(options.parallel.data == 1,
-            "--data-parallel-size {}: serving with data parallelism (one scheduler per data-parallel rank) is not "
-            "implemented yet; the sharded model supports it (docs/parallel.md)",
-            options.parallel.data);
     serve_ranks(options, world.get());
   } catch (const std::exception& error) {
     world->fail(error.what());
@@ -242,7 +240,16 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   std::shared_ptr<const Tokenizer> tokenizer = Tokenizer::from_tokenizer_json(model_dir / "tokenizer.json");
   harmony::HarmonyTemplate harmony_template = harmony::HarmonyTemplate::for_model(model_dir);
   std::vector<TokenId> harmony_stop_ids = harmony_template.stop_token_ids(*tokenizer);
-  Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
+  // One engine per data-parallel replica (each its own scheduler and KV cache), behind one client that balances them.
+  std::vector<std::unique_ptr<ModelRunner>> runners;
+  if (runner->data_parallel_size() > 1)
+    runners = data_parallel_runners(std::shared_ptr<BeamModelRunner>(std::move(runner)));
+  else
+    runners.push_back(std::move(runner));
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (std::unique_ptr<ModelRunner>& replica : runners)
+    engines.push_back(std::make_unique<Engine>(options.engine, std::move(replica), tokenizer, generation.eos_token_ids));
+  EngineClient engine(std::move(engines));
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
   GrammarCache grammars(*tokenizer, kGrammarCacheEntries);
@@ -253,7 +260,8 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   server::ApiServer api(context, options.http);
   running_api = &api;
   const int port = api.bind();
-  spdlog::info("serving '{}' (max_model_len {}) at http://{}:{}/v1", name, engine.config().max_model_len,
+  spdlog::info("serving '{}' (max_model_len {}{}) at http://{}:{}/v1", name, engine.config().max_model_len,
+               engine.num_engines() > 1 ? fmt::format(", {} data-parallel engines", engine.num_engines()) : "",
                options.http.host, port);
   signals.watch(api, engine);
   api.serve();

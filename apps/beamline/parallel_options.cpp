@@ -24,7 +24,8 @@ void add_parallel_options(CLI::App& command, ParallelConfig& config) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command.add_option("--data-parallel-size", config.data,
-                     "copies of attention, each with its own batch; with --enable-expert-parallel they share the experts")
+                     "model replicas, each with its own engine (scheduler, KV cache) behind one endpoint; with "
+                     "--enable-expert-parallel they share the experts")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command.add_flag("--enable-expert-parallel", config.expert,

@@ -65,6 +65,11 @@ void Engine::shutdown(ShutdownMode mode) {
   if (thread_.joinable()) thread_.join();
 }
 
+int64_t Engine::num_unfinished_requests() const {
+  std::lock_guard lock(inbox_mutex_);
+  return static_cast<int64_t>(in_flight_ids_.size());
+}
+
 EngineStats Engine::stats() const {
   std::lock_guard lock(stats_mutex_);
   return stats_;
@@ -132,11 +137,15 @@ void Engine::loop() {
     ShutdownMode mode = ShutdownMode::Drain;
     {
       std::unique_lock lock(inbox_mutex_);
-      inbox_ready_.wait(lock, [&] {
+      const auto ready = [&] {
         return stopping_ || !new_requests_.empty() || !aborts_.empty() || !controls_.empty() ||
                (scheduling_ == Scheduling::Running && !held_.empty()) ||
                (scheduling_ != Scheduling::Paused && core_->has_work());
-      });
+      };
+      if (!ready()) {
+        runner_->idle();
+        inbox_ready_.wait(lock, ready);
+      }
       arrivals.swap(new_requests_);
       aborts.swap(aborts_);
       controls.swap(controls_);
@@ -188,6 +197,7 @@ void Engine::loop() {
       if (stopping && mode == ShutdownMode::Abort) in_flight_ids_.clear();
       if (stopping_ && !core_->has_work() && new_requests_.empty() && controls_.empty() && held_.empty()) {
         drained_.notify_all();
+        runner_->idle();
         return;
       }
     }

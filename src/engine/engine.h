@@ -71,6 +71,9 @@ class Engine {
   std::string weight_version() const;
   void set_weight_version(std::string version);
 
+  // Requests added and not yet ended (vLLM's get_num_unfinished_requests): what data-parallel load balancing
+  // compares (engine/engine_client.h). Current, unlike stats().
+  int64_t num_unfinished_requests() const;
   // A snapshot taken by the engine thread: at most ~50 ms old while busy, current when idle.
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }  // resolved: max_model_len and block_size filled in

@@ -91,6 +91,10 @@ class ModelRunner {
   // which must have sampled all its rows on the runner already (--async-scheduling: at its launch); the host need not
   // have them yet.
   virtual std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) = 0;
+  // The engine has no step to launch until something arrives (new work, a resume), or it stops. A runner whose steps
+  // are taken together with other engines' (data parallelism, runner/data_parallel_steps.h) then stops waiting for
+  // this one's.
+  virtual void idle() {}
 
   // A drafter model (dflash) that proposes drafts from the target's hidden states; the three functions below are
   // used only when this is true.

@@ -197,10 +197,16 @@ Tensor BeamModel::forward(const ForwardBatch& batch, KvCacheView cache, const Te
 
 Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source,
                                     const Tensor& routed_experts) {
+  if (const std::vector<std::size_t> bounds = micro_batch_bounds(batch); bounds.size() > 2) {
+    require(!token_source.defined() && !routed_experts.defined(),
+            "model: pipeline micro-batches take no deferred tokens or routed-experts capture (the runner of a "
+            "distributed model resolves and refuses them)");
+    return forward_micro_batches(batch, bounds, cache);
+  }
   StepInputs inputs = prepare(batch, cache.layout);
   upload(inputs);
   place_deferred_tokens(batch, token_source, inputs.tokens);
-  return run(inputs, cache, routed_experts);
+  return logits_to_first_stage(run(inputs, cache, routed_experts), inputs.selected);
 }
 
 void BeamModel::place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const {
@@ -404,16 +410,110 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
       groups_->tensor->all_gather_columns(local, logits);
     }
   }
-  // The first stage schedules and samples: the last sends it the logits.
-  if (groups_ != nullptr && groups_->config.pipeline > 1) {
-    if (last_stage) {
-      groups_->pipeline->send(logits, 0);
-    } else if (first_stage) {
-      logits = backend_.alloc(DType::F32, {inputs.selected, config.vocab_size});
-      groups_->pipeline->recv(logits, groups_->config.pipeline - 1);
-    }
+  return logits;
+}
+
+Tensor BeamModel::logits_to_first_stage(Tensor logits, int64_t selected) const {
+  if (groups_ == nullptr || groups_->config.pipeline == 1) return logits;
+  if (groups_->last_stage()) {
+    groups_->pipeline->send(logits, 0);
+  } else if (groups_->first_stage()) {
+    logits = backend_.alloc(DType::F32, {selected, config_.vocab_size});
+    groups_->pipeline->recv(logits, groups_->config.pipeline - 1);
   }
   return logits;
+}
+
+std::vector<std::size_t> BeamModel::micro_batch_bounds(const ForwardBatch& batch) const {
+  const std::size_t sequences = batch.sequences.size();
+  std::vector<std::size_t> bounds{0, sequences};
+  if (groups_ == nullptr || groups_->config.pipeline == 1 || groups_->config.micro_batches() < 2 || sequences < 2)
+    return bounds;
+  // Expert parallelism over data-parallel replicas pads every replica's rows per forward; micro-batches would have
+  // to line up across replicas.
+  if (groups_->expert && groups_->config.data > 1) return bounds;
+  // The logits of the micro-batches are laid end to end: that is the batch's order only if its rows ascend.
+  if (!std::is_sorted(batch.logit_rows.begin(), batch.logit_rows.end())) return bounds;
+  const auto rows = static_cast<int64_t>(batch.tokens.size());
+  // Every micro-batch reads the stage's weights again: worth it only where a step is compute-bound (prefill), not in
+  // memory-bound decode steps, whose time would grow with the number of micro-batches.
+  const auto parts = static_cast<std::size_t>(std::min<int64_t>(groups_->config.micro_batches(), rows / kMinMicroBatchRows));
+  if (parts < 2) return bounds;
+  std::size_t next_logit = 0;  // the first logit row not yet in a closed micro-batch
+  bounds = {0};
+  for (std::size_t s = 0; s < sequences; ++s) {
+    const SequenceSlice& sequence = batch.sequences[s];
+    const std::size_t logit_end = static_cast<std::size_t>(
+        std::lower_bound(batch.logit_rows.begin(), batch.logit_rows.end(), sequence.token_end) -
+        batch.logit_rows.begin());
+    // Close a micro-batch at an equal share of the rows, if it has a logit row (run() needs one) and more follow.
+    const bool share_reached =
+        static_cast<int64_t>(bounds.size()) * rows <= static_cast<int64_t>(parts) * int64_t{sequence.token_end};
+    if (share_reached && logit_end > next_logit && logit_end < batch.logit_rows.size() && bounds.size() < parts &&
+        s + 1 < sequences) {
+      bounds.push_back(s + 1);
+      next_logit = logit_end;
+    }
+  }
+  bounds.push_back(sequences);
+  return bounds;
+}
+
+ForwardBatch BeamModel::sub_batch(const ForwardBatch& batch, std::size_t begin, std::size_t end) {
+  ForwardBatch part;
+  const int32_t first_row = batch.sequences[begin].token_begin, end_row = batch.sequences[end - 1].token_end;
+  part.tokens.assign(batch.tokens.begin() + first_row, batch.tokens.begin() + end_row);
+  for (std::size_t s = begin; s < end; ++s) {
+    SequenceSlice sequence = batch.sequences[s];
+    sequence.token_begin -= first_row;
+    sequence.token_end -= first_row;
+    part.sequences.push_back(std::move(sequence));
+  }
+  for (int32_t row : batch.logit_rows)
+    if (row >= first_row && row < end_row) part.logit_rows.push_back(row - first_row);
+  return part;
+}
+
+Tensor BeamModel::forward_micro_batches(const ForwardBatch& batch, const std::vector<std::size_t>& bounds,
+                                        KvCacheView cache) {
+  // Stage s runs micro-batch m while stage s + 1 runs m - 1: each stage sends a micro-batch's residual stream on as
+  // soon as it has it. The last stage keeps the logits and hands them to the first once, at the end (per micro-batch,
+  // its send would wait for a first stage still busy with the later ones, which wait for it: a deadlock).
+  std::vector<Tensor> parts;
+  for (std::size_t m = 0; m + 1 < bounds.size(); ++m) {
+    StepInputs inputs = prepare(sub_batch(batch, bounds[m], bounds[m + 1]), cache.layout);
+    upload(inputs);
+    parts.push_back(run(inputs, cache));
+  }
+  const auto selected = static_cast<int64_t>(batch.logit_rows.size());
+  Tensor logits;
+  if (groups_->last_stage()) {  // the parts end to end (gathered by row index: the backends have no plain copy)
+    logits = backend_.alloc(DType::F32, {selected, config_.vocab_size});
+    int64_t at = 0;
+    for (const Tensor& part : parts) {
+      std::vector<int32_t> every_row(static_cast<std::size_t>(part.dim(0)));
+      for (std::size_t r = 0; r < every_row.size(); ++r) every_row[r] = static_cast<int32_t>(r);
+      Tensor rows = logits.view(at * config_.vocab_size, {part.dim(0), config_.vocab_size});
+      backend_.embedding(part, backend_.upload_i32(every_row, {part.dim(0)}), rows);
+      at += part.dim(0);
+    }
+  }
+  return logits_to_first_stage(logits, selected);
+}
+
+void BeamModel::dummy_forward() {
+  require(groups_ != nullptr && groups_->expert && groups_->config.data > 1,
+          "model: a dummy step is for a data-parallel replica under expert parallelism");
+  // The same row count exchange as run()'s, with none here.
+  const int64_t padded_rows = groups_->data->all_reduce_max(0);
+  Tensor h_rows = backend_.alloc(DType::F32, {padded_rows, config_.hidden_size});
+  Tensor branch_rows = backend_.alloc(DType::F32, {padded_rows, config_.hidden_size});
+  backend_.fill_zero(h_rows);
+  for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
+    const Layer& layer = layers_[static_cast<std::size_t>(index)];
+    // Expert parallelism reads and writes only the padded rows (h and branch are for the other MoE paths).
+    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor());
+  }
 }
 
 void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {

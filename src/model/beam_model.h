@@ -52,6 +52,15 @@ class BeamModel {
   // forward() of a batch that validate() has passed.
   Tensor forward_validated(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source,
                            const Tensor& routed_experts = {});
+  // A data-parallel replica with no batch this step, under expert parallelism: joins the other replicas' expert
+  // collectives with no rows of its own (every MoE layer of its stage), as vLLM's dummy batches keep the
+  // all-gather / reduce-scatter of every data-parallel rank in step. Writes no KV.
+  void dummy_forward();
+  // Pipeline micro-batches (--pipeline-parallel-size above 1, ParallelConfig::pipeline_micro_batches): where forward()
+  // splits the batch's sequences into micro-batches of about equal rows, at least kMinMicroBatchRows each, each with a
+  // logit row: {0, ..., sequences}; {0, sequences} for one.
+  static constexpr int64_t kMinMicroBatchRows = 128;
+  std::vector<std::size_t> micro_batch_bounds(const ForwardBatch& batch) const;
 
   // The same in three parts, for recorded steps (runner/decode_graphs.h): what a step reads besides weights and
   // cache, all I32, packed on the host so that it reaches the device in one copy and, for a graph, into the same
@@ -113,6 +122,13 @@ class BeamModel {
   // `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or undefined.
   void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch,
                  Tensor expert_ids);
+  // Pipeline parallelism: the last stage sends run()'s logits ([selected, vocab]) to the first, which samples; other
+  // stages pass theirs (undefined) through.
+  Tensor logits_to_first_stage(Tensor logits, int64_t selected) const;
+  // Sequences [begin, end) of `batch` as a batch of their own (rows and logit rows renumbered).
+  static ForwardBatch sub_batch(const ForwardBatch& batch, std::size_t begin, std::size_t end);
+  // forward() of a validated batch as micro-batches in flight through the stages; its logits in the batch's order.
+  Tensor forward_micro_batches(const ForwardBatch& batch, const std::vector<std::size_t>& bounds, KvCacheView cache);
   // Keeps the choices of this rank's experts, renumbered from 0; the others get weight 0 (expert parallelism).
   void keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const;
   // tensor = its sum over the tensor-parallel group (row-parallel projections' partial sums).

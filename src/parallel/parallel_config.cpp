@@ -8,6 +8,8 @@ void ParallelConfig::validate() const {
   require(tensor >= 1, "--tensor-parallel-size must be at least 1, not {}", tensor);
   require(pipeline >= 1, "--pipeline-parallel-size must be at least 1, not {}", pipeline);
   require(data >= 1, "--data-parallel-size must be at least 1, not {}", data);
+  require(pipeline_micro_batches >= 0, "pipeline micro-batches must be at least 0 (one per stage), not {}",
+          pipeline_micro_batches);
   require(timeout_seconds > 0, "--distributed-timeout-seconds must be positive, not {}", timeout_seconds);
 }
 

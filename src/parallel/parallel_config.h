@@ -13,8 +13,13 @@ struct ParallelConfig {
   int32_t data = 1;              // --data-parallel-size
   bool expert = false;           // --enable-expert-parallel: experts over data x tensor ranks, not split inside
   double timeout_seconds = 600;  // --distributed-timeout-seconds: the longest wait for a peer in one collective
+  // With pipeline parallelism: a step's sequences split into this many micro-batches that follow each other through
+  // the stages, so that the stages work at once (0: one per stage; 1: off). No vLLM flag: vLLM overlaps whole
+  // scheduler batches instead.
+  int32_t pipeline_micro_batches = 0;
 
   int32_t world_size() const { return tensor * pipeline * data; }
+  int32_t micro_batches() const { return pipeline_micro_batches > 0 ? pipeline_micro_batches : pipeline; }
   // Sizes must be >= 1 and the timeout positive; throws naming the flag.
   void validate() const;
 };

@@ -24,6 +24,9 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
   backend_ = create_backend(device);
   groups_ = make_parallel_groups(world, parallel, *backend_);
   load(weights, config);
+  if (groups_->world_rank == 0 && parallel.data > 1)
+    data_parallel_ = std::make_unique<DataParallelSteps>(
+        parallel.data, [this](const ReplicaBatches& plan) { return run_data_parallel_step(plan); });
 }
 
 BeamModelRunner::~BeamModelRunner() {
@@ -113,7 +116,9 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
   }
-  sampler_ = std::make_unique<StepSampler>(*backend_, vocab_size());
+  const bool samples_for_replicas = groups_ != nullptr && groups_->world_rank == 0;
+  const int32_t replicas = samples_for_replicas ? groups_->config.data : 1;
+  for (int32_t r = 0; r < replicas; ++r) samplers_.push_back(std::make_unique<StepSampler>(*backend_, vocab_size()));
 }
 
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
@@ -133,22 +138,23 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
 }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
-  if (groups_ != nullptr) return sampler_->step(launch_distributed(batch), batch.logit_rows.size());
-  const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler_->deferred_source();
+  if (data_parallel_ != nullptr) return launch_replica(0, batch);
+  StepSampler& sampler = *samplers_.front();
+  if (groups_ != nullptr) return sampler.step(launch_distributed(batch), batch.logit_rows.size());
+  const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler.deferred_source();
   Tensor routed_experts;
-  std::unique_ptr<ModelStep> step =
-      sampler_->step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
+  std::unique_ptr<ModelStep> step = sampler.step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
   if (!routed_experts.defined()) return step;
   return std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, routed_experts,
                                              static_cast<int64_t>(batch.tokens.size()));
 }
 
-Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
+ForwardBatch BeamModelRunner::plan_batch(const ForwardBatch& batch, StepSampler& sampler) {
   require(failure_.empty(), "the distributed model stopped after an earlier failure: {}", failure_);
   // The other ranks have no copy of the tokens sampled on this device: they travel in the plan.
   ForwardBatch plan = batch;
   if (!plan.deferred_tokens.empty()) {
-    const std::vector<int32_t> sampled = backend_->download_i32(sampler_->deferred_source());
+    const std::vector<int32_t> sampled = backend_->download_i32(sampler.deferred_source());
     for (const DeferredToken& deferred : plan.deferred_tokens) {
       require(deferred.source >= 0 && deferred.source < static_cast<int32_t>(sampled.size()) && deferred.row >= 0 &&
                   deferred.row < static_cast<int32_t>(plan.tokens.size()),
@@ -162,28 +168,115 @@ Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
   if (checked.logit_rows.empty() && !checked.tokens.empty())
     checked.logit_rows.push_back(static_cast<int32_t>(checked.tokens.size()) - 1);
   model_->validate(checked, *cache_, {});
+  return plan;
+}
+
+void BeamModelRunner::record_failure(const std::string& cause) {
+  failure_ = cause;
+  if (failure_handler_) failure_handler_(failure_);
+}
+
+Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
+  const ReplicaBatches plan{plan_batch(batch, *samplers_.front())};
   try {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    Tensor no_routing;
-    return forward(plan, {}, no_routing);
+    return run_plan(plan);
   } catch (const std::exception& error) {
-    // A batch refused before the broadcast (above) leaves the ranks in step; a failure from here on does not.
-    failure_ = error.what();
-    if (failure_handler_) failure_handler_(failure_);
+    // A batch refused before the broadcast (plan_batch) leaves the ranks in step; a failure from here on does not.
+    record_failure(error.what());
     throw;
   }
 }
 
+namespace {
+
+// A step of one data-parallel replica, sampled while other engine threads run steps and sample: every use of the
+// backend takes the runner's lock.
+class SerializedStep : public ModelStep {
+ public:
+  SerializedStep(std::unique_ptr<ModelStep> step, std::mutex& mutex) : step_(std::move(step)), mutex_(mutex) {}
+  void sample(std::vector<RowSampling> rows) override {
+    std::lock_guard lock(mutex_);
+    step_->sample(std::move(rows));
+  }
+  std::vector<SampledToken> tokens() override {
+    std::lock_guard lock(mutex_);
+    return step_->tokens();
+  }
+  std::vector<float> raw_logits(std::span<const int32_t> rows) override {
+    std::lock_guard lock(mutex_);
+    return step_->raw_logits(rows);
+  }
+
+ private:
+  std::unique_ptr<ModelStep> step_;
+  std::mutex& mutex_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelStep> BeamModelRunner::launch_replica(int32_t replica, const ForwardBatch& batch) {
+  require(data_parallel_ != nullptr && replica >= 0 && replica < groups_->config.data,
+          "launch_replica({}) is for rank 0 of a run with --data-parallel-size {}", replica, data_parallel_size());
+  StepSampler& sampler = *samplers_[static_cast<std::size_t>(replica)];
+  ForwardBatch plan;
+  {
+    std::lock_guard lock(backend_mutex_);
+    plan = plan_batch(batch, sampler);
+  }
+  const Tensor logits = data_parallel_->launch(replica, std::move(plan));
+  std::lock_guard lock(backend_mutex_);
+  return std::make_unique<SerializedStep>(sampler.step(logits, batch.logit_rows.size()), backend_mutex_);
+}
+
+void BeamModelRunner::replica_idle(int32_t replica) {
+  if (data_parallel_ != nullptr) data_parallel_->idle(replica);
+}
+
+std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches& plan) {
+  std::lock_guard lock(backend_mutex_);
+  require(failure_.empty(), "the distributed model stopped after an earlier failure: {}", failure_);
+  try {
+    std::vector<std::byte> message = encode_step_message(&plan);
+    groups_->world->broadcast_bytes(message, 0);
+    std::vector<Tensor> logits(plan.size());
+    logits.front() = run_plan(plan);
+    // Rank 0 samples for every replica: the first rank of each other replica sends its logits (forward()'s rows).
+    for (std::size_t r = 1; r < plan.size(); ++r) {
+      if (!plan[r].has_value() || plan[r]->logit_rows.empty()) continue;
+      logits[r] = backend_->alloc(DType::F32, {static_cast<int64_t>(plan[r]->logit_rows.size()), vocab_size()});
+      groups_->data->recv(logits[r], static_cast<int32_t>(r));
+    }
+    return logits;
+  } catch (const std::exception& error) {
+    record_failure(error.what());
+    throw;
+  }
+}
+
+Tensor BeamModelRunner::run_plan(const ReplicaBatches& plan) {
+  require(static_cast<int32_t>(plan.size()) == groups_->config.data,
+          "step message: a plan for {} data-parallel replicas, and --data-parallel-size is {}", plan.size(),
+          groups_->config.data);
+  const std::optional<ForwardBatch>& batch = plan[static_cast<std::size_t>(groups_->at.data)];
+  Tensor no_routing;
+  if (batch.has_value()) return forward(*batch, {}, no_routing);
+  if (groups_->expert && groups_->config.data > 1) model_->dummy_forward();
+  return {};
+}
+
 void BeamModelRunner::follow() {
   require(groups_ != nullptr && groups_->world_rank != 0, "follow() is for the ranks other than 0");
+  const RankCoordinates at = groups_->at;
   for (;;) {
     std::vector<std::byte> message;
     groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
-    const std::optional<ForwardBatch> batch = decode_step_message(message);
-    if (!batch) return;
-    Tensor no_routing;
-    forward(*batch, {}, no_routing);
+    const std::optional<ReplicaBatches> plan = decode_step_message(message);
+    if (!plan) return;
+    const Tensor logits = run_plan(*plan);
+    // Rank 0 samples for every data-parallel replica (run_data_parallel_step).
+    if (at.data > 0 && at.pipeline == 0 && at.tensor == 0 && logits.defined()) groups_->data->send(logits, 0);
   }
 }
 

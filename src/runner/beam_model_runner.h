@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -16,8 +17,10 @@
 #include "parallel/mpi_world.h"
 #include "parallel/parallel_config.h"
 #include "parallel/parallel_groups.h"
+#include "runner/data_parallel_steps.h"
 #include "runner/decode_graphs.h"
 #include "runner/kv_cache.h"
+#include "runner/step_message.h"
 #include "runner/step_sampler.h"
 #include "spec/block_drafter.h"
 
@@ -32,7 +35,9 @@ class BeamModelRunner : public ModelRunner {
   BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config);
   // One rank of a distributed model (docs/parallel.md): loads this rank's shard of `weights` on the GPU of its local
   // rank, sizes the KV pool to the smallest of all ranks', and runs the steps collectively. Rank 0 is the ModelRunner
-  // the engine drives: launch() broadcasts each step's batch first. Every other rank calls follow().
+  // the engine drives: launch() broadcasts each step's batch first. Every other rank calls follow(). With
+  // --data-parallel-size above 1, rank 0 drives one engine per replica instead, each through launch_replica()
+  // (runner/data_parallel_runner.h), and samples every replica's logits.
   BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config, MpiWorld& world,
                   const ParallelConfig& parallel);
   ~BeamModelRunner() override;  // rank 0 of a distributed run tells the others to stop
@@ -42,6 +47,14 @@ class BeamModelRunner : public ModelRunner {
   // Rank 0: called (on the engine thread) with the cause when a distributed step fails. After that the ranks are out
   // of step, every later launch fails at once, and the caller should stop.
   void on_distributed_failure(std::function<void(const std::string&)> handler) { failure_handler_ = std::move(handler); }
+
+  // Rank 0 of a data-parallel run: the data-parallel replicas, each served by an engine of its own.
+  int32_t data_parallel_size() const { return groups_ == nullptr ? 1 : groups_->config.data; }
+  // launch() for replica `replica`'s engine (any engine thread): the step runs together with the other replicas'
+  // (runner/data_parallel_steps.h), and its logits are sampled here.
+  std::unique_ptr<ModelStep> launch_replica(int32_t replica, const ForwardBatch& batch);
+  // Replica `replica`'s engine waits for work: the other replicas' steps stop waiting for its batch.
+  void replica_idle(int32_t replica);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }
   const KvCacheLayout& kv_layout() const override { return cache_->layout(); }
@@ -67,17 +80,33 @@ class BeamModelRunner : public ModelRunner {
   void load(const BeamWeights& weights, const EngineConfig& config);
   // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it.
   Tensor launch_distributed(const ForwardBatch& batch);
+  // `batch` as the other ranks receive it: its deferred tokens read from `sampler`'s last step; validated. Refuses
+  // after a failure.
+  ForwardBatch plan_batch(const ForwardBatch& batch, StepSampler& sampler);
+  // Rank 0, data parallelism: broadcasts `plan` and runs it; every replica's logits (the others' received from their
+  // first rank).
+  std::vector<Tensor> run_data_parallel_step(const ReplicaBatches& plan);
+  // Every rank: its replica's part of `plan` (its batch, or a dummy step when expert parallelism needs one); the
+  // logits forward() gives.
+  Tensor run_plan(const ReplicaBatches& plan);
+  // After a failure of a collective step: the ranks are out of step from here on.
+  void record_failure(const std::string& cause);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ParallelGroups> groups_;  // null on one process
   std::function<void(const std::string&)> failure_handler_;
   std::string failure_;                     // the first distributed failure, after which launch refuses
+  // Rank 0 with data parallelism: the replicas' combined steps, and the lock that keeps the engine threads' use of
+  // the backend (steps, sampling, failure_) to one at a time.
+  std::unique_ptr<DataParallelSteps> data_parallel_;
+  std::mutex backend_mutex_;
   std::unique_ptr<BeamModel> model_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
   bool capture_routed_experts_ = false;   // --enable-return-routed-experts
-  std::unique_ptr<StepSampler> sampler_;
+  // One per data-parallel replica on rank 0 (each engine's deferred tokens are its own), else one.
+  std::vector<std::unique_ptr<StepSampler>> samplers_;
   int64_t bytes_per_block_ = 0;
   std::unique_ptr<BlockDrafter> drafter_;  // --speculative-config dflash
   // The rows of the last forward step, per sequence: which of them the drafter may keep (commit_draft_context).

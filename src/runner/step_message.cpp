@@ -35,36 +35,7 @@ class Reader {
   std::size_t at_ = 0;
 };
 
-}  // namespace
-
-std::vector<std::byte> encode_step_message(const ForwardBatch* batch) {
-  std::vector<int32_t> words{batch == nullptr ? kStop : kStep};
-  if (batch != nullptr) {
-    auto list = [&](const std::vector<int32_t>& values) {
-      words.push_back(static_cast<int32_t>(values.size()));
-      words.insert(words.end(), values.begin(), values.end());
-    };
-    list(batch->tokens);
-    words.push_back(static_cast<int32_t>(batch->sequences.size()));
-    for (const SequenceSlice& sequence : batch->sequences) {
-      words.insert(words.end(), {sequence.token_begin, sequence.token_end, sequence.context_begin,
-                                 static_cast<int32_t>(sequence.block_tables.size())});
-      for (const std::vector<int32_t>& table : sequence.block_tables) list(table);
-    }
-    list(batch->logit_rows);
-    words.push_back(static_cast<int32_t>(batch->deferred_tokens.size()));
-    for (const DeferredToken& deferred : batch->deferred_tokens) words.insert(words.end(), {deferred.row, deferred.source});
-  }
-  std::vector<std::byte> bytes(words.size() * sizeof(int32_t));
-  std::memcpy(bytes.data(), words.data(), bytes.size());
-  return bytes;
-}
-
-std::optional<ForwardBatch> decode_step_message(std::span<const std::byte> bytes) {
-  Reader reader(bytes);
-  const int32_t kind = reader.next();
-  require(kind == kStep || kind == kStop, "step message: unknown kind {}", kind);
-  if (kind == kStop) return std::nullopt;
+ForwardBatch read_batch(Reader& reader) {
   ForwardBatch batch;
   batch.tokens = reader.list();
   const int32_t sequences = reader.next();
@@ -86,8 +57,59 @@ std::optional<ForwardBatch> decode_step_message(std::span<const std::byte> bytes
     const int32_t row = reader.next();
     batch.deferred_tokens.push_back({row, reader.next()});
   }
-  require(reader.done(), "step message: bytes left after the batch");
   return batch;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_step_message(const ReplicaBatches* plan) {
+  std::vector<int32_t> words{plan == nullptr ? kStop : kStep};
+  auto list = [&](const std::vector<int32_t>& values) {
+    words.push_back(static_cast<int32_t>(values.size()));
+    words.insert(words.end(), values.begin(), values.end());
+  };
+  auto batch_words = [&](const ForwardBatch& batch) {
+    list(batch.tokens);
+    words.push_back(static_cast<int32_t>(batch.sequences.size()));
+    for (const SequenceSlice& sequence : batch.sequences) {
+      words.insert(words.end(), {sequence.token_begin, sequence.token_end, sequence.context_begin,
+                                 static_cast<int32_t>(sequence.block_tables.size())});
+      for (const std::vector<int32_t>& table : sequence.block_tables) list(table);
+    }
+    list(batch.logit_rows);
+    words.push_back(static_cast<int32_t>(batch.deferred_tokens.size()));
+    for (const DeferredToken& deferred : batch.deferred_tokens) words.insert(words.end(), {deferred.row, deferred.source});
+  };
+  if (plan != nullptr) {
+    words.push_back(static_cast<int32_t>(plan->size()));
+    for (const std::optional<ForwardBatch>& batch : *plan) {
+      words.push_back(batch.has_value() ? 1 : 0);
+      if (batch) batch_words(*batch);
+    }
+  }
+  std::vector<std::byte> bytes(words.size() * sizeof(int32_t));
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return bytes;
+}
+
+std::optional<ReplicaBatches> decode_step_message(std::span<const std::byte> bytes) {
+  Reader reader(bytes);
+  const int32_t kind = reader.next();
+  require(kind == kStep || kind == kStop, "step message: unknown kind {}", kind);
+  if (kind == kStop) {
+    require(reader.done(), "step message: bytes left after the stop");
+    return std::nullopt;
+  }
+  const int32_t replicas = reader.next();
+  require(replicas >= 1, "step message: {} data-parallel replicas", replicas);
+  ReplicaBatches plan;
+  for (int32_t r = 0; r < replicas; ++r) {
+    const int32_t present = reader.next();
+    require(present == 0 || present == 1, "step message: replica {} has presence word {}", r, present);
+    plan.push_back(present == 1 ? std::optional<ForwardBatch>(read_batch(reader)) : std::nullopt);
+  }
+  require(reader.done(), "step message: bytes left after the plan");
+  return plan;
 }
 
 }  // namespace beamline

@@ -8,8 +8,8 @@ namespace {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& model_name)
-      : model_label_("model_name=\"" + escape_label_value(model_name) + "\"") {}
+  MetricsWriter(const std::string& model_name, const std::vector<EngineStats>& engines)
+      : model_label_("model_name=\"" + escape_label_value(model_name) + "\""), engines_(engines) {}
 
   void header(const std::string& name, const char* type, const std::string& help) {
     text_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
@@ -25,29 +25,37 @@ class MetricsWriter {
     sample(name, value);
   }
 
-  void counter(const std::string& name, const std::string& help, double value) {
-    header(name, "counter", help);
-    sample(name, value);
+  // One sample per engine, labelled engine="i" as vLLM labels each data-parallel engine's metrics; `value` reads it
+  // from the engine's stats.
+  template <typename Read>
+  void per_engine(const std::string& name, const char* type, const std::string& help, Read value) {
+    header(name, type, help);
+    for (std::size_t e = 0; e < engines_.size(); ++e) sample(name, static_cast<double>(value(engines_[e])), engine(e));
   }
 
-  void histogram(const std::string& name, const std::string& help, const Histogram& histogram) {
+  void histogram(const std::string& name, const std::string& help, Histogram EngineStats::*member) {
     header(name, "histogram", help);
-    uint64_t cumulative = 0;
-    for (std::size_t i = 0; i < histogram.counts.size(); ++i) {
-      cumulative += histogram.counts[i];
-      const std::string bound = i < histogram.bounds.size() ? format_value(histogram.bounds[i]) : "+Inf";
-      sample(name + "_bucket", static_cast<double>(cumulative), "le=\"" + bound + "\"");
+    for (std::size_t e = 0; e < engines_.size(); ++e) {
+      const Histogram& histogram = engines_[e].*member;
+      uint64_t cumulative = 0;
+      for (std::size_t i = 0; i < histogram.counts.size(); ++i) {
+        cumulative += histogram.counts[i];
+        const std::string bound = i < histogram.bounds.size() ? format_value(histogram.bounds[i]) : "+Inf";
+        sample(name + "_bucket", static_cast<double>(cumulative), engine(e) + ",le=\"" + bound + "\"");
+      }
+      sample(name + "_sum", histogram.sum, engine(e));
+      sample(name + "_count", static_cast<double>(histogram.count), engine(e));
     }
-    sample(name + "_sum", histogram.sum);
-    sample(name + "_count", static_cast<double>(histogram.count));
   }
 
+  static std::string engine(std::size_t index) { return fmt::format("engine=\"{}\"", index); }
   std::string take() { return std::move(text_); }
 
  private:
   static std::string format_value(double value) { return fmt::format("{}", value); }
 
   std::string model_label_;
+  const std::vector<EngineStats>& engines_;
   std::string text_;
 };
 
@@ -79,70 +87,82 @@ std::string escape_label_value(const std::string& value) {
   return escaped;
 }
 
-std::string render_metrics(const EngineStats& stats, const std::map<int, uint64_t>& responses_by_status,
+std::string render_metrics(const std::vector<EngineStats>& engines, const std::map<int, uint64_t>& responses_by_status,
                            int64_t active_streams, const std::string& model_name) {
-  MetricsWriter out(model_name);
-  out.gauge("vllm:num_requests_running", "Number of sequences in the running set.", stats.num_running);
-  out.gauge("vllm:num_requests_waiting", "Number of sequences waiting to be scheduled (new or preempted).",
-            stats.num_waiting);
-  out.gauge("vllm:kv_cache_usage_perc", "KV-cache usage: fraction of the pool's blocks referenced (1 = full).",
-            stats.kv_cache_usage);
-  out.counter("vllm:prompt_tokens_total", "Prompt tokens processed.", static_cast<double>(stats.prompt_tokens_total));
-  out.counter("vllm:generation_tokens_total", "Tokens generated.", static_cast<double>(stats.generation_tokens_total));
-  out.counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-              static_cast<double>(stats.prefix_cache_queries_total));
-  out.counter("vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.",
-              static_cast<double>(stats.prefix_cache_hits_total));
-  out.counter("vllm:num_preemptions_total", "Sequences preempted (blocks freed, recomputed later).",
-              static_cast<double>(stats.preemptions_total));
+  MetricsWriter out(model_name, engines);
+  using S = const EngineStats&;
+  out.per_engine("vllm:num_requests_running", "gauge", "Number of sequences in the running set.",
+                 [](S s) { return s.num_running; });
+  out.per_engine("vllm:num_requests_waiting", "gauge", "Number of sequences waiting to be scheduled (new or preempted).",
+                 [](S s) { return s.num_waiting; });
+  out.per_engine("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage: fraction of the pool's blocks referenced (1 = full).",
+                 [](S s) { return s.kv_cache_usage; });
+  out.per_engine("vllm:prompt_tokens_total", "counter", "Prompt tokens processed.",
+                 [](S s) { return s.prompt_tokens_total; });
+  out.per_engine("vllm:generation_tokens_total", "counter", "Tokens generated.",
+                 [](S s) { return s.generation_tokens_total; });
+  out.per_engine("vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+                 [](S s) { return s.prefix_cache_queries_total; });
+  out.per_engine("vllm:prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
+                 [](S s) { return s.prefix_cache_hits_total; });
+  out.per_engine("vllm:num_preemptions_total", "counter", "Sequences preempted (blocks freed, recomputed later).",
+                 [](S s) { return s.preemptions_total; });
 
-  if (!stats.spec_decode_num_accepted_tokens_per_pos.empty()) {  // speculative decoding is on
-    out.counter("vllm:spec_decode_num_drafts_total", "Draft proposals verified (one per sequence and step).",
-                static_cast<double>(stats.spec_decode_num_drafts_total));
-    out.counter("vllm:spec_decode_num_draft_tokens_total", "Draft tokens verified.",
-                static_cast<double>(stats.spec_decode_num_draft_tokens_total));
-    out.counter("vllm:spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
-                static_cast<double>(stats.spec_decode_num_accepted_tokens_total));
+  if (!engines.front().spec_decode_num_accepted_tokens_per_pos.empty()) {  // speculative decoding is on
+    out.per_engine("vllm:spec_decode_num_drafts_total", "counter", "Draft proposals verified (one per sequence and step).",
+                   [](S s) { return s.spec_decode_num_drafts_total; });
+    out.per_engine("vllm:spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.",
+                   [](S s) { return s.spec_decode_num_draft_tokens_total; });
+    out.per_engine("vllm:spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+                   [](S s) { return s.spec_decode_num_accepted_tokens_total; });
     const std::string per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
     out.header(per_pos, "counter", "Draft tokens accepted, by position in the draft.");
-    for (std::size_t i = 0; i < stats.spec_decode_num_accepted_tokens_per_pos.size(); ++i)
-      out.sample(per_pos, static_cast<double>(stats.spec_decode_num_accepted_tokens_per_pos[i]),
-                 fmt::format("position=\"{}\"", i));
+    for (std::size_t e = 0; e < engines.size(); ++e) {
+      const std::vector<uint64_t>& accepted = engines[e].spec_decode_num_accepted_tokens_per_pos;
+      for (std::size_t i = 0; i < accepted.size(); ++i)
+        out.sample(per_pos, static_cast<double>(accepted[i]), MetricsWriter::engine(e) + fmt::format(",position=\"{}\"", i));
+    }
   }
 
   const std::string success = "vllm:request_success_total";
   out.header(success, "counter", "Finished requests by finish reason.");
-  out.sample(success, static_cast<double>(stats.requests_stopped), "finished_reason=\"stop\"");
-  out.sample(success, static_cast<double>(stats.requests_length), "finished_reason=\"length\"");
-  out.sample(success, static_cast<double>(stats.requests_aborted), "finished_reason=\"abort\"");
+  for (std::size_t e = 0; e < engines.size(); ++e) {
+    const EngineStats& stats = engines[e];
+    const std::string engine = MetricsWriter::engine(e);
+    out.sample(success, static_cast<double>(stats.requests_stopped), engine + ",finished_reason=\"stop\"");
+    out.sample(success, static_cast<double>(stats.requests_length), engine + ",finished_reason=\"length\"");
+    out.sample(success, static_cast<double>(stats.requests_aborted), engine + ",finished_reason=\"abort\"");
+  }
 
   out.histogram("vllm:time_to_first_token_seconds", "Time to first token (arrival to first sampled token).",
-                stats.time_to_first_token);
+                &EngineStats::time_to_first_token);
   out.histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
-                stats.inter_token_latency);
+                &EngineStats::inter_token_latency);
   out.histogram("vllm:time_per_output_token_seconds",
                 "Time per output token after the first (the same observations as vllm:inter_token_latency_seconds).",
-                stats.inter_token_latency);
-  out.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", stats.e2e_request_latency);
-  out.histogram("vllm:request_queue_time_seconds", "Time from arrival to first scheduling.", stats.request_queue_time);
+                &EngineStats::inter_token_latency);
+  out.histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", &EngineStats::e2e_request_latency);
+  out.histogram("vllm:request_queue_time_seconds", "Time from arrival to first scheduling.",
+                &EngineStats::request_queue_time);
 
-  out.gauge("beamline:kv_cache_hybrid_saved_bytes",
-            "KV bytes the hybrid layout saves now, over running sequences, against keeping every layer's KV "
-            "(sliding-window layers free blocks that left the window).",
-            static_cast<double>(stats.kv_hybrid_saved_bytes));
-  out.counter("beamline:kv_cache_hybrid_saved_bytes_finished_total",
-              "KV bytes the hybrid layout had saved for each finished sequence at its end, summed.",
-              static_cast<double>(stats.kv_hybrid_saved_bytes_finished_total));
-  out.gauge("beamline:kv_cache_blocks_total", "Blocks in the KV pool.", stats.kv_blocks_total);
-  out.gauge("beamline:kv_cache_blocks_free", "Free KV blocks (including cached but unreferenced ones).",
-            stats.kv_blocks_free);
-  out.gauge("beamline:kv_cache_bytes", "Bytes of the KV pool.", static_cast<double>(stats.kv_cache_bytes));
-  out.gauge("beamline:kv_cache_token_capacity", "Token positions of full-attention KV the pool holds.",
-            static_cast<double>(stats.kv_token_capacity));
-  out.counter("beamline:request_failed_total", "Requests that ended with an engine error.",
-              static_cast<double>(stats.requests_failed));
-  out.counter("beamline:engine_steps_total", "Engine steps (batched forward passes).",
-              static_cast<double>(stats.steps_total));
+  out.per_engine("beamline:kv_cache_hybrid_saved_bytes", "gauge",
+                 "KV bytes the hybrid layout saves now, over running sequences, against keeping every layer's KV "
+                 "(sliding-window layers free blocks that left the window).",
+                 [](S s) { return s.kv_hybrid_saved_bytes; });
+  out.per_engine("beamline:kv_cache_hybrid_saved_bytes_finished_total", "counter",
+                 "KV bytes the hybrid layout had saved for each finished sequence at its end, summed.",
+                 [](S s) { return s.kv_hybrid_saved_bytes_finished_total; });
+  out.per_engine("beamline:kv_cache_blocks_total", "gauge", "Blocks in the KV pool.",
+                 [](S s) { return s.kv_blocks_total; });
+  out.per_engine("beamline:kv_cache_blocks_free", "gauge", "Free KV blocks (including cached but unreferenced ones).",
+                 [](S s) { return s.kv_blocks_free; });
+  out.per_engine("beamline:kv_cache_bytes", "gauge", "Bytes of the KV pool.", [](S s) { return s.kv_cache_bytes; });
+  out.per_engine("beamline:kv_cache_token_capacity", "gauge", "Token positions of full-attention KV the pool holds.",
+                 [](S s) { return s.kv_token_capacity; });
+  out.per_engine("beamline:request_failed_total", "counter", "Requests that ended with an engine error.",
+                 [](S s) { return s.requests_failed; });
+  out.per_engine("beamline:engine_steps_total", "counter", "Engine steps (batched forward passes).",
+                 [](S s) { return s.steps_total; });
   out.gauge("beamline:http_streams_active", "Streaming responses in progress.", static_cast<double>(active_streams));
   const std::string responses = "beamline:http_responses_total";
   out.header(responses, "counter", "HTTP responses by status code.");

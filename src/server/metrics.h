@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/engine_stats.h"
 
@@ -24,7 +25,9 @@ class HttpCounters {
   std::map<int, uint64_t> by_status_;
 };
 
-std::string render_metrics(const EngineStats& stats, const std::map<int, uint64_t>& responses_by_status,
+// The engines' metrics carry an `engine` label (their index: data-parallel replicas), as vLLM's do; the HTTP counts
+// are the front end's. `engines` must not be empty.
+std::string render_metrics(const std::vector<EngineStats>& engines, const std::map<int, uint64_t>& responses_by_status,
                            int64_t active_streams, const std::string& model_name);
 
 // Label values escaped as the text format requires (backslash, double quote, newline).

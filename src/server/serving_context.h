@@ -1,10 +1,10 @@
 #pragma once
-// What every endpoint needs: the engine, the tokenizer, the checkpoint's Harmony template, the served name.
+// What every endpoint needs: the engines (one per data-parallel replica, behind one client), the tokenizer, the checkpoint's Harmony template, the served name.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/engine_client.h"
 #include "engine/generation_config.h"
 #include "harmony/harmony_template.h"
 #include "structured/grammar_cache.h"
@@ -12,7 +12,7 @@
 namespace beamline::server {
 
 struct ServingContext {
-  Engine& engine;
+  EngineClient& engine;
   const Tokenizer& tokenizer;
   harmony::HarmonyTemplate harmony_template;
   std::vector<TokenId> harmony_stop_ids;  // the template's stop tokens: end of an assistant turn

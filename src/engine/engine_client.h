@@ -1,0 +1,49 @@
+#pragma once
+// What the HTTP server talks to (vLLM's EngineClient): the engines of the data-parallel replicas (one without
+// --data-parallel-size), each with its own scheduler and KV cache, behind one front end. A new request goes to the
+// engine with the fewest unfinished requests (ties: the next in turn), as vLLM's data-parallel load balancer does;
+// control calls (pause, resume, between-steps tasks, shutdown) reach every engine. Thread-safe as Engine is.
+#include <functional>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace beamline {
+
+class EngineClient {
+ public:
+  // At least one engine; engine 0's config, vocabulary and tokenizer stand for all (they serve the same model).
+  explicit EngineClient(std::vector<std::unique_ptr<Engine>> engines);
+  ~EngineClient();  // shutdown(ShutdownMode::Abort), the engines in reverse order
+
+  // Engine::add_request on the least loaded engine.
+  std::shared_ptr<OutputStream> add_request(GenerationRequest request);
+  // Every engine ignores ids it does not hold, so the one that holds it aborts it.
+  void abort(const std::string& request_id);
+  void shutdown(ShutdownMode mode);
+  // Every engine at once; returns when all are paused (with Wait: drained).
+  void pause(PauseMode mode);
+  void resume();
+  bool paused() const { return engines_.front()->paused(); }
+  // On every engine in turn (each between two of its steps).
+  void run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task);
+  std::string weight_version() const { return engines_.front()->weight_version(); }
+  void set_weight_version(const std::string& version);
+
+  // One snapshot per engine, engine 0 first (/metrics labels them engine="0", ...).
+  std::vector<EngineStats> stats() const;
+  const EngineConfig& config() const { return engines_.front()->config(); }
+  int32_t vocab_size() const { return engines_.front()->vocab_size(); }
+  const Tokenizer* tokenizer() const { return engines_.front()->tokenizer(); }
+  std::size_t num_engines() const { return engines_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<Engine>> engines_;
+  std::mutex next_mutex_;
+  std::size_t next_ = 0;  // where the search for the least loaded engine starts: ties go round
+};
+
+}  // namespace beamline
