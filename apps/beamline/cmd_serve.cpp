@@ -242,6 +242,10 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   harmony::HarmonyTemplate harmony_template = harmony::HarmonyTemplate::for_model(model_dir);
   std::vector<TokenId> harmony_stop_ids = harmony_template.stop_token_ids(*tokenizer);
   Engine engine(options.engine, std::move(runner), tokenizer, generation.eos_token_ids);
+  for (const EngineConfig::LoraModulePath& module : options.engine.lora_modules) {
+    engine.load_lora_adapter(module.name, module.path);
+    spdlog::info("LoRA adapter '{}' loaded from {}", module.name, module.path);
+  }
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
   GrammarCache grammars(*tokenizer, kGrammarCacheEntries);

@@ -189,7 +189,7 @@ class ChatStream : public SseResponder {
 }  // namespace
 
 ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
-  check_model(body, context.model_name);
+  const std::string lora_name = requested_model_lora(body, context);
   reject_unsupported_fields(body, Endpoint::ChatCompletions);
   ChatPlan plan;
   plan.stream = read_stream_options(body);
@@ -237,6 +237,7 @@ ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
   // The Harmony parser reads token ids; the engine's text is needed only to find stop strings.
   plan.request.detokenize = !sampling.stop.empty();
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  plan.request.lora_name = lora_name;
   plan.request.grammar = chat_grammar(body, tool_choice, context);
   plan.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   return plan;
