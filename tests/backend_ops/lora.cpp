@@ -18,11 +18,12 @@
 namespace beamline::backend_ops {
 namespace {
 
-// Each row's adapter: -1 (none) about one row in four, else one of `adapters`.
+// Each row's adapter: every fourth row none (-1), the others one of `adapters` at random (the first row always has
+// one, so that a one-row case checks the adapter path).
 std::vector<int32_t> random_indices(std::mt19937_64& rng, int64_t rows, int64_t adapters) {
   std::vector<int32_t> indices(static_cast<std::size_t>(rows));
-  for (auto& index : indices)
-    index = rng() % 4 == 0 ? -1 : static_cast<int32_t>(rng() % static_cast<uint64_t>(adapters));
+  for (std::size_t t = 0; t < indices.size(); ++t)
+    indices[t] = t % 4 == 3 ? -1 : static_cast<int32_t>(rng() % static_cast<uint64_t>(adapters));
   return indices;
 }
 
