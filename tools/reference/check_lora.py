@@ -50,7 +50,7 @@ def main():
     parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         model = os.path.join(scratch, "tiny")
@@ -72,7 +72,8 @@ def main():
         k = 3
         server = Server(args.beamline, model, args.device,
                         ["--enable-lora", "--max-lora-rank", "8", "--lora-modules",
-                         f"ad={os.path.join(scratch, 'adapter')}", "--max-num-batched-tokens", "16"])
+                         f"ad={os.path.join(scratch, 'adapter')}", "--max-num-batched-tokens", "16",
+                         "--max-num-seqs", "8"])
         try:
             for name, weights in (("ad", merged), ("tiny", tensors)):
                 status, reply = post(server.base, "/v1/completions",
