@@ -90,12 +90,12 @@ harmony::Pieces tool_call_prefill(const ToolChoice& choice, const harmony::Harmo
   return pieces;
 }
 
-Json chunk_json(const std::string& id, const ServingContext& context, int64_t created, Json choices,
-                bool include_usage) {
+Json chunk_json(const std::string& id, const ServingContext& context, const std::string& model, int64_t created,
+                Json choices, bool include_usage) {
   Json chunk = {{"id", id},
                 {"object", "chat.completion.chunk"},
                 {"created", created},
-                {"model", context.model_name},
+                {"model", model},
                 {"choices", std::move(choices)}};
   if (include_usage) chunk["usage"] = nullptr;
   chunk[kWeightVersionField] = context.engine.weight_version();
@@ -143,7 +143,7 @@ class ChatStream : public SseResponder {
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
     if (!delta.finished) return events;
     if (plan_.stream.include_usage) {
-      Json usage_chunk = chunk_json(id_, context_, created_, Json::array(), false);
+      Json usage_chunk = chunk_json(id_, context_, response_model(context_, plan_.request), created_, Json::array(), false);
       usage_chunk["usage"] = usage_json(delta.usage);
       events += sse_event(usage_chunk);
     }
@@ -176,7 +176,8 @@ class ChatStream : public SseResponder {
       choice[kRoutedExpertsField] = routed_experts_base64(routed_from->pending_routed_experts);
       routed_from->pending_routed_experts.clear();
     }
-    return sse_event(chunk_json(id_, context_, created_, Json::array({std::move(choice)}), plan_.stream.include_usage));
+    return sse_event(chunk_json(id_, context_, response_model(context_, plan_.request), created_,
+                                Json::array({std::move(choice)}), plan_.stream.include_usage));
   }
 
   std::string id_;
@@ -321,7 +322,7 @@ Json chat_completion_response(const std::string& id, const ServingContext& conte
   return Json{{"id", id},
               {"object", "chat.completion"},
               {"created", unix_seconds_now()},
-              {"model", context.model_name},
+              {"model", response_model(context, plan.request)},
               {"choices", std::move(choices)},
               {"usage", usage_json(output.usage)},
               {kWeightVersionField, context.engine.weight_version()}};

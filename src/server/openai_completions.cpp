@@ -118,7 +118,7 @@ class CompletionStream : public SseResponder {
     return Json{{"id", id_},
                 {"object", "text_completion"},
                 {"created", created_},
-                {"model", context_.model_name},
+                {"model", response_model(context_, plan_.request)},
                 {"choices", std::move(choices)}};
   }
 
@@ -228,7 +228,7 @@ Json completion_response(const std::string& id, const ServingContext& context, c
   return Json{{"id", id},
               {"object", "text_completion"},
               {"created", unix_seconds_now()},
-              {"model", context.model_name},
+              {"model", response_model(context, plans.front().request)},
               {"choices", std::move(choices)},
               {"usage", usage_json(usage)},
               {kWeightVersionField, context.engine.weight_version()}};

@@ -26,6 +26,11 @@ std::string check_model(const Json& body, const std::string& served_model_name,
 // check_model against the context's served name and the engine's loaded adapters.
 std::string requested_model_lora(const Json& body, const ServingContext& context);
 
+// The `model` a response reports: the LoRA adapter the request named (as vLLM reports it), else the served model.
+inline const std::string& response_model(const ServingContext& context, const GenerationRequest& request) {
+  return request.lora_name.empty() ? context.model_name : request.lora_name;
+}
+
 StreamOptions read_stream_options(const Json& body);
 
 // 400 for fields that change what the answer must be but that this server cannot honour

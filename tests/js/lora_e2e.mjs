@@ -82,6 +82,7 @@ async function greedy(name, prompt) {
   const reply = await postJson(server.base, '/v1/completions',
     { model: name, prompt, max_tokens: 6, temperature: 0, logprobs: 0, return_token_ids: true });
   assert.equal(reply.status, 200, reply.text);
+  assert.equal(reply.json.model, name);  // vLLM reports the adapter's name
   return { ids: reply.json.choices[0].token_ids, logprobs: reply.json.choices[0].logprobs.token_logprobs };
 }
 const prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [11, 12, 13], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52]];
@@ -105,6 +106,7 @@ test('a request chooses its adapter by model; the adapter changes the answer', a
   const chat = await postJson(server.base, '/v1/chat/completions',
     { model: 'a1', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 });
   assert.equal(chat.status, 200, chat.text);
+  assert.equal(chat.json.model, 'a1');
 });
 
 test('load, use and unload with vLLM\'s bodies; concurrent adapters equal each alone', async () => {
