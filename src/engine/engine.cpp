@@ -46,7 +46,6 @@ std::shared_ptr<OutputStream> Engine::add_request(GenerationRequest request) {
         throw InvalidRequest("model", fmt::format("no LoRA adapter '{}' is loaded", request.lora_name));
       request.lora_slot = lora->second.slot;
       request.lora_id = lora->second.id;
-      request_lora_slots_[request.request_id] = request.lora_slot;
     }
     in_flight_ids_.insert(request.request_id);
     new_requests_.emplace_back(std::move(request), stream);
@@ -155,22 +154,27 @@ void Engine::unload_lora_adapter(const std::string& name) {
     if (lora == loras_.end() || !lora->second.ready)
       throw InvalidRequest("lora_name", fmt::format("the LoRA adapter '{}' cannot be found", name));
     slot = lora->second.slot;
-    // Requests keep their adapter's slot until they end; ended ones leave in_flight_ids_.
-    std::size_t users = 0;
-    for (auto it = request_lora_slots_.begin(); it != request_lora_slots_.end();) {
-      if (!in_flight_ids_.contains(it->first)) {
-        it = request_lora_slots_.erase(it);
-        continue;
-      }
-      users += it->second == slot ? 1 : 0;
-      ++it;
-    }
-    if (users > 0)
-      throw InvalidRequest("lora_name",
-                           fmt::format("the LoRA adapter '{}' is used by {} request(s) in flight", name, users));
-    lora->second.ready = false;  // no request can name it from here on; the slot stays taken until it is emptied
+    lora->second.ready = false;  // no new request can name it; the slot stays taken until it is emptied
   }
-  run_between_steps([slot](EngineCore&, ModelRunner& runner) { runner.unload_lora_adapter(slot); });
+  // On the engine thread the requests that resolved the name are in the core, held, or still in the inbox; a request
+  // whose last tokens its client has read is out of the core by then.
+  try {
+    run_between_steps([this, slot, &name](EngineCore& core, ModelRunner& runner) {
+      std::size_t users = core.uses_lora_slot(slot) ? 1 : 0;
+      for (const auto& entry : held_) users += entry.first.lora_slot == slot ? 1 : 0;
+      {
+        std::lock_guard lock(inbox_mutex_);
+        for (const auto& entry : new_requests_) users += entry.first.lora_slot == slot ? 1 : 0;
+      }
+      if (users > 0)
+        throw InvalidRequest("lora_name", fmt::format("the LoRA adapter '{}' is used by requests in flight", name));
+      runner.unload_lora_adapter(slot);
+    });
+  } catch (...) {
+    std::lock_guard lock(inbox_mutex_);
+    loras_[name].ready = true;
+    throw;
+  }
   std::lock_guard lock(inbox_mutex_);
   loras_.erase(name);
 }

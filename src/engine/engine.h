@@ -119,7 +119,6 @@ class Engine {
     bool ready = false;  // false while loading: the slot is taken, requests cannot name it yet
   };
   std::map<std::string, LoadedLora> loras_;           // under inbox_mutex_
-  std::unordered_map<std::string, int32_t> request_lora_slots_;  // in-flight request id -> slot, under inbox_mutex_
   uint64_t next_lora_id_ = 1;                         // under inbox_mutex_
   bool accepting_ = true;
   bool stopping_ = false;

@@ -144,6 +144,11 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
   requests_.emplace(r.request_id, std::move(state));
 }
 
+bool EngineCore::uses_lora_slot(int32_t slot) const {
+  return std::any_of(requests_.begin(), requests_.end(),
+                     [slot](const auto& entry) { return entry.second->request.lora_slot == slot; });
+}
+
 SampleOutput& EngineCore::pending_sample(SampleState& sample) {
   RequestState& request = *sample.request;
   if (!request.has_pending) {

@@ -343,6 +343,14 @@ TEST_F(LoraEngineTest, LoadAndUnloadRules) {
   const std::vector<int32_t> prompt = prompt_tokens(20, 5);
   EXPECT_EQ(result_of(*e->add_request(request("p1", "a1", prompt))).logprobs,
             result_of(*e->add_request(request("p3", "a3", prompt))).logprobs);
+  // An adapter that a request in flight uses stays (the request is held where it is by a pause meanwhile).
+  e->pause(PauseMode::Keep);
+  const std::shared_ptr<OutputStream> held = e->add_request(request("held", "a3", prompt));
+  EXPECT_EQ(param_of([&] { e->unload_lora_adapter("a3"); }), "lora_name");
+  e->resume();
+  EXPECT_EQ(result_of(*held).logprobs, result_of(*e->add_request(request("p3b", "a3", prompt))).logprobs);
+  e->unload_lora_adapter("a3");
+  EXPECT_EQ(e->lora_adapters().size(), 1u);
 }
 
 }  // namespace
