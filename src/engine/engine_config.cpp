@@ -44,7 +44,7 @@ void EngineConfig::validate() const {
 
 EngineConfig::LoraModulePath parse_lora_module(std::string_view text) {
   EngineConfig::LoraModulePath module;
-  if (text.starts_with("{")) {  // vLLM's JSON form; base_model_name is accepted and must be the served model
+  if (text.starts_with("{")) {  // vLLM's JSON form; its base_model_name is not needed (one model is served)
     nlohmann::json json;
     try {
       json = nlohmann::json::parse(text);
