@@ -250,6 +250,10 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   for (std::unique_ptr<ModelRunner>& replica : runners)
     engines.push_back(std::make_unique<Engine>(options.engine, std::move(replica), tokenizer, generation.eos_token_ids));
   EngineClient engine(std::move(engines));
+  for (const EngineConfig::LoraModulePath& module : options.engine.lora_modules) {
+    engine.load_lora_adapter(module.name, module.path);
+    spdlog::info("LoRA adapter '{}' loaded from {}", module.name, module.path);
+  }
 
   const std::string name = options.served_model_name.empty() ? model_dir.filename().string() : options.served_model_name;
   GrammarCache grammars(*tokenizer, kGrammarCacheEntries);

@@ -58,6 +58,12 @@ void Backend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Te
   rms_norm(residual, next_weight, eps, out);
 }
 
+void Backend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                       const SwigluLora& lora, Tensor& out) {
+  (void)h, (void)expert_ids, (void)expert_weights, (void)moe, (void)lora, (void)out;
+  fail("moe_lora: LoRA on MLP and expert projections is not implemented on the {} backend (docs/lora.md)", name());
+}
+
 Tensor Backend::upload_f32(std::span<const float> host, std::vector<int64_t> shape) {
   Tensor tensor = upload(host.data(), DType::F32, std::move(shape));
   require(static_cast<std::size_t>(tensor.numel()) == host.size(), "upload_f32: {} values for shape {}",

@@ -45,6 +45,23 @@ struct MoeTensors {
   std::shared_ptr<void> packed;
 };
 
+// LoRA adapters of one projection (docs/lora.md), stacked: adapter i is y += b[i] (a[i] x), a [N, R, in] and
+// b [N, out, R] F32, R the largest rank served (--max-lora-rank; a smaller adapter's extra rows of a and columns of b
+// are zero) and its scale (lora_alpha / r) already multiplied into b. Undefined when no loaded adapter targets the
+// projection.
+struct LoraTensors {
+  Tensor a, b;
+  bool defined() const { return a.defined(); }
+};
+
+// LoRA on the three projections of a SwiGLU MLP: of each routed expert (MoE LoRA) or of a dense MLP (one expert).
+// Token t's rows through expert e use adapter row_adapters[t] * experts + e of each defined projection, where
+// row_adapters I32 [T] holds the adapter slot of each token (-1: none) and `experts` is MoeTensors::experts.size().
+struct SwigluLora {
+  LoraTensors gate, up, down;
+  Tensor row_adapters;
+};
+
 struct RouterParams {
   int32_t n_group = 1;
   int32_t topk_group = 1;
@@ -228,6 +245,14 @@ class Backend {
   // out[t] = sum_j expert_weights[t, j] * SwiGLU_{expert_ids[t, j]}(h[t]), summed in j order. h, out [T, H].
   virtual void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
                    Tensor& out) = 0;
+  // moe() with LoRA on the experts' projections (SwigluLora): inside each expert, gate(h), up(h) and down(a) each add
+  // b (a x) of the row's adapter. Default: an Error naming the backend (the cpu backend has it).
+  virtual void moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                        const SwigluLora& lora, Tensor& out);
+  // Gathered LoRA (punica's BGMV): y[t] += lora.b[i] (lora.a[i] x[t]) with i = indices[t], for every row whose
+  // index is >= 0 (rows with -1 are left as they are). x [T, in] F32, indices I32 [T] in [-1, N), y [T, out] F32;
+  // the rank-R intermediate is summed in FP32 before b is applied.
+  virtual void lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) = 0;
   // out = down(silu(gate(h)) * up(h)). h, out [T, H].
   virtual void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) = 0;
   // logits[i] = softcap * tanh((rms(x[rows[i]], norm) headᵀ) / softcap) (no cap when softcap <= 0).

@@ -118,4 +118,21 @@ int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows,
   return max_logprobs;
 }
 
+int64_t check_lora_args(const Tensor& x, const LoraTensors& lora, const Tensor& indices, const Tensor& y) {
+  require(lora.a.rank() == 3 && lora.b.rank() == 3, "lora: a {} and b {} must be [N, R, in] and [N, out, R]",
+          describe(lora.a), describe(lora.b));
+  const int64_t adapters = lora.a.dim(0), rank = lora.a.dim(1), in = lora.a.dim(2), out = lora.b.dim(1);
+  require_dtype(lora.a, DType::F32, "lora", "a");
+  require_dtype(lora.b, DType::F32, "lora", "b");
+  require_shape(lora.b, {adapters, out, rank}, "lora", "b");
+  require(x.rank() == 2, "lora: x {} must be [T, {}]", describe(x), in);
+  require_dtype(x, DType::F32, "lora", "x");
+  require_dtype(y, DType::F32, "lora", "y");
+  require_dtype(indices, DType::I32, "lora", "indices");
+  require_shape(x, {x.dim(0), in}, "lora", "x");
+  require_shape(y, {x.dim(0), out}, "lora", "y");
+  require_shape(indices, {x.dim(0)}, "lora", "indices");
+  return adapters;
+}
+
 }  // namespace beamline

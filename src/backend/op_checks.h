@@ -22,6 +22,8 @@ void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pair
 // sample's logits [R, V] F32, each row's settings (logit_row, ranges), output shapes and dtypes. Returns K,
 // the most logprobs any row asks for (-1 when none asks).
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out);
+// lora's a [N, R, in] and b [N, out, R] F32, x [T, in] and y [T, out] F32, indices I32 [T]. Returns N.
+int64_t check_lora_args(const Tensor& x, const LoraTensors& lora, const Tensor& indices, const Tensor& y);
 // mask_logits' logits [R, V] F32, allowed I32 [N, W >= ceil(V / 32)], one row in [0, R) per mask.
 void check_mask_logits_args(const Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed);
 

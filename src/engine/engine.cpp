@@ -37,9 +37,17 @@ std::shared_ptr<OutputStream> Engine::add_request(GenerationRequest request) {
   {
     std::lock_guard lock(inbox_mutex_);
     require(accepting_, "the engine is shutting down and takes no new requests");
-    if (!in_flight_ids_.insert(request.request_id).second) {
+    if (in_flight_ids_.contains(request.request_id)) {
       throw InvalidRequest("request_id", fmt::format("request id '{}' is already in flight", request.request_id));
     }
+    if (!request.lora_name.empty()) {
+      const auto lora = loras_.find(request.lora_name);
+      if (lora == loras_.end() || !lora->second.ready)
+        throw InvalidRequest("model", fmt::format("no LoRA adapter '{}' is loaded", request.lora_name));
+      request.lora_slot = lora->second.slot;
+      request.lora_id = lora->second.id;
+    }
+    in_flight_ids_.insert(request.request_id);
     new_requests_.emplace_back(std::move(request), stream);
   }
   inbox_ready_.notify_one();
@@ -114,6 +122,74 @@ void Engine::run_between_steps(std::function<void(EngineCore& core, ModelRunner&
   }
   inbox_ready_.notify_one();
   done.get();
+}
+
+void Engine::load_lora_adapter(const std::string& name, const std::string& path) {
+  if (!config_.enable_lora) throw InvalidRequest("lora_name", "LoRA adapters need the server to run with --enable-lora");
+  if (name.empty()) throw InvalidRequest("lora_name", "lora_name must not be empty");
+  int32_t slot = 0;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    if (loras_.contains(name))
+      throw InvalidRequest("lora_name", fmt::format("the LoRA adapter '{}' has already been loaded", name));
+    std::vector<bool> taken(static_cast<std::size_t>(config_.max_loras), false);
+    for (const auto& [other, lora] : loras_) taken[static_cast<std::size_t>(lora.slot)] = true;
+    while (slot < config_.max_loras && taken[static_cast<std::size_t>(slot)]) ++slot;
+    if (slot == config_.max_loras)
+      throw InvalidRequest("lora_name", fmt::format("{} LoRA adapters are loaded, the most --max-loras {} allows; unload "
+                                                    "one first", loras_.size(), config_.max_loras));
+    loras_[name] = LoadedLora{path, slot, next_lora_id_++, false};
+  }
+  try {
+    run_between_steps([slot, path](EngineCore&, ModelRunner& runner) { runner.load_lora_adapter(slot, path); });
+  } catch (const std::exception& error) {
+    std::lock_guard lock(inbox_mutex_);
+    loras_.erase(name);
+    throw InvalidRequest("lora_path", error.what());
+  }
+  std::lock_guard lock(inbox_mutex_);
+  loras_[name].ready = true;
+}
+
+void Engine::unload_lora_adapter(const std::string& name) {
+  int32_t slot = 0;
+  {
+    std::lock_guard lock(inbox_mutex_);
+    const auto lora = loras_.find(name);
+    if (lora == loras_.end() || !lora->second.ready)
+      throw InvalidRequest("lora_name", fmt::format("the LoRA adapter '{}' cannot be found", name));
+    slot = lora->second.slot;
+    lora->second.ready = false;  // no new request can name it; the slot stays taken until it is emptied
+  }
+  // On the engine thread the requests that resolved the name are in the core, held, or still in the inbox; a request
+  // whose last tokens its client has read is out of the core by then.
+  try {
+    run_between_steps([this, slot, &name](EngineCore& core, ModelRunner& runner) {
+      std::size_t users = core.uses_lora_slot(slot) ? 1 : 0;
+      for (const auto& entry : held_) users += entry.first.lora_slot == slot ? 1 : 0;
+      {
+        std::lock_guard lock(inbox_mutex_);
+        for (const auto& entry : new_requests_) users += entry.first.lora_slot == slot ? 1 : 0;
+      }
+      if (users > 0)
+        throw InvalidRequest("lora_name", fmt::format("the LoRA adapter '{}' is used by requests in flight", name));
+      runner.unload_lora_adapter(slot);
+    });
+  } catch (...) {
+    std::lock_guard lock(inbox_mutex_);
+    loras_[name].ready = true;
+    throw;
+  }
+  std::lock_guard lock(inbox_mutex_);
+  loras_.erase(name);
+}
+
+std::vector<Engine::LoraAdapter> Engine::lora_adapters() const {
+  std::lock_guard lock(inbox_mutex_);
+  std::vector<LoraAdapter> adapters;
+  for (const auto& [name, lora] : loras_)
+    if (lora.ready) adapters.push_back({name, lora.path});
+  return adapters;
 }
 
 std::string Engine::weight_version() const {

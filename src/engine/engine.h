@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <future>
 #include <cstdint>
 #include <memory>
@@ -74,6 +75,18 @@ class Engine {
   // Requests added and not yet ended (vLLM's get_num_unfinished_requests): what data-parallel load balancing
   // compares (engine/engine_client.h). Current, unlike stats().
   int64_t num_unfinished_requests() const;
+  // LoRA adapters (--enable-lora, docs/lora.md); thread-safe. load_lora_adapter reads and checks the PEFT adapter in
+  // `path` and puts it in a free slot between steps; requests name it by `name` (GenerationRequest::lora_name) once
+  // it returns. Errors (InvalidRequest naming lora_name or lora_path): LoRA off, a name already loaded, every slot of
+  // --max-loras taken, what the adapter's files break (file, key, tensor). unload_lora_adapter: an unknown name, or
+  // requests in flight that use it.
+  struct LoraAdapter {
+    std::string name, path;
+  };
+  void load_lora_adapter(const std::string& name, const std::string& path);
+  void unload_lora_adapter(const std::string& name);
+  std::vector<LoraAdapter> lora_adapters() const;  // loaded, in name order
+
   // A snapshot taken by the engine thread: at most ~50 ms old while busy, current when idle.
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }  // resolved: max_model_len and block_size filled in
@@ -102,6 +115,14 @@ class Engine {
   std::condition_variable drained_;                   // scheduling_ went from Draining to Paused
   std::atomic<bool> paused_{false};
   std::string weight_version_ = "0";                  // under inbox_mutex_
+  struct LoadedLora {
+    std::string path;
+    int32_t slot = 0;
+    uint64_t id = 0;
+    bool ready = false;  // false while loading: the slot is taken, requests cannot name it yet
+  };
+  std::map<std::string, LoadedLora> loras_;           // under inbox_mutex_
+  uint64_t next_lora_id_ = 1;                         // under inbox_mutex_
   bool accepting_ = true;
   bool stopping_ = false;
   ShutdownMode shutdown_mode_ = ShutdownMode::Drain;

@@ -60,6 +60,21 @@ void EngineClient::set_weight_version(const std::string& version) {
   for (const auto& engine : engines_) engine->set_weight_version(version);
 }
 
+void EngineClient::load_lora_adapter(const std::string& name, const std::string& path) {
+  for (std::size_t e = 0; e < engines_.size(); ++e) {
+    try {
+      engines_[e]->load_lora_adapter(name, path);
+    } catch (...) {
+      for (std::size_t loaded = 0; loaded < e; ++loaded) engines_[loaded]->unload_lora_adapter(name);
+      throw;
+    }
+  }
+}
+
+void EngineClient::unload_lora_adapter(const std::string& name) {
+  for (const auto& engine : engines_) engine->unload_lora_adapter(name);
+}
+
 std::vector<EngineStats> EngineClient::stats() const {
   std::vector<EngineStats> all;
   for (const auto& engine : engines_) all.push_back(engine->stats());

@@ -32,6 +32,10 @@ class EngineClient {
   void run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task);
   std::string weight_version() const { return engines_.front()->weight_version(); }
   void set_weight_version(const std::string& version);
+  // LoRA adapters on every engine (Engine::load_lora_adapter); an engine that refuses leaves none holding it.
+  void load_lora_adapter(const std::string& name, const std::string& path);
+  void unload_lora_adapter(const std::string& name);
+  std::vector<Engine::LoraAdapter> lora_adapters() const { return engines_.front()->lora_adapters(); }
 
   // One snapshot per engine, engine 0 first (/metrics labels them engine="0", ...).
   std::vector<EngineStats> stats() const;

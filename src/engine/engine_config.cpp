@@ -1,6 +1,7 @@
 #include "engine/engine_config.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cctype>
 #include <charconv>
@@ -8,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "util/error.h"
+#include "util/json_fields.h"
 
 namespace beamline {
 
@@ -32,6 +34,35 @@ void EngineConfig::validate() const {
   // A draft's rows route tokens that may be rejected; their positions would be routed again.
   require(!enable_return_routed_experts || !speculative.enabled(),
           "--enable-return-routed-experts with --speculative-config is not supported");
+  require(max_loras >= 1, "--max-loras must be at least 1 (got {})", max_loras);
+  require(max_lora_rank >= 1, "--max-lora-rank must be at least 1 (got {})", max_lora_rank);
+  require(enable_lora || lora_modules.empty(), "--lora-modules needs --enable-lora");
+  require(static_cast<int64_t>(lora_modules.size()) <= max_loras,
+          "--lora-modules names {} adapters, more than --max-loras {}", lora_modules.size(), max_loras);
+  require(!enable_lora || !speculative.enabled(), "--enable-lora with --speculative-config is not supported");
+}
+
+EngineConfig::LoraModulePath parse_lora_module(std::string_view text) {
+  EngineConfig::LoraModulePath module;
+  if (text.starts_with("{")) {  // vLLM's JSON form; its base_model_name is not needed (one model is served)
+    nlohmann::json json;
+    try {
+      json = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& error) {
+      fail("--lora-modules: invalid JSON {}: {}", text, error.what());
+    }
+    const json_fields::Location where("--lora-modules", "");
+    json_fields::expect_object(json, where);
+    module.name = json_fields::required_string(json, "name", where);
+    module.path = json_fields::required_string(json, "path", where);
+  } else {
+    const std::size_t equals = text.find('=');
+    require(equals != std::string_view::npos && equals > 0 && equals + 1 < text.size(),
+            "--lora-modules: '{}' is not name=path or a JSON object", text);
+    module.name = std::string(text.substr(0, equals));
+    module.path = std::string(text.substr(equals + 1));
+  }
+  return module;
 }
 
 int64_t parse_byte_size(std::string_view text, std::string_view flag) {
@@ -116,6 +147,20 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
   command.add_flag("--enable-return-routed-experts", config.enable_return_routed_experts,
                    "Routing replay: capture the router's top-k expert ids of every MoE layer, returned to requests "
                    "that set return_routed_experts (SGLang's names; docs/rl.md)");
+  command.add_flag("--enable-lora", config.enable_lora,
+                   "Serve LoRA adapters (PEFT), chosen per request by model name, also on the experts (docs/lora.md)");
+  command.add_option("--max-loras", config.max_loras, "LoRA adapters loaded at once (each in its own slot)")
+      ->capture_default_str();
+  command.add_option("--max-lora-rank", config.max_lora_rank, "The largest LoRA rank served")->capture_default_str();
+  command
+      .add_option_function<std::vector<std::string>>(
+          "--lora-modules",
+          [&config](const std::vector<std::string>& modules) {
+            for (const std::string& module : modules) config.lora_modules.push_back(parse_lora_module(module));
+          },
+          "LoRA adapters to load at start: name=path ... or vLLM's JSON '{\"name\": .., \"path\": ..}'")
+      ->type_name("NAME=PATH")
+      ->expected(1, -1);
   command.add_flag("--batch-invariant", config.batch_invariant,
                    "Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's tokens and logprobs are bit-identical "
                    "whatever shares its batch; the cpu backend always is, cuda refuses the flag (docs/rl.md)");

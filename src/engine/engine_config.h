@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "engine/logprobs_mode.h"
 #include "spec/speculative_config.h"
@@ -39,10 +40,22 @@ struct EngineConfig {
   SpeculativeConfig speculative;          // --speculative-config: draft tokens verified per step (engine_core.h)
   bool enable_return_routed_experts = false;  // --enable-return-routed-experts: capture the router's choices (docs/rl.md)
   bool batch_invariant = false;           // --batch-invariant: a row's results never depend on its batch (docs/rl.md)
+  // LoRA (docs/lora.md), vLLM's flags: --enable-lora, --max-loras (adapters loaded at once, each in its slot),
+  // --max-lora-rank, --lora-modules (adapters loaded at start).
+  bool enable_lora = false;
+  int32_t max_loras = 1;
+  int64_t max_lora_rank = 16;
+  struct LoraModulePath {
+    std::string name, path;
+  };
+  std::vector<LoraModulePath> lora_modules;
 
   // Throws beamline::Error naming the flag of the first bad value.
   void validate() const;
 };
+
+// One --lora-modules value: name=path, or vLLM's JSON {"name", "path", "base_model_name"}. Error naming the flag.
+EngineConfig::LoraModulePath parse_lora_module(std::string_view text);
 
 // Registers the flags above on `command`, writing into `config`.
 void add_engine_options(CLI::App& command, EngineConfig& config);

@@ -125,7 +125,10 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
     sequence.id = next_sequence_id_++;
     sequence.tokens = r.prompt;
     sequence.num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
-    sequence.cache_salt = r.cache_salt;
+    // Blocks computed with an adapter hold other K/V than the base model's or another adapter's: the key tells them
+    // apart (tagged, so that no client salt can spell another's key).
+    sequence.cache_salt = r.lora_id == 0 ? "base:" + r.cache_salt : fmt::format("lora {}:{}", r.lora_id, r.cache_salt);
+    sequence.lora_slot = r.lora_slot;
     sequence.prompt_logprobs = r.sampling.prompt_logprobs.has_value();
     sequence.skip_prefix_cache = r.return_routed_experts || sequence.prompt_logprobs;
     if (i > 0 && config_.enable_prefix_caching && !sequence.skip_prefix_cache)
@@ -141,6 +144,11 @@ void EngineCore::add_request(GenerationRequest request, std::shared_ptr<OutputSt
   }
   counters_.prompt_tokens_total += r.prompt.size();
   requests_.emplace(r.request_id, std::move(state));
+}
+
+bool EngineCore::uses_lora_slot(int32_t slot) const {
+  return std::any_of(requests_.begin(), requests_.end(),
+                     [slot](const auto& entry) { return entry.second->request.lora_slot == slot; });
 }
 
 SampleOutput& EngineCore::pending_sample(SampleState& sample) {

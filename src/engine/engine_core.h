@@ -47,6 +47,8 @@ class EngineCore {
   void abort_request(const std::string& request_id);
   std::vector<std::string> abort_all();  // returns the ids that ended
   bool has_work() const { return scheduler_.has_work() || in_flight_ != nullptr; }
+  // Some request it holds (running, waiting or preempted) uses this LoRA adapter slot (GenerationRequest::lora_slot).
+  bool uses_lora_slot(int32_t slot) const;
   // One step; returns the ids of the requests that ended in it.
   std::vector<std::string> step();
   // Finishes the step launched ahead (--async-scheduling), launching none: afterwards no step is in flight and the

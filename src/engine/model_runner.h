@@ -117,6 +117,17 @@ class ModelRunner {
   virtual void load_weights_from_disk(const std::filesystem::path& dir) {
     fail("{}: this model runner cannot load new weights", dir.string());
   }
+
+  // LoRA (--enable-lora, docs/lora.md), between steps with none in flight: reads the PEFT adapter in `dir`, checks it
+  // against the model (Error naming the file and key or tensor) and puts it in `slot` (0 .. --max-loras - 1), which
+  // the rows of sequences with SequenceSlice::lora_slot == slot use from the next step. After a failure the slot is
+  // not used until a load into it succeeds.
+  virtual void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) {
+    (void)slot;
+    fail("{}: this model runner does not serve LoRA adapters", dir.string());
+  }
+  // The slot's adapter is no longer needed (no sequence uses it).
+  virtual void unload_lora_adapter(int32_t slot) { (void)slot; }
 };
 
 }  // namespace beamline

@@ -27,6 +27,12 @@ struct GenerationRequest {
   // the experts every computed token was routed to (SampleOutput::routed_experts). The prompt is then computed, not
   // read from the prefix cache.
   bool return_routed_experts = false;
+  // LoRA (docs/lora.md): the adapter's name ("": the base model). Engine::add_request resolves it to the adapter's
+  // slot and load id (-1 and 0 for none), which keep the request on that adapter even if the name is unloaded and
+  // loaded again meanwhile.
+  std::string lora_name;
+  int32_t lora_slot = -1;
+  uint64_t lora_id = 0;
 };
 
 // A request the engine refuses; `param` names the offending field (OpenAI's error.param).

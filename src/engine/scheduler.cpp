@@ -131,6 +131,7 @@ void Scheduler::build_batch(StepPlan& plan) const {
     slice.token_end = static_cast<int32_t>(batch.tokens.size());
     slice.context_begin = sequence.num_computed_tokens;
     slice.block_tables = kv_.block_tables(sequence.id);
+    slice.lora_slot = sequence.lora_slot;
     batch.sequences.push_back(std::move(slice));
     if (sequence.num_computed_tokens + scheduled.num_new_tokens == sequence.num_tokens()) {
       // The last real token's row and one per draft token: row j predicts the token after draft j - 1.

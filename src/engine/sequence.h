@@ -16,7 +16,8 @@ struct Sequence {
   std::vector<TokenId> tokens;       // prompt, then generated tokens
   int32_t num_prompt_tokens = 0;
   int32_t num_computed_tokens = 0;   // positions whose K/V are in the cache
-  std::string cache_salt;
+  std::string cache_salt;            // the prefix-cache key: the request's cache_salt and LoRA adapter
+  int32_t lora_slot = -1;            // the LoRA adapter's slot its rows use (SequenceSlice::lora_slot)
   // n > 1 with prefix caching: admitted only after this sibling has computed (and cached) the prompt, so
   // the samples share the prompt's blocks instead of each computing them.
   const Sequence* prompt_leader = nullptr;

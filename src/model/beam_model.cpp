@@ -1,8 +1,11 @@
 #include "model/beam_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 
 #include "util/counter_random.h"
 #include "util/error.h"
@@ -155,6 +158,8 @@ void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache, const Ten
             sequence.token_begin, sequence.token_end, expected_begin);
     expected_begin = sequence.token_end;
     require(sequence.context_begin >= 0, "forward batch: sequence {} has context_begin {}", s, sequence.context_begin);
+    require(sequence.lora_slot >= -1 && sequence.lora_slot < max_loras_,
+            "forward batch: sequence {} asks for LoRA slot {} of {} (--max-loras)", s, sequence.lora_slot, max_loras_);
     require(static_cast<int32_t>(sequence.block_tables.size()) == layout.num_groups(),
             "forward batch: sequence {} has {} block tables for {} KV groups", s, sequence.block_tables.size(),
             layout.num_groups());
@@ -270,6 +275,13 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
   // the inputs, so that a recorded graph needs no upload of its own).
   if (!capture_layers_.empty())
     for (int32_t r = 0; r < static_cast<int32_t>(inputs.rows); ++r) packed.push_back(r);
+  if (max_loras_ > 0) {
+    for (const SequenceSlice& sequence : batch.sequences) {
+      packed.insert(packed.end(), static_cast<std::size_t>(sequence.token_end - sequence.token_begin), sequence.lora_slot);
+      inputs.any_lora = inputs.any_lora || sequence.lora_slot >= 0;
+    }
+    packed.insert(packed.end(), static_cast<std::size_t>(padding), -1);
+  }
   return inputs;
 }
 
@@ -293,6 +305,7 @@ void BeamModel::upload(StepInputs& inputs) const {
   for (int64_t width : inputs.table_widths) inputs.block_tables.push_back(next({sequences, width}));
   inputs.logit_rows = next({inputs.selected});
   if (!capture_layers_.empty()) inputs.capture_rows = next({rows});
+  if (max_loras_ > 0) inputs.row_adapters = next({rows});
   require(at == total, "step inputs: {} packed values, {} used", total, at);
 }
 
@@ -361,6 +374,9 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     const std::array<const LinearTensors*, 3> qkv_weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> qkv{&q, &k, &v};
     backend_.linear_many(h, qkv_weights, qkv);
+    apply_lora(layer.lora.q, h, inputs, q);
+    apply_lora(layer.lora.k, h, inputs, k);
+    apply_lora(layer.lora.v, h, inputs, v);
     if (layer.sliding) {
       const auto theta = static_cast<float>(config.rope_theta);
       backend_.rope(q, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
@@ -374,13 +390,18 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     backend_.write_kv(k, v, cache.pool, params.slot, table, attention_batch);
     backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
+    apply_lora(layer.lora.o, attention, inputs, branch);
     reduce_tensor_parallel(branch);
     backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
                                     layer.pre_feedforward_norm, h);
+    const std::optional<SwigluLora> mlp_lora = step_mlp_lora(layer, inputs);
     if (layer.moe) {
       moe_block(layer, h_rows, branch_rows, h, branch,
-                routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor());
+                routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor(),
+                mlp_lora ? &*mlp_lora : nullptr);
       ++moe_index;
+    } else if (mlp_lora) {
+      dense_mlp_lora(layer, h, *mlp_lora, branch);
     } else {
       backend_.swiglu(h, layer.mlp, branch);
       reduce_tensor_parallel(branch);
@@ -525,14 +546,17 @@ void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {
 }
 
 void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,
-                          Tensor& branch, Tensor expert_ids) {
+                          Tensor& branch, Tensor expert_ids, const SwigluLora* lora) {
   const RouterParams router = router_params(config_);
   const int64_t top_k = config_.num_experts_per_tok;
   if (groups_ == nullptr || !groups_->expert) {  // every expert here, whole or split by its intermediate
     if (!expert_ids.defined()) expert_ids = backend_.alloc(DType::I32, {h.dim(0), top_k});
     Tensor expert_weights = backend_.alloc(DType::F32, {h.dim(0), top_k});
     backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
-    backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
+    if (lora != nullptr)
+      backend_.moe_lora(h, expert_ids, expert_weights, layer.experts, *lora, branch);
+    else
+      backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
     reduce_tensor_parallel(branch);
     return;
   }
@@ -572,6 +596,112 @@ void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) con
 
 void BeamModel::reduce_tensor_parallel(Tensor& tensor) const {
   if (groups_ != nullptr && groups_->config.tensor > 1) groups_->tensor->all_reduce_sum(tensor);
+}
+
+void BeamModel::enable_lora(int32_t max_loras, int64_t max_rank) {
+  require(groups_ == nullptr, "--enable-lora: LoRA on a distributed (TP/PP/EP) model is not implemented");
+  require(max_loras >= 1 && max_rank >= 1, "--enable-lora: --max-loras {} and --max-lora-rank {} must be at least 1",
+          max_loras, max_rank);
+  max_loras_ = max_loras;
+  max_lora_rank_ = max_rank;
+  for (Layer& layer : layers_)
+    if (!layer.moe) layer.lora.dense.experts = {layer.mlp};
+}
+
+LoraTensors& BeamModel::lora_tensors(Layer& layer, LoraProjection projection) {
+  switch (projection) {
+    case LoraProjection::Q: return layer.lora.q;
+    case LoraProjection::K: return layer.lora.k;
+    case LoraProjection::V: return layer.lora.v;
+    case LoraProjection::O: return layer.lora.o;
+    case LoraProjection::Gate: return layer.lora.mlp.gate;
+    case LoraProjection::Up: return layer.lora.mlp.up;
+    case LoraProjection::Down: return layer.lora.mlp.down;
+  }
+  fail("lora: unknown projection");
+}
+
+void BeamModel::load_lora(int32_t slot, const LoraWeights& adapter) {
+  require(slot >= 0 && slot < max_loras_, "lora: slot {} outside the {} of --max-loras", slot, max_loras_);
+  const int64_t max_rank = max_lora_rank_;
+  // The adapter's modules by (layer, projection), checked against the model.
+  std::map<std::pair<int64_t, LoraProjection>, std::vector<const LoraModule*>> by_projection;
+  for (const LoraModule& module : adapter.modules) {
+    const std::string name = module.expert >= 0 ? fmt::format("layer {} expert {} {}", module.layer, module.expert,
+                                                              lora_projection_name(module.projection))
+                                                : fmt::format("layer {} {}", module.layer,
+                                                              lora_projection_name(module.projection));
+    require(module.layer >= 0 && module.layer < static_cast<int64_t>(layers_.size()), "lora: {}: no such layer", name);
+    const Layer& layer = layers_[static_cast<std::size_t>(module.layer)];
+    const bool mlp = module.projection >= LoraProjection::Gate;
+    require(module.expert < 0 || (mlp && layer.moe &&
+                                  module.expert < static_cast<int64_t>(layer.experts.experts.size())),
+            "lora: {}: the layer has no such expert", name);
+    require(!mlp || layer.moe == (module.expert >= 0), "lora: {}: the layer's MLP is {}", name,
+            layer.moe ? "routed experts" : "dense");
+    require(module.rank >= 1 && module.rank <= max_rank, "lora: {}: rank {} above --max-lora-rank {}", name,
+            module.rank, max_rank);
+    require(static_cast<int64_t>(module.a.size()) == module.rank * module.in &&
+                static_cast<int64_t>(module.b.size()) == module.out * module.rank,
+            "lora: {}: A holds {} values and B {}, for rank {}, in {}, out {}", name, module.a.size(), module.b.size(),
+            module.rank, module.in, module.out);
+    by_projection[{module.layer, module.projection}].push_back(&module);
+  }
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = layers_[i];
+    for (LoraProjection projection : kLoraProjections) {
+      LoraTensors& tensors = lora_tensors(layer, projection);
+      const auto found = by_projection.find({static_cast<int64_t>(i), projection});
+      const bool experts = layer.moe && projection >= LoraProjection::Gate;
+      const int64_t count = experts ? static_cast<int64_t>(layer.experts.experts.size()) : 1;
+      if (!tensors.defined()) {
+        if (found == by_projection.end()) continue;
+        const LoraModule& first = *found->second.front();
+        tensors.a = backend_.alloc(DType::F32, {max_loras_ * count, max_rank, first.in});
+        tensors.b = backend_.alloc(DType::F32, {max_loras_ * count, first.out, max_rank});
+        backend_.fill_zero(tensors.a);
+        backend_.fill_zero(tensors.b);
+      }
+      // The slot's block of every allocated projection is written, zeros where this adapter has no module, so that
+      // nothing of the slot's previous adapter stays.
+      const int64_t in = tensors.a.dim(2), out = tensors.b.dim(1);
+      std::vector<float> a(static_cast<std::size_t>(count * max_rank * in), 0.0f);
+      std::vector<float> b(static_cast<std::size_t>(count * out * max_rank), 0.0f);
+      if (found != by_projection.end()) {
+        for (const LoraModule* module : found->second) {
+          require(module->in == in && module->out == out, "lora: layer {} {}: [{}, {}] where the model has [{}, {}]", i,
+                  lora_projection_name(projection), module->out, module->in, out, in);
+          const int64_t e = std::max<int64_t>(module->expert, 0);
+          for (int64_t r = 0; r < module->rank; ++r)
+            std::copy_n(module->a.begin() + r * in, in, a.begin() + (e * max_rank + r) * in);
+          for (int64_t o = 0; o < out; ++o)
+            std::copy_n(module->b.begin() + o * module->rank, module->rank, b.begin() + (e * out + o) * max_rank);
+        }
+      }
+      Tensor a_block = tensors.a.view(slot * count * max_rank * in, {count, max_rank, in});
+      Tensor b_block = tensors.b.view(slot * count * out * max_rank, {count, out, max_rank});
+      backend_.copy_to(a_block, a.data());
+      backend_.copy_to(b_block, b.data());
+    }
+  }
+}
+
+void BeamModel::apply_lora(const LoraTensors& lora, const Tensor& x, const StepInputs& inputs, Tensor& y) {
+  if (inputs.any_lora && lora.defined()) backend_.lora(x, lora, inputs.row_adapters, y);
+}
+
+std::optional<SwigluLora> BeamModel::step_mlp_lora(const Layer& layer, const StepInputs& inputs) const {
+  if (!inputs.any_lora || !layer.lora.mlp_defined()) return std::nullopt;
+  SwigluLora lora = layer.lora.mlp;
+  lora.row_adapters = inputs.row_adapters;
+  return lora;
+}
+
+void BeamModel::dense_mlp_lora(const Layer& layer, const Tensor& h, const SwigluLora& lora, Tensor& branch) {
+  const int64_t rows = h.dim(0);
+  const Tensor expert = backend_.upload_i32(std::vector<int32_t>(static_cast<std::size_t>(rows), 0), {rows, 1});
+  const Tensor weight = backend_.upload_f32(std::vector<float>(static_cast<std::size_t>(rows), 1.0f), {rows, 1});
+  backend_.moe_lora(h, expert, weight, layer.lora.dense, lora, branch);
 }
 
 }  // namespace beamline

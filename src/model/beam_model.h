@@ -1,10 +1,12 @@
 #pragma once
 // The Beam forward pass (docs/model-format.md §4), written once against the Backend op set.
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/lora_weights.h"
 #include "model/model_shard.h"
 #include "model/weights.h"
 #include "kv/kv_cache_layout.h"
@@ -75,6 +77,10 @@ class BeamModel {
     Tensor tokens, logit_rows;
     std::vector<Tensor> block_tables;
     Tensor capture_rows;          // with capture_hidden_after: I32 [rows], 0..rows-1
+    // LoRA: each row's adapter slot (-1: none), packed after the logit rows when LoRA is enabled; any_lora: some row
+    // has one (otherwise no LoRA op runs).
+    Tensor row_adapters;
+    bool any_lora = false;
   };
   // The inputs of a validated batch. `pad_sequences` > the batch's sequences appends one-token sequences at
   // position 0 with no blocks (their rows compute NaN and write nothing) whose rows follow in the logit rows;
@@ -96,6 +102,15 @@ class BeamModel {
   // The MoE layers (routing replay's second axis), in layer order.
   int64_t num_moe_layers() const;
 
+  // LoRA (docs/lora.md): room for `max_loras` adapters of rank up to `max_rank`, one per slot, which each sequence of a
+  // step picks by SequenceSlice::lora_slot. Once, before the first step; not for a distributed model.
+  void enable_lora(int32_t max_loras, int64_t max_rank);
+  int32_t max_loras() const { return max_loras_; }
+  // Puts `adapter` in `slot`, replacing what was there (between steps). A projection's stacked adapters are allocated
+  // (zeroed) when the first adapter that adapts it arrives. Error naming the module for one the model lacks, a rank
+  // above max_rank or a wrong size; then the slot must not be used until a load succeeds.
+  void load_lora(int32_t slot, const LoraWeights& adapter);
+
   // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
   // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
   // in that order (a recorded decode graph writes its own buffer: runner/decode_graphs.h hands it out). Empty (the
@@ -108,6 +123,15 @@ class BeamModel {
   const LinearTensors& lm_head() const { return lm_head_; }
 
  private:
+  // A layer's stacked LoRA adapters (slot-major; the MLP's slot * experts + expert), undefined until some adapter
+  // adapts the projection. A dense MLP takes moe_lora as one expert (`dense`) routed with weight 1.
+  struct LayerLora {
+    LoraTensors q, k, v, o;
+    SwigluLora mlp;
+    MoeTensors dense;
+    bool mlp_defined() const { return mlp.gate.defined() || mlp.up.defined() || mlp.down.defined(); }
+  };
+
   struct Layer {
     Tensor input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
     LinearTensors q, k, v, o;
@@ -115,13 +139,24 @@ class BeamModel {
     bool moe = false;
     SwigluTensors mlp;  // dense layers
     MoeTensors experts; // MoE layers
+    LayerLora lora;
   };
+
+  // The projection's stacked adapters in `layer`.
+  static LoraTensors& lora_tensors(Layer& layer, LoraProjection projection);
+  // y += the LoRA of the step's rows (nothing when none has an adapter or none adapts this projection).
+  void apply_lora(const LoraTensors& lora, const Tensor& x, const StepInputs& inputs, Tensor& y);
+  // The SwiGLU of a dense layer over h into branch, with its rows' LoRA: moe_lora with one expert of weight 1.
+  void dense_mlp_lora(const Layer& layer, const Tensor& h, const SwigluLora& lora, Tensor& branch);
+  // The layer's MLP adapters with the step's row slots, when a row of the step may need them; nullopt otherwise.
+  std::optional<SwigluLora> step_mlp_lora(const Layer& layer, const StepInputs& inputs) const;
 
   // The MoE block of one layer: routed experts over h into branch, with the collectives of the parallel layout.
   // `h_rows`/`branch_rows` are h and branch padded to the largest batch of the data-parallel group.
   // `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or undefined.
+  // `lora`: the experts' adapters for this step (step_mlp_lora), or null.
   void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch,
-                 Tensor expert_ids);
+                 Tensor expert_ids, const SwigluLora* lora);
   // Pipeline parallelism: the last stage sends run()'s logits ([selected, vocab]) to the first, which samples; other
   // stages pass theirs (undefined) through.
   Tensor logits_to_first_stage(Tensor logits, int64_t selected) const;
@@ -143,6 +178,8 @@ class BeamModel {
   LinearTensors lm_head_;
   std::vector<Layer> layers_;
   std::vector<int64_t> capture_layers_;
+  int32_t max_loras_ = 0;
+  int64_t max_lora_rank_ = 0;
   Tensor captured_;
 };
 

@@ -17,6 +17,8 @@ struct SequenceSlice {
   // block_tables[group][i] = pool block holding positions [i*block_size, (i+1)*block_size) (or kNullBlock);
   // covers at least context_begin + (token_end - token_begin) positions.
   std::vector<std::vector<int32_t>> block_tables;
+  // The LoRA adapter slot its rows use (BeamModel::load_lora; docs/lora.md), -1 for none.
+  int32_t lora_slot = -1;
 };
 
 // A token row whose id the host does not know yet (overlapped scheduling, --async-scheduling): the previous step

@@ -6,6 +6,7 @@
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
+#include "checkpoint/lora_adapter.h"
 #include "checkpoint/shard_weights.h"
 #include "runner/routed_experts_step.h"
 #include "runner/step_message.h"
@@ -78,6 +79,13 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
                  config.speculative.model, drafter.num_hidden_layers, fmt::join(drafter.target_layer_ids, ", "),
                  drafter.block_size, drafter.sliding_window);
   }
+  if (config.enable_lora) {
+    model_->enable_lora(config.max_loras, config.max_lora_rank);
+    max_loras_ = config.max_loras;
+    max_lora_rank_ = config.max_lora_rank;
+    spdlog::info("LoRA: {} adapter slots of rank up to {}; steps run op by op (no recorded decode graphs)",
+                 max_loras_, max_lora_rank_);
+  }
   const int32_t block_size = config.block_size > 0 ? config.block_size : default_block_size(model_config);
 
   // The size of one block, measured on a one-block pool rather than restating the storage layout here.
@@ -110,7 +118,8 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
   // With a drafter the graphs also write the hidden states it reads; its steps with drafts (several rows per
   // sequence) run op by op, its plain decode steps (adaptive verification's choice when drafts do not pay) replay.
-  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
+  // LoRA steps read each row's adapter slot, which the recorded graphs' inputs do not carry yet.
+  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr && !config.enable_lora) {
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs, capture_routed_experts_);
     graph_max_num_seqs_ = config.max_num_seqs;
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
@@ -128,6 +137,10 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   const BeamWeights weights = load_weight_update(dir, model_->config());
   // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
   auto model = std::make_unique<BeamModel>(weights, *backend_);
+  if (max_loras_ > 0) {  // the adapters served stay: they are loaded into the new model too
+    model->enable_lora(max_loras_, max_lora_rank_);
+    for (const auto& [slot, adapter] : lora_adapters_) model->load_lora(slot, adapter);
+  }
   backend_->synchronize();
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
@@ -136,6 +149,22 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
   spdlog::info("loaded new weights from {}", dir.string());
 }
+
+void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::path& dir) {
+  require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
+  lora_adapters_.erase(slot);
+  LoraWeights adapter = load_peft_adapter(dir, model_->config(), max_lora_rank_);
+  if (backend_->device() != Device::Cpu)
+    for (const LoraModule& module : adapter.modules)
+      require(module.projection < LoraProjection::Gate,
+              "{}: LoRA on {} (layer {}) needs moe_lora, which the {} backend does not have yet; serve this adapter on "
+              "the cpu backend or adapt attention only (docs/lora.md)",
+              dir.string(), lora_projection_name(module.projection), module.layer, backend_->name());
+  model_->load_lora(slot, adapter);
+  lora_adapters_.emplace(slot, std::move(adapter));
+}
+
+void BeamModelRunner::unload_lora_adapter(int32_t slot) { lora_adapters_.erase(slot); }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
   if (data_parallel_ != nullptr) return launch_replica(0, batch);

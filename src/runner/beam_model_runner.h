@@ -4,6 +4,7 @@
 // one fits) and sampling on the same backend (runner/step_sampler.h).
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,7 @@
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "model/beam_model.h"
+#include "model/lora_weights.h"
 #include "model/weights.h"
 #include "parallel/mpi_world.h"
 #include "parallel/parallel_config.h"
@@ -63,6 +65,8 @@ class BeamModelRunner : public ModelRunner {
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
   void load_weights_from_disk(const std::filesystem::path& dir) override;
+  void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) override;
+  void unload_lora_adapter(int32_t slot) override;
   bool has_drafter() const override { return drafter_ != nullptr; }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
@@ -116,6 +120,10 @@ class BeamModelRunner : public ModelRunner {
   };
   std::vector<StepRows> last_step_rows_;
   Tensor last_captured_;  // the hidden states of the last step for the drafter (BeamModel::captured_hidden)
+  // --enable-lora: the adapters in the slots, kept on the host to load them again into new weights.
+  int32_t max_loras_ = 0;
+  int64_t max_lora_rank_ = 0;
+  std::map<int32_t, LoraWeights> lora_adapters_;
 };
 
 }  // namespace beamline

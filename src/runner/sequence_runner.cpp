@@ -33,6 +33,7 @@ std::vector<float> SequenceRunner::step(std::span<const int32_t> tokens, bool al
   slice.token_end = static_cast<int32_t>(count);
   slice.context_begin = static_cast<int32_t>(length_);
   slice.block_tables = blocks_.prepare(length_, length_ + count);
+  slice.lora_slot = lora_slot_;
   batch.sequences.push_back(std::move(slice));
   if (all_positions) {
     for (int32_t row = 0; row < static_cast<int32_t>(count); ++row) batch.logit_rows.push_back(row);

@@ -21,6 +21,9 @@ class SequenceRunner {
   // middle pipeline stage of a distributed model.
   std::vector<float> step(std::span<const int32_t> tokens, bool all_positions);
 
+  // The LoRA adapter slot the sequence's rows use from the next step (BeamModel::load_lora), -1 for none.
+  void set_lora_slot(int32_t slot) { lora_slot_ = slot; }
+
   int64_t length() const { return length_; }
   const KvCache& cache() const { return cache_; }
   int32_t blocks_in_use() const { return blocks_.blocks_in_use(); }
@@ -31,6 +34,7 @@ class SequenceRunner {
   KvCache cache_;
   SingleSequenceBlocks blocks_;
   int64_t length_ = 0;
+  int32_t lora_slot_ = -1;
 };
 
 }  // namespace beamline

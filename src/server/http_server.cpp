@@ -10,6 +10,7 @@
 
 #include "server/auth.h"
 #include "server/connection_threads.h"
+#include "server/lora_endpoints.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/openai_responses.h"
@@ -118,6 +119,14 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
   http_->Post("/detokenize", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response,
             [&] { response.set_content(dump_json(detokenize_response(parse_body(request.body), context_)), kJson); });
+  });
+  http_->Post("/v1/load_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response,
+            [&] { response.set_content(load_lora_adapter(parse_body(request.body), context_), "text/plain"); });
+  });
+  http_->Post("/v1/unload_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
+    guarded(request, response,
+            [&] { response.set_content(unload_lora_adapter(parse_body(request.body), context_), "text/plain"); });
   });
   http_->Get("/version", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(request, response,
@@ -418,7 +427,9 @@ void ApiServer::models(httplib::Response& response) const {
                       {"root", context_.model_name},
                       {"parent", nullptr},
                       {"max_model_len", context_.engine.config().max_model_len}};
-  response.set_content(dump_json(Json{{"object", "list"}, {"data", Json::array({model})}}), kJson);
+  Json data = Json::array({model});
+  for (Json& card : lora_model_cards(context_)) data.push_back(std::move(card));
+  response.set_content(dump_json(Json{{"object", "list"}, {"data", std::move(data)}}), kJson);
 }
 
 void ApiServer::metrics(httplib::Response& response) const {

@@ -90,12 +90,12 @@ harmony::Pieces tool_call_prefill(const ToolChoice& choice, const harmony::Harmo
   return pieces;
 }
 
-Json chunk_json(const std::string& id, const ServingContext& context, int64_t created, Json choices,
-                bool include_usage) {
+Json chunk_json(const std::string& id, const ServingContext& context, const std::string& model, int64_t created,
+                Json choices, bool include_usage) {
   Json chunk = {{"id", id},
                 {"object", "chat.completion.chunk"},
                 {"created", created},
-                {"model", context.model_name},
+                {"model", model},
                 {"choices", std::move(choices)}};
   if (include_usage) chunk["usage"] = nullptr;
   chunk[kWeightVersionField] = context.engine.weight_version();
@@ -143,7 +143,7 @@ class ChatStream : public SseResponder {
     if (delta.error) return events + sse_error(internal_error("generation failed: " + *delta.error));
     if (!delta.finished) return events;
     if (plan_.stream.include_usage) {
-      Json usage_chunk = chunk_json(id_, context_, created_, Json::array(), false);
+      Json usage_chunk = chunk_json(id_, context_, response_model(context_, plan_.request), created_, Json::array(), false);
       usage_chunk["usage"] = usage_json(delta.usage);
       events += sse_event(usage_chunk);
     }
@@ -176,7 +176,8 @@ class ChatStream : public SseResponder {
       choice[kRoutedExpertsField] = routed_experts_base64(routed_from->pending_routed_experts);
       routed_from->pending_routed_experts.clear();
     }
-    return sse_event(chunk_json(id_, context_, created_, Json::array({std::move(choice)}), plan_.stream.include_usage));
+    return sse_event(chunk_json(id_, context_, response_model(context_, plan_.request), created_,
+                                Json::array({std::move(choice)}), plan_.stream.include_usage));
   }
 
   std::string id_;
@@ -189,7 +190,7 @@ class ChatStream : public SseResponder {
 }  // namespace
 
 ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
-  check_model(body, context.model_name);
+  const std::string lora_name = requested_model_lora(body, context);
   reject_unsupported_fields(body, Endpoint::ChatCompletions);
   ChatPlan plan;
   plan.stream = read_stream_options(body);
@@ -237,6 +238,7 @@ ChatPlan plan_chat_completion(const Json& body, const ServingContext& context) {
   // The Harmony parser reads token ids; the engine's text is needed only to find stop strings.
   plan.request.detokenize = !sampling.stop.empty();
   plan.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  plan.request.lora_name = lora_name;
   plan.request.grammar = chat_grammar(body, tool_choice, context);
   plan.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   return plan;
@@ -320,7 +322,7 @@ Json chat_completion_response(const std::string& id, const ServingContext& conte
   return Json{{"id", id},
               {"object", "chat.completion"},
               {"created", unix_seconds_now()},
-              {"model", context.model_name},
+              {"model", response_model(context, plan.request)},
               {"choices", std::move(choices)},
               {"usage", usage_json(output.usage)},
               {kWeightVersionField, context.engine.weight_version()}};

@@ -118,7 +118,7 @@ class CompletionStream : public SseResponder {
     return Json{{"id", id_},
                 {"object", "text_completion"},
                 {"created", created_},
-                {"model", context_.model_name},
+                {"model", response_model(context_, plan_.request)},
                 {"choices", std::move(choices)}};
   }
 
@@ -156,7 +156,7 @@ class CompletionStream : public SseResponder {
 }  // namespace
 
 std::vector<CompletionPlan> plan_completions(const Json& body, const ServingContext& context) {
-  check_model(body, context.model_name);
+  const std::string lora_name = requested_model_lora(body, context);
   reject_unsupported_fields(body, Endpoint::Completions);
   CompletionPlan common;
   common.stream = read_stream_options(body);
@@ -171,6 +171,7 @@ std::vector<CompletionPlan> plan_completions(const Json& body, const ServingCont
   common.request.return_routed_experts = optional_bool(body, "return_routed_experts").value_or(false);
   common.request.detokenize = true;
   common.request.cache_salt = optional_string(body, "cache_salt").value_or("");
+  common.request.lora_name = lora_name;
   common.request.grammar = completion_grammar(body, context);
   // The grammar's end (eos) stops the output even with ignore_eos: what follows could not be in the grammar.
   if (common.request.grammar) {
@@ -227,7 +228,7 @@ Json completion_response(const std::string& id, const ServingContext& context, c
   return Json{{"id", id},
               {"object", "text_completion"},
               {"created", unix_seconds_now()},
-              {"model", context.model_name},
+              {"model", response_model(context, plans.front().request)},
               {"choices", std::move(choices)},
               {"usage", usage_json(usage)},
               {kWeightVersionField, context.engine.weight_version()}};

@@ -75,9 +75,18 @@ std::optional<int32_t> read_logprobs(const Json& body, Endpoint endpoint, int32_
 
 }  // namespace
 
-void check_model(const Json& body, const std::string& served_model_name) {
+std::string check_model(const Json& body, const std::string& served_model_name,
+                        const std::vector<std::string>& lora_names) {
   auto model = optional_string(body, "model");
-  if (model && *model != served_model_name) throw model_not_found(*model);
+  if (!model || *model == served_model_name) return {};
+  if (std::find(lora_names.begin(), lora_names.end(), *model) == lora_names.end()) throw model_not_found(*model);
+  return *model;
+}
+
+std::string requested_model_lora(const Json& body, const ServingContext& context) {
+  std::vector<std::string> names;
+  for (const Engine::LoraAdapter& adapter : context.engine.lora_adapters()) names.push_back(adapter.name);
+  return check_model(body, context.model_name, names);
 }
 
 StreamOptions read_stream_options(const Json& body) {

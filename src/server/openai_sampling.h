@@ -3,10 +3,12 @@
 // (OpenAI's and vLLM's extensions), read into the engine's SamplingParams.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/generation_config.h"
 #include "engine/sampling_params.h"
 #include "server/api_error.h"
+#include "server/serving_context.h"
 
 namespace beamline::server {
 
@@ -17,8 +19,17 @@ struct StreamOptions {
   bool include_usage = false;  // stream_options.include_usage: a last chunk carrying usage
 };
 
-// `model` must be absent (the served model is meant) or the served name: 404 model_not_found otherwise.
-void check_model(const Json& body, const std::string& served_model_name);
+// `model` must be absent (the served model is meant), the served name, or one of `lora_names` (a loaded LoRA adapter,
+// docs/lora.md): 404 model_not_found otherwise. Returns the adapter's name, "" for the base model.
+std::string check_model(const Json& body, const std::string& served_model_name,
+                        const std::vector<std::string>& lora_names = {});
+// check_model against the context's served name and the engine's loaded adapters.
+std::string requested_model_lora(const Json& body, const ServingContext& context);
+
+// The `model` a response reports: the LoRA adapter the request named (as vLLM reports it), else the served model.
+inline const std::string& response_model(const ServingContext& context, const GenerationRequest& request) {
+  return request.lora_name.empty() ? context.model_name : request.lora_name;
+}
 
 StreamOptions read_stream_options(const Json& body);
 

@@ -28,7 +28,7 @@ std::vector<TokenId> chat_prompt_ids(const Json& body, const ServingContext& con
 }  // namespace
 
 Json tokenize_response(const Json& body, const ServingContext& context) {
-  check_model(body, context.model_name);
+  requested_model_lora(body, context);
   const bool has_prompt = find_field(body, "prompt") != nullptr;
   const bool has_messages = find_field(body, "messages") != nullptr;
   if (has_prompt == has_messages) {
@@ -57,7 +57,7 @@ Json tokenize_response(const Json& body, const ServingContext& context) {
 }
 
 Json detokenize_response(const Json& body, const ServingContext& context) {
-  check_model(body, context.model_name);
+  requested_model_lora(body, context);
   if (find_field(body, "tokens") == nullptr) {
     throw invalid_request("tokens", "tokens: missing (a list of token ids is required)");
   }

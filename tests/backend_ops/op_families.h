@@ -46,6 +46,10 @@ void test_mxfp8(Harness& harness);
 void test_nvfp4(Harness& harness);
 void add_micro_perf(CLI::App& perf);
 
+// lora.cpp: gathered LoRA, rows of mixed adapters.
+void test_lora(Harness& harness);
+void add_lora_perf(CLI::App& perf);
+
 // layer.cpp: one full decoder layer, composed of the ops above (perf only).
 void add_layer_perf(CLI::App& perf);
 

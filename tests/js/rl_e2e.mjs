@@ -6,11 +6,11 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync, copyFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, copyFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { BEAMLINE, postJson, startServer } from './server_harness.mjs';
+import { BEAMLINE, postJson, readTensors, startServer, writeTensors } from './server_harness.mjs';
 
 const root = mkdtempSync(join(tmpdir(), 'beamline-rl-'));
 const updates = join(root, 'updates');
@@ -22,37 +22,6 @@ function makeModel(dir, seed) {
 const served = makeModel(join(root, 'tiny'), 3);
 const step1 = makeModel(join(updates, 'step1'), 4);
 
-// safetensors: an 8-byte little-endian header length, the JSON header, the data. Read as name -> {dtype, shape, bytes}.
-function readTensors(file) {
-  const bytes = readFileSync(file);
-  const length = Number(bytes.readBigUInt64LE(0));
-  const header = JSON.parse(bytes.subarray(8, 8 + length).toString());
-  const data = bytes.subarray(8 + length);
-  const tensors = new Map();
-  for (const [name, entry] of Object.entries(header)) {
-    if (name === '__metadata__') continue;
-    const [begin, end] = entry.data_offsets;
-    tensors.set(name, { dtype: entry.dtype, shape: entry.shape, bytes: data.subarray(begin, end) });
-  }
-  return tensors;
-}
-const elementBytes = { F32: 4, BF16: 2, F16: 2 };
-function writeTensors(file, tensors) {
-  // Widest elements first, so every tensor's data stays aligned to its elements.
-  const names = [...tensors.keys()].sort((a, b) => elementBytes[tensors.get(b).dtype] - elementBytes[tensors.get(a).dtype]);
-  const header = {};
-  let offset = 0;
-  for (const name of names) {
-    const { dtype, shape, bytes } = tensors.get(name);
-    header[name] = { dtype, shape, data_offsets: [offset, offset + bytes.length] };
-    offset += bytes.length;
-  }
-  let json = JSON.stringify(header);
-  json += ' '.repeat((8 - (json.length % 8)) % 8);  // spaces are allowed; the data starts aligned
-  const length = Buffer.alloc(8);
-  length.writeBigUInt64LE(BigInt(json.length));
-  writeFileSync(file, Buffer.concat([length, Buffer.from(json), ...names.map((name) => tensors.get(name).bytes)]));
-}
 // A copy of step1 under updates/ with its tensors edited by `edit(tensors)`.
 function brokenUpdate(name, edit) {
   const dir = join(updates, name);

@@ -1,7 +1,7 @@
 // Starts `beamline serve` on a random tiny model for the end-to-end tests, and small HTTP helpers.
 import { spawn, execFileSync } from 'node:child_process';
 import http from 'node:http';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -56,6 +56,37 @@ export async function startServer(modelDir, extraArgs = [], options = {}) {
   };
 }
 
+// safetensors: an 8-byte little-endian header length, the JSON header, the data. Read as name -> {dtype, shape, bytes}.
+export function readTensors(file) {
+  const bytes = readFileSync(file);
+  const length = Number(bytes.readBigUInt64LE(0));
+  const header = JSON.parse(bytes.subarray(8, 8 + length).toString());
+  const data = bytes.subarray(8 + length);
+  const tensors = new Map();
+  for (const [name, entry] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    const [begin, end] = entry.data_offsets;
+    tensors.set(name, { dtype: entry.dtype, shape: entry.shape, bytes: data.subarray(begin, end) });
+  }
+  return tensors;
+}
+const elementBytes = { F32: 4, BF16: 2, F16: 2 };
+export function writeTensors(file, tensors) {
+  // Widest elements first, so every tensor's data stays aligned to its elements.
+  const names = [...tensors.keys()].sort((a, b) => elementBytes[tensors.get(b).dtype] - elementBytes[tensors.get(a).dtype]);
+  const header = {};
+  let offset = 0;
+  for (const name of names) {
+    const { dtype, shape, bytes } = tensors.get(name);
+    header[name] = { dtype, shape, data_offsets: [offset, offset + bytes.length] };
+    offset += bytes.length;
+  }
+  let json = JSON.stringify(header);
+  json += ' '.repeat((8 - (json.length % 8)) % 8);  // spaces are allowed; the data starts aligned
+  const length = Buffer.alloc(8);
+  length.writeBigUInt64LE(BigInt(json.length));
+  writeFileSync(file, Buffer.concat([length, Buffer.from(json), ...names.map((name) => tensors.get(name).bytes)]));
+}
 export async function postJson(base, path, body, headers = {}) {
   const response = await fetch(base + path, {
     method: 'POST',

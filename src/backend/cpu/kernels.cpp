@@ -162,6 +162,24 @@ void dot4(const float* w0, const float* w1, const float* w2, const float* w3, co
 }  // namespace
 #endif
 
+void lora_rows(const float* x, int64_t rows, const LoraTensors& lora, const int32_t* adapters, float* y,
+               int64_t y_stride) {
+  const int64_t adapter_count = lora.a.dim(0), rank = lora.a.dim(1), in = lora.a.dim(2), out = lora.b.dim(1);
+  for (int64_t t = 0; t < rows; ++t)
+    require(adapters[t] >= -1 && adapters[t] < adapter_count, "lora: adapter {} of row {} outside the {} adapters",
+            adapters[t], t, adapter_count);
+  ThreadPool::global().parallel_for(static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
+    std::vector<float> shrunk(static_cast<std::size_t>(rank));
+    for (auto t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+      if (adapters[t] < 0) continue;
+      const float* a = lora.a.data<const float>() + adapters[t] * rank * in;
+      const float* b = lora.b.data<const float>() + adapters[t] * out * rank;
+      for (int64_t r = 0; r < rank; ++r) shrunk[static_cast<std::size_t>(r)] = dot(a + r * in, x + t * in, in);
+      for (int64_t o = 0; o < out; ++o) y[t * y_stride + o] += dot(b + o * rank, shrunk.data(), rank);
+    }
+  });
+}
+
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride) {
   const Tensor& w = weight.weight;
   const Projection shape = projection(weight, "matmul", "weight");

@@ -21,6 +21,12 @@ float dot(const float* a, const float* b, int64_t n);
 // floats apart. Threads over output rows (serially when called inside a pool chunk).
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride);
 
+// LoRA over rows of x (`in` floats apart): y[t * y_stride + o] += b[i] (a[i] x[t]) with i = adapters[t], for the rows
+// whose adapter is >= 0 (Backend::lora's arithmetic: the rank-R intermediate with dot, then each output with dot, so
+// a row's result never depends on the others). Threads over rows (serially when called inside a pool chunk).
+void lora_rows(const float* x, int64_t rows, const LoraTensors& lora, const int32_t* adapters, float* y,
+               int64_t y_stride);
+
 // out = x / sqrt(mean(x²) + eps) * weight for one row of n values.
 void rms_row(const float* x, const Tensor& weight, float eps, int64_t n, float* out);
 

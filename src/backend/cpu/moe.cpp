@@ -26,14 +26,41 @@ std::vector<int32_t> top_indices(const std::vector<float>& values, int32_t count
   return order;
 }
 
-// SwiGLU over `rows` rows of x into y: y = down(silu(gate(x)) * up(x)).
-void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* y) {
+// The LoRA adapters of a SwiGLU's rows (SwigluLora): each row's adapter index, -1 for none.
+struct RowLora {
+  const SwigluLora* lora = nullptr;
+  const int32_t* adapters = nullptr;
+};
+
+void add_lora(const LoraTensors& lora, const float* x, int64_t rows, const RowLora& row_lora, float* y, int64_t out) {
+  if (row_lora.lora != nullptr && lora.defined()) cpu::lora_rows(x, rows, lora, row_lora.adapters, y, out);
+}
+
+// SwiGLU over `rows` rows of x into y: y = down(silu(gate(x)) * up(x)), each projection with its rows' LoRA.
+void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* y, const RowLora& row_lora = {}) {
   const int64_t intermediate = mlp.gate.out_features(), hidden = mlp.down.out_features();
   std::vector<float> gate(static_cast<std::size_t>(rows * intermediate)), up(gate.size());
   cpu::matmul_wt(x, rows, mlp.gate, gate.data(), intermediate);
   cpu::matmul_wt(x, rows, mlp.up, up.data(), intermediate);
+  if (row_lora.lora != nullptr) {
+    add_lora(row_lora.lora->gate, x, rows, row_lora, gate.data(), intermediate);
+    add_lora(row_lora.lora->up, x, rows, row_lora, up.data(), intermediate);
+  }
   for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = cpu::silu(gate[i]) * up[i];
   cpu::matmul_wt(gate.data(), rows, mlp.down, y, hidden);
+  if (row_lora.lora != nullptr) add_lora(row_lora.lora->down, gate.data(), rows, row_lora, y, hidden);
+}
+
+// The stacked adapters of one projection [in -> out] of `experts` experts, and the row adapters' slots.
+void check_expert_lora(const LoraTensors& lora, int64_t experts, int64_t in, int64_t out, std::string_view what) {
+  if (!lora.defined()) return;
+  require(lora.a.rank() == 3 && lora.b.rank() == 3 && lora.a.dim(0) % experts == 0 && lora.a.dim(2) == in &&
+              lora.b.dim(1) == out,
+          "moe_lora: {} adapters a {} / b {} are not [slots x {} experts, R, {}] / [.., {}, R]", what,
+          describe(lora.a), describe(lora.b), experts, in, out);
+  require_shape(lora.b, {lora.a.dim(0), out, lora.a.dim(1)}, "moe_lora", what);
+  require_dtype(lora.a, DType::F32, "moe_lora", what);
+  require_dtype(lora.b, DType::F32, "moe_lora", what);
 }
 
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
@@ -92,8 +119,8 @@ void CpuBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias
   });
 }
 
-void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
-                     Tensor& out) {
+static void moe_rows(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+              const SwigluLora* lora, Tensor& out) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
   const auto experts = static_cast<int64_t>(moe.experts.size());
   require_shape(expert_ids, {rows, top_k}, "moe", "expert_ids");
@@ -122,7 +149,17 @@ void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& ex
     std::vector<float> x(static_cast<std::size_t>(count * hidden)), y(x.size());
     for (int64_t i = 0; i < count; ++i)
       std::copy_n(h.data<const float>() + slots[i] / top_k * hidden, hidden, x.data() + i * hidden);
-    swiglu_rows(x.data(), count, moe.experts[e], y.data());
+    std::vector<int32_t> adapters;
+    RowLora row_lora;
+    if (lora != nullptr) {
+      // Token t's rows through expert e read adapter slot * experts + e.
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t slot = lora->row_adapters.data<const int32_t>()[slots[i] / top_k];
+        adapters.push_back(slot < 0 ? -1 : slot * static_cast<int32_t>(experts) + e);
+      }
+      row_lora = {lora, adapters.data()};
+    }
+    swiglu_rows(x.data(), count, moe.experts[e], y.data(), row_lora);
     for (int64_t i = 0; i < count; ++i)
       std::copy_n(y.data() + i * hidden, hidden, contributions.data() + slots[i] * hidden);
   };
@@ -143,6 +180,29 @@ void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& ex
       for (int64_t i = 0; i < hidden; ++i) o[i] += weight * c[i];
     }
   }
+}
+
+void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                     Tensor& out) {
+  moe_rows(h, expert_ids, expert_weights, moe, nullptr, out);
+}
+
+void CpuBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                          const MoeTensors& moe, const SwigluLora& lora, Tensor& out) {
+  const auto experts = static_cast<int64_t>(moe.experts.size());
+  require(experts > 0, "moe_lora: no experts");
+  const int64_t hidden = h.dim(1), intermediate = moe.experts.front().gate.out_features();
+  check_expert_lora(lora.gate, experts, hidden, intermediate, "gate");
+  check_expert_lora(lora.up, experts, hidden, intermediate, "up");
+  check_expert_lora(lora.down, experts, intermediate, hidden, "down");
+  require_shape(lora.row_adapters, {h.dim(0)}, "moe_lora", "row_adapters");
+  require_dtype(lora.row_adapters, DType::I32, "moe_lora", "row_adapters");
+  moe_rows(h, expert_ids, expert_weights, moe, &lora, out);
+}
+
+void CpuBackend::lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) {
+  check_lora_args(x, lora, indices, y);
+  cpu::lora_rows(x.data<const float>(), x.dim(0), lora, indices.data<const int32_t>(), y.data<float>(), y.dim(1));
 }
 
 void CpuBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/lora/lora.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/moe/router_gemv.h"
 #include "backend/cuda/sampling/sampling.h"
@@ -864,6 +865,17 @@ void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y
     return;
   }
   project(x.data<const float>(), x.dim(0), weight.weight, y.data<float>());
+}
+
+void CudaBackend::lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) {
+  const auto timing = time_op("lora");
+  const int64_t adapters = check_lora_args(x, lora, indices, y);
+  const int64_t rows = x.dim(0), rank = lora.a.dim(1);
+  Tensor shrunk = scratch(DType::F32, {rows, rank});
+  check_launch(cuda::lora_gathered(x.data<const float>(), lora.a.data<const float>(), lora.b.data<const float>(),
+                                   indices.data<const int32_t>(), rows, adapters, rank, x.dim(1), y.dim(1),
+                                   shrunk.data<float>(), y.data<float>(), stream_),
+               "lora");
 }
 
 void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,

@@ -3,7 +3,7 @@
 // rows (decode) stream their weights through this folder's kernels with F32 activations; more rows, and the
 // router's logits, go through cuBLAS (BF16/F16 weights times F32 activations split into two BF16/F16 operands,
 // FP32 accumulation; the router in FP32); the other ops are this folder's kernels, one launcher header per family
-// (attention/, linear/, moe/, rows/, sampling/). Registered as device "cuda" when the library is linked in.
+// (attention/, linear/, lora/, moe/, rows/, sampling/). Registered as device "cuda" when the library is linked in.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -83,6 +83,7 @@ class CudaBackend final : public Backend {
              Tensor& expert_ids, Tensor& expert_weights) override;
   void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
            Tensor& out) override;
+  void lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) override;
   void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                float softcap, Tensor& logits) override;

@@ -1,0 +1,20 @@
+#pragma once
+// PEFT LoRA adapters (docs/lora.md): a directory with adapter_config.json and adapter_model.safetensors, read and
+// checked against the served model before any of it reaches a device.
+#include <cstdint>
+#include <filesystem>
+
+#include "model/config.h"
+#include "model/lora_weights.h"
+
+namespace beamline {
+
+// Reads the adapter in `dir`. Its tensors base_model.model.<module>.lora_A.weight [r, in] and .lora_B.weight
+// [out, r] (F32, BF16 or F16) must name a projection of docs/model-format.md §3 (<module>.weight: attention, the dense
+// MLP, or a routed expert's) listed in target_modules. Throws beamline::Error naming the file and the key or tensor:
+// a missing file, r above `max_lora_rank` (--max-lora-rank), what this reader does not apply (bias, DoRA,
+// rank_pattern / alpha_pattern, modules_to_save, fan_in_fan_out, a regex target_modules), an unknown module, a module
+// outside target_modules, a wrong shape or dtype, an A without its B.
+LoraWeights load_peft_adapter(const std::filesystem::path& dir, const ModelConfig& config, int64_t max_lora_rank);
+
+}  // namespace beamline

@@ -1,0 +1,102 @@
+#pragma once
+// Random PEFT LoRA adapters written to disk, and the checkpoint with an adapter merged into its weights
+// (W + scale * B A): the reference a served adapter must reproduce (docs/lora.md).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/safetensors.h"
+
+namespace beamline::testing {
+
+struct RandomAdapter {
+  int64_t rank = 4;
+  double alpha = 8.0;
+  bool rslora = false;
+  std::vector<std::string> target_modules;
+  std::vector<std::string> modules;  // "model.layers.0.self_attn.q_proj", ".. .mlp.experts.3.down_proj"
+  uint64_t seed = 1;
+
+  double scale() const { return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank); }
+};
+
+// A module's A [rank, in] and B [out, rank] as written.
+struct AdapterTensors {
+  std::vector<float> a, b;
+  int64_t in = 0, out = 0;
+};
+
+// The [out, in] of a module of `weights_dir`'s checkpoint.
+inline std::vector<int64_t> module_shape(const SafetensorsArchive& archive, const std::string& module) {
+  return archive.at(module + ".weight").shape;
+}
+
+// Writes adapter_config.json and adapter_model.safetensors (F32) into `dir`, with `extra_config` merged into the
+// config; returns what it wrote, by module.
+inline std::map<std::string, AdapterTensors> write_random_adapter(const RandomAdapter& spec,
+                                                                   const SafetensorsArchive& base,
+                                                                   const std::filesystem::path& dir,
+                                                                   const nlohmann::json& extra_config = {}) {
+  std::filesystem::create_directories(dir);
+  nlohmann::json config = {{"peft_type", "LORA"},          {"r", spec.rank},
+                           {"lora_alpha", spec.alpha},       {"use_rslora", spec.rslora},
+                           {"target_modules", spec.target_modules}, {"bias", "none"},
+                           {"lora_dropout", 0.0},           {"base_model_name_or_path", "tiny"}};
+  if (extra_config.is_object()) config.update(extra_config);
+  write_text_file(dir / "adapter_config.json", config.dump(2));
+  std::mt19937_64 rng(spec.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::map<std::string, AdapterTensors> written;
+  std::vector<TensorSource> tensors;
+  for (const std::string& module : spec.modules) {
+    const std::vector<int64_t> shape = module_shape(base, module);
+    AdapterTensors& t = written[module];
+    t.out = shape[0];
+    t.in = shape[1];
+    for (int64_t i = 0; i < spec.rank * t.in; ++i) t.a.push_back(0.3f * normal(rng));
+    for (int64_t i = 0; i < t.out * spec.rank; ++i) t.b.push_back(0.05f * normal(rng));
+    tensors.push_back(tensor_from_floats("base_model.model." + module + ".lora_A.weight", DType::F32,
+                                         {spec.rank, t.in}, t.a));
+    tensors.push_back(tensor_from_floats("base_model.model." + module + ".lora_B.weight", DType::F32,
+                                         {t.out, spec.rank}, t.b));
+  }
+  write_safetensors(dir / "adapter_model.safetensors", tensors);
+  return written;
+}
+
+// `base_dir`'s F32 checkpoint with each module's W + scale * B A (in double, stored as F32) into `merged_dir`.
+inline void write_merged_checkpoint(const ModelConfig& config, const SafetensorsArchive& base,
+                                    const std::map<std::string, AdapterTensors>& adapter, int64_t rank, double scale,
+                                    const std::filesystem::path& merged_dir) {
+  std::vector<TensorSource> tensors;
+  for (const std::string& name : base.tensor_names()) {
+    const TensorView& view = base.at(name);
+    const std::string module = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+    const auto found = adapter.find(module);
+    if (found == adapter.end()) {
+      tensors.push_back(tensor_from_bytes(name, view.dtype, view.shape, std::vector<std::byte>(view.data, view.data + view.nbytes)));
+      continue;
+    }
+    EXPECT_EQ(view.dtype, DType::F32) << name;
+    const AdapterTensors& t = found->second;
+    std::vector<float> merged(static_cast<std::size_t>(t.out * t.in));
+    for (int64_t o = 0; o < t.out; ++o)
+      for (int64_t i = 0; i < t.in; ++i) {
+        double delta = 0;
+        for (int64_t r = 0; r < rank; ++r) delta += double{t.b[o * rank + r]} * double{t.a[r * t.in + i]};
+        merged[o * t.in + i] = static_cast<float>(double{view.as<float>()[o * t.in + i]} + scale * delta);
+      }
+    tensors.push_back(tensor_from_floats(name, DType::F32, view.shape, merged));
+  }
+  write_model_files(config, merged_dir);
+  write_safetensors_checkpoint(merged_dir, tensors);
+}
+
+}  // namespace beamline::testing

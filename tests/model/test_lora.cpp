@@ -1,0 +1,357 @@
+// LoRA adapters (docs/lora.md) on the tiny MoE model, CPU backend: logits with an adapter on attention, the dense MLP
+// and routed experts equal the model with the adapter merged into its weights (W + scale * B A); a slot reused by
+// another adapter keeps nothing of the first; in the engine, a mixed batch (two adapters and none) equals each request
+// alone, bit for bit, and the prefix cache never hands one adapter's blocks to another; bad adapters are refused
+// naming the file and the key or tensor.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "backend/registry.h"
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/lora_adapter.h"
+#include "checkpoint/presets.h"
+#include "engine/engine.h"
+#include "engine/generation_config.h"
+#include "lora_test_support.h"
+#include "model/beam_model.h"
+#include "model_test_support.h"
+#include "runner/beam_model_runner.h"
+#include "runner/sequence_runner.h"
+#include "util/error.h"
+
+namespace beamline::testing {
+namespace {
+
+// Attention of a dense and two MoE layers, the dense layer's MLP, and three experts of two MoE layers.
+RandomAdapter everything_adapter(uint64_t seed) {
+  RandomAdapter spec;
+  spec.rank = 4;
+  spec.alpha = 8.0;
+  spec.seed = seed;
+  spec.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (int layer : {0, 1, 3})
+    for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      spec.modules.push_back(fmt::format("model.layers.{}.self_attn.{}", layer, projection));
+  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+    spec.modules.push_back(fmt::format("model.layers.0.mlp.{}", projection));
+    for (int layer : {1, 2})
+      for (int expert : {0, 3, 5})
+        spec.modules.push_back(fmt::format("model.layers.{}.mlp.experts.{}.{}", layer, expert, projection));
+  }
+  return spec;
+}
+
+std::vector<int32_t> prompt_tokens(int count, uint32_t seed) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < count; ++i) tokens.push_back(static_cast<int32_t>((seed * 7919u + static_cast<uint32_t>(i) * 104729u) % 500u));
+  return tokens;
+}
+
+double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) worst = std::max(worst, double{std::abs(a[i] - b[i])});
+  return worst;
+}
+
+class LoraTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = preset_config("tiny");
+    weights_ = write_and_load(config_, dir_.path() / "base", 11, DType::F32);
+    backend_ = create_backend("cpu");
+  }
+
+  // Logits of every position of `tokens` fed in two steps (a prompt chunk, then the rest one by one), through `model`
+  // with `slot`'s adapter.
+  static std::vector<float> logits(BeamModel& model, const std::vector<int32_t>& tokens, int32_t slot) {
+    const auto n = static_cast<int64_t>(tokens.size());
+    SequenceRunner runner(model, n, n);
+    runner.set_lora_slot(slot);
+    std::vector<float> out = runner.step(std::span(tokens).first(static_cast<std::size_t>(n - 3)), true);
+    for (int64_t i = n - 3; i < n; ++i) {
+      const std::vector<float> step = runner.step(std::span(tokens).subspan(static_cast<std::size_t>(i), 1), true);
+      out.insert(out.end(), step.begin(), step.end());
+    }
+    return out;
+  }
+
+  // The logits of the model with `spec`'s adapter merged into its weights.
+  std::vector<float> merged_logits(const RandomAdapter& spec, const std::map<std::string, AdapterTensors>& written,
+                                   const std::vector<int32_t>& tokens, const std::string& label) {
+    const std::filesystem::path merged = dir_.path() / ("merged-" + label);
+    write_merged_checkpoint(config_, *weights_.archive, written, spec.rank, spec.scale(), merged);
+    BeamModel model(load_checkpoint(merged), *backend_);
+    return logits(model, tokens, -1);
+  }
+
+  TempDir dir_{"lora"};
+  ModelConfig config_;
+  BeamWeights weights_;
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_F(LoraTest, AdapterEqualsMergedWeightsOnAttentionDenseMlpAndExperts) {
+  for (const bool rslora : {false, true}) {
+    RandomAdapter spec = everything_adapter(rslora ? 5 : 3);
+    spec.rslora = rslora;
+    const std::filesystem::path adapter_dir = dir_.path() / fmt::format("adapter-{}", rslora);
+    const auto written = write_random_adapter(spec, *weights_.archive, adapter_dir);
+    const std::vector<int32_t> tokens = prompt_tokens(21, 4);
+
+    BeamModel model(weights_, *backend_);
+    model.enable_lora(3, 8);
+    model.load_lora(2, load_peft_adapter(adapter_dir, config_, 8));
+    const std::vector<float> with_adapter = logits(model, tokens, 2);
+    const std::vector<float> reference = merged_logits(spec, written, tokens, rslora ? "rs" : "plain");
+    const std::vector<float> base = logits(model, tokens, -1);
+    // The adapter changes the logits by far more than the merged reference differs from it (float rounding only).
+    EXPECT_GT(max_difference(with_adapter, base), 0.05) << "rslora " << rslora;
+    EXPECT_LT(max_difference(with_adapter, reference), 2e-4) << "rslora " << rslora;
+    // Slots the batch does not use leave the base model exactly as it is without LoRA.
+    BeamModel plain(weights_, *backend_);
+    EXPECT_EQ(base, logits(plain, tokens, -1));
+  }
+}
+
+TEST_F(LoraTest, SlotReusedByAnotherAdapterKeepsNothingOfTheFirst) {
+  const RandomAdapter first = everything_adapter(7);
+  RandomAdapter second;
+  second.rank = 2;
+  second.alpha = 4.0;
+  second.seed = 9;
+  second.target_modules = {"v_proj", "down_proj"};
+  second.modules = {"model.layers.2.self_attn.v_proj", "model.layers.4.mlp.experts.1.down_proj"};
+  write_random_adapter(first, *weights_.archive, dir_.path() / "first");
+  const auto written = write_random_adapter(second, *weights_.archive, dir_.path() / "second");
+  const std::vector<int32_t> tokens = prompt_tokens(12, 8);
+
+  BeamModel model(weights_, *backend_);
+  model.enable_lora(1, 8);
+  model.load_lora(0, load_peft_adapter(dir_.path() / "first", config_, 8));
+  model.load_lora(0, load_peft_adapter(dir_.path() / "second", config_, 8));
+  EXPECT_LT(max_difference(logits(model, tokens, 0), merged_logits(second, written, tokens, "second")), 2e-4);
+}
+
+// The error message of loading the adapter `spec` (with `extra` in its config) on a server of --max-lora-rank 8.
+std::string load_error(const SafetensorsArchive& base, const ModelConfig& config, const std::filesystem::path& dir,
+                       RandomAdapter spec, const nlohmann::json& extra = {}) {
+  write_random_adapter(spec, base, dir, extra);
+  try {
+    load_peft_adapter(dir, config, 8);
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(loaded)";
+}
+
+TEST_F(LoraTest, BadAdaptersAreRefusedNamingFileAndKeyOrTensor) {
+  RandomAdapter spec;
+  spec.target_modules = {"q_proj", "gate_proj"};
+  spec.modules = {"model.layers.1.self_attn.q_proj"};
+  const SafetensorsArchive& base = *weights_.archive;
+  int case_index = 0;
+  auto dir = [&] { return dir_.path() / fmt::format("bad{}", case_index++); };
+
+  RandomAdapter big = spec;
+  big.rank = 16;
+  std::string message = load_error(base, config_, dir(), big);
+  EXPECT_NE(message.find("adapter_config.json: key \"r\": rank 16 exceeds --max-lora-rank 8"), std::string::npos)
+      << message;
+
+  message = load_error(base, config_, dir(), spec, {{"target_modules", {"q_proj", "embed_tokens"}}});
+  EXPECT_NE(message.find("\"target_modules\""), std::string::npos) << message;
+  EXPECT_NE(message.find("embed_tokens"), std::string::npos) << message;
+
+  message = load_error(base, config_, dir(), spec, {{"bias", "all"}});
+  EXPECT_NE(message.find("key \"bias\""), std::string::npos) << message;
+  message = load_error(base, config_, dir(), spec, {{"use_dora", true}});
+  EXPECT_NE(message.find("key \"use_dora\""), std::string::npos) << message;
+  message = load_error(base, config_, dir(), spec, {{"rank_pattern", {{"q_proj", 2}}}});
+  EXPECT_NE(message.find("key \"rank_pattern\""), std::string::npos) << message;
+
+  // A module outside target_modules, an expert of a dense layer, an expert the model lacks.
+  for (const char* module : {"model.layers.1.self_attn.v_proj", "model.layers.0.mlp.experts.0.gate_proj",
+                             "model.layers.1.mlp.experts.8.gate_proj", "model.layers.1.mlp.gate_proj"}) {
+    write_random_adapter(spec, base, dir());
+    const std::filesystem::path adapter = dir_.path() / fmt::format("bad{}", case_index - 1);
+    // Add the offending tensor pair by rewriting the file with it (shaped like a q_proj's, which is what matters).
+    std::vector<TensorSource> tensors;
+    tensors.push_back(tensor_from_floats(std::string("base_model.model.") + module + ".lora_A.weight", DType::F32,
+                                         {4, 64}, std::vector<float>(4 * 64, 0.1f)));
+    tensors.push_back(tensor_from_floats(std::string("base_model.model.") + module + ".lora_B.weight", DType::F32,
+                                         {64, 4}, std::vector<float>(64 * 4, 0.1f)));
+    write_safetensors(adapter / "adapter_model.safetensors", tensors);
+    try {
+      load_peft_adapter(adapter, config_, 8);
+      ADD_FAILURE() << module << " loaded";
+    } catch (const Error& error) {
+      message = error.what();
+      EXPECT_NE(message.find("adapter_model.safetensors"), std::string::npos) << message;
+      EXPECT_NE(message.find(module), std::string::npos) << message;
+    }
+  }
+
+  // A wrong shape names the tensor, the expected and the found shape; an A without its B names the module.
+  {
+    write_random_adapter(spec, base, dir());
+    const std::filesystem::path adapter = dir_.path() / fmt::format("bad{}", case_index - 1);
+    write_safetensors(adapter / "adapter_model.safetensors",
+                      {tensor_from_floats("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight", DType::F32,
+                                          {4, 63}, std::vector<float>(4 * 63, 0.1f))});
+    try {
+      load_peft_adapter(adapter, config_, 8);
+      ADD_FAILURE() << "a wrong shape loaded";
+    } catch (const Error& error) {
+      message = error.what();
+      EXPECT_NE(message.find("q_proj.lora_A.weight\" has shape [4, 63], expected [4, 64]"), std::string::npos)
+          << message;
+    }
+    write_safetensors(adapter / "adapter_model.safetensors",
+                      {tensor_from_floats("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight", DType::F32,
+                                          {4, 64}, std::vector<float>(4 * 64, 0.1f))});
+    try {
+      load_peft_adapter(adapter, config_, 8);
+      ADD_FAILURE() << "an A without its B loaded";
+    } catch (const Error& error) {
+      message = error.what();
+      EXPECT_NE(message.find("has lora_A but no lora_B"), std::string::npos) << message;
+    }
+    std::filesystem::remove(adapter / "adapter_model.safetensors");
+    EXPECT_THROW(load_peft_adapter(adapter, config_, 8), Error);
+  }
+}
+
+// The engine over the tiny model with --enable-lora: mixed batches and the prefix cache.
+class LoraEngineTest : public LoraTest {
+ protected:
+  std::unique_ptr<Engine> engine(bool async_scheduling) {
+    EngineConfig c;
+    c.max_model_len = 128;
+    c.max_num_seqs = 8;
+    c.max_num_batched_tokens = 40;
+    c.kv_cache_memory_bytes = int64_t{8} << 20;
+    c.async_scheduling = async_scheduling;
+    c.enable_lora = true;
+    c.max_loras = 2;
+    c.max_lora_rank = 8;
+    auto runner = std::make_unique<BeamModelRunner>(weights_, "cpu", c);
+    auto e = std::make_unique<Engine>(c, std::move(runner), nullptr, std::vector<TokenId>{});
+    e->load_lora_adapter("a1", (dir_.path() / "a1").string());
+    e->load_lora_adapter("a2", (dir_.path() / "a2").string());
+    return e;
+  }
+  void write_adapters() {
+    write_random_adapter(everything_adapter(21), *weights_.archive, dir_.path() / "a1");
+    write_random_adapter(everything_adapter(22), *weights_.archive, dir_.path() / "a2");
+  }
+  static GenerationRequest request(const std::string& id, const std::string& lora, std::vector<int32_t> prompt) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.lora_name = lora;
+    r.prompt = std::move(prompt);
+    r.detokenize = false;
+    r.sampling.temperature = 0.0f;
+    r.sampling.max_tokens = 8;
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 0;
+    return r;
+  }
+  struct Result {
+    std::vector<TokenId> tokens;
+    std::vector<float> logprobs;
+    int32_t cached_tokens = 0;
+  };
+  static Result result_of(OutputStream& stream) {
+    const RequestOutput output = collect_output(stream);
+    EXPECT_FALSE(output.error) << *output.error;
+    Result result;
+    result.tokens = output.samples.at(0).token_ids;
+    for (const TokenLogprob& logprob : output.samples.at(0).logprobs) result.logprobs.push_back(logprob.logprob);
+    result.cached_tokens = output.usage.cached_tokens;
+    return result;
+  }
+};
+
+TEST_F(LoraEngineTest, MixedBatchEqualsEachRequestAlone) {
+  write_adapters();
+  std::vector<GenerationRequest> requests;
+  const char* loras[] = {"a1", "", "a2", "a1", "a2", ""};
+  for (int i = 0; i < 6; ++i)
+    requests.push_back(request(fmt::format("r{}", i), loras[i], prompt_tokens(9 + 7 * i, static_cast<uint32_t>(i))));
+  std::map<std::string, Result> alone;
+  {
+    auto e = engine(false);
+    for (const GenerationRequest& r : requests) alone[r.request_id] = result_of(*e->add_request(r));
+  }
+  auto e = engine(true);
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (const GenerationRequest& r : requests) streams.push_back(e->add_request(r));
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Result together = result_of(*streams[i]);
+    EXPECT_EQ(together.tokens, alone[requests[i].request_id].tokens) << requests[i].request_id;
+    EXPECT_EQ(together.logprobs, alone[requests[i].request_id].logprobs) << requests[i].request_id;
+  }
+  // The adapters do change the answers (else the comparison above proves little).
+  EXPECT_NE(alone["r0"].logprobs, result_of(*e->add_request(request("r0-base", "", requests[0].prompt))).logprobs);
+}
+
+TEST_F(LoraEngineTest, PrefixCacheIsKeyedByAdapter) {
+  write_adapters();
+  auto e = engine(true);
+  const std::vector<int32_t> prompt = prompt_tokens(60, 3);
+  const Result first = result_of(*e->add_request(request("first", "a1", prompt)));
+  const Result same = result_of(*e->add_request(request("same", "a1", prompt)));
+  EXPECT_GT(same.cached_tokens, 0);
+  EXPECT_EQ(same.logprobs, first.logprobs);
+  // Another adapter and the base model compute the prompt themselves and answer as they do on a fresh engine.
+  const Result other = result_of(*e->add_request(request("other", "a2", prompt)));
+  const Result base = result_of(*e->add_request(request("base", "", prompt)));
+  EXPECT_EQ(other.cached_tokens, 0);
+  EXPECT_EQ(base.cached_tokens, 0);
+  auto fresh = engine(true);
+  EXPECT_EQ(other.logprobs, result_of(*fresh->add_request(request("other", "a2", prompt))).logprobs);
+  EXPECT_EQ(base.logprobs, result_of(*fresh->add_request(request("base", "", prompt))).logprobs);
+}
+
+TEST_F(LoraEngineTest, LoadAndUnloadRules) {
+  write_adapters();
+  auto e = engine(true);
+  auto param_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const InvalidRequest& error) {
+      return error.param();
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(param_of([&] { e->load_lora_adapter("a1", (dir_.path() / "a2").string()); }), "lora_name");  // name in use
+  EXPECT_EQ(param_of([&] { e->load_lora_adapter("a3", (dir_.path() / "a2").string()); }), "lora_name");  // --max-loras
+  EXPECT_EQ(param_of([&] { e->unload_lora_adapter("nope"); }), "lora_name");
+  EXPECT_EQ(param_of([&] { e->add_request(request("x", "nope", {1, 2, 3})); }), "model");
+  e->unload_lora_adapter("a2");
+  EXPECT_EQ(param_of([&] { e->load_lora_adapter("a3", (dir_.path() / "missing").string()); }), "lora_path");
+  e->load_lora_adapter("a3", (dir_.path() / "a1").string());  // a failed load leaves its slot free
+  std::vector<std::string> names;
+  for (const Engine::LoraAdapter& adapter : e->lora_adapters()) names.push_back(adapter.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"a1", "a3"}));
+  // a3 holds a1's adapter in a2's old slot: the same answers as a1.
+  const std::vector<int32_t> prompt = prompt_tokens(20, 5);
+  EXPECT_EQ(result_of(*e->add_request(request("p1", "a1", prompt))).logprobs,
+            result_of(*e->add_request(request("p3", "a3", prompt))).logprobs);
+  // An adapter that a request in flight uses stays (the request is held where it is by a pause meanwhile).
+  e->pause(PauseMode::Keep);
+  const std::shared_ptr<OutputStream> held = e->add_request(request("held", "a3", prompt));
+  EXPECT_EQ(param_of([&] { e->unload_lora_adapter("a3"); }), "lora_name");
+  e->resume();
+  EXPECT_EQ(result_of(*held).logprobs, result_of(*e->add_request(request("p3b", "a3", prompt))).logprobs);
+  e->unload_lora_adapter("a3");
+  EXPECT_EQ(e->lora_adapters().size(), 1u);
+}
+
+}  // namespace
+}  // namespace beamline::testing
