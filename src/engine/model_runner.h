@@ -12,6 +12,7 @@
 
 #include "model/forward_batch.h"
 #include "sampling/sampling.h"
+#include "tensor/tensor_view.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -111,6 +112,13 @@ class ModelRunner {
   // a failure (Error naming the file and tensor) leaves the served weights as they were.
   virtual void load_weights_from_disk(const std::filesystem::path& dir) {
     fail("{}: this model runner cannot load new weights", dir.string());
+  }
+  // /update_weights_from_distributed: replaces the named tensors (checkpoint names, host bytes received from a
+  // trainer) and keeps the others, under the same rules: between steps, everything checked and built before the old
+  // weights go, an Error naming the tensor otherwise.
+  virtual void update_weights(std::span<const HostTensor> tensors) {
+    (void)tensors;
+    fail("this model runner cannot take new weights");
   }
 };
 
