@@ -62,6 +62,7 @@ TcpStream TcpStream::connect(const std::string& host, int32_t port, double timeo
     fail("{}: cannot resolve {}: {}", peer, host, ::gai_strerror(status));
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
   const auto deadline = deadline_after(timeout_seconds);
+  bool refused = false;
   for (;;) {
     int last_error = 0;
     for (const addrinfo* address = addresses.get(); address != nullptr; address = address->ai_next) {
@@ -72,11 +73,12 @@ TcpStream TcpStream::connect(const std::string& host, int32_t port, double timeo
         return TcpStream(fd, timeout_seconds, std::move(peer));
       }
       last_error = errno;
+      refused = refused || last_error == ECONNREFUSED;
     }
     // A refused connection is retried: the trainer may start listening a moment after asking the server to join.
     if (last_error != ECONNREFUSED || Clock::now() >= deadline)
       fail("{}: cannot connect within {} s (--distributed-timeout-seconds): {}", peer, timeout_seconds,
-           std::strerror(last_error));
+           refused ? "connection refused, nothing listens there" : std::strerror(last_error));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
