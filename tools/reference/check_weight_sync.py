@@ -7,7 +7,7 @@
 Serves a random tiny model (seed 1) and, beside it, a fresh server on a second one (seed 2). Checks that bad updates
 (unknown tensor, wrong shape or dtype, malformed announcements, a trainer that stops sending, one that dies
 mid-tensor, an unknown group) are refused with a message naming the cause, leave the served weights as they were
-(same greedy tokens and logprobs) and the server serving; then sends the second checkpoint's tensors in two buckets
+(same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
 and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's.
 """
 import argparse
@@ -142,11 +142,16 @@ def main():
             expect_error(status, reply, "group_name", r"no weight update group 'g'", "group closed after a bad call")
             trainer.close_servers()
 
-            # A trainer that stops sending: the deadline names it, and the group is closed.
+            # A trainer that stops sending: the deadline names it, and the group is closed. Meanwhile the server
+            # answers with the old weights.
             assert init_group(base, trainer, group_name="g")[0] == 200
             started = time.time()
-            status, reply = update_weights(base, trainer, [norm, router], group_name="g",
-                                           send=send_first)
+
+            def stall(trainer, tensors):
+                send_first(trainer, tensors)
+                assert greedy(server) == before, "answers during a transfer differ from the old weights'"
+                assert time.time() - started < TIMEOUT_SECONDS, "answering took as long as the transfer's timeout"
+            status, reply = update_weights(base, trainer, [norm, router], group_name="g", send=stall)
             expect_error(status, reply, "group_name", rf"tensor 2 of 2 \(\"{re.escape(router[0])}\"\): nothing from "
                          rf"the trainer \(rank 0\) at 127.0.0.1:{trainer.port} for {TIMEOUT_SECONDS} s", "timeout")
             assert time.time() - started < TIMEOUT_SECONDS + 5
