@@ -160,20 +160,22 @@ Json RolloutControl::update_weights_from_disk(const ControlRequest& request) {
     throw invalid_request("load_format", fmt::format("load_format: '{}' is not auto or safetensors", *format));
   }
   Json answer = apply_weight_update(
-      request, "update_weights_from_disk", "model_path", true, [&](ModelRunner& runner) { runner.load_weights_from_disk(path); },
-      fmt::format("loaded {}", path.string()));
+      request, "update_weights_from_disk", "model_path", /*flush_cache=*/true, /*wait_for_in_flight=*/false,
+      [&](ModelRunner& runner) { runner.load_weights_from_disk(path); }, fmt::format("loaded {}", path.string()));
   answer["num_paused_requests"] = 0;
   return answer;
 }
 
 Json RolloutControl::apply_weight_update(const ControlRequest& request, const std::string& endpoint,
-                                         const std::string& param, bool flush_cache,
+                                         const std::string& param, bool flush_cache, bool wait_for_in_flight,
                                          const std::function<void(ModelRunner&)>& load, const std::string& message) {
   const std::optional<std::string> version = parameter(request, "weight_version");
   const bool abort_all = bool_parameter(request, "abort_all_requests").value_or(false);
   std::lock_guard lock(mutex_);
-  const bool was_paused = context_.engine.paused();
-  if (abort_all && !was_paused) context_.engine.pause(PauseMode::Abort);
+  // Paused by the trainer, the update goes in at once (requests kept by pause?mode=keep continue with the new weights
+  // on /resume); otherwise requests in flight are aborted or waited for, and those that come meanwhile are held.
+  const bool pause = !context_.engine.paused() && (abort_all || wait_for_in_flight);
+  if (pause) context_.engine.pause(abort_all ? PauseMode::Abort : PauseMode::Wait);
   try {
     // Between two steps: no step runs with a mix of old and new weights. The cached KV was computed with the old ones.
     context_.engine.run_between_steps([&](EngineCore& core, ModelRunner& runner) {
@@ -181,10 +183,10 @@ Json RolloutControl::apply_weight_update(const ControlRequest& request, const st
       if (flush_cache) core.reset_prefix_cache();
     });
   } catch (const Error& failed) {
-    if (abort_all && !was_paused) context_.engine.resume();
+    if (pause) context_.engine.resume();
     throw invalid_request(param, fmt::format("{}: {} (the served weights are unchanged)", endpoint, failed.what()));
   }
-  if (abort_all && !was_paused) context_.engine.resume();
+  if (pause) context_.engine.resume();
   ++updates_;
   context_.engine.set_weight_version(version.value_or(std::to_string(updates_)));
   return Json{{"success", true}, {"message", message}, {kWeightVersionField, context_.engine.weight_version()}};
@@ -313,8 +315,10 @@ Json RolloutControl::update_weights_from_distributed(const ControlRequest& reque
     }
   }
   // Every tensor has arrived: checked against the model and applied together, or not at all (the group stays open).
+  // As SGLang, no request in flight straddles two weight versions unless the trainer paused generation itself.
   return apply_weight_update(
-      request, "update_weights_from_distributed", "names", flush_cache, [&](ModelRunner& runner) { runner.update_weights(received); },
+      request, "update_weights_from_distributed", "names", flush_cache, /*wait_for_in_flight=*/true,
+      [&](ModelRunner& runner) { runner.update_weights(received); },
       fmt::format("updated {} tensor(s) from weight update group '{}'", received.size(), group_name));
 }
 

@@ -47,11 +47,12 @@ class RolloutControl {
   Json destroy_weights_update_group(const ControlRequest& request);
 
  private:
-  // Runs `load` between two steps (then resets the prefix cache when `flush_cache`), pausing around it with
-  // `abort_all_requests`, and sets the weight version; a failure is a 400 naming `endpoint` and `param`, the weights
-  // unchanged.
+  // Runs `load` between two steps (then resets the prefix cache when `flush_cache`) and sets the weight version; a
+  // failure is a 400 naming `endpoint` and `param`, the weights unchanged. Unless generation is paused already, the
+  // requests in flight are aborted first with `abort_all_requests`, or with `wait_for_in_flight` waited for (new ones
+  // held until the update is in).
   Json apply_weight_update(const ControlRequest& request, const std::string& endpoint, const std::string& param,
-                           bool flush_cache,
+                           bool flush_cache, bool wait_for_in_flight,
                            const std::function<void(ModelRunner&)>& load, const std::string& message);
   // The model_path of an update, checked: a directory at or below --weight-update-dir.
   std::filesystem::path checked_model_path(const ControlRequest& request) const;

@@ -11,6 +11,7 @@ mid-tensor, an unknown group) are refused with a message naming the cause, leave
 and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's.
 """
 import argparse
+import json
 import os
 import re
 import socket
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -47,6 +49,20 @@ def greedy(server):
         choice = reply["choices"][0]
         answers.append((choice["token_ids"], choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]))
     return answers
+
+
+def stream_token_ids(stream, first_only=False):
+    """The token ids of an SSE completion stream: of its first chunk that has any, or of all the chunks left."""
+    ids = []
+    for line in stream:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[len("data: "):]).get("choices", []):
+            ids += choice.get("token_ids") or []
+        if first_only and ids:
+            break
+    return ids
 
 
 def expect_error(status, reply, param, pattern, what):
@@ -187,8 +203,29 @@ def main():
             half = len(new_tensors) // 2
             status, reply = update_weights(base, trainer, new_tensors[:half], group_name="g", flush_cache=False)
             assert status == 200 and reply["success"] and reply["weight_version"] == "1", reply
+            # The second while a long request is in flight: as in SGLang the update waits for it, so all its tokens
+            # come from one version of the weights (the mixed ones).
+            long_request = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "temperature": 0,
+                            "ignore_eos": True, "return_token_ids": True}
+            status, alone = post(base, "/v1/completions", long_request)
+            assert status == 200, alone
+            # Streamed, so that the update starts only once the request is surely running.
+            stream = urllib.request.urlopen(urllib.request.Request(
+                base + "/v1/completions", data=json.dumps({**long_request, "stream": True}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=300)
+            long_started = time.time()
+            first = stream_token_ids(stream, first_only=True)
+            rest = in_thread(lambda: (stream_token_ids(stream), time.time()))
+            update_started = time.time()
             status, reply = update_weights(base, trainer, new_tensors[half:], group_name="g", weight_version="step-2")
             assert status == 200 and reply["success"] and reply["weight_version"] == "step-2", reply
+            updated = time.time()
+            remaining, long_ended = rest()
+            assert long_ended <= updated, "the update was answered before the request in flight had finished"
+            assert first + remaining == alone["choices"][0]["token_ids"], \
+                "a request in flight during an update mixed two versions of the weights"
+            print(f"  an update waited for the request in flight ({long_ended - long_started:.2f} s, "
+                  f"update answered {updated - update_started:.2f} s after it was sent)")
             after = greedy(server)
             assert after == expected, f"after the update:\n{after}\nexpected (a server started on it):\n{expected}"
             status, reply = post(base, "/v1/completions", {"model": "tiny", "prompt": [1], "max_tokens": 1})
