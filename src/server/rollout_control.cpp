@@ -246,12 +246,18 @@ std::vector<TensorSpec> announced_tensors(const Json& body) {
     if (!shapes[i].is_array()) throw invalid_request("shapes", "shapes" + at + ": expected a list of integers");
     specs[i].name = names[i].get<std::string>();
     specs[i].dtype = torch_dtype(dtypes[i].get<std::string>(), "dtypes" + at);
+    // Bounded, so that the byte count is well defined (the tensor is then received whole before it is judged).
+    constexpr int64_t kMaxElements = int64_t{1} << 40;
+    int64_t numel = 1;
     for (const Json& d : shapes[i]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40)) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > kMaxElements) {
         throw invalid_request("shapes", fmt::format("shapes{}: {} is not a dimension", at, d.dump()));
       }
-      specs[i].shape.push_back(d.get<int64_t>());
+      const int64_t dim = d.get<int64_t>();
+      specs[i].shape.push_back(dim);
+      numel = dim != 0 && numel > kMaxElements / dim ? kMaxElements + 1 : numel * dim;
     }
+    if (numel > kMaxElements) throw invalid_request("shapes", fmt::format("shapes{}: more than 2^40 elements", at));
   }
   return specs;
 }
@@ -306,7 +312,7 @@ Json RolloutControl::update_weights_from_distributed(const ControlRequest& reque
     try {
       const std::vector<TensorSpec> specs = announced_tensors(request.body);
       received = group->second->receive(specs);
-    } catch (const Error& failed) {
+    } catch (const std::exception& failed) {  // bad_alloc too: a tensor larger than the host can stage
       groups_.erase(group);
       const ApiError* api_error = dynamic_cast<const ApiError*>(&failed);
       throw invalid_request(api_error ? api_error->param().value_or("group_name") : "group_name",
