@@ -223,6 +223,7 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
       static_cast<std::size_t>(parse_byte_size(options.max_request_body, "--max-request-body-bytes"));
   require(options.http.max_request_body_bytes > 0, "--max-request-body-bytes must be positive");
   if (!options.api_key.empty()) options.http.api_key = options.api_key;
+  options.http.weight_sync_timeout_seconds = options.parallel.timeout_seconds;
 
   ShutdownSignals signals;  // before any thread starts, so every thread inherits the blocked mask
 

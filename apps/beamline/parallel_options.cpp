@@ -31,7 +31,8 @@ void add_parallel_options(CLI::App& command, ParallelConfig& config) {
   command.add_flag("--enable-expert-parallel", config.expert,
                    "spread whole experts over the data x tensor ranks instead of splitting every expert");
   command.add_option("--distributed-timeout-seconds", config.timeout_seconds,
-                     "longest wait for another rank in one collective before the run stops with an error")
+                     "longest wait for another rank in one collective before the run stops with an error (also a "
+                     "weight update group's wait for its trainer, docs/rl.md)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 }

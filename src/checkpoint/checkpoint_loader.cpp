@@ -131,6 +131,17 @@ class WeightChecker {
   std::set<std::string, std::less<>> used_;
 };
 
+// A float tensor as F32 (itself when it already is).
+HostTensor widened_to_f32(const HostTensor& tensor) {
+  const TensorView& view = tensor.view;
+  if (view.dtype == DType::F32) return tensor;
+  auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(view.numel()) * sizeof(float));
+  auto* out = reinterpret_cast<float*>(bytes->data());
+  const auto* in = view.as<uint16_t>();
+  for (int64_t i = 0; i < view.numel(); ++i) out[i] = view.dtype == DType::BF16 ? bf16_to_f32(in[i]) : f16_to_f32(in[i]);
+  return {TensorView{view.name, DType::F32, view.shape, bytes->data(), bytes->size()}, std::move(bytes)};
+}
+
 // Puts the checked tensors, by name, into the per-layer structure.
 void assemble(BeamWeights& weights, const std::map<std::string, LinearWeight, std::less<>>& checked) {
   const ModelConfig& config = weights.config;
@@ -200,6 +211,51 @@ BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConf
          weights.archive->file_of(unknown.front()).string(), unknown.front(), unknown.size());
   }
   assemble(weights, checked);
+  return weights;
+}
+
+BeamWeights with_received_tensors(const BeamWeights& served, std::span<const HostTensor> received) {
+  std::map<std::string, ExpectedTensor, std::less<>> expected;
+  for (ExpectedTensor& tensor : expected_tensors(served.config)) expected.emplace(tensor.name, std::move(tensor));
+  BeamWeights weights = served;
+  // The views each name replaces (the embeddings twice when the LM head is tied to them). `weights` is this
+  // function's own copy, so its views may be written through views()' pointers.
+  std::map<std::string, std::vector<TensorView*>, std::less<>> targets;
+  for (const TensorView* view : weights.views()) targets[view->name].push_back(const_cast<TensorView*>(view));
+  std::set<std::string, std::less<>> seen;
+  for (const HostTensor& tensor : received) {
+    const TensorView& view = tensor.view;
+    const auto found = expected.find(view.name);
+    require(found != expected.end(), "tensor \"{}\" is not a tensor of this model", view.name);
+    require(seen.insert(view.name).second, "tensor \"{}\" is sent twice", view.name);
+    const ExpectedTensor& wanted = found->second;
+    require(view.shape == wanted.shape, "tensor \"{}\": expected shape {}, got {}", view.name,
+            shape_string(wanted.shape), shape_string(view.shape));
+    require(is_float_dtype(view.dtype), "tensor \"{}\": dtype {} is not allowed here (expected BF16, F16 or F32)",
+            view.name, dtype_name(view.dtype));
+    require(view.data != nullptr && view.nbytes == static_cast<std::size_t>(view.numel()) * dtype_size(view.dtype),
+            "tensor \"{}\": {} bytes for {} {} elements", view.name, view.nbytes, view.numel(), dtype_name(view.dtype));
+    const auto served_views = targets.find(view.name);
+    require(served_views != targets.end(), "tensor \"{}\": the served model holds no such tensor", view.name);
+    const bool router = wanted.role == TensorRole::Router || wanted.role == TensorRole::RouterBias;
+    // The router runs in FP32 whatever the trainer holds it in; widening BF16/F16 is exact.
+    const HostTensor stored = router ? widened_to_f32(tensor) : tensor;
+    for (TensorView* target : served_views->second) {
+      require(is_float_dtype(target->dtype),
+              "tensor \"{}\": served quantized ({}); re-quantizing weights on arrival is not implemented", view.name,
+              dtype_name(target->dtype));
+      *target = stored.view;
+    }
+    weights.slice_buffers.push_back(stored.bytes);
+  }
+  // The bytes of earlier updates whose tensors have all been replaced since are let go.
+  std::vector<const std::byte*> in_use;
+  for (const TensorView* view : weights.views()) in_use.push_back(view->data);
+  std::sort(in_use.begin(), in_use.end());
+  std::erase_if(weights.slice_buffers, [&](const std::shared_ptr<const std::vector<std::byte>>& buffer) {
+    const auto first = std::lower_bound(in_use.begin(), in_use.end(), buffer->data());
+    return first == in_use.end() || *first >= buffer->data() + buffer->size();
+  });
   return weights;
 }
 

@@ -13,6 +13,7 @@
 #include "model/forward_batch.h"
 #include "sampling/sampling.h"
 #include "spec/draft_proposal.h"
+#include "tensor/tensor_view.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -128,6 +129,13 @@ class ModelRunner {
   }
   // The slot's adapter is no longer needed (no sequence uses it).
   virtual void unload_lora_adapter(int32_t slot) { (void)slot; }
+  // /update_weights_from_distributed: replaces the named tensors (checkpoint names, host bytes received from a
+  // trainer) and keeps the others, under the same rules: between steps, everything checked and built before the old
+  // weights go, an Error naming the tensor otherwise.
+  virtual void update_weights(std::span<const HostTensor> tensors) {
+    (void)tensors;
+    fail("this model runner cannot take new weights");
+  }
 };
 
 }  // namespace beamline

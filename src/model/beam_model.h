@@ -39,6 +39,8 @@ class BeamModel {
   // cache holds); everything else is the model's.
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
+  // What the model was built from (a new model with some tensors replaced starts from these).
+  const BeamWeights& weights() const { return weights_; }
   Backend& backend() const { return backend_; }
 
   // One step over a varlen batch: writes the K/V of every new token into `cache` (through the batch's block

@@ -131,10 +131,23 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
 }
 
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
-  require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", dir.string());
+  require_replaceable_weights(dir.string());
+  replace_weights(load_weight_update(dir, model_->config()), dir.string());
+}
+
+void BeamModelRunner::update_weights(std::span<const HostTensor> tensors) {
+  const std::string source = fmt::format("{} received tensor(s)", tensors.size());
+  require_replaceable_weights(source);
+  replace_weights(with_received_tensors(model_->weights(), tensors), source);
+}
+
+void BeamModelRunner::require_replaceable_weights(const std::string& source) const {
+  require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", source);
   require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
-          "come from the served weights)", dir.string());
-  const BeamWeights weights = load_weight_update(dir, model_->config());
+          "come from the served weights)", source);
+}
+
+void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
   // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
   auto model = std::make_unique<BeamModel>(weights, *backend_);
   if (max_loras_ > 0) {  // the adapters served stay: they are loaded into the new model too
@@ -147,7 +160,7 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   model_ = std::move(model);
   if (graph_max_num_seqs_ > 0)
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
-  spdlog::info("loaded new weights from {}", dir.string());
+  spdlog::info("loaded new weights from {}", source);
 }
 
 void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::path& dir) {

@@ -67,6 +67,7 @@ class BeamModelRunner : public ModelRunner {
   void load_weights_from_disk(const std::filesystem::path& dir) override;
   void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) override;
   void unload_lora_adapter(int32_t slot) override;
+  void update_weights(std::span<const HostTensor> tensors) override;
   bool has_drafter() const override { return drafter_ != nullptr; }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
@@ -82,6 +83,11 @@ class BeamModelRunner : public ModelRunner {
 
   // The model, its KV pool, graphs and sampler, once the backend (and, distributed, the groups) exist.
   void load(const BeamWeights& weights, const EngineConfig& config);
+  // New weights for the served model (from disk or a trainer; `source` names them in messages): built beside the old
+  // model, which serves on if that throws; then the old model goes and the decode graphs are recorded again.
+  void replace_weights(const BeamWeights& weights, const std::string& source);
+  // Refuses new weights where replace_weights cannot build them (distributed, under a drafter).
+  void require_replaceable_weights(const std::string& source) const;
   // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it.
   Tensor launch_distributed(const ForwardBatch& batch);
   // `batch` as the other ranks receive it: its deferred tokens read from `sampler`'s last step; validated. Refuses

@@ -55,7 +55,7 @@ ApiServer::ApiServer(ServingContext& context, HttpOptions options)
     : context_(context),
       options_(std::move(options)),
       http_(std::make_unique<ListeningServer>()),
-      control_(context, options_.weight_update_dir) {
+      control_(context, options_.weight_update_dir, options_.weight_sync_timeout_seconds) {
   const std::size_t threads = options_.http_threads;
   http_->new_task_queue = [threads] { return new ConnectionThreads(threads); };
   http_->set_payload_max_length(options_.max_request_body_bytes);
@@ -163,6 +163,12 @@ void ApiServer::add_control_routes() {
   get("/flush_cache", [this] { return control_.reset_prefix_cache(); });
   post("/update_weights_from_disk",
        [this](const ControlRequest& request) { return control_.update_weights_from_disk(request); });
+  post("/init_weights_update_group",
+       [this](const ControlRequest& request) { return control_.init_weights_update_group(request); });
+  post("/update_weights_from_distributed",
+       [this](const ControlRequest& request) { return control_.update_weights_from_distributed(request); });
+  post("/destroy_weights_update_group",
+       [this](const ControlRequest& request) { return control_.destroy_weights_update_group(request); });
 }
 
 ApiServer::~ApiServer() = default;

@@ -34,6 +34,7 @@ struct HttpOptions {
   std::size_t max_request_body_bytes = std::size_t{32} << 20;
   std::size_t http_threads = 8192;                         // connections served at once, a thread each (connection_threads.h)
   std::optional<std::filesystem::path> weight_update_dir;  // /update_weights_from_disk reads only below it
+  double weight_sync_timeout_seconds = 600;                // a weight update group's wait for its trainer
 };
 
 class ListeningServer;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <system_error>
 
 #include "engine/engine_core.h"
@@ -36,8 +37,9 @@ const std::set<std::string> kSleepTags = {"weights", "kv_cache"};
 
 }  // namespace
 
-RolloutControl::RolloutControl(ServingContext& context, std::optional<std::filesystem::path> weight_update_dir)
-    : context_(context) {
+RolloutControl::RolloutControl(ServingContext& context, std::optional<std::filesystem::path> weight_update_dir,
+                               double weight_sync_timeout_seconds)
+    : context_(context), weight_sync_timeout_seconds_(weight_sync_timeout_seconds) {
   if (weight_update_dir) {
     std::error_code error;
     weight_update_dir_ = std::filesystem::canonical(*weight_update_dir, error);
@@ -157,30 +159,183 @@ Json RolloutControl::update_weights_from_disk(const ControlRequest& request) {
       format && *format != "auto" && *format != "safetensors") {
     throw invalid_request("load_format", fmt::format("load_format: '{}' is not auto or safetensors", *format));
   }
+  Json answer = apply_weight_update(
+      request, "update_weights_from_disk", "model_path", /*flush_cache=*/true, /*wait_for_in_flight=*/false,
+      [&](ModelRunner& runner) { runner.load_weights_from_disk(path); }, fmt::format("loaded {}", path.string()));
+  answer["num_paused_requests"] = 0;
+  return answer;
+}
+
+Json RolloutControl::apply_weight_update(const ControlRequest& request, const std::string& endpoint,
+                                         const std::string& param, bool flush_cache, bool wait_for_in_flight,
+                                         const std::function<void(ModelRunner&)>& load, const std::string& message) {
   const std::optional<std::string> version = parameter(request, "weight_version");
   const bool abort_all = bool_parameter(request, "abort_all_requests").value_or(false);
   std::lock_guard lock(mutex_);
-  const bool was_paused = context_.engine.paused();
-  if (abort_all && !was_paused) context_.engine.pause(PauseMode::Abort);
+  // Paused by the trainer, the update goes in at once (requests kept by pause?mode=keep continue with the new weights
+  // on /resume); otherwise requests in flight are aborted or waited for, and those that come meanwhile are held.
+  const bool pause = !context_.engine.paused() && (abort_all || wait_for_in_flight);
+  if (pause) context_.engine.pause(abort_all ? PauseMode::Abort : PauseMode::Wait);
   try {
     // Between two steps: no step runs with a mix of old and new weights. The cached KV was computed with the old ones.
     context_.engine.run_between_steps([&](EngineCore& core, ModelRunner& runner) {
-      runner.load_weights_from_disk(path);
-      core.reset_prefix_cache();
+      load(runner);
+      if (flush_cache) core.reset_prefix_cache();
     });
   } catch (const Error& failed) {
-    if (abort_all && !was_paused) context_.engine.resume();
-    throw invalid_request("model_path", fmt::format("update_weights_from_disk: {} (the served weights are unchanged)",
-                                                    failed.what()));
+    if (pause) context_.engine.resume();
+    throw invalid_request(param, fmt::format("{}: {} (the served weights are unchanged)", endpoint, failed.what()));
   }
-  if (abort_all && !was_paused) context_.engine.resume();
+  if (pause) context_.engine.resume();
   ++updates_;
   context_.engine.set_weight_version(version.value_or(std::to_string(updates_)));
-  const std::string message = fmt::format("loaded {}", path.string());
+  return Json{{"success", true}, {"message", message}, {kWeightVersionField, context_.engine.weight_version()}};
+}
+
+namespace {
+
+constexpr const char* kDefaultGroupName = "weight_update_group";  // SGLang's default
+
+int32_t int32_parameter(const ControlRequest& request, const std::string& key, int64_t low, int64_t high) {
+  const std::optional<std::string> text = parameter(request, key);
+  if (!text) throw invalid_request(key, fmt::format("{}: missing", key));
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (error != std::errc() || end != text->data() + text->size() || value < low || value > high) {
+    throw invalid_request(key, fmt::format("{}: expected an integer in [{}, {}], got '{}'", key, low, high, *text));
+  }
+  return static_cast<int32_t>(value);
+}
+
+// torch's dtype names as SGLang's clients send them ("bfloat16" or "torch.bfloat16"). Those the model never takes
+// are read too, so that the update's bytes can be received and the tensor refused by name.
+DType torch_dtype(const std::string& text, const std::string& field) {
+  const std::string_view name = std::string_view(text).starts_with("torch.") ? std::string_view(text).substr(6) : text;
+  static const std::map<std::string_view, DType> kDtypes = {
+      {"bfloat16", DType::BF16}, {"float16", DType::F16}, {"half", DType::F16},    {"float32", DType::F32},
+      {"float", DType::F32},     {"int32", DType::I32},   {"int64", DType::I64},   {"uint8", DType::U8},
+      {"float8_e4m3fn", DType::F8_E4M3}};
+  if (const auto found = kDtypes.find(name); found != kDtypes.end()) return found->second;
+  throw invalid_request("dtypes", fmt::format("{}: '{}' is not bfloat16, float16, float32, int32, int64, uint8 or "
+                                              "float8_e4m3fn", field, text));
+}
+
+const Json& list_field(const Json& body, const std::string& key) {
+  const Json* value = find_field(body, key);
+  if (value == nullptr || !value->is_array()) {
+    throw invalid_request(key, fmt::format("{}: expected a list, got {}", key, value ? value->type_name() : "nothing"));
+  }
+  return *value;
+}
+
+// The tensors an update announces: `names`, `dtypes` and `shapes`, one entry each, in the order they are sent.
+std::vector<TensorSpec> announced_tensors(const Json& body) {
+  const Json& names = list_field(body, "names");
+  const Json& dtypes = list_field(body, "dtypes");
+  const Json& shapes = list_field(body, "shapes");
+  if (names.empty()) throw invalid_request("names", "names: no tensors");
+  if (dtypes.size() != names.size() || shapes.size() != names.size()) {
+    throw invalid_request("names", fmt::format("names, dtypes, shapes: {}, {} and {} entries (one each per tensor)",
+                                               names.size(), dtypes.size(), shapes.size()));
+  }
+  std::vector<TensorSpec> specs(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string at = fmt::format("[{}]", i);
+    if (!names[i].is_string()) throw invalid_request("names", "names" + at + ": expected a string");
+    if (!dtypes[i].is_string()) throw invalid_request("dtypes", "dtypes" + at + ": expected a string");
+    if (!shapes[i].is_array()) throw invalid_request("shapes", "shapes" + at + ": expected a list of integers");
+    specs[i].name = names[i].get<std::string>();
+    specs[i].dtype = torch_dtype(dtypes[i].get<std::string>(), "dtypes" + at);
+    // Bounded, so that the byte count is well defined (the tensor is then received whole before it is judged).
+    constexpr int64_t kMaxElements = int64_t{1} << 40;
+    int64_t numel = 1;
+    for (const Json& d : shapes[i]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > kMaxElements) {
+        throw invalid_request("shapes", fmt::format("shapes{}: {} is not a dimension", at, d.dump()));
+      }
+      const int64_t dim = d.get<int64_t>();
+      specs[i].shape.push_back(dim);
+      numel = dim != 0 && numel > kMaxElements / dim ? kMaxElements + 1 : numel * dim;
+    }
+    if (numel > kMaxElements) throw invalid_request("shapes", fmt::format("shapes{}: more than 2^40 elements", at));
+  }
+  return specs;
+}
+
+}  // namespace
+
+Json RolloutControl::init_weights_update_group(const ControlRequest& request) {
+  WeightGroupOptions options;
+  options.master_address = parameter(request, "master_address").value_or("");
+  if (options.master_address.empty()) throw invalid_request("master_address", "master_address: missing");
+  options.master_port = int32_parameter(request, "master_port", 1, 65535);
+  options.rank_offset = int32_parameter(request, "rank_offset", 1, INT32_MAX - 1);
+  options.world_size = int32_parameter(request, "world_size", 2, INT32_MAX);
+  options.group_name = parameter(request, "group_name").value_or(kDefaultGroupName);
+  options.backend = parameter(request, "backend").value_or("nccl");  // SGLang's default
+  options.timeout_seconds = weight_sync_timeout_seconds_;
+  if (options.rank_offset >= options.world_size) {
+    throw invalid_request("rank_offset", fmt::format("rank_offset: {} is not a rank of a world of {} (the trainer is "
+                                                     "rank 0)", options.rank_offset, options.world_size));
+  }
+  std::lock_guard lock(groups_mutex_);
+  if (groups_.contains(options.group_name)) {
+    throw invalid_request("group_name", fmt::format("group_name: '{}' exists; /destroy_weights_update_group first",
+                                                    options.group_name));
+  }
+  try {
+    groups_[options.group_name] = WeightUpdateGroup::join(options);
+  } catch (const Error& failed) {
+    throw invalid_request("master_address", fmt::format("init_weights_update_group: {}", failed.what()));
+  }
   return Json{{"success", true},
-              {"message", message},
-              {"num_paused_requests", 0},
-              {kWeightVersionField, context_.engine.weight_version()}};
+              {"message", fmt::format("joined weight update group '{}' as rank {} of {} ({})", options.group_name,
+                                      options.rank_offset, options.world_size, options.backend)}};
+}
+
+Json RolloutControl::update_weights_from_distributed(const ControlRequest& request) {
+  const std::string group_name = parameter(request, "group_name").value_or(kDefaultGroupName);
+  const bool flush_cache = bool_parameter(request, "flush_cache").value_or(true);
+  if (const std::optional<std::string> format = parameter(request, "load_format"); format && *format != "auto") {
+    throw invalid_request("load_format", fmt::format("load_format: '{}' is not supported (only tensor by tensor)", *format));
+  }
+  std::vector<HostTensor> received;
+  {
+    std::lock_guard lock(groups_mutex_);
+    const auto group = groups_.find(group_name);
+    if (group == groups_.end()) {
+      throw invalid_request("group_name", fmt::format("group_name: no weight update group '{}' "
+                                                      "(/init_weights_update_group first)", group_name));
+    }
+    // The trainer is sending already. A failure here leaves the group out of step with it, so the group is closed,
+    // which the trainer sees as a closed connection rather than a hang.
+    try {
+      const std::vector<TensorSpec> specs = announced_tensors(request.body);
+      received = group->second->receive(specs);
+    } catch (const std::exception& failed) {  // bad_alloc too: a tensor larger than the host can stage
+      groups_.erase(group);
+      const ApiError* api_error = dynamic_cast<const ApiError*>(&failed);
+      throw invalid_request(api_error ? api_error->param().value_or("group_name") : "group_name",
+                            fmt::format("update_weights_from_distributed: {} (group '{}' closed; the served weights "
+                                        "are unchanged)", failed.what(), group_name));
+    }
+  }
+  // Every tensor has arrived: checked against the model and applied together, or not at all (the group stays open).
+  // As SGLang, no request in flight straddles two weight versions unless the trainer paused generation itself.
+  return apply_weight_update(
+      request, "update_weights_from_distributed", "names", flush_cache, /*wait_for_in_flight=*/true,
+      [&](ModelRunner& runner) { runner.update_weights(received); },
+      fmt::format("updated {} tensor(s) from weight update group '{}'", received.size(), group_name));
+}
+
+Json RolloutControl::destroy_weights_update_group(const ControlRequest& request) {
+  const std::string group_name = parameter(request, "group_name").value_or(kDefaultGroupName);
+  std::lock_guard lock(groups_mutex_);
+  if (groups_.erase(group_name) == 0) {
+    throw invalid_request("group_name", fmt::format("group_name: no weight update group '{}'", group_name));
+  }
+  spdlog::info("destroyed weight update group '{}'", group_name);
+  return Json{{"success", true}, {"message", fmt::format("destroyed weight update group '{}'", group_name)}};
 }
 
 }  // namespace beamline::server

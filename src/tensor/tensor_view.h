@@ -2,6 +2,7 @@
 // A read-only view of a stored tensor (typically mmap'd checkpoint bytes): no ownership, no copies.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,13 @@ struct TensorView {
   }
   template <typename T>
   const T* as() const { return reinterpret_cast<const T*>(data); }
+};
+
+// A tensor whose bytes this process holds in memory of its own (weights received from a trainer, docs/rl.md):
+// `view` points into `bytes`, which keeps them alive.
+struct HostTensor {
+  TensorView view;
+  std::shared_ptr<const std::vector<std::byte>> bytes;
 };
 
 std::string shape_string(const std::vector<int64_t>& shape);  // "[5120, 128]"

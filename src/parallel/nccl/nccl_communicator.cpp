@@ -66,20 +66,17 @@ struct NcclLibrary {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<Communicator> host, Backend& backend, double timeout_seconds)
-      : host_(std::move(host)), backend_(backend), nccl_(NcclLibrary::get()), timeout_seconds_(timeout_seconds) {
-    ncclUniqueId id{};
-    if (host_->rank() == 0) check(nccl_.get_unique_id(&id), "ncclGetUniqueId");
-    std::vector<std::byte> bytes(sizeof id);
-    std::memcpy(bytes.data(), &id, sizeof id);
-    host_->broadcast_bytes(bytes, 0);
-    std::memcpy(&id, bytes.data(), sizeof id);
+  // `host` (may be null) serves the host-value calls; without it they are refused.
+  NcclCommunicator(const ncclUniqueId& id, int32_t rank, int32_t size, std::string name,
+                   std::unique_ptr<Communicator> host, Backend& backend, double timeout_seconds)
+      : host_(std::move(host)), rank_(rank), size_(size), name_(std::move(name)), backend_(backend),
+        nccl_(NcclLibrary::get()), timeout_seconds_(timeout_seconds) {
     require(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess, "{}: cudaStreamCreate failed",
-            host_->name());
+            name_);
     // Nonblocking initialisation, polled like every op, so that a peer that never joins is a timeout.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    const ncclResult_t result = nccl_.init_rank_config(&comm_, host_->size(), id, host_->rank(), &config);
+    const ncclResult_t result = nccl_.init_rank_config(&comm_, size_, id, rank_, &config);
     if (result != ncclInProgress) check(result, "ncclCommInitRankConfig");
     wait_comm("ncclCommInitRank");
   }
@@ -89,9 +86,9 @@ class NcclCommunicator final : public Communicator {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  int32_t rank() const override { return host_->rank(); }
-  int32_t size() const override { return host_->size(); }
-  const std::string& name() const override { return host_->name(); }
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
+  const std::string& name() const override { return name_; }
 
   void all_reduce_sum(Tensor& tensor) override {
     require_device(tensor, "all_reduce_sum", true);
@@ -177,13 +174,17 @@ class NcclCommunicator final : public Communicator {
     run("recv", [&] { return nccl_.recv(tensor.raw(), tensor.nbytes(), ncclUint8, peer, comm_, stream_); });
   }
 
-  void barrier() override { host_->barrier(); }
+  void barrier() override { host("barrier").barrier(); }
   void broadcast_bytes(std::vector<std::byte>& bytes, int32_t root, bool wait_forever) override {
-    host_->broadcast_bytes(bytes, root, wait_forever);
+    host("broadcast_bytes").broadcast_bytes(bytes, root, wait_forever);
   }
-  int64_t all_reduce_max(int64_t value) override { return host_->all_reduce_max(value); }
+  int64_t all_reduce_max(int64_t value) override { return host("all_reduce_max").all_reduce_max(value); }
 
  private:
+  Communicator& host(const char* op) const {
+    require(host_ != nullptr, "{} in the {}: this group has no host communicator", op, name());
+    return *host_;
+  }
   void require_device(const Tensor& tensor, const char* op, bool f32) const {
     require(tensor.defined() && tensor.device() == Device::Cuda && (!f32 || tensor.dtype() == DType::F32),
             "{} in the {}: {} must be a{} CUDA tensor", op, name(), describe(tensor), f32 ? "n F32" : "");
@@ -235,6 +236,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> host_;
+  int32_t rank_, size_;
+  std::string name_;
   Backend& backend_;
   const NcclLibrary& nccl_;
   double timeout_seconds_;
@@ -247,7 +250,26 @@ class NcclCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host, Backend& backend,
                                                      double timeout_seconds) {
-  return std::make_unique<NcclCommunicator>(std::move(host), backend, timeout_seconds);
+  ncclUniqueId id{};
+  if (host->rank() == 0) {
+    const ncclResult_t result = NcclLibrary::get().get_unique_id(&id);
+    require(result == ncclSuccess, "ncclGetUniqueId in the {}: {}", host->name(), NcclLibrary::get().error_string(result));
+  }
+  std::vector<std::byte> bytes(sizeof id);
+  std::memcpy(bytes.data(), &id, sizeof id);
+  host->broadcast_bytes(bytes, 0);
+  std::memcpy(&id, bytes.data(), sizeof id);
+  const int32_t rank = host->rank(), size = host->size();
+  std::string name = host->name();
+  return std::make_unique<NcclCommunicator>(id, rank, size, std::move(name), std::move(host), backend, timeout_seconds);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::span<const std::byte> unique_id, int32_t rank, int32_t size,
+                                                     std::string name, Backend& backend, double timeout_seconds) {
+  ncclUniqueId id{};
+  require(unique_id.size() == sizeof id, "{}: an ncclUniqueId has {} bytes, got {}", name, sizeof id, unique_id.size());
+  std::memcpy(&id, unique_id.data(), sizeof id);
+  return std::make_unique<NcclCommunicator>(id, rank, size, std::move(name), nullptr, backend, timeout_seconds);
 }
 
 }  // namespace beamline

@@ -2,7 +2,10 @@
 // Communicator over NCCL for CUDA tensors (built with BEAMLINE_CUDA). NCCL is bootstrapped over the group's MPI
 // communicator (`host`: rank 0 of the group makes the ncclUniqueId and broadcasts it) and loaded at run time
 // (libnccl.so.2, declared by the toolkit's nccl.h), so a single-GPU binary runs where NCCL is not installed.
+#include <cstddef>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "backend/backend.h"
 #include "parallel/communicator.h"
@@ -13,5 +16,9 @@ namespace beamline {
 // `timeout_seconds`; then the NCCL communicator is aborted and an Error names the rank and group.
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host, Backend& backend,
                                                      double timeout_seconds);
+// The same with an ncclUniqueId made elsewhere (weight sync: the trainer, rank 0, hands it over TCP) and no host
+// group: barrier, broadcast_bytes and all_reduce_max are refused.
+std::unique_ptr<Communicator> make_nccl_communicator(std::span<const std::byte> unique_id, int32_t rank, int32_t size,
+                                                     std::string name, Backend& backend, double timeout_seconds);
 
 }  // namespace beamline

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Weight sync from a trainer over TCP (/init_weights_update_group, /update_weights_from_distributed,
+/destroy_weights_update_group; docs/rl.md), as SkyRL or verl drive SGLang, with this script as the trainer (rank 0).
+
+  python3 tools/reference/check_weight_sync.py [--beamline build/apps/beamline/beamline] [--device cpu]
+
+Serves a random tiny model (seed 1) and, beside it, a fresh server on a second one (seed 2). Checks that bad updates
+(unknown tensor, wrong shape or dtype, malformed announcements, a trainer that stops sending, one that dies
+mid-tensor, an unknown group) are refused with a message naming the cause, leave the served weights as they were
+(same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
+and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's.
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from beamline_server import Server  # noqa: E402
+from safetensors_io import load_checkpoint_tensors  # noqa: E402
+from weight_sync_trainer import Trainer, in_thread, init_group, post, update_weights  # noqa: E402
+
+TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+TIMEOUT_SECONDS = 3  # the servers' --distributed-timeout-seconds
+
+
+def checkpoint_tensors(directory):
+    """(name, torch dtype, shape, bytes) of every tensor of a checkpoint, in file order."""
+    return [(name, TORCH_DTYPES[t.dtype], list(t.array.shape), t.array.tobytes())
+            for name, t in load_checkpoint_tensors(directory).items()]
+
+
+def greedy(server):
+    """Token ids and logprobs of three temperature-0 completions."""
+    answers = []
+    for prompt in ([1, 2, 3, 4, 5], [100, 7, 300], [42] * 9):
+        status, reply = post(server.base, "/v1/completions",
+                             {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 2,
+                              "ignore_eos": True, "return_token_ids": True})
+        assert status == 200, reply
+        choice = reply["choices"][0]
+        answers.append((choice["token_ids"], choice["logprobs"]["token_logprobs"], choice["logprobs"]["top_logprobs"]))
+    return answers
+
+
+def stream_token_ids(stream, first_only=False):
+    """The token ids of an SSE completion stream: of its first chunk that has any, or of all the chunks left."""
+    ids = []
+    for line in stream:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[len("data: "):]).get("choices", []):
+            ids += choice.get("token_ids") or []
+        if first_only and ids:
+            break
+    return ids
+
+
+def expect_error(status, reply, param, pattern, what):
+    assert status == 400, f"{what}: expected a 400, got {status} {reply}"
+    error = reply["error"]
+    assert error["param"] == param, f"{what}: param {error['param']!r}, expected {param!r} ({error['message']})"
+    assert re.search(pattern, error["message"]), f"{what}: {error['message']!r} does not match {pattern!r}"
+    print(f"  refused as expected ({what}): {error['message']}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    extra = ["--served-model-name", "tiny", "--distributed-timeout-seconds", str(TIMEOUT_SECONDS)]
+    with tempfile.TemporaryDirectory() as scratch:
+        models = {}
+        for seed in (1, 2):
+            models[seed] = os.path.join(scratch, f"step{seed}")
+            subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", models[seed], "--seed", str(seed)],
+                           check=True, capture_output=True)
+        new_tensors = checkpoint_tensors(models[2])
+        norm = next(t for t in new_tensors if t[0].endswith("input_layernorm.weight"))
+        router = next(t for t in new_tensors if t[0].endswith("mlp.gate.weight"))
+
+        fresh = Server(args.beamline, models[2], args.device, extra)
+        try:
+            expected = greedy(fresh)
+        finally:
+            fresh.stop()
+        server = Server(args.beamline, models[1], args.device, extra)
+        trainer = Trainer()
+        try:
+            before = greedy(server)
+            assert before != expected, "the two random checkpoints answer alike; the check would prove nothing"
+            base = server.base
+
+            def unchanged(what):
+                assert greedy(server) == before, f"the served weights changed after {what}"
+
+            # Joining: refusals and mistakes name their cause.
+            status, reply = init_group(base, trainer, group_name="g", backend="gloo", accept=False)
+            expect_error(status, reply, "master_address", r"backend: 'gloo' is not tcp or nccl", "unknown backend")
+            status, reply = init_group(base, trainer, group_name="g", rank_offset=2, world_size=2, accept=False)
+            expect_error(status, reply, "rank_offset", r"rank_offset: 2 is not a rank of a world of 2", "rank_offset")
+            body = {"master_address": trainer.host, "master_port": trainer.port, "rank_offset": 1, "world_size": 2,
+                    "group_name": "g", "backend": "tcp"}
+            pending = in_thread(lambda: post(base, "/init_weights_update_group", body))
+            trainer.accept(refuse="this trainer expects 4 servers")
+            expect_error(*pending(), "master_address", r"refused: this trainer expects 4 servers", "trainer refuses")
+            with socket.socket() as unused:
+                unused.bind(("127.0.0.1", 0))
+                closed_port = unused.getsockname()[1]
+            started = time.time()
+            status, reply = post(base, "/init_weights_update_group", {**body, "master_port": closed_port})
+            expect_error(status, reply, "master_address", rf"trainer \(rank 0\) at 127.0.0.1:{closed_port}: cannot "
+                         rf"connect within {TIMEOUT_SECONDS} s .*: connection refused", "nobody listens")
+            assert time.time() - started < TIMEOUT_SECONDS + 5
+
+            status, reply = init_group(base, trainer, group_name="g")
+            assert status == 200 and reply["success"], reply
+            status, reply = init_group(base, trainer, group_name="g", accept=False)
+            expect_error(status, reply, "group_name", r"'g' exists", "group exists")
+
+            # Updates whose every byte arrives but which the model refuses: the group stays open.
+            bad_shape = (norm[0], norm[1], [norm[2][0] + 1], norm[3] + norm[3][:2])
+
+            def send_first(trainer, tensors):
+                trainer.send_tensor(tensors[0][0], tensors[0][3])
+            refused = [
+                ([("model.layers.0.self_attn.q_proj.lora_A.weight", "bfloat16", [4, 64], bytes(512))],
+                 r'"model.layers.0.self_attn.q_proj.lora_A.weight" is not a tensor of this model', "unknown tensor"),
+                ([norm, (norm[0] + "x", *norm[1:])], r"weightx\" is not a tensor of this model", "a later unknown"),
+                ([bad_shape], r"input_layernorm.weight\": expected shape \[64\], got \[65\]", "wrong shape"),
+                ([(norm[0], "int32", norm[2], bytes(4 * norm[2][0]))], r"dtype I32 is not allowed here", "wrong dtype"),
+                ([norm, norm], r"is sent twice", "a tensor twice"),
+            ]
+            for tensors, pattern, what in refused:
+                status, reply = update_weights(base, trainer, tensors, group_name="g")
+                expect_error(status, reply, "names", pattern, what)
+                unchanged(what)
+
+            status, reply = update_weights(base, trainer, [norm], group_name="nope")
+            expect_error(status, reply, "group_name", r"no weight update group 'nope'", "unknown group")
+
+            # An announcement the server cannot read: the group is closed, which the trainer sees.
+            status, reply = update_weights(base, trainer, [(norm[0], "float64", norm[2], b"")], group_name="g",
+                                           send=lambda trainer, tensors: None)
+            expect_error(status, reply, "dtypes", r"dtypes\[0\]: 'float64' is not", "unknown dtype")
+            unchanged("an unreadable announcement")
+            status, reply = update_weights(base, trainer, [norm], group_name="g", send=lambda trainer, tensors: None)
+            expect_error(status, reply, "group_name", r"no weight update group 'g'", "group closed after a bad call")
+            trainer.close_servers()
+
+            # A trainer that stops sending: the deadline names it, and the group is closed. Meanwhile the server
+            # answers with the old weights.
+            assert init_group(base, trainer, group_name="g")[0] == 200
+            started = time.time()
+
+            def stall(trainer, tensors):
+                send_first(trainer, tensors)
+                assert greedy(server) == before, "answers during a transfer differ from the old weights'"
+                assert time.time() - started < TIMEOUT_SECONDS, "answering took as long as the transfer's timeout"
+            status, reply = update_weights(base, trainer, [norm, router], group_name="g", send=stall)
+            expect_error(status, reply, "group_name", rf"tensor 2 of 2 \(\"{re.escape(router[0])}\"\): nothing from "
+                         rf"the trainer \(rank 0\) at 127.0.0.1:{trainer.port} for {TIMEOUT_SECONDS} s", "timeout")
+            assert time.time() - started < TIMEOUT_SECONDS + 5
+            unchanged("a timeout")
+            trainer.close_servers()
+
+            # A trainer that dies half-way through a tensor.
+            assert init_group(base, trainer, group_name="g")[0] == 200
+
+            def die(trainer, tensors):
+                send_first(trainer, tensors)
+                name, _, _, data = tensors[1]
+                conn = trainer.servers[0]
+                conn.sendall(struct.pack("<I", len(name)) + name.encode() + struct.pack("<Q", len(data)))
+                conn.sendall(data[:len(data) // 2])
+                trainer.close_servers()
+            status, reply = update_weights(base, trainer, [norm, router], group_name="g", send=die)
+            expect_error(status, reply, "group_name", rf"tensor 2 of 2 .*closed the connection after "
+                         rf"{len(router[3]) // 2} of {len(router[3])} bytes", "trainer died")
+            unchanged("a trainer that died")
+
+            # Tensors in another order than announced.
+            assert init_group(base, trainer, group_name="g")[0] == 200
+            status, reply = update_weights(base, trainer, [norm, router], group_name="g",
+                                           send=lambda trainer, tensors: send_first(trainer, tensors[1:]))
+            expect_error(status, reply, "group_name", r"sent \".*mlp.gate.weight\" where the update lists", "order")
+            unchanged("tensors out of order")
+            trainer.close_servers()
+
+            # The new checkpoint in two buckets (as SkyRL sends it): after the first the weights are a mix, after the
+            # second they are the new checkpoint's, exactly.
+            assert init_group(base, trainer, group_name="g")[0] == 200
+            half = len(new_tensors) // 2
+            status, reply = update_weights(base, trainer, new_tensors[:half], group_name="g", flush_cache=False)
+            assert status == 200 and reply["success"] and reply["weight_version"] == "1", reply
+            # The second while a long request is in flight: as in SGLang the update waits for it, so all its tokens
+            # come from one version of the weights (the mixed ones).
+            long_request = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 500, "temperature": 0,
+                            "ignore_eos": True, "return_token_ids": True}
+            status, alone = post(base, "/v1/completions", long_request)
+            assert status == 200, alone
+            # Streamed, so that the update starts only once the request is surely running.
+            stream = urllib.request.urlopen(urllib.request.Request(
+                base + "/v1/completions", data=json.dumps({**long_request, "stream": True}).encode(),
+                headers={"Content-Type": "application/json"}), timeout=300)
+            long_started = time.time()
+            first = stream_token_ids(stream, first_only=True)
+            rest = in_thread(lambda: (stream_token_ids(stream), time.time()))
+            update_started = time.time()
+            status, reply = update_weights(base, trainer, new_tensors[half:], group_name="g", weight_version="step-2")
+            assert status == 200 and reply["success"] and reply["weight_version"] == "step-2", reply
+            updated = time.time()
+            remaining, long_ended = rest()
+            assert long_ended <= updated, "the update was answered before the request in flight had finished"
+            assert first + remaining == alone["choices"][0]["token_ids"], \
+                "a request in flight during an update mixed two versions of the weights"
+            print(f"  an update waited for the request in flight ({long_ended - long_started:.2f} s, "
+                  f"update answered {updated - update_started:.2f} s after it was sent)")
+            after = greedy(server)
+            assert after == expected, f"after the update:\n{after}\nexpected (a server started on it):\n{expected}"
+            status, reply = post(base, "/v1/completions", {"model": "tiny", "prompt": [1], "max_tokens": 1})
+            assert reply["weight_version"] == "step-2", reply
+            print(f"  {len(new_tensors)} tensors sent in two updates: greedy answers equal a fresh server's")
+
+            # A BF16 router is taken (widened to F32, the router's dtype).
+            bits = struct.unpack(f"<{len(router[3]) // 4}I", router[3])
+            bf16 = struct.pack(f"<{len(bits)}H", *[b >> 16 for b in bits])
+            status, reply = update_weights(base, trainer, [(router[0], "bfloat16", router[2], bf16)], group_name="g")
+            assert status == 200, reply
+
+            status, reply = post(base, "/destroy_weights_update_group", {"group_name": "g"})
+            assert status == 200 and reply["success"], reply
+            status, reply = post(base, "/destroy_weights_update_group", {"group_name": "g"})
+            expect_error(status, reply, "group_name", r"no weight update group 'g'", "destroyed twice")
+        finally:
+            trainer.close()
+            server.stop()
+        print("weight sync over tcp: ok")
+
+
+if __name__ == "__main__":
+    main()
