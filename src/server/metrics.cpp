@@ -141,6 +141,11 @@ std::string render_metrics(const EngineStats& stats, const std::map<int, uint64_
             static_cast<double>(stats.kv_token_capacity));
   out.counter("beamline:request_failed_total", "Requests that ended with an engine error.",
               static_cast<double>(stats.requests_failed));
+  out.counter("beamline:jump_forward_draft_tokens_total",
+              "Structured outputs: grammar-forced tokens proposed as drafts (--jump-forward).",
+              static_cast<double>(stats.jump_forward_draft_tokens_total));
+  out.counter("beamline:jump_forward_accepted_tokens_total", "Grammar-forced draft tokens the model confirmed.",
+              static_cast<double>(stats.jump_forward_accepted_tokens_total));
   out.counter("beamline:engine_steps_total", "Engine steps (batched forward passes).",
               static_cast<double>(stats.steps_total));
   out.gauge("beamline:http_streams_active", "Streaming responses in progress.", static_cast<double>(active_streams));
