@@ -68,6 +68,10 @@ const Case kCases[] = {
         "phones":{"type":"array","items":{"type":"string","pattern":"^\\+?[0-9 -]{7,20}$"},"maxItems":4}},
         "required":["name","age","email"],"additionalProperties":false})",
      R"({"name": "Ada Lovelace", "age": 36, "email": "ada.lovelace@example.org", "address": {"street": "12 St James's Square", "city": "London", "country": "UK"}, "phones": ["+44 20 7946 0018", "020 7946 0991"]})"},
+    {"email and a path pattern (counted repetitions)", R"({"type":"object","properties":{
+        "to":{"type":"string","format":"email"},"path":{"type":"string","pattern":"^/[A-Za-z0-9_./-]{0,40}$"}},
+        "required":["to","path"],"additionalProperties":false})",
+     R"({"to": "ada.lovelace@analytical-engine.example.org", "path": "/notes/engine_2.md"})"},
     {"tool arguments with enums and oneOf", R"({"type":"object","properties":{
         "location":{"type":"string","description":"City and country"},
         "unit":{"type":"string","enum":["celsius","fahrenheit"]},
@@ -301,7 +305,7 @@ int main(int argc, char** argv) {
   }
   if (!schema_file.empty()) schema_file_compiles(schema_file, vocabulary, harmony, end);
   if (!device.empty()) {
-    const Case& turn = kCases[3];  // the Harmony tool-call turn
+    const Case& turn = kCases[4];  // the Harmony tool-call turn
     batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),
                      tokenizer->encode(turn.output, true), 100);
   }

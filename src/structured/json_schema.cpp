@@ -245,6 +245,12 @@ struct Language {
   // (Grammar::counted) where unrolling them would cost a state per character.
   int64_t min_length = 0, max_length = -1;
   bool length_bounded() const { return min_length > 0 || max_length >= 0; }
+  // pattern / format contents (canonical JSON string content) the strings must match, kept as expressions until
+  // something needs them in the automaton: alone, a rule body holds them, and their long repetitions are counted.
+  std::vector<ExprId> string_contents;
+  bool same_string_rules(const Language& other) const {
+    return min_length == other.min_length && max_length == other.max_length && string_contents == other.string_contents;
+  }
 };
 
 const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties",
@@ -325,8 +331,22 @@ class SchemaCompiler {
 
   static bool has_strings(const Automaton& scalars) { return scalars.num_states > 0 && scalars.step(0, '"') >= 0; }
 
+  // Intersects the pending pattern / format contents into the scalar automaton (their repetitions unrolled).
+  void apply_contents(Language& language) {
+    for (ExprId content : language.string_contents)
+      restrict_scalars(language, with_other_scalars(intersect(strings_, g_.to_automaton(string_expr(content))), strings_));
+    language.string_contents.clear();
+  }
+
+  // Every string rule of the language in its automaton: for the combinators that need the exact set of strings (oneOf,
+  // not, anyOf of different rules).
+  void settle_strings(Language& language) {
+    apply_contents(language);
+    unroll_lengths(language);
+  }
+
   // Applies the length bounds to the scalar automaton itself, one state per character: for the combinators that need
-  // the exact set of strings (oneOf, not, anyOf of different bounds) and contents a counter cannot measure.
+  // the exact set of strings and contents a counter cannot measure.
   void unroll_lengths(Language& language) {
     if (!language.length_bounded()) return;
     const bool max_too_large = language.max_length > kMaxUnrolledLength;
@@ -368,7 +388,14 @@ class SchemaCompiler {
   // The scalars of a language as a rule body: length-bounded strings as their content under a counter (one rule
   // whatever the bound) when the counter enforces the bounds exactly, else unrolled into the automaton.
   ExprId scalar_expr(Language& language) {
-    if (!language.length_bounded() || !has_strings(language.scalars)) return g_.automaton(language.scalars);
+    if (!has_strings(language.scalars)) return g_.automaton(language.scalars);
+    if (!language.length_bounded() && language.string_contents.size() == 1 &&
+        intersect(strings_, complement(intersect(language.scalars, strings_))).num_states == 0) {
+      // Any string the pattern / format allows: the content as it is, so its long repetitions are counted.
+      return g_.choice({g_.automaton(intersect(language.scalars, non_strings_)), string_expr(language.string_contents[0])});
+    }
+    apply_contents(language);
+    if (!language.length_bounded()) return g_.automaton(language.scalars);
     const Automaton content = string_content(intersect(language.scalars, strings_));
     const auto starts = json_character_starts(content);
     const auto min = static_cast<int32_t>(language.min_length), max = static_cast<int32_t>(language.max_length);
@@ -554,24 +581,28 @@ class SchemaCompiler {
     return copy;
   }
 
-  // The options' strings keep a counter when every option holding strings has the same bounds; otherwise those
-  // options' bounds are unrolled (they may then differ per option). Returns the bounds to carry.
-  std::pair<int64_t, int64_t> common_lengths(std::vector<Language>& options) {
+  // The options' string rules (length bounds, pattern / format contents) stay beside the automaton when every option
+  // holding strings has the same ones; otherwise those options' rules go into their automata. Copies what stays to
+  // `out`.
+  void common_string_rules(std::vector<Language>& options, Language& out) {
     std::vector<Language*> with_strings;
     for (Language& o : options)
       if (has_strings(o.scalars)) with_strings.push_back(&o);
-    if (with_strings.empty()) return {0, -1};
-    const auto bounds = [](const Language* o) { return std::pair{o->min_length, o->max_length}; };
+    if (with_strings.empty()) return;
     const bool same = std::all_of(with_strings.begin(), with_strings.end(),
-                                  [&](const Language* o) { return bounds(o) == bounds(with_strings[0]); });
-    if (same) return bounds(with_strings[0]);
-    for (Language* o : with_strings) unroll_lengths(*o);
-    return {0, -1};
+                                  [&](const Language* o) { return o->same_string_rules(*with_strings[0]); });
+    if (!same) {
+      for (Language* o : with_strings) settle_strings(*o);
+      return;
+    }
+    out.min_length = with_strings[0]->min_length;
+    out.max_length = with_strings[0]->max_length;
+    out.string_contents = with_strings[0]->string_contents;
   }
 
   Language unite(std::vector<Language> options) {
     Language out;
-    std::tie(out.min_length, out.max_length) = common_lengths(options);
+    common_string_rules(options, out);
     std::vector<ExprId> scalar_parts;
     bool any_literal_restriction = false, any_free = false;
     std::set<std::string> literals;
@@ -603,8 +634,8 @@ class SchemaCompiler {
     // Subtracting one option's strings from another's needs them exact; one option with strings keeps its counter.
     const auto holds_strings = [&](const Language& o) { return has_strings(o.scalars); };
     if (std::count_if(options.begin(), options.end(), holds_strings) > 1)
-      for (Language& o : options) unroll_lengths(o);
-    std::tie(out.min_length, out.max_length) = common_lengths(options);
+      for (Language& o : options) settle_strings(o);
+    common_string_rules(options, out);
     std::vector<ExprId> scalar_parts;
     for (size_t i = 0; i < options.size(); ++i) {
       Automaton only = options[i].scalars;
@@ -634,7 +665,7 @@ class SchemaCompiler {
   }
 
   Language subtract(Language base, Language excluded) {
-    unroll_lengths(excluded);  // its complement needs its exact strings; the base's bounds still apply after
+    settle_strings(excluded);  // its complement needs its exact strings; the base's string rules still apply after
     base.scalars = intersect(base.scalars, complement(excluded.scalars));
     auto apply = [&](std::vector<Conjunction>& mine, const std::vector<Conjunction>& theirs,
                      const std::set<std::string>& keywords) {
@@ -760,14 +791,11 @@ class SchemaCompiler {
       else out.max_length = out.max_length < 0 ? n : std::min(out.max_length, n);
     } else if (key == "pattern") {
       if (!value.is_string()) refuse(key, "its value is not a string");
-      ExprId content = regex_to_expr(g_, value.get<std::string>(), RegexEncoding::kJsonString, true, "pattern");
-      Automaton matching = intersect(strings_, g_.to_automaton(string_expr(content)));
-      restrict_scalars(out, with_other_scalars(matching, strings_));
+      out.string_contents.push_back(regex_to_expr(g_, value.get<std::string>(), RegexEncoding::kJsonString, true, "pattern"));
     } else if (key == "format") {
       if (!value.is_string()) refuse(key, "its value is not a string");
       std::string regex = format_regex(value.get<std::string>());
-      ExprId content = regex_to_expr(g_, regex, RegexEncoding::kJsonString, false, "format");
-      restrict_scalars(out, with_other_scalars(g_.to_automaton(string_expr(content)), strings_));
+      out.string_contents.push_back(regex_to_expr(g_, regex, RegexEncoding::kJsonString, false, "format"));
     } else if (key == "$ref" || key == "allOf" || key == "anyOf" || key == "oneOf" || key == "not") {
       // handled by expand() / lower()
     } else if (key == "if" || key == "then" || key == "else" || key == "contentSchema" || key == "$dynamicRef" ||
@@ -832,6 +860,7 @@ class SchemaCompiler {
     if (scalar_only) {
       std::string akey = automaton_key(language.scalars) + "/" + std::to_string(language.min_length) + "/" +
                          std::to_string(language.max_length);
+      for (ExprId content : language.string_contents) akey += "/" + std::to_string(content);
       if (auto it = scalar_rules_.find(akey); it != scalar_rules_.end()) return rules_[key] = it->second;
       RuleId rule = g_.add_rule("scalar" + std::to_string(g_.num_rules()));
       g_.set_body(rule, scalar_expr(language));

@@ -302,7 +302,8 @@ TEST(TokenMask, EqualsBruteForceOnJsonSchema) {
 TEST(TokenMask, EqualsBruteForceNearCountedBounds) {
   check_masks_against_brute_force(json_schema_grammar(R"({"type":"object","properties":{
       "a":{"type":"string","minLength":20,"maxLength":23},"b":{"type":"string","maxLength":25,"pattern":"^[a-c]+$"},
-      "c":{"type":"string","maxLength":2}},"required":["a","b","c"],"additionalProperties":false})"), 40, 4);
+      "c":{"type":"string","maxLength":2},"d":{"type":"string","pattern":"^(ab|c|na){17,19}$"},
+      "e":{"type":"string","format":"email"}},"required":["a","b","c","d","e"],"additionalProperties":false})"), 40, 4);
   check_masks_against_brute_force(regex_grammar("(ab|c|\"){18,20}(na|me){0,30}"), 40, 5);
 }
 
