@@ -561,12 +561,19 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   return true;
 }
 
+// Routed experts are not replayed for draft rows (as with speculative decoding), and rows that need the host decode one
+// token per step.
+bool EngineCore::can_jump_forward(const SampleState& sample) const {
+  return !sample.request->request.return_routed_experts && !needs_host(sample);
+}
+
 bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
   if (!config_.jump_forward || tokenizer_ == nullptr) return false;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     if (step.plan.scheduled[i].num_draft_tokens > 0) return true;  // launch_ahead places one token per sequence
     SampleState* sample = live_sample(step.ids[i]);
-    if (sample != nullptr && sample->grammar != nullptr && !sample->grammar->jump_forward_bytes().empty()) return true;
+    if (sample == nullptr || sample->grammar == nullptr || !can_jump_forward(*sample)) continue;
+    if (!sample->grammar->jump_forward_bytes().empty()) return true;
   }
   return false;
 }
@@ -590,9 +597,8 @@ void EngineCore::propose_drafts() {
     if (needs_host(sample)) continue;
     // Never past max_tokens: the draft and the target's token after it must fit.
     const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
-    // Jump-forward: the grammar's forced tokens, rather than a speculative draft. (Routed experts are not replayed
-    // for draft rows, as with speculative decoding.)
-    if (jump_forward && sample.grammar != nullptr && room > 0 && !sample.request->request.return_routed_experts) {
+    // Jump-forward: the grammar's forced tokens, rather than a speculative draft.
+    if (jump_forward && sample.grammar != nullptr && room > 0 && can_jump_forward(sample)) {
       const std::vector<TokenId> forced = sample.grammar->jump_forward_tokens(
           *tokenizer_, static_cast<std::size_t>(std::min(room, kMaxJumpForwardTokens)));
       if (!forced.empty()) {

@@ -123,6 +123,7 @@ class EngineCore {
   // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
   // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)
   bool jump_forward_ahead(const InFlightStep& step) const;
+  bool can_jump_forward(const SampleState& sample) const;
   // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
   // the target's hidden states of those positions only.
   void commit_draft_context(const InFlightStep& step);
