@@ -359,14 +359,15 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
       previous = bytes;
       needs.emplace_back(path.back().second + tables_.shortest[path.back().first], token);
     }
-  std::sort(needs.begin(), needs.end());
-  const int32_t largest = needs.empty() ? 0 : needs.back().first;
+  // Needs are small (at most a token's length plus the rule's shortest end): a counting sort.
+  int32_t largest = 0;
+  for (const auto& [need, token] : needs) largest = std::max(largest, need);
   out.need_begin.assign(static_cast<size_t>(largest) + 2, 0);
-  for (const auto& [need, token] : needs) {
-    ++out.need_begin[need + 1];
-    out.by_need.push_back(token);
-  }
+  for (const auto& [need, token] : needs) ++out.need_begin[need + 1];
   for (size_t k = 1; k < out.need_begin.size(); ++k) out.need_begin[k] += out.need_begin[k - 1];
+  out.by_need.resize(needs.size());
+  std::vector<int32_t> next(out.need_begin.begin(), out.need_begin.end() - 1);
+  for (const auto& [need, token] : needs) out.by_need[next[need]++] = token;
 }
 
 // Near its bound, a counted frame allows the tokens of small need: set the few that are, or copy the whole set and
