@@ -5,7 +5,9 @@
 // schema as a tool's parameters.
 // With a device name (`cpu`, `cuda`) it then times one decode step's mask work at batch 64 (batch_step_masks);
 // passes 0 skips the per-case table.
-// Usage: bench_structured <o200k_base.tiktoken> [passes] [device]
+// With --schemas=FILE (bench/data/structured_schemas.json, the scale test's) it compiles every schema of the file on
+// o200k, alone and as the one tool of a Harmony turn grammar, and prints the compile CPU time of each.
+// Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE]
 //        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
 #include <chrono>
@@ -13,6 +15,10 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
 
 #include "backend/registry.h"
 #include "structured/harmony_constraint.h"
@@ -62,6 +68,10 @@ const Case kCases[] = {
         "phones":{"type":"array","items":{"type":"string","pattern":"^\\+?[0-9 -]{7,20}$"},"maxItems":4}},
         "required":["name","age","email"],"additionalProperties":false})",
      R"({"name": "Ada Lovelace", "age": 36, "email": "ada.lovelace@example.org", "address": {"street": "12 St James's Square", "city": "London", "country": "UK"}, "phones": ["+44 20 7946 0018", "020 7946 0991"]})"},
+    {"email and a path pattern (counted repetitions)", R"({"type":"object","properties":{
+        "to":{"type":"string","format":"email"},"path":{"type":"string","pattern":"^/[A-Za-z0-9_./-]{0,40}$"}},
+        "required":["to","path"],"additionalProperties":false})",
+     R"({"to": "ada.lovelace@analytical-engine.example.org", "path": "/notes/engine_2.md"})"},
     {"tool arguments with enums and oneOf", R"({"type":"object","properties":{
         "location":{"type":"string","description":"City and country"},
         "unit":{"type":"string","enum":["celsius","fahrenheit"]},
@@ -171,6 +181,42 @@ void batch_step_masks(const std::string& device, const std::shared_ptr<const bea
               percentile(apply_us, 0.99), percentile(sample_us, 0.5));
 }
 
+// Compile CPU ms (median of 3) of each schema in `path`, alone (with eos) and as the only tool of a Harmony turn.
+void schema_file_compiles(const std::string& path, const std::shared_ptr<const beamline::Vocabulary>& plain,
+                          const std::shared_ptr<const beamline::Vocabulary>& harmony, beamline::TokenId eos) {
+  using namespace beamline;
+  std::ifstream in(path);
+  const nlohmann::json schemas = nlohmann::json::parse(in);
+  auto median_cpu_ms = [](auto&& compile) {
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) {
+      const double start = thread_cpu_ms();
+      compile();
+      ms.push_back(thread_cpu_ms() - start);
+    }
+    return percentile(ms, 0.5);
+  };
+  std::printf("\n| # | schema | compile CPU ms | states | in a Harmony turn: CPU ms | states |\n| --- | --- | --- | --- | --- | --- |\n");
+  double worst = 0, worst_harmony = 0;
+  for (std::size_t i = 0; i < schemas.size(); ++i) {
+    const std::string schema = schemas[i]["schema"].dump();
+    int32_t states = 0, harmony_states = 0;
+    const double alone = median_cpu_ms([&] {
+      states = CompiledGrammar::compile(json_schema_grammar(schema), plain, {eos})->tables().num_states;
+    });
+    const double in_turn = median_cpu_ms([&] {
+      HarmonyConstraintSpec spec;
+      spec.tools.push_back({"functions." + schemas[i]["name"].get<std::string>(), schema});
+      harmony_states = CompiledGrammar::compile(harmony_grammar(spec), harmony, {})->tables().num_states;
+    });
+    worst = std::max(worst, alone);
+    worst_harmony = std::max(worst_harmony, in_turn);
+    std::printf("| %zu | %s | %.1f | %d | %.1f | %d |\n", i, schemas[i]["name"].get<std::string>().c_str(), alone, states,
+                in_turn, harmony_states);
+  }
+  std::printf("\nslowest compile: %.1f ms alone, %.1f ms in a Harmony turn\n", worst, worst_harmony);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +224,11 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s <o200k_base.tiktoken> [passes]\n", argv[0]);
     return 2;
+  }
+  std::string schema_file;
+  if (const std::string last = argv[argc - 1]; argc > 2 && last.rfind("--schemas=", 0) == 0) {
+    schema_file = last.substr(10);
+    --argc;
   }
   int passes = argc > 2 ? std::atoi(argv[2]) : 10;
   const std::string device = argc > 3 ? argv[3] : "";
@@ -252,8 +303,9 @@ int main(int argc, char** argv) {
                 compiled->uncertain_total(),
                 percentile(mask_us, 0.5), percentile(mask_us, 0.99), percentile(mask_us, 1.0), percentile(accept_us, 0.5));
   }
+  if (!schema_file.empty()) schema_file_compiles(schema_file, vocabulary, harmony, end);
   if (!device.empty()) {
-    const Case& turn = kCases[3];  // the Harmony tool-call turn
+    const Case& turn = kCases[4];  // the Harmony tool-call turn
     batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),
                      tokenizer->encode(turn.output, true), 100);
   }

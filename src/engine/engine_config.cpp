@@ -135,6 +135,10 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
                    "Schedule and launch the next step while the device runs the current one; its decode tokens are "
                    "read on the device from this step's samples (default on; --no-async-scheduling for the synchronous "
                    "loop)");
+  command.add_flag("--jump-forward,!--no-jump-forward", config.jump_forward,
+                   "Structured outputs: where the grammar forces the next bytes (JSON keys and punctuation, Harmony "
+                   "headers), their tokens join the next step as a draft that the model verifies, so one step can emit "
+                   "several; outputs stay exactly those without it (default on; --no-jump-forward turns it off)");
   command
       .add_option_function<std::string>(
           "--speculative-config",

@@ -38,6 +38,7 @@ struct EngineConfig {
   bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (runner/decode_graphs.h)
   bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
   SpeculativeConfig speculative;          // --speculative-config: draft tokens verified per step (engine_core.h)
+  bool jump_forward = true;               // --jump-forward: a constrained output's forced tokens as a draft (engine_core.h)
   bool enable_return_routed_experts = false;  // --enable-return-routed-experts: capture the router's choices (docs/rl.md)
   bool batch_invariant = false;           // --batch-invariant: a row's results never depend on its batch (docs/rl.md)
   // LoRA (docs/lora.md), vLLM's flags: --enable-lora, --max-loras (adapters loaded at once, each in its slot),

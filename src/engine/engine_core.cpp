@@ -22,6 +22,9 @@ std::size_t allowed_prefix(GrammarMatcher& matcher, std::span<const TokenId> tok
   return count;
 }
 
+// A forced run longer than this is drafted over several steps (a long draft costs its rows even where rejected).
+constexpr int32_t kMaxJumpForwardTokens = 16;
+
 double seconds_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -283,7 +286,8 @@ std::vector<std::string> EngineCore::step() {
   }
   std::unique_ptr<InFlightStep> next;
   // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before the next.
-  if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch)
+  if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch &&
+      !jump_forward_ahead(*in_flight_))
     next = launch_ahead(*in_flight_, ended);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   // Taken before finish(): a sequence that ends in it goes.
@@ -378,7 +382,8 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
     // rows that need the host are sampled when the step is finished, after the previous tokens are in.
     const bool on_device = std::none_of(step->producing.begin(), step->producing.end(), [&](std::size_t i) {
       const SampleState& sample = *samples_by_sequence_.at(step->ids[i]);
-      const bool verifies_on_host = step->plan.scheduled[i].num_draft_tokens > 0 && !sample.request->request.sampling.greedy();
+      const bool verifies_on_host = step->plan.scheduled[i].num_draft_tokens > 0 &&
+                                    !sample.request->request.sampling.greedy() && !sample.forced_draft;
       return needs_host(sample) || verifies_on_host;
     });
     if (on_device && !step->producing.empty() && !waits_for_grammar(*step)) {
@@ -571,9 +576,27 @@ bool EngineCore::emit(SampleState& sample, SampledToken sampled, Clock::time_poi
   return true;
 }
 
+// Routed experts are not replayed for draft rows (as with speculative decoding), and rows that need the host decode one
+// token per step.
+bool EngineCore::can_jump_forward(const SampleState& sample) const {
+  return !sample.request->request.return_routed_experts && !needs_host(sample);
+}
+
+bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
+  if (!config_.jump_forward || tokenizer_ == nullptr) return false;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    if (step.plan.scheduled[i].num_draft_tokens > 0) return true;  // launch_ahead places one token per sequence
+    SampleState* sample = live_sample(step.ids[i]);
+    if (sample == nullptr || sample->grammar == nullptr || !can_jump_forward(*sample)) continue;
+    if (!sample->grammar->jump_forward_bytes().empty()) return true;
+  }
+  return false;
+}
+
 bool EngineCore::propose_drafts() {
   const SpeculativeConfig& spec = config_.speculative;
-  if (!spec.enabled()) return false;
+  const bool jump_forward = config_.jump_forward && tokenizer_ != nullptr;
+  if (!spec.enabled() && !jump_forward) return false;
   struct Drafting {
     Sequence* sequence;
     SampleState* sample;
@@ -585,13 +608,26 @@ bool EngineCore::propose_drafts() {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
     ++decoding;
     SampleState& sample = *samples_by_sequence_.at(sequence->id);
+    sample.forced_draft = false;
     // Penalties, logit bias and min_tokens masks edit each row by the tokens before it on the host path; such
     // sequences decode one token per step.
     if (needs_host(sample)) continue;
     // Never past max_tokens: the draft and the target's token after it must fit.
     const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 1;
+    // Jump-forward: the grammar's forced tokens, rather than a speculative draft.
+    if (jump_forward && sample.grammar != nullptr && room > 0 && can_jump_forward(sample)) {
+      const std::vector<TokenId> forced = sample.grammar->jump_forward_tokens(
+          *tokenizer_, static_cast<std::size_t>(std::min(room, kMaxJumpForwardTokens)));
+      if (!forced.empty()) {
+        sequence->tokens.insert(sequence->tokens.end(), forced.begin(), forced.end());
+        sequence->num_draft_tokens = static_cast<int32_t>(forced.size());
+        sample.forced_draft = true;
+        counters_.jump_forward_draft_tokens_total += forced.size();
+        continue;
+      }
+    }
     const int32_t k = std::min(spec.num_speculative_tokens, room);
-    if (k > 0) drafting.push_back({sequence, &sample, k});
+    if (spec.enabled() && k > 0) drafting.push_back({sequence, &sample, k});
   }
   if (drafting.empty()) return false;
   if (adaptive_) {
@@ -680,7 +716,10 @@ void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t 
     RowSampling row;
     row.settings = sample_settings(params, sample.sampler, logit_row + j);  // draws the acceptance uniform
     // Greedy rows and the row after the last draft are sampled as usual: the token that comes out is the target's.
-    if (j < num_drafts && !params.greedy()) {
+    // So are a forced draft's rows: each draws the uniform its position would draw without the draft, and the draft
+    // is kept as far as the sampled tokens equal it (each with the target's probability of that token, as a
+    // speculative draft's verification would keep it), so the outputs are those without the draft, token for token.
+    if (j < num_drafts && !params.greedy() && !sample.forced_draft) {
       const TokenId draft = tokens[tokens.size() - num_drafts + j];
       const double residual_uniform = sample.sampler.next_uniform();
       row.sample_on_host = [settings = row.settings, draft, residual_uniform,
@@ -702,6 +741,13 @@ std::vector<SampledToken> EngineCore::settle_drafts(SampleState& sample, int32_t
   rows.resize(accepted + 1);
   for (int32_t j = 0; j <= accepted; ++j) sample.sampler.record_output(rows[j].token);
 
+  scheduler_.settle_drafts(sequence, accepted);
+  sequence.tokens.resize(sequence.tokens.size() - accepted);  // emit() appends them again, one stop check each
+  if (sample.forced_draft) {
+    if (!sample.request->request.sampling.greedy()) sample.sampler.take_back(num_drafts - accepted);
+    counters_.jump_forward_accepted_tokens_total += accepted;
+    return rows;
+  }
   if (adaptive_) {
     const std::span<const float> confidence(sample.draft_confidence);
     adaptive_->record_verification(confidence.first(std::min(confidence.size(), static_cast<std::size_t>(num_drafts))),
@@ -713,9 +759,6 @@ std::vector<SampledToken> EngineCore::settle_drafts(SampleState& sample, int32_t
   auto& per_position = counters_.spec_decode_num_accepted_tokens_per_pos;
   if (per_position.size() < static_cast<std::size_t>(num_drafts)) per_position.resize(num_drafts, 0);
   for (int32_t j = 0; j < accepted; ++j) ++per_position[j];
-
-  scheduler_.settle_drafts(sequence, accepted);
-  sequence.tokens.resize(sequence.tokens.size() - accepted);  // emit() appends them again, one stop check each
   return rows;
 }
 

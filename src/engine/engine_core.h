@@ -11,6 +11,11 @@
 // spec/ngram_proposer.h, or the runner's block drafter, spec/block_drafter.h); they join the step as extra query rows with logit rows, and the target's rows decide how
 // many are kept (spec/draft_verification.h): the outputs are distributed as without speculation, token for token for
 // greedy rows. A draft is proposed from tokens the host has, so speculating engines run synchronously.
+// Jump-forward (--jump-forward, structured outputs): where a constrained sequence's grammar forces the next bytes, their
+// tokens (GrammarMatcher::jump_forward_tokens) are its draft instead, verified the same way under the grammar's masks,
+// so the outputs are exactly those without it while a step can emit several tokens. With --async-scheduling the engine
+// waits for a step's tokens (no step launched ahead) when a constrained sequence is inside forced bytes, so that the
+// next step can carry the draft.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -72,6 +77,7 @@ class EngineCore {
     StopChecker stop;
     bool finished = false;
     bool token_pending = false;  // sequence.tokens ends with the placeholder of a token still being sampled
+    bool forced_draft = false;   // the sequence's draft is jump-forward's (counted apart from speculative decoding)
     // Structured outputs: where the output is in the request's grammar. Its next-token mask needs every token so
     // far, so a constrained row is sampled only once the token before it is known (see sample_waiting_rows).
     std::unique_ptr<GrammarMatcher> grammar;
@@ -119,7 +125,8 @@ class EngineCore {
 
   // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
   // pass of the runner's block drafter over all of them); with adaptive verification only the drafts that pay, and
-  // none when the step is better off without (then no drafter pass runs). Returns whether drafts were proposed.
+  // none when the step is better off without (then no drafter pass runs); with jump-forward, a constrained sequence's
+  // forced tokens instead. Returns whether speculative drafts were proposed (forced tokens do not count).
   bool propose_drafts();
   // Adaptive verification: a step without prompt rows, by its decoding sequences and drafts (nullopt for others),
   // and the wall time of such a step from `started` to now.
@@ -128,6 +135,10 @@ class EngineCore {
   };
   static std::optional<DecodeShape> decode_shape(const InFlightStep& step);
   void record_step_cost(const DecodeShape& shape, bool drafted, Clock::time_point started);
+  // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
+  // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)
+  bool jump_forward_ahead(const InFlightStep& step) const;
+  bool can_jump_forward(const SampleState& sample) const;
   // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
   // the target's hidden states of those positions only.
   void commit_draft_context(const InFlightStep& step);

@@ -44,6 +44,9 @@ struct EngineStats {
   uint64_t spec_decode_num_draft_tokens_total = 0;
   uint64_t spec_decode_num_accepted_tokens_total = 0;
   std::vector<uint64_t> spec_decode_num_accepted_tokens_per_pos;  // [position in the draft]
+  // Jump-forward (structured outputs): tokens of grammar-forced drafts, and those the target's rows confirmed.
+  uint64_t jump_forward_draft_tokens_total = 0;
+  uint64_t jump_forward_accepted_tokens_total = 0;
   Histogram time_to_first_token{time_to_first_token_buckets()};
   Histogram inter_token_latency{inter_token_latency_buckets()};
   Histogram e2e_request_latency{request_latency_buckets()};

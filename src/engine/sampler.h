@@ -27,6 +27,9 @@ class SamplerState {
   SamplerState(uint64_t seed, std::span<const TokenId> prompt, const SamplingParams& params);
 
   double next_uniform();  // in [0, 1)
+  // Takes back the last `count` draws (rows drawn for draft tokens that were not kept), so the next draw is the one
+  // the sample would make without those rows.
+  void take_back(uint64_t count) { draws_ -= count; }
   void record_output(TokenId token) { ++output_counts_[token]; }
   const std::unordered_map<TokenId, int32_t>& output_counts() const { return output_counts_; }
   const std::vector<TokenId>& prompt_tokens() const { return prompt_tokens_; }  // sorted, unique

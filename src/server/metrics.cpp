@@ -161,6 +161,12 @@ std::string render_metrics(const std::vector<EngineStats>& engines, const std::m
                  [](S s) { return s.kv_token_capacity; });
   out.per_engine("beamline:request_failed_total", "counter", "Requests that ended with an engine error.",
                  [](S s) { return s.requests_failed; });
+  out.per_engine("beamline:jump_forward_draft_tokens_total", "counter",
+                 "Structured outputs: grammar-forced tokens proposed as drafts (--jump-forward).",
+                 [](S s) { return s.jump_forward_draft_tokens_total; });
+  out.per_engine("beamline:jump_forward_accepted_tokens_total", "counter",
+                 "Grammar-forced draft tokens the model confirmed.",
+                 [](S s) { return s.jump_forward_accepted_tokens_total; });
   out.per_engine("beamline:engine_steps_total", "counter", "Engine steps (batched forward passes).",
                  [](S s) { return s.steps_total; });
   out.gauge("beamline:http_streams_active", "Streaming responses in progress.", static_cast<double>(active_streams));

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
+#include <climits>
+#include <deque>
 #include <functional>
 #include <map>
 #include <unordered_map>
@@ -9,6 +12,32 @@
 #include "tokenizer/utf8.h"
 
 namespace beamline {
+
+uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) {
+  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
+    return byte >= low && byte <= high ? next : kUtf8Invalid;
+  };
+  switch (state) {
+    case 0:
+      if (byte < 0x80) return 0;
+      if (byte >= 0xC2 && byte <= 0xDF) return 1;
+      if (byte == 0xE0) return 4;
+      if (byte == 0xED) return 5;
+      if (byte >= 0xE1 && byte <= 0xEF) return 2;
+      if (byte == 0xF0) return 6;
+      if (byte >= 0xF1 && byte <= 0xF3) return 3;
+      if (byte == 0xF4) return 7;
+      return kUtf8Invalid;
+    case 1: return continuation(0x80, 0xBF, 0);
+    case 2: return continuation(0x80, 0xBF, 1);
+    case 3: return continuation(0x80, 0xBF, 2);
+    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
+    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
+    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
+    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
+    default: return kUtf8Invalid;
+  }
+}
 
 int ByteSet::count() const {
   int total = 0;
@@ -50,7 +79,27 @@ struct Nfa {
   int32_t add() { states.emplace_back(); return static_cast<int32_t>(states.size()) - 1; }
 };
 
-int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from) {
+// Counted repetitions found while building rule bodies, each to become a rule of its own (ids from `first_rule`).
+struct Lifted {
+  RuleId first_rule = 0;
+  std::vector<ExprId> exprs;  // kCounted, or a kRepeat that the matcher counts
+  RuleId add(ExprId id) {
+    exprs.push_back(id);
+    return first_rule + static_cast<RuleId>(exprs.size()) - 1;
+  }
+};
+
+bool large_repeat(const Grammar::Expr& e) {
+  return (e.max_count < 0 ? e.min_count : e.max_count) > Grammar::kUnrolledRepeats;
+}
+
+int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from, Lifted* lifted);
+
+// The body of a counted repetition: `child` repeated any number of times.
+Automaton repetition_loop(const Grammar& grammar, ExprId child);
+bool countable_repetition(const Grammar& grammar, const Grammar::Expr& e);
+
+int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from, Lifted* lifted) {
   using Kind = Grammar::Expr::Kind;
   const Grammar::Expr& e = grammar.expr(id);
   switch (e.kind) {
@@ -68,7 +117,7 @@ int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from
     }
     case Kind::kSequence: {
       int32_t at = from;
-      for (ExprId child : e.children) at = build_fragment(grammar, nfa, child, at);
+      for (ExprId child : e.children) at = build_fragment(grammar, nfa, child, at, lifted);
       return at;
     }
     case Kind::kChoice: {
@@ -76,23 +125,32 @@ int32_t build_fragment(const Grammar& grammar, Nfa& nfa, ExprId id, int32_t from
       for (ExprId child : e.children) {
         int32_t start = nfa.add();
         nfa.states[from].epsilon.push_back(start);
-        nfa.states[build_fragment(grammar, nfa, child, start)].epsilon.push_back(end);
+        nfa.states[build_fragment(grammar, nfa, child, start, lifted)].epsilon.push_back(end);
       }
       return end;
     }
+    case Kind::kCounted:
     case Kind::kRepeat: {
+      const bool count =
+          lifted != nullptr && (e.kind == Kind::kCounted || (large_repeat(e) && countable_repetition(grammar, e)));
+      if (count) {  // a rule of its own, whose frame holds the count
+        int32_t to = nfa.add();
+        nfa.states[from].call_edges.emplace_back(lifted->add(id), to);
+        return to;
+      }
+      require(e.unit == CountUnit::kRepetition, "grammar: a length-bounded string inside a regular expression");
       int32_t at = from;
-      for (int32_t i = 0; i < e.min_count; ++i) at = build_fragment(grammar, nfa, e.children[0], at);
+      for (int32_t i = 0; i < e.min_count; ++i) at = build_fragment(grammar, nfa, e.children[0], at, lifted);
       if (e.max_count < 0) {  // a loop state: enter, match the child, come back
         int32_t loop = nfa.add();
         nfa.states[at].epsilon.push_back(loop);
-        nfa.states[build_fragment(grammar, nfa, e.children[0], loop)].epsilon.push_back(loop);
+        nfa.states[build_fragment(grammar, nfa, e.children[0], loop, lifted)].epsilon.push_back(loop);
         return loop;
       }
       int32_t exit = nfa.add();
       for (int32_t i = e.min_count; i < e.max_count; ++i) {
         nfa.states[at].epsilon.push_back(exit);
-        at = build_fragment(grammar, nfa, e.children[0], at);
+        at = build_fragment(grammar, nfa, e.children[0], at, lifted);
       }
       nfa.states[at].epsilon.push_back(exit);
       return exit;
@@ -327,6 +385,169 @@ Automaton complement(const Automaton& a) {
   return minimize(out);
 }
 
+namespace {
+
+// The automaton of one expression, calls kept (no counted repetition lifted out of it).
+Automaton expression_automaton(const Grammar& grammar, ExprId id) {
+  Nfa nfa;
+  int32_t start = nfa.add();
+  int32_t end = build_fragment(grammar, nfa, id, start, nullptr);
+  return minimize(determinize(nfa, start, end));
+}
+
+Automaton repetition_loop(const Grammar& grammar, ExprId child) {
+  Nfa nfa;
+  int32_t start = nfa.add();
+  int32_t loop = nfa.add();
+  nfa.states[start].epsilon.push_back(loop);
+  nfa.states[build_fragment(grammar, nfa, child, loop, nullptr)].epsilon.push_back(loop);
+  return minimize(determinize(nfa, start, loop));
+}
+
+// The start state of child*'s minimal automaton is where a repetition begins, and only there, when the child is a
+// prefix code (no match is a proper prefix of another: its accepting states read nothing more) that matches no empty
+// string: then a prefix of child* has child* as its residual exactly when it ends a repetition.
+bool countable_repetition(const Grammar& grammar, const Grammar::Expr& e) {
+  const Automaton child = expression_automaton(grammar, e.children[0]);
+  if (child.num_states == 0 || child.accepting[0] || child.has_calls()) return false;
+  for (int32_t s = 0; s < child.num_states; ++s)
+    if (child.accepting[s])
+      for (int b = 0; b < 256; ++b)
+        if (child.step(s, static_cast<uint8_t>(b)) >= 0) return false;
+  return true;
+}
+
+// JSON string content's decoder: 0 at a character boundary, 1..7 inside a UTF-8 character (utf8_prefix_step), then
+// after a backslash, and inside a backslash-u escape with 4..1 hex digits to come; kUtf8Invalid for bytes canonical content lacks.
+constexpr uint8_t kAfterBackslash = 10, kHexDigitsLeft4 = 14;
+uint8_t json_content_step(uint8_t state, uint8_t byte) {
+  if (state == 0 && byte == '\\') return kAfterBackslash;
+  if (state < kUtf8Invalid) return utf8_prefix_step(state, byte);
+  if (state == kAfterBackslash) return byte == 'u' ? kHexDigitsLeft4 : 0;
+  if (!std::isxdigit(byte)) return kUtf8Invalid;
+  return state == kHexDigitsLeft4 - 3 ? 0 : static_cast<uint8_t>(state - 1);
+}
+
+// Per state, the fewest counted bytes on a path to an accepting state (a 0-1 breadth-first search backwards);
+// INT32_MAX where none is reachable.
+std::vector<int32_t> shortest_counts(const Automaton& a, const std::vector<uint8_t>& counting) {
+  std::vector<std::vector<int32_t>> reverse(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s)
+    for (int b = 0; b < 256; ++b)
+      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0 && (reverse[t].empty() || reverse[t].back() != s))
+        reverse[t].push_back(s);
+  std::vector<int32_t> shortest(a.num_states, INT32_MAX);
+  std::deque<int32_t> work;
+  for (int32_t s = 0; s < a.num_states; ++s)
+    if (a.accepting[s]) { shortest[s] = 0; work.push_back(s); }
+  while (!work.empty()) {
+    const int32_t t = work.front();
+    work.pop_front();
+    for (int32_t s : reverse[t]) {
+      const int32_t via = shortest[t] + counting[s];
+      if (via >= shortest[s]) continue;
+      shortest[s] = via;
+      if (counting[s]) work.push_back(s);
+      else work.push_front(s);
+    }
+  }
+  return shortest;
+}
+
+// The distinct targets of each state's byte edges.
+std::vector<std::vector<int32_t>> successors(const Automaton& a) {
+  std::vector<std::vector<int32_t>> out(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s) {
+    for (int b = 0; b < 256; ++b)
+      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0) out[s].push_back(t);
+    std::sort(out[s].begin(), out[s].end());
+    out[s].erase(std::unique(out[s].begin(), out[s].end()), out[s].end());
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::vector<uint8_t>> json_character_starts(const Automaton& content) {
+  std::vector<uint8_t> decoder(content.num_states, kUtf8Invalid + 1);  // unset
+  std::vector<int32_t> work;
+  if (content.num_states > 0) { decoder[0] = 0; work.push_back(0); }
+  while (!work.empty()) {
+    const int32_t s = work.back();
+    work.pop_back();
+    for (int b = 0; b < 256; ++b) {
+      const int32_t t = content.step(s, static_cast<uint8_t>(b));
+      if (t < 0) continue;
+      const uint8_t next = json_content_step(decoder[s], static_cast<uint8_t>(b));
+      if (next == kUtf8Invalid) return std::nullopt;
+      if (decoder[t] == kUtf8Invalid + 1) { decoder[t] = next; work.push_back(t); }
+      else if (decoder[t] != next) return std::nullopt;
+    }
+  }
+  std::vector<uint8_t> starts(content.num_states);
+  for (int32_t s = 0; s < content.num_states; ++s) starts[s] = decoder[s] == 0;
+  return starts;
+}
+
+bool counter_is_exact(const Automaton& a, const std::vector<uint8_t>& counting, int32_t min_count, int32_t max_count,
+                      const std::string& keyword) {
+  if (a.num_states == 0 || a.has_calls()) return false;
+  // Counts past the largest one that matters are all alike: max_count, or min_count when unbounded.
+  const int64_t cap = max_count >= 0 ? max_count : min_count;
+  const int64_t width = cap + 1;
+  if (a.num_states * width > (int64_t{1} << 24)) refuse(keyword, "the bound is too large to enforce");
+  const std::vector<int32_t> shortest = shortest_counts(a, counting);
+  const std::vector<std::vector<int32_t>> next = successors(a);
+  // The matcher's rule: from (s, c) to (t, c + counting[s]), capped when unbounded, while an end stays in reach.
+  auto step = [&](int32_t s, int64_t c, int32_t t) -> int64_t {
+    const int64_t to = counting[s] ? std::min(c + 1, max_count >= 0 ? c + 1 : cap) : c;
+    if (max_count >= 0 && (to > max_count || shortest[t] == INT32_MAX || to + shortest[t] > max_count)) return -1;
+    return to;
+  };
+  auto ends = [&](int32_t s, int64_t c) { return a.accepting[s] && c >= min_count; };
+  // Which pairs reach an end: counts never drop, so by layers from the highest count down; in a layer, backwards
+  // over the edges that keep the count (and, in the capped layer, the counted ones too).
+  std::vector<uint8_t> reaches(static_cast<size_t>(a.num_states * width), 0);
+  std::vector<std::vector<int32_t>> reverse(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s)
+    for (int32_t t : next[s]) reverse[t].push_back(s);
+  for (int64_t c = cap; c >= 0; --c) {
+    auto at = [&](int32_t s) -> uint8_t& { return reaches[static_cast<size_t>(s * width + c)]; };
+    std::vector<int32_t> work;
+    for (int32_t s = 0; s < a.num_states; ++s) {
+      bool yes = ends(s, c);
+      for (size_t i = 0; !yes && i < next[s].size(); ++i) {
+        const int32_t t = next[s][i];
+        const int64_t to = step(s, c, t);
+        yes = to > c && reaches[static_cast<size_t>(t * width + to)];
+      }
+      if (yes) { at(s) = 1; work.push_back(s); }
+    }
+    while (!work.empty()) {
+      const int32_t t = work.back();
+      work.pop_back();
+      for (int32_t s : reverse[t])
+        if (!at(s) && step(s, c, t) == c) { at(s) = 1; work.push_back(s); }
+    }
+  }
+  // Every pair the matcher can reach from the start must reach an end.
+  std::vector<uint8_t> seen(reaches.size(), 0);
+  std::vector<std::pair<int32_t, int64_t>> work = {{0, 0}};
+  seen[0] = 1;
+  while (!work.empty()) {
+    const auto [s, c] = work.back();
+    work.pop_back();
+    if (!reaches[static_cast<size_t>(s * width + c)]) return false;
+    for (int32_t t : next[s]) {
+      const int64_t to = step(s, c, t);
+      if (to < 0 || seen[static_cast<size_t>(t * width + to)]) continue;
+      seen[static_cast<size_t>(t * width + to)] = 1;
+      work.emplace_back(t, to);
+    }
+  }
+  return true;
+}
+
 ExprId Grammar::add(Expr expr) {
   exprs_.push_back(std::move(expr));
   return static_cast<ExprId>(exprs_.size()) - 1;
@@ -370,6 +591,13 @@ ExprId Grammar::automaton(Automaton a) {
   return add(Expr{.kind = Expr::Kind::kAutomaton, .index = static_cast<int32_t>(automata_.size()) - 1});
 }
 
+ExprId Grammar::counted(ExprId body, CountUnit unit, int32_t min_count, int32_t max_count) {
+  require(min_count >= 0 && (max_count < 0 || max_count >= min_count), "grammar: counted repetition bounds {}..{}",
+          min_count, max_count);
+  return add(Expr{.kind = Expr::Kind::kCounted, .min_count = min_count, .max_count = max_count, .unit = unit,
+                  .children = {body}});
+}
+
 RuleId Grammar::add_rule(std::string name) {
   require(!rule_by_name_.contains(name), "grammar: rule '{}' defined twice", name);
   rule_by_name_.emplace(name, num_rules());
@@ -401,24 +629,53 @@ RuleId Grammar::find_rule(std::string_view name) const {
 Automaton Grammar::to_automaton(ExprId id) const {
   Nfa nfa;
   int32_t start = nfa.add();
-  int32_t end = build_fragment(*this, nfa, id, start);
+  int32_t end = build_fragment(*this, nfa, id, start, nullptr);
   Automaton dfa = determinize(nfa, start, end);
   require(!dfa.has_calls(), "grammar: a rule reference where only a regular expression is allowed");
   return minimize(dfa);
 }
 
-std::vector<Automaton> Grammar::compile_rules() const {
+std::vector<RuleAutomaton> Grammar::compile_rules() const {
+  Lifted lifted{num_rules(), {}};
   std::vector<Automaton> raw(rules_.size());
   for (RuleId r = 0; r < num_rules(); ++r) {
     require(rules_[r].body >= 0, "grammar: rule '{}' is used but never defined", rules_[r].name);
     Nfa nfa;
     int32_t start = nfa.add();
-    int32_t end = build_fragment(*this, nfa, rules_[r].body, start);
+    int32_t end = build_fragment(*this, nfa, rules_[r].body, start, &lifted);
     raw[r] = determinize(nfa, start, end);
   }
+  std::vector<RuleAutomaton> out(rules_.size());
+  for (ExprId id : lifted.exprs) {  // call-free bodies: nothing more is lifted meanwhile
+    const Expr& e = exprs_[id];
+    RuleAutomaton rule;
+    rule.counted = true;
+    rule.min_count = e.min_count;
+    rule.max_count = e.max_count;
+    if (e.unit == CountUnit::kRepetition) {
+      require(countable_repetition(*this, e), "grammar: a counted repetition whose body is not a prefix code");
+      rule.automaton = repetition_loop(*this, e.children[0]);
+      rule.counting.assign(rule.automaton.num_states, 0);
+      rule.counting[0] = 1;
+    } else {
+      rule.automaton = expression_automaton(*this, e.children[0]);
+      auto starts = json_character_starts(rule.automaton);
+      require(starts.has_value(), "grammar: a length-bounded string whose characters cannot be counted");
+      rule.counting = std::move(*starts);
+    }
+    require(counter_is_exact(rule.automaton, rule.counting, rule.min_count, rule.max_count, "grammar"),
+            "grammar: a counted repetition whose bounds the counter cannot enforce exactly");
+    rule.shortest = shortest_counts(rule.automaton, rule.counting);
+    raw.push_back(Automaton{});  // not minimized again below: the counting states are per state
+    out.push_back(std::move(rule));
+  }
+  const auto num_all = static_cast<RuleId>(out.size());
+  auto name = [&](RuleId r) { return r < num_rules() ? rules_[r].name : "counted repetition " + std::to_string(r); };
   // A rule is productive when some path from its start reaches an accepting state through bytes and calls of
-  // productive rules; calls of unproductive rules are dropped so no dead prefix is ever allowed.
-  std::vector<uint8_t> productive(rules_.size(), 0);
+  // productive rules; calls of unproductive rules are dropped so no dead prefix is ever allowed. A counted rule is
+  // (counter_is_exact found a string within its bounds).
+  std::vector<uint8_t> productive(num_all, 0);
+  for (RuleId r = num_rules(); r < num_all; ++r) productive[r] = 1;
   for (bool changed = true; changed;) {
     changed = false;
     for (RuleId r = 0; r < num_rules(); ++r) {
@@ -429,48 +686,48 @@ std::vector<Automaton> Grammar::compile_rules() const {
       if (trim(pruned).num_states > 0) { productive[r] = 1; changed = true; }
     }
   }
-  std::vector<Automaton> out(rules_.size());
   for (RuleId r = 0; r < num_rules(); ++r) {
     for (auto& list : raw[r].calls)
       std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
-    out[r] = minimize(raw[r]);
+    out[r].automaton = minimize(raw[r]);
   }
   // Left recursion (a rule reaching a call of itself without reading a byte) would grow the stack forever.
-  std::vector<uint8_t> nullable(rules_.size(), 0);
+  std::vector<uint8_t> nullable(num_all, 0);
   auto epsilon_states = [&](RuleId r) {
     std::vector<int32_t> states;
-    if (out[r].num_states == 0) return states;
-    std::vector<uint8_t> seen(out[r].num_states, 0);
+    const Automaton& a = out[r].automaton;
+    if (a.num_states == 0) return states;
+    std::vector<uint8_t> seen(a.num_states, 0);
     std::vector<int32_t> work = {0};
     seen[0] = 1;
     while (!work.empty()) {
       int32_t s = work.back();
       work.pop_back();
       states.push_back(s);
-      for (auto [callee, t] : out[r].calls[s])
+      for (auto [callee, t] : a.calls[s])
         if (nullable[callee] && !seen[t]) { seen[t] = 1; work.push_back(t); }
     }
     return states;
   };
   for (bool changed = true; changed;) {
     changed = false;
-    for (RuleId r = 0; r < num_rules(); ++r) {
-      if (nullable[r]) continue;
+    for (RuleId r = 0; r < num_all; ++r) {
+      if (nullable[r] || (out[r].counted && out[r].min_count > 0)) continue;
       for (int32_t s : epsilon_states(r))
-        if (out[r].accepting[s]) { nullable[r] = 1; changed = true; break; }
+        if (out[r].automaton.accepting[s]) { nullable[r] = 1; changed = true; break; }
     }
   }
-  std::vector<int> color(rules_.size(), 0);
+  std::vector<int> color(num_all, 0);
   std::function<void(RuleId)> visit = [&](RuleId r) {
     color[r] = 1;
     for (int32_t s : epsilon_states(r))
-      for (auto [callee, t] : out[r].calls[s]) {
-        if (color[callee] == 1) refuse("grammar", "rule '" + rules_[callee].name + "' is left-recursive");
+      for (auto [callee, t] : out[r].automaton.calls[s]) {
+        if (color[callee] == 1) refuse("grammar", "rule '" + name(callee) + "' is left-recursive");
         if (color[callee] == 0) visit(callee);
       }
     color[r] = 2;
   };
-  for (RuleId r = 0; r < num_rules(); ++r)
+  for (RuleId r = 0; r < num_all; ++r)
     if (color[r] == 0) visit(r);
   return out;
 }

@@ -5,6 +5,7 @@
 // each rule body into a minimal deterministic automaton whose edges are bytes or calls of other rules.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -47,6 +48,18 @@ struct ByteSet {
 using ExprId = int32_t;
 using RuleId = int32_t;
 
+// What a counted repetition counts (Grammar::counted).
+enum class CountUnit : uint8_t {
+  kRepetition,     // repetitions of the body
+  kJsonCharacter,  // characters of canonical JSON string content: a UTF-8 character or one escape sequence
+};
+
+// An incremental UTF-8 well-formedness check (the decoder of tokenizer/utf8.h as a state machine): 0 at a
+// character boundary, 1..7 inside a character (which continuation bytes may come), kUtf8Invalid once the bytes
+// cannot be well-formed UTF-8 any more.
+inline constexpr uint8_t kUtf8Invalid = 8;
+uint8_t utf8_prefix_step(uint8_t state, uint8_t byte);
+
 // A deterministic automaton over bytes with optional rule calls: state 0 is the start; next[s * 256 + b] is
 // the state after byte b (-1: none); calls[s] are (rule, state to continue in once that rule has matched).
 struct Automaton {
@@ -67,14 +80,38 @@ Automaton intersect(const Automaton& a, const Automaton& b);
 Automaton complement(const Automaton& a);  // every byte string that `a` does not match
 Automaton minimize(const Automaton& a);    // also drops states that cannot reach an accepting state
 
+// A rule as the pushdown matcher runs it. A counted rule keeps its count in the matcher's stack frame instead of one
+// state per count: every byte read from a counting state adds one, and with frame count c in state q the matcher
+// allows only c + shortest[q] <= max_count (some end is still within the bound) and ends the rule only once
+// c >= min_count. Counted rules are call-free.
+struct RuleAutomaton {
+  Automaton automaton;
+  bool counted = false;
+  int32_t min_count = 0, max_count = -1;  // -1: unbounded
+  std::vector<uint8_t> counting;          // per state: a byte read from it is counted
+  std::vector<int32_t> shortest;          // per state: the fewest counts to an accepting state
+};
+
+// The states where a character of canonical JSON string content starts (a byte read there begins one), found by
+// decoding from the start; nullopt when some state is reached both at a character boundary and inside a character
+// (then a counter over this automaton could not tell the length).
+std::optional<std::vector<uint8_t>> json_character_starts(const Automaton& content);
+// Does the counter of RuleAutomaton, over this call-free automaton and counting states, accept exactly the strings of
+// `a` whose count is within min..max, and never allow a prefix that cannot reach such an end? Checked by exploring
+// (state, count) pairs; false when no string qualifies too. Throws UnsupportedGrammar(keyword) when the bound is
+// too large to check.
+bool counter_is_exact(const Automaton& a, const std::vector<uint8_t>& counting, int32_t min_count, int32_t max_count,
+                      const std::string& keyword);
+
 class Grammar {
  public:
   struct Expr {
-    enum class Kind : uint8_t { kEmpty, kNothing, kBytes, kRule, kSequence, kChoice, kRepeat, kAutomaton };
+    enum class Kind : uint8_t { kEmpty, kNothing, kBytes, kRule, kSequence, kChoice, kRepeat, kAutomaton, kCounted };
     Kind kind = Kind::kEmpty;
     ByteSet bytes;
     int32_t index = -1;  // the rule of kRule, the automaton of kAutomaton
-    int32_t min_count = 0, max_count = -1;  // kRepeat; -1: unbounded
+    int32_t min_count = 0, max_count = -1;  // kRepeat, kCounted; -1: unbounded
+    CountUnit unit = CountUnit::kRepetition;  // kCounted
     std::vector<ExprId> children;
   };
 
@@ -90,6 +127,12 @@ class Grammar {
   ExprId optional(ExprId child) { return repeat(child, 0, 1); }
   ExprId star(ExprId child) { return repeat(child, 0, -1); }
   ExprId automaton(Automaton automaton);
+  // `body` with min_count..max_count of `unit` (max -1: unbounded), counted by the matcher instead of unrolled into
+  // one state per count. kRepetition: the body repeated; kJsonCharacter: `body` matches canonical JSON string
+  // content and its length in characters is bounded (JSON Schema's minLength / maxLength). The counter must enforce
+  // the bounds exactly (counter_is_exact); json_character_starts() must find the body's character boundaries.
+  // Not regular as written: only a rule body may hold one (to_automaton refuses kJsonCharacter).
+  ExprId counted(ExprId body, CountUnit unit, int32_t min_count, int32_t max_count);
 
   RuleId add_rule(std::string name);  // body set later (rules may refer to each other before they exist)
   void set_body(RuleId rule, ExprId body) { rules_.at(rule).body = body; }
@@ -108,8 +151,12 @@ class Grammar {
 
   // The call-free automaton of an expression without rule references (throws otherwise).
   Automaton to_automaton(ExprId id) const;
-  // One automaton per rule; rules whose language is empty keep 0 states, and calls of them are dropped.
-  std::vector<Automaton> compile_rules() const;
+  // One automaton per rule, then one per counted repetition lifted out of a rule body (kCounted, and kRepeat over
+  // more than kUnrolledRepeats); rules whose language is empty keep 0 states, and calls of them are dropped.
+  std::vector<RuleAutomaton> compile_rules() const;
+  // A repetition bounded by more than this many counts is counted by the matcher (when its body allows, see
+  // RuleAutomaton) rather than unrolled, so its cost does not grow with the bound.
+  static constexpr int32_t kUnrolledRepeats = 16;
   std::string describe(ExprId id) const;  // for tests and error messages
 
  private:

@@ -241,6 +241,16 @@ struct Language {
   std::vector<Conjunction> arrays;
   std::optional<std::set<std::string>> composite_literals;  // objects / arrays only among these (enum, const)
   std::set<std::string> literal_extra;  // objects / arrays allowed beside the shapes (anyOf of an enum and a shape)
+  // minLength / maxLength of the strings among the scalars, kept beside the automaton: a counter enforces them
+  // (Grammar::counted) where unrolling them would cost a state per character.
+  int64_t min_length = 0, max_length = -1;
+  bool length_bounded() const { return min_length > 0 || max_length >= 0; }
+  // pattern / format contents (canonical JSON string content) the strings must match, kept as expressions until
+  // something needs them in the automaton: alone, a rule body holds them, and their long repetitions are counted.
+  std::vector<ExprId> string_contents;
+  bool same_string_rules(const Language& other) const {
+    return min_length == other.min_length && max_length == other.max_length && string_contents == other.string_contents;
+  }
 };
 
 const std::set<std::string> kObjectKeywords = {"properties", "required", "additionalProperties",
@@ -271,6 +281,7 @@ class SchemaCompiler {
     strings_ = g_.to_automaton(string_expr(g_.star(json_char())));
     scalar_all_ = g_.to_automaton(g_.choice({g_.literal("null"), g_.literal("true"), g_.literal("false"),
                                              g_.automaton(numbers_), g_.automaton(strings_)}));
+    non_strings_ = intersect(scalar_all_, complement(strings_));
   }
 
   Grammar compile(std::string_view text) {
@@ -313,6 +324,87 @@ class SchemaCompiler {
     // A keyword of one type leaves the other types alone: constraint ∪ (scalars minus that type).
     Automaton others = intersect(scalar_all_, complement(of_type));
     return g_.to_automaton(g_.choice({g_.automaton(constraint), g_.automaton(others)}));
+  }
+
+  static constexpr int64_t kMaxLength = 100000;
+  static constexpr int64_t kMaxUnrolledLength = 4096;
+
+  static bool has_strings(const Automaton& scalars) { return scalars.num_states > 0 && scalars.step(0, '"') >= 0; }
+
+  // Intersects the pending pattern / format contents into the scalar automaton (their repetitions unrolled).
+  void apply_contents(Language& language) {
+    for (ExprId content : language.string_contents)
+      restrict_scalars(language, with_other_scalars(intersect(strings_, g_.to_automaton(string_expr(content))), strings_));
+    language.string_contents.clear();
+  }
+
+  // Every string rule of the language in its automaton: for the combinators that need the exact set of strings (oneOf,
+  // not, anyOf of different rules).
+  void settle_strings(Language& language) {
+    apply_contents(language);
+    unroll_lengths(language);
+  }
+
+  // Applies the length bounds to the scalar automaton itself, one state per character: for the combinators that need
+  // the exact set of strings and contents a counter cannot measure.
+  void unroll_lengths(Language& language) {
+    if (!language.length_bounded()) return;
+    const bool max_too_large = language.max_length > kMaxUnrolledLength;
+    if (max_too_large || language.min_length > kMaxUnrolledLength)
+      refuse(max_too_large ? "maxLength" : "minLength",
+             "lengths over " + std::to_string(kMaxUnrolledLength) + " characters are enforced only on a plain string schema");
+    const auto min = static_cast<int32_t>(language.min_length);
+    const auto max = static_cast<int32_t>(language.max_length);
+    const ExprId rest = max < 0 ? g_.star(json_char()) : max < min ? g_.nothing() : g_.repeat(json_char(), 0, max - min);
+    const ExprId content = g_.sequence({g_.repeat(json_char(), min, min), rest});
+    language.min_length = 0;
+    language.max_length = -1;
+    restrict_scalars(language, with_other_scalars(g_.to_automaton(string_expr(content)), strings_));
+  }
+
+  // The content between the quotes of a string automaton (`"` content `"`): the states after the opening quote,
+  // accepting where the closing quote would complete the value.
+  static Automaton string_content(const Automaton& strings) {
+    Automaton content;
+    const int32_t first = strings.step(0, '"');
+    std::vector<int32_t> remap(strings.num_states, -1), order = {first};
+    remap[first] = content.add_state();
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int32_t s = order[i];
+      for (int b = 0; b < 256; ++b) {
+        const int32_t t = strings.step(s, static_cast<uint8_t>(b));
+        if (t < 0) continue;
+        if (b == '"' && strings.accepting[t]) {  // unescaped: the closing quote (an escaped one is `\"`)
+          content.accepting[remap[s]] = 1;
+          continue;
+        }
+        if (remap[t] < 0) { remap[t] = content.add_state(); order.push_back(t); }
+        content.next[static_cast<size_t>(remap[s]) * 256 + b] = remap[t];
+      }
+    }
+    return minimize(content);
+  }
+
+  // The scalars of a language as a rule body: length-bounded strings as their content under a counter (one rule
+  // whatever the bound) when the counter enforces the bounds exactly, else unrolled into the automaton.
+  ExprId scalar_expr(Language& language) {
+    if (!has_strings(language.scalars)) return g_.automaton(language.scalars);
+    if (!language.length_bounded() && language.string_contents.size() == 1 &&
+        intersect(strings_, complement(intersect(language.scalars, strings_))).num_states == 0) {
+      // Any string the pattern / format allows: the content as it is, so its long repetitions are counted.
+      return g_.choice({g_.automaton(intersect(language.scalars, non_strings_)), string_expr(language.string_contents[0])});
+    }
+    apply_contents(language);
+    if (!language.length_bounded()) return g_.automaton(language.scalars);
+    const Automaton content = string_content(intersect(language.scalars, strings_));
+    const auto starts = json_character_starts(content);
+    const auto min = static_cast<int32_t>(language.min_length), max = static_cast<int32_t>(language.max_length);
+    if (!starts || !counter_is_exact(content, *starts, min, max, max >= 0 ? "maxLength" : "minLength")) {
+      unroll_lengths(language);
+      return g_.automaton(language.scalars);
+    }
+    const ExprId strings = string_expr(g_.counted(g_.automaton(content), CountUnit::kJsonCharacter, min, max));
+    return g_.choice({g_.automaton(intersect(language.scalars, non_strings_)), strings});
   }
 
   // ---- $ref resolution -------------------------------------------------------------------------------
@@ -489,8 +581,28 @@ class SchemaCompiler {
     return copy;
   }
 
+  // The options' string rules (length bounds, pattern / format contents) stay beside the automaton when every option
+  // holding strings has the same ones; otherwise those options' rules go into their automata. Copies what stays to
+  // `out`.
+  void common_string_rules(std::vector<Language>& options, Language& out) {
+    std::vector<Language*> with_strings;
+    for (Language& o : options)
+      if (has_strings(o.scalars)) with_strings.push_back(&o);
+    if (with_strings.empty()) return;
+    const bool same = std::all_of(with_strings.begin(), with_strings.end(),
+                                  [&](const Language* o) { return o->same_string_rules(*with_strings[0]); });
+    if (!same) {
+      for (Language* o : with_strings) settle_strings(*o);
+      return;
+    }
+    out.min_length = with_strings[0]->min_length;
+    out.max_length = with_strings[0]->max_length;
+    out.string_contents = with_strings[0]->string_contents;
+  }
+
   Language unite(std::vector<Language> options) {
     Language out;
+    common_string_rules(options, out);
     std::vector<ExprId> scalar_parts;
     bool any_literal_restriction = false, any_free = false;
     std::set<std::string> literals;
@@ -519,6 +631,11 @@ class SchemaCompiler {
   // objects (arrays), or every branch that does allows all of them (then no object satisfies exactly one).
   Language exactly_one(std::vector<Language> options) {
     Language out;
+    // Subtracting one option's strings from another's needs them exact; one option with strings keeps its counter.
+    const auto holds_strings = [&](const Language& o) { return has_strings(o.scalars); };
+    if (std::count_if(options.begin(), options.end(), holds_strings) > 1)
+      for (Language& o : options) settle_strings(o);
+    common_string_rules(options, out);
     std::vector<ExprId> scalar_parts;
     for (size_t i = 0; i < options.size(); ++i) {
       Automaton only = options[i].scalars;
@@ -547,7 +664,8 @@ class SchemaCompiler {
     return out;
   }
 
-  Language subtract(Language base, const Language& excluded) {
+  Language subtract(Language base, Language excluded) {
+    settle_strings(excluded);  // its complement needs its exact strings; the base's string rules still apply after
     base.scalars = intersect(base.scalars, complement(excluded.scalars));
     auto apply = [&](std::vector<Conjunction>& mine, const std::vector<Conjunction>& theirs,
                      const std::set<std::string>& keywords) {
@@ -667,22 +785,17 @@ class SchemaCompiler {
     } else if (key == "minLength" || key == "maxLength") {
       if (!value.is_number_unsigned() && !(value.is_number_integer() && value.get<int64_t>() >= 0))
         refuse(key, "its value is not a non-negative integer");
-      int64_t n = value.get<int64_t>();
-      if (n > 4096) refuse(key, "lengths over 4096 characters make too large an automaton");
-      int32_t count = static_cast<int32_t>(n);
-      ExprId content = key == "minLength" ? g_.sequence({g_.repeat(json_char(), count, count), g_.star(json_char())})
-                                          : g_.repeat(json_char(), 0, count);
-      restrict_scalars(out, with_other_scalars(g_.to_automaton(string_expr(content)), strings_));
+      const int64_t n = value.get<int64_t>();
+      if (n > kMaxLength) refuse(key, "lengths over " + std::to_string(kMaxLength) + " characters are not enforced");
+      if (key == "minLength") out.min_length = std::max(out.min_length, n);
+      else out.max_length = out.max_length < 0 ? n : std::min(out.max_length, n);
     } else if (key == "pattern") {
       if (!value.is_string()) refuse(key, "its value is not a string");
-      ExprId content = regex_to_expr(g_, value.get<std::string>(), RegexEncoding::kJsonString, true, "pattern");
-      Automaton matching = intersect(strings_, g_.to_automaton(string_expr(content)));
-      restrict_scalars(out, with_other_scalars(matching, strings_));
+      out.string_contents.push_back(regex_to_expr(g_, value.get<std::string>(), RegexEncoding::kJsonString, true, "pattern"));
     } else if (key == "format") {
       if (!value.is_string()) refuse(key, "its value is not a string");
       std::string regex = format_regex(value.get<std::string>());
-      ExprId content = regex_to_expr(g_, regex, RegexEncoding::kJsonString, false, "format");
-      restrict_scalars(out, with_other_scalars(g_.to_automaton(string_expr(content)), strings_));
+      out.string_contents.push_back(regex_to_expr(g_, regex, RegexEncoding::kJsonString, false, "format"));
     } else if (key == "$ref" || key == "allOf" || key == "anyOf" || key == "oneOf" || key == "not") {
       // handled by expand() / lower()
     } else if (key == "if" || key == "then" || key == "else" || key == "contentSchema" || key == "$dynamicRef" ||
@@ -745,16 +858,18 @@ class SchemaCompiler {
     bool scalar_only = language.objects.empty() && language.arrays.empty() && !language.composite_literals &&
                        language.literal_extra.empty();
     if (scalar_only) {
-      std::string akey = automaton_key(language.scalars);
+      std::string akey = automaton_key(language.scalars) + "/" + std::to_string(language.min_length) + "/" +
+                         std::to_string(language.max_length);
+      for (ExprId content : language.string_contents) akey += "/" + std::to_string(content);
       if (auto it = scalar_rules_.find(akey); it != scalar_rules_.end()) return rules_[key] = it->second;
       RuleId rule = g_.add_rule("scalar" + std::to_string(g_.num_rules()));
-      g_.set_body(rule, g_.automaton(language.scalars));
+      g_.set_body(rule, scalar_expr(language));
       scalar_rules_[akey] = rule;
       return rules_[key] = rule;
     }
     RuleId rule = g_.add_rule("value" + std::to_string(g_.num_rules()));
     rules_[key] = rule;
-    std::vector<ExprId> parts = {g_.automaton(language.scalars)};
+    std::vector<ExprId> parts = {scalar_expr(language)};
     for (const Conjunction& c : language.objects) parts.push_back(object_expr(c));
     for (const Conjunction& c : language.arrays) parts.push_back(array_expr(c));
     std::set<std::string> literals = language.literal_extra;
@@ -928,7 +1043,7 @@ class SchemaCompiler {
 
   const JsonSchemaOptions& options_;
   Grammar g_;
-  Automaton scalar_all_, numbers_, integers_, strings_;
+  Automaton scalar_all_, numbers_, integers_, strings_, non_strings_;
   std::vector<std::unique_ptr<Json>> documents_;
   std::map<std::string, const Json*> ids_;
   std::map<const Json*, std::string> scopes_;

@@ -6,14 +6,16 @@
 namespace beamline {
 
 PushdownTables PushdownTables::build(const Grammar& grammar) {
-  std::vector<Automaton> rules = grammar.compile_rules();
+  std::vector<RuleAutomaton> compiled = grammar.compile_rules();
   require(grammar.root() >= 0, "grammar: no root rule");
   PushdownTables t;
-  std::vector<int32_t> offset(rules.size());
-  for (size_t r = 0; r < rules.size(); ++r) {
+  std::vector<int32_t> offset(compiled.size());
+  for (size_t r = 0; r < compiled.size(); ++r) {
     offset[r] = t.num_states;
-    t.rule_start.push_back(rules[r].num_states > 0 ? t.num_states : -1);
-    t.num_states += rules[r].num_states;
+    t.rule_start.push_back(compiled[r].automaton.num_states > 0 ? t.num_states : -1);
+    t.num_states += compiled[r].automaton.num_states;
+    t.rule_counted.push_back(compiled[r].counted);
+    t.count_bounds.emplace_back(compiled[r].min_count, compiled[r].max_count);
   }
   if (t.rule_start[grammar.root()] < 0) refuse("grammar", "no output satisfies it (its language is empty)");
   t.root_start = t.rule_start[grammar.root()];
@@ -21,12 +23,18 @@ PushdownTables PushdownTables::build(const Grammar& grammar) {
   t.accepting.resize(t.num_states);
   t.rule_of.resize(t.num_states);
   t.out_bytes.resize(t.num_states);
+  t.counting.assign(t.num_states, 0);
+  t.shortest.assign(t.num_states, 0);
   t.call_begin.push_back(0);
-  for (size_t r = 0; r < rules.size(); ++r) {
-    const Automaton& a = rules[r];
+  for (size_t r = 0; r < compiled.size(); ++r) {
+    const Automaton& a = compiled[r].automaton;
     for (int32_t s = 0; s < a.num_states; ++s) {
       int32_t g = offset[r] + s;
       t.accepting[g] = a.accepting[s];
+      if (compiled[r].counted) {
+        t.counting[g] = compiled[r].counting[s];
+        t.shortest[g] = compiled[r].shortest[s];
+      }
       t.rule_of[g] = static_cast<RuleId>(r);
       for (int b = 0; b < 256; ++b) {
         int32_t to = a.step(s, static_cast<uint8_t>(b));
@@ -42,7 +50,7 @@ PushdownTables PushdownTables::build(const Grammar& grammar) {
   // the rule), and for each call, what the return state can read first follows the callee.
   std::vector<ByteSet> first(t.num_states);
   std::vector<uint8_t> nullable(t.num_states, 0);
-  t.follow.assign(rules.size(), ByteSet{});
+  t.follow.assign(compiled.size(), ByteSet{});
   for (bool changed = true; changed;) {
     changed = false;
     for (int32_t s = 0; s < t.num_states; ++s) {
@@ -72,26 +80,44 @@ ConfigurationSpace::ConfigurationSpace(const PushdownTables& tables) : tables_(t
   intern(Configuration{});  // kDead
 }
 
-int32_t ConfigurationSpace::node(int32_t state, int32_t parent) {
-  uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(parent);
+int32_t ConfigurationSpace::node(int32_t state, int32_t parent, int32_t count) {
+  const Node key{state, parent, count};
   auto [it, inserted] = node_index_.emplace(key, static_cast<int32_t>(nodes_.size()));
   if (inserted) {
-    nodes_.emplace_back(state, parent);
+    nodes_.push_back(key);
     visit_stamp_.push_back(0);
   }
   return it->second;
 }
 
-int32_t ConfigurationSpace::start(int32_t state, int32_t parent) { return close({node(state, parent)}, false); }
+int32_t ConfigurationSpace::start(int32_t state, int32_t parent, int32_t count) {
+  return close({node(state, parent, count)}, false);
+}
+
+// A counting state whose frame has used up its bound reads nothing more (its rule may still end).
+bool ConfigurationSpace::readable(const Node& n) const {
+  if (tables_.out_bytes[n.state].empty()) return false;
+  if (!tables_.counting[n.state] || n.count == kUncounted) return true;
+  const int32_t max = tables_.count_bounds[tables_.rule_of[n.state]].second;
+  return max < 0 || n.count < max;
+}
 
 int32_t ConfigurationSpace::compute_step(int32_t config, uint8_t byte) {
   const Configuration& c = configs_[config];
   bool popped = c.popped || c.sentinel_follow.contains(byte);
   std::vector<int32_t> seeds;
   for (int32_t n : c.nodes) {
-    auto [state, parent] = nodes_[n];
-    int32_t to = tables_.next[static_cast<size_t>(state) * 256 + byte];
-    if (to >= 0) seeds.push_back(node(to, parent));
+    const Node from = nodes_[n];
+    int32_t to = tables_.next[static_cast<size_t>(from.state) * 256 + byte];
+    if (to < 0) continue;
+    int32_t count = from.count;
+    if (tables_.counted(from.state) && count != kUncounted) {
+      // Counts past the largest that matters are alike (min when unbounded), so an unbounded frame stays finite.
+      const auto [min, max] = tables_.count_bounds[tables_.rule_of[from.state]];
+      if (tables_.counting[from.state]) count = max >= 0 ? count + 1 : std::min(count + 1, min);
+      if (max >= 0 && tables_.shortest[to] > max - count) continue;  // no end would be left within the bound
+    }
+    seeds.push_back(node(to, from.parent, count));
   }
   return close(std::move(seeds), popped);
 }
@@ -107,18 +133,21 @@ int32_t ConfigurationSpace::close(std::vector<int32_t> work, bool popped) {
     work.pop_back();
     if (visit_stamp_[n] == stamp_) continue;
     visit_stamp_[n] = stamp_;
-    auto [state, parent] = nodes_[n];
-    if (!tables_.out_bytes[state].empty()) {
+    const Node at = nodes_[n];
+    const auto [state, parent, count] = at;
+    if (readable(at)) {
       out.nodes.push_back(n);
       out.bytes |= tables_.out_bytes[state];
     }
     for (int32_t c = tables_.call_begin[state]; c < tables_.call_begin[state + 1]; ++c) {
       auto [callee, ret] = tables_.calls[c];
-      int32_t return_node = node(ret, parent);
-      int32_t pushed = node(callee, return_node);
+      int32_t return_node = node(ret, parent, count);
+      int32_t pushed = node(callee, return_node, 0);
       work.push_back(pushed);
     }
-    if (tables_.accepting[state]) {
+    const bool may_end = !tables_.counted(state) || count == kUncounted ||
+                         count >= tables_.count_bounds[tables_.rule_of[state]].first;
+    if (tables_.accepting[state] && may_end) {
       if (parent == kRootParent) out.can_end = true;
       else if (parent == kSentinelParent) {
         out.at_sentinel = true;

@@ -4,7 +4,10 @@
 // may be ambiguous the matcher tracks a set of stacks at once. Such a set, closed under rule calls and
 // returns, is a configuration; configurations are interned and their byte transitions cached, so the
 // matcher is a lazily built DFA over configurations: walking a token is one table lookup per byte once warm.
+// A node of a counted rule also holds the frame's count, so a bound costs configurations only as far as an
+// output actually counts, never states in the tables.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -25,10 +28,21 @@ struct PushdownTables {
   std::vector<ByteSet> out_bytes;                     // bytes with an edge out of the state
   std::vector<ByteSet> follow;                        // per rule: bytes that can come right after it ends
   int32_t root_start = -1;
+  // Counted rules (RuleAutomaton): per state, whether a byte read there is counted and the fewest counts to the
+  // rule's end; per rule, its bounds (max -1: unbounded; a rule without a counter has 0..-1 and no counting states).
+  std::vector<uint8_t> counting;
+  std::vector<int32_t> shortest;
+  std::vector<std::pair<int32_t, int32_t>> count_bounds;
+  bool counted(int32_t state) const { return rule_counted[rule_of[state]] != 0; }
+  std::vector<uint8_t> rule_counted;
 
   // Throws UnsupportedGrammar("grammar", ...) when no string matches the root rule.
   static PushdownTables build(const Grammar& grammar);
 };
+
+// A counted frame's count while classifying tokens against one frame: not tracked (nothing is over a bound, the
+// frame may end), so the classification holds for every count; the token masks add the bound per count.
+inline constexpr int32_t kUncounted = -1;
 
 // Where a stack ends below its first frame: the root (the grammar is complete when it pops there), or the
 // sentinel used when classifying tokens against one frame with its context unknown.
@@ -50,7 +64,7 @@ class ConfigurationSpace {
   static constexpr int32_t kDead = 0;
 
   explicit ConfigurationSpace(const PushdownTables& tables);
-  int32_t start(int32_t state, int32_t parent);  // the closure of one stack
+  int32_t start(int32_t state, int32_t parent, int32_t count = 0);  // the closure of one stack
   int32_t step(int32_t config, uint8_t byte) {
     const size_t at = static_cast<size_t>(config) * 256 + byte;
     if (transitions_[at] == kUnknown) {
@@ -68,19 +82,31 @@ class ConfigurationSpace {
     return config;
   }
   const Configuration& at(int32_t config) const { return configs_[config]; }
-  int32_t state_of(int32_t node) const { return nodes_[node].first; }
+  int32_t state_of(int32_t node) const { return nodes_[node].state; }
+  int32_t count_of(int32_t node) const { return nodes_[node].count; }
   size_t num_configurations() const { return configs_.size(); }
 
  private:
   static constexpr int32_t kUnknown = -2;
-  int32_t node(int32_t state, int32_t parent);
+  struct Node {
+    int32_t state, parent, count;
+    bool operator==(const Node&) const = default;
+  };
+  struct NodeHash {
+    size_t operator()(const Node& n) const {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(n.state)) << 32) | static_cast<uint32_t>(n.parent);
+      return std::hash<uint64_t>()(key * 0x9E3779B97F4A7C15ull ^ static_cast<uint32_t>(n.count));
+    }
+  };
+  int32_t node(int32_t state, int32_t parent, int32_t count);
+  bool readable(const Node& n) const;
   int32_t compute_step(int32_t config, uint8_t byte);
   int32_t close(std::vector<int32_t> seeds, bool popped);
   int32_t intern(Configuration config);
 
   const PushdownTables& tables_;
-  std::vector<std::pair<int32_t, int32_t>> nodes_;  // (state, parent)
-  std::unordered_map<uint64_t, int32_t> node_index_;
+  std::vector<Node> nodes_;
+  std::unordered_map<Node, int32_t, NodeHash> node_index_;
   std::vector<Configuration> configs_;
   std::unordered_map<std::string, int32_t> config_index_;
   std::vector<int32_t> transitions_;

@@ -7,32 +7,6 @@
 
 namespace beamline {
 
-uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) {
-  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
-    return byte >= low && byte <= high ? next : kUtf8Invalid;
-  };
-  switch (state) {
-    case 0:
-      if (byte < 0x80) return 0;
-      if (byte >= 0xC2 && byte <= 0xDF) return 1;
-      if (byte == 0xE0) return 4;
-      if (byte == 0xED) return 5;
-      if (byte >= 0xE1 && byte <= 0xEF) return 2;
-      if (byte == 0xF0) return 6;
-      if (byte >= 0xF1 && byte <= 0xF3) return 3;
-      if (byte == 0xF4) return 7;
-      return kUtf8Invalid;
-    case 1: return continuation(0x80, 0xBF, 0);
-    case 2: return continuation(0x80, 0xBF, 1);
-    case 3: return continuation(0x80, 0xBF, 2);
-    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
-    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
-    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
-    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
-    default: return kUtf8Invalid;
-  }
-}
-
 std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const Tokenizer& tokenizer) {
   std::vector<std::string> bytes(tokenizer.vocab_size());
   std::vector<TokenId> specials;
@@ -57,6 +31,9 @@ std::shared_ptr<const Vocabulary> Vocabulary::from_tokens(std::vector<std::strin
 }
 
 void Vocabulary::build_trie() {
+  single_byte_token_.fill(-1);
+  for (TokenId id = size() - 1; id >= 0; --id)
+    if (!special_[id] && token_bytes_[id].size() == 1) single_byte_token_[static_cast<uint8_t>(token_bytes_[id][0])] = id;
   for (TokenId id = 0; id < size(); ++id)
     if (!special_[id] && !token_bytes_[id].empty()) sorted_.push_back(id);
   std::sort(sorted_.begin(), sorted_.end(),
@@ -133,7 +110,7 @@ std::shared_ptr<const CompiledGrammar> CompiledGrammar::compile(const Grammar& g
 
 size_t CompiledGrammar::uncertain_total() const {
   size_t total = 0;
-  for (const StateTokens& s : state_tokens_) total += s.uncertain.size();
+  for (const auto& s : state_tokens_) total += s ? s->uncertain.size() : 0;
   return total;
 }
 
@@ -260,13 +237,40 @@ void CompiledGrammar::classify_tokens() {
   ConfigurationSpace space(tables_);
   WholeSubtreeCheck whole_subtree(space);
   state_tokens_.resize(tables_.num_states);
+  // Counted rules classify their states with the count untracked, so two with the same automaton, counting states
+  // and FOLLOW set classify alike whatever their bounds (string fields of different maxLength): the first one's
+  // classes serve the others.
+  std::vector<RuleId> twin(tables_.rule_start.size());
+  std::unordered_map<std::string, RuleId> first_with_key;
+  for (RuleId rule = 0; rule < static_cast<RuleId>(twin.size()); ++rule) {
+    twin[rule] = rule;
+    const int32_t begin = tables_.rule_start[rule];
+    if (begin < 0 || !tables_.counted(begin)) continue;
+    std::string key;
+    for (int32_t s = begin; s < tables_.num_states && tables_.rule_of[s] == rule; ++s) {
+      for (int b = 0; b < 256; ++b) {
+        int32_t t = tables_.next[static_cast<size_t>(s) * 256 + b];
+        if (t >= 0) t -= begin;  // relative to the rule's first state
+        key.append(reinterpret_cast<const char*>(&t), sizeof t);
+      }
+      key += static_cast<char>(tables_.accepting[s] | (tables_.counting[s] << 1));
+    }
+    key.append(reinterpret_cast<const char*>(&tables_.follow[rule]), sizeof(ByteSet));
+    key += tables_.count_bounds[rule].second >= 0 ? 'b' : 'u';  // only a bounded rule keeps its tokens' needs
+    twin[rule] = first_with_key.try_emplace(std::move(key), rule).first->second;
+  }
   std::vector<int32_t> config_at_depth;
   std::vector<std::pair<int32_t, int32_t>> accepted;
   for (int32_t state = 0; state < tables_.num_states; ++state) {
-    if (tables_.out_bytes[state].empty()) continue;
-    StateTokens& out = state_tokens_[state];
+    const RuleId rule = tables_.rule_of[state];
+    if (twin[rule] != rule) {
+      state_tokens_[state] = state_tokens_[tables_.rule_start[twin[rule]] + state - tables_.rule_start[rule]];
+      continue;
+    }
+    auto out = std::make_shared<StateTokens>();
+    if (tables_.out_bytes[state].empty()) { state_tokens_[state] = std::move(out); continue; }
     accepted.clear();
-    config_at_depth.assign(1, space.start(state, kSentinelParent));
+    config_at_depth.assign(1, space.start(state, kSentinelParent, tables_.counted(state) ? kUncounted : 0));
     for (int32_t n = 0; n < v.num_nodes();) {
       int32_t depth = v.node_depth(n);
       const int32_t from = config_at_depth[depth - 1];
@@ -274,7 +278,7 @@ void CompiledGrammar::classify_tokens() {
       // Deciding that here saves interning a dead configuration per (configuration, byte).
       if (const auto& f = space.at(from); !f.bytes.contains(v.node_byte(n))) {
         if (f.popped || f.sentinel_follow.contains(v.node_byte(n)))
-          for (int32_t i = v.first_token(n); i < v.first_token(v.subtree_end(n)); ++i) out.uncertain.push_back(i);
+          for (int32_t i = v.first_token(n); i < v.first_token(v.subtree_end(n)); ++i) out->uncertain.push_back(i);
         n = v.subtree_end(n);
         continue;
       }
@@ -282,7 +286,7 @@ void CompiledGrammar::classify_tokens() {
       const ConfigurationSpace::Configuration& c = space.at(config);
       if (!c.alive_within_frame()) {
         if (c.popped)
-          for (int32_t i = v.first_token(n); i < v.first_token(v.subtree_end(n)); ++i) out.uncertain.push_back(i);
+          for (int32_t i = v.first_token(n); i < v.first_token(v.subtree_end(n)); ++i) out->uncertain.push_back(i);
         n = v.subtree_end(n);
         continue;
       }
@@ -298,7 +302,9 @@ void CompiledGrammar::classify_tokens() {
       config_at_depth[depth] = config;
       ++n;
     }
-    store_accepted(accepted, out);
+    store_accepted(accepted, *out);
+    if (tables_.counted(state) && tables_.count_bounds[rule].second >= 0) store_needs(state, accepted, *out);
+    state_tokens_[state] = std::move(out);
   }
 }
 
@@ -325,6 +331,69 @@ void CompiledGrammar::store_accepted(const std::vector<std::pair<int32_t, int32_
       at = end;
     }
     flip(out.accepted_mask, at, v.num_sorted());
+  }
+}
+
+// Walks the accepted tokens in byte order through the counted rule's automaton (a token shares its walk up to the
+// longest prefix it has in common with the one before), noting each token's need.
+void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges,
+                                  StateTokens& out) const {
+  const Vocabulary& v = *vocabulary_;
+  std::vector<std::pair<int32_t, TokenId>> needs;
+  std::vector<std::pair<int32_t, int32_t>> path = {{state, 0}};  // (state, counts so far) after each byte
+  std::string_view previous;
+  for (auto [begin, end] : ranges)
+    for (int32_t i = begin; i < end; ++i) {
+      const TokenId token = v.sorted(i);
+      const std::string_view bytes = v.bytes(token);
+      size_t common = 0;
+      const size_t limit = std::min(bytes.size(), previous.size());
+      while (common < limit && bytes[common] == previous[common]) ++common;
+      path.resize(common + 1);
+      for (size_t d = common; d < bytes.size(); ++d) {
+        const auto [at, counts] = path.back();
+        const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + static_cast<uint8_t>(bytes[d])];
+        require(to >= 0, "grammar: an accepted token leaves a counted rule's automaton");
+        path.emplace_back(to, counts + tables_.counting[at]);
+      }
+      previous = bytes;
+      needs.emplace_back(path.back().second + tables_.shortest[path.back().first], token);
+    }
+  // Needs are small (at most a token's length plus the rule's shortest end): a counting sort.
+  int32_t largest = 0;
+  for (const auto& [need, token] : needs) largest = std::max(largest, need);
+  out.need_begin.assign(static_cast<size_t>(largest) + 2, 0);
+  for (const auto& [need, token] : needs) ++out.need_begin[need + 1];
+  for (size_t k = 1; k < out.need_begin.size(); ++k) out.need_begin[k] += out.need_begin[k - 1];
+  out.by_need.resize(needs.size());
+  std::vector<int32_t> next(out.need_begin.begin(), out.need_begin.end() - 1);
+  for (const auto& [need, token] : needs) out.by_need[next[need]++] = token;
+}
+
+// Near its bound, a counted frame allows the tokens of small need: set the few that are, or copy the whole set and
+// clear the few that are not, whichever touches fewer tokens.
+void CompiledGrammar::add_accepted(int32_t state, int32_t budget, std::span<uint32_t> mask,
+                                   std::vector<uint32_t>& scratch) const {
+  const StateTokens& tokens = *state_tokens_[state];
+  const Vocabulary& v = *vocabulary_;
+  const bool filtered = !tokens.need_begin.empty() && budget < tokens.max_need();
+  if (filtered && budget >= 0) {
+    const auto split = static_cast<size_t>(tokens.need_begin[budget + 1]);
+    if (split * 2 <= tokens.by_need.size() || tokens.accepted_mask.empty()) {
+      for (size_t i = 0; i < split; ++i) mask[tokens.by_need[i] >> 5] |= 1u << (tokens.by_need[i] & 31);
+      return;
+    }
+    scratch = tokens.accepted_mask;
+    for (size_t i = split; i < tokens.by_need.size(); ++i)
+      scratch[tokens.by_need[i] >> 5] &= ~(1u << (tokens.by_need[i] & 31));
+    for (int32_t w = 0; w < v.mask_words(); ++w) mask[w] |= scratch[w];
+    return;
+  }
+  if (filtered) return;  // a negative budget: the frame has no room for any count
+  if (!tokens.accepted_mask.empty()) {
+    for (int32_t w = 0; w < v.mask_words(); ++w) mask[w] |= tokens.accepted_mask[w];
+  } else {
+    for (TokenId t : tokens.accepted_ids) mask[t >> 5] |= 1u << (t & 31);
   }
 }
 
@@ -385,6 +454,31 @@ std::string GrammarMatcher::jump_forward_bytes() {
   return forced;
 }
 
+std::vector<TokenId> GrammarMatcher::jump_forward_tokens(const Tokenizer& tokenizer, size_t max_tokens) {
+  const std::string forced = jump_forward_bytes();
+  const Vocabulary& v = *grammar_->vocabulary();
+  std::vector<TokenId> tokens;
+  size_t text_begin = 0;
+  bool ends_in_text = false;
+  for (size_t i = 0; i <= forced.size() && tokens.size() <= max_tokens; ++i) {
+    const TokenId special = i < forced.size() ? v.single_byte_token(static_cast<uint8_t>(forced[i])) : -1;
+    const bool is_special = special >= 0 && tokenizer.is_special(special);
+    if (i < forced.size() && !is_special) continue;
+    const std::vector<TokenId> text = tokenizer.encode(std::string_view(forced).substr(text_begin, i - text_begin));
+    tokens.insert(tokens.end(), text.begin(), text.end());
+    ends_in_text = !is_special && !text.empty();
+    if (is_special) tokens.push_back(special);
+    text_begin = i + 1;
+  }
+  if (ends_in_text) tokens.pop_back();
+  if (tokens.size() > max_tokens) tokens.resize(max_tokens);
+  size_t taken = 0;
+  while (taken < tokens.size() && accept_token(tokens[taken])) ++taken;
+  rollback(static_cast<int32_t>(taken));
+  tokens.resize(taken);
+  return tokens;
+}
+
 void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
   const Vocabulary& v = *grammar_->vocabulary();
   require(mask.size() >= static_cast<size_t>(v.mask_words()), "grammar matcher: mask of {} words, need {}",
@@ -393,27 +487,27 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
   if (terminated()) return;
   int32_t config = history_.back();
   const auto& c = space_.at(config);
-  // Stack tops in one state share their precomputed sets; nodes are sorted by id, not state, so dedupe.
-  int32_t seen_states[64];
-  int32_t num_seen = 0;
-  std::vector<int32_t> extra_states;
+  // Stack tops in one state share their precomputed sets (and, in a bounded counted rule, their budget: the bound
+  // less the frame's count); nodes are sorted by id, not state, so dedupe.
+  const PushdownTables& tables = grammar_->tables();
+  std::vector<std::pair<int32_t, int32_t>>& tops = tops_;
+  tops.clear();
   for (int32_t node : c.nodes) {
-    int32_t state = space_.state_of(node);
-    if (std::find(seen_states, seen_states + num_seen, state) != seen_states + num_seen) continue;
-    if (std::find(extra_states.begin(), extra_states.end(), state) != extra_states.end()) continue;
-    if (num_seen < 64) seen_states[num_seen++] = state;
-    else extra_states.push_back(state);
-  }
-  extra_states.insert(extra_states.begin(), seen_states, seen_states + num_seen);
-  for (int32_t state : extra_states) {
-    const auto& tokens = grammar_->state_tokens(state);
-    if (!tokens.accepted_mask.empty()) {
-      for (int32_t w = 0; w < v.mask_words(); ++w) mask[w] |= tokens.accepted_mask[w];
-    } else {
-      for (TokenId t : tokens.accepted_ids) mask[t >> 5] |= 1u << (t & 31);
+    const int32_t state = space_.state_of(node);
+    int32_t budget = INT32_MAX;
+    if (tables.counted(state)) {
+      const int32_t max = tables.count_bounds[tables.rule_of[state]].second;
+      if (max >= 0) budget = max - space_.count_of(node);
     }
+    if (std::find(tops.begin(), tops.end(), std::pair{state, budget}) == tops.end()) tops.emplace_back(state, budget);
   }
-  for (int32_t state : extra_states) walk_uncertain(grammar_->state_tokens(state).uncertain, config, mask);
+  for (auto [state, budget] : tops) grammar_->add_accepted(state, budget, mask, scratch_);
+  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget.
+  for (size_t i = 0; i < tops.size(); ++i) {
+    bool walked = false;
+    for (size_t j = 0; j < i && !walked; ++j) walked = tops[j].first == tops[i].first;
+    if (!walked) walk_uncertain(grammar_->state_tokens(tops[i].first).uncertain, config, mask);
+  }
   if (c.can_end)
     for (TokenId t : grammar_->stop_tokens()) mask[t >> 5] |= 1u << (t & 31);
 }

@@ -5,6 +5,7 @@
 // uncertain (it reads past the rule's end with a byte that can follow the rule). Accepted sets are
 // precomputed; at run time a mask is the union of the accepted sets of the configuration's stack tops plus
 // the uncertain tokens walked through the real stacks (XGrammar's adaptive token-mask cache, in our terms).
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,12 +17,6 @@
 #include "tokenizer/tokenizer.h"
 
 namespace beamline {
-
-// An incremental UTF-8 well-formedness check (the decoder of tokenizer/utf8.h as a state machine): 0 at a
-// character boundary, 1..7 inside a character (which continuation bytes may come), kUtf8Invalid once the bytes
-// cannot be well-formed UTF-8 any more.
-inline constexpr uint8_t kUtf8Invalid = 8;
-uint8_t utf8_prefix_step(uint8_t state, uint8_t byte);
 
 class Vocabulary {
  public:
@@ -56,6 +51,8 @@ class Vocabulary {
   // from there (then the subtree's tokens are whole characters after n, the last one possibly cut short).
   uint8_t utf8_state(int32_t n) const { return utf8_state_[n]; }
   bool utf8_valid_below(int32_t n) const { return utf8_valid_below_[n] != 0; }
+  // The token whose bytes are exactly `byte` (-1: none); the first by id when several are.
+  TokenId single_byte_token(uint8_t byte) const { return single_byte_token_[byte]; }
   // Bit t is set for every token in the trie (neither special nor empty): the start of a mask that excludes few.
   const std::vector<uint32_t>& trie_tokens_mask() const { return trie_tokens_mask_; }
 
@@ -72,6 +69,7 @@ class Vocabulary {
   std::vector<uint8_t> utf8_state_, utf8_valid_below_;
   std::vector<ByteSet> bytes_below_;
   std::vector<uint32_t> trie_tokens_mask_;
+  std::array<TokenId, 256> single_byte_token_;
 };
 
 // A grammar ready to match: the pushdown tables and, with a vocabulary, the per-state token classification.
@@ -90,18 +88,29 @@ class CompiledGrammar {
     std::vector<uint32_t> accepted_mask;  // a full bitmask when many tokens are accepted, else empty
     std::vector<TokenId> accepted_ids;    // the accepted tokens when few are
     std::vector<int32_t> uncertain;       // indices into the vocabulary's byte order
+    // A state of a counted rule, classified with its count untracked (kUncounted): the accepted tokens (each read
+    // inside the frame) by their need, the counts they read plus the fewest from where they stop to the rule's
+    // end. With count c under bound max a token is allowed when its need is at most max - c.
+    std::vector<TokenId> by_need;        // ascending need
+    std::vector<int32_t> need_begin;     // by_need[need_begin[k]..] need k or more; the last entry is by_need.size()
+    int32_t max_need() const { return static_cast<int32_t>(need_begin.size()) - 2; }
   };
-  const StateTokens& state_tokens(int32_t state) const { return state_tokens_[state]; }
+  const StateTokens& state_tokens(int32_t state) const { return *state_tokens_[state]; }
   size_t uncertain_total() const;
+  // The accepted tokens of `state` whose need is at most `budget` (any when budget >= max_need()) into `mask`.
+  void add_accepted(int32_t state, int32_t budget, std::span<uint32_t> mask, std::vector<uint32_t>& scratch) const;
 
  private:
   void classify_tokens();
   void store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
+  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
 
   PushdownTables tables_;
   std::shared_ptr<const Vocabulary> vocabulary_;
   std::vector<TokenId> stop_tokens_;
-  std::vector<StateTokens> state_tokens_;
+  // Per state; states of counted rules with the same automaton (string fields that differ only in their bounds)
+  // share one classification.
+  std::vector<std::shared_ptr<const StateTokens>> state_tokens_;
 };
 
 // One output's matcher: feed it tokens (or bytes), ask for the next token's mask, roll back rejected drafts.
@@ -117,6 +126,11 @@ class GrammarMatcher {
   void rollback(int32_t steps);  // undo the last `steps` accepted tokens (speculative decoding)
   // The bytes the grammar forces from here (each position has exactly one allowed byte), possibly empty.
   std::string jump_forward_bytes();
+  // Jump-forward: at most `max_tokens` tokens for the forced bytes, as a draft to verify (the engine's rule, in
+  // docs/structured-outputs.md): the canonical tokenization of the forced text (`tokenizer.encode`; a grammar byte that
+  // stands for a special token, such as Harmony's, is that token), without its last text token, which could merge
+  // with the free text after it; cut before the first token the grammar does not take. Leaves the matcher as it is.
+  std::vector<TokenId> jump_forward_tokens(const Tokenizer& tokenizer, size_t max_tokens);
 
   bool can_end() const { return space_.at(history_.back()).can_end; }
   bool terminated() const { return terminated_.back() != 0; }
@@ -137,6 +151,8 @@ class GrammarMatcher {
   std::vector<int32_t> history_;
   std::vector<uint8_t> terminated_;
   std::vector<int32_t> walk_stack_;
+  std::vector<uint32_t> scratch_;
+  std::vector<std::pair<int32_t, int32_t>> tops_;  // (state, budget) of the configuration's stack tops
 };
 
 }  // namespace beamline

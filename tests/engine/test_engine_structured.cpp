@@ -2,7 +2,8 @@
 // temperature 1.0: under each schema every output that ends is valid, checked by a validator written here from the
 // schema (nlohmann's parser plus the schema's rules, no grammar code), outputs end only by the grammar's end or by
 // max_tokens; without the constraint the same requests almost never give valid JSON (the constraint bites); and the
-// async loop, whose constrained rows wait for the token before them, gives the synchronous loop's outputs.
+// async loop, whose constrained rows wait for the token before them, gives the synchronous loop's outputs; and
+// jump-forward (forced tokens as drafts) changes no output, sampled or greedy, while saving steps.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -105,8 +106,9 @@ class StructuredTinyModel : public ::testing::Test {
     delete tokenizer_;
   }
 
-  static std::unique_ptr<Engine> engine(bool async_scheduling, bool speculative = false) {
+  static std::unique_ptr<Engine> engine(bool async_scheduling, bool speculative = false, bool jump_forward = true) {
     EngineConfig c;
+    c.jump_forward = jump_forward;
     if (speculative) {  // n-gram drafts of up to 4 tokens, cut to what the grammar allows
       c.speculative.method = SpeculativeMethod::Ngram;
       c.speculative.num_speculative_tokens = 4;
@@ -219,6 +221,38 @@ TEST_F(StructuredTinyModel, SpeculativeDraftsStayInsideTheGrammar) {
     }
   }
   EXPECT_GT(speculating->stats().spec_decode_num_draft_tokens_total, 0u);
+}
+
+TEST_F(StructuredTinyModel, JumpForwardSavesStepsAndChangesNoOutput) {
+  const auto vocabulary = Vocabulary::from_tokenizer(**tokenizer_);
+  const SchemaCase c = schema_cases()[2];  // $ref: nested objects, so keys and punctuation are forced often
+  const auto grammar = CompiledGrammar::compile(json_schema_grammar(c.schema), vocabulary, eos_);
+  for (const float temperature : {0.0f, 1.0f}) {
+    auto plain = engine(false, false, false);
+    auto sync_jumping = engine(false);
+    auto async_jumping = engine(true);
+    const auto expected = run(*plain, grammar, 8, 120, false, temperature);
+    const auto sync_outputs = run(*sync_jumping, grammar, 8, 120, false, temperature);
+    const auto async_outputs = run(*async_jumping, grammar, 8, 120, false, temperature);
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(sync_outputs[i].token_ids, expected[i].token_ids) << temperature << " " << i;
+      EXPECT_EQ(async_outputs[i].token_ids, expected[i].token_ids) << temperature << " " << i;
+      if (expected[i].finish_reason == FinishReason::Stop) {
+        EXPECT_TRUE(parses_and_validates(c, sync_outputs[i].text)) << sync_outputs[i].text;
+      }
+    }
+    const EngineStats without = plain->stats(), with = sync_jumping->stats(), ahead = async_jumping->stats();
+    EXPECT_GT(with.jump_forward_accepted_tokens_total, 0u) << temperature;
+    EXPECT_LT(with.steps_total, without.steps_total) << temperature;
+    EXPECT_LT(ahead.steps_total, without.steps_total) << temperature;
+    EXPECT_EQ(without.jump_forward_draft_tokens_total, 0u);
+    std::printf("temperature %.1f: %llu steps without jump-forward, %llu with (sync), %llu with (async); forced tokens "
+                "drafted %llu, accepted %llu\n",
+                temperature, static_cast<unsigned long long>(without.steps_total),
+                static_cast<unsigned long long>(with.steps_total), static_cast<unsigned long long>(ahead.steps_total),
+                static_cast<unsigned long long>(with.jump_forward_draft_tokens_total),
+                static_cast<unsigned long long>(with.jump_forward_accepted_tokens_total));
+  }
 }
 
 }  // namespace

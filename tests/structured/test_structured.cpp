@@ -2,6 +2,7 @@
 // checked against the brute-force answer (walk every token through a fresh matcher) on random paths.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include "structured/ebnf.h"
@@ -139,6 +140,89 @@ TEST(JsonSchema, NumbersAndStrings) {
   EXPECT_FALSE(schema_matches(date, "\"1900-02-29\""));  // by 100, not 400
 }
 
+// Every string of up to `length` characters from `alphabet` (each a character and its canonical JSON encoding).
+std::vector<std::pair<std::u32string, std::string>> all_strings(const std::vector<std::pair<char32_t, std::string>>& alphabet,
+                                                                size_t length) {
+  std::vector<std::pair<std::u32string, std::string>> out = {{U"", ""}};
+  for (size_t begin = 0, end = 1, n = 0; n < length; ++n) {
+    for (size_t i = begin; i < end; ++i)
+      for (const auto& [c, encoded] : alphabet) out.emplace_back(out[i].first + c, out[i].second + encoded);
+    begin = end;
+    end = out.size();
+  }
+  return out;
+}
+
+// minLength / maxLength count characters (UTF-8 characters and escapes alike) under a counter, alone, with a
+// pattern, and where a combinator needs them unrolled; every string of a small alphabet is checked.
+TEST(JsonSchema, LengthBoundsCountCharacters) {
+  const auto strings = all_strings({{U'a', "a"}, {U'é', "é"}, {U'\n', "\\n"}, {U'日', "日"}, {U'\x01', "\\u0001"}}, 6);
+  struct Case {
+    const char* schema;
+    std::function<bool(const std::u32string&)> expected;
+  };
+  const Case cases[] = {
+      {R"({"type":"string","minLength":2,"maxLength":4})", [](const auto& s) { return s.size() >= 2 && s.size() <= 4; }},
+      {R"({"type":"string","maxLength":0})", [](const auto& s) { return s.empty(); }},
+      {R"({"type":"string","minLength":5})", [](const auto& s) { return s.size() >= 5; }},
+      {R"({"type":"string","minLength":1,"maxLength":5,"pattern":"^a"})",
+       [](const auto& s) { return s.size() >= 1 && s.size() <= 5 && s[0] == U'a'; }},
+      {R"({"type":"string","maxLength":3,"pattern":"é$"})", [](const auto& s) { return s.size() <= 3 && !s.empty() && s.back() == U'é'; }},
+      {R"({"allOf":[{"maxLength":5},{"minLength":2},{"maxLength":4}],"type":"string"})",
+       [](const auto& s) { return s.size() >= 2 && s.size() <= 4; }},
+      {R"({"anyOf":[{"type":"string","maxLength":1},{"type":"string","minLength":4,"pattern":"^a"}]})",  // unrolled
+       [](const auto& s) { return s.size() <= 1 || (s.size() >= 4 && s[0] == U'a'); }},
+      {R"({"not":{"type":"string","maxLength":2}})", [](const auto& s) { return s.size() > 2; }},  // unrolled
+      {R"({"type":"string","minLength":3,"pattern":"^(aa)+$"})",  // even lengths only
+       [](const auto& s) { return s.size() >= 4 && s.size() % 2 == 0 && s.find_first_not_of(U'a') == std::u32string::npos; }},
+      // After "a" nothing within 2..3 characters can follow: a counter would allow a dead end, so it is unrolled.
+      {R"({"type":"string","minLength":2,"maxLength":3,"pattern":"^(a|é日\n)$"})",
+       [](const auto& s) { return s == U"é日\n"; }},
+  };
+  for (const Case& c : cases) {
+    const auto compiled = compile(json_schema_grammar(c.schema));
+    for (const auto& [value, encoded] : strings)
+      ASSERT_EQ(GrammarMatcher::matches(*compiled, "\"" + encoded + "\""), c.expected(value)) << c.schema << " on " << encoded;
+  }
+  EXPECT_TRUE(schema_matches(R"({"type":["string","integer"],"maxLength":1})", "12345"));  // integers keep no length
+  // A counter costs no states per count: a bound of 100,000 compiles to the same tables as one of 3.
+  const auto small = compile(json_schema_grammar(R"({"type":"string","maxLength":3})"));
+  const auto large = compile(json_schema_grammar(R"({"type":"string","minLength":2,"maxLength":100000})"));
+  EXPECT_EQ(small->tables().num_states, large->tables().num_states);
+  EXPECT_TRUE(GrammarMatcher::matches(*large, "\"" + std::string(100000, 'x') + "\""));
+  EXPECT_FALSE(GrammarMatcher::matches(*large, "\"" + std::string(100001, 'x') + "\""));
+  // No string satisfies it: refused as an empty grammar, like any other.
+  EXPECT_EQ(refused_keyword(R"({"type":"string","minLength":3,"maxLength":2})"), "grammar");
+  EXPECT_EQ(refused_keyword(R"({"type":"string","pattern":"^[a-z]{3}@$","maxLength":3})"), "grammar");
+}
+
+// Repetitions over kUnrolledRepeats whose body is a prefix code are counted (few states, whatever the bound); others
+// are unrolled; both match exactly the repetitions within the bounds.
+TEST(Regex, LargeRepetitionsAreCounted) {
+  auto repeated = [](const std::string& unit, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += unit;
+    return out;
+  };
+  const Grammar counted = regex_grammar("[a-c]{20,300}x");
+  EXPECT_LT(compile(counted)->tables().num_states, 10);
+  for (int n : {0, 19, 20, 21, 299, 300, 301})
+    EXPECT_EQ(matches(counted, repeated("b", n) + "x"), n >= 20 && n <= 300) << n;
+  const Grammar words = regex_grammar("(ab|c){17,40}");
+  EXPECT_LT(compile(words)->tables().num_states, 10);
+  for (int n : {16, 17, 40, 41}) {
+    EXPECT_EQ(matches(words, repeated("abc", n)), 2 * n >= 17 && 2 * n <= 40) << n;
+    EXPECT_EQ(matches(words, repeated("c", n)), n >= 17 && n <= 40) << n;
+  }
+  EXPECT_FALSE(matches(words, repeated("c", 20) + "a"));
+  const Grammar at_least = ebnf_grammar("root ::= \"[\" [0-9]{30,} \"]\"");
+  EXPECT_FALSE(matches(at_least, "[" + repeated("7", 29) + "]"));
+  EXPECT_TRUE(matches(at_least, "[" + repeated("7", 30) + "]"));
+  EXPECT_TRUE(matches(at_least, "[" + repeated("7", 3000) + "]"));
+  const Grammar ambiguous = regex_grammar("(a|aa){20,21}");  // not a prefix code: unrolled
+  for (int n : {19, 20, 42, 43}) EXPECT_EQ(matches(ambiguous, repeated("a", n)), n >= 20 && n <= 42) << n;
+}
+
 TEST(JsonSchema, CombinatorsAndReferences) {
   std::string one_of = R"({"oneOf":[{"type":"integer"},{"minimum":2}]})";
   EXPECT_TRUE(schema_matches(one_of, "1"));
@@ -212,6 +296,15 @@ TEST(TokenMask, EqualsBruteForceOnJsonSchema) {
       "name":{"type":"string","maxLength":6},"age":{"type":"integer","minimum":0},
       "tags":{"type":"array","items":{"enum":["a","abc",null]},"maxItems":3},
       "nested":{"anyOf":[{"type":"null"},{"$ref":"#"}]}},"required":["name"]})", options), 40, 1);
+}
+
+// Counted strings and repetitions near their bounds: the masks filter the precomputed tokens by what they need.
+TEST(TokenMask, EqualsBruteForceNearCountedBounds) {
+  check_masks_against_brute_force(json_schema_grammar(R"({"type":"object","properties":{
+      "a":{"type":"string","minLength":20,"maxLength":23},"b":{"type":"string","maxLength":25,"pattern":"^[a-c]+$"},
+      "c":{"type":"string","maxLength":2},"d":{"type":"string","pattern":"^(ab|c|na){17,19}$"},
+      "e":{"type":"string","format":"email"}},"required":["a","b","c","d","e"],"additionalProperties":false})"), 40, 4);
+  check_masks_against_brute_force(regex_grammar("(ab|c|\"){18,20}(na|me){0,30}"), 40, 5);
 }
 
 TEST(TokenMask, EqualsBruteForceOnAnyJsonAndEbnf) {
