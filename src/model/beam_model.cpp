@@ -533,7 +533,7 @@ void BeamModel::dummy_forward() {
   for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
     const Layer& layer = layers_[static_cast<std::size_t>(index)];
     // Expert parallelism reads and writes only the padded rows (h and branch are for the other MoE paths).
-    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor());
+    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor(), nullptr);
   }
 }
 
