@@ -6,7 +6,8 @@ sudo_cmd=""
 [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
 packages=(build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libpcre2-dev libssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3-numpy libopenmpi-dev openmpi-bin patchelf)
+  libgtest-dev libgmock-dev libbenchmark-dev python3-numpy libopenmpi-dev openmpi-bin patchelf
+  clang llvm)  # clang and llvm (its symbolizer): scripts/fuzz.sh (libFuzzer)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for package in "${packages[@]}"; do dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package"); done
