@@ -17,8 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   } catch (const beamline::Error&) {
     return 0;
   }
-  static volatile int64_t sink;
-  sink = config.kv_group_size();
+  beamline::fuzz::sink = static_cast<uint64_t>(config.kv_group_size());
   const nlohmann::json written = config.to_json();
   if (beamline::ModelConfig::from_json(written).to_json() != written) std::abort();
   return 0;

@@ -9,14 +9,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const auto path = beamline::fuzz::write_input_file(data, size, "model.safetensors");
   try {
     const auto archive = beamline::SafetensorsArchive::open(path);
-    unsigned checksum = 0;
+    uint64_t checksum = 0;
     for (const std::string& name : archive->tensor_names()) {
       const beamline::TensorView& view = archive->at(name);
       const std::byte* bytes = view.data;
-      for (std::size_t i = 0; i < view.nbytes; ++i) checksum += static_cast<unsigned>(bytes[i]);
+      for (std::size_t i = 0; i < view.nbytes; ++i) checksum += static_cast<uint64_t>(bytes[i]);
     }
-    static volatile unsigned sink;
-    sink = checksum;
+    beamline::fuzz::sink = checksum;
   } catch (const beamline::Error&) {
   }
   return 0;

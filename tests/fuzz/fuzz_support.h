@@ -12,6 +12,9 @@
 
 namespace beamline::fuzz {
 
+// Values a target computes only to read memory (a view's bytes, a derived size) are stored here, so the reads stay.
+inline volatile uint64_t sink = 0;
+
 inline std::string_view as_text(const uint8_t* data, std::size_t size) {
   return {reinterpret_cast<const char*>(data), size};
 }
