@@ -8,6 +8,7 @@
 # FUZZ_RECORD=path writes the record elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+arguments="$*"
 seconds=${1:-600}
 shift || true
 build=build-fuzz
@@ -31,7 +32,7 @@ commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests/fuzz ||
   echo "# Fuzzing (libFuzzer, ASan + UBSan), $(date -u '+%F %H:%M UTC')"
   echo
   echo "Machine: $(nproc) CPU cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), shared;" \
-       "$(clang++ --version | head -1). Commit $commit. Command: \`scripts/fuzz.sh $seconds${targets:+ ${targets[*]}}\`" \
+       "$(clang++ --version | head -1). Commit $commit. Command: \`scripts/fuzz.sh${arguments:+ $arguments}\`" \
        "(each target alone in one process, \`nice -n 19\`, \`-max_total_time=$seconds\`, \`-rss_limit_mb=2048\`)."
   echo
   echo "| target | seconds | executions | exec/s | coverage (edges) | features | corpus (files) | crashes |"

@@ -86,7 +86,7 @@ HarmonyTemplate HarmonyTemplate::from_file(const std::filesystem::path& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     fail("{}: not valid JSON ({})", path.string(), error.what());
   }
   return from_json(json, path.string());
