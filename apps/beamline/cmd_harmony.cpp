@@ -52,7 +52,7 @@ void run_render(const RenderCommandOptions& options) {
   Json json;
   try {
     json = Json::parse(read_input(options.conversation_file));
-  } catch (const Json::parse_error& error) {
+  } catch (const Json::exception& error) {
     fail("{}: not valid JSON ({})", options.conversation_file, error.what());
   }
   harmony::Conversation conversation;

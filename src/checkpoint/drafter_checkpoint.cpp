@@ -32,7 +32,7 @@ DrafterConfig DrafterConfig::load(const std::filesystem::path& dir) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     fail("{}: invalid JSON: {}", path.string(), error.what());
   }
   const jf::Location root(path.string(), "");

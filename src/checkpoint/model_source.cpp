@@ -23,7 +23,7 @@ ModelConfig with_overrides(const ModelConfig& config, const std::string& overrid
   nlohmann::json patch;
   try {
     patch = nlohmann::json::parse(overrides);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     fail("--hf-overrides: not valid JSON: {}", error.what());
   }
   require(patch.is_object(), "--hf-overrides: expected a JSON object such as {{\"num_hidden_layers\": 8}}");

@@ -99,7 +99,7 @@ std::vector<TensorView> parse_file(const MappedFile& file) {
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_length);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number past a double's range
     fail("{}: header is not valid JSON: {}", path, error.what());
   }
   if (!header.is_object()) fail("{}: header must be a JSON object, found {}", path, header.type_name());
@@ -150,7 +150,7 @@ json read_json_file(const std::filesystem::path& path) {
   if (!in) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
   try {
     return json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {
     fail("{}: invalid JSON: {}", path.string(), error.what());
   }
 }

@@ -27,7 +27,8 @@ bool is_header_word(const std::string& word) {
 
 HarmonyTemplate HarmonyTemplate::from_json(const nlohmann::json& json, const std::string& source) {
   require(json.is_object(), "{}: expected a JSON object, got {}", source, json.type_name());
-  for (const auto& [key, value] : json.items()) {
+  for (const auto& item : json.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang before 16 cannot capture one in a lambda
     const bool known = std::any_of(std::begin(kKnownKeys), std::end(kKnownKeys), [&](const char* k) { return key == k; });
     require(known, "{}: unknown key '{}' (known keys: channels, reasoning_channel, final_channel, tool_channel, "
             "tool_namespace, stop_tokens, model_identity, knowledge_cutoff, default_reasoning_effort)", source, key);
@@ -85,7 +86,7 @@ HarmonyTemplate HarmonyTemplate::from_file(const std::filesystem::path& path) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     fail("{}: not valid JSON ({})", path.string(), error.what());
   }
   return from_json(json, path.string());

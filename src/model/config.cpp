@@ -181,7 +181,7 @@ ModelConfig ModelConfig::load(const std::filesystem::path& path) {
   json parsed;
   try {
     parsed = json::parse(in);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {
     fail("{}: invalid JSON: {}", path.string(), error.what());
   }
   return from_json(parsed, path.string());

@@ -37,7 +37,9 @@ Json parse_body(const std::string& body) {
   Json json;
   try {
     json = Json::parse(body, limit_depth);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
+    // Not only parse_error: a number past a double's range (1E999) is nlohmann's out_of_range, which escaped
+    // this message until tests/fuzz/fuzz_openai_chat_request found it.
     throw invalid_request("", std::string("The request body is not valid JSON: ") + error.what());
   }
   if (!json.is_object()) {

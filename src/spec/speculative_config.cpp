@@ -39,7 +39,7 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {
     fail("{}: not a JSON object or \"none\": {}", kFlag, error.what());
   }
   try {

@@ -231,6 +231,15 @@ class BpeTokenizer final : public Tokenizer {
  private:
   using Span = TokenLookup::Span;
   static constexpr uint32_t kHole = std::numeric_limits<uint32_t>::max();
+  // Ids index tables sized by the largest id, so one absurd id in a file would allocate gigabytes (found by
+  // tests/fuzz/fuzz_tokenizer_json): ids stay below 2^24, sixteen times the largest vocabularies in use.
+  static constexpr TokenId kMaxTokenIds = TokenId{1} << 24;
+
+  void check_id(TokenId id, std::string_view what, std::string_view bytes) const {
+    require(id >= 0, "{}: {} \"{}\" has a negative id {}", source_, what, escape_bytes(bytes), id);
+    require(id < kMaxTokenIds, "{}: {} \"{}\" has id {}, past the largest supported id {}", source_, what,
+            escape_bytes(bytes), id, kMaxTokenIds - 1);
+  }
 
   struct AddedEntry {
     std::string text;
@@ -283,7 +292,7 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   void place(TokenId id, std::string_view bytes, std::string_view what) {
-    require(id >= 0, "{}: {} has a negative id {}", source_, what, id);
+    check_id(id, what, bytes);
     const auto index = static_cast<std::size_t>(id);
     if (index >= spans_.size()) spans_.resize(index + 1, Span{0, kHole});
     require(spans_[index].length == kHole, "{}: id {} is used twice (again by {} \"{}\")", source_, id, what,
@@ -320,7 +329,7 @@ class BpeTokenizer final : public Tokenizer {
     std::vector<bool> placed_by_added;
     for (const AddedToken& token : added) {
       require(!token.text.empty(), "{}: added token {} has empty content", source_, token.id);
-      require(token.id >= 0, "{}: added token \"{}\" has a negative id {}", source_, escape_bytes(token.text), token.id);
+      check_id(token.id, "added token", token.text);
       const auto index = static_cast<std::size_t>(token.id);
       if (placed_by_added.size() <= index) placed_by_added.resize(index + 1, false);
       const bool placed = index < spans_.size() && spans_[index].length != kHole;

@@ -64,8 +64,13 @@ class TokenizerJsonReader {
     text::BpeDefinition definition;
     definition.source = source_;
     const json& normalizer = root_.value("normalizer", json());
-    require(normalizer.is_null(), "{}: normalizer of type {} is not supported (only null)", source_,
-            normalizer.is_object() ? normalizer.value("type", std::string("?")) : normalizer.dump());
+    if (!normalizer.is_null()) {
+      // The type names the normalizer when it is a string; anything else is shown as it is (a non-string type
+      // used to escape as nlohmann's type_error, found by tests/fuzz/fuzz_tokenizer_json).
+      const bool named = normalizer.is_object() && normalizer.contains("type") && normalizer.at("type").is_string();
+      fail("{}: normalizer {} is not supported (only null)", source_,
+           named ? "of type " + normalizer.at("type").get<std::string>() : normalizer.dump());
+    }
     read_model(definition);
     read_pre_tokenizer(definition);
     read_added_tokens(definition);

@@ -356,6 +356,17 @@ TEST(TokenizerJson, BrokenFilesNameTheProblem) {
   json duplicate_id = good;
   duplicate_id["model"]["vocab"]["zz"] = 3;
   expect_load_error(load("duplicate_id.json", duplicate_id.dump()), {"duplicate_id.json", "id 3"});
+  // Found by tests/fuzz/fuzz_tokenizer_json: an id near 2^31 sized the id tables at 16 GiB; a normalizer type that is
+  // not a string escaped as nlohmann's type_error.
+  json huge_id = good;
+  huge_id["model"]["vocab"]["zz"] = 2000000000;
+  expect_load_error(load("huge_id.json", huge_id.dump()), {"huge_id.json", "zz", "2000000000"});
+  json huge_added_id = good;
+  huge_added_id["added_tokens"] = json::array({{{"id", 1 << 30}, {"content", "<|x|>"}, {"special", true}}});
+  expect_load_error(load("huge_added_id.json", huge_added_id.dump()), {"huge_added_id.json", "<|x|>", "1073741824"});
+  json normalizer_type = good;
+  normalizer_type["normalizer"] = {{"type", 5}};
+  expect_load_error(load("normalizer_type.json", normalizer_type.dump()), {"normalizer_type.json", "normalizer"});
   json missing_byte = good;
   missing_byte["model"]["vocab"].erase("a");
   missing_byte["model"]["merges"] = json::array();
