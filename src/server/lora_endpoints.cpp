@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "server/openai_sampling.h"
 #include "server/request_fields.h"
 
 namespace beamline::server {
@@ -16,6 +17,12 @@ std::string required_name(const Json& body, const char* field) {
 }
 
 }  // namespace
+
+std::string requested_model_lora(const Json& body, const ServingContext& context) {
+  std::vector<std::string> names;
+  for (const Engine::LoraAdapter& adapter : context.engine.lora_adapters()) names.push_back(adapter.name);
+  return check_model(body, context.model_name, names);
+}
 
 std::string load_lora_adapter(const Json& body, const ServingContext& context) {
   const std::string name = required_name(body, "lora_name"), path = required_name(body, "lora_path");

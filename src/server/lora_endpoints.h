@@ -13,6 +13,9 @@ namespace beamline::server {
 std::string load_lora_adapter(const Json& body, const ServingContext& context);
 // {"lora_name"}: 404 for an adapter that is not loaded, 400 while requests in flight use it.
 std::string unload_lora_adapter(const Json& body, const ServingContext& context);
+// check_model (openai_sampling.h) against the context's served name and the engine's loaded adapters: the adapter the
+// request's `model` names, "" for the base model.
+std::string requested_model_lora(const Json& body, const ServingContext& context);
 // One /v1/models entry per loaded adapter: id its name, root its path, parent the served model.
 Json lora_model_cards(const ServingContext& context);
 

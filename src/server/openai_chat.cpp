@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "harmony/harmony_render.h"
+#include "server/lora_endpoints.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"
 #include "server/request_limits.h"

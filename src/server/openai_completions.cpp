@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "server/lora_endpoints.h"
 #include "server/openai_chat.h"
 #include "server/openai_logprobs.h"
 #include "server/request_fields.h"

@@ -83,12 +83,6 @@ std::string check_model(const Json& body, const std::string& served_model_name,
   return *model;
 }
 
-std::string requested_model_lora(const Json& body, const ServingContext& context) {
-  std::vector<std::string> names;
-  for (const Engine::LoraAdapter& adapter : context.engine.lora_adapters()) names.push_back(adapter.name);
-  return check_model(body, context.model_name, names);
-}
-
 StreamOptions read_stream_options(const Json& body) {
   StreamOptions options;
   options.stream = optional_bool(body, "stream").value_or(false);

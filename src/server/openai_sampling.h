@@ -23,8 +23,6 @@ struct StreamOptions {
 // docs/lora.md): 404 model_not_found otherwise. Returns the adapter's name, "" for the base model.
 std::string check_model(const Json& body, const std::string& served_model_name,
                         const std::vector<std::string>& lora_names = {});
-// check_model against the context's served name and the engine's loaded adapters.
-std::string requested_model_lora(const Json& body, const ServingContext& context);
 
 // The `model` a response reports: the LoRA adapter the request named (as vLLM reports it), else the served model.
 inline const std::string& response_model(const ServingContext& context, const GenerationRequest& request) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "harmony/harmony_render.h"
+#include "server/lora_endpoints.h"
 #include "server/openai_mapping.h"
 #include "server/openai_sampling.h"
 #include "server/request_fields.h"
