@@ -16,6 +16,7 @@ OUT=${OUT:-$(mktemp -d)}
 BIN=$PWD/$CARRY/apps/beamline/beamline
 OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
 LOG=$OUT/quant3.log
+source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
 {

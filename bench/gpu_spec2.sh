@@ -9,6 +9,7 @@ set -uo pipefail
 CARRY=$(cd "${1:?usage: gpu_spec2.sh CARRY_DIR}" && pwd)
 OUT=${OUT:?set OUT}
 export BEAMLINE_REQUIRE_CUDA=1 BEAMLINE_SOURCE_DIR=$PWD BEAMLINE_EXE=$CARRY/apps/beamline/beamline
+source bench/open_carry.sh
 BIN=$BEAMLINE_EXE source bench/cuda_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 cat "$CARRY/apps/beamline/COMMIT" | tee -a "$OUT/gpu.txt"
