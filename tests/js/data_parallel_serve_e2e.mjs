@@ -63,9 +63,14 @@ describe('serve --data-parallel-size 2', () => {
         assert.deepEqual(got.completions, expected.completions, `${name}: completions`);
         const uneven = await unevenAnswers(server);
         assertSameAnswers(uneven, expectedUneven, `${name}: uneven load`);
-        const finished = await finishedByEngine(server);
-        assert.deepEqual([...finished.keys()].sort(), ['0', '1'], `${name}: engine labels`);
         const total = expected.one.length * 2 + expected.completions.length + UNEVEN.length;
+        // An engine's stats are a snapshot up to ~50 ms old while it is busy: wait for the last finishes to show.
+        let finished = await finishedByEngine(server);
+        for (let tries = 0; tries < 50 && (finished.get('0') ?? 0) + (finished.get('1') ?? 0) < total; ++tries) {
+          await new Promise((resolve) => setTimeout(resolve, 100));
+          finished = await finishedByEngine(server);
+        }
+        assert.deepEqual([...finished.keys()].sort(), ['0', '1'], `${name}: engine labels`);
         assert.equal(finished.get('0') + finished.get('1'), total, `${name}: every request finished once`);
         assert.ok(finished.get('0') >= 3 && finished.get('1') >= 3, `${name}: both engines served: ${[...finished]}`);
         if (name !== 'DP2') return;
