@@ -97,6 +97,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& document, const std::st
   if (c.vocab_size > INT32_MAX) fail_at("vocab_size", fmt::format("{} does not fit 32-bit token ids", c.vocab_size));
   c.hidden_size = positive("hidden_size", integer("hidden_size"));
   c.num_hidden_layers = positive("num_hidden_layers", integer("num_hidden_layers"));
+  // Far above any real model (Beam-1.0 has 52), and small enough that the per-layer tables stay bytes, not gigabytes.
+  constexpr int64_t kMaxLayers = 1 << 16;
+  if (c.num_hidden_layers > kMaxLayers)
+    fail_at("num_hidden_layers", fmt::format("{} is more than the {} layers beamline allows", c.num_hidden_layers,
+                                             kMaxLayers));
   c.num_attention_heads = positive("num_attention_heads", integer("num_attention_heads"));
   c.num_key_value_heads = positive("num_key_value_heads", integer("num_key_value_heads"));
   if (c.num_attention_heads % c.num_key_value_heads != 0)
