@@ -191,8 +191,13 @@ def main():
 
             # Tensors in another order than announced.
             assert init_group(base, trainer, group_name="g")[0] == 200
-            status, reply = update_weights(base, trainer, [norm, router], group_name="g",
-                                           send=lambda trainer, tensors: send_first(trainer, tensors[1:]))
+            def send_out_of_order(trainer, tensors):
+                # The server hangs up once it has read the unexpected name, possibly before all its bytes arrived.
+                try:
+                    send_first(trainer, tensors[1:])
+                except (ConnectionResetError, BrokenPipeError):
+                    pass
+            status, reply = update_weights(base, trainer, [norm, router], group_name="g", send=send_out_of_order)
             expect_error(status, reply, "group_name", r"sent \".*mlp.gate.weight\" where the update lists", "order")
             unchanged("tensors out of order")
             trainer.close_servers()
