@@ -24,18 +24,7 @@ export BEAMLINE_REQUIRE_CUDA=1
   echo "commit $(cat "$CARRY/apps/beamline/COMMIT" | tr '\n' ' ')"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 } | tee "$LOG"
-wanted() { [[ $STEPS == *",$1,"* ]]; }
-# Runs a command with a time limit, its output to the log; prints the lines matching $2 and the exit status.
-step() {  # seconds, pattern, command...
-  local limit=$1 pattern=$2 start=$SECONDS
-  shift 2
-  echo "\$ $*" >>"$LOG"
-  timeout "$limit" "$@" >"$OUT/step.txt" 2>&1
-  local status=$?
-  cat "$OUT/step.txt" >>"$LOG"
-  echo "\$ ${*:0:6}... exit $status in $((SECONDS - start)) s"
-  grep -E "$pattern" "$OUT/step.txt" | tail -60
-}
+source bench/gpu_steps.sh
 
 if wanted attention; then
   step 60 'fp8|FAIL|cases|passed|failed' "$OPS" test --filter attention --seed 5

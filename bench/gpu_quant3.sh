@@ -24,18 +24,7 @@ export BEAMLINE_REQUIRE_CUDA=1
   echo "commit $(cat "$CARRY/apps/beamline/COMMIT" | tr '\n' ' ')"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 } | tee "$LOG"
-# Runs a command with a time limit, its output to the log; prints the lines matching $2 and the exit status.
-step() {  # seconds, pattern, command...
-  local limit=$1 pattern=$2 start=$SECONDS
-  shift 2
-  echo "\$ $*" >>"$LOG"
-  timeout "$limit" "$@" >"$OUT/step.txt" 2>&1
-  local status=$?
-  cat "$OUT/step.txt" >>"$LOG"
-  echo "\$ ${*:2:5}... exit $status in $((SECONDS - start)) s"
-  grep -E "$pattern" "$OUT/step.txt" | tail -40
-}
-wanted() { [[ $STEPS == *",$1,"* ]]; }
+source bench/gpu_steps.sh
 small=()
 [ "${SMALL:-0}" = 1 ] && small=(--small)
 if wanted probe; then step 15 '^\||cuBLASLt' "$CARRY/cublaslt_probe"; fi

@@ -1,5 +1,7 @@
 """A `beamline serve` process for the Python checks of tools/reference, and a small JSON client (stdlib only)."""
+import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -7,6 +9,24 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+DEFAULT_BEAMLINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "apps", "beamline",
+                                "beamline")
+
+
+def check_parser(doc):
+    """The arguments every check takes (--beamline, --device); the check adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beamline", default=DEFAULT_BEAMLINE)
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def make_tiny_model(beamline, out, seed):
+    """Writes a random checkpoint of make-model's `tiny` preset to `out`; returns `out`."""
+    subprocess.run([beamline, "make-model", "--preset", "tiny", "--out", out, "--seed", str(seed)], check=True,
+                   capture_output=True)
+    return out
 
 
 def post(base, path, body, stream=False):

@@ -11,26 +11,22 @@ its prefill split into different chunks (small --max-num-batched-tokens) or read
 token ids and logprobs (the chosen token's and the top 5) must equal the first answer's exactly (JSON numbers carry
 float32 values exactly). Prints how many distinct answers it saw; exits 1 when more than one.
 """
-import argparse
 import concurrent.futures
 import json
 import os
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from beamline_server import Server, post  # noqa: E402
+from beamline_server import Server, check_parser, make_tiny_model, post  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
-    parser.add_argument("--device", default="cpu")
+    parser = check_parser(__doc__)
     parser.add_argument("--model")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seed", type=int, default=11)
@@ -43,8 +39,7 @@ def main():
         model = args.model
         if model is None:
             model = os.path.join(scratch, "tiny")
-            subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", model, "--seed", str(args.seed)],
-                           check=True, capture_output=True)
+            make_tiny_model(args.beamline, model, args.seed)
         name = os.path.basename(os.path.normpath(model))
         prompt = [rng.randrange(0, 400) for _ in range(23)]
         target = {"model": name, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "logprobs": 5,

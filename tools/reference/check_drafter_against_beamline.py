@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
 import drafter_numpy  # noqa: E402
+from beamline_server import make_tiny_model  # noqa: E402
 
 
 def beamline_block_logits(beamline, target, drafter, tokens, anchor, device, out):
@@ -49,8 +50,7 @@ def main():
     target = args.target
     if target is None:
         target = os.path.join(work, "target")
-        subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", target, "--seed", str(args.seed)],
-                       check=True, stdout=subprocess.DEVNULL)
+        make_tiny_model(args.beamline, target, args.seed)
     drafter = args.drafter
     if drafter is None:
         drafter = os.path.join(work, "drafter")

@@ -9,10 +9,8 @@ F32) on q/k/v/o of two layers, the dense MLP and every expert of one MoE layer (
 (top 3) of the adapter's requests against the merged reference within --tolerance, and the base model's against the
 unmerged one in the same server.
 """
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -22,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
 import safetensors_io  # noqa: E402
-from beamline_server import Server, post  # noqa: E402
+from beamline_server import Server, check_parser, make_tiny_model, post  # noqa: E402
 from check_prompt_logprobs import check, log_softmax  # noqa: E402
 
 
@@ -46,16 +44,13 @@ def write_adapter(directory, tensors, modules, rank, alpha, rng):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
-    parser.add_argument("--device", default="cpu")
+    parser = check_parser(__doc__)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         model = os.path.join(scratch, "tiny")
-        subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", model, "--seed", str(args.seed)],
-                       check=True, capture_output=True)
+        make_tiny_model(args.beamline, model, args.seed)
         config = beam_numpy.read_config(model)
         tensors = beam_numpy.read_checkpoint(model)
         moe_layer = config["first_k_dense_replace"]

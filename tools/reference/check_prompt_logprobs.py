@@ -10,9 +10,7 @@ with the reference's value (within --tolerance) and k alternatives that are the 
 tolerance); the same prompt sent after it was cached is computed again (cached_tokens 0) and gives the same values
 bit for bit; raw_logits mode gives logits. prompt_logprobs on /v1/chat/completions is a 400 naming it.
 """
-import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -21,7 +19,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
-from beamline_server import Server, post  # noqa: E402
+from beamline_server import Server, check_parser, make_tiny_model, post  # noqa: E402
 
 
 def log_softmax(logits):
@@ -49,16 +47,13 @@ def check(what, entries, prompt, reference, k, tolerance):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
-    parser.add_argument("--device", default="cpu")
+    parser = check_parser(__doc__)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--tolerance", type=float, default=1e-3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         model = os.path.join(scratch, "tiny")
-        subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", model, "--seed", str(args.seed)],
-                       check=True, capture_output=True)
+        make_tiny_model(args.beamline, model, args.seed)
         config = beam_numpy.read_config(model)
         rng = np.random.default_rng(args.seed)
         prompt = [int(v) for v in rng.integers(0, config["vocab_size"] - 32, 37)]

@@ -14,12 +14,10 @@ reference's, which computes the whole token sequence at once in float64 with the
 A request without the field gets none; return_routed_experts on a server without the flag is a 400 naming it.
 Exits 1 on the first difference, naming request, token and layer.
 """
-import argparse
 import base64
 import concurrent.futures
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 
@@ -28,7 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
-from beamline_server import Server, post  # noqa: E402
+from beamline_server import Server, check_parser, make_tiny_model, post  # noqa: E402
 
 
 def decode(field, layers, top_k):
@@ -38,10 +36,8 @@ def decode(field, layers, top_k):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
+    parser = check_parser(__doc__)
     parser.add_argument("--model")
-    parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--extra-args", default="", help="more `beamline serve` flags")
     args = parser.parse_args()
@@ -50,8 +46,7 @@ def main():
         model = args.model
         if model is None:
             model = os.path.join(scratch, "tiny")
-            subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", model, "--seed", str(args.seed)],
-                           check=True, capture_output=True)
+            make_tiny_model(args.beamline, model, args.seed)
         config = beam_numpy.read_config(model)
         weights = beam_numpy.read_checkpoint(model)
         layers = config["num_hidden_layers"] - config["first_k_dense_replace"]

@@ -10,13 +10,11 @@ mid-tensor, an unknown group) are refused with a message naming the cause, leave
 (same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
 and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's.
 """
-import argparse
 import json
 import os
 import re
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +22,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from beamline_server import Server  # noqa: E402
+from beamline_server import Server, check_parser, make_tiny_model  # noqa: E402
 from safetensors_io import load_checkpoint_tensors  # noqa: E402
 from weight_sync_trainer import Trainer, in_thread, init_group, post, update_weights  # noqa: E402
 
@@ -74,17 +72,14 @@ def expect_error(status, reply, param, pattern, what):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--beamline", default=os.path.join(HERE, "..", "..", "build", "apps", "beamline", "beamline"))
-    parser.add_argument("--device", default="cpu")
+    parser = check_parser(__doc__)
     args = parser.parse_args()
     extra = ["--served-model-name", "tiny", "--distributed-timeout-seconds", str(TIMEOUT_SECONDS)]
     with tempfile.TemporaryDirectory() as scratch:
         models = {}
         for seed in (1, 2):
             models[seed] = os.path.join(scratch, f"step{seed}")
-            subprocess.run([args.beamline, "make-model", "--preset", "tiny", "--out", models[seed], "--seed", str(seed)],
-                           check=True, capture_output=True)
+            make_tiny_model(args.beamline, models[seed], seed)
         new_tensors = checkpoint_tensors(models[2])
         norm = next(t for t in new_tensors if t[0].endswith("input_layernorm.weight"))
         router = next(t for t in new_tensors if t[0].endswith("mlp.gate.weight"))

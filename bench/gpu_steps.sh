@@ -1,0 +1,14 @@
+# Sourced by the GPU scripts that run a list of named steps, with LOG, OUT and STEPS (",a,b,") set.
+# step runs a command with a time limit, its whole output to the log; it prints the lines matching the pattern and the
+# exit status, so one device call's reply shows what matters while the log keeps everything.
+step() {  # seconds, pattern, command...
+  local limit=$1 pattern=$2 start=$SECONDS
+  shift 2
+  echo "\$ $*" >>"$LOG"
+  timeout "$limit" "$@" >"$OUT/step.txt" 2>&1
+  local status=$?
+  cat "$OUT/step.txt" >>"$LOG"
+  echo "\$ ${*:1:6}... exit $status in $((SECONDS - start)) s"
+  grep -E "$pattern" "$OUT/step.txt" | tail -60
+}
+wanted() { [[ $STEPS == *",$1,"* ]]; }
