@@ -169,7 +169,8 @@ def main(binary, model, device):
         preempted, count = serve(["--kv-cache-memory", kv], concurrent_with_preemption(prompts))
         ok &= print_row(f"serve --device {device} --dtype {dtype}: preemptions forced by --kv-cache-memory {kv}",
                         f"{count:.0f} preemptions", "> 0", count > 0)
-        defaults = "async scheduling, decode graphs" if device != "cpu" else "async scheduling; the CPU records no decode graphs"
+        defaults = "async scheduling, decode graphs" if device != "cpu" else \
+            "async scheduling; the CPU records no decode graphs"
         runs = [(f"32 concurrent (defaults: {defaults}) vs one at a time", batched),
                 ("32 concurrent with --enforce-eager vs one at a time", eager),
                 ("32 concurrent with --no-async-scheduling vs one at a time", synchronous),
