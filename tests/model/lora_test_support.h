@@ -22,15 +22,30 @@ struct RandomAdapter {
   bool rslora = false;
   std::vector<std::string> target_modules;
   std::vector<std::string> modules;  // "model.layers.0.self_attn.q_proj", ".. .mlp.experts.3.down_proj"
+  // Modules written at their own rank (true-rank experts; the config's rank_pattern must say so), others at `rank`.
+  std::map<std::string, int64_t> module_ranks;
+  std::map<std::string, double> module_alphas;  // alpha_pattern's, others `alpha`
   uint64_t seed = 1;
 
-  double scale() const { return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank); }
+  int64_t rank_of(const std::string& module) const {
+    const auto found = module_ranks.find(module);
+    return found == module_ranks.end() ? rank : found->second;
+  }
+  // The module's alpha over its own rank (PEFT's and Megatron-Bridge's scale for a rank_pattern / normalize_moe_lora
+  // rank).
+  double scale_of(const std::string& module) const {
+    const auto found = module_alphas.find(module);
+    const double a = found == module_alphas.end() ? alpha : found->second;
+    const auto r = static_cast<double>(rank_of(module));
+    return rslora ? a / std::sqrt(r) : a / r;
+  }
 };
 
-// A module's A [rank, in] and B [out, rank] as written.
+// A module's A [rank, in] and B [out, rank] as written, and the scale the merged reference applies.
 struct AdapterTensors {
   std::vector<float> a, b;
-  int64_t in = 0, out = 0;
+  int64_t in = 0, out = 0, rank = 0;
+  double scale = 1.0;
 };
 
 // The [out, in] of a module of `weights_dir`'s checkpoint.
@@ -60,20 +75,23 @@ inline std::map<std::string, AdapterTensors> write_random_adapter(const RandomAd
     AdapterTensors& t = written[module];
     t.out = shape[0];
     t.in = shape[1];
-    for (int64_t i = 0; i < spec.rank * t.in; ++i) t.a.push_back(0.3f * normal(rng));
-    for (int64_t i = 0; i < t.out * spec.rank; ++i) t.b.push_back(0.05f * normal(rng));
+    t.rank = spec.rank_of(module);
+    t.scale = spec.scale_of(module);
+    for (int64_t i = 0; i < t.rank * t.in; ++i) t.a.push_back(0.3f * normal(rng));
+    for (int64_t i = 0; i < t.out * t.rank; ++i) t.b.push_back(0.05f * normal(rng));
     tensors.push_back(tensor_from_floats("base_model.model." + module + ".lora_A.weight", DType::F32,
-                                         {spec.rank, t.in}, t.a));
+                                         {t.rank, t.in}, t.a));
     tensors.push_back(tensor_from_floats("base_model.model." + module + ".lora_B.weight", DType::F32,
-                                         {t.out, spec.rank}, t.b));
+                                         {t.out, t.rank}, t.b));
   }
   write_safetensors(dir / "adapter_model.safetensors", tensors);
   return written;
 }
 
-// `base_dir`'s F32 checkpoint with each module's W + scale * B A (in double, stored as F32) into `merged_dir`.
+// `base_dir`'s F32 checkpoint with each module's W + scale * B A (its own rank and scale; in double, stored as F32)
+// into `merged_dir`.
 inline void write_merged_checkpoint(const ModelConfig& config, const SafetensorsArchive& base,
-                                    const std::map<std::string, AdapterTensors>& adapter, int64_t rank, double scale,
+                                    const std::map<std::string, AdapterTensors>& adapter,
                                     const std::filesystem::path& merged_dir) {
   std::vector<TensorSource> tensors;
   for (const std::string& name : base.tensor_names()) {
@@ -90,8 +108,8 @@ inline void write_merged_checkpoint(const ModelConfig& config, const Safetensors
     for (int64_t o = 0; o < t.out; ++o)
       for (int64_t i = 0; i < t.in; ++i) {
         double delta = 0;
-        for (int64_t r = 0; r < rank; ++r) delta += double{t.b[o * rank + r]} * double{t.a[r * t.in + i]};
-        merged[o * t.in + i] = static_cast<float>(double{view.as<float>()[o * t.in + i]} + scale * delta);
+        for (int64_t r = 0; r < t.rank; ++r) delta += double{t.b[o * t.rank + r]} * double{t.a[r * t.in + i]};
+        merged[o * t.in + i] = static_cast<float>(double{view.as<float>()[o * t.in + i]} + t.scale * delta);
       }
     tensors.push_back(tensor_from_floats(name, DType::F32, view.shape, merged));
   }
