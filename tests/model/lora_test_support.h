@@ -117,4 +117,48 @@ inline void write_merged_checkpoint(const ModelConfig& config, const Safetensors
   write_safetensors_checkpoint(merged_dir, tensors);
 }
 
+// Attention of a dense and two MoE layers, the dense layer's MLP, and three experts of two MoE layers.
+inline RandomAdapter everything_adapter(uint64_t seed) {
+  RandomAdapter spec;
+  spec.rank = 4;
+  spec.alpha = 8.0;
+  spec.seed = seed;
+  spec.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (int layer : {0, 1, 3})
+    for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      spec.modules.push_back(fmt::format("model.layers.{}.self_attn.{}", layer, projection));
+  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+    spec.modules.push_back(fmt::format("model.layers.0.mlp.{}", projection));
+    for (int layer : {1, 2})
+      for (int expert : {0, 3, 5})
+        spec.modules.push_back(fmt::format("model.layers.{}.mlp.experts.{}.{}", layer, expert, projection));
+  }
+  return spec;
+}
+
+// An adapter as Megatron-Bridge's normalize_moe_lora trains one: attention at r = 8, experts at r / top_k = 4 (tiny
+// routes top-2), one expert's gate at 3 and the dense MLP's gate at 6 (ranks differing per module), the dense down_proj
+// with its own alpha; the config's rank_pattern / alpha_pattern say so.
+inline RandomAdapter true_rank_adapter(uint64_t seed) {
+  RandomAdapter spec = everything_adapter(seed);
+  spec.rank = 8;
+  spec.alpha = 16.0;
+  for (const std::string& module : spec.modules)
+    if (module.find(".experts.") != std::string::npos) spec.module_ranks[module] = 4;
+  spec.module_ranks["model.layers.2.mlp.experts.5.gate_proj"] = 3;
+  spec.module_ranks["model.layers.0.mlp.gate_proj"] = 6;
+  spec.module_alphas["model.layers.0.mlp.down_proj"] = 5.0;
+  return spec;
+}
+
+// The adapter_config.json keys that declare true_rank_adapter's ranks and alphas (PEFT's regular expressions).
+inline const nlohmann::json kTrueRankPatterns = {
+    {"rank_pattern",
+     {{"layers\\.1\\.mlp\\.experts\\.\\d+\\.\\w+", 4},
+      {"layers\\.2\\.mlp\\.experts\\.\\d+\\.(up|down)_proj", 4},
+      {"layers\\.2\\.mlp\\.experts\\.[03]\\.gate_proj", 4},
+      {"model.layers.2.mlp.experts.5.gate_proj", 3},
+      {"layers.0.mlp.gate_proj", 6}}},
+    {"alpha_pattern", {{"layers.0.mlp.down_proj", 5.0}}}};
+
 }  // namespace beamline::testing
