@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <span>
 
 #include "backend_test_support.h"
 #include "checkpoint/lora_adapter.h"
@@ -15,25 +14,11 @@
 #include "model/beam_model.h"
 #include "model/lora_test_support.h"
 #include "model/model_test_support.h"
-#include "runner/sequence_runner.h"
 
 namespace beamline {
 namespace {
 
 class LoraForwardTest : public testing::BackendTest {};
-
-// Logits of every position of `tokens`: a prompt chunk, then the last three one per step, through `slot`'s adapter.
-std::vector<float> logits(BeamModel& model, const std::vector<int32_t>& tokens, int32_t slot) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, n, n);
-  runner.set_lora_slot(slot);
-  std::vector<float> out = runner.step(std::span(tokens).first(static_cast<std::size_t>(n - 3)), true);
-  for (int64_t i = n - 3; i < n; ++i) {
-    const std::vector<float> step = runner.step(std::span(tokens).subspan(static_cast<std::size_t>(i), 1), true);
-    out.insert(out.end(), step.begin(), step.end());
-  }
-  return out;
-}
 
 TEST_P(LoraForwardTest, TrueRankAdaptersGiveTheCpuLogits) {
   if (backend().device() == Device::Cpu) GTEST_SKIP() << "the CPU backend is the reference";
@@ -53,9 +38,10 @@ TEST_P(LoraForwardTest, TrueRankAdaptersGiveTheCpuLogits) {
   }
   std::vector<int32_t> tokens;
   for (int i = 0; i < 19; ++i) tokens.push_back((i * 104729 + 17) % 500);
-  const std::vector<float> base = logits(device, tokens, -1);
+  const std::vector<float> base = testing::lora_logits(device, tokens, -1);
   for (const int32_t slot : {0, 1, -1}) {
-    const std::vector<float> expected = logits(reference, tokens, slot), found = logits(device, tokens, slot);
+    const std::vector<float> expected = testing::lora_logits(reference, tokens, slot),
+                             found = testing::lora_logits(device, tokens, slot);
     testing::expect_close(found, std::vector<double>(expected.begin(), expected.end()), 1e-3,
                           fmt::format("logits of slot {}, {} vs cpu", slot, GetParam()));
     if (slot < 0) continue;

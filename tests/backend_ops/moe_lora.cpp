@@ -67,23 +67,7 @@ void test_moe_lora(Harness& harness) {
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
     const int32_t distinct = c.distinct > 0 ? c.distinct : c.experts;
-    std::vector<Harness::Pair> gate, up, down;
-    for (int32_t e = 0; e < distinct; ++e) {
-      const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
-      gate.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
-      up.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
-      down.push_back(harness.random_weight(DType::BF16, {c.hidden, c.intermediate},
-                                           1.0f / std::sqrt(static_cast<float>(c.intermediate))));
-    }
-    MoeTensors device_moe, reference_moe;
-    for (int32_t e = 0; e < c.experts; ++e) {
-      const auto i = static_cast<std::size_t>(e % distinct);
-      device_moe.experts.push_back({{gate[i].device, {}, {}}, {up[i].device, {}, {}}, {down[i].device, {}, {}}});
-      reference_moe.experts.push_back(
-          {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
-    }
-    harness.device().prepare_moe(device_moe);
-    harness.reference().prepare_moe(reference_moe);
+    auto [device_moe, reference_moe] = random_experts(harness, c.experts, distinct, c.hidden, c.intermediate);
 
     // The adapters of each projection: one table per backend, entry s * experts + e at its own rank.
     std::vector<std::unique_ptr<LoraTableStore>> stores;

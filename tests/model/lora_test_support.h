@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/safetensors.h"
+#include "model/beam_model.h"
+#include "runner/sequence_runner.h"
 
 namespace beamline::testing {
 
@@ -160,5 +163,19 @@ inline const nlohmann::json kTrueRankPatterns = {
       {"model.layers.2.mlp.experts.5.gate_proj", 3},
       {"layers.0.mlp.gate_proj", 6}}},
     {"alpha_pattern", {{"layers.0.mlp.down_proj", 5.0}}}};
+
+// Logits of every position of `tokens` fed in two steps (a prompt chunk, then the last three one by one), through
+// `model` with `slot`'s adapter (-1: none).
+inline std::vector<float> lora_logits(BeamModel& model, const std::vector<int32_t>& tokens, int32_t slot) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  SequenceRunner runner(model, n, n);
+  runner.set_lora_slot(slot);
+  std::vector<float> out = runner.step(std::span(tokens).first(static_cast<std::size_t>(n - 3)), true);
+  for (int64_t i = n - 3; i < n; ++i) {
+    const std::vector<float> step = runner.step(std::span(tokens).subspan(static_cast<std::size_t>(i), 1), true);
+    out.insert(out.end(), step.begin(), step.end());
+  }
+  return out;
+}
 
 }  // namespace beamline::testing

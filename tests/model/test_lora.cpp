@@ -49,27 +49,13 @@ class LoraTest : public ::testing::Test {
     backend_ = create_backend("cpu");
   }
 
-  // Logits of every position of `tokens` fed in two steps (a prompt chunk, then the rest one by one), through `model`
-  // with `slot`'s adapter.
-  static std::vector<float> logits(BeamModel& model, const std::vector<int32_t>& tokens, int32_t slot) {
-    const auto n = static_cast<int64_t>(tokens.size());
-    SequenceRunner runner(model, n, n);
-    runner.set_lora_slot(slot);
-    std::vector<float> out = runner.step(std::span(tokens).first(static_cast<std::size_t>(n - 3)), true);
-    for (int64_t i = n - 3; i < n; ++i) {
-      const std::vector<float> step = runner.step(std::span(tokens).subspan(static_cast<std::size_t>(i), 1), true);
-      out.insert(out.end(), step.begin(), step.end());
-    }
-    return out;
-  }
-
   // The logits of the model with `spec`'s adapter merged into its weights.
   std::vector<float> merged_logits(const std::map<std::string, AdapterTensors>& written,
                                    const std::vector<int32_t>& tokens, const std::string& label) {
     const std::filesystem::path merged = dir_.path() / ("merged-" + label);
     write_merged_checkpoint(config_, *weights_.archive, written, merged);
     BeamModel model(load_checkpoint(merged), *backend_);
-    return logits(model, tokens, -1);
+    return lora_logits(model, tokens, -1);
   }
 
   TempDir dir_{"lora"};
@@ -89,15 +75,15 @@ TEST_F(LoraTest, AdapterEqualsMergedWeightsOnAttentionDenseMlpAndExperts) {
     BeamModel model(weights_, *backend_);
     model.enable_lora(3, 8);
     model.load_lora(2, load_peft_adapter(adapter_dir, config_, 8));
-    const std::vector<float> with_adapter = logits(model, tokens, 2);
+    const std::vector<float> with_adapter = lora_logits(model, tokens, 2);
     const std::vector<float> reference = merged_logits(written, tokens, rslora ? "rs" : "plain");
-    const std::vector<float> base = logits(model, tokens, -1);
+    const std::vector<float> base = lora_logits(model, tokens, -1);
     // The adapter changes the logits by far more than the merged reference differs from it (float rounding only).
     EXPECT_GT(max_difference(with_adapter, base), 0.05) << "rslora " << rslora;
     EXPECT_LT(max_difference(with_adapter, reference), 2e-4) << "rslora " << rslora;
     // Slots the batch does not use leave the base model exactly as it is without LoRA.
     BeamModel plain(weights_, *backend_);
-    EXPECT_EQ(base, logits(plain, tokens, -1));
+    EXPECT_EQ(base, lora_logits(plain, tokens, -1));
   }
 }
 
@@ -117,7 +103,7 @@ TEST_F(LoraTest, SlotReusedByAnotherAdapterKeepsNothingOfTheFirst) {
   model.enable_lora(1, 8);
   model.load_lora(0, load_peft_adapter(dir_.path() / "first", config_, 8));
   model.load_lora(0, load_peft_adapter(dir_.path() / "second", config_, 8));
-  EXPECT_LT(max_difference(logits(model, tokens, 0), merged_logits(written, tokens, "second")), 2e-4);
+  EXPECT_LT(max_difference(lora_logits(model, tokens, 0), merged_logits(written, tokens, "second")), 2e-4);
 }
 
 TEST_F(LoraTest, TrueRankExpertsEqualMergedWeightsAndTakeOnlyTheirRank) {
@@ -140,8 +126,8 @@ TEST_F(LoraTest, TrueRankExpertsEqualMergedWeightsAndTakeOnlyTheirRank) {
   BeamModel model(weights_, *backend_);
   model.enable_lora(2, 8);
   model.load_lora(1, adapter);
-  const std::vector<float> with_adapter = logits(model, tokens, 1);
-  EXPECT_GT(max_difference(with_adapter, logits(model, tokens, -1)), 0.05);
+  const std::vector<float> with_adapter = lora_logits(model, tokens, 1);
+  EXPECT_GT(max_difference(with_adapter, lora_logits(model, tokens, -1)), 0.05);
   EXPECT_LT(max_difference(with_adapter, merged_logits(written, tokens, "true-rank")), 2e-4);
 
   // Memory: attention stacked at --max-lora-rank for 2 slots; the MLP at each module's own rank, nothing padded.

@@ -40,6 +40,18 @@ __global__ void shrink_kernel(const float* x, bool per_token, int64_t in, const 
   }
 }
 
+// Tile blockIdx.x of moe_group_slots' list: its expert (-1 past the listed tiles), how many slots and which.
+struct TileSlots {
+  int32_t expert, count;
+  int32_t slots[kTileSlots];
+};
+__device__ __forceinline__ TileSlots read_tile(const int32_t* tiles, const int32_t* grouped) {
+  const int32_t* tile = tiles + int64_t{blockIdx.x} * 4;
+  TileSlots read{tile[0], tile[0] < 0 ? 0 : tile[2], {}};
+  for (int j = 0; j < kTileSlots; ++j) read.slots[j] = j < read.count ? grouped[tile[1] + j] : 0;
+  return read;
+}
+
 // b_i[o] · shrunk[s] over the entry's rank (0 without an entry).
 __device__ __forceinline__ float expand(const int64_t* entry, int64_t o, const float* shrunk, int64_t max_rank,
                                         int32_t s) {
@@ -58,15 +70,12 @@ template <typename W>
 __global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeLoraArgs args, const int32_t* grouped,
                                                            const int32_t* tiles, const float* shrunk_gate,
                                                            const float* shrunk_up, float* activated) {
-  const int32_t* tile = tiles + int64_t{blockIdx.x} * 4;
-  const int32_t e = tile[0];
-  if (e < 0) return;
+  const TileSlots tile = read_tile(tiles, grouped);
+  const int32_t e = tile.expert, count = tile.count;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t i = int64_t{blockIdx.y} * kWarps + warp;
-  if (i >= args.intermediate) return;
-  const int32_t count = tile[2];
-  int32_t slots[kTileSlots];
-  for (int j = 0; j < kTileSlots; ++j) slots[j] = j < count ? grouped[tile[1] + j] : 0;
+  if (e < 0 || i >= args.intermediate) return;
+  const int32_t(&slots)[kTileSlots] = tile.slots;
   const auto* gate_w = static_cast<const W*>(args.expert_weights[e]) + i * args.hidden;
   const auto* up_w = static_cast<const W*>(args.expert_weights[args.experts + e]) + i * args.hidden;
   float gate[kTileSlots] = {}, up[kTileSlots] = {};
@@ -108,15 +117,12 @@ template <typename W>
 __global__ void __launch_bounds__(kThreads) down_kernel(MoeLoraArgs args, const int32_t* grouped, const int32_t* tiles,
                                                         const float* activated, const float* shrunk_down,
                                                         float* expert_out) {
-  const int32_t* tile = tiles + int64_t{blockIdx.x} * 4;
-  const int32_t e = tile[0];
-  if (e < 0) return;
+  const TileSlots tile = read_tile(tiles, grouped);
+  const int32_t e = tile.expert, count = tile.count;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t o = int64_t{blockIdx.y} * kWarps + warp;
-  if (o >= args.hidden) return;
-  const int32_t count = tile[2];
-  int32_t slots[kTileSlots];
-  for (int j = 0; j < kTileSlots; ++j) slots[j] = j < count ? grouped[tile[1] + j] : 0;
+  if (e < 0 || o >= args.hidden) return;
+  const int32_t(&slots)[kTileSlots] = tile.slots;
   const auto* down_w = static_cast<const W*>(args.expert_weights[2 * int64_t{args.experts} + e]) + o * args.intermediate;
   float sum[kTileSlots] = {};
   for (int64_t k = lane; k < args.intermediate; k += 32) {
