@@ -160,7 +160,7 @@ TEST(LoraTrueRank, MoeLoraAtTrueRankEqualsPaddedComputation) {
   const Tensor h_t = backend->upload_f32(h, {kRows, kHidden}), ids_t = backend->upload_i32(ids, {kRows, kTopK});
   const Tensor weights_t = backend->upload_f32(weights, {kRows, kTopK}), slots_t = backend->upload_i32(slots, {kRows});
 
-  for (const auto [rank, padded] : {std::pair<int64_t, int64_t>{8, 64}, {3, 8}}) {
+  for (const auto& [rank, padded] : {std::pair<int64_t, int64_t>{8, 64}, {3, 8}}) {
     // modules[p][slot * experts + e], at `rank` (expert 4 of slot 1 has no adapter) and zero-padded to `padded`.
     std::vector<std::vector<LoraModule>> modules(3), padded_modules(3);
     for (int p = 0; p < 3; ++p) {
@@ -205,10 +205,12 @@ TEST(LoraTrueRank, MoeLoraAtTrueRankEqualsPaddedComputation) {
     backend->moe(h_t, ids_t, weights_t, moe, plain);
     const std::vector<float> base = backend->download_f32(plain);
     EXPECT_GT(max_difference(true_rank, base), 0.05) << "rank " << rank;
-    for (int64_t t = 0; t < kRows; ++t)
-      if (slots[t] < 0)  // rows without an adapter are the plain MoE's, bit for bit
-        EXPECT_TRUE(std::equal(base.begin() + t * kHidden, base.begin() + (t + 1) * kHidden,
-                               true_rank.begin() + t * kHidden));
+    for (int64_t t = 0; t < kRows; ++t) {
+      if (slots[t] >= 0) continue;  // rows without an adapter are the plain MoE's, bit for bit
+      EXPECT_TRUE(std::equal(base.begin() + t * kHidden, base.begin() + (t + 1) * kHidden,
+                             true_rank.begin() + t * kHidden))
+          << "row " << t;
+    }
     if (rank % 8 == 0 && padded % 8 == 0)
       EXPECT_EQ(true_rank, padded_rank) << "rank " << rank;
     else
