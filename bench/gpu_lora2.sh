@@ -24,8 +24,8 @@ export BEAMLINE_REQUIRE_CUDA=1
 source bench/gpu_steps.sh
 small=()
 [ "${SMALL:-0}" = 1 ] && small=(--small)
-if wanted ops; then step 240 'FAIL|cases|moe_lora' "$OPS" test "${small[@]}" --filter moe_lora,lora --seed 11; fi
-if wanted forward; then step 120 'FAILED|PASSED|OK \]|SKIPPED|tests? ran' "$CARRY/test_lora_forward"; fi
+if wanted ops; then step 240 'FAIL|cases|moe_lora|error' "$OPS" test "${small[@]}" --filter moe_lora,lora --seed 11; fi
+if wanted forward; then step 120 'FAILED|PASSED|OK \]|SKIPPED|tests? ran|rror' "$CARRY/test_lora_forward"; fi
 if wanted perf; then
   step 240 '^\||expert adapters|perf moe_lora' "$OPS" perf moe_lora --tokens 1,16,64 --adapters 8 --rank 64 --iterations 20
 fi
