@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,8 @@ def main():
     if args.quantization:
         command += ["--quantization", args.quantization]
     command += args.serve_args.split()
+    # A step's time limit (bench/gpu_steps.sh) ends this script with SIGTERM: stop the server on the way out too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("long_context: terminated"))
     log = open(args.log, "w")
     started = time.time()
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -207,7 +210,7 @@ def main():
             floor = (weights + p_last["bytes"]) / BANDWIDTH
             held = round(poller.largest * blocks)
             print(f"| {length} | {prompt} | {ttft:.2f} | {prompt / ttft:.0f} | {step * 1e3:.3f} | "
-                  f"{floor * 1e3:.3f} ({weights / 1e9:.2f} GB + {p_last['bytes'] / 1e9:.2f} GB) | "
+                  f"{floor * 1e3:.4f} ({weights / 1e9:.3f} GB + {p_last['bytes'] / 1e9:.3f} GB) | "
                   f"{held}, {held * block_bytes / 2**30:.3f} | {p_first['blocks']}-{p_last['blocks']}, "
                   f"{p_last['blocks'] * p_last['block_bytes'] / 2**30:.3f} | {p_last['bytes_per_token']} B |", flush=True)
             print(f"<!-- {length}: body {body_bytes} bytes, usage max {poller.largest:.6f} -->", flush=True)
