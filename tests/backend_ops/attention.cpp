@@ -234,6 +234,7 @@ void test_attention(Harness& harness) {
       {"fp8 kv prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::F8_E4M3, {{3, 250}, {100, 2}}},
       {"fp8 kv prefill GQA 4/1", 4, 1, 128, 16, 0, DType::F8_E4M3, {{5, 200}}},
       {"fp8 kv missing block, prefill", 48, 8, 128, 16, 0, DType::F8_E4M3, {{40, 1}, {64, 70}, {20, 9}}, 1},
+      {"fp8 kv chunk after 4K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{4096, 300}, {5000, 1}}},
   };
   if (!harness.small_only()) {
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
