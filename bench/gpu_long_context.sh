@@ -14,7 +14,7 @@
 # prefill ~2.7e16 FLOPs of global attention (~75 s at the 367 TFLOP/s the BF16 prefill kernel reaches) plus ~1e16 of
 # projections and experts (~20 s): about 2 minutes of TTFT; 128K about 5 s; the check ~50 s.
 # Usage: bench/gpu_long_context.sh CARRY_DIR [STEPS]   (CARRY_DIR from bench/make_carry.sh; STEPS a comma-separated
-#        subset of check,perf,long, default check,long: at most 60 + 420 s, inside one 500 s device call). SMALL=1 runs the same steps on the CPU with the tiny preset, 8K and
+#        subset of check,perf,long, default check,long: at most 60 + 410 s, inside one 500 s device call). SMALL=1 runs the same steps on the CPU with the tiny preset, 8K and
 #        16K tokens in 2K chunks (the script's dry run; `check` runs the harness's --small CPU-against-CPU cases).
 #        LENGTHS, DECODE, CHUNK override the lengths, output tokens and chunk. Writes $OUT/long_context.log.
 set -uo pipefail
@@ -42,10 +42,9 @@ fi
 } | tee "$LOG"
 source bench/gpu_steps.sh
 WORK=$(mktemp -d)
-"$BIN" make-model "${preset[@]}" --no-weights --out "$WORK/model" >>"$LOG" 2>&1 || { echo "make-model failed"; exit 1; }
-echo "KV prediction (make-model --dry-run --quantization fp8 --kv-tokens ${lengths##*,}):"
-"$BIN" make-model --config "$WORK/model/config.json" --dry-run --quantization fp8 --kv-tokens "${lengths##*,}" |
-  grep -E '^(kv |parameters|active|bytes)' | tee -a "$LOG"
+# The model directory (config, the 201K-token synthetic tokenizer: ~40 s of one core) is written while `check` runs.
+"$BIN" make-model "${preset[@]}" --no-weights --out "$WORK/model" >"$OUT/make_model.log" 2>&1 &
+maker=$!
 
 if wanted check; then
   step "$check_limit" 'fail|FAIL|cases|paged_attention \| fp8 kv (prefill|chunk|mixed|missing)' "$OPS" test "${ops_device[@]}" \
@@ -55,6 +54,10 @@ if wanted perf && [ "$device" = cuda ]; then
   step 30 '^\||pool' "$OPS" perf attention --kv-cache-dtype fp8 --filter prefill
   step 30 '^\||pool' "$OPS" perf attention --filter prefill
 fi
+wait "$maker" || { echo "make-model failed:"; tail -5 "$OUT/make_model.log"; exit 1; }
+echo "KV prediction (make-model --dry-run --quantization fp8 --kv-tokens ${lengths##*,}):"
+"$BIN" make-model --config "$WORK/model/config.json" --dry-run --quantization fp8 --kv-tokens "${lengths##*,}" |
+  grep -E '^(kv |parameters|active|bytes)' | tee -a "$LOG"
 if wanted long; then
   memory_log=$OUT/gpu_memory.csv
   sampler=
@@ -62,7 +65,7 @@ if wanted long; then
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 250 >"$memory_log" &
     sampler=$!
   fi
-  step 420 '^\||^<!--|^server|^KV pool|Error|error|Traceback|assert' python3 bench/long_context.py "$BIN" "$WORK/model" \
+  step 410 '^\||^<!--|^server|^KV pool|Error|error|Traceback|assert' python3 bench/long_context.py "$BIN" "$WORK/model" \
     --lengths "$lengths" --decode "$decode" --chunk "$chunk" --kv-cache-memory "$kv_memory" --device "$device" \
     --log "$OUT/server.log"
   if [ -n "$sampler" ]; then
