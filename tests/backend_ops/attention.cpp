@@ -226,6 +226,15 @@ void test_attention(Harness& harness) {
       {"fp8 kv decode GQA 14/2", 14, 2, 128, 16, 0, DType::F8_E4M3, {{777, 1}, {12, 2}}},
       {"fp8 kv decode GQA 8/8", 8, 8, 128, 16, 0, DType::F8_E4M3, {{1024, 1}, {3, 1}}},
       {"fp8 kv missing block, decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      // Prefill tiles over E4M3 pools: the tensor-core prefill kernels over the BF16 shadow (attention/fp8_shadow.cu)
+      // next to decode rows on the pool itself; tile edges, windows, block sizes, groups, a given-back block.
+      {"fp8 kv prefill tile edges", 48, 8, 128, 16, 0, DType::F8_E4M3, {{0, 127}, {0, 129}, {64, 191}, {1, 22}}},
+      {"fp8 kv chunked prefill long", 48, 8, 128, 16, 0, DType::F8_E4M3, {{2000, 150}, {31, 33}, {900, 1}}},
+      {"fp8 kv prefill window 5", 48, 8, 128, 16, 5, DType::F8_E4M3, {{0, 200}, {300, 45}, {700, 2}}},
+      {"fp8 kv prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::F8_E4M3, {{3, 250}, {100, 2}}},
+      {"fp8 kv prefill GQA 4/1", 4, 1, 128, 16, 0, DType::F8_E4M3, {{5, 200}}},
+      {"fp8 kv missing block, prefill", 48, 8, 128, 16, 0, DType::F8_E4M3, {{40, 1}, {64, 70}, {20, 9}}, 1},
+      {"fp8 kv chunk after 4K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{4096, 300}, {5000, 1}}},
   };
   if (!harness.small_only()) {
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
@@ -233,6 +242,8 @@ void test_attention(Harness& harness) {
     cases.push_back({"fp8 kv decode 32K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{32767, 1}, {20000, 1}}});
     cases.push_back({"prefill global 1K", 48, 8, 128, 16, 0, DType::BF16, {{0, 1024}}});
     cases.push_back({"prefill window 2K", 48, 8, 128, 16, 512, DType::BF16, {{0, 2048}}});
+    cases.push_back({"fp8 kv chunk after 8K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{8192, 1024}, {16000, 1}}});
+    cases.push_back({"fp8 kv chunk after 8K window", 48, 8, 128, 16, 512, DType::F8_E4M3, {{8192, 1024}}});
     AttentionCase batch128{"decode B=128", 48, 8, 128, 16, 0, DType::BF16, {}};
     for (int i = 0; i < 128; ++i)
       batch128.sequences.emplace_back(static_cast<int32_t>(harness.inputs().rng()() % 3000), 1);

@@ -14,11 +14,9 @@
 namespace beamline {
 namespace {
 
-// Element offset of (block, slot, offset in block, kv head) in the pool.
 int64_t pool_offset(const PagedKvPool& pool, int32_t block, int32_t slot, int32_t in_block, int32_t kv_head) {
-  return ((((int64_t{block} * pool.slots_per_block() + slot) * pool.block_size() + in_block) * pool.num_kv_heads() +
-           kv_head) *
-          pool.head_dim());
+  return kv_pool_offset(block, slot, in_block, kv_head, pool.slots_per_block(), pool.block_size(), pool.num_kv_heads(),
+                        pool.head_dim());
 }
 
 int32_t block_of(const Tensor& block_table, int32_t sequence, int64_t position, int32_t block_size,

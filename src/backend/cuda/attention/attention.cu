@@ -1,13 +1,14 @@
 // Paged KV writes, and paged attention's dispatcher: the host-side plan picks, per batch, the split-KV decode
 // kernel (attention/decode.cu) for sequences with few query rows, the tiled prefill kernels (on the tensor
 // cores for BF16 pools: attention/prefill_wgmma.cu with BF16 operands, attention/prefill_mma.cu
-// with split ones; attention/prefill.cu for F32 pools) for the others, and the generic kernel below for
-// shapes those do not cover and for FP8 pools with prefill rows (the decode kernel reads FP8 pools).
+// with split ones; attention/prefill.cu for F32 pools; for FP8 pools the BF16 kernels over a shadow that
+// attention/fp8_shadow.cu widens) for the others, and the generic kernel below for shapes those do not cover.
 // The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
 // each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>
 
 #include <algorithm>
+#include <climits>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention/attention_common.cuh"
@@ -227,13 +228,11 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   const bool power_of_two_blocks = pool.block_size > 0 && (pool.block_size & (pool.block_size - 1)) == 0;
   plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned;
   if (plan.generic) return plan;
-  // FP8 pools: the split-KV decode kernel reads them, the tiled prefill kernels do not (F32/BF16 only), so a batch
-  // with a prefill tile goes to the generic kernel whole.
-  if (pool.dtype == DType::F8_E4M3) {
-    for (int32_t s = 0; s < batch.sequences && !plan.generic; ++s)
-      plan.generic = batch.query_start[s + 1] - batch.query_start[s] > kDecodeMaxQueryRows;
-    if (plan.generic) return plan;
-  }
+  // FP8 pools: the split-KV decode kernel reads them; the tiled prefill kernels read a BF16 shadow of the keys
+  // their tiles see (AttentionPlan::shadow_blocks), so their tiles are planned for a BF16 pool.
+  const bool shadowed = pool.dtype == DType::F8_E4M3;
+  const DType tile_dtype = shadowed ? DType::BF16 : pool.dtype;
+  std::vector<ShadowSequence> shadow(static_cast<std::size_t>(batch.sequences), ShadowSequence{0, 0, 0});
   std::vector<int32_t> decode_rows;
   struct Tile {
     int32_t sequence, first_row, rows;
@@ -241,7 +240,7 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   };
   std::vector<Tile> tiles;
   int64_t decode_keys = 1;
-  const int32_t rows_per_tile = prefill_rows_per_tile(group, pool.dtype);
+  const int32_t rows_per_tile = prefill_rows_per_tile(group, tile_dtype);
   auto visible_range = [&](int32_t sequence, int64_t position) {
     const int64_t first = first_visible_position(position, sliding_window);
     const int64_t last = std::min<int64_t>(position, int64_t{batch.seq_lens[sequence]} - 1);
@@ -249,6 +248,7 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   };
   for (int32_t s = 0; s < batch.sequences; ++s) {
     const int32_t begin = batch.query_start[s], end = batch.query_start[s + 1];
+    shadow[static_cast<std::size_t>(s)].base = static_cast<int32_t>(plan.shadow_blocks);  // bases never decrease
     if (end - begin <= kDecodeMaxQueryRows) {
       for (int32_t row = begin; row < end; ++row) {
         decode_rows.push_back(row);
@@ -257,11 +257,20 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
       }
       continue;
     }
+    int64_t first_key = INT64_MAX, last_key = -1;
     for (int32_t row = begin; row < end; row += rows_per_tile) {
       const int32_t rows = std::min(rows_per_tile, end - row);
       const int64_t first = visible_range(s, batch.positions[row]).first;
       const int64_t last = visible_range(s, batch.positions[row + rows - 1]).second;
       tiles.push_back({s, row, rows, last - first + 1});
+      first_key = std::min(first_key, first);
+      last_key = std::max(last_key, last);
+    }
+    if (shadowed && first_key <= last_key) {
+      ShadowSequence& part = shadow[static_cast<std::size_t>(s)];
+      part.first_block = static_cast<int32_t>(first_key / pool.block_size);
+      part.blocks = static_cast<int32_t>(last_key / pool.block_size) - part.first_block + 1;
+      plan.shadow_blocks += part.blocks;
     }
   }
   plan.decode_rows = static_cast<int64_t>(decode_rows.size());
@@ -275,12 +284,16 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   plan.prefill_tiles = static_cast<int64_t>(tiles.size());
   for (const Tile& tile : tiles) plan.work.insert(plan.work.end(), {tile.sequence, tile.first_row, tile.rows});
+  if (plan.shadow_blocks > 0) {
+    plan.shadow_sequences = batch.sequences;
+    for (const ShadowSequence& part : shadow) plan.work.insert(plan.work.end(), {part.base, part.first_block, part.blocks});
+  }
   return plan;
 }
 
 cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                            const AttentionPlan& plan, const int32_t* work, float* scratch, int32_t num_heads,
-                            float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
+                            const AttentionPlan& plan, const int32_t* work, float* scratch, const ShadowBuffers& shadow,
+                            int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
   if (batch.rows == 0) return cudaSuccess;
   if (pool.head_dim > kMaxAttentionHeadDim || num_heads / pool.num_kv_heads > kMaxAttentionGroup)
     return cudaErrorInvalidValue;
@@ -291,7 +304,23 @@ cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t sl
                               plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
   if (decoded != cudaSuccess) return decoded;
   const int32_t* tile_list = work + (plan.decode_rows_listed ? plan.decode_rows : 0);
-  return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
+  if (plan.shadow_blocks == 0)
+    return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
+                                    sliding_window, plan.precision, out, stream);
+  if (shadow.k == nullptr || shadow.v == nullptr || shadow.block_table == nullptr) return cudaErrorInvalidValue;
+  if (plan.shadow_blocks > INT32_MAX) return cudaErrorInvalidValue;
+  const int32_t* parts = tile_list + 3 * plan.prefill_tiles;
+  const cudaError_t widened = widen_to_shadow(pool, slot, batch, parts, plan.shadow_sequences, plan.shadow_blocks, shadow, stream);
+  if (widened != cudaSuccess) return widened;
+  PoolGeometry shadow_pool = pool;
+  shadow_pool.k = shadow.k;
+  shadow_pool.v = shadow.v;
+  shadow_pool.dtype = DType::BF16;
+  shadow_pool.num_blocks = static_cast<int32_t>(plan.shadow_blocks);
+  shadow_pool.slots_per_block = 1;
+  BatchGeometry shadow_batch = batch;
+  shadow_batch.block_table = shadow.block_table;
+  return launch_prefill_attention(q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles, num_heads, scale,
                                   sliding_window, plan.precision, out, stream);
 }
 

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/attention/attention.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline::cuda {
 
@@ -34,10 +35,8 @@ __device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const 
 
 __device__ __forceinline__ int64_t pool_offset(const PoolGeometry& pool, int32_t block, int32_t slot, int64_t position,
                                                int32_t kv_head) {
-  return ((((int64_t{block} * pool.slots_per_block + slot) * pool.block_size + position % pool.block_size) *
-               pool.num_kv_heads +
-           kv_head) *
-          pool.head_dim);
+  return kv_pool_offset(block, slot, position % pool.block_size, kv_head, pool.slots_per_block, pool.block_size,
+                        pool.num_kv_heads, pool.head_dim);
 }
 
 // One sequence's keys of one kv head and layer slot, for the fast kernels: the block size is a power of two, so
@@ -126,6 +125,12 @@ cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, i
                                      const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
                                      int32_t num_heads, float scale, int32_t sliding_window,
                                      OperandPrecision precision, float* out, cudaStream_t stream);
+// FP8 pools' prefill (AttentionPlan::shadow_blocks): widens the pool blocks of slot `slot` that `parts` (one
+// ShadowSequence per each of the batch's `sequences`, on the device) name into `shadow`'s BF16 blocks, exactly, and
+// writes the shadow's block table (-1 where the pool's table has no block, as the kernels expect of a missing block).
+cudaError_t widen_to_shadow(const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch, const int32_t* parts,
+                            int32_t sequences, int64_t shadow_blocks, const ShadowBuffers& shadow,
+                            cudaStream_t stream);
 // Query vectors ((row, head of the group) pairs) per block of the tensor-core prefill kernels, which serve the
 // same tiles.
 constexpr int32_t kPrefillTileVectors = 128;
