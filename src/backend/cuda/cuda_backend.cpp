@@ -154,6 +154,7 @@ cudaDataType_t cuda_type(DType dtype) {
 void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
+  if (pool.scales.defined()) require_device(pool.scales, op, "KV scales");
   check_kv_pool(pool, slot, op);
 }
 
@@ -167,6 +168,7 @@ cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
   geometry.block_size = pool.block_size();
   geometry.num_kv_heads = pool.num_kv_heads();
   geometry.head_dim = pool.head_dim();
+  if (geometry.dtype == DType::F8_E4M3 && pool.scales.defined()) geometry.scales = pool.scales.data<const float>();
   return geometry;
 }
 
@@ -929,6 +931,14 @@ void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, fl
   require_device(positions, "ssmax_scale", "positions");
   check_launch(cuda::ssmax_scale(q.data<float>(), positions.data<const int32_t>(), rows, width, base, exponent, stream_),
                "ssmax_scale");
+}
+
+void CudaBackend::amax_scale(const Tensor& x, float divisor, Tensor& out) {
+  const auto timing = time_op("amax_scale");
+  check_amax_scale_args(x, divisor, out);
+  require_device(x, "amax_scale", "x");
+  require_device(out, "amax_scale", "out");
+  check_launch(cuda::amax_scale(x.data<const float>(), x.numel(), divisor, out.data<float>(), stream_), "amax_scale");
 }
 
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,

@@ -29,8 +29,9 @@ __global__ void write_kv_kernel(const float* k, const float* v, PoolGeometry poo
   const int32_t block = lookup_block(pool, batch, batch.row_sequence[row], position);
   if (block < 0) return;
   const int64_t offset = pool_offset(pool, block, slot, position, 0) + column;
-  static_cast<P*>(pool.k)[offset] = from_float<P>(k[index]);
-  static_cast<P*>(pool.v)[offset] = from_float<P>(v[index]);
+  // IEEE division, as the CPU backend divides, so that both round the same quotient to the same code.
+  static_cast<P*>(pool.k)[offset] = from_float<P>(__fdiv_rn(k[index], kv_scale(pool, 0)));
+  static_cast<P*>(pool.v)[offset] = from_float<P>(__fdiv_rn(v[index], kv_scale(pool, 1)));
 }
 
 // Shared memory: q of the group's heads [group][D], a K tile [32][D + 1] (padded: lane i reads row i), a V tile
@@ -64,6 +65,7 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
   float running_max = -INFINITY, running_sum = 0.0f;
   const P* k_pool = static_cast<const P*>(pool.k);
   const P* v_pool = static_cast<const P*>(pool.v);
+  const float k_scale = kv_scale(pool, 0), v_scale = kv_scale(pool, 1);
 
   for (int64_t tile_start = first; tile_start <= last; tile_start += kKeysPerTile) {
     __syncthreads();  // the previous tile is consumed (and q is loaded before the first)
@@ -77,8 +79,8 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
           missing_block = 1;
         } else {
           const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + d;
-          k_value = to_float(k_pool[offset]);
-          v_value = to_float(v_pool[offset]);
+          k_value = to_float(k_pool[offset]) * k_scale;
+          v_value = to_float(v_pool[offset]) * v_scale;
         }
       }
       k_tile[key * (dim + 1) + d] = k_value;

@@ -8,9 +8,10 @@
 
 namespace beamline::cuda {
 
-// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 with a per-tensor scale of 1.0, written with round to
-// nearest even and saturation at ±448 (quant/element_codes.h's f32_to_e4m3, as the CPU backend writes it) and read
-// back exactly (E4M3 is a subset of F16).
+// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 codes of x / scale (the layer's k_scale or v_scale,
+// PoolGeometry::scales), written with round to nearest even and saturation at ±448 (quant/element_codes.h's
+// f32_to_e4m3, as the CPU backend writes it) and read back exactly (E4M3 is a subset of F16); the kernels multiply
+// by the scale where they use the values.
 struct E4m3 {
   __nv_fp8_storage_t bits;
 };
@@ -21,6 +22,11 @@ __device__ __forceinline__ float to_float(E4m3 v) {
 template <>
 __host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
   return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
+}
+
+// The layer's k_scale (which 0) or v_scale (1) of an E4M3 pool, 1.0 when the pool has none.
+__device__ __forceinline__ float kv_scale(const PoolGeometry& pool, int which) {
+  return pool.scales != nullptr ? pool.scales[which] : 1.0f;
 }
 
 // The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
