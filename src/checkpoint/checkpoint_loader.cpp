@@ -50,14 +50,14 @@ class WeightChecker {
     used_.insert(name);
     const std::string file = archive_.file_of(name).string();
     if (!view->shape.empty() && view->shape != std::vector<int64_t>{1})
-      fail("{}: tensor "{}": expected shape [] or [1] (a per-tensor KV cache scale), found {}", file, name,
+      fail("{}: tensor \"{}\": expected shape [] or [1] (a per-tensor KV cache scale), found {}", file, name,
            shape_string(view->shape));
     if (view->dtype != DType::F32)
-      fail("{}: tensor "{}": dtype {} is not allowed here (expected F32)", file, name, dtype_name(view->dtype));
+      fail("{}: tensor \"{}\": dtype {} is not allowed here (expected F32)", file, name, dtype_name(view->dtype));
     float value = 0.0f;
     std::memcpy(&value, view->data, sizeof(value));
     if (!(std::isfinite(value) && value > 0.0f))
-      fail("{}: tensor "{}": KV cache scale {} must be finite and > 0", file, name, value);
+      fail("{}: tensor \"{}\": KV cache scale {} must be finite and > 0", file, name, value);
     return value;
   }
 

@@ -33,7 +33,7 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"rope", test_rope_ssmax},           {"attention", test_attention},     {"route", test_route},
     {"moe", test_moe},                   {"swiglu", test_swiglu},           {"lm_head", test_lm_head},
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
-    {"nvfp4", test_nvfp4},               {"lora", test_lora}};
+    {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"amax_scale", test_amax_scale}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {
