@@ -149,7 +149,7 @@ def measure(args, work):
     variants = [("FP8 KV, scale 1.0", fp8, False), ("FP8 KV, --calculate-kv-scales", fp8 + ["--calculate-kv-scales"], False),
                 ("FP8 KV, checkpoint scales", fp8, True)]
     figures = {}
-    original = os.path.join(work, "logits-x1-f32")
+    original = os.path.join(work, "logits-0-f32")  # the x1 reference
     for name, shift in FACTORS:
         started = time.time()
         model = os.path.join(work, f"model-{shift}")
