@@ -19,14 +19,13 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from eval_engine import encode, load_turns, run  # noqa: E402
-from quant_accuracy import mean_kl  # noqa: E402
+from eval_engine import encode, run  # noqa: E402
+from quant_accuracy import heldout_turns, in_work_dir, mean_kl  # noqa: E402
 
 FACTORS = [("x1", 0), ("x1024", 10), ("x1/1024", -10)]  # name, log2 of the factor
 PROJECTIONS = {"q_proj": -1, "k_proj": 1, "v_proj": 1, "o_proj": -1}  # sign of the exponent each is scaled by
@@ -113,17 +112,11 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=200, help="of each turn's greedy completion")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="kv-scales-")
-    try:
-        measure(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    in_work_dir("kv-scales-", lambda work: measure(args, work))
 
 
 def measure(args, work):
-    run([sys.executable, os.path.join(ROOT, "tools", "data", "generate.py"), "--out", work, "--train", "0",
-         "--heldout", "1000", "--seed", "1"])
-    turns = load_turns(os.path.join(work, "heldout.jsonl"), args.kl_turns)[:args.kl_turns]
+    turns = heldout_turns(work, args.kl_turns)[:args.kl_turns]
     prompts = encode(args.beamline, args.model, [prompt for _, prompt, _ in turns])
     sequences = []
     for ids in prompts:
