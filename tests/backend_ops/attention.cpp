@@ -377,10 +377,12 @@ void run_perf(const PerfOptions& options) {
     pool_blocks = std::max(pool_blocks, c.batch * per_sequence);
   }
   const std::vector<int64_t> pool_shape{pool_blocks, 1, kBlockSize, kKvHeads, kDim};
-  // FP8 pools (--kv-cache-dtype fp8): E4M3 codes of normal(0, 1), a per-tensor scale of 1.0 as the runner writes them.
+  // FP8 pools (--kv-cache-dtype fp8): E4M3 codes of normal(0, 1) and the layer's (k_scale, v_scale) on the device, as
+  // the model passes them (1.0 here), so that the kernels' scale reads are timed.
   const DType kv_dtype = options.kv_cache_dtype == "fp8" ? DType::F8_E4M3 : DType::BF16;
   PagedKvPool pool{backend.random_weight(kv_dtype, pool_shape, options.seed, 0.0f, 1.0f),
                    backend.random_weight(kv_dtype, pool_shape, options.seed + 1, 0.0f, 1.0f)};
+  if (kv_dtype == DType::F8_E4M3) pool.scales = backend.upload_f32(std::vector<float>{1.0f, 1.0f}, {2});
   const double element_bytes = static_cast<double>(dtype_size(kv_dtype));
   const double block_bytes = 2.0 * element_bytes * kBlockSize * kKvHeads * kDim;  // K and V
   spdlog::info("perf attention: {}, {} KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
