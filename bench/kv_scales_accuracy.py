@@ -139,7 +139,8 @@ def measure(args, work):
         return total / count, count
 
     fp8 = ["--kv-cache-dtype", "fp8"]
-    variants = [("FP8 KV, scale 1.0", fp8, False), ("FP8 KV, --calculate-kv-scales", fp8 + ["--calculate-kv-scales"], False),
+    variants = [("FP8 KV, scale 1.0", fp8, False),
+                ("FP8 KV, --calculate-kv-scales", fp8 + ["--calculate-kv-scales"], False),
                 ("FP8 KV, checkpoint scales", fp8, True)]
     figures = {}
     original = os.path.join(work, "logits-0-f32")  # the x1 reference
@@ -168,7 +169,8 @@ def measure(args, work):
 
     columns = ["FP8 KV, scale 1.0", "FP8 KV, --calculate-kv-scales", "FP8 KV, checkpoint scales",
                "F32 KV against x1 F32 KV"]
-    print(f"\nmean per-token KL(F32 KV || variant) over {figures['x1']['positions']} positions of {len(sequences)} turns")
+    positions = figures["x1"]["positions"]
+    print(f"\nmean per-token KL(F32 KV || variant) over {positions} positions of {len(sequences)} turns")
     print("| K, V magnitude | " + " | ".join(columns) + " |")
     print("| --- | " + " | ".join("---" for _ in columns) + " |")
     for name, _ in FACTORS:

@@ -262,7 +262,8 @@ TEST_P(AttentionTest, Fp8PoolWithScalesHoldsExtremeMagnitudes) {
       const std::vector<float> scaled_out = attend(with_scales), unscaled_out = attend(without);
       // Outputs are sums of values of magnitude `magnitude` that partly cancel: errors are judged against the whole
       // output's norm (‖out − ref‖ / ‖ref‖), as the op harness does.
-      EXPECT_LT(relative_error(scaled_out, naive_attention(scaled, with_scales, q)), 1e-5) << what << " against its codes";
+      EXPECT_LT(relative_error(scaled_out, naive_attention(scaled, with_scales, q)), 1e-5)
+          << what << " against its codes";
       const std::vector<double> exact_out = naive_attention(exact, reference, q);
       EXPECT_LT(relative_error(scaled_out, exact_out), 0.05) << what << ": FP8 with scales against F32";
       EXPECT_GT(relative_error(unscaled_out, exact_out), 0.3) << what << ": FP8 at scale 1.0 against F32";

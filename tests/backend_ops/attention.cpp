@@ -192,7 +192,8 @@ void test_amax_scale_case(Harness& harness, const std::string& what, const std::
   Tensor device_out = out.device.view(1, {1}), reference_out = out.reference.view(1, {1});
   harness.device().amax_scale(x.device, divisor, device_out);
   harness.reference().amax_scale(x.reference, divisor, reference_out);
-  const float got = harness.device().download_f32(out.device)[1], want = harness.reference().download_f32(out.reference)[1];
+  const float got = harness.device().download_f32(out.device)[1];
+  const float want = harness.reference().download_f32(out.reference)[1];
   harness.record_result({"amax_scale", fmt::format("{} n={} / {}", what, values.size(), divisor),
                          std::abs(static_cast<double>(got) - want), 0.0,
                          fmt::format("device {} reference {}, bit for bit", got, want),
@@ -489,7 +490,9 @@ void add_attention_perf(CLI::App& perf) {
                       "compute dtype: float32 (FP32-accurate split operands) or bfloat16 (one rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))
       ->capture_default_str();
-  command->add_option("--kv-cache-dtype", options->kv_cache_dtype, "the pool's dtype: bfloat16, or fp8 (E4M3, scale 1)")
+  command
+      ->add_option("--kv-cache-dtype", options->kv_cache_dtype,
+                   "the pool's dtype: bfloat16, or fp8 (E4M3; k_scale = v_scale = 1.0, read from the device)")
       ->check(CLI::IsMember({"bfloat16", "fp8"}))
       ->capture_default_str();
   command->callback([options] {

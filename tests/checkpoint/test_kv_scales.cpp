@@ -33,7 +33,8 @@ TEST(KvScales, CheckpointScalesAreLoadedAndOthersAreOne) {
   const ModelConfig config = preset_config("tiny");
   testing::TempDir dir("kv-scales");
   write_with_scales(dir.path(), config,
-                    {scalar("model.layers.0.self_attn.k_scale", 2.5f), scalar("model.layers.0.self_attn.v_scale", 0.125f),
+                    {scalar("model.layers.0.self_attn.k_scale", 2.5f),
+                     scalar("model.layers.0.self_attn.v_scale", 0.125f),
                      scalar("model.layers.1.self_attn.k_scale", 7.0f, {1})});
   const BeamWeights weights = load_checkpoint(dir.path());
   EXPECT_EQ(weights.layers[0].k_scale, 2.5f);

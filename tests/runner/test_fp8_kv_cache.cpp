@@ -68,7 +68,7 @@ BeamWeights with_kv_magnitude(const BeamWeights& weights, float factor) {
       auto bytes = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(view->numel()) * sizeof(float));
       auto* out = reinterpret_cast<float*>(bytes->data());
       for (int64_t i = 0; i < view->numel(); ++i)
-        out[i] = (view->dtype == DType::BF16 ? bf16_to_f32(view->as<uint16_t>()[i]) : view->as<float>()[i]) * multiplier;
+        out[i] = multiplier * (view->dtype == DType::BF16 ? bf16_to_f32(view->as<uint16_t>()[i]) : view->as<float>()[i]);
       scaled.push_back({TensorView{view->name, DType::F32, view->shape, bytes->data(), bytes->size()}, bytes});
     }
   }
@@ -97,7 +97,8 @@ double mean_kl(const std::vector<float>& p, const std::vector<float>& q, int64_t
 TEST(Fp8KvCache, CalculatedScalesHoldKAndVFarFromOne) {
   testing::TempDir dir("fp8-kv-scales");
   // All layers dense: the MoE's discrete routing makes a random model's logits jump with any rounding (one expert
-  // choice flipped by the FP8 rounding of one layer's V moved the mean KL 25-fold), which would hide the scales' effect.
+  // choice flipped by the FP8 rounding of one layer's V moved the mean KL 25-fold), which would hide the scales'
+  // effect.
   ModelConfig config = preset_config("tiny");
   config.first_k_dense_replace = config.num_hidden_layers;
   const BeamWeights original = testing::write_and_load(config, dir.path(), 6);

@@ -1,5 +1,6 @@
 #pragma once
-// Paged KV writes and paged attention, with the host-side plan that picks the kernels (attention.cu dispatches to decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu), and the KV scales' amax (kv_scales.cu).
+// Paged KV writes and paged attention, with the host-side plan that picks the kernels (attention.cu dispatches to
+// decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu), and the KV scales' amax (kv_scales.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
 #include <cuda_runtime_api.h>
 
