@@ -155,6 +155,7 @@ cudaDataType_t cuda_type(DType dtype) {
 void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
+  if (pool.scales.defined()) require_device(pool.scales, op, "KV scales");
   check_kv_pool(pool, slot, op);
 }
 
@@ -168,6 +169,7 @@ cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
   geometry.block_size = pool.block_size();
   geometry.num_kv_heads = pool.num_kv_heads();
   geometry.head_dim = pool.head_dim();
+  if (geometry.dtype == DType::F8_E4M3 && pool.scales.defined()) geometry.scales = pool.scales.data<const float>();
   return geometry;
 }
 
@@ -987,6 +989,14 @@ void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, fl
                "ssmax_scale");
 }
 
+void CudaBackend::amax_scale(const Tensor& x, float divisor, Tensor& out) {
+  const auto timing = time_op("amax_scale");
+  check_amax_scale_args(x, divisor, out);
+  require_device(x, "amax_scale", "x");
+  require_device(out, "amax_scale", "out");
+  check_launch(cuda::amax_scale(x.data<const float>(), x.numel(), divisor, out.data<float>(), stream_), "amax_scale");
+}
+
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                            const AttentionBatch& batch) {
   const auto timing = time_op("write_kv");
@@ -1016,7 +1026,7 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   const cuda::PoolGeometry geometry = pool_geometry(pool);
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
   const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
-  Tensor work, partials, shadow_kv, shadow_table;
+  Tensor work, partials, shadow_kv, shadow_table, scaled_q;
   if (!plan.work.empty()) work = attention_work(plan.work);
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
   cuda::ShadowBuffers shadow;
@@ -1025,6 +1035,10 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
     shadow_table = scratch(DType::I32, {batch.num_sequences(), block_table.dim(1)});
     shadow = {shadow_kv.raw(), static_cast<std::byte*>(shadow_kv.raw()) + shadow_kv.nbytes() / 2,
               shadow_table.data<int32_t>()};
+    if (geometry.scales != nullptr) {
+      scaled_q = scratch(DType::F32, {q.dim(0), q.dim(1)});
+      shadow.scaled_q = scaled_q.data<float>();
+    }
   }
   check_launch(cuda::paged_attention(q.data<const float>(), geometry, params.slot,
                                      batch_geometry(batch, block_table, "paged_attention"), plan,

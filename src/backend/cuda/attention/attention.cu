@@ -30,8 +30,9 @@ __global__ void write_kv_kernel(const float* k, const float* v, PoolGeometry poo
   const int32_t block = lookup_block(pool, batch, batch.row_sequence[row], position);
   if (block < 0) return;
   const int64_t offset = pool_offset(pool, block, slot, position, 0) + column;
-  static_cast<P*>(pool.k)[offset] = from_float<P>(k[index]);
-  static_cast<P*>(pool.v)[offset] = from_float<P>(v[index]);
+  // IEEE division, as the CPU backend divides, so that both round the same quotient to the same code.
+  static_cast<P*>(pool.k)[offset] = from_float<P>(__fdiv_rn(k[index], kv_scale(pool, 0)));
+  static_cast<P*>(pool.v)[offset] = from_float<P>(__fdiv_rn(v[index], kv_scale(pool, 1)));
 }
 
 // Shared memory: q of the group's heads [group][D], a K tile [32][D + 1] (padded: lane i reads row i), a V tile
@@ -65,6 +66,7 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
   float running_max = -INFINITY, running_sum = 0.0f;
   const P* k_pool = static_cast<const P*>(pool.k);
   const P* v_pool = static_cast<const P*>(pool.v);
+  const float k_scale = kv_scale(pool, 0), v_scale = kv_scale(pool, 1);
 
   for (int64_t tile_start = first; tile_start <= last; tile_start += kKeysPerTile) {
     __syncthreads();  // the previous tile is consumed (and q is loaded before the first)
@@ -78,8 +80,8 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
           missing_block = 1;
         } else {
           const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + d;
-          k_value = to_float(k_pool[offset]);
-          v_value = to_float(v_pool[offset]);
+          k_value = to_float(k_pool[offset]) * k_scale;
+          v_value = to_float(v_pool[offset]) * v_scale;
         }
       }
       k_tile[key * (dim + 1) + d] = k_value;
@@ -299,29 +301,47 @@ cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t sl
     return cudaErrorInvalidValue;
   if (plan.generic)
     return launch_generic_attention(q, pool, slot, batch, num_heads, scale, sliding_window, out, stream);
-  const cudaError_t decoded =
-      launch_decode_attention(q, pool, slot, batch, plan.decode_rows_listed ? work : nullptr, plan.decode_rows,
-                              plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
-  if (decoded != cudaSuccess) return decoded;
+  const auto decode = [&] {
+    return launch_decode_attention(q, pool, slot, batch, plan.decode_rows_listed ? work : nullptr, plan.decode_rows,
+                                   plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
+  };
   const int32_t* tile_list = work + (plan.decode_rows_listed ? plan.decode_rows : 0);
-  if (plan.shadow_blocks == 0)
+  if (plan.shadow_blocks == 0) {
+    const cudaError_t decoded = decode();
+    if (decoded != cudaSuccess) return decoded;
     return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
                                     sliding_window, plan.precision, out, stream);
+  }
   if (shadow.k == nullptr || shadow.v == nullptr || shadow.block_table == nullptr) return cudaErrorInvalidValue;
+  if (pool.scales != nullptr && shadow.scaled_q == nullptr) return cudaErrorInvalidValue;
   if (plan.shadow_blocks > INT32_MAX) return cudaErrorInvalidValue;
   const int32_t* parts = tile_list + 3 * plan.prefill_tiles;
-  const cudaError_t widened = widen_to_shadow(pool, slot, batch, parts, plan.shadow_sequences, plan.shadow_blocks, shadow, stream);
-  if (widened != cudaSuccess) return widened;
+  cudaError_t status = widen_to_shadow(pool, slot, batch, parts, plan.shadow_sequences, plan.shadow_blocks, shadow, stream);
+  if (status != cudaSuccess) return status;
   PoolGeometry shadow_pool = pool;
   shadow_pool.k = shadow.k;
   shadow_pool.v = shadow.v;
   shadow_pool.dtype = DType::BF16;
+  shadow_pool.scales = nullptr;
   shadow_pool.num_blocks = static_cast<int32_t>(plan.shadow_blocks);
   shadow_pool.slots_per_block = 1;
   BatchGeometry shadow_batch = batch;
   shadow_batch.block_table = shadow.block_table;
-  return launch_prefill_attention(q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles, num_heads, scale,
-                                  sliding_window, plan.precision, out, stream);
+  if (pool.scales == nullptr) {
+    status = launch_prefill_attention(q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles, num_heads, scale,
+                                      sliding_window, plan.precision, out, stream);
+    return status == cudaSuccess ? decode() : status;
+  }
+  // The shadow holds the codes, not code x scale (BF16 cannot hold those products exactly): the prefill tiles get
+  // k_scale through q and v_scale on the output. The whole output is multiplied, so the decode rows, which read the
+  // scaled pool themselves, are written after.
+  const int64_t values = int64_t{batch.rows} * num_heads * pool.head_dim;
+  status = multiply_by_device_scalar(q, shadow.scaled_q, values, pool.scales, stream);
+  if (status == cudaSuccess)
+    status = launch_prefill_attention(shadow.scaled_q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles,
+                                      num_heads, scale, sliding_window, plan.precision, out, stream);
+  if (status == cudaSuccess) status = multiply_by_device_scalar(out, out, values, pool.scales + 1, stream);
+  return status == cudaSuccess ? decode() : status;
 }
 
 }  // namespace beamline::cuda

@@ -1,5 +1,6 @@
 #pragma once
-// Paged KV writes and paged attention, with the host-side plan that picks the kernels (attention.cu dispatches to decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu).
+// Paged KV writes and paged attention, with the host-side plan that picks the kernels (attention.cu dispatches to
+// decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu), and the KV scales' amax (kv_scales.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
 #include <cuda_runtime_api.h>
 
@@ -15,6 +16,9 @@ struct PoolGeometry {
   void* k = nullptr;
   void* v = nullptr;
   DType dtype = DType::F32;  // F32, BF16 or F8_E4M3
+  // E4M3 pools: the layer's (k_scale, v_scale) on the device (PagedKvPool::scales), read by every kernel at run
+  // time, so that recorded graphs see scales set after they were recorded; null: 1.0. Null for other dtypes.
+  const float* scales = nullptr;
   int32_t num_blocks = 0, slots_per_block = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
 };
 
@@ -31,6 +35,9 @@ struct BatchGeometry {
 // for that row and head (the CPU backend throws there; a device cannot without a host synchronisation).
 cudaError_t write_kv(const float* k, const float* v, const PoolGeometry& pool, int32_t slot,
                      const BatchGeometry& batch, cudaStream_t stream);
+
+// out[0] = max|x| / divisor over n floats, NaN skipped; 1.0 when the maximum is 0 or infinite (Backend::amax_scale).
+cudaError_t amax_scale(const float* x, int64_t n, float divisor, float* out, cudaStream_t stream);
 
 // Host-side facts of a batch (AttentionBatch's host copies) from which paged_attention's kernels are chosen.
 struct AttentionHostBatch {
@@ -75,6 +82,9 @@ struct ShadowBuffers {
   void* k = nullptr;
   void* v = nullptr;
   int32_t* block_table = nullptr;
+  // A pool with KV scales (PoolGeometry::scales): q times k_scale, as many floats as q, since the shadow holds the
+  // codes widened exactly, unscaled.
+  float* scaled_q = nullptr;
 };
 AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry& pool, int32_t num_heads,
                              int32_t sliding_window, bool aligned, OperandPrecision precision);

@@ -9,9 +9,10 @@
 
 namespace beamline::cuda {
 
-// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 with a per-tensor scale of 1.0, written with round to
-// nearest even and saturation at ±448 (quant/element_codes.h's f32_to_e4m3, as the CPU backend writes it) and read
-// back exactly (E4M3 is a subset of F16).
+// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 codes of x / scale (the layer's k_scale or v_scale,
+// PoolGeometry::scales), written with round to nearest even and saturation at ±448 (quant/element_codes.h's
+// f32_to_e4m3, as the CPU backend writes it) and read back exactly (E4M3 is a subset of F16); the kernels multiply
+// by the scale where they use the values.
 struct E4m3 {
   __nv_fp8_storage_t bits;
 };
@@ -22,6 +23,11 @@ __device__ __forceinline__ float to_float(E4m3 v) {
 template <>
 __host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
   return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
+}
+
+// The layer's k_scale (which 0) or v_scale (1) of an E4M3 pool, 1.0 when the pool has none.
+__device__ __forceinline__ float kv_scale(const PoolGeometry& pool, int which) {
+  return pool.scales != nullptr ? pool.scales[which] : 1.0f;
 }
 
 // The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
@@ -131,6 +137,9 @@ cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, i
 cudaError_t widen_to_shadow(const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch, const int32_t* parts,
                             int32_t sequences, int64_t shadow_blocks, const ShadowBuffers& shadow,
                             cudaStream_t stream);
+// out[i] = in[i] * *factor for i < n (in may be out): the KV scales, which live on the device, applied around the
+// prefill kernels that read an FP8 pool's unscaled shadow.
+cudaError_t multiply_by_device_scalar(const float* in, float* out, int64_t n, const float* factor, cudaStream_t stream);
 // Query vectors ((row, head of the group) pairs) per block of the tensor-core prefill kernels, which serve the
 // same tiles.
 constexpr int32_t kPrefillTileVectors = 128;

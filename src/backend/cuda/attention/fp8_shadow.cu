@@ -65,7 +65,19 @@ __global__ void widen_kernel(PoolGeometry pool, int32_t slot, BatchGeometry batc
   }
 }
 
+__global__ void multiply_kernel(const float* in, float* out, int64_t n, const float* factor) {
+  const int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (index < n) out[index] = in[index] * *factor;
+}
+
 }  // namespace
+
+cudaError_t multiply_by_device_scalar(const float* in, float* out, int64_t n, const float* factor, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr || factor == nullptr) return cudaErrorInvalidValue;
+  multiply_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(in, out, n, factor);
+  return cudaGetLastError();
+}
 
 cudaError_t widen_to_shadow(const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch, const int32_t* parts,
                             int32_t sequences, int64_t shadow_blocks, const ShadowBuffers& shadow,
