@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
-import { BEAMLINE, makeTinyModel, metrics, metricValue, startServer, waitFor } from './server_harness.mjs';
+import { BEAMLINE, makeTinyModel, metrics, metricValue, rawExchange, startServer, waitFor } from './server_harness.mjs';
 
 const IDLE_CONNECTIONS = 1000;
 const SLOW_STREAMS = 32;
@@ -25,19 +25,6 @@ function connect(port) {
   return new Promise((resolve, reject) => {
     const socket = net.connect(port, '127.0.0.1', () => resolve(socket));
     socket.once('error', reject);
-  });
-}
-
-// Raw bytes on a fresh connection; resolves to what the server wrote before closing (or after 3 s).
-function rawExchange(port, bytes) {
-  return new Promise((resolve) => {
-    const socket = net.connect(port, '127.0.0.1');
-    let answer = '';
-    const timer = setTimeout(() => socket.destroy(), 3000);
-    socket.on('data', (chunk) => { answer += chunk.toString('latin1'); });
-    socket.on('error', () => {});
-    socket.on('close', () => { clearTimeout(timer); resolve(answer); });
-    socket.write(bytes);
   });
 }
 
