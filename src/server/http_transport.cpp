@@ -252,7 +252,8 @@ void Session::dispatch_request() {
   answered_ = complete_ = gone_ = false;
   // The handler answers every request itself (errors included), inline or from another thread.
   state_.handler(std::move(request), std::make_shared<ExchangeImpl>(shared_from_this(), request_number_));
-  if (!complete_) watch();
+  // Answered at once (/health): a failed write says whether the client left. Otherwise watch for it meanwhile.
+  if (!answered_) watch();
 }
 
 void Session::watch() {
@@ -439,7 +440,7 @@ void accept_next(State& state) {
 
 HttpTransport::HttpTransport(HttpTransportOptions options, RequestHandler handler, ErrorRenderer render_error,
                              std::function<void(int status)> count_response)
-    : state_(std::make_shared<State>(options)) {
+    : state_(std::make_unique<State>(options)) {
   require(options.event_loop_threads >= 1, "the HTTP server needs at least one event-loop thread");
   state_->handler = std::move(handler);
   state_->render_error = std::move(render_error);
@@ -476,15 +477,13 @@ void HttpTransport::serve() {
   }
   state_->io.run();
   for (std::thread& thread : threads) thread.join();
+  beast::error_code ignored;
+  state_->acceptor.close(ignored);
 }
 
 void HttpTransport::stop() {
-  if (state_->stopping.exchange(true)) return;
-  net::post(state_->io, [state = state_] {
-    beast::error_code ignored;
-    state->acceptor.close(ignored);
-    state->accept_retry.cancel();
-  });
+  // Ends run() on every event-loop thread, and makes a later serve() return at once.
+  state_->stopping = true;
   state_->io.stop();
 }
 

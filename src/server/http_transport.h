@@ -87,7 +87,7 @@ class HttpTransport {
   struct State;
 
  private:
-  std::shared_ptr<State> state_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace beamline::server
