@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/request_output.h"
@@ -14,10 +16,10 @@ namespace beamline {
 namespace {
 
 RequestOutput event(const std::string& text, bool finished) {
+  SampleOutput sample;
+  sample.text = text;
   RequestOutput output;
-  output.request_id = "r";
-  output.samples.push_back(SampleOutput{});
-  output.samples.back().text = text;
+  output.samples.push_back(std::move(sample));
   output.finished = finished;
   return output;
 }
