@@ -1095,10 +1095,10 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   require_dtype(expert_weights, DType::F32, "moe", "expert_weights");
   require_shape(out, h.shape(), "moe", "out");
   if (rows == 0) return;
-  require(!batch_invariant_ || (!packed.micro && packed.dtype != DType::F8_E4M3),
-          "moe: --batch-invariant on cuda takes BF16 or F16 experts, not {} (the quantized formats have no "
-          "row-invariant kernels yet)",
-          packed.micro ? "MXFP8/NVFP4" : "FP8 block-128");
+  require(!batch_invariant_ || (!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16)),
+          "moe: --batch-invariant on cuda takes BF16 or F16 experts, not {} (no row-invariant expert kernels for it "
+          "yet)",
+          packed.micro ? std::string_view("MXFP8/NVFP4") : dtype_name(packed.dtype));
   if (packed.micro) {
     moe_micro(h, expert_ids, expert_weights, packed, experts, out);
     return;
