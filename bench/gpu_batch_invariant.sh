@@ -2,7 +2,8 @@
 # --batch-invariant on the H200 in one GPU call (branch batchinv): correctness first, then what the mode costs.
 #   ops:   the op harness's batch_invariance group (each op's probe rows alone and inside batches of 3-200 rows, bit
 #          for bit, and against the CPU) in bfloat16, then the ordinary groups whose CUDA paths the mode replaces,
-#          run in the mode against the CPU (the kernels must be right, not only stable);
+#          run in the mode against the CPU (the kernels must be right, not only stable), and the gtest
+#          LinearRowsAreBitIdenticalInBatchInvariantMode's CUDA instance;
 #   serve: serve_check.py's two --batch-invariant rows on the small preset (32 concurrent vs alone, BF16, defaults and
 #          preemption forced: 100% argmax, identical logprobs);
 #   perf:  one full-width Beam-1.0 layer (backend_ops perf layer, --dtype bfloat16, context 4096) with and without the
@@ -30,6 +31,12 @@ if wanted ops; then
   step 240 'FAIL|cases' "$OPS" test --device cuda --dtype bfloat16 --batch-invariant --filter batch_invariance --seed 3
   step 300 'FAIL|cases' "$OPS" test --device cuda --dtype bfloat16 --batch-invariant \
     --filter linear,linear_rows,linear_many,swiglu,lm_head,rms_norm,attention,sample --seed 4
+  # The gtest's CUDA instance, when the carry has the test programs (make_carry.sh --tests).
+  if [ -s "$CARRY/tests.tar.xz" ]; then
+    TESTS=$(mktemp -d)
+    tar -xJf "$CARRY/tests.tar.xz" -C "$TESTS"
+    step 120 'FAILED|PASSED|OK \]' "$TESTS/tests/test_backend_ops" --gtest_filter='*BatchInvariantMode*'
+  fi
 fi
 if wanted serve; then
   MODEL=$(mktemp -d)/small
