@@ -63,6 +63,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kWarpOutputs; ++j) weight_row[j] = weight + (first_output + j < out ? first_output + j : out - 1) * in;
 
   float sum[kTileRows][kWarpOutputs] = {};
+  // Unrolled so that the next chunk's weight loads are in flight during this one's FMAs; the order of the FMAs into
+  // each accumulator stays the k order.
+#pragma unroll 2
   for (int64_t k = int64_t{lane} * kChunk; k < in; k += kWarpStep) {
     float w[kWarpOutputs][kChunk];
 #pragma unroll
