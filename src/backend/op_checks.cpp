@@ -17,6 +17,17 @@ void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_dtype(pool.v, pool.k.dtype(), op, "v pool");
   require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
           pool.slots_per_block());
+  if (pool.scales.defined()) {
+    require_dtype(pool.scales, DType::F32, op, "KV scales");
+    require_shape(pool.scales, {2}, op, "KV scales (k_scale, v_scale)");
+  }
+}
+
+void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out) {
+  require_dtype(x, DType::F32, "amax_scale", "x");
+  require_dtype(out, DType::F32, "amax_scale", "out");
+  require(out.numel() == 1, "amax_scale: out {} must hold one element", describe(out));
+  require(divisor > 0.0f && std::isfinite(divisor), "amax_scale: divisor {} must be positive and finite", divisor);
 }
 
 void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
@@ -133,6 +144,30 @@ int64_t check_lora_args(const Tensor& x, const LoraTensors& lora, const Tensor& 
   require_shape(y, {x.dim(0), out}, "lora", "y");
   require_shape(indices, {x.dim(0)}, "lora", "indices");
   return adapters;
+}
+
+namespace {
+void check_lora_table(const LoraTable& table, int64_t experts, int64_t in, int64_t out, std::string_view what) {
+  if (!table.defined()) return;
+  require(table.entries.rank() == 2 && table.entries.dim(1) == 3 && table.entries.dim(0) % experts == 0,
+          "moe_lora: {} table {} is not [slots x {} experts, 3]", what, describe(table.entries), experts);
+  require_dtype(table.entries, DType::I64, "moe_lora", what);
+  require(table.in == in && table.out == out && table.max_rank >= 1,
+          "moe_lora: {} table is {} -> {} of rank up to {}, the experts' projection is {} -> {}", what, table.in,
+          table.out, table.max_rank, in, out);
+}
+}  // namespace
+
+int64_t check_moe_lora_args(const Tensor& h, const MoeTensors& moe, const SwigluLora& lora) {
+  const auto experts = static_cast<int64_t>(moe.experts.size());
+  require(experts > 0, "moe_lora: no experts");
+  const int64_t hidden = h.dim(1), intermediate = moe.experts.front().gate.out_features();
+  check_lora_table(lora.gate, experts, hidden, intermediate, "gate");
+  check_lora_table(lora.up, experts, hidden, intermediate, "up");
+  check_lora_table(lora.down, experts, intermediate, hidden, "down");
+  require_shape(lora.row_adapters, {h.dim(0)}, "moe_lora", "row_adapters");
+  require_dtype(lora.row_adapters, DType::I32, "moe_lora", "row_adapters");
+  return experts;
 }
 
 }  // namespace beamline

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/lora_table.h"
 #include "model/lora_weights.h"
 #include "model/model_shard.h"
 #include "model/weights.h"
@@ -112,6 +113,8 @@ class BeamModel {
   // (zeroed) when the first adapter that adapts it arrives. Error naming the module for one the model lacks, a rank
   // above max_rank or a wrong size; then the slot must not be used until a load succeeds.
   void load_lora(int32_t slot, const LoraWeights& adapter);
+  // Bytes the loaded adapters take on the backend: attention's stacked tensors and the MLP tables (docs/lora.md).
+  int64_t lora_bytes() const;
 
   // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
   // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
@@ -119,19 +122,37 @@ class BeamModel {
   // default): nothing is captured, nothing is spent.
   void capture_hidden_after(std::vector<int64_t> layers);
   const Tensor& captured_hidden() const { return captured_; }
+  // vLLM's per-tensor FP8 KV cache scales: F32 [num_hidden_layers, 2] on the backend, row l layer l's (k_scale,
+  // v_scale): the checkpoint's self_attn.k_scale / v_scale, 1.0 where it has none (warned about once, at the first
+  // step on an FP8 pool), or computed by the first step after calculate_kv_scales(). Row l is PagedKvPool::scales of
+  // layer l's write_kv and paged_attention; it is only ever written in place, so recorded decode graphs read the
+  // current values.
+  const Tensor& kv_scales() const { return kv_scales_; }
+  // vLLM's --calculate-kv-scales: the next forward step sets each layer's scales from that step's K and V before
+  // writing them (k_scale = max|k| / kKScaleConstant, v_scale = max|v| / kVScaleConstant, on the device:
+  // Backend::amax_scale); later steps keep them.
+  void calculate_kv_scales() { calculate_kv_scales_ = true; }
+  bool kv_scales_pending() const { return calculate_kv_scales_; }
+  // vLLM's K_SCALE_CONSTANT and V_SCALE_CONSTANT (their defaults): the headroom left under E4M3's ±448.
+  static constexpr float kKScaleConstant = 200.0f, kVScaleConstant = 100.0f;
+  // New weights for a served model keep the KV cache's scales: `other`'s values (same layers), and its pending
+  // calculation.
+  void inherit_kv_scales(const BeamModel& other);
+
   // The pieces a drafter shares with the target (first and last pipeline stage: a whole model).
   const Tensor& embed_tokens() const { return embed_tokens_; }
   const Tensor& final_norm() const { return final_norm_; }
   const LinearTensors& lm_head() const { return lm_head_; }
 
  private:
-  // A layer's stacked LoRA adapters (slot-major; the MLP's slot * experts + expert), undefined until some adapter
-  // adapts the projection. A dense MLP takes moe_lora as one expert (`dense`) routed with weight 1.
+  // A layer's LoRA adapters, absent until some adapter adapts the projection: attention stacked slot-major at
+  // --max-lora-rank; the MLP's at their true ranks (model/lora_table.h: entry slot * experts + expert). A dense MLP
+  // takes moe_lora as one expert (`dense`) routed with weight 1.
   struct LayerLora {
     LoraTensors q, k, v, o;
-    SwigluLora mlp;
+    std::shared_ptr<LoraTableStore> gate, up, down;
     MoeTensors dense;
-    bool mlp_defined() const { return mlp.gate.defined() || mlp.up.defined() || mlp.down.defined(); }
+    bool mlp_defined() const { return gate != nullptr || up != nullptr || down != nullptr; }
   };
 
   struct Layer {
@@ -144,8 +165,16 @@ class BeamModel {
     LayerLora lora;
   };
 
-  // The projection's stacked adapters in `layer`.
+  // The stacked adapters of attention projection `projection` (Q, K, V or O) in `layer`.
   static LoraTensors& lora_tensors(Layer& layer, LoraProjection projection);
+  // The table of MLP projection `projection` (Gate, Up or Down) in `layer`.
+  static std::shared_ptr<LoraTableStore>& lora_table(Layer& layer, LoraProjection projection);
+  // Puts `adapter`'s attention modules of one projection in `slot` (zeros where it has none).
+  void load_attention_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                           const std::vector<const LoraModule*>* modules);
+  // Puts `adapter`'s MLP modules of one projection (by expert) in `slot`'s entries of the layer's table.
+  void load_mlp_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                     const std::vector<const LoraModule*>* modules);
   // y += the LoRA of the step's rows (nothing when none has an adapter or none adapts this projection).
   void apply_lora(const LoraTensors& lora, const Tensor& x, const StepInputs& inputs, Tensor& y);
   // The SwiGLU of a dense layer over h into branch, with its rows' LoRA: moe_lora with one expert of weight 1.
@@ -183,6 +212,13 @@ class BeamModel {
   int32_t max_loras_ = 0;
   int64_t max_lora_rank_ = 0;
   Tensor captured_;
+  Tensor kv_scales_;
+  bool calculate_kv_scales_ = false;
+  std::vector<int64_t> layers_without_kv_scales_;  // this rank's layers that the checkpoint gives no scales
+  bool kv_scales_warned_ = false;
+  // The layer's view for write_kv and paged_attention: the pool with its row of kv_scales_; the first step after
+  // calculate_kv_scales() fills that row from k and v first. Warns once about missing scales on an FP8 pool.
+  PagedKvPool layer_kv_pool(int64_t layer, const PagedKvPool& pool, const Tensor& k, const Tensor& v);
 };
 
 }  // namespace beamline

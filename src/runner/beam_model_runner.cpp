@@ -50,6 +50,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   } else {
     model_ = std::make_unique<BeamModel>(weights, *backend_);
   }
+  if (config.calculate_kv_scales) model_->calculate_kv_scales();
   const ModelConfig& model_config = model_->config();
   // Each op then reduces every row in one fixed order whatever the batch (docs/rl.md, docs/cuda-backend.md).
   require(backend_->set_batch_invariant(config.batch_invariant),
@@ -151,6 +152,8 @@ void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::str
     model->enable_lora(max_loras_, max_lora_rank_);
     for (const auto& [slot, adapter] : lora_adapters_) model->load_lora(slot, adapter);
   }
+  // The cache holds codes written with the served scales (or the first step is still to calculate them): they stay.
+  model->inherit_kv_scales(*model_);
   backend_->synchronize();
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
@@ -164,12 +167,6 @@ void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::pat
   require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
   lora_adapters_.erase(slot);
   LoraWeights adapter = load_peft_adapter(dir, model_->config(), max_lora_rank_);
-  if (backend_->device() != Device::Cpu)
-    for (const LoraModule& module : adapter.modules)
-      require(module.projection < LoraProjection::Gate,
-              "{}: LoRA on {} (layer {}) needs moe_lora, which the {} backend does not have yet; serve this adapter on "
-              "the cpu backend or adapt attention only (docs/lora.md)",
-              dir.string(), lora_projection_name(module.projection), module.layer, backend_->name());
   model_->load_lora(slot, adapter);
   lora_adapters_.emplace(slot, std::move(adapter));
 }

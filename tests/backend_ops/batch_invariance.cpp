@@ -185,19 +185,8 @@ void mlp_cases(Harness& harness, std::vector<InvarianceCase>& cases) {
   };
   std::vector<Shape> shapes{{256, 128, 16, 4, kBatchRows}, {200, 72, 64, 8, {3, 9, 64, 200, 300}}};
   for (const Shape& s : shapes) {
-    std::vector<SwigluTensors> device_experts, reference_experts;
-    MoeTensors device_moe, reference_moe;
-    for (int32_t e = 0; e < s.experts; ++e) {
-      const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
-      auto g = harness.random_weight(DType::BF16, {s.intermediate, s.hidden}, in_scale);
-      auto u = harness.random_weight(DType::BF16, {s.intermediate, s.hidden}, in_scale);
-      auto d = harness.random_weight(DType::BF16, {s.hidden, s.intermediate},
-                                     1.0f / std::sqrt(static_cast<float>(s.intermediate)));
-      device_moe.experts.push_back({{g.device, {}, {}}, {u.device, {}, {}}, {d.device, {}, {}}});
-      reference_moe.experts.push_back({{g.reference, {}, {}}, {u.reference, {}, {}}, {d.reference, {}, {}}});
-    }
-    harness.device().prepare_moe(device_moe);
-    harness.reference().prepare_moe(reference_moe);
+    const ExpertPair stack = random_experts(harness, s.experts, s.experts, s.hidden, s.intermediate);
+    const MoeTensors device_moe = stack.device, reference_moe = stack.reference;
     const auto assignment = random_assignment(harness.inputs(), pool_size(), s.experts, s.top_k);
     const std::vector<int32_t> ids = assignment.first;
     const std::vector<float> weights = assignment.second;

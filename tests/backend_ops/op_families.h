@@ -24,8 +24,9 @@ void test_swiglu(Harness& harness);
 void test_lm_head(Harness& harness);
 void add_linear_perf(CLI::App& perf);
 
-// attention.cpp: write_kv and paged attention.
+// attention.cpp: write_kv and paged attention, and amax_scale (FP8 KV scales).
 void test_attention(Harness& harness);
+void test_amax_scale(Harness& harness);
 void add_attention_perf(CLI::App& perf);
 
 // moe.cpp: the router and the experts.
@@ -49,6 +50,10 @@ void add_micro_perf(CLI::App& perf);
 // lora.cpp: gathered LoRA, rows of mixed adapters.
 void test_lora(Harness& harness);
 void add_lora_perf(CLI::App& perf);
+
+// moe_lora.cpp: MoE LoRA, each token's adapter inside its routed experts at true rank.
+void test_moe_lora(Harness& harness);
+void add_moe_lora_perf(CLI::App& perf);
 
 // batch_invariance.cpp: each op's rows alone and inside batches of other rows, bit for bit (--batch-invariant).
 void test_batch_invariance(Harness& harness);

@@ -16,6 +16,7 @@
 #include "backend/cuda/linear/row_invariant.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/lora/lora.h"
+#include "backend/cuda/lora/moe_lora.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/moe/router_gemv.h"
 #include "backend/cuda/sampling/sampling.h"
@@ -164,6 +165,7 @@ cudaDataType_t cuda_type(DType dtype) {
 void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
+  if (pool.scales.defined()) require_device(pool.scales, op, "KV scales");
   check_kv_pool(pool, slot, op);
 }
 
@@ -177,6 +179,7 @@ cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
   geometry.block_size = pool.block_size();
   geometry.num_kv_heads = pool.num_kv_heads();
   geometry.head_dim = pool.head_dim();
+  if (geometry.dtype == DType::F8_E4M3 && pool.scales.defined()) geometry.scales = pool.scales.data<const float>();
   return geometry;
 }
 
@@ -899,6 +902,63 @@ void CudaBackend::lora(const Tensor& x, const LoraTensors& lora, const Tensor& i
                "lora");
 }
 
+void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                           const MoeTensors& moe, const SwigluLora& lora, Tensor& out) {
+  const auto timing = time_op("moe_lora");
+  require(!batch_invariant_, "moe_lora: --batch-invariant on cuda has no row-invariant MoE LoRA kernels yet (serve the "
+          "adapters on the cpu backend, or leave the flag off)");
+  const auto experts = static_cast<int32_t>(check_moe_lora_args(h, moe, lora));
+  require(moe.packed != nullptr, "moe_lora: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
+  const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
+  require(!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16 || packed.dtype == DType::F32),
+          "moe_lora: the cuda backend applies LoRA to F32, F16 or BF16 experts; these are {} (docs/lora.md)",
+          packed.micro ? format_name(*packed.micro) : std::string(dtype_name(packed.dtype)));
+  require(experts <= cuda::kMaxMmaExperts, "moe_lora: {} experts, the cuda kernels take at most {}", experts,
+          cuda::kMaxMmaExperts);
+  require_device(h, "moe_lora", "h");
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  require(hidden == packed.hidden, "moe_lora: h has {} features, the experts take {}", hidden, packed.hidden);
+  require_shape(expert_ids, {rows, top_k}, "moe_lora", "expert_ids");
+  require_shape(expert_weights, {rows, top_k}, "moe_lora", "expert_weights");
+  require_dtype(expert_ids, DType::I32, "moe_lora", "expert_ids");
+  require_dtype(expert_weights, DType::F32, "moe_lora", "expert_weights");
+  require_shape(out, h.shape(), "moe_lora", "out");
+  if (rows == 0) return;
+  const int64_t assignments = rows * top_k, intermediate = packed.intermediate;
+  cuda::MoeLoraArgs args;
+  args.h = h.data<const float>();
+  args.ids = expert_ids.data<const int32_t>();
+  args.weights = expert_weights.data<const float>();
+  args.row_adapters = lora.row_adapters.data<const int32_t>();
+  args.rows = rows;
+  args.hidden = hidden;
+  args.intermediate = intermediate;
+  args.top_k = static_cast<int32_t>(top_k);
+  args.experts = experts;
+  args.expert_weights = packed.pointers.data<const void* const>();
+  args.dtype = packed.dtype;
+  const auto view = [](const LoraTable& table) {
+    return table.defined() ? cuda::LoraTableView{table.entries.data<const int64_t>(), table.max_rank}
+                           : cuda::LoraTableView{};
+  };
+  args.gate = view(lora.gate);
+  args.up = view(lora.up);
+  args.down = view(lora.down);
+  cuda::MoeLoraWorkspace workspace;
+  workspace.max_tiles = cuda::moe_lora_max_tiles(assignments, experts);
+  Tensor grouped = scratch(DType::I32, {assignments}), tiles = scratch(DType::I32, {workspace.max_tiles, 4});
+  Tensor shrunk = scratch(DType::F32, {assignments * (args.gate.max_rank + args.up.max_rank + args.down.max_rank) + 1});
+  Tensor activated = scratch(DType::F32, {assignments, intermediate}), expert_out = scratch(DType::F32, {assignments, hidden});
+  workspace.grouped = grouped.data<int32_t>();
+  workspace.tiles = tiles.data<int32_t>();
+  workspace.shrunk_gate = shrunk.data<float>();
+  workspace.shrunk_up = workspace.shrunk_gate + assignments * args.gate.max_rank;
+  workspace.shrunk_down = workspace.shrunk_up + assignments * args.up.max_rank;
+  workspace.activated = activated.data<float>();
+  workspace.expert_out = expert_out.data<float>();
+  check_launch(cuda::moe_lora(args, workspace, out.data<float>(), stream_), "moe_lora");
+}
+
 void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
                               std::span<Tensor* const> ys) {
   const auto timing = time_op("linear_many");
@@ -958,6 +1018,14 @@ void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, fl
                "ssmax_scale");
 }
 
+void CudaBackend::amax_scale(const Tensor& x, float divisor, Tensor& out) {
+  const auto timing = time_op("amax_scale");
+  check_amax_scale_args(x, divisor, out);
+  require_device(x, "amax_scale", "x");
+  require_device(out, "amax_scale", "out");
+  check_launch(cuda::amax_scale(x.data<const float>(), x.numel(), divisor, out.data<float>(), stream_), "amax_scale");
+}
+
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                            const AttentionBatch& batch) {
   const auto timing = time_op("write_kv");
@@ -986,14 +1054,28 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   // The host copies were checked once, when the step's batch was made (Backend::make_attention_batch).
   const cuda::PoolGeometry geometry = pool_geometry(pool);
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+  // The generic kernel (batch-invariant mode's) reads E4M3 codes with the scale 1.0 only.
+  require(!batch_invariant_ || geometry.scales == nullptr,
+          "paged_attention: --batch-invariant on cuda takes an FP8 KV cache only without KV scales (scale 1.0)");
   const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
-  Tensor work, partials;
+  Tensor work, partials, shadow_kv, shadow_table, scaled_q;
   if (!plan.work.empty()) work = attention_work(plan.work);
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
+  cuda::ShadowBuffers shadow;
+  if (plan.shadow_blocks > 0) {  // an FP8 pool's prefill tiles read a BF16 shadow of their keys (attention.h)
+    shadow_kv = scratch(DType::BF16, {2, plan.shadow_blocks, pool.block_size(), kv_heads, dim});
+    shadow_table = scratch(DType::I32, {batch.num_sequences(), block_table.dim(1)});
+    shadow = {shadow_kv.raw(), static_cast<std::byte*>(shadow_kv.raw()) + shadow_kv.nbytes() / 2,
+              shadow_table.data<int32_t>()};
+    if (geometry.scales != nullptr) {
+      scaled_q = scratch(DType::F32, {q.dim(0), q.dim(1)});
+      shadow.scaled_q = scaled_q.data<float>();
+    }
+  }
   check_launch(cuda::paged_attention(q.data<const float>(), geometry, params.slot,
                                      batch_geometry(batch, block_table, "paged_attention"), plan,
                                      plan.work.empty() ? nullptr : work.data<const int32_t>(),
-                                     plan.scratch_floats > 0 ? partials.data<float>() : nullptr, heads,
+                                     plan.scratch_floats > 0 ? partials.data<float>() : nullptr, shadow, heads,
                                      params.scale, params.sliding_window, out.data<float>(), stream_),
                "paged_attention");
 }
@@ -1041,14 +1123,17 @@ std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch
   // the same tiles computes the same, so they are compared as a set and steps whose lengths differ share a graph.
   const auto tiles = plan.work.begin() + (plan.decode_rows_listed ? plan.decode_rows : 0);
   std::vector<std::array<int32_t, 3>> sorted;
-  for (auto tile = tiles; tile != plan.work.end(); tile += 3) sorted.push_back({tile[0], tile[1], tile[2]});
+  for (auto tile = tiles; tile != tiles + 3 * plan.prefill_tiles; tile += 3) sorted.push_back({tile[0], tile[1], tile[2]});
   std::sort(sorted.begin(), sorted.end());
   std::string listed;
   for (auto row = plan.work.begin(); row != tiles; ++row) listed += fmt::format("{},", *row);
   std::string tile_set;
   for (const auto& [sequence, first_row, rows] : sorted) tile_set += fmt::format("{}/{}/{},", sequence, first_row, rows);
-  return fmt::format("{}:{}:{}:{}:{}:[{}]:[{}]", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
-                     plan.scratch_floats, listed, tile_set);
+  // An FP8 pool's shadow (after the tiles) sizes the step's scratch and numbers its blocks: part of the graph too.
+  std::string shadow;
+  for (auto part = tiles + 3 * plan.prefill_tiles; part != plan.work.end(); ++part) shadow += fmt::format("{},", *part);
+  return fmt::format("{}:{}:{}:{}:{}:[{}]:[{}]:[{}]", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
+                     plan.scratch_floats, listed, tile_set, shadow);
 }
 
 void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,

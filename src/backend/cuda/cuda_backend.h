@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
                    std::span<Tensor* const> ys) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
+  void amax_scale(const Tensor& x, float divisor, Tensor& out) override;
   void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                 const AttentionBatch& batch) override;
   void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
@@ -93,6 +94,8 @@ class CudaBackend final : public Backend {
              Tensor& expert_ids, Tensor& expert_weights) override;
   void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
            Tensor& out) override;
+  void moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                const SwigluLora& lora, Tensor& out) override;
   void lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) override;
   void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
