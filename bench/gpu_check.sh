@@ -87,29 +87,31 @@ else
 fi
 
 # 2. Op-by-op harness (tests/backend_ops), in both compute dtypes (float32: FP32-accurate tolerances; bfloat16: BF16
-#    ones).
+#    ones), then bfloat16 in batch-invariant mode: each op's rows alone and in batches of 3-200 rows, bit for bit.
 ops_tables=""
 # The attention cases run in both precisions within each run, and projections of 1-2 rows are exact in both;
 # bfloat16 changes only the other GEMM-based ops.
-for dtype in float32 bfloat16; do
+for run in "float32|" "bfloat16|--filter linear_many,moe,swiglu,lm_head" \
+           "bfloat16|--batch-invariant --filter batch_invariance"; do
   start=$SECONDS
-  filter=$([ $dtype = bfloat16 ] && echo "--filter linear_many,moe,swiglu,lm_head" || echo "")
+  dtype=${run%%|*}
+  filter=${run#*|}
   name="backend_ops test --dtype $dtype ${filter:-(every op)}, cuda vs cpu"
   if [ ! -x "$OPS" ]; then
     check_row "$name" "$OPS is not in this build" "0 failed" "not run"
     continue
   fi
   timeout 360 "$OPS" test --device cuda --reference cpu --dtype "$dtype" --seed "$RANDOM" $filter \
-    >"$WORK/ops-$dtype.log" 2>&1
+    >"$WORK/ops.log" 2>&1
   status=$?
-  cat "$WORK/ops-$dtype.log" >>"$LOG"
-  ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$WORK/ops-$dtype.log")
+  cat "$WORK/ops.log" >>"$LOG"
+  ops_table=$(sed -n '/^| op | shape/,/cases, .* failed/p' "$WORK/ops.log")
   summary=$(echo "$ops_table" | tail -1)
   # Passed only when it exited 0 and printed its table, with cases in it and none failed.
   passed=$([ $status = 0 ] && echo "$summary" | grep -qE '^[1-9][0-9]* cases, 0 failed$' && echo 1 || echo 0)
   check_row "$name" "${summary:-no table} (exit $status) in $((SECONDS - start)) s" "0 failed" "$passed"
   ops_tables="$ops_tables
-### --dtype $dtype
+### --dtype $dtype $filter
 
 $ops_table
 "
@@ -165,7 +167,7 @@ check_row "weights in one device allocation (every cuda logits/generate run)" "a
 if [ ! -d "$WORK/small" ]; then
   check_row "serve --device cuda, 32 concurrent requests" "no small model (make-model failed)" "" "not run"
 elif "$BIN" serve --help >/dev/null 2>&1; then
-  checks_from "serve_check.py (11 comparisons)" 11 python3 bench/serve_check.py "$BIN" "$WORK/small"
+  checks_from "serve_check.py (13 comparisons)" 13 python3 bench/serve_check.py "$BIN" "$WORK/small"
 else
   check_row "serve --device cuda, 32 concurrent requests" "this build has no \`beamline serve\`" "" "not run"
 fi

@@ -10,11 +10,15 @@ steps? 32 greedy /v1/completions requests, sent all at once and then one at a ti
   with preemption forced: teacher-forced, i.e. at every position where the concurrent and the lone answer share
   their prefix, the chosen tokens agree (>= 99% of such positions) and their logprobs agree within the BF16
   tolerance. A position where the tokens first differ counts as a disagreement; the positions after it have
-  different prefixes and are not compared.
+  different prefixes and are not compared;
+- bfloat16 with --batch-invariant (vLLM's VLLM_BATCH_INVARIANT), with the defaults and with preemption forced:
+  teacher-forced as above, but every position must agree (100%) with bit-identical logprobs (|d logprob| = 0).
 
-Prints Markdown table rows.
+Prints Markdown table rows (13).
 
-  serve_check.py BEAMLINE_BINARY MODEL_DIR [DEVICE]   (DEVICE cuda by default; cpu to try the script without a GPU)
+  serve_check.py BEAMLINE_BINARY MODEL_DIR [DEVICE] [--batch-invariant-only]
+  (DEVICE cuda by default; cpu to try the script without a GPU; --batch-invariant-only: only the 2 rows of
+  --batch-invariant)
 """
 import json
 import random
@@ -118,7 +122,7 @@ def equal_row(name, answers, reference, limit_fraction, first=MAX_TOKENS):
 
 
 # Teacher-forced agreement: positions compared while the prefixes are equal, the first difference included.
-def teacher_forced_row(name, answers, reference):
+def teacher_forced_row(name, answers, reference, argmax_agree=ARGMAX_AGREE, logprob_tolerance=LOGPROB_TOLERANCE):
     compared = agreed = 0
     worst = 0.0
     for (tokens, logprobs), (lone_tokens, lone_logprobs) in zip(answers, reference):
@@ -130,8 +134,8 @@ def teacher_forced_row(name, answers, reference):
             worst = max(worst, abs(logprobs[position] - lone_logprobs[position]))
     fraction = agreed / max(compared, 1)
     return print_row(name, f"argmax {agreed} of {compared} positions ({fraction:.2%}), max |d logprob| {worst:.3g}",
-                     f">= {ARGMAX_AGREE:.0%}, <= {LOGPROB_TOLERANCE}",
-                     fraction >= ARGMAX_AGREE and worst <= LOGPROB_TOLERANCE)
+                     f">= {argmax_agree:.0%}, <= {logprob_tolerance}",
+                     compared > 0 and fraction >= argmax_agree and worst <= logprob_tolerance)
 
 
 # Runs `work(port)` against a server started with these flags, then stops the server.
@@ -151,9 +155,32 @@ def concurrent_with_preemption(prompts):
     return work
 
 
-def main(binary, model, device):
+def make_prompts():
     rng = random.Random(5)
-    prompts = [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
+    return [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
+
+
+# --batch-invariant at the defaults (bfloat16, BF16 KV, async scheduling, decode graphs), then with preemption forced
+# (a preempted request's prompt and tokens are computed again as prefill rows): every position equal, logprobs equal.
+def batch_invariant_rows(binary, model, device, prompts):
+    ok = True
+    dtype = "bfloat16"
+    batched, alone = with_server(binary, model, device, 8331, dtype, ["--batch-invariant"],
+                                 lambda p: (run_all(p, prompts, concurrent=True), run_all(p, prompts, False)))
+    kv = preempting_kv(device, dtype)
+    preempted, count = with_server(binary, model, device, 8332, dtype, ["--batch-invariant", "--kv-cache-memory", kv],
+                                   concurrent_with_preemption(prompts))
+    runs = [("32 concurrent vs one at a time", batched),
+            (f"32 concurrent with preemption forced ({count:.0f} preemptions) vs one at a time", preempted)]
+    for name, answers in runs:
+        title = (f"serve --device {device} --dtype {dtype} --batch-invariant: {name} (greedy, {MAX_TOKENS} tokens), "
+                 "teacher-forced")
+        ok &= teacher_forced_row(title, answers, alone, 1.0, 0.0)
+    return ok
+
+
+def main(binary, model, device):
+    prompts = make_prompts()
     ok = True
     port = 8311
     for dtype in ("float32", "bfloat16"):
@@ -185,11 +212,17 @@ def main(binary, model, device):
             cpu = with_server(binary, model, "cpu", 8310, dtype, [], lambda p: run_all(p, prompts, concurrent=False))
             ok &= equal_row(f"serve: {device} vs cpu, float32, one at a time, first 16 tokens", alone, cpu,
                             BACKENDS_AGREE, 16)
+    ok &= batch_invariant_rows(binary, model, device, prompts)
     return ok
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
+    only_invariant = "--batch-invariant-only" in sys.argv
+    args = [arg for arg in sys.argv[1:] if arg != "--batch-invariant-only"]
+    if len(args) not in (2, 3):
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(0 if main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "cuda") else 1)
+    binary, model, device = args[0], args[1], args[2] if len(args) == 3 else "cuda"
+    if only_invariant:
+        sys.exit(0 if batch_invariant_rows(binary, model, device, make_prompts()) else 1)
+    sys.exit(0 if main(binary, model, device) else 1)

@@ -183,6 +183,11 @@ class Backend {
   // Before the first op. Default: FP32 everywhere (the CPU backend), whatever is asked.
   virtual void set_compute_dtype(ComputeDType dtype) { (void)dtype; }
   virtual ComputeDType compute_dtype() const { return ComputeDType::Float32; }
+  // Batch-invariant mode (--batch-invariant, vLLM's VLLM_BATCH_INVARIANT): every op computes each row the same way,
+  // bit for bit, whatever else its call holds (how many rows, prefill or decode rows, where the row sits), so that a
+  // request's results do not depend on what shares its steps. Before the first op. Returns false, changing nothing,
+  // where the backend cannot. Default: off only.
+  virtual bool set_batch_invariant(bool on) { return !on; }
 
   // ---- op graphs, for steps whose shapes repeat (decode) ----
   // Between begin_capture and end_capture, ops are recorded into a graph instead of running; replay runs it.

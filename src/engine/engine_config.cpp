@@ -5,7 +5,9 @@
 
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "backend/backend.h"
 #include "util/error.h"
@@ -166,9 +168,14 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
           "LoRA adapters to load at start: name=path ... or vLLM's JSON '{\"name\": .., \"path\": ..}'")
       ->type_name("NAME=PATH")
       ->expected(1, -1);
+  // vLLM turns the mode on with the environment variable VLLM_BATCH_INVARIANT=1: honoured here too, as the flag's
+  // default (--batch-invariant=false still turns it off).
+  if (const char* invariant = std::getenv("VLLM_BATCH_INVARIANT"); invariant != nullptr && std::string_view(invariant) == "1")
+    config.batch_invariant = true;
   command.add_flag("--batch-invariant", config.batch_invariant,
-                   "Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT): a request's tokens and logprobs are bit-identical "
-                   "whatever shares its batch; the cpu backend always is, cuda refuses the flag (docs/rl.md)");
+                   "Batch-invariant mode (vLLM's VLLM_BATCH_INVARIANT, also read from the environment): a request's "
+                   "tokens and logprobs are bit-identical whatever shares its batch; the cpu backend always is, cuda "
+                   "runs row-invariant kernels (docs/rl.md, docs/cuda-backend.md)");
 }
 
 void check_calculate_kv_scales(bool calculate_kv_scales, std::string_view kv_cache_dtype) {

@@ -52,14 +52,11 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   }
   if (config.calculate_kv_scales) model_->calculate_kv_scales();
   const ModelConfig& model_config = model_->config();
-  // Every cpu op reduces each row in a fixed order of its own (matmul_wt's dot per output, attention per row and head,
-  // moe's per-(token, slot) rows summed in slot order), whatever the batch; the cuda backend picks kernels by the
-  // number of rows (docs/rl.md lists where).
-  require(!config.batch_invariant || backend_->device() == Device::Cpu,
-          "--batch-invariant is not implemented on the {} backend: its projections, router, experts and decode "
-          "attention choose kernels and split-KV counts by the batch's rows (docs/rl.md); serve on the cpu backend or "
-          "leave the flag off",
+  // Each op then reduces every row in one fixed order whatever the batch (docs/rl.md, docs/cuda-backend.md).
+  require(backend_->set_batch_invariant(config.batch_invariant),
+          "--batch-invariant is not implemented on the {} backend; leave the flag (and VLLM_BATCH_INVARIANT) off",
           backend_->name());
+  if (config.batch_invariant) spdlog::info("batch-invariant mode: a row's results do not depend on its batch");
   if (config.enable_return_routed_experts) {
     require(groups_ == nullptr, "--enable-return-routed-experts: capturing the routing of a distributed model is not "
             "implemented");

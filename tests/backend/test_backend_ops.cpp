@@ -176,6 +176,33 @@ TEST_P(OpTest, LinearRowsDoNotDependOnBatching) {
   }
 }
 
+// In batch-invariant mode every backend computes a row alone and among others bit for bit (the full per-op cases are
+// the op harness's batch_invariance group).
+TEST_P(OpTest, LinearRowsAreBitIdenticalInBatchInvariantMode) {
+  ASSERT_TRUE(backend().set_batch_invariant(true));
+  backend().set_compute_dtype(ComputeDType::BFloat16);
+  Random random(6);
+  for (const int64_t in : {77, 520}) {
+    const int64_t out = 13, rows = 9;
+    const std::vector<float> x = random.normal(rows * in);
+    const HostWeight w = make_weight(backend(), DType::BF16, {out, in},
+                                     random.normal(out * in, 1.0f / std::sqrt(static_cast<float>(in))));
+    Tensor all = backend().alloc(DType::F32, {rows, out});
+    backend().linear(backend().upload_f32(x, {rows, in}), LinearTensors{w.tensor, {}, {}}, all);
+    const std::vector<float> batched = backend().download_f32(all);
+    const std::vector<double> exact = naive_matmul_wt(x, w.values, rows, in, out);
+    expect_close(batched, exact, 1e-5, fmt::format("in {}: batched rows against the exact products", in));
+    for (int64_t t = 0; t < rows; ++t) {
+      Tensor one = backend().alloc(DType::F32, {1, out});
+      backend().linear(backend().upload_f32(std::span(x).subspan(t * in, in), {1, in}), LinearTensors{w.tensor, {}, {}},
+                       one);
+      const std::vector<float> alone = backend().download_f32(one);
+      for (int64_t o = 0; o < out; ++o)
+        EXPECT_EQ(alone[o], batched[t * out + o]) << "in " << in << " row " << t << " column " << o;
+    }
+  }
+}
+
 TEST_P(OpTest, LinearManyEqualsOneLinearPerWeight) {
   Random random(11);
   for (auto [rows, in] : {std::pair<int64_t, int64_t>{1, 64}, {5, 520}, {3, 77}, {40, 64}}) {

@@ -38,6 +38,7 @@ struct TestOptions {
   std::string device = "cuda", reference = "cpu", filter, dtype = "float32";
   uint64_t seed = 0;
   bool small_only = false;
+  bool batch_invariant = false;  // the backend under test in batch-invariant mode (Backend::set_batch_invariant)
 };
 
 struct Result {

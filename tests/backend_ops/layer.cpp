@@ -28,6 +28,9 @@ struct PerfOptions {
   int64_t context = 4096;
   int64_t iterations = 20;
   uint64_t seed = 1;
+  int64_t query_rows = 1;  // rows per sequence: 1 decodes, more are a prefill chunk ending at the context
+  std::string dtype = "float32";
+  bool batch_invariant = false;
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -38,7 +41,11 @@ void run_perf(const PerfOptions& options) {
   const ModelConfig config = preset_config(options.preset);
   require(config.n_routed_experts > 0, "perf layer: preset {} has no MoE layers", options.preset);
   require(options.context >= 1 && options.iterations >= 1, "perf layer: --context and --iterations must be >= 1");
+  require(options.query_rows >= 1 && options.query_rows <= options.context + 1,
+          "perf layer: --query-rows must be in [1, --context + 1]");
   CudaBackend backend;
+  backend.set_compute_dtype(parse_compute_dtype(options.dtype, backend.device()));
+  backend.set_batch_invariant(options.batch_invariant);
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
                 dim = config.head_dim, experts = config.n_routed_experts, intermediate = config.moe_intermediate_size,
                 top_k = config.num_experts_per_tok;
@@ -63,24 +70,27 @@ void run_perf(const PerfOptions& options) {
   const int64_t blocks_per_sequence = (options.context + 1 + block_size - 1) / block_size;
   const std::vector<int64_t> pool_shape{max_batch * blocks_per_sequence, 1, block_size, kv_heads, dim};
   PagedKvPool pool{weight(pool_shape, 1.0f), weight(pool_shape, 1.0f)};
-  spdlog::info("perf layer: {} layer on {}, KV pool {:.2f} GiB", options.preset, backend.device_description(),
-               2.0 * static_cast<double>(pool.k.nbytes()) / (1ull << 30));
+  spdlog::info("perf layer: {} layer on {}, KV pool {:.2f} GiB, --dtype {}{}, {} row(s) per sequence", options.preset,
+               backend.device_description(), 2.0 * static_cast<double>(pool.k.nbytes()) / (1ull << 30), options.dtype,
+               options.batch_invariant ? ", batch-invariant" : "", options.query_rows);
 
   cudaEvent_t marks[4];
   for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
   std::printf("\n| layer | batch | context | attention ms | MoE ms (route + experts) | layer ms | layer floor ms | "
               "floor / layer | experts hit |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const bool sliding : {true, false}) {
-    for (const int64_t batch : options.batches) {
+    for (const int64_t sequences : options.batches) {
+      const int64_t batch = sequences * options.query_rows;  // rows
       std::vector<int32_t> positions, query_start{0}, seq_lens, table;
-      for (int64_t s = 0; s < batch; ++s) {
-        positions.push_back(static_cast<int32_t>(options.context));
-        query_start.push_back(static_cast<int32_t>(s + 1));
+      for (int64_t s = 0; s < sequences; ++s) {
+        for (int64_t p = options.context + 1 - options.query_rows; p <= options.context; ++p)
+          positions.push_back(static_cast<int32_t>(p));
+        query_start.push_back(static_cast<int32_t>(positions.size()));
         seq_lens.push_back(static_cast<int32_t>(options.context + 1));
         for (int64_t b = 0; b < blocks_per_sequence; ++b) table.push_back(static_cast<int32_t>(s * blocks_per_sequence + b));
       }
       const AttentionBatch attention_batch = backend.make_attention_batch(positions, query_start, seq_lens);
-      const Tensor block_table = backend.upload_i32(table, {batch, blocks_per_sequence});
+      const Tensor block_table = backend.upload_i32(table, {sequences, blocks_per_sequence});
       std::vector<float> x_values(static_cast<std::size_t>(batch * hidden));
       for (std::size_t i = 0; i < x_values.size(); ++i) x_values[i] = std::sin(static_cast<float>(i) * 0.37f);
       Tensor x = backend.upload_f32(x_values, {batch, hidden});
@@ -140,7 +150,7 @@ void run_perf(const PerfOptions& options) {
           2.0 * static_cast<double>(hidden) * static_cast<double>((heads + 2 * kv_heads) * dim + heads * dim) +
           4.0 * static_cast<double>(experts * hidden) +
           2.0 * 3.0 * static_cast<double>(hidden * intermediate) * static_cast<double>(hit.size());
-      const double kv_bytes = 2.0 * 2.0 * static_cast<double>(batch * visible * kv_heads * dim);
+      const double kv_bytes = 2.0 * 2.0 * static_cast<double>(sequences * visible * kv_heads * dim);
       const double floor_ms = (weight_bytes + kv_bytes) / kHbmBytesPerSecond * 1e3;
       const double layer = median(layer_ms);
       std::printf("| %s | %lld | %lld | %.3f | %.3f | %.3f | %.3f | %.2f | %zu |\n", sliding ? "sliding (RoPE, window)" : "global (SSMax)",
@@ -168,6 +178,12 @@ void add_layer_perf(CLI::App& perf) {
   command->add_option("--iterations", options->iterations, "timed steps per case (median reported)")
       ->capture_default_str();
   command->add_option("--seed", options->seed, "seed of the random weights")->capture_default_str();
+  command->add_option("--query-rows", options->query_rows,
+                      "rows per sequence (1: decode; more: a prefill chunk ending at the context); the batch column "
+                      "counts rows")
+      ->capture_default_str();
+  command->add_option("--dtype", options->dtype, "compute dtype (float32 or bfloat16)")->capture_default_str();
+  command->add_flag("--batch-invariant", options->batch_invariant, "batch-invariant mode (Backend::set_batch_invariant)");
   command->callback([options] {
 #ifdef BEAMLINE_HAVE_CUDA
     run_perf(*options);

@@ -34,7 +34,7 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"moe", test_moe},                   {"swiglu", test_swiglu},           {"lm_head", test_lm_head},
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
     {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora},
-    {"amax_scale", test_amax_scale}};
+    {"amax_scale", test_amax_scale}, {"batch_invariance", test_batch_invariance}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {
@@ -52,12 +52,15 @@ int run_tests(const TestOptions& options, bool skip_without_device) {
     return kSkipped;
   }
   device->set_compute_dtype(parse_compute_dtype(options.dtype, device->device()));
+  require(device->set_batch_invariant(options.batch_invariant), "backend_ops test: {} has no batch-invariant mode",
+          device->name());
   std::unique_ptr<Backend> reference = create_backend(options.reference);
   Harness harness(*device, *reference, options);
-  spdlog::info("backend_ops test: {} (--dtype {}) against {} (seed {})", device->name(), options.dtype,
-               reference->name(), options.seed);
+  spdlog::info("backend_ops test: {} (--dtype {}{}) against {} (seed {})", device->name(), options.dtype,
+               options.batch_invariant ? ", batch-invariant" : "", reference->name(), options.seed);
+  // batch_invariance holds rows bit for bit, which only the batch-invariant mode promises: it runs with that mode only.
   for (const auto& [name, body] : kTestGroups)
-    if (harness.wanted(name)) body(harness);
+    if (harness.wanted(name) && (std::string_view(name) != "batch_invariance" || options.batch_invariant)) body(harness);
   harness.print_table();
   require(harness.failures() == 0, "backend_ops test: {} case(s) failed", harness.failures());
   return EXIT_SUCCESS;
@@ -76,12 +79,14 @@ void add_test_mode(CLI::App& app, int& status) {
   command->add_option("--filter", options->filter,
                       "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, "
                       "embedding, rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, "
-                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale)");
+                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale, batch_invariance)");
   command
       ->add_option("--dtype", options->dtype,
                    "compute dtype of the backend under test (float32: FP32-accurate tolerances; bfloat16: BF16 ones)")
       ->capture_default_str();
   command->add_flag("--small", options->small_only, "skip the Beam-1.0-sized cases (quick runs on a CPU)");
+  command->add_flag("--batch-invariant", options->batch_invariant,
+                    "put the backend under test in batch-invariant mode (the batch_invariance group needs it)");
   command->add_flag("--skip-without-device", *skip_without_device,
                     "exit 77 (skipped) when the device backend cannot start, unless BEAMLINE_REQUIRE_CUDA=1");
   command->callback([options, skip_without_device, &status] { status = run_tests(*options, *skip_without_device); });

@@ -55,6 +55,9 @@ void add_lora_perf(CLI::App& perf);
 void test_moe_lora(Harness& harness);
 void add_moe_lora_perf(CLI::App& perf);
 
+// batch_invariance.cpp: each op's rows alone and inside batches of other rows, bit for bit (--batch-invariant).
+void test_batch_invariance(Harness& harness);
+
 // layer.cpp: one full decoder layer, composed of the ops above (perf only).
 void add_layer_perf(CLI::App& perf);
 

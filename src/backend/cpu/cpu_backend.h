@@ -20,6 +20,12 @@ class CpuBackend final : public Backend {
   void copy_to(Tensor& tensor, const void* host) override;
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
+  // Batch-invariant by construction, flag or not: matmul_wt's one dot per output in a fixed order, attention per row
+  // and head over its keys in order, moe per (token, slot) summed in slot order, norms and sampling per row.
+  bool set_batch_invariant(bool on) override {
+    (void)on;
+    return true;
+  }
 
   void place_tokens(const Tensor& source, std::span<const int32_t> pairs, Tensor& tokens) override;
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/linear/projection.h"
+#include "backend/cuda/linear/row_invariant.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/lora/lora.h"
 #include "backend/cuda/lora/moe_lora.h"
@@ -131,6 +132,15 @@ cuda::micro::Weight micro_weight(const LinearTensors& weight) {
   const bool nvfp4 = micro_format(weight) == cuda::micro::Format::Nvfp4;
   return {reinterpret_cast<const uint8_t*>(weight.weight.raw()), reinterpret_cast<const uint8_t*>(weight.scale.raw()),
           nvfp4 ? weight.scale_2.data<const float>() : nullptr};
+}
+
+// --batch-invariant's projections: the FP8, MXFP8 and NVFP4 paths choose their kernels by rows and have no row-invariant
+// configuration yet.
+void require_row_invariant(const LinearTensors& weight, std::string_view op) {
+  require(!is_fp8_block(weight) && !micro_format(weight),
+          "{}: --batch-invariant on cuda takes BF16, F16 or F32 weights, not {} (the quantized formats have no "
+          "row-invariant kernels yet; leave --quantization off or the flag off)",
+          op, describe(weight.weight));
 }
 
 int to_int(int64_t value, std::string_view what) {
@@ -852,9 +862,20 @@ void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& codes, Tensor& scal
                "quantize_fp8_rows");
 }
 
+void CudaBackend::project_invariant(const float* x, int64_t rows, const Tensor& weight, float* y, float softcap) {
+  check_launch(cuda::project_row_invariant(x, rows, weight.raw(), weight.dtype(), weight.dim(1), weight.dim(0), softcap,
+                                           y, stream_),
+               "linear (batch-invariant)");
+}
+
 void CudaBackend::linear(const Tensor& x, const LinearTensors& weight, Tensor& y) {
   const auto timing = time_op("linear");
   check_linear(x, weight, y, "linear");
+  if (batch_invariant_) {
+    require_row_invariant(weight, "linear");
+    project_invariant(x.data<const float>(), x.dim(0), weight.weight, y.data<float>(), 0.0f);
+    return;
+  }
   if (micro_format(weight)) {
     const LinearTensors* const weights[] = {&weight};
     float* const outputs[] = {y.data<float>()};
@@ -884,6 +905,8 @@ void CudaBackend::lora(const Tensor& x, const LoraTensors& lora, const Tensor& i
 void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
                            const MoeTensors& moe, const SwigluLora& lora, Tensor& out) {
   const auto timing = time_op("moe_lora");
+  require(!batch_invariant_, "moe_lora: --batch-invariant on cuda has no row-invariant MoE LoRA kernels yet (serve the "
+          "adapters on the cpu backend, or leave the flag off)");
   const auto experts = static_cast<int32_t>(check_moe_lora_args(h, moe, lora));
   require(moe.packed != nullptr, "moe_lora: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
   const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
@@ -949,6 +972,12 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
     outputs.push_back(ys[i]->data<float>());
     fp8 += is_fp8_block(*weights[i]) ? 1 : 0;
     micro += micro_format(*weights[i]) ? 1 : 0;
+    if (batch_invariant_) require_row_invariant(*weights[i], "linear_many");
+  }
+  if (batch_invariant_) {
+    for (std::size_t i = 0; i < weights.size(); ++i)
+      project_invariant(x.data<const float>(), x.dim(0), *matrices[i], outputs[i], 0.0f);
+    return;
   }
   if (micro > 0) {
     const std::optional<cuda::micro::Format> format = micro_format(*weights.front());
@@ -1025,6 +1054,9 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   // The host copies were checked once, when the step's batch was made (Backend::make_attention_batch).
   const cuda::PoolGeometry geometry = pool_geometry(pool);
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+  // The generic kernel (batch-invariant mode's) reads E4M3 codes with the scale 1.0 only.
+  require(!batch_invariant_ || geometry.scales == nullptr,
+          "paged_attention: --batch-invariant on cuda takes an FP8 KV cache only without KV scales (scale 1.0)");
   const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
   Tensor work, partials, shadow_kv, shadow_table, scaled_q;
   if (!plan.work.empty()) work = attention_work(plan.work);
@@ -1050,6 +1082,13 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
 
 cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, const PagedKvPool& pool,
                                                const AttentionParams& params, bool aligned) const {
+  // Batch-invariant: every row, prefill or decode, on the one-block-per-(row, kv head) kernel, its keys in tiles of 32
+  // in order (no split-KV count chosen by the batch, no prefill tiles whose rows share a block).
+  if (batch_invariant_) {
+    cuda::AttentionPlan plan;
+    plan.generic = true;
+    return plan;
+  }
   cuda::AttentionHostBatch host;
   host.query_start = batch.host_query_start.data();
   host.positions = batch.host_positions.data();
@@ -1108,7 +1147,12 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
   require(experts <= cuda::kMaxRouterExperts, "route: {} experts exceed the cuda router's {}", experts,
           cuda::kMaxRouterExperts);
   Tensor logits = scratch(DType::F32, {rows, experts});
-  if (cuda::router_gemv_supported(h.data<const float>(), router.data<const float>(), rows, hidden))
+  const bool gemv = cuda::router_gemv_supported(h.data<const float>(), router.data<const float>(), hidden);
+  require(gemv || !batch_invariant_,
+          "route: --batch-invariant on cuda needs the router GEMV (hidden {} a multiple of 4 up to 16384, 16-byte "
+          "aligned h and router)",
+          hidden);
+  if (gemv && (rows <= cuda::kRouterGemvMaxRows || batch_invariant_))
     check_launch(cuda::router_gemv(h.data<const float>(), router.data<const float>(), rows, hidden, experts,
                                    logits.data<float>(), stream_),
                  "route");
@@ -1136,6 +1180,10 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   require_dtype(expert_weights, DType::F32, "moe", "expert_weights");
   require_shape(out, h.shape(), "moe", "out");
   if (rows == 0) return;
+  require(!batch_invariant_ || (!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16)),
+          "moe: --batch-invariant on cuda takes BF16 or F16 experts, not {} (no row-invariant expert kernels for it "
+          "yet)",
+          packed.micro ? std::string_view("MXFP8/NVFP4") : dtype_name(packed.dtype));
   if (packed.micro) {
     moe_micro(h, expert_ids, expert_weights, packed, experts, out);
     return;
@@ -1155,6 +1203,10 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   pointers.hidden = hidden;
   pointers.intermediate = packed.intermediate;
   pointers.tensor_maps = packed.tensor_maps.defined() ? packed.tensor_maps.raw() : nullptr;
+  if (batch_invariant_) {
+    moe_invariant(h, expert_ids, expert_weights, pointers, out);
+    return;
+  }
   const int64_t assignments = rows * top_k;
   // One token: each expert has a single column, so the tensor-core tiles would be 1/8 full and the plan pass is
   // pure overhead; the streaming kernels do it in fewer launches. From two tokens on the tensor cores win
@@ -1217,6 +1269,31 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   check_launch(cuda::moe(h.data<const float>(), expert_ids.data<const int32_t>(), expert_weights.data<const float>(),
                          rows, static_cast<int32_t>(top_k), pointers, workspace, out.data<float>(), stream_),
                "moe");
+}
+
+// The streaming kernels' multi-token passes for every row count, in calls of at most kMaxStreamingAssignments slots
+// (a token's slots never straddle two calls): each slot's dots stream its expert's rows in one order, and the combine
+// sums a token's slots in j order, whatever the other tokens.
+void CudaBackend::moe_invariant(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                                const cuda::ExpertPointers& experts, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  require(cuda::moe_streaming_supported(top_k, hidden, experts.intermediate) && top_k <= cuda::kMaxStreamingAssignments,
+          "moe: --batch-invariant on cuda needs H {} and I {} multiples of 8 and top_k {} <= {}", hidden,
+          experts.intermediate, top_k, cuda::kMaxStreamingAssignments);
+  const int64_t chunk = cuda::kMaxStreamingAssignments / top_k;
+  const int64_t chunk_rows = std::min(rows, chunk);
+  Tensor activated = scratch(DType::F32, {chunk_rows * top_k, experts.intermediate});
+  Tensor expert_out = scratch(DType::F32, {chunk_rows * top_k, hidden});
+  for (int64_t first = 0; first < rows; first += chunk) {
+    const int64_t count = std::min(chunk, rows - first);
+    check_launch(cuda::moe_streaming(h.data<const float>() + first * hidden,
+                                     expert_ids.data<const int32_t>() + first * top_k,
+                                     expert_weights.data<const float>() + first * top_k, count,
+                                     static_cast<int32_t>(top_k), experts, activated.data<float>(),
+                                     expert_out.data<float>(), out.data<float>() + first * hidden, stream_,
+                                     /*row_invariant=*/true),
+                 "moe (batch-invariant)");
+  }
 }
 
 void CudaBackend::moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
@@ -1374,6 +1451,16 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   check_swiglu(mlp, hidden, "swiglu");
   require_shape(out, h.shape(), "swiglu", "out");
   if (rows == 0) return;
+  if (batch_invariant_) {
+    for (const LinearTensors* weight : {&mlp.gate, &mlp.up, &mlp.down}) require_row_invariant(*weight, "swiglu");
+    const int64_t intermediate = mlp.gate.weight.dim(0);
+    Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
+    project_invariant(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>(), 0.0f);
+    project_invariant(h.data<const float>(), rows, mlp.up.weight, up.data<float>(), 0.0f);
+    check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
+    project_invariant(gate.data<const float>(), rows, mlp.down.weight, out.data<float>(), 0.0f);
+    return;
+  }
   if (micro_format(mlp.gate)) {
     swiglu_micro(h, mlp, out);
     return;
@@ -1395,6 +1482,7 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
 void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
                           float softcap, Tensor& logits) {
   const auto timing = time_op("lm_head");
+  if (batch_invariant_) require_row_invariant(head, "lm_head");
   if (micro_format(head)) {
     check_micro(head, "lm_head");
   } else if (is_fp8_block(head)) {
@@ -1417,6 +1505,10 @@ void CudaBackend::lm_head(const Tensor& x, const Tensor& rows, const Tensor& nor
   check_launch(cuda::gather_rms_norm(x.data<const float>(), x.dim(0), rows.data<const int32_t>(), selected, norm.raw(),
                                      norm.dtype(), eps, hidden, normed.data<float>(), DType::F32, stream_),
                "lm_head");
+  if (batch_invariant_) {
+    project_invariant(normed.data<const float>(), selected, head.weight, logits.data<float>(), softcap);
+    return;
+  }
   if (micro_format(head)) {
     const LinearTensors* const heads[] = {&head};
     float* const head_out[] = {logits.data<float>()};
@@ -1468,7 +1560,8 @@ void CudaBackend::sample(const Tensor& logits, std::span<const SampleRow> rows, 
                             max_logprobs >= 0 ? out.logprobs.data<float>() : nullptr,
                             max_logprobs >= 0 ? out.ranks.data<int32_t>() : nullptr,
                             max_logprobs >= 0 ? out.top_ids.data<int32_t>() : nullptr,
-                            max_logprobs >= 0 ? out.top_logprobs.data<float>() : nullptr, width, stream_),
+                            max_logprobs >= 0 ? out.top_logprobs.data<float>() : nullptr, width, stream_,
+                            batch_invariant_),
                "sample");
 }
 

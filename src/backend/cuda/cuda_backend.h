@@ -19,6 +19,7 @@
 #include "backend/cuda/common/device_memory.h"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/linear/projection.h"
+#include "backend/cuda/linear/row_invariant.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/sampling/sampling.h"
@@ -52,6 +53,15 @@ class CudaBackend final : public Backend {
   std::optional<MemoryInfo> memory_info() override;
   void set_compute_dtype(ComputeDType dtype) override { compute_dtype_ = dtype; }
   ComputeDType compute_dtype() const override { return compute_dtype_; }
+  // Batch-invariant mode: one kernel configuration per op for every row count (docs/cuda-backend.md lists the ops and
+  // the choices the default makes by rows): projections, the dense SwiGLU and the LM head on
+  // cuda::project_row_invariant, the router's logits on router_gemv, the experts on the multi-token streaming
+  // kernels, attention on the one-block-per-(row, kv head) kernel, sampling clusters sized by the vocabulary alone.
+  // BF16/F16/F32 weights only (quantized ones are refused naming the op).
+  bool set_batch_invariant(bool on) override {
+    batch_invariant_ = on;
+    return true;
+  }
   Tensor load_weight(const TensorView& view) override;
   Tensor random_weight(DType dtype, std::vector<int64_t> shape, uint64_t key, float mean, float stddev) override;
   void reserve_weights(std::span<const std::size_t> tensor_bytes) override { weights_.reserve(tensor_bytes); }
@@ -162,6 +172,10 @@ class CudaBackend final : public Backend {
                  int32_t experts, Tensor& out);
   void moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const PackedExperts& packed,
                int32_t experts, Tensor& out);
+  // --batch-invariant's projection (softcapped when softcap > 0) and MoE.
+  void project_invariant(const float* x, int64_t rows, const Tensor& weight, float* y, float softcap);
+  void moe_invariant(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                     const cuda::ExpertPointers& experts, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }
@@ -185,6 +199,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   ComputeDType compute_dtype_ = ComputeDType::Float32;
+  bool batch_invariant_ = false;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cuda::CachingAllocator allocator_;

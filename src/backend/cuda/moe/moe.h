@@ -58,11 +58,13 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
 // which then streams all the token's experts per output row). Supported when rows * top_k <=
 // kMaxStreamingAssignments and H and I are multiples of 8 (16-byte loads; the arena aligns every weight).
 // `activated` [rows * top_k, I] and `expert_out` [rows * top_k, H] are scratch (expert_out unused when fused).
+// `row_invariant` (--batch-invariant): every row count takes the same kernels (the multi-token passes, the down pass
+// unfused, then moe_combine), so a token's output does not depend on the other tokens of the call.
 constexpr int32_t kMaxStreamingAssignments = 2048;
 bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate);
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                           const ExpertPointers& experts, float* activated, float* expert_out, float* out,
-                          cudaStream_t stream);
+                          cudaStream_t stream, bool row_invariant = false);
 // out[t] = sum over j in order of expert_out[t * top_k + j] (the routing weights already applied); NaN for a token
 // with an expert id outside [0, experts).
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,

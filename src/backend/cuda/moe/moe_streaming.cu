@@ -205,29 +205,32 @@ bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t interm
 
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                           const ExpertPointers& experts, float* activated, float* expert_out, float* out,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, bool row_invariant) {
   if (rows == 0) return cudaSuccess;
   if (!moe_streaming_supported(rows * top_k, experts.hidden, experts.intermediate)) return cudaErrorInvalidValue;
   const auto assignments = static_cast<int32_t>(rows * top_k);
   cudaError_t status = cudaErrorInvalidValue;
+  // One token alone takes kernels of its own (one accumulator per row, the combine fused) unless rows must not
+  // depend on their batch.
+  const bool alone = rows == 1 && !row_invariant;
   auto launch = [&](auto tag) {
     using W = decltype(tag);
     const dim3 up_grid(blocks_for(experts.intermediate, kStreamWarps), static_cast<unsigned int>(assignments));
     // The router names an expert once per token, so one token gives each expert one slot (more take more passes).
-    if (rows == 1)
+    if (alone)
       gate_up_kernel<W, 1><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts, activated);
     else
       gate_up_kernel<W, kTokensPerPass><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts,
                                                                                 activated);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
-    if (rows == 1 && top_k <= kFusedTopK) {
+    if (alone && top_k <= kFusedTopK) {
       down_combine_kernel<W><<<blocks_for(experts.hidden, kFusedDownWarps), kFusedDownWarps * 32, 0, stream>>>(
           activated, ids, weights, top_k, experts, out);
       status = cudaGetLastError();
       return;
     }
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
-    if (rows == 1)
+    if (alone)
       down_kernel<W, 1><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts,
                                                                   expert_out);
     else

@@ -16,7 +16,10 @@ constexpr int64_t kMaxHidden = int64_t{kGemvThreads} * kChunksPerThread * 4;
 __global__ void __launch_bounds__(kGemvThreads)
     router_gemv_kernel(const float4* __restrict__ h, const float4* __restrict__ router, int64_t rows, int64_t chunks,
                        int64_t experts, float* __restrict__ logits) {
-  const int64_t expert = blockIdx.x;
+  const int64_t expert = blockIdx.x, first = int64_t{blockIdx.y} * kRouterGemvMaxRows;
+  rows = min(rows - first, kRouterGemvMaxRows);
+  h += first * chunks;
+  logits += first * experts;
   const float4* weights = router + expert * chunks;
   float4 w[kChunksPerThread];
 #pragma unroll
@@ -44,16 +47,18 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-bool router_gemv_supported(const float* h, const float* router, int64_t rows, int64_t hidden) {
-  return rows >= 1 && rows <= kRouterGemvMaxRows && hidden % 4 == 0 && hidden <= kMaxHidden && aligned16(h) &&
+bool router_gemv_supported(const float* h, const float* router, int64_t hidden) {
+  return hidden % 4 == 0 && hidden <= kMaxHidden && aligned16(h) &&
          aligned16(router);
 }
 
 cudaError_t router_gemv(const float* h, const float* router, int64_t rows, int64_t hidden, int64_t experts,
                         float* logits, cudaStream_t stream) {
   if (rows == 0 || experts == 0) return cudaSuccess;
-  if (!router_gemv_supported(h, router, rows, hidden)) return cudaErrorInvalidValue;
-  router_gemv_kernel<<<static_cast<unsigned int>(experts), kGemvThreads, 0, stream>>>(
+  const int64_t tiles = (rows + kRouterGemvMaxRows - 1) / kRouterGemvMaxRows;
+  if (!router_gemv_supported(h, router, hidden) || tiles > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned int>(experts), static_cast<unsigned int>(tiles));
+  router_gemv_kernel<<<grid, kGemvThreads, 0, stream>>>(
       reinterpret_cast<const float4*>(h), reinterpret_cast<const float4*>(router), rows, hidden / 4, experts, logits);
   return cudaGetLastError();
 }

@@ -970,7 +970,7 @@ cudaError_t allow_workspace() {
 
 cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t count, int32_t* tokens,
                    float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, bool row_invariant) {
   if (count == 0) return cudaSuccess;
   // The draw keeps one mass and one tie count per 128-token segment in the workspace.
   if (vocab <= 0 || (vocab + kSegmentTokens - 1) / kSegmentTokens > kSegmentCapacity) return cudaErrorInvalidValue;
@@ -986,7 +986,9 @@ cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* ro
   // the GPU can schedule as a cluster.
   const int64_t passes = (vocab + 4 * int64_t{kUnroll} * kSampleThreads - 1) / (4 * int64_t{kUnroll} * kSampleThreads);
   int parts = kMaxRowParts;
-  while (parts > 1 && (int64_t{count} * parts > sms || parts > passes || !cluster_fits(parts))) parts /= 2;
+  // Row-invariant: the count as if one row (more rows then take more waves of clusters, not smaller clusters).
+  const int64_t sharing = row_invariant ? 1 : int64_t{count};
+  while (parts > 1 && (sharing * parts > sms || parts > passes || !cluster_fits(parts))) parts /= 2;
   cudaLaunchAttribute cluster{};
   const cudaLaunchConfig_t config = row_launch(count, parts, stream, cluster);
   if (const cudaError_t status = cudaLaunchKernelEx(&config, sample_kernel, logits, vocab, rows, tokens, logprobs);

@@ -18,9 +18,11 @@ struct SampleRowParams {
 };
 // Backend::sample over `count` rows of logits [*, vocab], vocab at most 1398016: one block per row, a second kernel for
 // the logprobs (sampling/sampling.cu). The logprob outputs may be null when no row has num_logprobs >= 0; top_* are
-// [count, top_width].
+// [count, top_width]. Each row's blocks (a cluster that splits its vocabulary) are as many as fit the GPU for `count`
+// rows; `row_invariant` (--batch-invariant) fixes them by the vocabulary alone, so that a row's sums (the softmax's
+// normaliser, the draw's masses) do not depend on how many rows share the call.
 cudaError_t sample(const float* logits, int64_t vocab, const SampleRowParams* rows, int32_t count, int32_t* tokens,
                    float* logprobs, int32_t* ranks, int32_t* top_ids, float* top_logprobs, int32_t top_width,
-                   cudaStream_t stream);
+                   cudaStream_t stream, bool row_invariant = false);
 
 }  // namespace beamline::cuda
