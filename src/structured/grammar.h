@@ -83,7 +83,8 @@ Automaton minimize(const Automaton& a);    // also drops states that cannot reac
 // A rule as the pushdown matcher runs it. A counted rule keeps its count in the matcher's stack frame instead of one
 // state per count: every byte read from a counting state adds one, and with frame count c in state q the matcher
 // allows only c + shortest[q] <= max_count (some end is still within the bound) and ends the rule only once
-// c >= min_count. Counted rules are call-free.
+// c >= min_count. A counted rule calls other rules only from states that do not count (a repetition's body after its
+// first byte, e.g. an array's `, item`); a callee's bytes are its own frame's, never counted in this one.
 struct RuleAutomaton {
   Automaton automaton;
   bool counted = false;

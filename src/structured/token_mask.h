@@ -47,6 +47,8 @@ class Vocabulary {
     return below_index_[n] < 0 ? nullptr : &bytes_below_[below_index_[n]];
   }
   static constexpr int32_t kSummarizedDescendants = 8;
+  // The most bytes any token below node n reads after n's own (0 when n's longest token ends at n).
+  int32_t bytes_after(int32_t n) const { return longest_below_[n] - node_depth_[n]; }
   // utf8_prefix_step over node n's bytes from a token's start, and whether every descendant stays well-formed
   // from there (then the subtree's tokens are whole characters after n, the last one possibly cut short).
   uint8_t utf8_state(int32_t n) const { return utf8_state_[n]; }
@@ -66,6 +68,7 @@ class Vocabulary {
   std::vector<uint8_t> node_byte_;
   std::vector<int32_t> node_depth_, subtree_end_, first_token_, own_tokens_;
   std::vector<int32_t> below_index_;
+  std::vector<int32_t> longest_below_;  // per node: the length of the longest token in its subtree
   std::vector<uint8_t> utf8_state_, utf8_valid_below_;
   std::vector<ByteSet> bytes_below_;
   std::vector<uint32_t> trie_tokens_mask_;
@@ -103,7 +106,8 @@ class CompiledGrammar {
  private:
   void classify_tokens();
   void store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
-  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
+  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, ConfigurationSpace& space,
+                   StateTokens& out) const;
 
   PushdownTables tables_;
   std::shared_ptr<const Vocabulary> vocabulary_;

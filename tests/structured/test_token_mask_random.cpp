@@ -76,7 +76,7 @@ class SchemaGenerator {
   int pick(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
 
   std::string value(int depth) {
-    switch (pick(depth < 3 ? 11 : 8)) {
+    switch (pick(depth < 3 ? 15 : 12)) {
       case 0: return R"({"type":"string"})";
       case 1: return R"({"type":"string","maxLength":)" + std::to_string(pick(6)) + "}";
       case 2: return R"({"type":"string","minLength":1,"pattern":"^[a-c]+[0-9]?$"})";
@@ -86,8 +86,17 @@ class SchemaGenerator {
       case 5: return R"({"type":"boolean"})";
       case 6: return pick(2) ? R"({"enum":["a","é日",null,1,"ab"]})" : R"({"enum":["a","é日",null,1]})";
       case 7: return R"({"anyOf":[{"type":"null"},{"type":"string","format":"date"}]})";
-      case 8: return R"({"type":"array","items":)" + value(depth + 1) + R"(,"maxItems":)" + std::to_string(1 + pick(3)) + "}";
-      case 9: return object(depth + 1);
+      // Counted repetitions: a length bound over the counter's threshold (a token of the vocabulary is at most ~24
+      // bytes, so the classification drops the count where fewer than that are left); a pattern whose counted part is
+      // followed by a character it also reads (email's label); many small items, counted per `, item`.
+      case 8: return R"({"type":"string","maxLength":)" + std::to_string(17 + pick(40)) + "}";
+      case 9: return pick(2) ? R"({"type":"string","format":"email"})"
+                             : R"({"type":"string","pattern":"^[a-c]([a-c0-9-]{0,20}[a-c])?$"})";
+      case 10: return R"({"type":"array","items":{"enum":[1,"a",null]},"minItems":)" + std::to_string(pick(20)) +
+                      R"(,"maxItems":)" + std::to_string(20 + pick(3)) + "}";
+      case 11: return R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":99},"minItems":17})";
+      case 12: return R"({"type":"array","items":)" + value(depth + 1) + R"(,"maxItems":)" + std::to_string(1 + pick(3)) + "}";
+      case 13: return object(depth + 1);
       default: return "{}";  // any JSON value
     }
   }
@@ -107,7 +116,7 @@ void check_walks(const Grammar& grammar, const std::shared_ptr<const Vocabulary>
     GrammarMatcher by_tokens(compiled);
     GrammarMatcher by_bytes(bytes_only);
     std::string text;
-    for (int step = 0; step < 80 && !by_tokens.completed(); ++step) {
+    for (int step = 0; step < 120 && !by_tokens.completed(); ++step) {
       by_tokens.fill_next_token_mask(mask);
       std::vector<TokenId> allowed;
       for (TokenId t = 0; t < v.size(); ++t) {
