@@ -13,32 +13,6 @@
 
 namespace beamline {
 
-uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) {
-  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
-    return byte >= low && byte <= high ? next : kUtf8Invalid;
-  };
-  switch (state) {
-    case 0:
-      if (byte < 0x80) return 0;
-      if (byte >= 0xC2 && byte <= 0xDF) return 1;
-      if (byte == 0xE0) return 4;
-      if (byte == 0xED) return 5;
-      if (byte >= 0xE1 && byte <= 0xEF) return 2;
-      if (byte == 0xF0) return 6;
-      if (byte >= 0xF1 && byte <= 0xF3) return 3;
-      if (byte == 0xF4) return 7;
-      return kUtf8Invalid;
-    case 1: return continuation(0x80, 0xBF, 0);
-    case 2: return continuation(0x80, 0xBF, 1);
-    case 3: return continuation(0x80, 0xBF, 2);
-    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
-    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
-    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
-    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
-    default: return kUtf8Invalid;
-  }
-}
-
 int ByteSet::count() const {
   int total = 0;
   for (uint64_t word : words) total += std::popcount(word);
