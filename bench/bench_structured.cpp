@@ -239,7 +239,9 @@ void schema_file_masks(const std::string& schemas_path, const std::string& outpu
   std::ifstream lines(outputs_path);
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json o = nlohmann::json::parse(line);
-    auto& list = texts.at(o["schema"].get<std::size_t>());
+    const auto schema = o["schema"].get<std::size_t>();
+    if (schema >= texts.size()) continue;  // a longer set's output
+    auto& list = texts[schema];
     if (o["constrained"].get<bool>() && o["finish"] == "stop" && list.size() < kPerSchema) list.push_back(o["text"]);
   }
   // Wall time per mask, and the thread's CPU time beside it (a loaded machine preempts some masks; the CPU clock's own

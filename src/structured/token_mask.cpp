@@ -365,8 +365,11 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
     require(need != INT32_MAX, "grammar: an accepted token leaves no stack in a counted rule's frame");
     return need;
   };
-  // Per depth: call-free, (automaton state, counts so far); with calls, (configuration, 0).
+  // Per depth: call-free, (automaton state, counts so far) and whether a path may have left the frame (ended it where
+  // the next byte can follow the rule); with calls, (configuration, 0), whose popped flag says the latter.
   std::vector<std::pair<int32_t, int32_t>> path = {{calls ? space.start(state, kSentinelParent, tallied(0)) : state, 0}};
+  std::vector<uint8_t> left = {0};
+  const ByteSet& follow = tables_.follow[rule];
   std::vector<std::pair<int32_t, TokenId>> needs;
   size_t r = 0;  // the first range that does not end before the current node's tokens
   for (int32_t n = 0; n < v.num_nodes();) {
@@ -380,18 +383,22 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
     const int32_t depth = v.node_depth(n);
     const auto [at, counts] = path[depth - 1];
     path.resize(depth);
+    left.resize(depth);
     if (calls) {
       path.emplace_back(space.step(at, v.node_byte(n)), 0);
+      left.push_back(space.at(path.back().first).popped);
     } else {
       const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + v.node_byte(n)];
       require(to >= 0, "grammar: an accepted token leaves a counted rule's automaton");
       path.emplace_back(to, counts + tables_.counting[at]);
+      left.push_back(left.back() || (tables_.accepting[at] && follow.contains(v.node_byte(n))));
     }
     for (int32_t i = first; i < first + v.own_tokens(n); ++i) {
       while (r < ranges.size() && ranges[r].second <= i) ++r;
       if (r == ranges.size() || i < ranges[r].first) continue;
       const auto [to, to_counts] = path.back();
       needs.emplace_back(calls ? need_of_stacks(to) : to_counts + tables_.shortest[to], v.sorted(i));
+      if (left.back()) out.leaving.push_back(i);
     }
     ++n;
   }
@@ -538,11 +545,18 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
     if (std::find(tops.begin(), tops.end(), std::pair{state, budget}) == tops.end()) tops.emplace_back(state, budget);
   }
   for (auto [state, budget] : tops) grammar_->add_accepted(state, budget, mask, scratch_);
-  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget.
+  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget; so are a
+  // counted state's accepted tokens that may leave the frame, once a budget has filtered its accepted ones.
   for (size_t i = 0; i < tops.size(); ++i) {
     bool walked = false;
     for (size_t j = 0; j < i && !walked; ++j) walked = tops[j].first == tops[i].first;
-    if (!walked) walk_uncertain(grammar_->state_tokens(tops[i].first).uncertain, config, mask);
+    if (walked) continue;
+    const CompiledGrammar::StateTokens& tokens = grammar_->state_tokens(tops[i].first);
+    walk_uncertain(tokens.uncertain, config, mask);
+    bool filtered = false;
+    for (size_t j = i; j < tops.size(); ++j)
+      filtered = filtered || (tops[j].first == tops[i].first && !tokens.need_begin.empty() && tops[j].second < tokens.max_need());
+    if (filtered) walk_uncertain(tokens.leaving, config, mask);
   }
   // Not through `c`: walking the uncertain tokens may intern configurations, which moves them.
   if (space_.at(config).can_end)

@@ -97,6 +97,11 @@ class CompiledGrammar {
     std::vector<TokenId> by_need;        // ascending need
     std::vector<int32_t> need_begin;     // by_need[need_begin[k]..] need k or more; the last entry is by_need.size()
     int32_t max_need() const { return static_cast<int32_t>(need_begin.size()) - 2; }
+    // Accepted tokens (indices into the vocabulary's byte order) that may also leave the frame: `Ja` in email's label
+    // reads J in the counted repetition and may read a after it. When the budget filters the accepted tokens, these
+    // are walked through the real stack like uncertain ones, so a token past the budget inside the frame but
+    // viable past its end is still allowed.
+    std::vector<int32_t> leaving;
   };
   const StateTokens& state_tokens(int32_t state) const { return *state_tokens_[state]; }
   size_t uncertain_total() const;

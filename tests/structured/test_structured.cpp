@@ -343,6 +343,31 @@ TEST(TokenMask, EqualsBruteForceNearCountedBounds) {
       "required":["a","b"],"additionalProperties":false})"), 40, 6);
 }
 
+// A token read inside a counted repetition that may also end it (`Ja` in email's label: J as the repetition's last
+// character and a after it) is allowed where its need is over the budget, since its path past the end fits: at every
+// label length the mask equals the brute-force verdict, tokens of two and three letters included.
+TEST(TokenMask, TokensLeavingACountedRepetitionNearItsBound) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* piece : {"Ja", "aa", "aaa", "a.", "a-", "-a", "a.x", "aa.x"}) tokens.push_back(piece);
+  tokens.push_back("<|end|>");
+  const auto vocabulary = Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
+  const TokenId stop = vocabulary->size() - 1;
+  const auto compiled = compile(regex_grammar("[A-Za-z]([A-Za-z-]{0,20}[A-Za-z])?\\.x"), vocabulary, {stop});
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  GrammarMatcher matcher(compiled);
+  for (int length = 1; length <= 22; ++length) {
+    ASSERT_TRUE(matcher.accept_bytes("a")) << length;
+    matcher.fill_next_token_mask(mask);
+    for (TokenId t = 0; t < vocabulary->size(); ++t) {
+      const bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+      const bool accepted = matcher.accept_token(t);
+      if (accepted) matcher.rollback(1);
+      ASSERT_EQ(bit, accepted) << "token '" << vocabulary->bytes(t) << "' after " << length << " letters";
+    }
+  }
+}
+
 TEST(TokenMask, EqualsBruteForceOnAnyJsonAndEbnf) {
   check_masks_against_brute_force(any_json_grammar("object"), 40, 2);
   check_masks_against_brute_force(ebnf_grammar("root ::= (\"ab\" | \"a\" \"bc\"?) (\", \" [0-9]+)* \"}\""), 30, 3);
