@@ -371,6 +371,7 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
   std::vector<uint8_t> left = {0};
   const ByteSet& follow = tables_.follow[rule];
   std::vector<std::pair<int32_t, TokenId>> needs;
+  std::vector<std::pair<int32_t, int32_t>> leaving;  // (need, index in byte order)
   size_t r = 0;  // the first range that does not end before the current node's tokens
   for (int32_t n = 0; n < v.num_nodes();) {
     const int32_t first = v.first_token(n), after = v.first_token(v.subtree_end(n));
@@ -398,7 +399,7 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
       if (r == ranges.size() || i < ranges[r].first) continue;
       const auto [to, to_counts] = path.back();
       needs.emplace_back(calls ? need_of_stacks(to) : to_counts + tables_.shortest[to], v.sorted(i));
-      if (left.back()) out.leaving.push_back(i);
+      if (left.back()) leaving.emplace_back(needs.back().first, i);
     }
     ++n;
   }
@@ -411,6 +412,13 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
   out.by_need.resize(needs.size());
   std::vector<int32_t> next(out.need_begin.begin(), out.need_begin.end() - 1);
   for (const auto& [need, token] : needs) out.by_need[next[need]++] = token;
+  // The same counting sort for the leaving tokens, stable, so each need's tokens stay in byte order.
+  out.leaving_begin.assign(static_cast<size_t>(largest) + 2, 0);
+  for (const auto& [need, index] : leaving) ++out.leaving_begin[need + 1];
+  for (size_t k = 1; k < out.leaving_begin.size(); ++k) out.leaving_begin[k] += out.leaving_begin[k - 1];
+  out.leaving.resize(leaving.size());
+  next.assign(out.leaving_begin.begin(), out.leaving_begin.end() - 1);
+  for (const auto& [need, index] : leaving) out.leaving[next[need]++] = index;
 }
 
 // Near its bound, a counted frame allows the tokens of small need: set the few that are, or copy the whole set and
@@ -553,10 +561,15 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
     if (walked) continue;
     const CompiledGrammar::StateTokens& tokens = grammar_->state_tokens(tops[i].first);
     walk_uncertain(tokens.uncertain, config, mask);
-    bool filtered = false;
-    for (size_t j = i; j < tops.size(); ++j)
-      filtered = filtered || (tops[j].first == tops[i].first && !tokens.need_begin.empty() && tops[j].second < tokens.max_need());
-    if (filtered) walk_uncertain(tokens.leaving, config, mask);
+    if (tokens.leaving.empty()) continue;
+    int32_t budget = tops[i].second;  // the smallest of this state's budgets filters the most
+    for (size_t j = i + 1; j < tops.size(); ++j)
+      if (tops[j].first == tops[i].first) budget = std::min(budget, tops[j].second);
+    // Each need's tokens are in byte order, so each need over the budget is one prefix-sharing walk.
+    for (int32_t need = std::max(budget + 1, 0); need <= tokens.max_need(); ++need)
+      walk_uncertain(std::span<const int32_t>(tokens.leaving).subspan(tokens.leaving_begin[need],
+                                                                        tokens.leaving_begin[need + 1] - tokens.leaving_begin[need]),
+                     config, mask);
   }
   // Not through `c`: walking the uncertain tokens may intern configurations, which moves them.
   if (space_.at(config).can_end)
@@ -565,7 +578,7 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
 
 // The uncertain tokens are in byte order, so each walk resumes from the longest prefix it shares with the
 // previous token (a trie walk restricted to them).
-void GrammarMatcher::walk_uncertain(const std::vector<int32_t>& uncertain, int32_t config, std::span<uint32_t> mask) {
+void GrammarMatcher::walk_uncertain(std::span<const int32_t> uncertain, int32_t config, std::span<uint32_t> mask) {
   const Vocabulary& v = *grammar_->vocabulary();
   walk_stack_.assign(1, config);
   std::string_view previous;

@@ -98,10 +98,11 @@ class CompiledGrammar {
     std::vector<int32_t> need_begin;     // by_need[need_begin[k]..] need k or more; the last entry is by_need.size()
     int32_t max_need() const { return static_cast<int32_t>(need_begin.size()) - 2; }
     // Accepted tokens (indices into the vocabulary's byte order) that may also leave the frame: `Ja` in email's label
-    // reads J in the counted repetition and may read a after it. When the budget filters the accepted tokens, these
-    // are walked through the real stack like uncertain ones, so a token past the budget inside the frame but
-    // viable past its end is still allowed.
+    // reads J in the counted repetition and may read a after it. Those whose need is over the budget are walked
+    // through the real stack like uncertain ones, so a token past the budget inside the frame but viable past its end
+    // is still allowed. By need, in byte order within a need: leaving[leaving_begin[k]..leaving_begin[k + 1]) need k.
     std::vector<int32_t> leaving;
+    std::vector<int32_t> leaving_begin;
   };
   const StateTokens& state_tokens(int32_t state) const { return *state_tokens_[state]; }
   size_t uncertain_total() const;
@@ -153,7 +154,7 @@ class GrammarMatcher {
   static bool matches(const CompiledGrammar& grammar, std::string_view bytes);
 
  private:
-  void walk_uncertain(const std::vector<int32_t>& uncertain, int32_t config, std::span<uint32_t> mask);
+  void walk_uncertain(std::span<const int32_t> uncertain, int32_t config, std::span<uint32_t> mask);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   ConfigurationSpace space_;
