@@ -164,7 +164,7 @@ void check_mask_here(GrammarMatcher& by_tokens, GrammarMatcher& by_bytes, const 
 
 // Random states deep inside counted repetitions: walks that pick a random viable byte at a time (most viable bytes are
 // a string's or a label's characters, so walks run up to length bounds, which token walks seldom reach), checking
-// the whole mask every few bytes.
+// the whole mask at every byte.
 TEST(TokenMaskRandom, RandomByteWalksNearCountedBoundsAgreeWithTheByteMatcher) {
   const auto vocabulary = random_vocabulary(9);
   const TokenId stop = vocabulary->size() - 1;
@@ -178,12 +178,12 @@ TEST(TokenMaskRandom, RandomByteWalksNearCountedBoundsAgreeWithTheByteMatcher) {
     const Grammar grammar = json_schema_grammar(schema);
     const auto compiled = CompiledGrammar::compile(grammar, vocabulary, {stop});
     const auto bytes_only = CompiledGrammar::compile(grammar, nullptr, {});
-    for (int walk = 0; walk < 8; ++walk) {
+    for (int walk = 0; walk < 12; ++walk) {
       GrammarMatcher by_tokens(compiled);
       GrammarMatcher by_bytes(bytes_only);
       std::string text;
       for (int step = 0; step < 160 && !by_bytes.completed(); ++step) {
-        if (step % 4 == 0) check_mask_here(by_tokens, by_bytes, *vocabulary, {stop}, mask, schema, text);
+        check_mask_here(by_tokens, by_bytes, *vocabulary, {stop}, mask, schema, text);
         if (HasFatalFailure()) return;
         std::vector<char> viable;
         for (int b = 0; b < 256; ++b)
