@@ -6,8 +6,11 @@
 // With a device name (`cpu`, `cuda`) it then times one decode step's mask work at batch 64 (batch_step_masks);
 // passes 0 skips the per-case table.
 // With --schemas=FILE (bench/data/structured_schemas.json, the scale test's) it compiles every schema of the file on
-// o200k, alone and as the one tool of a Harmony turn grammar, and prints the compile CPU time of each.
-// Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE]
+// o200k, alone and as the one tool of a Harmony turn grammar, and prints the compile CPU time of each. With
+// --outputs=FILE too (bench_structured_scale's JSON lines) it also times the per-token mask over the set: up to 20
+// constrained outputs per schema that ended by the grammar, re-tokenized canonically by o200k and fed token by token
+// (a mask before each token and before the end), per schema and pooled over all schemas.
+// Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE [--outputs=FILE]]
 //        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
 #include <chrono>
@@ -90,6 +93,14 @@ const Case kCases[] = {
      "<|channel|>analysis<|message|>Simple arithmetic, no tool needed.<|end|><|start|>assistant<|channel|>final"
      "<|message|>2 + 2 = 4. If you also want the weather, tell me the city.<|return|>",
      true},
+    {"counted items: maxItems 1000 of objects", R"({"type":"object","properties":{
+        "points":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"y":{"type":"number"},
+          "label":{"type":"string","maxLength":300}},"required":["x","y"],"additionalProperties":false},"maxItems":1000}},
+        "required":["points"],"additionalProperties":false})",
+     R"({"points": [{"x": 1.5, "y": -2}, {"x": 0, "y": 3.25, "label": "origin, shifted"}, {"x": 10, "y": 10}, {"x": -7.5, "y": 0.125, "label": "far left"}, {"x": 2, "y": 2}]})"},
+    {"counted items: 2 to 1000 emails", R"({"type":"array","items":{"type":"string","format":"email"},
+        "minItems":2,"maxItems":1000})",
+     R"(["ada.lovelace@analytical-engine.example.org", "charles@babbage.co.uk", "x_y+z@mail-1.example.com"])"},
     {"Harmony turn: reasoning, then a tool call; search.query maxLength 200", kWeatherArguments,
      "<|channel|>analysis<|message|>The user wants the weather in Paris for the next five days, including wind and "
      "UV. I should call get_weather with celsius.<|end|><|start|>assistant<|channel|>commentary "
@@ -217,6 +228,62 @@ void schema_file_compiles(const std::string& path, const std::shared_ptr<const b
   std::printf("\nslowest compile: %.1f ms alone, %.1f ms in a Harmony turn\n", worst, worst_harmony);
 }
 
+// Per-token mask times over the schema set: each schema's first (up to) 20 outputs that ended by the grammar, as
+// o200k tokens, through a matcher of the schema alone (eos `end`).
+void schema_file_masks(const std::string& schemas_path, const std::string& outputs_path, const beamline::Tokenizer& tokenizer,
+                       const std::shared_ptr<const beamline::Vocabulary>& vocabulary, beamline::TokenId end) {
+  using namespace beamline;
+  constexpr int kPerSchema = 20;
+  const nlohmann::json schemas = nlohmann::json::parse(std::ifstream(schemas_path));
+  std::vector<std::vector<std::string>> texts(schemas.size());
+  std::ifstream lines(outputs_path);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json o = nlohmann::json::parse(line);
+    const auto schema = o["schema"].get<std::size_t>();
+    if (schema >= texts.size()) continue;  // a longer set's output
+    auto& list = texts[schema];
+    if (o["constrained"].get<bool>() && o["finish"] == "stop" && list.size() < kPerSchema) list.push_back(o["text"]);
+  }
+  // Wall time per mask, and the thread's CPU time beside it (a loaded machine preempts some masks; the CPU clock's own
+  // call costs ~0.3 µs, so its p50 is not the mask's).
+  std::printf("\n| # | schema | outputs | tokens | mask p50 µs | p99 µs | max µs | CPU p99 µs | CPU max µs |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::vector<double> all, all_cpu;
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  for (std::size_t i = 0; i < schemas.size(); ++i) {
+    const auto grammar = CompiledGrammar::compile(json_schema_grammar(schemas[i]["schema"].dump()), vocabulary, {end});
+    std::vector<double> us, cpu_us;
+    for (const std::string& text : texts[i]) {
+      GrammarMatcher matcher(grammar);
+      std::vector<TokenId> tokens = tokenizer.encode(text);
+      tokens.push_back(end);
+      for (TokenId t : tokens) {
+        const double cpu_start = thread_cpu_ms();
+        const auto start = Clock::now();
+        matcher.fill_next_token_mask(mask);
+        us.push_back(micros_since(start));
+        cpu_us.push_back((thread_cpu_ms() - cpu_start) * 1e3);
+        require(((mask[t >> 5] >> (t & 31)) & 1) && matcher.accept_token(t),
+                "schema {} ({}): token {} of an output that ended by the grammar is refused", i,
+                schemas[i]["name"].get<std::string>(), t);
+      }
+    }
+    all.insert(all.end(), us.begin(), us.end());
+    all_cpu.insert(all_cpu.end(), cpu_us.begin(), cpu_us.end());
+    if (us.empty()) {
+      std::printf("| %zu | %s | 0 | 0 | | | | | |\n", i, schemas[i]["name"].get<std::string>().c_str());
+      continue;
+    }
+    std::printf("| %zu | %s | %zu | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", i,
+                schemas[i]["name"].get<std::string>().c_str(), texts[i].size(), us.size(), percentile(us, 0.5),
+                percentile(us, 0.99), percentile(us, 1.0), percentile(cpu_us, 0.99), percentile(cpu_us, 1.0));
+  }
+  if (!all.empty())
+    std::printf("\nall %zu masks of the set: wall p50 %.2f µs, p99 %.1f µs, max %.1f µs; thread CPU p99 %.1f µs, max %.1f µs\n",
+                all.size(), percentile(all, 0.5), percentile(all, 0.99), percentile(all, 1.0), percentile(all_cpu, 0.99),
+                percentile(all_cpu, 1.0));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -225,10 +292,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <o200k_base.tiktoken> [passes]\n", argv[0]);
     return 2;
   }
-  std::string schema_file;
-  if (const std::string last = argv[argc - 1]; argc > 2 && last.rfind("--schemas=", 0) == 0) {
-    schema_file = last.substr(10);
-    --argc;
+  std::string schema_file, outputs_file;
+  for (; argc > 2; --argc) {
+    const std::string last = argv[argc - 1];
+    if (last.rfind("--schemas=", 0) == 0) schema_file = last.substr(10);
+    else if (last.rfind("--outputs=", 0) == 0) outputs_file = last.substr(10);
+    else break;
   }
   int passes = argc > 2 ? std::atoi(argv[2]) : 10;
   const std::string device = argc > 3 ? argv[3] : "";
@@ -304,6 +373,7 @@ int main(int argc, char** argv) {
                 percentile(mask_us, 0.5), percentile(mask_us, 0.99), percentile(mask_us, 1.0), percentile(accept_us, 0.5));
   }
   if (!schema_file.empty()) schema_file_compiles(schema_file, vocabulary, harmony, end);
+  if (!schema_file.empty() && !outputs_file.empty()) schema_file_masks(schema_file, outputs_file, *tokenizer, vocabulary, end);
   if (!device.empty()) {
     const Case& turn = kCases[4];  // the Harmony tool-call turn
     batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),

@@ -13,32 +13,6 @@
 
 namespace beamline {
 
-uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) {
-  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
-    return byte >= low && byte <= high ? next : kUtf8Invalid;
-  };
-  switch (state) {
-    case 0:
-      if (byte < 0x80) return 0;
-      if (byte >= 0xC2 && byte <= 0xDF) return 1;
-      if (byte == 0xE0) return 4;
-      if (byte == 0xED) return 5;
-      if (byte >= 0xE1 && byte <= 0xEF) return 2;
-      if (byte == 0xF0) return 6;
-      if (byte >= 0xF1 && byte <= 0xF3) return 3;
-      if (byte == 0xF4) return 7;
-      return kUtf8Invalid;
-    case 1: return continuation(0x80, 0xBF, 0);
-    case 2: return continuation(0x80, 0xBF, 1);
-    case 3: return continuation(0x80, 0xBF, 2);
-    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
-    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
-    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
-    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
-    default: return kUtf8Invalid;
-  }
-}
-
 int ByteSet::count() const {
   int total = 0;
   for (uint64_t word : words) total += std::popcount(word);
@@ -405,15 +379,19 @@ Automaton repetition_loop(const Grammar& grammar, ExprId child) {
 }
 
 // The start state of child*'s minimal automaton is where a repetition begins, and only there, when the child is a
-// prefix code (no match is a proper prefix of another: its accepting states read nothing more) that matches no empty
-// string: then a prefix of child* has child* as its residual exactly when it ends a repetition.
+// prefix code (no match is a proper prefix of another: its accepting states read and call nothing more) that matches
+// no empty string: then a prefix of child* has child* as its residual exactly when it ends a repetition. The child may
+// call rules (an array's `, item`), but not from its start: the byte that begins a repetition is read in the frame
+// that holds the count.
 bool countable_repetition(const Grammar& grammar, const Grammar::Expr& e) {
   const Automaton child = expression_automaton(grammar, e.children[0]);
-  if (child.num_states == 0 || child.accepting[0] || child.has_calls()) return false;
+  if (child.num_states == 0 || child.accepting[0] || !child.calls[0].empty()) return false;
   for (int32_t s = 0; s < child.num_states; ++s)
-    if (child.accepting[s])
+    if (child.accepting[s]) {
+      if (!child.calls[s].empty()) return false;
       for (int b = 0; b < 256; ++b)
         if (child.step(s, static_cast<uint8_t>(b)) >= 0) return false;
+    }
   return true;
 }
 
@@ -428,14 +406,27 @@ uint8_t json_content_step(uint8_t state, uint8_t byte) {
   return state == kHexDigitsLeft4 - 3 ? 0 : static_cast<uint8_t>(state - 1);
 }
 
+// The distinct targets of each state's byte edges and calls (a call, of a productive rule, as an edge to the state it
+// returns to; counting states make no calls, so an edge adds counting[s] whatever it is).
+std::vector<std::vector<int32_t>> successors(const Automaton& a) {
+  std::vector<std::vector<int32_t>> out(a.num_states);
+  for (int32_t s = 0; s < a.num_states; ++s) {
+    for (int b = 0; b < 256; ++b)
+      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0) out[s].push_back(t);
+    for (auto [rule, t] : a.calls[s]) out[s].push_back(t);
+    std::sort(out[s].begin(), out[s].end());
+    out[s].erase(std::unique(out[s].begin(), out[s].end()), out[s].end());
+  }
+  return out;
+}
+
 // Per state, the fewest counted bytes on a path to an accepting state (a 0-1 breadth-first search backwards);
 // INT32_MAX where none is reachable.
 std::vector<int32_t> shortest_counts(const Automaton& a, const std::vector<uint8_t>& counting) {
   std::vector<std::vector<int32_t>> reverse(a.num_states);
+  const std::vector<std::vector<int32_t>> next = successors(a);
   for (int32_t s = 0; s < a.num_states; ++s)
-    for (int b = 0; b < 256; ++b)
-      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0 && (reverse[t].empty() || reverse[t].back() != s))
-        reverse[t].push_back(s);
+    for (int32_t t : next[s]) reverse[t].push_back(s);
   std::vector<int32_t> shortest(a.num_states, INT32_MAX);
   std::deque<int32_t> work;
   for (int32_t s = 0; s < a.num_states; ++s)
@@ -452,18 +443,6 @@ std::vector<int32_t> shortest_counts(const Automaton& a, const std::vector<uint8
     }
   }
   return shortest;
-}
-
-// The distinct targets of each state's byte edges.
-std::vector<std::vector<int32_t>> successors(const Automaton& a) {
-  std::vector<std::vector<int32_t>> out(a.num_states);
-  for (int32_t s = 0; s < a.num_states; ++s) {
-    for (int b = 0; b < 256; ++b)
-      if (int32_t t = a.step(s, static_cast<uint8_t>(b)); t >= 0) out[s].push_back(t);
-    std::sort(out[s].begin(), out[s].end());
-    out[s].erase(std::unique(out[s].begin(), out[s].end()), out[s].end());
-  }
-  return out;
 }
 
 }  // namespace
@@ -491,7 +470,9 @@ std::optional<std::vector<uint8_t>> json_character_starts(const Automaton& conte
 
 bool counter_is_exact(const Automaton& a, const std::vector<uint8_t>& counting, int32_t min_count, int32_t max_count,
                       const std::string& keyword) {
-  if (a.num_states == 0 || a.has_calls()) return false;
+  if (a.num_states == 0) return false;
+  for (int32_t s = 0; s < a.num_states; ++s)
+    if (counting[s] && !a.calls[s].empty()) return false;
   // Counts past the largest one that matters are all alike: max_count, or min_count when unbounded.
   const int64_t cap = max_count >= 0 ? max_count : min_count;
   const int64_t width = cap + 1;
@@ -655,41 +636,54 @@ std::vector<RuleAutomaton> Grammar::compile_rules() const {
     if (e.unit == CountUnit::kRepetition) {
       require(countable_repetition(*this, e), "grammar: a counted repetition whose body is not a prefix code");
       rule.automaton = repetition_loop(*this, e.children[0]);
-      rule.counting.assign(rule.automaton.num_states, 0);
-      rule.counting[0] = 1;
     } else {
       rule.automaton = expression_automaton(*this, e.children[0]);
       auto starts = json_character_starts(rule.automaton);
       require(starts.has_value(), "grammar: a length-bounded string whose characters cannot be counted");
       rule.counting = std::move(*starts);
     }
-    require(counter_is_exact(rule.automaton, rule.counting, rule.min_count, rule.max_count, "grammar"),
-            "grammar: a counted repetition whose bounds the counter cannot enforce exactly");
-    rule.shortest = shortest_counts(rule.automaton, rule.counting);
     raw.push_back(Automaton{});  // not minimized again below: the counting states are per state
     out.push_back(std::move(rule));
   }
   const auto num_all = static_cast<RuleId>(out.size());
   auto name = [&](RuleId r) { return r < num_rules() ? rules_[r].name : "counted repetition " + std::to_string(r); };
   // A rule is productive when some path from its start reaches an accepting state through bytes and calls of
-  // productive rules; calls of unproductive rules are dropped so no dead prefix is ever allowed. A counted rule is
-  // (counter_is_exact found a string within its bounds).
+  // productive rules; calls of unproductive rules are dropped so no dead prefix is ever allowed. A counted repetition
+  // is when it may repeat 0 times or its body can complete (a counted string's content is call-free: counter_is_exact
+  // below finds a string within its bounds).
   std::vector<uint8_t> productive(num_all, 0);
-  for (RuleId r = num_rules(); r < num_all; ++r) productive[r] = 1;
+  auto without_unproductive_calls = [&](Automaton a) {
+    for (auto& list : a.calls)
+      std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
+    return a;
+  };
+  for (RuleId r = num_rules(); r < num_all; ++r)
+    productive[r] = !out[r].automaton.has_calls() || out[r].min_count == 0;
   for (bool changed = true; changed;) {
     changed = false;
-    for (RuleId r = 0; r < num_rules(); ++r) {
+    for (RuleId r = 0; r < num_all; ++r) {
       if (productive[r]) continue;
-      Automaton pruned = raw[r];
-      for (auto& list : pruned.calls)
-        std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
-      if (trim(pruned).num_states > 0) { productive[r] = 1; changed = true; }
+      // A repetition loop's only accepting state is its start: the body completes when the start reaches itself.
+      const Automaton pruned = trim(without_unproductive_calls(r < num_rules() ? raw[r] : out[r].automaton));
+      const bool completes = pruned.num_states > 0 && (r < num_rules() || !successors(pruned)[0].empty());
+      if (completes) { productive[r] = 1; changed = true; }
     }
   }
-  for (RuleId r = 0; r < num_rules(); ++r) {
-    for (auto& list : raw[r].calls)
-      std::erase_if(list, [&](const auto& call) { return !productive[call.first]; });
-    out[r].automaton = minimize(raw[r]);
+  for (RuleId r = 0; r < num_rules(); ++r) out[r].automaton = minimize(without_unproductive_calls(raw[r]));
+  for (RuleId r = num_rules(); r < num_all; ++r) {
+    RuleAutomaton& rule = out[r];
+    if (rule.counting.empty()) {  // a repetition loop: state 0 (the start) begins a repetition
+      rule.automaton = minimize(without_unproductive_calls(rule.automaton));
+      rule.counting.assign(rule.automaton.num_states, 0);
+      if (rule.automaton.num_states > 0) rule.counting[0] = 1;
+    }
+    if (!productive[r]) {  // no call of it is left
+      rule = RuleAutomaton{};
+      continue;
+    }
+    require(counter_is_exact(rule.automaton, rule.counting, rule.min_count, rule.max_count, "grammar"),
+            "grammar: a counted repetition whose bounds the counter cannot enforce exactly");
+    rule.shortest = shortest_counts(rule.automaton, rule.counting);
   }
   // Left recursion (a rule reaching a call of itself without reading a byte) would grow the stack forever.
   std::vector<uint8_t> nullable(num_all, 0);

@@ -58,7 +58,43 @@ enum class CountUnit : uint8_t {
 // character boundary, 1..7 inside a character (which continuation bytes may come), kUtf8Invalid once the bytes
 // cannot be well-formed UTF-8 any more.
 inline constexpr uint8_t kUtf8Invalid = 8;
-uint8_t utf8_prefix_step(uint8_t state, uint8_t byte);
+namespace detail {
+constexpr uint8_t utf8_prefix_transition(uint8_t state, uint8_t byte) {
+  auto continuation = [byte](uint8_t low, uint8_t high, uint8_t next) {
+    return byte >= low && byte <= high ? next : kUtf8Invalid;
+  };
+  switch (state) {
+    case 0:
+      if (byte < 0x80) return 0;
+      if (byte >= 0xC2 && byte <= 0xDF) return 1;
+      if (byte == 0xE0) return 4;
+      if (byte == 0xED) return 5;
+      if (byte >= 0xE1 && byte <= 0xEF) return 2;
+      if (byte == 0xF0) return 6;
+      if (byte >= 0xF1 && byte <= 0xF3) return 3;
+      if (byte == 0xF4) return 7;
+      return kUtf8Invalid;
+    case 1: return continuation(0x80, 0xBF, 0);
+    case 2: return continuation(0x80, 0xBF, 1);
+    case 3: return continuation(0x80, 0xBF, 2);
+    case 4: return continuation(0xA0, 0xBF, 1);  // after E0: no overlong forms
+    case 5: return continuation(0x80, 0x9F, 1);  // after ED: no surrogates
+    case 6: return continuation(0x90, 0xBF, 2);  // after F0: no overlong forms
+    case 7: return continuation(0x80, 0x8F, 2);  // after F4: nothing above U+10FFFF
+    default: return kUtf8Invalid;
+  }
+}
+struct Utf8PrefixTable {
+  std::array<std::array<uint8_t, 256>, kUtf8Invalid + 1> next{};
+  constexpr Utf8PrefixTable() {
+    for (int s = 0; s <= kUtf8Invalid; ++s)
+      for (int b = 0; b < 256; ++b) next[s][b] = utf8_prefix_transition(static_cast<uint8_t>(s), static_cast<uint8_t>(b));
+  }
+};
+inline constexpr Utf8PrefixTable kUtf8PrefixTable;
+}  // namespace detail
+// One table lookup: token classification steps it for every byte it explores.
+inline uint8_t utf8_prefix_step(uint8_t state, uint8_t byte) { return detail::kUtf8PrefixTable.next[state][byte]; }
 
 // A deterministic automaton over bytes with optional rule calls: state 0 is the start; next[s * 256 + b] is
 // the state after byte b (-1: none); calls[s] are (rule, state to continue in once that rule has matched).
@@ -83,7 +119,8 @@ Automaton minimize(const Automaton& a);    // also drops states that cannot reac
 // A rule as the pushdown matcher runs it. A counted rule keeps its count in the matcher's stack frame instead of one
 // state per count: every byte read from a counting state adds one, and with frame count c in state q the matcher
 // allows only c + shortest[q] <= max_count (some end is still within the bound) and ends the rule only once
-// c >= min_count. Counted rules are call-free.
+// c >= min_count. A counted rule calls other rules only from states that do not count (a repetition's body after its
+// first byte, e.g. an array's `, item`); a callee's bytes are its own frame's, never counted in this one.
 struct RuleAutomaton {
   Automaton automaton;
   bool counted = false;

@@ -25,6 +25,7 @@ PushdownTables PushdownTables::build(const Grammar& grammar) {
   t.out_bytes.resize(t.num_states);
   t.counting.assign(t.num_states, 0);
   t.shortest.assign(t.num_states, 0);
+  t.rule_longest_shortest.assign(compiled.size(), 0);
   t.call_begin.push_back(0);
   for (size_t r = 0; r < compiled.size(); ++r) {
     const Automaton& a = compiled[r].automaton;
@@ -34,6 +35,8 @@ PushdownTables PushdownTables::build(const Grammar& grammar) {
       if (compiled[r].counted) {
         t.counting[g] = compiled[r].counting[s];
         t.shortest[g] = compiled[r].shortest[s];
+        if (t.shortest[g] != INT32_MAX)
+          t.rule_longest_shortest[r] = std::max(t.rule_longest_shortest[r], t.shortest[g]);
       }
       t.rule_of[g] = static_cast<RuleId>(r);
       for (int b = 0; b < 256; ++b) {
@@ -97,9 +100,32 @@ int32_t ConfigurationSpace::start(int32_t state, int32_t parent, int32_t count) 
 // A counting state whose frame has used up its bound reads nothing more (its rule may still end).
 bool ConfigurationSpace::readable(const Node& n) const {
   if (tables_.out_bytes[n.state].empty()) return false;
-  if (!tables_.counting[n.state] || n.count == kUncounted) return true;
+  if (!tables_.counting[n.state] || n.count < 0) return true;  // uncounted or tallied
   const int32_t max = tables_.count_bounds[tables_.rule_of[n.state]].second;
   return max < 0 || n.count < max;
+}
+
+int32_t ConfigurationSpace::relax(int32_t config, int32_t horizon) {
+  auto relaxable = [&](int32_t n) {
+    const Node& at = nodes_[n];
+    if (at.count < 0 || !tables_.counted(at.state)) return false;
+    const RuleId rule = tables_.rule_of[at.state];
+    const auto [min, max] = tables_.count_bounds[rule];
+    return at.count >= min &&
+           (max < 0 || int64_t{at.count} + horizon + tables_.rule_longest_shortest[rule] <= max);
+  };
+  const Configuration& c = configs_[config];
+  if (std::none_of(c.nodes.begin(), c.nodes.end(), relaxable)) return config;
+  const uint64_t key = (static_cast<uint64_t>(config) << 32) | static_cast<uint32_t>(horizon);
+  if (auto it = relaxed_.find(key); it != relaxed_.end()) return it->second;
+  Configuration out = c;
+  for (int32_t& n : out.nodes)
+    if (relaxable(n)) n = node(nodes_[n].state, nodes_[n].parent, kUncounted);
+  std::sort(out.nodes.begin(), out.nodes.end());
+  out.nodes.erase(std::unique(out.nodes.begin(), out.nodes.end()), out.nodes.end());
+  const int32_t relaxed = intern(std::move(out));
+  relaxed_.emplace(key, relaxed);
+  return relaxed;
 }
 
 int32_t ConfigurationSpace::compute_step(int32_t config, uint8_t byte) {
@@ -111,7 +137,9 @@ int32_t ConfigurationSpace::compute_step(int32_t config, uint8_t byte) {
     int32_t to = tables_.next[static_cast<size_t>(from.state) * 256 + byte];
     if (to < 0) continue;
     int32_t count = from.count;
-    if (tables_.counted(from.state) && count != kUncounted) {
+    if (tables_.counted(from.state) && count < kUncounted) {
+      if (tables_.counting[from.state]) --count;  // tallied: one more count, no bound
+    } else if (tables_.counted(from.state) && count != kUncounted) {
       // Counts past the largest that matters are alike (min when unbounded), so an unbounded frame stays finite.
       const auto [min, max] = tables_.count_bounds[tables_.rule_of[from.state]];
       if (tables_.counting[from.state]) count = max >= 0 ? count + 1 : std::min(count + 1, min);
@@ -145,7 +173,7 @@ int32_t ConfigurationSpace::close(std::vector<int32_t> work, bool popped) {
       int32_t pushed = node(callee, return_node, 0);
       work.push_back(pushed);
     }
-    const bool may_end = !tables_.counted(state) || count == kUncounted ||
+    const bool may_end = !tables_.counted(state) || count < 0 ||
                          count >= tables_.count_bounds[tables_.rule_of[state]].first;
     if (tables_.accepting[state] && may_end) {
       if (parent == kRootParent) out.can_end = true;

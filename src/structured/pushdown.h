@@ -35,6 +35,7 @@ struct PushdownTables {
   std::vector<std::pair<int32_t, int32_t>> count_bounds;
   bool counted(int32_t state) const { return rule_counted[rule_of[state]] != 0; }
   std::vector<uint8_t> rule_counted;
+  std::vector<int32_t> rule_longest_shortest;  // per rule: the largest shortest[] of its states (0 uncounted)
 
   // Throws UnsupportedGrammar("grammar", ...) when no string matches the root rule.
   static PushdownTables build(const Grammar& grammar);
@@ -43,6 +44,10 @@ struct PushdownTables {
 // A counted frame's count while classifying tokens against one frame: not tracked (nothing is over a bound, the
 // frame may end), so the classification holds for every count; the token masks add the bound per count.
 inline constexpr int32_t kUncounted = -1;
+// A counted frame's count when only the counts read matter, not the bounds: tallied(k) after k counts (k >= 0), every
+// bound ignored. Token classification notes with it how many counts each accepted token reads.
+inline constexpr int32_t tallied(int32_t counts) { return -2 - counts; }
+inline constexpr int32_t tally_of(int32_t count) { return -2 - count; }
 
 // Where a stack ends below its first frame: the root (the grammar is complete when it pops there), or the
 // sentinel used when classifying tokens against one frame with its context unknown.
@@ -74,6 +79,12 @@ class ConfigurationSpace {
     }
     return transitions_[at];
   }
+  // `config` with every stack top whose count cannot matter within the next `horizon` bytes made uncounted
+  // (kUncounted): a frame that has reached its minimum and stays within its maximum whatever `horizon` more counts
+  // it reads (count + horizon + the rule's largest shortest[] <= max, or no maximum). Walks of at most `horizon`
+  // bytes from the result reach what walks from `config` reach, while configurations that differ only in such
+  // counts become one: token classification relaxes a trie node's configuration by the longest token below it.
+  int32_t relax(int32_t config, int32_t horizon);
   int32_t walk(int32_t config, std::string_view bytes) {
     for (char c : bytes) {
       if (config == kDead) return kDead;
@@ -84,6 +95,7 @@ class ConfigurationSpace {
   const Configuration& at(int32_t config) const { return configs_[config]; }
   int32_t state_of(int32_t node) const { return nodes_[node].state; }
   int32_t count_of(int32_t node) const { return nodes_[node].count; }
+  int32_t parent_of(int32_t node) const { return nodes_[node].parent; }
   size_t num_configurations() const { return configs_.size(); }
 
  private:
@@ -112,6 +124,7 @@ class ConfigurationSpace {
   std::vector<int32_t> transitions_;
   std::vector<uint32_t> visit_stamp_;
   uint32_t stamp_ = 0;
+  std::unordered_map<uint64_t, int32_t> relaxed_;  // (config, horizon) -> relax()'s result
 };
 
 }  // namespace beamline

@@ -81,8 +81,11 @@ void Vocabulary::summarize_subtrees() {
   }
   std::vector<ByteSet> below(num_nodes());
   utf8_valid_below_.assign(num_nodes(), 1);
+  longest_below_.resize(num_nodes());
+  for (int32_t n = 0; n < num_nodes(); ++n) longest_below_[n] = own_tokens_[n] > 0 ? node_depth_[n] : 0;
   for (int32_t n = num_nodes() - 1; n >= 0; --n) {
     if (parent[n] < 0) continue;
+    longest_below_[parent[n]] = std::max(longest_below_[parent[n]], longest_below_[n]);
     below[parent[n]] |= below[n];
     below[parent[n]].add(node_byte_[n]);
     if (!utf8_valid_below_[n] || utf8_state_[n] == kUtf8Invalid) utf8_valid_below_[parent[n]] = 0;
@@ -254,6 +257,11 @@ void CompiledGrammar::classify_tokens() {
         key.append(reinterpret_cast<const char*>(&t), sizeof t);
       }
       key += static_cast<char>(tables_.accepting[s] | (tables_.counting[s] << 1));
+      for (int32_t c = tables_.call_begin[s]; c < tables_.call_begin[s + 1]; ++c) {
+        const std::pair<int32_t, int32_t> call = {tables_.calls[c].first, tables_.calls[c].second - begin};
+        key.append(reinterpret_cast<const char*>(&call), sizeof call);
+      }
+      key += '|';
     }
     key.append(reinterpret_cast<const char*>(&tables_.follow[rule]), sizeof(ByteSet));
     key += tables_.count_bounds[rule].second >= 0 ? 'b' : 'u';  // only a bounded rule keeps its tokens' needs
@@ -282,7 +290,9 @@ void CompiledGrammar::classify_tokens() {
         n = v.subtree_end(n);
         continue;
       }
-      int32_t config = space.step(from, v.node_byte(n));
+      // Counts that cannot reach a bound within the subtree's longest token are dropped, so that configurations
+      // differing only in them (a length-bounded string's characters, a counted repetition's) are walked as one.
+      int32_t config = space.relax(space.step(from, v.node_byte(n)), v.bytes_after(n));
       const ConfigurationSpace::Configuration& c = space.at(config);
       if (!c.alive_within_frame()) {
         if (c.popped)
@@ -303,7 +313,7 @@ void CompiledGrammar::classify_tokens() {
       ++n;
     }
     store_accepted(accepted, *out);
-    if (tables_.counted(state) && tables_.count_bounds[rule].second >= 0) store_needs(state, accepted, *out);
+    if (tables_.counted(state) && tables_.count_bounds[rule].second >= 0) store_needs(state, accepted, space, *out);
     state_tokens_[state] = std::move(out);
   }
 }
@@ -334,31 +344,65 @@ void CompiledGrammar::store_accepted(const std::vector<std::pair<int32_t, int32_
   }
 }
 
-// Walks the accepted tokens in byte order through the counted rule's automaton (a token shares its walk up to the
-// longest prefix it has in common with the one before), noting each token's need.
+// Walks the trie in preorder through the subtrees that hold accepted tokens (one step per trie node, shared by the
+// tokens below it), noting each accepted token's need. A call-free rule is walked through its automaton: (state,
+// counts so far) per depth; a rule that calls others (a repetition of `, item`) through the configurations from its
+// state with the count tallied, and a token's need is the least over the stacks it leaves of the frame's tally plus
+// shortest[] of the frame's state.
 void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges,
-                                  StateTokens& out) const {
+                                  ConfigurationSpace& space, StateTokens& out) const {
   const Vocabulary& v = *vocabulary_;
-  std::vector<std::pair<int32_t, TokenId>> needs;
-  std::vector<std::pair<int32_t, int32_t>> path = {{state, 0}};  // (state, counts so far) after each byte
-  std::string_view previous;
-  for (auto [begin, end] : ranges)
-    for (int32_t i = begin; i < end; ++i) {
-      const TokenId token = v.sorted(i);
-      const std::string_view bytes = v.bytes(token);
-      size_t common = 0;
-      const size_t limit = std::min(bytes.size(), previous.size());
-      while (common < limit && bytes[common] == previous[common]) ++common;
-      path.resize(common + 1);
-      for (size_t d = common; d < bytes.size(); ++d) {
-        const auto [at, counts] = path.back();
-        const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + static_cast<uint8_t>(bytes[d])];
-        require(to >= 0, "grammar: an accepted token leaves a counted rule's automaton");
-        path.emplace_back(to, counts + tables_.counting[at]);
-      }
-      previous = bytes;
-      needs.emplace_back(path.back().second + tables_.shortest[path.back().first], token);
+  const RuleId rule = tables_.rule_of[state];
+  bool calls = false;
+  for (int32_t s = tables_.rule_start[rule]; s < tables_.num_states && tables_.rule_of[s] == rule; ++s)
+    calls = calls || tables_.call_begin[s] < tables_.call_begin[s + 1];
+  auto need_of_stacks = [&](int32_t config) {
+    int32_t need = INT32_MAX;
+    for (int32_t n : space.at(config).nodes) {
+      while (space.parent_of(n) != kSentinelParent) n = space.parent_of(n);
+      need = std::min(need, tally_of(space.count_of(n)) + tables_.shortest[space.state_of(n)]);
     }
+    require(need != INT32_MAX, "grammar: an accepted token leaves no stack in a counted rule's frame");
+    return need;
+  };
+  // Per depth: call-free, (automaton state, counts so far) and whether a path may have left the frame (ended it where
+  // the next byte can follow the rule); with calls, (configuration, 0), whose popped flag says the latter.
+  std::vector<std::pair<int32_t, int32_t>> path = {{calls ? space.start(state, kSentinelParent, tallied(0)) : state, 0}};
+  std::vector<uint8_t> left = {0};
+  const ByteSet& follow = tables_.follow[rule];
+  std::vector<std::pair<int32_t, TokenId>> needs;
+  std::vector<std::pair<int32_t, int32_t>> leaving;  // (need, index in byte order)
+  size_t r = 0;  // the first range that does not end before the current node's tokens
+  for (int32_t n = 0; n < v.num_nodes();) {
+    const int32_t first = v.first_token(n), after = v.first_token(v.subtree_end(n));
+    while (r < ranges.size() && ranges[r].second <= first) ++r;
+    if (r == ranges.size()) break;
+    if (ranges[r].first >= after) {  // nothing accepted below n
+      n = v.subtree_end(n);
+      continue;
+    }
+    const int32_t depth = v.node_depth(n);
+    const auto [at, counts] = path[depth - 1];
+    path.resize(depth);
+    left.resize(depth);
+    if (calls) {
+      path.emplace_back(space.step(at, v.node_byte(n)), 0);
+      left.push_back(space.at(path.back().first).popped);
+    } else {
+      const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + v.node_byte(n)];
+      require(to >= 0, "grammar: an accepted token leaves a counted rule's automaton");
+      path.emplace_back(to, counts + tables_.counting[at]);
+      left.push_back(left.back() || (tables_.accepting[at] && follow.contains(v.node_byte(n))));
+    }
+    for (int32_t i = first; i < first + v.own_tokens(n); ++i) {
+      while (r < ranges.size() && ranges[r].second <= i) ++r;
+      if (r == ranges.size() || i < ranges[r].first) continue;
+      const auto [to, to_counts] = path.back();
+      needs.emplace_back(calls ? need_of_stacks(to) : to_counts + tables_.shortest[to], v.sorted(i));
+      if (left.back()) leaving.emplace_back(needs.back().first, i);
+    }
+    ++n;
+  }
   // Needs are small (at most a token's length plus the rule's shortest end): a counting sort.
   int32_t largest = 0;
   for (const auto& [need, token] : needs) largest = std::max(largest, need);
@@ -368,6 +412,13 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
   out.by_need.resize(needs.size());
   std::vector<int32_t> next(out.need_begin.begin(), out.need_begin.end() - 1);
   for (const auto& [need, token] : needs) out.by_need[next[need]++] = token;
+  // The same counting sort for the leaving tokens, stable, so each need's tokens stay in byte order.
+  out.leaving_begin.assign(static_cast<size_t>(largest) + 2, 0);
+  for (const auto& [need, index] : leaving) ++out.leaving_begin[need + 1];
+  for (size_t k = 1; k < out.leaving_begin.size(); ++k) out.leaving_begin[k] += out.leaving_begin[k - 1];
+  out.leaving.resize(leaving.size());
+  next.assign(out.leaving_begin.begin(), out.leaving_begin.end() - 1);
+  for (const auto& [need, index] : leaving) out.leaving[next[need]++] = index;
 }
 
 // Near its bound, a counted frame allows the tokens of small need: set the few that are, or copy the whole set and
@@ -502,19 +553,32 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
     if (std::find(tops.begin(), tops.end(), std::pair{state, budget}) == tops.end()) tops.emplace_back(state, budget);
   }
   for (auto [state, budget] : tops) grammar_->add_accepted(state, budget, mask, scratch_);
-  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget.
+  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget; so are a
+  // counted state's accepted tokens that may leave the frame, once a budget has filtered its accepted ones.
   for (size_t i = 0; i < tops.size(); ++i) {
     bool walked = false;
     for (size_t j = 0; j < i && !walked; ++j) walked = tops[j].first == tops[i].first;
-    if (!walked) walk_uncertain(grammar_->state_tokens(tops[i].first).uncertain, config, mask);
+    if (walked) continue;
+    const CompiledGrammar::StateTokens& tokens = grammar_->state_tokens(tops[i].first);
+    walk_uncertain(tokens.uncertain, config, mask);
+    if (tokens.leaving.empty()) continue;
+    int32_t budget = tops[i].second;  // the smallest of this state's budgets filters the most
+    for (size_t j = i + 1; j < tops.size(); ++j)
+      if (tops[j].first == tops[i].first) budget = std::min(budget, tops[j].second);
+    // Each need's tokens are in byte order, so each need over the budget is one prefix-sharing walk.
+    for (int32_t need = std::max(budget + 1, 0); need <= tokens.max_need(); ++need)
+      walk_uncertain(std::span<const int32_t>(tokens.leaving).subspan(tokens.leaving_begin[need],
+                                                                        tokens.leaving_begin[need + 1] - tokens.leaving_begin[need]),
+                     config, mask);
   }
-  if (c.can_end)
+  // Not through `c`: walking the uncertain tokens may intern configurations, which moves them.
+  if (space_.at(config).can_end)
     for (TokenId t : grammar_->stop_tokens()) mask[t >> 5] |= 1u << (t & 31);
 }
 
 // The uncertain tokens are in byte order, so each walk resumes from the longest prefix it shares with the
 // previous token (a trie walk restricted to them).
-void GrammarMatcher::walk_uncertain(const std::vector<int32_t>& uncertain, int32_t config, std::span<uint32_t> mask) {
+void GrammarMatcher::walk_uncertain(std::span<const int32_t> uncertain, int32_t config, std::span<uint32_t> mask) {
   const Vocabulary& v = *grammar_->vocabulary();
   walk_stack_.assign(1, config);
   std::string_view previous;

@@ -47,6 +47,8 @@ class Vocabulary {
     return below_index_[n] < 0 ? nullptr : &bytes_below_[below_index_[n]];
   }
   static constexpr int32_t kSummarizedDescendants = 8;
+  // The most bytes any token below node n reads after n's own (0 when n's longest token ends at n).
+  int32_t bytes_after(int32_t n) const { return longest_below_[n] - node_depth_[n]; }
   // utf8_prefix_step over node n's bytes from a token's start, and whether every descendant stays well-formed
   // from there (then the subtree's tokens are whole characters after n, the last one possibly cut short).
   uint8_t utf8_state(int32_t n) const { return utf8_state_[n]; }
@@ -66,6 +68,7 @@ class Vocabulary {
   std::vector<uint8_t> node_byte_;
   std::vector<int32_t> node_depth_, subtree_end_, first_token_, own_tokens_;
   std::vector<int32_t> below_index_;
+  std::vector<int32_t> longest_below_;  // per node: the length of the longest token in its subtree
   std::vector<uint8_t> utf8_state_, utf8_valid_below_;
   std::vector<ByteSet> bytes_below_;
   std::vector<uint32_t> trie_tokens_mask_;
@@ -94,6 +97,12 @@ class CompiledGrammar {
     std::vector<TokenId> by_need;        // ascending need
     std::vector<int32_t> need_begin;     // by_need[need_begin[k]..] need k or more; the last entry is by_need.size()
     int32_t max_need() const { return static_cast<int32_t>(need_begin.size()) - 2; }
+    // Accepted tokens (indices into the vocabulary's byte order) that may also leave the frame: `Ja` in email's label
+    // reads J in the counted repetition and may read a after it. Those whose need is over the budget are walked
+    // through the real stack like uncertain ones, so a token past the budget inside the frame but viable past its end
+    // is still allowed. By need, in byte order within a need: leaving[leaving_begin[k]..leaving_begin[k + 1]) need k.
+    std::vector<int32_t> leaving;
+    std::vector<int32_t> leaving_begin;
   };
   const StateTokens& state_tokens(int32_t state) const { return *state_tokens_[state]; }
   size_t uncertain_total() const;
@@ -103,7 +112,8 @@ class CompiledGrammar {
  private:
   void classify_tokens();
   void store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
-  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
+  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, ConfigurationSpace& space,
+                   StateTokens& out) const;
 
   PushdownTables tables_;
   std::shared_ptr<const Vocabulary> vocabulary_;
@@ -144,7 +154,7 @@ class GrammarMatcher {
   static bool matches(const CompiledGrammar& grammar, std::string_view bytes);
 
  private:
-  void walk_uncertain(const std::vector<int32_t>& uncertain, int32_t config, std::span<uint32_t> mask);
+  void walk_uncertain(std::span<const int32_t> uncertain, int32_t config, std::span<uint32_t> mask);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   ConfigurationSpace space_;

@@ -223,6 +223,37 @@ TEST(Regex, LargeRepetitionsAreCounted) {
   for (int n : {19, 20, 42, 43}) EXPECT_EQ(matches(ambiguous, repeated("a", n)), n >= 20 && n <= 42) << n;
 }
 
+// minItems / maxItems over kUnrolledRepeats are counted too: the repetition `, item` calls the item's rule, and the
+// count lives in the repetition's frame, so the grammar has a few states whatever the bound.
+TEST(JsonSchema, LargeItemCountsAreCounted) {
+  auto array = [](int n, const std::string& item) {
+    std::string out = "[";
+    for (int i = 0; i < n; ++i) out += (i > 0 ? ", " : "") + item;
+    return out + "]";
+  };
+  const std::string bounded = R"({"type":"array","items":{"type":"integer"},"minItems":17,"maxItems":1000})";
+  EXPECT_LT(compile(json_schema_grammar(bounded))->tables().num_states, 60);
+  for (int n : {0, 16, 17, 18, 999, 1000, 1001})
+    EXPECT_EQ(schema_matches(bounded, array(n, "7")), n >= 17 && n <= 1000) << n;
+  const std::string at_least = R"({"type":"array","items":{"type":"string","maxLength":2},"minItems":40})";
+  for (int n : {39, 40, 41, 500}) EXPECT_EQ(schema_matches(at_least, array(n, "\"ab\"")), n >= 40) << n;
+  EXPECT_FALSE(schema_matches(at_least, array(45, "\"abc\"")));
+  // Nested frames of the same rule keep their own counts.
+  const std::string nested = R"({"$defs":{"row":{"type":"array","items":{"$ref":"#/$defs/row"},"maxItems":20}},
+      "$ref":"#/$defs/row"})";
+  EXPECT_TRUE(schema_matches(nested, array(20, array(20, "[]"))));
+  EXPECT_FALSE(schema_matches(nested, array(20, array(21, "[]"))));
+  EXPECT_FALSE(schema_matches(nested, array(21, array(2, "[]"))));
+  // After a tuple; and unsatisfiable items leave only the empty array.
+  const std::string tuple = R"({"type":"array","prefixItems":[{"type":"string"},{"type":"null"}],
+      "items":{"type":"boolean"},"maxItems":30})";
+  EXPECT_TRUE(schema_matches(tuple, "[\"x\", null, " + array(28, "true").substr(1)));
+  EXPECT_FALSE(schema_matches(tuple, "[\"x\", null, " + array(29, "true").substr(1)));
+  const std::string impossible = R"({"type":"array","items":{"type":"string","minLength":3,"maxLength":2},"maxItems":50})";
+  EXPECT_TRUE(schema_matches(impossible, "[]"));
+  EXPECT_FALSE(schema_matches(impossible, "[\"\"]"));
+}
+
 TEST(JsonSchema, CombinatorsAndReferences) {
   std::string one_of = R"({"oneOf":[{"type":"integer"},{"minimum":2}]})";
   EXPECT_TRUE(schema_matches(one_of, "1"));
@@ -259,7 +290,7 @@ std::shared_ptr<const Vocabulary> test_vocabulary() {
   for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
   for (const char* piece : {"{\"", "\":", "\",", "\"}", ", \"", "},", "}]", "[{", "true", "false", "null", "na",
                             "name", "\"name\"", "age", "12", "3.", "e+", "\":\"", "\\n", "\\u00", "é", "\xC3",
-                            "\xA9\"", "ab", "abc", "\", \"", "1,", "0}", "-1", " ", "  ", "\"a", "x\"", "[]", "{}"})
+                            "\xA9\"", "ab", "abc", "\", \"", "1,", "0}", "-1", " ", "  ", "\"a", "x\"", "[]", "{}", "1,2,3", ",4,", ", 5, "})
     tokens.push_back(piece);
   tokens.push_back("<|end|>");
   return Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
@@ -305,6 +336,36 @@ TEST(TokenMask, EqualsBruteForceNearCountedBounds) {
       "c":{"type":"string","maxLength":2},"d":{"type":"string","pattern":"^(ab|c|na){17,19}$"},
       "e":{"type":"string","format":"email"}},"required":["a","b","c","d","e"],"additionalProperties":false})"), 40, 4);
   check_masks_against_brute_force(regex_grammar("(ab|c|\"){18,20}(na|me){0,30}"), 40, 5);
+  // Counted items: tokens that read several separators (`,1,2`) need as many counts.
+  check_masks_against_brute_force(json_schema_grammar(R"({"type":"object","properties":{
+      "a":{"type":"array","items":{"type":"integer","minimum":0,"maximum":9},"minItems":17,"maxItems":19},
+      "b":{"type":"array","items":{"type":"array","items":{"enum":["a",1]},"maxItems":18},"minItems":1,"maxItems":17}},
+      "required":["a","b"],"additionalProperties":false})"), 40, 6);
+}
+
+// A token read inside a counted repetition that may also end it (`Ja` in email's label: J as the repetition's last
+// character and a after it) is allowed where its need is over the budget, since its path past the end fits: at every
+// label length the mask equals the brute-force verdict, tokens of two and three letters included.
+TEST(TokenMask, TokensLeavingACountedRepetitionNearItsBound) {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* piece : {"Ja", "aa", "aaa", "a.", "a-", "-a", "a.x", "aa.x"}) tokens.push_back(piece);
+  tokens.push_back("<|end|>");
+  const auto vocabulary = Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
+  const TokenId stop = vocabulary->size() - 1;
+  const auto compiled = compile(regex_grammar("[A-Za-z]([A-Za-z-]{0,20}[A-Za-z])?\\.x"), vocabulary, {stop});
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  GrammarMatcher matcher(compiled);
+  for (int length = 1; length <= 22; ++length) {
+    ASSERT_TRUE(matcher.accept_bytes("a")) << length;
+    matcher.fill_next_token_mask(mask);
+    for (TokenId t = 0; t < vocabulary->size(); ++t) {
+      const bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+      const bool accepted = matcher.accept_token(t);
+      if (accepted) matcher.rollback(1);
+      ASSERT_EQ(bit, accepted) << "token '" << vocabulary->bytes(t) << "' after " << length << " letters";
+    }
+  }
 }
 
 TEST(TokenMask, EqualsBruteForceOnAnyJsonAndEbnf) {

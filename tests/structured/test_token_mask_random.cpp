@@ -76,7 +76,7 @@ class SchemaGenerator {
   int pick(int n) { return static_cast<int>(rng_() % static_cast<uint32_t>(n)); }
 
   std::string value(int depth) {
-    switch (pick(depth < 3 ? 11 : 8)) {
+    switch (pick(depth < 3 ? 15 : 12)) {
       case 0: return R"({"type":"string"})";
       case 1: return R"({"type":"string","maxLength":)" + std::to_string(pick(6)) + "}";
       case 2: return R"({"type":"string","minLength":1,"pattern":"^[a-c]+[0-9]?$"})";
@@ -86,8 +86,17 @@ class SchemaGenerator {
       case 5: return R"({"type":"boolean"})";
       case 6: return pick(2) ? R"({"enum":["a","é日",null,1,"ab"]})" : R"({"enum":["a","é日",null,1]})";
       case 7: return R"({"anyOf":[{"type":"null"},{"type":"string","format":"date"}]})";
-      case 8: return R"({"type":"array","items":)" + value(depth + 1) + R"(,"maxItems":)" + std::to_string(1 + pick(3)) + "}";
-      case 9: return object(depth + 1);
+      // Counted repetitions: a length bound over the counter's threshold (a token of the vocabulary is at most ~24
+      // bytes, so the classification drops the count where fewer than that are left); a pattern whose counted part is
+      // followed by a character it also reads (email's label); many small items, counted per `, item`.
+      case 8: return R"({"type":"string","maxLength":)" + std::to_string(17 + pick(40)) + "}";
+      case 9: return pick(2) ? R"({"type":"string","format":"email"})"
+                             : R"({"type":"string","pattern":"^[a-c]([a-c0-9-]{0,20}[a-c])?$"})";
+      case 10: return R"({"type":"array","items":{"enum":[1,"a",null]},"minItems":)" + std::to_string(pick(20)) +
+                      R"(,"maxItems":)" + std::to_string(20 + pick(3)) + "}";
+      case 11: return R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":99},"minItems":17})";
+      case 12: return R"({"type":"array","items":)" + value(depth + 1) + R"(,"maxItems":)" + std::to_string(1 + pick(3)) + "}";
+      case 13: return object(depth + 1);
       default: return "{}";  // any JSON value
     }
   }
@@ -107,7 +116,7 @@ void check_walks(const Grammar& grammar, const std::shared_ptr<const Vocabulary>
     GrammarMatcher by_tokens(compiled);
     GrammarMatcher by_bytes(bytes_only);
     std::string text;
-    for (int step = 0; step < 80 && !by_tokens.completed(); ++step) {
+    for (int step = 0; step < 120 && !by_tokens.completed(); ++step) {
       by_tokens.fill_next_token_mask(mask);
       std::vector<TokenId> allowed;
       for (TokenId t = 0; t < v.size(); ++t) {
@@ -131,6 +140,63 @@ void check_walks(const Grammar& grammar, const std::shared_ptr<const Vocabulary>
     }
     if (by_tokens.completed()) {
       EXPECT_TRUE(GrammarMatcher::matches(*compiled, text)) << what << ": '" << text << "'";
+    }
+  }
+}
+
+// Every token's mask bit against the byte matcher's verdict at the current position.
+void check_mask_here(GrammarMatcher& by_tokens, GrammarMatcher& by_bytes, const Vocabulary& v,
+                     const std::vector<TokenId>& stops, std::vector<uint32_t>& mask, const std::string& what,
+                     const std::string& text) {
+  by_tokens.fill_next_token_mask(mask);
+  for (TokenId t = 0; t < v.size(); ++t) {
+    const bool bit = (mask[t >> 5] >> (t & 31)) & 1;
+    bool viable;
+    if (v.is_special(t)) {
+      viable = by_bytes.can_end() && std::find(stops.begin(), stops.end(), t) != stops.end();
+    } else {
+      viable = !v.bytes(t).empty() && by_bytes.accept_bytes(v.bytes(t));
+      if (viable) by_bytes.rollback(1);
+    }
+    ASSERT_EQ(bit, viable) << what << ": token " << t << " '" << v.bytes(t) << "' after '" << text << "'";
+  }
+}
+
+// Random states deep inside counted repetitions: walks that pick a random viable byte at a time (most viable bytes are
+// a string's or a label's characters, so walks run up to length bounds, which token walks seldom reach), checking
+// the whole mask at every byte.
+TEST(TokenMaskRandom, RandomByteWalksNearCountedBoundsAgreeWithTheByteMatcher) {
+  const auto vocabulary = random_vocabulary(9);
+  const TokenId stop = vocabulary->size() - 1;
+  const std::vector<std::string> schemas = {
+      R"({"type":"object","properties":{"e":{"type":"string","format":"email"},"n":{"type":"string","maxLength":20}},"required":["e","n"]})",
+      R"({"type":"object","properties":{"l":{"type":"string","pattern":"^[a-c]([a-c0-9-]{0,17}[a-c])?$"},"s":{"type":"array","items":{"enum":[1,"a",null]},"minItems":3,"maxItems":18}},"required":["l","s"]})",
+      R"({"type":"array","items":{"type":"string","maxLength":3},"minItems":17,"maxItems":19})"};
+  std::mt19937 rng(21);
+  std::vector<uint32_t> mask(vocabulary->mask_words());
+  for (const std::string& schema : schemas) {
+    const Grammar grammar = json_schema_grammar(schema);
+    const auto compiled = CompiledGrammar::compile(grammar, vocabulary, {stop});
+    const auto bytes_only = CompiledGrammar::compile(grammar, nullptr, {});
+    for (int walk = 0; walk < 12; ++walk) {
+      GrammarMatcher by_tokens(compiled);
+      GrammarMatcher by_bytes(bytes_only);
+      std::string text;
+      for (int step = 0; step < 160 && !by_bytes.completed(); ++step) {
+        check_mask_here(by_tokens, by_bytes, *vocabulary, {stop}, mask, schema, text);
+        if (HasFatalFailure()) return;
+        std::vector<char> viable;
+        for (int b = 0; b < 256; ++b)
+          if (by_bytes.accept_bytes(std::string(1, static_cast<char>(b)))) {
+            by_bytes.rollback(1);
+            viable.push_back(static_cast<char>(b));
+          }
+        if (viable.empty()) break;  // complete, nothing more to read
+        const std::string byte(1, viable[rng() % viable.size()]);
+        ASSERT_TRUE(by_bytes.accept_bytes(byte));
+        ASSERT_TRUE(by_tokens.accept_bytes(byte));
+        text += byte;
+      }
     }
   }
 }
