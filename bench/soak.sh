@@ -23,7 +23,7 @@ mkdir -p "$out"
 source bench/serve_start.sh
 serve_start "$exe" "$out/serve.log" --model models/beam-nano --device cpu \
   --kv-cache-memory "${SOAK_KV_CACHE_MEMORY:-64MiB}" "$@"
-echo "beamline serve (pid $server, $base; commit $(git rev-parse --short HEAD)): $seconds s at $concurrency workers"
+echo "$exe (pid $server, $base), scripts at commit $(git rev-parse --short HEAD): $seconds s at $concurrency workers"
 status=0
 /usr/bin/python3 bench/soak_client.py --base-url "$base" --pid "$server" --duration "$seconds" --warmup "$warmup" \
   --concurrency "$concurrency" --out "$out" || status=$?
