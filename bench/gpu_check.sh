@@ -12,6 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-cuda-dev}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 BIN=$PWD/$BUILD/apps/beamline/beamline
 OPS=$PWD/$BUILD/tests/backend_ops/backend_ops
 WORK=$(mktemp -d)

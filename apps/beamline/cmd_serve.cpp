@@ -250,7 +250,7 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   std::vector<std::unique_ptr<Engine>> engines;
   for (std::unique_ptr<ModelRunner>& replica : runners)
     engines.push_back(std::make_unique<Engine>(options.engine, std::move(replica), tokenizer, generation.eos_token_ids));
-  EngineClient engine(std::move(engines));
+  EngineClient engine(std::move(engines), parse_data_parallel_routing(options.parallel.data_parallel_routing));
   for (const EngineConfig::LoraModulePath& module : options.engine.lora_modules) {
     engine.load_lora_adapter(module.name, module.path);
     spdlog::info("LoRA adapter '{}' loaded from {}", module.name, module.path);
@@ -266,7 +266,10 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   running_api = &api;
   const int port = api.bind();
   spdlog::info("serving '{}' (max_model_len {}{}) at http://{}:{}/v1", name, engine.config().max_model_len,
-               engine.num_engines() > 1 ? fmt::format(", {} data-parallel engines", engine.num_engines()) : "",
+               engine.num_engines() > 1
+                   ? fmt::format(", {} data-parallel engines, {} routing", engine.num_engines(),
+                                 engine.routing() == DataParallelRouting::PrefixAware ? "prefix-aware" : "least-loaded")
+                   : "",
                options.http.host, port);
   signals.watch(api, engine);
   api.serve();

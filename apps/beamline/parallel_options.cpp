@@ -28,6 +28,12 @@ void add_parallel_options(CLI::App& command, ParallelConfig& config) {
                      "--enable-expert-parallel they share the experts")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  command.add_option("--data-parallel-routing", config.data_parallel_routing,
+                     "where a new request goes among data-parallel engines: prefix-aware (the engine that took the "
+                     "longest prefix of its prompt, unless it is well above the least loaded; needs prefix caching) "
+                     "or least-loaded (fewest unfinished requests, vLLM's rule)")
+      ->check(CLI::IsMember({"prefix-aware", "least-loaded"}))
+      ->capture_default_str();
   command.add_flag("--enable-expert-parallel", config.expert,
                    "spread whole experts over the data x tensor ranks instead of splitting every expert");
   command.add_option("--distributed-timeout-seconds", config.timeout_seconds,

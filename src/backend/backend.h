@@ -54,11 +54,21 @@ struct LoraTensors {
   bool defined() const { return a.defined(); }
 };
 
+// LoRA adapters of one projection [in -> out], each at its own rank (MoE LoRA at true rank, docs/lora.md): entry i of
+// `entries` I64 [N, 3] is {address of a_i, address of b_i, r_i}, a_i [r_i, in] and b_i [out, r_i] F32 in this
+// backend's memory (device addresses on a device), the scale already in b_i; r_i = 0: no adapter (addresses unused).
+// max_rank bounds every r_i. The tensors behind the addresses belong to whoever made the table (model/lora_table.h).
+struct LoraTable {
+  Tensor entries;
+  int64_t in = 0, out = 0, max_rank = 0;
+  bool defined() const { return entries.defined(); }
+};
+
 // LoRA on the three projections of a SwiGLU MLP: of each routed expert (MoE LoRA) or of a dense MLP (one expert).
-// Token t's rows through expert e use adapter row_adapters[t] * experts + e of each defined projection, where
+// Token t's rows through expert e use entry row_adapters[t] * experts + e of each defined projection's table, where
 // row_adapters I32 [T] holds the adapter slot of each token (-1: none) and `experts` is MoeTensors::experts.size().
 struct SwigluLora {
-  LoraTensors gate, up, down;
+  LoraTable gate, up, down;
   Tensor row_adapters;
 };
 
@@ -246,7 +256,8 @@ class Backend {
   virtual void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
                    Tensor& out) = 0;
   // moe() with LoRA on the experts' projections (SwigluLora): inside each expert, gate(h), up(h) and down(a) each add
-  // b (a x) of the row's adapter. Default: an Error naming the backend (the cpu backend has it).
+  // b (a x) of the row's adapter entry (its rank-r_i intermediate summed in FP32 first), before the SwiGLU and before
+  // the routing weight multiplies the expert's output. Default: an Error naming the backend.
   virtual void moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
                         const SwigluLora& lora, Tensor& out);
   // Gathered LoRA (punica's BGMV): y[t] += lora.b[i] (lora.a[i] x[t]) with i = indices[t], for every row whose

@@ -135,4 +135,28 @@ int64_t check_lora_args(const Tensor& x, const LoraTensors& lora, const Tensor& 
   return adapters;
 }
 
+namespace {
+void check_lora_table(const LoraTable& table, int64_t experts, int64_t in, int64_t out, std::string_view what) {
+  if (!table.defined()) return;
+  require(table.entries.rank() == 2 && table.entries.dim(1) == 3 && table.entries.dim(0) % experts == 0,
+          "moe_lora: {} table {} is not [slots x {} experts, 3]", what, describe(table.entries), experts);
+  require_dtype(table.entries, DType::I64, "moe_lora", what);
+  require(table.in == in && table.out == out && table.max_rank >= 1,
+          "moe_lora: {} table is {} -> {} of rank up to {}, the experts' projection is {} -> {}", what, table.in,
+          table.out, table.max_rank, in, out);
+}
+}  // namespace
+
+int64_t check_moe_lora_args(const Tensor& h, const MoeTensors& moe, const SwigluLora& lora) {
+  const auto experts = static_cast<int64_t>(moe.experts.size());
+  require(experts > 0, "moe_lora: no experts");
+  const int64_t hidden = h.dim(1), intermediate = moe.experts.front().gate.out_features();
+  check_lora_table(lora.gate, experts, hidden, intermediate, "gate");
+  check_lora_table(lora.up, experts, hidden, intermediate, "up");
+  check_lora_table(lora.down, experts, intermediate, hidden, "down");
+  require_shape(lora.row_adapters, {h.dim(0)}, "moe_lora", "row_adapters");
+  require_dtype(lora.row_adapters, DType::I32, "moe_lora", "row_adapters");
+  return experts;
+}
+
 }  // namespace beamline

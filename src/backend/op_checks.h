@@ -24,6 +24,9 @@ void check_place_tokens_args(const Tensor& source, std::span<const int32_t> pair
 int32_t check_sample_args(const Tensor& logits, std::span<const SampleRow> rows, const SampleOutputs& out);
 // lora's a [N, R, in] and b [N, out, R] F32, x [T, in] and y [T, out] F32, indices I32 [T]. Returns N.
 int64_t check_lora_args(const Tensor& x, const LoraTensors& lora, const Tensor& indices, const Tensor& y);
+// Backend::moe_lora's SwigluLora against the experts: each defined table I64 [slots x experts, 3] with in / out those
+// of its projection (gate, up: H -> I; down: I -> H) and max_rank >= 1; row_adapters I32 [T]. Returns the experts.
+int64_t check_moe_lora_args(const Tensor& h, const MoeTensors& moe, const SwigluLora& lora);
 // mask_logits' logits [R, V] F32, allowed I32 [N, W >= ceil(V / 32)], one row in [0, R) per mask.
 void check_mask_logits_args(const Tensor& logits, std::span<const int32_t> rows, const Tensor& allowed);
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -27,11 +28,62 @@ constexpr std::string_view kConfigFile = "adapter_config.json";
 constexpr std::string_view kWeightsFile = "adapter_model.safetensors";
 constexpr std::string_view kPeftPrefix = "base_model.model.";
 
+// A rank_pattern or alpha_pattern entry: PEFT's key, matched against a module's path as re.match(rf"(.*\.)?({key})$").
+template <typename T>
+struct PatternEntry {
+  std::string key;
+  std::regex regex;
+  T value;
+};
+
 struct AdapterConfig {
   int64_t rank = 0;
-  double scale = 1.0;
+  double alpha = 0.0;
+  bool rslora = false;
   std::set<std::string, std::less<>> targets;  // PEFT module names (q_proj ..)
+  std::vector<PatternEntry<int64_t>> rank_pattern;
+  std::vector<PatternEntry<double>> alpha_pattern;
 };
+
+// The value of the patterns that match `module`, nullopt when none does. nlohmann's objects forget PEFT's key order
+// (PEFT takes the first matching key), so two matching keys that disagree are refused rather than guessed between.
+template <typename T>
+std::optional<T> pattern_value(const std::vector<PatternEntry<T>>& patterns, const std::string& module,
+                               const std::filesystem::path& config_file, std::string_view what) {
+  const PatternEntry<T>* chosen = nullptr;
+  for (const PatternEntry<T>& entry : patterns) {
+    if (!std::regex_match(module, entry.regex)) continue;
+    if (chosen != nullptr && chosen->value != entry.value)
+      fail("{}: key \"{}\": module \"{}\" matches both \"{}\" ({}) and \"{}\" ({})", config_file.string(), what, module,
+           chosen->key, chosen->value, entry.key, entry.value);
+    chosen = &entry;
+  }
+  if (chosen == nullptr) return std::nullopt;
+  return chosen->value;
+}
+
+// rank_pattern / alpha_pattern: {PEFT key: value}; absent, null or {} for none.
+template <typename T, typename Read>
+std::vector<PatternEntry<T>> read_pattern(const nlohmann::json& json, std::string_view key, const jf::Location& root,
+                                          Read read) {
+  std::vector<PatternEntry<T>> patterns;
+  const nlohmann::json* object = jf::find(json, key);
+  if (object == nullptr) return patterns;
+  jf::expect_object(*object, root.key(key));
+  for (const auto& [pattern, value] : object->items()) {
+    const jf::Location where = root.key(key).key(pattern);
+    try {
+      patterns.push_back({pattern, std::regex("(.*\\.)?(" + pattern + ")"), read(value, where)});
+    } catch (const std::regex_error& error) {
+      jf::fail_at(where, fmt::format("is not a regular expression this reader takes: {}", error.what()));
+    }
+  }
+  return patterns;
+}
+
+double module_scale(const AdapterConfig& config, int64_t rank, double alpha) {
+  return config.rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -65,13 +117,21 @@ AdapterConfig read_config(const std::filesystem::path& dir, int64_t max_lora_ran
   if (config.rank < 1) jf::fail_at(root.key("r"), fmt::format("must be at least 1 (got {})", config.rank));
   if (config.rank > max_lora_rank)
     jf::fail_at(root.key("r"), fmt::format("rank {} exceeds --max-lora-rank {}", config.rank, max_lora_rank));
-  const double alpha = jf::required_number(json, "lora_alpha", root);
-  const bool rslora = jf::optional_bool(json, "use_rslora", root).value_or(false);
-  config.scale = rslora ? alpha / std::sqrt(static_cast<double>(config.rank)) : alpha / static_cast<double>(config.rank);
+  config.alpha = jf::required_number(json, "lora_alpha", root);
+  config.rslora = jf::optional_bool(json, "use_rslora", root).value_or(false);
+  config.rank_pattern = read_pattern<int64_t>(json, "rank_pattern", root, [&](const nlohmann::json& value,
+                                                                              const jf::Location& where) {
+    const int64_t rank = jf::as_integer(value, where);
+    if (rank < 1) jf::fail_at(where, fmt::format("must be at least 1 (got {})", rank));
+    if (rank > max_lora_rank) jf::fail_at(where, fmt::format("rank {} exceeds --max-lora-rank {}", rank, max_lora_rank));
+    return rank;
+  });
+  config.alpha_pattern = read_pattern<double>(
+      json, "alpha_pattern", root, [](const nlohmann::json& value, const jf::Location& where) {
+        return jf::as_number(value, where);
+      });
   require_unused(json, "bias", root, "LoRA biases are not applied");
   require_unused(json, "use_dora", root, "DoRA is not applied");
-  require_unused(json, "rank_pattern", root, "every module has rank r here");
-  require_unused(json, "alpha_pattern", root, "every module has lora_alpha here");
   require_unused(json, "modules_to_save", root, "only LoRA deltas are applied");
   require_unused(json, "fan_in_fan_out", root, "lora_A is [r, in] and lora_B [out, r]");
   const nlohmann::json& targets = jf::required(json, "target_modules", root);
@@ -172,25 +232,34 @@ LoraWeights load_peft_adapter(const std::filesystem::path& dir, const ModelConfi
             "{}: tensor \"{}\": {} is not in {}'s target_modules", file.string(), name,
             lora_projection_name(parsed->projection), kConfigFile);
     const int64_t out = shape->second[0], in = shape->second[1];
+    // The module's own rank (an expert's r / top_k comes as a rank_pattern entry) and scale (module_scale).
+    const std::filesystem::path config_file = dir / kConfigFile;
+    const std::optional<int64_t> pattern_rank = pattern_value(adapter.rank_pattern, module, config_file, "rank_pattern");
+    const int64_t rank = pattern_rank.value_or(adapter.rank);
+    const double alpha =
+        pattern_value(adapter.alpha_pattern, module, config_file, "alpha_pattern").value_or(adapter.alpha);
     const TensorView& view = archive->at(name);
-    const std::vector<int64_t> expected = is_a ? std::vector<int64_t>{adapter.rank, in} : std::vector<int64_t>{out, adapter.rank};
-    require(view.shape == expected, "{}: tensor \"{}\" has shape {}, expected {} (r = {}, the projection is [{}, {}])",
-            file.string(), name, shape_string(view.shape), shape_string(expected), adapter.rank, out, in);
+    const std::vector<int64_t> expected = is_a ? std::vector<int64_t>{rank, in} : std::vector<int64_t>{out, rank};
+    require(view.shape == expected,
+            "{}: tensor \"{}\" has shape {}, expected {} (rank {} from {}, the projection is [{}, {}])", file.string(),
+            name, shape_string(view.shape), shape_string(expected), rank,
+            pattern_rank ? "rank_pattern" : "r", out, in);
     LoraModule& entry = modules.try_emplace(module, *parsed).first->second;
-    entry.rank = adapter.rank;
+    entry.rank = rank;
     entry.in = in;
     entry.out = out;
+    entry.scale = module_scale(adapter, rank, alpha);
     if (is_a) {
       entry.a = to_floats(view, file);
     } else {
       entry.b = to_floats(view, file);
-      for (float& value : entry.b) value = static_cast<float>(value * adapter.scale);
+      for (float& value : entry.b) value = static_cast<float>(value * entry.scale);
       seen_b.insert(module);
     }
   }
   LoraWeights weights;
   weights.rank = adapter.rank;
-  weights.scale = adapter.scale;
+  weights.scale = module_scale(adapter, adapter.rank, adapter.alpha);
   for (auto& [module, entry] : modules) {
     require(!entry.a.empty() && seen_b.contains(module), "{}: module \"{}\" has lora_{} but no lora_{}",
             file.string(), module, entry.a.empty() ? "B" : "A", entry.a.empty() ? "A" : "B");

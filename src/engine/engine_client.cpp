@@ -2,34 +2,35 @@
 
 #include <future>
 
+#include "engine/engine_core.h"
+
 #include "util/error.h"
 
 namespace beamline {
 
-EngineClient::EngineClient(std::vector<std::unique_ptr<Engine>> engines) : engines_(std::move(engines)) {
+EngineClient::EngineClient(std::vector<std::unique_ptr<Engine>> engines, DataParallelRouting routing)
+    : engines_(std::move(engines)) {
   require(!engines_.empty(), "engine client: no engine");
+  const EngineConfig& config = engines_.front()->config();
+  if (routing == DataParallelRouting::PrefixAware && engines_.size() > 1 && config.enable_prefix_caching) {
+    const int32_t blocks = engines_.front()->stats().kv_blocks_total;
+    router_ = std::make_unique<PrefixRouter>(engines_.size(), config.block_size, static_cast<std::size_t>(blocks));
+  }
 }
 
 EngineClient::~EngineClient() { shutdown(ShutdownMode::Abort); }
 
 std::shared_ptr<OutputStream> EngineClient::add_request(GenerationRequest request) {
-  std::size_t start = 0;
+  std::size_t chosen = 0;
   {
-    std::lock_guard lock(next_mutex_);
-    start = next_;
+    std::lock_guard lock(routing_mutex_);
+    const std::size_t start = next_;
     next_ = (next_ + 1) % engines_.size();
+    std::vector<int64_t> loads;
+    for (const auto& engine : engines_) loads.push_back(engine->num_unfinished_requests());
+    chosen = router_ ? router_->route(request.prompt, request.cache_salt, loads, start) : least_loaded_engine(loads, start);
   }
-  std::size_t best = start;
-  int64_t best_load = engines_[start]->num_unfinished_requests();
-  for (std::size_t i = 1; i < engines_.size() && best_load > 0; ++i) {
-    const std::size_t at = (start + i) % engines_.size();
-    const int64_t load = engines_[at]->num_unfinished_requests();
-    if (load < best_load) {
-      best = at;
-      best_load = load;
-    }
-  }
-  return engines_[best]->add_request(std::move(request));
+  return engines_[chosen]->add_request(std::move(request));
 }
 
 void EngineClient::abort(const std::string& request_id) {
@@ -54,6 +55,12 @@ void EngineClient::resume() {
 
 void EngineClient::run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task) {
   for (const auto& engine : engines_) engine->run_between_steps(task);
+}
+
+void EngineClient::reset_prefix_cache() {
+  run_between_steps([](EngineCore& core, ModelRunner&) { core.reset_prefix_cache(); });
+  std::lock_guard lock(routing_mutex_);
+  if (router_) router_->clear();
 }
 
 void EngineClient::set_weight_version(const std::string& version) {

@@ -1,8 +1,9 @@
 #pragma once
 // What the HTTP server talks to (vLLM's EngineClient): the engines of the data-parallel replicas (one without
-// --data-parallel-size), each with its own scheduler and KV cache, behind one front end. A new request goes to the
-// engine with the fewest unfinished requests (ties: the next in turn), as vLLM's data-parallel load balancer does;
-// control calls (pause, resume, between-steps tasks, shutdown) reach every engine. Thread-safe as Engine is.
+// --data-parallel-size), each with its own scheduler and KV cache, behind one front end. A new request goes where
+// the routing says (engine/prefix_router.h): to the engine with the fewest unfinished requests (ties: the next in
+// turn), as vLLM's data-parallel load balancer does, or to the one that took its prompt's longest prefix; control
+// calls (pause, resume, between-steps tasks, shutdown) reach every engine. Thread-safe as Engine is.
 #include <functional>
 #include <mutex>
 #include <memory>
@@ -10,16 +11,19 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/prefix_router.h"
 
 namespace beamline {
 
 class EngineClient {
  public:
   // At least one engine; engine 0's config, vocabulary and tokenizer stand for all (they serve the same model).
-  explicit EngineClient(std::vector<std::unique_ptr<Engine>> engines);
+  // Prefix-aware routing needs prefix caching (else it is least-loaded) and matters only with several engines.
+  explicit EngineClient(std::vector<std::unique_ptr<Engine>> engines,
+                        DataParallelRouting routing = DataParallelRouting::LeastLoaded);
   ~EngineClient();  // shutdown(ShutdownMode::Abort), the engines in reverse order
 
-  // Engine::add_request on the least loaded engine.
+  // Engine::add_request on the engine the routing picks.
   std::shared_ptr<OutputStream> add_request(GenerationRequest request);
   // Every engine ignores ids it does not hold, so the one that holds it aborts it.
   void abort(const std::string& request_id);
@@ -30,6 +34,10 @@ class EngineClient {
   bool paused() const { return engines_.front()->paused(); }
   // On every engine in turn (each between two of its steps).
   void run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task);
+  // Empties every engine's prefix cache (between steps) and what the router remembers of them.
+  void reset_prefix_cache();
+  // The routing in use, after the fallback above.
+  DataParallelRouting routing() const { return router_ ? DataParallelRouting::PrefixAware : DataParallelRouting::LeastLoaded; }
   std::string weight_version() const { return engines_.front()->weight_version(); }
   void set_weight_version(const std::string& version);
   // LoRA adapters on every engine (Engine::load_lora_adapter); an engine that refuses leaves none holding it.
@@ -46,8 +54,9 @@ class EngineClient {
 
  private:
   std::vector<std::unique_ptr<Engine>> engines_;
-  std::mutex next_mutex_;
-  std::size_t next_ = 0;  // where the search for the least loaded engine starts: ties go round
+  std::mutex routing_mutex_;
+  std::size_t next_ = 0;                  // where the search for an engine starts: ties go round
+  std::unique_ptr<PrefixRouter> router_;  // null: least-loaded
 };
 
 }  // namespace beamline

@@ -614,16 +614,23 @@ LoraTensors& BeamModel::lora_tensors(Layer& layer, LoraProjection projection) {
     case LoraProjection::K: return layer.lora.k;
     case LoraProjection::V: return layer.lora.v;
     case LoraProjection::O: return layer.lora.o;
-    case LoraProjection::Gate: return layer.lora.mlp.gate;
-    case LoraProjection::Up: return layer.lora.mlp.up;
-    case LoraProjection::Down: return layer.lora.mlp.down;
+    default: break;
   }
-  fail("lora: unknown projection");
+  fail("lora: {} is not an attention projection", lora_projection_name(projection));
+}
+
+std::shared_ptr<LoraTableStore>& BeamModel::lora_table(Layer& layer, LoraProjection projection) {
+  switch (projection) {
+    case LoraProjection::Gate: return layer.lora.gate;
+    case LoraProjection::Up: return layer.lora.up;
+    case LoraProjection::Down: return layer.lora.down;
+    default: break;
+  }
+  fail("lora: {} is not an MLP projection", lora_projection_name(projection));
 }
 
 void BeamModel::load_lora(int32_t slot, const LoraWeights& adapter) {
   require(slot >= 0 && slot < max_loras_, "lora: slot {} outside the {} of --max-loras", slot, max_loras_);
-  const int64_t max_rank = max_lora_rank_;
   // The adapter's modules by (layer, projection), checked against the model.
   std::map<std::pair<int64_t, LoraProjection>, std::vector<const LoraModule*>> by_projection;
   for (const LoraModule& module : adapter.modules) {
@@ -639,8 +646,8 @@ void BeamModel::load_lora(int32_t slot, const LoraWeights& adapter) {
             "lora: {}: the layer has no such expert", name);
     require(!mlp || layer.moe == (module.expert >= 0), "lora: {}: the layer's MLP is {}", name,
             layer.moe ? "routed experts" : "dense");
-    require(module.rank >= 1 && module.rank <= max_rank, "lora: {}: rank {} above --max-lora-rank {}", name,
-            module.rank, max_rank);
+    require(module.rank >= 1 && module.rank <= max_lora_rank_, "lora: {}: rank {} above --max-lora-rank {}", name,
+            module.rank, max_lora_rank_);
     require(static_cast<int64_t>(module.a.size()) == module.rank * module.in &&
                 static_cast<int64_t>(module.b.size()) == module.out * module.rank,
             "lora: {}: A holds {} values and B {}, for rank {}, in {}, out {}", name, module.a.size(), module.b.size(),
@@ -650,40 +657,87 @@ void BeamModel::load_lora(int32_t slot, const LoraWeights& adapter) {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     Layer& layer = layers_[i];
     for (LoraProjection projection : kLoraProjections) {
-      LoraTensors& tensors = lora_tensors(layer, projection);
       const auto found = by_projection.find({static_cast<int64_t>(i), projection});
-      const bool experts = layer.moe && projection >= LoraProjection::Gate;
-      const int64_t count = experts ? static_cast<int64_t>(layer.experts.experts.size()) : 1;
-      if (!tensors.defined()) {
-        if (found == by_projection.end()) continue;
-        const LoraModule& first = *found->second.front();
-        tensors.a = backend_.alloc(DType::F32, {max_loras_ * count, max_rank, first.in});
-        tensors.b = backend_.alloc(DType::F32, {max_loras_ * count, first.out, max_rank});
-        backend_.fill_zero(tensors.a);
-        backend_.fill_zero(tensors.b);
-      }
-      // The slot's block of every allocated projection is written, zeros where this adapter has no module, so that
-      // nothing of the slot's previous adapter stays.
-      const int64_t in = tensors.a.dim(2), out = tensors.b.dim(1);
-      std::vector<float> a(static_cast<std::size_t>(count * max_rank * in), 0.0f);
-      std::vector<float> b(static_cast<std::size_t>(count * out * max_rank), 0.0f);
-      if (found != by_projection.end()) {
-        for (const LoraModule* module : found->second) {
-          require(module->in == in && module->out == out, "lora: layer {} {}: [{}, {}] where the model has [{}, {}]", i,
-                  lora_projection_name(projection), module->out, module->in, out, in);
-          const int64_t e = std::max<int64_t>(module->expert, 0);
-          for (int64_t r = 0; r < module->rank; ++r)
-            std::copy_n(module->a.begin() + r * in, in, a.begin() + (e * max_rank + r) * in);
-          for (int64_t o = 0; o < out; ++o)
-            std::copy_n(module->b.begin() + o * module->rank, module->rank, b.begin() + (e * out + o) * max_rank);
-        }
-      }
-      Tensor a_block = tensors.a.view(slot * count * max_rank * in, {count, max_rank, in});
-      Tensor b_block = tensors.b.view(slot * count * out * max_rank, {count, out, max_rank});
-      backend_.copy_to(a_block, a.data());
-      backend_.copy_to(b_block, b.data());
+      const std::vector<const LoraModule*>* modules = found == by_projection.end() ? nullptr : &found->second;
+      if (projection >= LoraProjection::Gate)
+        load_mlp_lora(slot, layer, projection, modules);
+      else
+        load_attention_lora(slot, layer, projection, modules);
     }
   }
+}
+
+void BeamModel::load_attention_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                                    const std::vector<const LoraModule*>* modules) {
+  const int64_t max_rank = max_lora_rank_;
+  LoraTensors& tensors = lora_tensors(layer, projection);
+  if (!tensors.defined()) {
+    if (modules == nullptr) return;
+    const LoraModule& first = *modules->front();
+    tensors.a = backend_.alloc(DType::F32, {max_loras_, max_rank, first.in});
+    tensors.b = backend_.alloc(DType::F32, {max_loras_, first.out, max_rank});
+    backend_.fill_zero(tensors.a);
+    backend_.fill_zero(tensors.b);
+  }
+  // The slot's block of every allocated projection is written, zeros where this adapter has no module, so that
+  // nothing of the slot's previous adapter stays.
+  const int64_t in = tensors.a.dim(2), out = tensors.b.dim(1);
+  std::vector<float> a(static_cast<std::size_t>(max_rank * in), 0.0f);
+  std::vector<float> b(static_cast<std::size_t>(out * max_rank), 0.0f);
+  if (modules != nullptr) {
+    const LoraModule& module = *modules->front();
+    require(module.in == in && module.out == out, "lora: layer {} {}: [{}, {}] where the model has [{}, {}]",
+            module.layer, lora_projection_name(projection), module.out, module.in, out, in);
+    std::copy(module.a.begin(), module.a.end(), a.begin());
+    for (int64_t o = 0; o < out; ++o)
+      std::copy_n(module.b.begin() + o * module.rank, module.rank, b.begin() + o * max_rank);
+  }
+  Tensor a_block = tensors.a.view(slot * max_rank * in, {1, max_rank, in});
+  Tensor b_block = tensors.b.view(slot * out * max_rank, {1, out, max_rank});
+  backend_.copy_to(a_block, a.data());
+  backend_.copy_to(b_block, b.data());
+}
+
+void BeamModel::load_mlp_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                              const std::vector<const LoraModule*>* modules) {
+  std::shared_ptr<LoraTableStore>& store = lora_table(layer, projection);
+  const MoeTensors& experts = layer.moe ? layer.experts : layer.lora.dense;
+  const auto count = static_cast<int64_t>(experts.experts.size());
+  if (store == nullptr) {
+    if (modules == nullptr) return;
+    const LoraModule& first = *modules->front();
+    store = std::make_shared<LoraTableStore>(backend_, max_loras_, count, first.in, first.out);
+    // A dense MLP's weights reach the backend as a one-expert MoE (moe_lora) the first time an adapter adapts it.
+    if (!layer.moe && layer.lora.dense.packed == nullptr) backend_.prepare_moe(layer.lora.dense);
+    // One token without an adapter through moe_lora: a backend that cannot apply LoRA to these experts (quantized
+    // experts on cuda) says so at load, naming them, rather than in a step.
+    SwigluLora probe;
+    (projection == LoraProjection::Gate ? probe.gate : projection == LoraProjection::Up ? probe.up : probe.down) =
+        store->table();
+    probe.row_adapters = backend_.upload_i32(std::vector<int32_t>{-1}, {1});
+    const int64_t hidden = config_.hidden_size;
+    const Tensor h = backend_.upload_f32(std::vector<float>(static_cast<std::size_t>(hidden), 0.0f), {1, hidden});
+    Tensor out = backend_.alloc(DType::F32, {1, hidden});
+    backend_.moe_lora(h, backend_.upload_i32(std::vector<int32_t>{0}, {1, 1}),
+                      backend_.upload_f32(std::vector<float>{1.0f}, {1, 1}), experts, probe, out);
+  }
+  // Every entry of the slot is rewritten (none where this adapter has no module): nothing of its previous adapter
+  // stays.
+  std::vector<const LoraModule*> by_expert(static_cast<std::size_t>(count), nullptr);
+  if (modules != nullptr)
+    for (const LoraModule* module : *modules) by_expert[static_cast<std::size_t>(std::max<int64_t>(module->expert, 0))] = module;
+  store->load(slot, by_expert);
+}
+
+int64_t BeamModel::lora_bytes() const {
+  int64_t total = 0;
+  for (const Layer& layer : layers_) {
+    for (const LoraTensors* tensors : {&layer.lora.q, &layer.lora.k, &layer.lora.v, &layer.lora.o})
+      if (tensors->defined()) total += static_cast<int64_t>(tensors->a.nbytes() + tensors->b.nbytes());
+    for (const LoraTableStore* store : {layer.lora.gate.get(), layer.lora.up.get(), layer.lora.down.get()})
+      if (store != nullptr) total += store->bytes();
+  }
+  return total;
 }
 
 void BeamModel::apply_lora(const LoraTensors& lora, const Tensor& x, const StepInputs& inputs, Tensor& y) {
@@ -692,7 +746,10 @@ void BeamModel::apply_lora(const LoraTensors& lora, const Tensor& x, const StepI
 
 std::optional<SwigluLora> BeamModel::step_mlp_lora(const Layer& layer, const StepInputs& inputs) const {
   if (!inputs.any_lora || !layer.lora.mlp_defined()) return std::nullopt;
-  SwigluLora lora = layer.lora.mlp;
+  SwigluLora lora;
+  if (layer.lora.gate != nullptr) lora.gate = layer.lora.gate->table();
+  if (layer.lora.up != nullptr) lora.up = layer.lora.up->table();
+  if (layer.lora.down != nullptr) lora.down = layer.lora.down->table();
   lora.row_adapters = inputs.row_adapters;
   return lora;
 }

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/forward_batch.h"
+#include "model/lora_table.h"
 #include "model/lora_weights.h"
 #include "model/model_shard.h"
 #include "model/weights.h"
@@ -112,6 +113,8 @@ class BeamModel {
   // (zeroed) when the first adapter that adapts it arrives. Error naming the module for one the model lacks, a rank
   // above max_rank or a wrong size; then the slot must not be used until a load succeeds.
   void load_lora(int32_t slot, const LoraWeights& adapter);
+  // Bytes the loaded adapters take on the backend: attention's stacked tensors and the MLP tables (docs/lora.md).
+  int64_t lora_bytes() const;
 
   // Block drafting (spec/block_drafter.h) reads the residual stream right after these layers (0-based, after both
   // residual adds) for every row of each step: after forward(), captured_hidden() is F32 [layers.size(), rows, hidden]
@@ -125,13 +128,14 @@ class BeamModel {
   const LinearTensors& lm_head() const { return lm_head_; }
 
  private:
-  // A layer's stacked LoRA adapters (slot-major; the MLP's slot * experts + expert), undefined until some adapter
-  // adapts the projection. A dense MLP takes moe_lora as one expert (`dense`) routed with weight 1.
+  // A layer's LoRA adapters, absent until some adapter adapts the projection: attention stacked slot-major at
+  // --max-lora-rank; the MLP's at their true ranks (model/lora_table.h: entry slot * experts + expert). A dense MLP
+  // takes moe_lora as one expert (`dense`) routed with weight 1.
   struct LayerLora {
     LoraTensors q, k, v, o;
-    SwigluLora mlp;
+    std::shared_ptr<LoraTableStore> gate, up, down;
     MoeTensors dense;
-    bool mlp_defined() const { return mlp.gate.defined() || mlp.up.defined() || mlp.down.defined(); }
+    bool mlp_defined() const { return gate != nullptr || up != nullptr || down != nullptr; }
   };
 
   struct Layer {
@@ -144,8 +148,16 @@ class BeamModel {
     LayerLora lora;
   };
 
-  // The projection's stacked adapters in `layer`.
+  // The stacked adapters of attention projection `projection` (Q, K, V or O) in `layer`.
   static LoraTensors& lora_tensors(Layer& layer, LoraProjection projection);
+  // The table of MLP projection `projection` (Gate, Up or Down) in `layer`.
+  static std::shared_ptr<LoraTableStore>& lora_table(Layer& layer, LoraProjection projection);
+  // Puts `adapter`'s attention modules of one projection in `slot` (zeros where it has none).
+  void load_attention_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                           const std::vector<const LoraModule*>* modules);
+  // Puts `adapter`'s MLP modules of one projection (by expert) in `slot`'s entries of the layer's table.
+  void load_mlp_lora(int32_t slot, Layer& layer, LoraProjection projection,
+                     const std::vector<const LoraModule*>* modules);
   // y += the LoRA of the step's rows (nothing when none has an adapter or none adapts this projection).
   void apply_lora(const LoraTensors& lora, const Tensor& x, const StepInputs& inputs, Tensor& y);
   // The SwiGLU of a dense layer over h into branch, with its rows' LoRA: moe_lora with one expert of weight 1.

@@ -1,7 +1,8 @@
 #pragma once
 // One LoRA adapter as the model takes it (docs/lora.md): for each adapted projection, A [rank, in] and B [out, rank]
-// in F32 on the host, B already multiplied by the adapter's scale (lora_alpha / r, or / sqrt(r) with rsLoRA), so that
-// the projection computes y = x Wᵀ + (x Aᵀ) Bᵀ. checkpoint/lora_adapter.h reads and checks PEFT's files into it.
+// in F32 on the host at the module's own rank (r, or its rank_pattern entry: experts at r / top_k stay at that rank),
+// B already multiplied by the module's scale, so that the projection computes y = x Wᵀ + (x Aᵀ) Bᵀ.
+// checkpoint/lora_adapter.h reads and checks PEFT's files into it.
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -23,13 +24,16 @@ struct LoraModule {
   LoraProjection projection = LoraProjection::Q;
   int64_t expert = -1;  // a routed expert's projection (MoE LoRA); -1: attention or the dense MLP
   int64_t rank = 0, in = 0, out = 0;
+  // lora_alpha / rank of this module (its own rank, and its alpha_pattern entry if any), or / sqrt(rank) with rsLoRA:
+  // an expert at r_e = r / top_k has alpha / r_e, as PEFT (rank_pattern) and Megatron-Bridge (normalize_moe_lora) scale.
+  double scale = 1.0;
   std::vector<float> a;  // [rank, in]
   std::vector<float> b;  // [out, rank], times the scale
 };
 
 struct LoraWeights {
-  int64_t rank = 0;
-  double scale = 1.0;
+  int64_t rank = 0;    // the config's r (modules without a rank_pattern entry)
+  double scale = 1.0;  // the scale of a module of rank r without an alpha_pattern entry
   std::vector<LoraModule> modules;
 };
 

@@ -4,6 +4,7 @@
 // World ranks are ordered data-parallel rank, then pipeline stage, then tensor-parallel rank (the fastest), so that
 // one tensor-parallel group sits on consecutive ranks (one node's GPUs).
 #include <cstdint>
+#include <string>
 
 namespace beamline {
 
@@ -17,6 +18,10 @@ struct ParallelConfig {
   // the stages, so that the stages work at once (0: one per stage; 1: off). No vLLM flag: vLLM overlaps whole
   // scheduler batches instead.
   int32_t pipeline_micro_batches = 0;
+  // --data-parallel-routing: which engine a new request goes to (engine/prefix_router.h). No vLLM flag: vLLM's
+  // internal balancer is least-loaded; prefix-aware routing is what its external routers (llm-d, the production
+  // stack) add.
+  std::string data_parallel_routing = "prefix-aware";
 
   int32_t world_size() const { return tensor * pipeline * data; }
   int32_t micro_batches() const { return pipeline_micro_batches > 0 ? pipeline_micro_batches : pipeline; }

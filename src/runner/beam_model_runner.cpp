@@ -167,12 +167,6 @@ void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::pat
   require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
   lora_adapters_.erase(slot);
   LoraWeights adapter = load_peft_adapter(dir, model_->config(), max_lora_rank_);
-  if (backend_->device() != Device::Cpu)
-    for (const LoraModule& module : adapter.modules)
-      require(module.projection < LoraProjection::Gate,
-              "{}: LoRA on {} (layer {}) needs moe_lora, which the {} backend does not have yet; serve this adapter on "
-              "the cpu backend or adapt attention only (docs/lora.md)",
-              dir.string(), lora_projection_name(module.projection), module.layer, backend_->name());
   model_->load_lora(slot, adapter);
   lora_adapters_.emplace(slot, std::move(adapter));
 }

@@ -67,7 +67,7 @@ Json RolloutControl::pause(const ControlRequest& request) {
   const bool clear_cache = bool_parameter(request, "clear_cache").value_or(true);
   std::lock_guard lock(mutex_);
   context_.engine.pause(mode);
-  if (clear_cache) context_.engine.run_between_steps([](EngineCore& core, ModelRunner&) { core.reset_prefix_cache(); });
+  if (clear_cache) context_.engine.reset_prefix_cache();
   return Json{{"status", "paused"}};
 }
 
@@ -90,7 +90,7 @@ Json RolloutControl::sleep(const ControlRequest& request) {
   // Requests in flight are kept and continue after /wake_up; the KV cache's contents are dropped (vLLM: level 1
   // and 2 both discard it), so nothing cached is reused.
   context_.engine.pause(PauseMode::Keep);
-  context_.engine.run_between_steps([](EngineCore& core, ModelRunner&) { core.reset_prefix_cache(); });
+  context_.engine.reset_prefix_cache();
   asleep_ = kSleepTags;
   sleeping_ = true;
   spdlog::info("sleeping (level {}); device memory is kept (see docs/rl.md)", level);
@@ -127,7 +127,7 @@ Json RolloutControl::is_sleeping() const { return Json{{"is_sleeping", sleeping_
 
 Json RolloutControl::reset_prefix_cache() {
   std::lock_guard lock(mutex_);
-  context_.engine.run_between_steps([](EngineCore& core, ModelRunner&) { core.reset_prefix_cache(); });
+  context_.engine.reset_prefix_cache();
   return Json{{"success", true}};
 }
 
@@ -182,6 +182,7 @@ Json RolloutControl::apply_weight_update(const ControlRequest& request, const st
       load(runner);
       if (flush_cache) core.reset_prefix_cache();
     });
+    if (flush_cache) context_.engine.reset_prefix_cache();  // the data-parallel router's memory of the caches too
   } catch (const Error& failed) {
     if (pause) context_.engine.resume();
     throw invalid_request(param, fmt::format("{}: {} (the served weights are unchanged)", endpoint, failed.what()));

@@ -122,6 +122,27 @@ void Harness::print_table() const {
   std::printf("\n%zu cases, %d failed\n", results_.size(), failures());
 }
 
+ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate) {
+  std::vector<Harness::Pair> gate, up, down;
+  for (int32_t e = 0; e < distinct; ++e) {
+    const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
+    gate.push_back(harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale));
+    up.push_back(harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale));
+    down.push_back(
+        harness.random_weight(DType::BF16, {hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))));
+  }
+  ExpertPair pair;
+  for (int32_t e = 0; e < experts; ++e) {
+    const auto i = static_cast<std::size_t>(e % distinct);
+    pair.device.experts.push_back({{gate[i].device, {}, {}}, {up[i].device, {}, {}}, {down[i].device, {}, {}}});
+    pair.reference.experts.push_back(
+        {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
+  }
+  harness.device().prepare_moe(pair.device);
+  harness.reference().prepare_moe(pair.reference);
+  return pair;
+}
+
 std::pair<std::vector<int32_t>, std::vector<float>> random_assignment(Inputs& inputs, int64_t rows, int32_t experts,
                                                                       int32_t top_k) {
   std::vector<int32_t> ids, all(static_cast<std::size_t>(experts));

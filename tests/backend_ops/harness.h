@@ -129,6 +129,14 @@ class Harness {
   std::vector<Result> results_;
 };
 
+// A stack of `experts` random BF16 SwiGLU experts (fan-in scaled) on both backends, prepared for the moe ops; the
+// first `distinct` drawn and reused cyclically (a prime, for Beam-sized stacks: host memory stays bounded and
+// neighbouring experts still differ, so a wrong expert index shows).
+struct ExpertPair {
+  MoeTensors device, reference;
+};
+ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate);
+
 // Routings of MoE cases (the moe and fp8 families). Expert ids of `rows` tokens: top_k distinct experts each, in
 // random order; weights positive.
 std::pair<std::vector<int32_t>, std::vector<float>> random_assignment(Inputs& inputs, int64_t rows, int32_t experts,

@@ -109,26 +109,7 @@ void test_moe(Harness& harness) {
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
-    // Beam-sized stacks reuse `distinct` (a prime) random experts cyclically to bound host memory; neighbouring
-    // experts still differ, so a wrong expert index shows.
-    std::vector<SwigluTensors> device_experts, reference_experts;
-    std::vector<Harness::Pair> gate, up, down;
-    for (int32_t e = 0; e < c.distinct; ++e) {
-      const float in_scale = 1.0f / std::sqrt(static_cast<float>(c.hidden));
-      gate.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
-      up.push_back(harness.random_weight(DType::BF16, {c.intermediate, c.hidden}, in_scale));
-      down.push_back(harness.random_weight(DType::BF16, {c.hidden, c.intermediate},
-                                           1.0f / std::sqrt(static_cast<float>(c.intermediate))));
-    }
-    MoeTensors device_moe, reference_moe;
-    for (int32_t e = 0; e < c.experts; ++e) {
-      const auto i = static_cast<std::size_t>(e % c.distinct);
-      device_moe.experts.push_back({{gate[i].device, {}, {}}, {up[i].device, {}, {}}, {down[i].device, {}, {}}});
-      reference_moe.experts.push_back(
-          {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
-    }
-    harness.device().prepare_moe(device_moe);
-    harness.reference().prepare_moe(reference_moe);
+    auto [device_moe, reference_moe] = random_experts(harness, c.experts, c.distinct, c.hidden, c.intermediate);
     auto [id_values, weight_values] = random_assignment(harness.inputs(), c.rows, c.experts, c.top_k);
     if (!c.counts.empty()) id_values = assignment_with_counts(harness.inputs(), c.counts, c.rows, c.top_k);
     auto ids = harness.i32(id_values, {c.rows, c.top_k});

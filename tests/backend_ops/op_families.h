@@ -50,6 +50,10 @@ void add_micro_perf(CLI::App& perf);
 void test_lora(Harness& harness);
 void add_lora_perf(CLI::App& perf);
 
+// moe_lora.cpp: MoE LoRA, each token's adapter inside its routed experts at true rank.
+void test_moe_lora(Harness& harness);
+void add_moe_lora_perf(CLI::App& perf);
+
 // layer.cpp: one full decoder layer, composed of the ops above (perf only).
 void add_layer_perf(CLI::App& perf);
 

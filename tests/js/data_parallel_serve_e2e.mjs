@@ -1,7 +1,8 @@
 // `beamline serve --data-parallel-size 2` (one command: two ranks, an engine per replica behind one endpoint) on the
 // CPU backend gives the official client one process's greedy answers, with and without expert parallelism (where a
 // replica without work joins the other's expert collectives with dummy steps); uneven load is spread over both engines
-// (per-engine metrics, vLLM's engine label); /pause holds the requests of every engine until /resume; a replica that dies stops the server, which exits naming its rank.
+// (per-engine metrics, vLLM's engine label); prefix-aware routing keeps a conversation's turns on the engine that caches
+// them (more prefix-cache hits than least-loaded routing); /pause holds the requests of every engine until /resume; a replica that dies stops the server, which exits naming its rank.
 // Run: BEAMLINE_EXE=... node --test.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -33,6 +34,29 @@ async function finishedByEngine(server) {
     if (match) byEngine.set(match[1], (byEngine.get(match[1]) ?? 0) + value);
   }
   return byEngine;
+}
+
+// Sequential turns of one conversation, each resending the whole of it: the prompt tokens found in the prefix cache
+// and the engines that finished requests.
+async function conversationHits(server) {
+  const client = new OpenAI({ baseURL: `${server.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const messages = [{ role: 'system', content: 'You answer questions about numbers, briefly and precisely.' }];
+  for (let turn = 1; turn <= 6; ++turn) {
+    messages.push({ role: 'user', content: `Turn ${turn}: what do you know about the number ${turn * 7}?` });
+    const reply = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 12, temperature: 0 });
+    messages.push({ role: 'assistant', content: reply.choices[0].message.content ?? '' });
+  }
+  let hits = 0;
+  let engines = new Map();
+  for (let tries = 0; tries < 50; ++tries) {  // engine stats are snapshots up to ~50 ms old while busy
+    const { samples } = await metrics(server.base);
+    hits = 0;
+    for (const [key, value] of samples) if (key.startsWith('vllm:prefix_cache_hits_total')) hits += value;
+    engines = await finishedByEngine(server);
+    if ([...engines.values()].reduce((a, b) => a + b, 0) === 6) break;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return { hits, engines: [...engines].filter(([, count]) => count > 0).map(([engine]) => engine) };
 }
 
 describe('serve --data-parallel-size 2', () => {
@@ -87,6 +111,24 @@ describe('serve --data-parallel-size 2', () => {
       }
     });
   }
+
+  test('DP2: prefix-aware routing keeps a conversation on one engine; least-loaded spreads it', async () => {
+    const results = {};
+    for (const routing of ['prefix-aware', 'least-loaded']) {
+      const server = await startServer(model.dir, [...DP2, '--data-parallel-routing', routing]);
+      try {
+        assert.match(server.log(), new RegExp(`2 data-parallel engines, ${routing} routing`));
+        results[routing] = await conversationHits(server);
+      } finally {
+        await server.stop();
+      }
+    }
+    const aware = results['prefix-aware'];
+    const least = results['least-loaded'];
+    assert.equal(aware.engines.length, 1, `prefix-aware: every turn on one engine: ${JSON.stringify(aware)}`);
+    assert.equal(least.engines.length, 2, `least-loaded: turns go round: ${JSON.stringify(least)}`);
+    assert.ok(aware.hits > least.hits, `prefix-cache hits: prefix-aware ${aware.hits} > least-loaded ${least.hits}`);
+  });
 
   test('a replica that dies stops the server, naming its rank', async () => {
     const server = await startServer(model.dir, DP2_EP2);

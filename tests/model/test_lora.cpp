@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <random>
 
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
@@ -18,6 +20,7 @@
 #include "engine/generation_config.h"
 #include "lora_test_support.h"
 #include "model/beam_model.h"
+#include "model/lora_table.h"
 #include "model_test_support.h"
 #include "runner/beam_model_runner.h"
 #include "runner/sequence_runner.h"
@@ -25,25 +28,6 @@
 
 namespace beamline::testing {
 namespace {
-
-// Attention of a dense and two MoE layers, the dense layer's MLP, and three experts of two MoE layers.
-RandomAdapter everything_adapter(uint64_t seed) {
-  RandomAdapter spec;
-  spec.rank = 4;
-  spec.alpha = 8.0;
-  spec.seed = seed;
-  spec.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  for (int layer : {0, 1, 3})
-    for (const char* projection : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      spec.modules.push_back(fmt::format("model.layers.{}.self_attn.{}", layer, projection));
-  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
-    spec.modules.push_back(fmt::format("model.layers.0.mlp.{}", projection));
-    for (int layer : {1, 2})
-      for (int expert : {0, 3, 5})
-        spec.modules.push_back(fmt::format("model.layers.{}.mlp.experts.{}.{}", layer, expert, projection));
-  }
-  return spec;
-}
 
 std::vector<int32_t> prompt_tokens(int count, uint32_t seed) {
   std::vector<int32_t> tokens;
@@ -66,27 +50,13 @@ class LoraTest : public ::testing::Test {
     backend_ = create_backend("cpu");
   }
 
-  // Logits of every position of `tokens` fed in two steps (a prompt chunk, then the rest one by one), through `model`
-  // with `slot`'s adapter.
-  static std::vector<float> logits(BeamModel& model, const std::vector<int32_t>& tokens, int32_t slot) {
-    const auto n = static_cast<int64_t>(tokens.size());
-    SequenceRunner runner(model, n, n);
-    runner.set_lora_slot(slot);
-    std::vector<float> out = runner.step(std::span(tokens).first(static_cast<std::size_t>(n - 3)), true);
-    for (int64_t i = n - 3; i < n; ++i) {
-      const std::vector<float> step = runner.step(std::span(tokens).subspan(static_cast<std::size_t>(i), 1), true);
-      out.insert(out.end(), step.begin(), step.end());
-    }
-    return out;
-  }
-
   // The logits of the model with `spec`'s adapter merged into its weights.
-  std::vector<float> merged_logits(const RandomAdapter& spec, const std::map<std::string, AdapterTensors>& written,
+  std::vector<float> merged_logits(const std::map<std::string, AdapterTensors>& written,
                                    const std::vector<int32_t>& tokens, const std::string& label) {
     const std::filesystem::path merged = dir_.path() / ("merged-" + label);
-    write_merged_checkpoint(config_, *weights_.archive, written, spec.rank, spec.scale(), merged);
+    write_merged_checkpoint(config_, *weights_.archive, written, merged);
     BeamModel model(load_checkpoint(merged), *backend_);
-    return logits(model, tokens, -1);
+    return lora_logits(model, tokens, -1);
   }
 
   TempDir dir_{"lora"};
@@ -106,15 +76,15 @@ TEST_F(LoraTest, AdapterEqualsMergedWeightsOnAttentionDenseMlpAndExperts) {
     BeamModel model(weights_, *backend_);
     model.enable_lora(3, 8);
     model.load_lora(2, load_peft_adapter(adapter_dir, config_, 8));
-    const std::vector<float> with_adapter = logits(model, tokens, 2);
-    const std::vector<float> reference = merged_logits(spec, written, tokens, rslora ? "rs" : "plain");
-    const std::vector<float> base = logits(model, tokens, -1);
+    const std::vector<float> with_adapter = lora_logits(model, tokens, 2);
+    const std::vector<float> reference = merged_logits(written, tokens, rslora ? "rs" : "plain");
+    const std::vector<float> base = lora_logits(model, tokens, -1);
     // The adapter changes the logits by far more than the merged reference differs from it (float rounding only).
     EXPECT_GT(max_difference(with_adapter, base), 0.05) << "rslora " << rslora;
     EXPECT_LT(max_difference(with_adapter, reference), 2e-4) << "rslora " << rslora;
     // Slots the batch does not use leave the base model exactly as it is without LoRA.
     BeamModel plain(weights_, *backend_);
-    EXPECT_EQ(base, logits(plain, tokens, -1));
+    EXPECT_EQ(base, lora_logits(plain, tokens, -1));
   }
 }
 
@@ -134,7 +104,126 @@ TEST_F(LoraTest, SlotReusedByAnotherAdapterKeepsNothingOfTheFirst) {
   model.enable_lora(1, 8);
   model.load_lora(0, load_peft_adapter(dir_.path() / "first", config_, 8));
   model.load_lora(0, load_peft_adapter(dir_.path() / "second", config_, 8));
-  EXPECT_LT(max_difference(logits(model, tokens, 0), merged_logits(second, written, tokens, "second")), 2e-4);
+  EXPECT_LT(max_difference(lora_logits(model, tokens, 0), merged_logits(written, tokens, "second")), 2e-4);
+}
+
+TEST_F(LoraTest, TrueRankExpertsEqualMergedWeightsAndTakeOnlyTheirRank) {
+  const RandomAdapter spec = true_rank_adapter(13);
+  const std::filesystem::path adapter_dir = dir_.path() / "true-rank";
+  const auto written = write_random_adapter(spec, *weights_.archive, adapter_dir, kTrueRankPatterns);
+  const LoraWeights adapter = load_peft_adapter(adapter_dir, config_, 8);
+  for (const LoraModule& module : adapter.modules) {
+    const std::string name = module.expert >= 0 ? fmt::format("model.layers.{}.mlp.experts.{}.{}", module.layer,
+                                                              module.expert, lora_projection_name(module.projection))
+                           : module.projection >= LoraProjection::Gate
+                               ? fmt::format("model.layers.{}.mlp.{}", module.layer, lora_projection_name(module.projection))
+                               : fmt::format("model.layers.{}.self_attn.{}", module.layer,
+                                             lora_projection_name(module.projection));
+    EXPECT_EQ(module.rank, spec.rank_of(name)) << name;
+    // alpha / the module's own rank: 16 / 4 for an expert, as PEFT and Megatron-Bridge scale it.
+    EXPECT_DOUBLE_EQ(module.scale, spec.scale_of(name)) << name;
+  }
+  const std::vector<int32_t> tokens = prompt_tokens(21, 5);
+  BeamModel model(weights_, *backend_);
+  model.enable_lora(2, 8);
+  model.load_lora(1, adapter);
+  const std::vector<float> with_adapter = lora_logits(model, tokens, 1);
+  const double moved = max_difference(with_adapter, lora_logits(model, tokens, -1));
+  const double off = max_difference(with_adapter, merged_logits(written, tokens, "true-rank"));
+  EXPECT_GT(moved, 0.05);
+  EXPECT_LT(off, 2e-4);
+  std::printf("true-rank adapter: logits moved by up to %.3g, off the merged checkpoint's by up to %.3g\n", moved, off);
+
+  // Memory: attention stacked at --max-lora-rank for 2 slots; the MLP at each module's own rank, nothing padded.
+  int64_t expected = 0;
+  for (const auto& [module, t] : written)
+    expected += module.find(".mlp.") != std::string::npos ? t.rank * (t.in + t.out) * 4 : 2 * 8 * (t.in + t.out) * 4;
+  EXPECT_EQ(model.lora_bytes(), expected);
+  std::printf("true-rank adapter in 2 slots: %lld bytes on the backend\n", static_cast<long long>(model.lora_bytes()));
+}
+
+// Backend::moe_lora at true rank equals the same adapters zero-padded to a larger rank: bit for bit where both ranks
+// are multiples of 8 (cpu dot's lanes see the same products), to float rounding otherwise.
+TEST(LoraTrueRank, MoeLoraAtTrueRankEqualsPaddedComputation) {
+  std::unique_ptr<Backend> backend = create_backend("cpu");
+  constexpr int64_t kExperts = 6, kHidden = 40, kInter = 24, kTopK = 3, kRows = 7, kSlots = 2;
+  MoeTensors moe;
+  uint64_t key = 100;
+  for (int64_t e = 0; e < kExperts; ++e)
+    moe.experts.push_back({{backend->random_weight(DType::F32, {kInter, kHidden}, key++, 0, 0.2f)},
+                           {backend->random_weight(DType::F32, {kInter, kHidden}, key++, 0, 0.2f)},
+                           {backend->random_weight(DType::F32, {kHidden, kInter}, key++, 0, 0.2f)}});
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> h(kRows * kHidden), weights(kRows * kTopK);
+  for (float& v : h) v = normal(rng);
+  for (float& v : weights) v = std::abs(normal(rng));
+  std::vector<int32_t> ids(kRows * kTopK);
+  for (int64_t t = 0; t < kRows; ++t)
+    for (int64_t j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<int32_t>((t * 5 + j * 2) % kExperts);
+  const std::vector<int32_t> slots = {0, -1, 1, 1, 0, -1, 1};
+  const Tensor h_t = backend->upload_f32(h, {kRows, kHidden}), ids_t = backend->upload_i32(ids, {kRows, kTopK});
+  const Tensor weights_t = backend->upload_f32(weights, {kRows, kTopK}), slots_t = backend->upload_i32(slots, {kRows});
+
+  for (const auto& [rank, padded] : {std::pair<int64_t, int64_t>{8, 64}, {3, 8}}) {
+    // modules[p][slot * experts + e], at `rank` (expert 4 of slot 1 has no adapter) and zero-padded to `padded`.
+    std::vector<std::vector<LoraModule>> modules(3), padded_modules(3);
+    for (int p = 0; p < 3; ++p) {
+      const int64_t in = p == 2 ? kInter : kHidden, out = p == 2 ? kHidden : kInter;
+      for (int64_t i = 0; i < kSlots * kExperts; ++i) {
+        LoraModule m{.layer = 0, .projection = kLoraProjections[4 + p], .expert = i % kExperts, .rank = rank, .in = in,
+                     .out = out};
+        for (int64_t k = 0; k < rank * in; ++k) m.a.push_back(0.3f * normal(rng));
+        for (int64_t k = 0; k < out * rank; ++k) m.b.push_back(0.1f * normal(rng));
+        LoraModule wide = m;
+        wide.rank = padded;
+        wide.a.resize(static_cast<std::size_t>(padded * in), 0.0f);
+        wide.b.assign(static_cast<std::size_t>(out * padded), 0.0f);
+        for (int64_t o = 0; o < out; ++o)
+          std::copy_n(m.b.begin() + o * rank, rank, wide.b.begin() + o * padded);
+        modules[p].push_back(std::move(m));
+        padded_modules[p].push_back(std::move(wide));
+      }
+    }
+    auto run = [&](std::vector<std::vector<LoraModule>>& by_projection) {
+      std::vector<std::unique_ptr<LoraTableStore>> stores;
+      SwigluLora lora;
+      LoraTable* tables[] = {&lora.gate, &lora.up, &lora.down};
+      for (int p = 0; p < 3; ++p) {
+        const LoraModule& first = by_projection[p].front();
+        stores.push_back(std::make_unique<LoraTableStore>(*backend, kSlots, kExperts, first.in, first.out));
+        for (int32_t slot = 0; slot < kSlots; ++slot) {
+          std::vector<const LoraModule*> experts;
+          for (int64_t e = 0; e < kExperts; ++e)
+            experts.push_back(slot == 1 && e == 4 ? nullptr : &by_projection[p][slot * kExperts + e]);
+          stores.back()->load(slot, experts);
+        }
+        *tables[p] = stores.back()->table();
+      }
+      lora.row_adapters = slots_t;
+      Tensor out = backend->alloc(DType::F32, {kRows, kHidden});
+      backend->moe_lora(h_t, ids_t, weights_t, moe, lora, out);
+      return backend->download_f32(out);
+    };
+    const std::vector<float> true_rank = run(modules), padded_rank = run(padded_modules);
+    Tensor plain = backend->alloc(DType::F32, {kRows, kHidden});
+    backend->moe(h_t, ids_t, weights_t, moe, plain);
+    const std::vector<float> base = backend->download_f32(plain);
+    EXPECT_GT(max_difference(true_rank, base), 0.05) << "rank " << rank;
+    for (int64_t t = 0; t < kRows; ++t) {
+      if (slots[t] >= 0) continue;  // rows without an adapter are the plain MoE's, bit for bit
+      EXPECT_TRUE(std::equal(base.begin() + t * kHidden, base.begin() + (t + 1) * kHidden,
+                             true_rank.begin() + t * kHidden))
+          << "row " << t;
+    }
+    if (rank % 8 == 0 && padded % 8 == 0)
+      EXPECT_EQ(true_rank, padded_rank) << "rank " << rank;
+    else
+      EXPECT_LT(max_difference(true_rank, padded_rank), 1e-5) << "rank " << rank;
+    std::printf("moe_lora rank %lld vs padded to %lld: max difference %.3g (LoRA moves the output by %.3g)\n",
+                static_cast<long long>(rank), static_cast<long long>(padded), max_difference(true_rank, padded_rank),
+                max_difference(true_rank, base));
+  }
 }
 
 // The error message of loading the adapter `spec` (with `extra` in its config) on a server of --max-lora-rank 8.
@@ -171,8 +260,19 @@ TEST_F(LoraTest, BadAdaptersAreRefusedNamingFileAndKeyOrTensor) {
   EXPECT_NE(message.find("key \"bias\""), std::string::npos) << message;
   message = load_error(base, config_, dir(), spec, {{"use_dora", true}});
   EXPECT_NE(message.find("key \"use_dora\""), std::string::npos) << message;
+  // A rank_pattern rank the tensors do not have, above --max-lora-rank, two keys that disagree on one module, a key
+  // that is no regular expression.
   message = load_error(base, config_, dir(), spec, {{"rank_pattern", {{"q_proj", 2}}}});
-  EXPECT_NE(message.find("key \"rank_pattern\""), std::string::npos) << message;
+  EXPECT_NE(message.find("q_proj.lora_A.weight\" has shape [4, 64], expected [2, 64] (rank 2 from rank_pattern"),
+            std::string::npos)
+      << message;
+  message = load_error(base, config_, dir(), spec, {{"rank_pattern", {{"q_proj", 9}}}});
+  EXPECT_NE(message.find("key \"rank_pattern.q_proj\": rank 9 exceeds --max-lora-rank 8"), std::string::npos)
+      << message;
+  message = load_error(base, config_, dir(), spec, {{"rank_pattern", {{"q_proj", 4}, {"layers.1.self_attn.q_proj", 2}}}});
+  EXPECT_NE(message.find("module \"model.layers.1.self_attn.q_proj\" matches both"), std::string::npos) << message;
+  message = load_error(base, config_, dir(), spec, {{"alpha_pattern", {{"q_(proj", 2.0}}}});
+  EXPECT_NE(message.find("key \"alpha_pattern.q_(proj\": is not a regular expression"), std::string::npos) << message;
 
   // A module outside target_modules, an expert of a dense layer, an expert the model lacks.
   for (const char* module : {"model.layers.1.self_attn.v_proj", "model.layers.0.mlp.experts.0.gate_proj",

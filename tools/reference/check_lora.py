@@ -4,10 +4,11 @@ adapter equals beam_numpy.py's model with the adapter merged into its weights (W
 
   python3 tools/reference/check_lora.py [--beamline build/apps/beamline/beamline] [--device cpu]
 
-A random tiny checkpoint and a random PEFT adapter (adapter_config.json with use_rslora, adapter_model.safetensors in
-F32) on q/k/v/o of two layers, the dense MLP and every expert of one MoE layer (docs/lora.md). Checks prompt_logprobs
-(top 3) of the adapter's requests against the merged reference within --tolerance, and the base model's against the
-unmerged one in the same server.
+A random tiny checkpoint and two random PEFT adapters (adapter_model.safetensors in F32) on q/k/v/o of two layers, the
+dense MLP and every expert of one MoE layer (docs/lora.md): one with use_rslora at rank 8 everywhere, one with its
+experts at their true rank r / top_k = 4 (rank_pattern), each module scaled by lora_alpha over its own rank. Checks
+prompt_logprobs (top 3) of each adapter's requests against its merged reference within --tolerance, and the base
+model's against the unmerged one in the same server.
 """
 import json
 import os
@@ -24,23 +25,29 @@ from beamline_server import Server, check_parser, make_tiny_model, post  # noqa:
 from check_prompt_logprobs import check, log_softmax  # noqa: E402
 
 
-def write_adapter(directory, tensors, modules, rank, alpha, rng):
-    """A PEFT adapter over `modules` of the checkpoint `tensors`; returns {module: (A, B)} and the scale."""
+def write_adapter(directory, tensors, modules, rank, alpha, rslora, rng, expert_rank=None):
+    """A PEFT adapter over `modules` of the checkpoint `tensors`, the experts at `expert_rank` (a rank_pattern entry)
+    when given; returns {module: (A, B, scale)}, the scale lora_alpha over the module's own rank (its root with
+    rsLoRA), as PEFT and Megatron-Bridge scale a rank_pattern / normalize_moe_lora rank."""
     os.makedirs(directory)
     targets = sorted({module.rsplit(".", 1)[1] for module in modules})
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": rslora, "target_modules": targets,
+              "bias": "none"}
+    if expert_rank is not None:
+        config["rank_pattern"] = {r"mlp\.experts\.\d+\.\w+": expert_rank}
     with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "use_rslora": True,
-                   "target_modules": targets, "bias": "none"}, f)
+        json.dump(config, f)
     out, adapter = {}, {}
     for module in modules:
         rows, cols = tensors[module + ".weight"].shape
-        a = (0.3 * rng.standard_normal((rank, cols))).astype(np.float32)
-        b = (0.05 * rng.standard_normal((rows, rank))).astype(np.float32)
+        own = expert_rank if expert_rank is not None and ".experts." in module else rank
+        a = (0.3 * rng.standard_normal((own, cols))).astype(np.float32)
+        b = (0.05 * rng.standard_normal((rows, own))).astype(np.float32)
         out[f"base_model.model.{module}.lora_A.weight"] = safetensors_io.Tensor("F32", a)
         out[f"base_model.model.{module}.lora_B.weight"] = safetensors_io.Tensor("F32", b)
-        adapter[module] = (a, b)
+        adapter[module] = (a, b, alpha / (np.sqrt(own) if rslora else own))
     safetensors_io.save(os.path.join(directory, "adapter_model.safetensors"), out)
-    return adapter, alpha / np.sqrt(rank)
+    return adapter
 
 
 def main():
@@ -59,18 +66,22 @@ def main():
         modules += [f"model.layers.{moe_layer}.mlp.experts.{e}.{p}" for e in range(config["n_routed_experts"])
                     for p in ("gate_proj", "up_proj", "down_proj")]
         rng = np.random.default_rng(args.seed)
-        adapter, scale = write_adapter(os.path.join(scratch, "adapter"), tensors, modules, 8, 16.0, rng)
-        merged = dict(tensors)
-        for module, (a, b) in adapter.items():
-            merged[module + ".weight"] = tensors[module + ".weight"] + scale * (b.astype(np.float64) @ a.astype(np.float64))
+        true_rank = 8 // config["num_experts_per_tok"]
+        adapters = {"ad": write_adapter(os.path.join(scratch, "ad"), tensors, modules, 8, 16.0, True, rng),
+                    "tr": write_adapter(os.path.join(scratch, "tr"), tensors, modules, 8, 16.0, False, rng, true_rank)}
+        references = {"tiny": tensors}
+        for name, adapter in adapters.items():
+            merged = references[name] = dict(tensors)
+            for module, (a, b, scale) in adapter.items():
+                merged[module + ".weight"] = tensors[module + ".weight"] + scale * (b.astype(np.float64) @ a.astype(np.float64))
         prompt = [int(v) for v in rng.integers(0, config["vocab_size"] - 32, 29)]
         k = 3
         server = Server(args.beamline, model, args.device,
-                        ["--enable-lora", "--max-lora-rank", "8", "--lora-modules",
-                         f"ad={os.path.join(scratch, 'adapter')}", "--max-num-batched-tokens", "16",
-                         "--max-num-seqs", "8"])
+                        ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--lora-modules",
+                         f"ad={os.path.join(scratch, 'ad')}", f"tr={os.path.join(scratch, 'tr')}",
+                         "--max-num-batched-tokens", "16", "--max-num-seqs", "8"])
         try:
-            for name, weights in (("ad", merged), ("tiny", tensors)):
+            for name, weights in references.items():
                 status, reply = post(server.base, "/v1/completions",
                                      {"model": name, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": k})
                 assert status == 200, reply
@@ -78,9 +89,10 @@ def main():
                 check(f"model {name}", reply["choices"][0]["prompt_logprobs"], prompt, reference, k, args.tolerance)
         finally:
             server.stop()
-        print(f"LoRA: the adapter's prompt_logprobs equal the merged reference's over {len(prompt) - 1} tokens "
-              f"({len(modules)} modules incl. every expert of layer {moe_layer}, rsLoRA, tolerance {args.tolerance}); "
-              "the base model's the unmerged reference's")
+        print(f"LoRA: each adapter's prompt_logprobs equal its merged reference's over {len(prompt) - 1} tokens "
+              f"({len(modules)} modules incl. every expert of layer {moe_layer}; rsLoRA at rank 8, and experts at "
+              f"true rank {true_rank} scaled by alpha / {true_rank}; tolerance {args.tolerance}); the base model's the "
+              "unmerged reference's")
 
 
 if __name__ == "__main__":

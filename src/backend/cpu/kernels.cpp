@@ -180,6 +180,33 @@ void lora_rows(const float* x, int64_t rows, const LoraTensors& lora, const int3
   });
 }
 
+void lora_table_rows(const float* x, int64_t rows, const LoraTable& table, const int32_t* entries, float* y,
+                     int64_t y_stride) {
+  const int64_t count = table.entries.dim(0), in = table.in, out = table.out;
+  const int64_t* fields = table.entries.data<const int64_t>();
+  for (int64_t t = 0; t < rows; ++t) {
+    require(entries[t] >= -1 && entries[t] < count, "lora: entry {} of row {} outside the table's {}", entries[t], t,
+            count);
+    if (entries[t] < 0) continue;
+    const int64_t rank = fields[entries[t] * 3 + 2];
+    require(rank >= 0 && rank <= table.max_rank, "lora: entry {} of row {} has rank {} outside [0, {}]", entries[t], t,
+            rank, table.max_rank);
+  }
+  ThreadPool::global().parallel_for(static_cast<std::size_t>(rows), [&](std::size_t begin, std::size_t end) {
+    std::vector<float> shrunk(static_cast<std::size_t>(table.max_rank));
+    for (auto t = static_cast<int64_t>(begin); t < static_cast<int64_t>(end); ++t) {
+      if (entries[t] < 0) continue;
+      const int64_t* entry = fields + entries[t] * 3;
+      const int64_t rank = entry[2];
+      if (rank == 0) continue;
+      const auto* a = reinterpret_cast<const float*>(entry[0]);
+      const auto* b = reinterpret_cast<const float*>(entry[1]);
+      for (int64_t r = 0; r < rank; ++r) shrunk[static_cast<std::size_t>(r)] = dot(a + r * in, x + t * in, in);
+      for (int64_t o = 0; o < out; ++o) y[t * y_stride + o] += dot(b + o * rank, shrunk.data(), rank);
+    }
+  });
+}
+
 void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float* y, int64_t y_stride) {
   const Tensor& w = weight.weight;
   const Projection shape = projection(weight, "matmul", "weight");

@@ -27,6 +27,12 @@ void matmul_wt(const float* x, int64_t rows, const LinearTensors& weight, float*
 void lora_rows(const float* x, int64_t rows, const LoraTensors& lora, const int32_t* adapters, float* y,
                int64_t y_stride);
 
+// The same over a LoraTable (adapters at their own ranks): y[t * y_stride + o] += b_i (a_i x[t]) with i = entries[t]
+// for the rows whose entry is >= 0 and whose adapter has a rank; the rank-r_i intermediate with dot, then each output
+// with dot. Error naming the row for an entry outside the table or a rank outside [0, max_rank].
+void lora_table_rows(const float* x, int64_t rows, const LoraTable& table, const int32_t* entries, float* y,
+                     int64_t y_stride);
+
 // out = x / sqrt(mean(x²) + eps) * weight for one row of n values.
 void rms_row(const float* x, const Tensor& weight, float eps, int64_t n, float* out);
 

@@ -26,14 +26,14 @@ std::vector<int32_t> top_indices(const std::vector<float>& values, int32_t count
   return order;
 }
 
-// The LoRA adapters of a SwiGLU's rows (SwigluLora): each row's adapter index, -1 for none.
+// The LoRA adapters of a SwiGLU's rows (SwigluLora): each row's table entry, -1 for none.
 struct RowLora {
   const SwigluLora* lora = nullptr;
-  const int32_t* adapters = nullptr;
+  const int32_t* entries = nullptr;
 };
 
-void add_lora(const LoraTensors& lora, const float* x, int64_t rows, const RowLora& row_lora, float* y, int64_t out) {
-  if (row_lora.lora != nullptr && lora.defined()) cpu::lora_rows(x, rows, lora, row_lora.adapters, y, out);
+void add_lora(const LoraTable& table, const float* x, int64_t rows, const RowLora& row_lora, float* y, int64_t out) {
+  if (row_lora.lora != nullptr && table.defined()) cpu::lora_table_rows(x, rows, table, row_lora.entries, y, out);
 }
 
 // SwiGLU over `rows` rows of x into y: y = down(silu(gate(x)) * up(x)), each projection with its rows' LoRA.
@@ -49,18 +49,6 @@ void swiglu_rows(const float* x, int64_t rows, const SwigluTensors& mlp, float* 
   for (std::size_t i = 0; i < gate.size(); ++i) gate[i] = cpu::silu(gate[i]) * up[i];
   cpu::matmul_wt(gate.data(), rows, mlp.down, y, hidden);
   if (row_lora.lora != nullptr) add_lora(row_lora.lora->down, gate.data(), rows, row_lora, y, hidden);
-}
-
-// The stacked adapters of one projection [in -> out] of `experts` experts, and the row adapters' slots.
-void check_expert_lora(const LoraTensors& lora, int64_t experts, int64_t in, int64_t out, std::string_view what) {
-  if (!lora.defined()) return;
-  require(lora.a.rank() == 3 && lora.b.rank() == 3 && lora.a.dim(0) % experts == 0 && lora.a.dim(2) == in &&
-              lora.b.dim(1) == out,
-          "moe_lora: {} adapters a {} / b {} are not [slots x {} experts, R, {}] / [.., {}, R]", what,
-          describe(lora.a), describe(lora.b), experts, in, out);
-  require_shape(lora.b, {lora.a.dim(0), out, lora.a.dim(1)}, "moe_lora", what);
-  require_dtype(lora.a, DType::F32, "moe_lora", what);
-  require_dtype(lora.b, DType::F32, "moe_lora", what);
 }
 
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
@@ -149,15 +137,15 @@ static void moe_rows(const Tensor& h, const Tensor& expert_ids, const Tensor& ex
     std::vector<float> x(static_cast<std::size_t>(count * hidden)), y(x.size());
     for (int64_t i = 0; i < count; ++i)
       std::copy_n(h.data<const float>() + slots[i] / top_k * hidden, hidden, x.data() + i * hidden);
-    std::vector<int32_t> adapters;
+    std::vector<int32_t> entries;
     RowLora row_lora;
     if (lora != nullptr) {
-      // Token t's rows through expert e read adapter slot * experts + e.
+      // Token t's rows through expert e read entry slot * experts + e.
       for (int64_t i = 0; i < count; ++i) {
         const int32_t slot = lora->row_adapters.data<const int32_t>()[slots[i] / top_k];
-        adapters.push_back(slot < 0 ? -1 : slot * static_cast<int32_t>(experts) + e);
+        entries.push_back(slot < 0 ? -1 : slot * static_cast<int32_t>(experts) + e);
       }
-      row_lora = {lora, adapters.data()};
+      row_lora = {lora, entries.data()};
     }
     swiglu_rows(x.data(), count, moe.experts[e], y.data(), row_lora);
     for (int64_t i = 0; i < count; ++i)
@@ -189,14 +177,7 @@ void CpuBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& ex
 
 void CpuBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
                           const MoeTensors& moe, const SwigluLora& lora, Tensor& out) {
-  const auto experts = static_cast<int64_t>(moe.experts.size());
-  require(experts > 0, "moe_lora: no experts");
-  const int64_t hidden = h.dim(1), intermediate = moe.experts.front().gate.out_features();
-  check_expert_lora(lora.gate, experts, hidden, intermediate, "gate");
-  check_expert_lora(lora.up, experts, hidden, intermediate, "up");
-  check_expert_lora(lora.down, experts, intermediate, hidden, "down");
-  require_shape(lora.row_adapters, {h.dim(0)}, "moe_lora", "row_adapters");
-  require_dtype(lora.row_adapters, DType::I32, "moe_lora", "row_adapters");
+  check_moe_lora_args(h, moe, lora);
   moe_rows(h, expert_ids, expert_weights, moe, &lora, out);
 }
 

@@ -15,6 +15,7 @@
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/attention/attention.h"
 #include "backend/cuda/lora/lora.h"
+#include "backend/cuda/lora/moe_lora.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/moe/router_gemv.h"
 #include "backend/cuda/sampling/sampling.h"
@@ -876,6 +877,61 @@ void CudaBackend::lora(const Tensor& x, const LoraTensors& lora, const Tensor& i
                                    indices.data<const int32_t>(), rows, adapters, rank, x.dim(1), y.dim(1),
                                    shrunk.data<float>(), y.data<float>(), stream_),
                "lora");
+}
+
+void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                           const MoeTensors& moe, const SwigluLora& lora, Tensor& out) {
+  const auto timing = time_op("moe_lora");
+  const auto experts = static_cast<int32_t>(check_moe_lora_args(h, moe, lora));
+  require(moe.packed != nullptr, "moe_lora: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
+  const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
+  require(!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16 || packed.dtype == DType::F32),
+          "moe_lora: the cuda backend applies LoRA to F32, F16 or BF16 experts; these are {} (docs/lora.md)",
+          packed.micro ? format_name(*packed.micro) : std::string(dtype_name(packed.dtype)));
+  require(experts <= cuda::kMaxMmaExperts, "moe_lora: {} experts, the cuda kernels take at most {}", experts,
+          cuda::kMaxMmaExperts);
+  require_device(h, "moe_lora", "h");
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  require(hidden == packed.hidden, "moe_lora: h has {} features, the experts take {}", hidden, packed.hidden);
+  require_shape(expert_ids, {rows, top_k}, "moe_lora", "expert_ids");
+  require_shape(expert_weights, {rows, top_k}, "moe_lora", "expert_weights");
+  require_dtype(expert_ids, DType::I32, "moe_lora", "expert_ids");
+  require_dtype(expert_weights, DType::F32, "moe_lora", "expert_weights");
+  require_shape(out, h.shape(), "moe_lora", "out");
+  if (rows == 0) return;
+  const int64_t assignments = rows * top_k, intermediate = packed.intermediate;
+  cuda::MoeLoraArgs args;
+  args.h = h.data<const float>();
+  args.ids = expert_ids.data<const int32_t>();
+  args.weights = expert_weights.data<const float>();
+  args.row_adapters = lora.row_adapters.data<const int32_t>();
+  args.rows = rows;
+  args.hidden = hidden;
+  args.intermediate = intermediate;
+  args.top_k = static_cast<int32_t>(top_k);
+  args.experts = experts;
+  args.expert_weights = packed.pointers.data<const void* const>();
+  args.dtype = packed.dtype;
+  const auto view = [](const LoraTable& table) {
+    return table.defined() ? cuda::LoraTableView{table.entries.data<const int64_t>(), table.max_rank}
+                           : cuda::LoraTableView{};
+  };
+  args.gate = view(lora.gate);
+  args.up = view(lora.up);
+  args.down = view(lora.down);
+  cuda::MoeLoraWorkspace workspace;
+  workspace.max_tiles = cuda::moe_lora_max_tiles(assignments, experts);
+  Tensor grouped = scratch(DType::I32, {assignments}), tiles = scratch(DType::I32, {workspace.max_tiles, 4});
+  Tensor shrunk = scratch(DType::F32, {assignments * (args.gate.max_rank + args.up.max_rank + args.down.max_rank) + 1});
+  Tensor activated = scratch(DType::F32, {assignments, intermediate}), expert_out = scratch(DType::F32, {assignments, hidden});
+  workspace.grouped = grouped.data<int32_t>();
+  workspace.tiles = tiles.data<int32_t>();
+  workspace.shrunk_gate = shrunk.data<float>();
+  workspace.shrunk_up = workspace.shrunk_gate + assignments * args.gate.max_rank;
+  workspace.shrunk_down = workspace.shrunk_up + assignments * args.up.max_rank;
+  workspace.activated = activated.data<float>();
+  workspace.expert_out = expert_out.data<float>();
+  check_launch(cuda::moe_lora(args, workspace, out.data<float>(), stream_), "moe_lora");
 }
 
 void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,

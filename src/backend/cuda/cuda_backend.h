@@ -83,6 +83,8 @@ class CudaBackend final : public Backend {
              Tensor& expert_ids, Tensor& expert_weights) override;
   void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
            Tensor& out) override;
+  void moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
+                const SwigluLora& lora, Tensor& out) override;
   void lora(const Tensor& x, const LoraTensors& lora, const Tensor& indices, Tensor& y) override;
   void swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out) override;
   void lm_head(const Tensor& x, const Tensor& rows, const Tensor& norm, float eps, const LinearTensors& head,
