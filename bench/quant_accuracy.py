@@ -83,19 +83,29 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
+    in_work_dir("quant-accuracy-", lambda work: measure(args, work))
 
-    work = tempfile.mkdtemp(prefix="quant-accuracy-")
+
+def in_work_dir(prefix, body):
+    """body(work) with `work` a fresh temporary directory, removed afterwards."""
+    work = tempfile.mkdtemp(prefix=prefix)
     try:
-        measure(args, work)
+        body(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(args, work):
-    """Quantizes, evaluates and prints the tables, with every file under `work`."""
+def heldout_turns(work, conversations):
+    """(kind, prompt, check) of every model turn of the first `conversations` held-out conversations
+    (tools/data/generate.py --heldout 1000 --seed 1, written under `work`)."""
     run([sys.executable, os.path.join(ROOT, "tools", "data", "generate.py"), "--out", work, "--train", "0",
          "--heldout", "1000", "--seed", "1"])
-    turns = load_turns(os.path.join(work, "heldout.jsonl"), args.conversations)
+    return load_turns(os.path.join(work, "heldout.jsonl"), conversations)
+
+
+def measure(args, work):
+    """Quantizes, evaluates and prints the tables, with every file under `work`."""
+    turns = heldout_turns(work, args.conversations)
     encoded = encode(args.beamline, args.model, [prompt for _, prompt, _ in turns])
     variants = {"bf16": (args.model, [])}  # name: (checkpoint, extra flags of generate and logits)
     for name in FORMATS:

@@ -2,9 +2,10 @@
 # Thousands of concurrent streaming clients against one `beamline serve` on this machine (issue 22's load check):
 # starts the server, samples its open descriptors and threads and probes /health while `beamline bench serve`
 # holds CLIENTS streams at once, then checks that every request was answered, nothing is left running or waiting,
-# every KV block is free, and descriptors and threads fall back once the connections' threads have idled out
-# (ConnectionThreads::kIdleExit). Prints a Markdown summary; the bench JSON, the samples and the logs go to OUT_DIR.
-# Usage: bench/serve_many_clients.sh BEAMLINE_EXE OUT_DIR [CLIENTS (4096)] [serve flags...]
+# every KV block is free, and descriptors and threads fall back once the connections are gone. With LEAVE_FRACTION
+# set (e.g. 0.2), bench/leaving_clients.py is the client instead: that fraction of the streams leave at random points.
+# Prints a Markdown summary; the bench JSON, the samples and the logs go to OUT_DIR.
+# Usage: [LEAVE_FRACTION=F] bench/serve_many_clients.sh BEAMLINE_EXE OUT_DIR [CLIENTS (4096)] [serve flags...]
 set -euo pipefail
 exe=$(realpath "${1:?usage: serve_many_clients.sh BEAMLINE_EXE OUT_DIR [CLIENTS] [serve flags...]}")
 out=$(realpath -m "${2:?OUT_DIR}")
@@ -29,17 +30,21 @@ sampler=$!
 prober=$!
 
 start=$(date +%s.%N)
-"$exe" bench serve --base-url "$base" --backend openai --dataset-name random --random-input-len 32 \
-  --random-output-len 16 --ignore-eos --num-prompts "$clients" --max-concurrency "$clients" --request-rate inf \
-  --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 --save-result --result-dir "$out" \
-  --result-filename bench.json > "$out/bench.log" 2>&1
+if [ -n "${LEAVE_FRACTION:-}" ]; then
+  $python bench/leaving_clients.py "$base" "$clients" "$LEAVE_FRACTION" 16 22 "$out/bench.json" > "$out/bench.log" 2>&1
+else
+  "$exe" bench serve --base-url "$base" --backend openai --dataset-name random --random-input-len 32 \
+    --random-output-len 16 --ignore-eos --num-prompts "$clients" --max-concurrency "$clients" --request-rate inf \
+    --percentile-metrics ttft,tpot,e2el --metric-percentiles 50,99 --save-result --result-dir "$out" \
+    --result-filename bench.json > "$out/bench.log" 2>&1
+fi
 touch "$out/.done"
 wait $prober
 wall=$($python -c "import time; print(f'{time.time() - $start:.1f}')")
 
 running=$(metric vllm:num_requests_running); waiting=$(metric vllm:num_requests_waiting)
 kv=$(metric vllm:kv_cache_usage_perc); streams=$(metric beamline:http_streams_active)
-sleep 14  # past kIdleExit (10 s): the connections' threads end
+sleep 14  # past the keep-alive timeout (5 s; 10 s for the thread-per-connection server's idle threads)
 read -r fds_after threads_after <<< "$(resources)"
 kill $sampler 2>/dev/null || true
 
@@ -55,6 +60,8 @@ bad = sum(code != "200" for code, _ in health)
 pct = lambda p: times[min(len(times) - 1, int(p * len(times)))] if times else float("nan")
 print(f"| clients | {clients} |")
 print(f"| completed / failed | {bench['completed']} / {bench['failed']} |")
+if "left" in bench:
+    print(f"| left at random points (planned) | {bench['left']} ({bench['planned_to_leave']}) |")
 print(f"| max concurrent requests (client) | {bench['max_concurrent_requests']} |")
 print(f"| wall (s) | {wall} |")
 print(f"| output tok/s | {bench['output_throughput']:.1f} |")

@@ -1,6 +1,6 @@
 # The Debian package (scripts/package.sh; docs/packaging.md): `cpack -G DEB` in the build folder writes
 # beamline_<version>_amd64.deb. Everything private to beamline lives in /usr/lib/beamline: the binary, the
-# shared libraries it carries (cpp-httplib and Open MPI, which src/server and src/parallel copy to
+# shared libraries it carries (cpp-httplib and Open MPI, which src/loadgen and src/parallel copy to
 # apps/beamline/lib and which it finds through RUNPATH $ORIGIN/lib, as in the build folder) and the default model
 # under models/, where `beamline serve` without --model looks (the folders above the binary). /usr/bin/beamline
 # links to it; the systemd unit reads its arguments from /etc/default/beamline.

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 sudo_cmd=""
 [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
 packages=(build-essential cmake ninja-build pkg-config
-  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libpcre2-dev libssl-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libboost-dev libpcre2-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-numpy libopenmpi-dev openmpi-bin patchelf
   gnuplot-nox clang llvm)  # gnuplot: bench/plot_serve_sweep.sh; clang and llvm (its symbolizer): scripts/fuzz.sh
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)

@@ -33,6 +33,7 @@ namespace {
 struct GenerateOptions {
   ModelSource source;
   std::string tokens, device = "auto", dtype = "auto", kv_cache_dtype = "auto";
+  bool calculate_kv_scales = false;
   int64_t max_tokens = 16;
   double temperature = 0.0;
   double top_p = 1.0;
@@ -73,6 +74,7 @@ void generate_with_engine(const GenerateOptions& options, const BeamWeights& wei
   config.max_model_len = length;
   config.dtype = options.dtype;
   config.kv_cache_dtype = options.kv_cache_dtype;
+  config.calculate_kv_scales = options.calculate_kv_scales;
   config.async_scheduling = false;
   config.speculative = options.speculative;
   // Room for this one sequence, its drafts and block rounding, as if every layer were full-attention and FP32.
@@ -116,6 +118,7 @@ void run_generate(const GenerateOptions& options) {
   require(std::isfinite(options.temperature) && options.temperature >= 0.0,
           "--temperature: {} must be a finite number >= 0", options.temperature);
   require(options.top_p > 0.0 && options.top_p <= 1.0, "--top-p: {} must be in (0, 1]", options.top_p);
+  check_calculate_kv_scales(options.calculate_kv_scales, options.kv_cache_dtype);
   const BeamWeights weights = options.source.load();
   const ModelConfig& config = weights.config;
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
@@ -123,6 +126,7 @@ void run_generate(const GenerateOptions& options) {
   std::unique_ptr<Backend> backend = create_backend(options.device);
   backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   BeamModel model(weights, *backend);
+  if (options.calculate_kv_scales) model.calculate_kv_scales();
   const auto prompt_length = static_cast<int64_t>(prompt.size());
   SequenceRunner runner(model, prompt_length + options.max_tokens, prompt_length, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
   std::mt19937_64 rng(options.seed);
@@ -161,7 +165,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--seed", options->seed, "random seed for sampling")->capture_default_str();
   command->add_flag("--ignore-eos", options->ignore_eos, "keep generating after an end-of-sequence token");
   command->add_option("--device", options->device, "auto (cuda where a GPU is present, else cpu), cpu or cuda")->capture_default_str();
-  add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
+  add_dtype_options(*command, options->dtype, options->kv_cache_dtype, options->calculate_kv_scales);
   command
       ->add_option_function<std::string>(
           "--speculative-config",

@@ -28,6 +28,7 @@ namespace {
 struct LogitsOptions {
   ModelSource source;
   std::string tokens, out, device = "auto", dtype = "auto", kv_cache_dtype = "auto";
+  bool calculate_kv_scales = false;
   std::string drafter;  // --drafter: the block logits of a draft at the last token instead
   ParallelConfig parallel;
 };
@@ -46,6 +47,7 @@ void compute_logits(const LogitsOptions& options, MpiWorld* world) {
     shard = model_shard(weights.config, options.parallel, groups->at);
   }
   BeamModel model(groups ? shard_weights(weights, shard) : weights, *backend, shard, groups.get());
+  if (options.calculate_kv_scales) model.calculate_kv_scales();
   const auto count = static_cast<int64_t>(tokens.size());
   SequenceRunner runner(model, count, count, parse_kv_cache_dtype(options.kv_cache_dtype, backend->compute_dtype()));
   const auto start = std::chrono::steady_clock::now();
@@ -65,6 +67,7 @@ void compute_block_logits(const LogitsOptions& options) {
   const BeamWeights weights = options.source.load();
   const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
   BeamModel model(weights, *backend);
+  if (options.calculate_kv_scales) model.calculate_kv_scales();
   const DrafterConfig config = DrafterConfig::load(options.drafter);
   const auto block = static_cast<int32_t>(config.block_size);
   BlockDrafter drafter(load_drafter_checkpoint(options.drafter, weights.config, block - 1), model, 1);
@@ -83,6 +86,7 @@ void compute_block_logits(const LogitsOptions& options) {
 }
 
 void run_logits(const LogitsOptions& options) {
+  check_calculate_kv_scales(options.calculate_kv_scales, options.kv_cache_dtype);
   if (!options.drafter.empty()) {
     require(options.parallel.world_size() == 1, "logits --drafter: runs on one process (no parallel flags)");
     return compute_block_logits(options);
@@ -111,7 +115,7 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--drafter", options->drafter,
                       "a dflash drafter directory: write instead the block logits [block_size - 1, vocab_size] of its "
                       "draft at the last token (the target runs over the tokens before it)");
-  add_dtype_options(*command, options->dtype, options->kv_cache_dtype);
+  add_dtype_options(*command, options->dtype, options->kv_cache_dtype, options->calculate_kv_scales);
   add_parallel_options(*command, options->parallel);
   command->callback([options] { run_logits(*options); });
 });

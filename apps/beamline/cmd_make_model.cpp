@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "model/checkpoint_layout.h"
 #include "model_options.h"
+#include "runner/kv_cache.h"
 #include "util/error.h"
 
 namespace beamline::cli {
@@ -29,6 +30,7 @@ struct MakeModelOptions {
   uint64_t seed = 0;
   std::string dtype = "bf16";
   std::optional<int64_t> layers;
+  std::optional<int64_t> kv_tokens;  // --dry-run: the sequence length of the KV prediction
   uint64_t max_shard_mb = kDefaultMaxShardBytes >> 20;
   bool dry_run = false;
   bool no_weights = false;
@@ -43,9 +45,25 @@ DType parse_dtype(const std::string& name) {
   return DType::F32;
 }
 
+// KV memory of one sequence of `tokens` tokens (runner/kv_cache.h's prediction), per KV dtype.
+void print_kv_prediction(const ModelConfig& config, int64_t tokens) {
+  const KvCacheLayout layout = make_kv_cache_layout(config, default_block_size(config), 0);
+  for (const auto& [name, dtype] : {std::pair{"bfloat16", DType::BF16}, std::pair{"fp8", DType::F8_E4M3}}) {
+    const KvMemoryPrediction p = predict_kv_memory(config, layout, dtype, tokens);
+    std::printf("kv %s: %lld bytes per token (%lld full-attention layers), %lld bytes for the window of %lld sliding "
+                "layers; %lld tokens: %lld bytes, %lld blocks of %lld bytes held while decoding (%lld bytes)\n",
+                name, static_cast<long long>(p.bytes_per_token), static_cast<long long>(p.full_layers),
+                static_cast<long long>(p.sliding_bytes), static_cast<long long>(p.sliding_layers),
+                static_cast<long long>(tokens), static_cast<long long>(p.bytes),
+                static_cast<long long>(p.full_blocks + p.sliding_blocks), static_cast<long long>(p.block_bytes),
+                static_cast<long long>(p.held_bytes()));
+  }
+}
+
 // The tensor list with shapes and dtypes, parameter counts and the file split, without writing anything.
 // Parameters are counted on the unquantized model (expected_tensors); bytes on what would be written.
-void print_dry_run(const ModelConfig& config, const std::vector<TensorSource>& tensors, uint64_t max_shard_bytes) {
+void print_dry_run(const ModelConfig& config, const std::vector<TensorSource>& tensors, uint64_t max_shard_bytes,
+                   int64_t kv_tokens) {
   uint64_t parameters = 0, bytes = 0, shards = 1, shard_bytes = 0;
   for (const ExpectedTensor& expected : expected_tensors(config)) {
     uint64_t numel = 1;
@@ -68,6 +86,7 @@ void print_dry_run(const ModelConfig& config, const std::vector<TensorSource>& t
               static_cast<unsigned long long>(parameters - moe_layers * inactive_experts * expert_parameters));
   std::printf("bytes: %llu\n", static_cast<unsigned long long>(bytes));
   std::printf("files: %llu\n", static_cast<unsigned long long>(shards));
+  print_kv_prediction(config, kv_tokens);
 }
 
 void prepare_output_dir(const std::filesystem::path& dir, bool force) {
@@ -95,7 +114,7 @@ void make_model(const MakeModelOptions& options) {
   }
 
   if (options.dry_run) {
-    print_dry_run(config, tensors, max_shard_bytes);
+    print_dry_run(config, tensors, max_shard_bytes, options.kv_tokens.value_or(config.max_position_embeddings));
     return;
   }
   if (!options.drafter_out.empty()) {
@@ -149,7 +168,11 @@ const CommandRegistration registration([](CLI::App& app) {
       ->capture_default_str();
   command->add_flag("--no-weights", options->no_weights,
                     "write config.json, the tokenizer and templates only: a model directory for --load-format dummy");
-  command->add_flag("--dry-run", options->dry_run, "print the tensors (name dtype shape) and totals; write nothing");
+  command->add_flag("--dry-run", options->dry_run,
+                    "print the tensors (name dtype shape), totals and the KV memory of one sequence; write nothing");
+  command->add_option("--kv-tokens", options->kv_tokens,
+                      "--dry-run: the sequence length of the KV prediction (default: max_position_embeddings)")
+      ->check(CLI::PositiveNumber);
   command->add_flag("--force", options->force, "write into a non-empty --out, replacing the checkpoint files there");
   add_quantize_options(*command, options->quantization, options->modules_to_not_convert);
   command->callback([options] { make_model(*options); });

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -308,9 +309,15 @@ const CommandRegistration registration([](CLI::App& app) {
   command->add_option("--max-request-body-bytes", options->max_request_body,
                       "largest request body accepted (bytes; K/M/G suffixes); larger ones get 413")
       ->capture_default_str();
-  command->add_option("--http-threads", options->http.http_threads,
-                      "HTTP connections served at once, a thread each, started on demand (each streaming response holds one)")
-      ->check(CLI::PositiveNumber)
+  command
+      ->add_option("--http-threads", options->http.http_threads,
+                   "event-loop threads serving HTTP (each holds any number of connections, idle or streaming)")
+      ->check([](const std::string& value) {
+        std::size_t threads = 0;
+        const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), threads);
+        if (error != std::errc() || end != value.data() + value.size()) return "--http-threads " + value + ": not a count";
+        return server::check_http_threads(threads);
+      })
       ->capture_default_str();
   command
       ->add_option_function<std::string>(

@@ -154,7 +154,7 @@ DType parse_kv_cache_dtype(std::string_view name, ComputeDType compute) {
   if (name == "auto") return compute == ComputeDType::Float32 ? DType::F32 : DType::BF16;
   if (name == "bfloat16" || name == "bf16") return DType::BF16;
   if (name == "float32" || name == "float" || name == "f32") return DType::F32;
-  // vLLM's fp8 is E4M3 (fp8_e5m2 is not offered), with per-tensor scales of 1.0 (no --calculate-kv-scales yet).
+  // vLLM's fp8 is E4M3 (fp8_e5m2 is not offered), with per-layer scales (PagedKvPool::scales).
   if (name == "fp8" || name == "fp8_e4m3") return DType::F8_E4M3;
   fail("--kv-cache-dtype: \"{}\" is not a KV cache dtype (auto, bfloat16, float32 or fp8)", name);
 }

@@ -80,11 +80,16 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
 };
 
-// The paged KV pool: K and V each [num_blocks, slots_per_block, block_size, num_kv_heads, head_dim], F32 or
-// BF16. Layer slot `slot` of block `b` holds positions [i*block_size, (i+1)*block_size) of a sequence whose
-// block table has b at index i.
+// The paged KV pool: K and V each [num_blocks, slots_per_block, block_size, num_kv_heads, head_dim], F32, BF16 or
+// F8_E4M3 (--kv-cache-dtype fp8). Layer slot `slot` of block `b` holds positions [i*block_size, (i+1)*block_size) of a
+// sequence whose block table has b at index i.
+// `scales`: F32 [2], the (k_scale, v_scale) of the layer being written or read, vLLM's per-tensor KV scales: an
+// E4M3 pool stores e4m3(k / k_scale) and reads code * k_scale (v likewise). A view of one row of the model's
+// F32 [layers, 2] scales (BeamModel::kv_scales), read on the device at every op, so that recorded graphs see scales
+// set later. Undefined: 1.0. F32 and BF16 pools ignore it.
 struct PagedKvPool {
   Tensor k, v;
+  Tensor scales;
   int32_t num_blocks() const { return static_cast<int32_t>(k.dim(0)); }
   int32_t slots_per_block() const { return static_cast<int32_t>(k.dim(1)); }
   int32_t block_size() const { return static_cast<int32_t>(k.dim(2)); }
@@ -238,12 +243,20 @@ class Backend {
   // In place, SSMax: q[t] *= (1 + positions[t] / base) ^ exponent. q [T, any].
   virtual void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) = 0;
   // Stores row r's k and v ([T, num_kv_heads * head_dim]) at position positions[r] of its sequence, in layer
-  // slot `slot` of the pool, through `block_table` (converting to the pool's dtype).
+  // slot `slot` of the pool, through `block_table` (converting to the pool's dtype; an E4M3 pool stores
+  // k / k_scale and v / v_scale of pool.scales, rounded to nearest even and saturated at ±448).
   virtual void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                         const AttentionBatch& batch) = 0;
+  // out[0] = max_i |x[i]| / divisor: a per-tensor scale from x's magnitude (vLLM's --calculate-kv-scales:
+  // k_scale = max|k| / 200, v_scale = max|v| / 100), written on the device without a host round trip. NaN elements
+  // are skipped; when the maximum is 0 or infinite, out[0] = 1.0 (a scale of 0 or infinity would make every code
+  // NaN). x F32, any shape; out F32 with one element (a view into a larger tensor: one entry of the KV scales);
+  // divisor > 0.
+  virtual void amax_scale(const Tensor& x, float divisor, Tensor& out) = 0;
   // out[r, h] = softmax_t(scale * q[r, h] · K[t]) V[t] over the cached keys t of row r's sequence visible to
   // position positions[r] (causal, windowed when params.sliding_window > 0), GQA. One op for prefill,
-  // chunked prefill and decode. q, out [T, num_heads * head_dim].
+  // chunked prefill and decode. q, out [T, num_heads * head_dim]. An E4M3 pool's K[t] and V[t] are its codes times
+  // pool.scales' k_scale and v_scale.
   virtual void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
   // FP32 noaux_tc router (docs/model-format.md §4): score = sigmoid(h Wrᵀ); choose with score + bias, limited

@@ -17,6 +17,17 @@ void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_dtype(pool.v, pool.k.dtype(), op, "v pool");
   require(slot >= 0 && slot < pool.slots_per_block(), "{}: slot {} outside the {} slots per block", op, slot,
           pool.slots_per_block());
+  if (pool.scales.defined()) {
+    require_dtype(pool.scales, DType::F32, op, "KV scales");
+    require_shape(pool.scales, {2}, op, "KV scales (k_scale, v_scale)");
+  }
+}
+
+void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out) {
+  require_dtype(x, DType::F32, "amax_scale", "x");
+  require_dtype(out, DType::F32, "amax_scale", "out");
+  require(out.numel() == 1, "amax_scale: out {} must hold one element", describe(out));
+  require(divisor > 0.0f && std::isfinite(divisor), "amax_scale: divisor {} must be positive and finite", divisor);
 }
 
 void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,

@@ -9,8 +9,10 @@
 
 namespace beamline {
 
-// K/V pool layout and dtype, and `slot` inside it.
+// K/V pool layout and dtype, `slot` inside it, and the scales (F32 [2]) when defined.
 void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op);
+// amax_scale's x and out F32, out one element, divisor positive and finite.
+void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out);
 // paged_attention's q/out shapes, heads against the pool, one block-table row per sequence.
 void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                           const AttentionBatch& batch, const AttentionParams& params, const Tensor& out);

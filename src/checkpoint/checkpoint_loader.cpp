@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -38,6 +40,25 @@ class WeightChecker {
         return check_projection(expected);
     }
     fail("unknown tensor role for \"{}\"", expected.name);
+  }
+
+  // vLLM's optional per-tensor KV cache scale `name` (self_attn.k_scale / v_scale): an F32 scalar (shape [] or [1]),
+  // finite and > 0; nullopt when the checkpoint has none.
+  std::optional<float> kv_scale(const std::string& name) {
+    const TensorView* view = archive_.find(name);
+    if (view == nullptr) return std::nullopt;
+    used_.insert(name);
+    const std::string file = archive_.file_of(name).string();
+    if (!view->shape.empty() && view->shape != std::vector<int64_t>{1})
+      fail("{}: tensor \"{}\": expected shape [] or [1] (a per-tensor KV cache scale), found {}", file, name,
+           shape_string(view->shape));
+    if (view->dtype != DType::F32)
+      fail("{}: tensor \"{}\": dtype {} is not allowed here (expected F32)", file, name, dtype_name(view->dtype));
+    float value = 0.0f;
+    std::memcpy(&value, view->data, sizeof(value));
+    if (!(std::isfinite(value) && value > 0.0f))
+      fail("{}: tensor \"{}\": KV cache scale {} must be finite and > 0", file, name, value);
+    return value;
   }
 
   std::vector<std::string> unused() const {
@@ -176,6 +197,15 @@ void assemble(BeamWeights& weights, const std::map<std::string, LinearWeight, st
   }
 }
 
+// Each layer's optional KV cache scales (vLLM's names), checked.
+void read_kv_scales(BeamWeights& weights, WeightChecker& checker) {
+  for (std::size_t i = 0; i < weights.layers.size(); ++i) {
+    LayerWeights& layer = weights.layers[i];
+    layer.k_scale = checker.kv_scale(layer_tensor_name(static_cast<int64_t>(i), "self_attn.k_scale"));
+    layer.v_scale = checker.kv_scale(layer_tensor_name(static_cast<int64_t>(i), "self_attn.v_scale"));
+  }
+}
+
 }  // namespace
 
 BeamWeights load_checkpoint(const std::filesystem::path& dir) {
@@ -187,8 +217,9 @@ BeamWeights load_checkpoint(const std::filesystem::path& dir) {
   WeightChecker checker(*weights.archive, config, dir);
   std::map<std::string, LinearWeight, std::less<>> checked;
   for (const ExpectedTensor& expected : expected_tensors(config)) checked.emplace(expected.name, checker.check(expected));
-  checker.warn_unused();
   assemble(weights, checked);
+  read_kv_scales(weights, checker);
+  checker.warn_unused();
   return weights;
 }
 
@@ -205,12 +236,13 @@ BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConf
   WeightChecker checker(*weights.archive, served, dir);
   std::map<std::string, LinearWeight, std::less<>> checked;
   for (const ExpectedTensor& expected : expected_tensors(served)) checked.emplace(expected.name, checker.check(expected));
+  assemble(weights, checked);
+  read_kv_scales(weights, checker);
   const std::vector<std::string> unknown = checker.unused();
   if (!unknown.empty()) {
     fail("{}: tensor \"{}\" is not a tensor of this model ({} unknown tensor(s))",
          weights.archive->file_of(unknown.front()).string(), unknown.front(), unknown.size());
   }
-  assemble(weights, checked);
   return weights;
 }
 

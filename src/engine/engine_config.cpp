@@ -16,6 +16,7 @@ namespace beamline {
 void EngineConfig::validate() const {
   parse_compute_dtype(dtype, Device::Cpu);  // the names; what "auto" means waits for the backend
   parse_kv_cache_dtype(kv_cache_dtype, ComputeDType::Float32);
+  check_calculate_kv_scales(calculate_kv_scales, kv_cache_dtype);
   require(max_num_seqs >= 1, "--max-num-seqs must be at least 1 (got {})", max_num_seqs);
   require(max_num_batched_tokens >= max_num_seqs,
           "--max-num-batched-tokens ({}) must be at least --max-num-seqs ({}): every running sequence needs a "
@@ -128,7 +129,7 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
       .add_option_function<std::string>(
           "--logprobs-mode", [&config](const std::string& text) { config.logprobs_mode = parse_logprobs_mode(text); },
           "What logprobs report: raw_logprobs (default), processed_logprobs, raw_logits, processed_logits (vLLM's)");
-  add_dtype_options(command, config.dtype, config.kv_cache_dtype);
+  add_dtype_options(command, config.dtype, config.kv_cache_dtype, config.calculate_kv_scales);
   command.add_flag("--enforce-eager", config.enforce_eager,
                    "Run every step op by op: no recorded CUDA graphs for decode steps");
   command.add_flag("--async-scheduling,!--no-async-scheduling", config.async_scheduling,
@@ -170,7 +171,13 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
                    "whatever shares its batch; the cpu backend always is, cuda refuses the flag (docs/rl.md)");
 }
 
-void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype) {
+void check_calculate_kv_scales(bool calculate_kv_scales, std::string_view kv_cache_dtype) {
+  require(!calculate_kv_scales || parse_kv_cache_dtype(kv_cache_dtype, ComputeDType::Float32) == DType::F8_E4M3,
+          "--calculate-kv-scales sets the scales of an FP8 KV cache; --kv-cache-dtype is \"{}\" (use fp8)",
+          kv_cache_dtype);
+}
+
+void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype, bool& calculate_kv_scales) {
   command
       .add_option("--dtype", dtype,
                   "Precision of activations on the matrix units: auto (bfloat16 on cuda, float32 on cpu), bfloat16, "
@@ -178,9 +185,12 @@ void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_ca
       ->capture_default_str();
   command
       .add_option("--kv-cache-dtype,--kv-dtype", kv_cache_dtype,
-                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16, float32 or fp8 (E4M3, "
-                  "per-tensor scale 1.0; cpu only so far)")
+                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16, float32 or fp8 (E4M3 with "
+                  "per-layer k_scale / v_scale: the checkpoint's, else 1.0, or --calculate-kv-scales)")
       ->capture_default_str();
+  command.add_flag("--calculate-kv-scales", calculate_kv_scales,
+                   "With --kv-cache-dtype fp8: each layer's k_scale and v_scale from the first step's K and V "
+                   "(max|k| / 200, max|v| / 100, vLLM's), kept from then on; overrides the checkpoint's");
 }
 
 }  // namespace beamline

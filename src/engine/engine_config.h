@@ -35,6 +35,7 @@ struct EngineConfig {
   LogprobsMode logprobs_mode = LogprobsMode::RawLogprobs;  // --logprobs-mode: what logprobs report (logprobs_mode.h)
   std::string dtype = "auto";             // --dtype: tensor-core operand precision (Backend::set_compute_dtype)
   std::string kv_cache_dtype = "auto";    // --kv-cache-dtype: the paged KV pool's storage type
+  bool calculate_kv_scales = false;       // --calculate-kv-scales: FP8 KV scales from the first step (BeamModel)
   bool enforce_eager = false;             // --enforce-eager: no recorded decode graphs (runner/decode_graphs.h)
   bool async_scheduling = true;           // --async-scheduling: schedule step N+1 while step N runs (engine_core.h)
   SpeculativeConfig speculative;          // --speculative-config: draft tokens verified per step (engine_core.h)
@@ -61,9 +62,11 @@ EngineConfig::LoraModulePath parse_lora_module(std::string_view text);
 // Registers the flags above on `command`, writing into `config`.
 void add_engine_options(CLI::App& command, EngineConfig& config);
 
-// --dtype and --kv-cache-dtype (backend.h's parse_compute_dtype / parse_kv_cache_dtype read them), for commands that
-// run a model without the engine too.
-void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype);
+// --dtype, --kv-cache-dtype (backend.h's parse_compute_dtype / parse_kv_cache_dtype read them) and
+// --calculate-kv-scales, for commands that run a model without the engine too.
+void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_cache_dtype, bool& calculate_kv_scales);
+// --calculate-kv-scales is for an FP8 KV cache: Error naming both flags otherwise.
+void check_calculate_kv_scales(bool calculate_kv_scales, std::string_view kv_cache_dtype);
 
 // Parses a byte count: a plain integer or one with a K/M/G/T suffix (powers of 1024; "KiB", "GB" etc. too).
 int64_t parse_byte_size(std::string_view text, std::string_view flag);

@@ -41,11 +41,30 @@ void merge_output(RequestOutput& earlier, RequestOutput&& later) {
 }
 
 void OutputStream::push(RequestOutput output) {
+  std::function<void(bool)> callback;
+  bool finished = false;
   {
     std::lock_guard lock(mutex_);
+    final_pushed_ = final_pushed_ || output.finished;
     pending_.push_back(std::move(output));
+    finished = final_pushed_;
+    callback = finished ? std::move(on_ready_) : on_ready_;
+    if (finished) on_ready_ = nullptr;
   }
   ready_.notify_all();
+  if (callback) callback(finished);
+}
+
+void OutputStream::on_ready(std::function<void(bool finished)> callback) {
+  bool waiting = false;
+  bool finished = false;
+  {
+    std::lock_guard lock(mutex_);
+    waiting = !pending_.empty();
+    finished = final_pushed_;
+    if (!finished) on_ready_ = callback;
+  }
+  if (waiting && callback) callback(finished);
 }
 
 std::optional<RequestOutput> OutputStream::take_locked() {

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -63,7 +64,8 @@ struct RequestOutput {
   RequestMetrics metrics;                          // filled on the last event
 };
 
-// Single producer (the engine thread), single consumer (the request's HTTP thread).
+// Single producer (the engine thread), single consumer: a thread that waits in next(), or an event loop told by the
+// on_ready callback that next(0) has something.
 class OutputStream {
  public:
   explicit OutputStream(std::string request_id) : request_id_(std::move(request_id)) {}
@@ -75,6 +77,11 @@ class OutputStream {
   std::optional<RequestOutput> next();  // waits until something arrives or the stream is done
   bool done() const;                    // the final event was taken
 
+  // Called, on the pushing thread and without the stream's lock, after every push (and at once when events already
+  // wait), with whether the final event is among those pushed; it must be quick (hand the work to another thread).
+  // Dropped after the final event is pushed, so what it holds is released once the request ends.
+  void on_ready(std::function<void(bool finished)> callback);
+
   void push(RequestOutput output);      // engine side
 
  private:
@@ -85,6 +92,8 @@ class OutputStream {
   std::condition_variable ready_;
   std::deque<RequestOutput> pending_;
   bool done_ = false;
+  bool final_pushed_ = false;
+  std::function<void(bool finished)> on_ready_;
 };
 
 // Merges `later` into `earlier` (concatenating tokens, text and logprobs per sample index).

@@ -31,4 +31,13 @@ constexpr int64_t first_visible_position(int64_t position, int64_t sliding_windo
   return sliding_window > 0 ? std::max<int64_t>(0, position - sliding_window + 1) : 0;
 }
 
+// Element offset of (block, slot, position in the block, kv head) in a pool [num_blocks, slots_per_block,
+// block_size, num_kv_heads, head_dim], the one rule every backend addresses K and V by (constexpr: device code calls
+// it too). In 64 bits: a pool passes 2^31 elements at 65,536 blocks of 16 tokens x 2 slots x 8 heads x 128, which a
+// 1M-token context of Beam-1.0's two-global-layer cut fills (docs/long-context.md).
+constexpr int64_t kv_pool_offset(int64_t block, int64_t slot, int64_t in_block, int64_t kv_head, int64_t slots_per_block,
+                                 int64_t block_size, int64_t num_kv_heads, int64_t head_dim) {
+  return (((block * slots_per_block + slot) * block_size + in_block) * num_kv_heads + kv_head) * head_dim;
+}
+
 }  // namespace beamline

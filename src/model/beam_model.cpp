@@ -1,6 +1,8 @@
 #include "model/beam_model.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <array>
@@ -135,6 +137,42 @@ BeamModel::BeamModel(const BeamWeights& weights, Backend& backend, const ModelSh
     }
     layers_.push_back(std::move(layer));
   }
+  std::vector<float> scales(static_cast<std::size_t>(2 * config.num_hidden_layers), 1.0f);
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const LayerWeights& source = weights_.layers[static_cast<std::size_t>(i)];
+    if (source.k_scale) scales[static_cast<std::size_t>(2 * i)] = *source.k_scale;
+    if (source.v_scale) scales[static_cast<std::size_t>(2 * i + 1)] = *source.v_scale;
+    if (shard_.owns_layer(i) && (!source.k_scale || !source.v_scale)) layers_without_kv_scales_.push_back(i);
+  }
+  kv_scales_ = backend_.upload_f32(scales, {config.num_hidden_layers, 2});
+}
+
+void BeamModel::inherit_kv_scales(const BeamModel& other) {
+  require(other.kv_scales_.shape() == kv_scales_.shape(), "model: KV scales {} cannot take over {}",
+          describe(kv_scales_), describe(other.kv_scales_));
+  const std::vector<float> scales = other.backend_.download_f32(other.kv_scales_);
+  backend_.copy_to(kv_scales_, scales.data());
+  calculate_kv_scales_ = other.calculate_kv_scales_;
+  kv_scales_warned_ = other.kv_scales_warned_;
+}
+
+PagedKvPool BeamModel::layer_kv_pool(int64_t layer, const PagedKvPool& pool, const Tensor& k, const Tensor& v) {
+  if (calculate_kv_scales_) {
+    Tensor k_scale = kv_scales_.view(2 * layer, {1}), v_scale = kv_scales_.view(2 * layer + 1, {1});
+    backend_.amax_scale(k, kKScaleConstant, k_scale);
+    backend_.amax_scale(v, kVScaleConstant, v_scale);
+  } else if (pool.k.dtype() == DType::F8_E4M3 && !kv_scales_warned_ && !layers_without_kv_scales_.empty()) {
+    spdlog::warn("FP8 KV cache: the checkpoint has no self_attn.k_scale / v_scale for {} layer(s) ({}{}): they use "
+                 "1.0 (E4M3 saturates at ±448); --calculate-kv-scales computes them from the first step",
+                 layers_without_kv_scales_.size(),
+                 fmt::join(layers_without_kv_scales_.begin(),
+                           layers_without_kv_scales_.begin() +
+                               static_cast<std::ptrdiff_t>(std::min<std::size_t>(layers_without_kv_scales_.size(), 8)),
+                           ", "),
+                 layers_without_kv_scales_.size() > 8 ? ", ..." : "");
+    kv_scales_warned_ = true;
+  }
+  return {pool.k, pool.v, kv_scales_.view(2 * layer, {2})};
 }
 
 void BeamModel::validate(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source) const {
@@ -387,8 +425,9 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     }
     const Tensor& table = block_tables[static_cast<std::size_t>(layout.layer_group[i])];
     const AttentionParams params = attention_params(i, layout);
-    backend_.write_kv(k, v, cache.pool, params.slot, table, attention_batch);
-    backend_.paged_attention(q, cache.pool, table, attention_batch, params, attention);
+    PagedKvPool pool = layer_kv_pool(index, cache.pool, k, v);
+    backend_.write_kv(k, v, pool, params.slot, table, attention_batch);
+    backend_.paged_attention(q, pool, table, attention_batch, params, attention);
     backend_.linear(attention, layer.o, branch);
     apply_lora(layer.lora.o, attention, inputs, branch);
     reduce_tensor_parallel(branch);
@@ -417,6 +456,7 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
       backend_.embedding(x, inputs.capture_rows, slice);
     }
   }
+  calculate_kv_scales_ = false;  // the first step's are kept (vLLM calculates them once)
 
   Tensor logits;
   if (!last_stage) {

@@ -122,6 +122,23 @@ class BeamModel {
   // default): nothing is captured, nothing is spent.
   void capture_hidden_after(std::vector<int64_t> layers);
   const Tensor& captured_hidden() const { return captured_; }
+  // vLLM's per-tensor FP8 KV cache scales: F32 [num_hidden_layers, 2] on the backend, row l layer l's (k_scale,
+  // v_scale): the checkpoint's self_attn.k_scale / v_scale, 1.0 where it has none (warned about once, at the first
+  // step on an FP8 pool), or computed by the first step after calculate_kv_scales(). Row l is PagedKvPool::scales of
+  // layer l's write_kv and paged_attention; it is only ever written in place, so recorded decode graphs read the
+  // current values.
+  const Tensor& kv_scales() const { return kv_scales_; }
+  // vLLM's --calculate-kv-scales: the next forward step sets each layer's scales from that step's K and V before
+  // writing them (k_scale = max|k| / kKScaleConstant, v_scale = max|v| / kVScaleConstant, on the device:
+  // Backend::amax_scale); later steps keep them.
+  void calculate_kv_scales() { calculate_kv_scales_ = true; }
+  bool kv_scales_pending() const { return calculate_kv_scales_; }
+  // vLLM's K_SCALE_CONSTANT and V_SCALE_CONSTANT (their defaults): the headroom left under E4M3's ±448.
+  static constexpr float kKScaleConstant = 200.0f, kVScaleConstant = 100.0f;
+  // New weights for a served model keep the KV cache's scales: `other`'s values (same layers), and its pending
+  // calculation.
+  void inherit_kv_scales(const BeamModel& other);
+
   // The pieces a drafter shares with the target (first and last pipeline stage: a whole model).
   const Tensor& embed_tokens() const { return embed_tokens_; }
   const Tensor& final_norm() const { return final_norm_; }
@@ -195,6 +212,13 @@ class BeamModel {
   int32_t max_loras_ = 0;
   int64_t max_lora_rank_ = 0;
   Tensor captured_;
+  Tensor kv_scales_;
+  bool calculate_kv_scales_ = false;
+  std::vector<int64_t> layers_without_kv_scales_;  // this rank's layers that the checkpoint gives no scales
+  bool kv_scales_warned_ = false;
+  // The layer's view for write_kv and paged_attention: the pool with its row of kv_scales_; the first step after
+  // calculate_kv_scales() fills that row from k and v first. Warns once about missing scales on an FP8 pool.
+  PagedKvPool layer_kv_pool(int64_t layer, const PagedKvPool& pool, const Tensor& k, const Tensor& v);
 };
 
 }  // namespace beamline

@@ -44,6 +44,9 @@ struct LayerWeights {
   TensorView router;                          // mlp.gate.weight [E,H] F32
   TensorView router_bias;                     // mlp.gate.e_score_correction_bias [E] F32
   std::vector<ExpertWeights> experts;         // [E]
+  // vLLM's per-tensor FP8 KV cache scales (self_attn.k_scale, self_attn.v_scale: F32 scalars, finite and > 0), where
+  // the checkpoint has them (docs/quantization.md#fp8-kv-cache).
+  std::optional<float> k_scale, v_scale;
 };
 
 struct BeamWeights {

@@ -50,6 +50,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   } else {
     model_ = std::make_unique<BeamModel>(weights, *backend_);
   }
+  if (config.calculate_kv_scales) model_->calculate_kv_scales();
   const ModelConfig& model_config = model_->config();
   // Every cpu op reduces each row in a fixed order of its own (matmul_wt's dot per output, attention per row and head,
   // moe's per-(token, slot) rows summed in slot order), whatever the batch; the cuda backend picks kernels by the
@@ -154,6 +155,8 @@ void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::str
     model->enable_lora(max_loras_, max_lora_rank_);
     for (const auto& [slot, adapter] : lora_adapters_) model->load_lora(slot, adapter);
   }
+  // The cache holds codes written with the served scales (or the first step is still to calculate them): they stay.
+  model->inherit_kv_scales(*model_);
   backend_->synchronize();
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();

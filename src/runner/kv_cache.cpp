@@ -59,6 +59,28 @@ int32_t single_sequence_blocks(const KvCacheLayout& layout, const ModelConfig& c
   return static_cast<int32_t>(total);
 }
 
+KvMemoryPrediction predict_kv_memory(const ModelConfig& config, const KvCacheLayout& layout, DType kv_dtype,
+                                     int64_t tokens) {
+  require(tokens >= 1, "KV prediction: {} tokens must be at least 1", tokens);
+  KvMemoryPrediction p;
+  p.full_layers = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::Full);
+  p.sliding_layers = static_cast<int64_t>(config.layer_types.size()) - p.full_layers;
+  const int64_t position_bytes = 2 * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(dtype_size(kv_dtype));
+  p.bytes_per_token = p.full_layers * position_bytes;
+  p.sliding_bytes = p.sliding_layers * std::min<int64_t>(tokens, config.sliding_window) * position_bytes;
+  p.bytes = p.bytes_per_token * tokens + p.sliding_bytes;
+  p.block_bytes = int64_t{layout.slots_per_block} * layout.block_size * position_bytes;
+  // Decoding position `tokens` needs the table to cover [0, tokens + 1); a sliding group gives back every block
+  // wholly before the window of that position (kv_cache_manager.cpp, first_needed_block).
+  const int64_t end_blocks = ceil_div(tokens + 1, layout.block_size);
+  const int64_t first_sliding = first_visible_position(tokens, config.sliding_window) / layout.block_size;
+  for (bool sliding : layout.group_is_sliding) {
+    if (sliding) p.sliding_blocks += end_blocks - first_sliding;
+    else p.full_blocks += end_blocks;
+  }
+  return p;
+}
+
 KvCache::KvCache(Backend& backend, const ModelConfig& config, KvCacheLayout layout, DType dtype)
     : layout_(std::move(layout)) {
   require(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F8_E4M3,

@@ -26,6 +26,23 @@ KvCacheLayout make_kv_cache_layout(const ModelConfig& config, int32_t block_size
 int32_t single_sequence_blocks(const KvCacheLayout& layout, const ModelConfig& config, int64_t max_len,
                                int64_t max_step);
 
+// The KV memory one sequence of `tokens` positions holds (docs/long-context.md): only the full-attention layers
+// keep every position; a sliding layer keeps its window. Both as bytes of K and V (the floor) and as the pool blocks
+// the KV cache manager holds for the sequence while it decodes its next token (blocks rounded up, sliding groups
+// holding the blocks that intersect the window of position `tokens`), which is what the serving engine's
+// vllm:kv_cache_usage_perc counts.
+struct KvMemoryPrediction {
+  int64_t full_layers = 0, sliding_layers = 0;
+  int64_t bytes_per_token = 0;  // K and V of one position in every full-attention layer
+  int64_t sliding_bytes = 0;    // K and V of min(tokens, sliding_window) positions in every sliding layer
+  int64_t bytes = 0;            // bytes_per_token * tokens + sliding_bytes
+  int64_t block_bytes = 0;      // one pool block (every slot of it, K and V)
+  int64_t full_blocks = 0, sliding_blocks = 0;  // held by the full-attention groups / by the sliding groups
+  int64_t held_bytes() const { return (full_blocks + sliding_blocks) * block_bytes; }
+};
+KvMemoryPrediction predict_kv_memory(const ModelConfig& config, const KvCacheLayout& layout, DType kv_dtype,
+                                     int64_t tokens);
+
 class KvCache {
  public:
   // Allocates K and V [num_blocks, slots_per_block, block_size, num_kv_heads, head_dim] on the backend.

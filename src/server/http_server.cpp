@@ -1,20 +1,16 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <functional>
 
 #include "server/auth.h"
-#include "server/connection_threads.h"
 #include "server/lora_endpoints.h"
 #include "server/openai_chat.h"
 #include "server/openai_completions.h"
 #include "server/openai_responses.h"
-#include "server/peer_connection.h"
 #include "server/request_fields.h"
 #include "server/sglang_generate.h"
 #include "server/sse.h"
@@ -22,135 +18,107 @@
 
 namespace beamline::server {
 
-// httplib's listen backlog is compiled into the Debian library (5 connections): a burst of hundreds of
-// clients would see refused or retried connections. The socket is reachable from a subclass, so the
-// backlog is raised after binding.
-class ListeningServer : public httplib::Server {
- public:
-  void widen_backlog(int backlog) {
-    if (::listen(svr_sock_, backlog) != 0) spdlog::warn("could not raise the listen backlog to {}", backlog);
-  }
-};
-
 namespace {
-
-constexpr int kListenBacklog = 4096;
-// How long a stream waits for engine output before checking on its client.
-constexpr std::chrono::milliseconds kStreamPoll{200};
-// A stream with nothing to say writes an SSE comment this often, so a gone client is noticed (and its
-// request aborted) even while the request waits in the queue; a non-streamed request asks the kernel
-// whether its client is still connected as often.
-constexpr std::chrono::seconds kHeartbeatInterval{1};
 
 constexpr const char* kJson = "application/json";
 
+HttpResponse json_response(const Json& json) { return HttpResponse{200, kJson, dump_json(json), {}}; }
+
+HttpResponse text_response(std::string text) { return HttpResponse{200, "text/plain", std::move(text), {}}; }
+
 }  // namespace
 
-void write_error(httplib::Response& response, const ApiError& error) {
-  response.status = error.status();
-  response.set_content(dump_json(error.to_json()), kJson);
+HttpResponse error_response(const ApiError& error) {
+  return HttpResponse{error.status(), kJson, dump_json(error.to_json()), {}};
+}
+
+std::string check_http_threads(std::size_t threads) {
+  if (threads >= kMinHttpThreads && threads <= kMaxHttpThreads) return "";
+  return fmt::format("--http-threads {}: must be {} to {}. It is the number of event-loop threads, each serving any "
+                     "number of connections (a connection no longer needs a thread of its own)",
+                     threads, kMinHttpThreads, kMaxHttpThreads);
 }
 
 ApiServer::ApiServer(ServingContext& context, HttpOptions options)
     : context_(context),
       options_(std::move(options)),
-      http_(std::make_unique<ListeningServer>()),
       control_(context, options_.weight_update_dir, options_.weight_sync_timeout_seconds) {
-  const std::size_t threads = options_.http_threads;
-  http_->new_task_queue = [threads] { return new ConnectionThreads(threads); };
-  http_->set_payload_max_length(options_.max_request_body_bytes);
-  http_->set_keep_alive_max_count(1000);
-  http_->set_tcp_nodelay(true);
-
-  http_->set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    if (options_.api_key && path_needs_api_key(request.path) &&
-        !bearer_token_matches(request.get_header_value("Authorization"), *options_.api_key)) {
-      write_error(response, unauthorized());
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // Errors httplib answers itself (unknown route, oversize body) get the OpenAI error shape too.
-  http_->set_error_handler([this](const httplib::Request& request, httplib::Response& response) {
-    if (!response.body.empty() || response.has_header("Content-Type")) return;
-    if (response.status == 413) {
-      write_error(response, payload_too_large(options_.max_request_body_bytes));
-    } else if (response.status == 404) {
-      write_error(response, not_found(request.path));
-    } else {
-      const int status = response.status;
-      write_error(response, ApiError(status, "invalid_request_error", "HTTP error " + std::to_string(status)));
-    }
-  });
-  http_->set_exception_handler([](const httplib::Request&, httplib::Response& response, std::exception_ptr error) {
-    write_error(response, to_api_error(error));
-  });
-  http_->set_logger([this](const httplib::Request&, const httplib::Response& response) {
-    counters_.count_response(response.status);
-  });
-
-  http_->Get("/health", [this](const httplib::Request&, httplib::Response& response) {
-    if (refusing_) {
-      write_error(response, server_shutting_down());
-    } else {
-      response.status = 200;
-    }
-  });
-  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& response) { metrics(response); });
-  http_->Get("/v1/models", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response, [&] { models(response); });
-  });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response, [&] { chat_completions(request, response); });
-  });
-  http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response, [&] { completions(request, response); });
-  });
-  http_->Post("/v1/responses", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response, [&] { responses(request, response); });
-  });
-  http_->Post("/generate", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response, [&] { generate(request, response); });
-  });
-  http_->Post("/tokenize", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response,
-            [&] { response.set_content(dump_json(tokenize_response(parse_body(request.body), context_)), kJson); });
-  });
-  http_->Post("/detokenize", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response,
-            [&] { response.set_content(dump_json(detokenize_response(parse_body(request.body), context_)), kJson); });
-  });
-  http_->Post("/v1/load_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response,
-            [&] { response.set_content(load_lora_adapter(parse_body(request.body), context_), "text/plain"); });
-  });
-  http_->Post("/v1/unload_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response,
-            [&] { response.set_content(unload_lora_adapter(parse_body(request.body), context_), "text/plain"); });
-  });
-  http_->Get("/version", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(request, response,
-            [&] { response.set_content(dump_json(Json{{"version", beamline_version()}}), kJson); });
-  });
+  const std::string refused = check_http_threads(options_.http_threads);
+  require(refused.empty(), "{}", refused);
+  add_routes();
   add_control_routes();
+  HttpTransportOptions transport;
+  transport.event_loop_threads = options_.http_threads;
+  transport.worker_threads = kHttpWorkerThreads;
+  transport.max_body_bytes = options_.max_request_body_bytes;
+  transport.keep_alive_timeout = kKeepAliveTimeout;
+  transport_ = std::make_unique<HttpTransport>(
+      transport, [this](HttpRequest request, std::shared_ptr<Exchange> exchange) {
+        handle(std::move(request), std::move(exchange));
+      },
+      [this](int status, const std::string& message) {
+        if (status == 413) return error_response(payload_too_large(options_.max_request_body_bytes));
+        return error_response(ApiError(status, "invalid_request_error", message));
+      },
+      [this](int status) { counters_.count_response(status); });
+}
+
+ApiServer::~ApiServer() = default;
+
+void ApiServer::route(const std::string& method, const std::string& path, Route route) {
+  routes_[path][method] = std::move(route);
+}
+
+void ApiServer::add_routes() {
+  const auto answer = [](std::function<HttpResponse(const HttpRequest&)> make) -> Handler {
+    return [make](const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+      exchange->respond(make(request));
+    };
+  };
+  const auto generation = [this](void (ApiServer::*handler)(const HttpRequest&, const std::shared_ptr<Exchange>&)) {
+    return Route{[this, handler](const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+      (this->*handler)(request, exchange);
+    }};
+  };
+  route("GET", "/health", {answer([this](const HttpRequest&) { return health(); }), false, false});
+  route("GET", "/metrics", {answer([this](const HttpRequest&) { return metrics(); }), false, false});
+  route("GET", "/v1/models", {answer([this](const HttpRequest&) { return models(); }), false});
+  route("GET", "/version", {answer([](const HttpRequest&) { return json_response({{"version", beamline_version()}}); }),
+                            false});
+  route("POST", "/v1/chat/completions", generation(&ApiServer::chat_completions));
+  route("POST", "/v1/completions", generation(&ApiServer::completions));
+  route("POST", "/v1/responses", generation(&ApiServer::responses));
+  route("POST", "/generate", generation(&ApiServer::generate));
+  route("POST", "/tokenize", {answer([this](const HttpRequest& request) {
+          return json_response(tokenize_response(parse_body(request.body), context_));
+        })});
+  route("POST", "/detokenize", {answer([this](const HttpRequest& request) {
+          return json_response(detokenize_response(parse_body(request.body), context_));
+        })});
+  route("POST", "/v1/load_lora_adapter", {answer([this](const HttpRequest& request) {
+          return text_response(load_lora_adapter(parse_body(request.body), context_));
+        })});
+  route("POST", "/v1/unload_lora_adapter", {answer([this](const HttpRequest& request) {
+          return text_response(unload_lora_adapter(parse_body(request.body), context_));
+        })});
 }
 
 void ApiServer::add_control_routes() {
-  const auto control_request = [](const httplib::Request& request) {
+  const auto control_request = [](const HttpRequest& request) {
     ControlRequest control;
-    for (const auto& [key, value] : request.params) control.query[key] = value;
+    control.query = request.query;
     if (!request.body.empty()) control.body = parse_body(request.body);
     return control;
   };
   const auto post = [&](const std::string& path, std::function<Json(const ControlRequest&)> handler) {
-    http_->Post(path, [this, control_request, handler](const httplib::Request& request, httplib::Response& response) {
-      guarded(request, response, [&] { response.set_content(dump_json(handler(control_request(request))), kJson); });
-    });
+    route("POST", path, {[control_request, handler](const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+      exchange->respond(json_response(handler(control_request(request))));
+    }});
   };
   const auto get = [&](const std::string& path, std::function<Json()> handler) {
-    http_->Get(path, [this, handler](const httplib::Request& request, httplib::Response& response) {
-      guarded(request, response, [&] { response.set_content(dump_json(handler()), kJson); });
-    });
+    route("GET", path, {[handler](const HttpRequest&, const std::shared_ptr<Exchange>& exchange) {
+      exchange->respond(json_response(handler()));
+    }});
   };
   post("/pause", [this](const ControlRequest& request) { return control_.pause(request); });
   post("/resume", [this](const ControlRequest&) { return control_.resume(); });
@@ -171,23 +139,44 @@ void ApiServer::add_control_routes() {
        [this](const ControlRequest& request) { return control_.destroy_weights_update_group(request); });
 }
 
-ApiServer::~ApiServer() = default;
-
-int ApiServer::bind() {
-  int port = options_.port;
-  if (port == 0) {
-    port = http_->bind_to_any_port(options_.host);
-    require(port > 0, "cannot listen on {} (any port)", options_.host);
-  } else {
-    require(http_->bind_to_port(options_.host, port), "cannot listen on {}:{} (in use, or not an address of this host)",
-            options_.host, port);
+// On an event-loop thread: the key, the route, then the route's handler there or on the worker pool.
+void ApiServer::handle(HttpRequest request, std::shared_ptr<Exchange> exchange) {
+  if (options_.api_key && path_needs_api_key(request.path) &&
+      !bearer_token_matches(request.authorization, *options_.api_key)) {
+    return exchange->respond(error_response(unauthorized()));
   }
-  http_->widen_backlog(kListenBacklog);
-  options_.port = port;
-  return port;
+  const auto path = routes_.find(request.path);
+  if (path == routes_.end()) return exchange->respond(error_response(not_found(request.path)));
+  const auto method = path->second.find(request.method);
+  if (method == path->second.end()) {
+    HttpResponse refused = error_response(method_not_allowed(request.method, request.path));
+    std::string allowed;
+    for (const auto& [name, route] : path->second) allowed += (allowed.empty() ? "" : ", ") + name;
+    refused.headers.emplace_back("Allow", allowed);
+    return exchange->respond(std::move(refused));
+  }
+  const Route& route = method->second;
+  if (!route.on_worker) return run_route(route, request, exchange);
+  transport_->run_on_worker([this, &route, request = std::move(request), exchange = std::move(exchange)] {
+    run_route(route, request, exchange);
+  });
 }
 
-void ApiServer::serve() { http_->listen_after_bind(); }
+void ApiServer::run_route(const Route& route, const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
+  try {
+    if (route.guarded && refusing_) throw server_shutting_down();
+    route.handler(request, exchange);
+  } catch (...) {
+    exchange->respond(error_response(to_api_error(std::current_exception())));
+  }
+}
+
+int ApiServer::bind() {
+  options_.port = transport_->bind(options_.host, options_.port);
+  return options_.port;
+}
+
+void ApiServer::serve() { transport_->serve(); }
 
 void ApiServer::refuse_new_requests() { refusing_ = true; }
 
@@ -200,17 +189,7 @@ void ApiServer::abort_in_flight() {
   for (const std::string& id : ids) context_.engine.abort(id);
 }
 
-void ApiServer::stop() { http_->stop(); }
-
-template <typename Body>
-void ApiServer::guarded(const httplib::Request&, httplib::Response& response, Body&& body) {
-  try {
-    if (refusing_) throw server_shutting_down();
-    body();
-  } catch (...) {
-    write_error(response, to_api_error(std::current_exception()));
-  }
-}
+void ApiServer::stop() { transport_->stop(); }
 
 std::shared_ptr<OutputStream> ApiServer::submit(GenerationRequest request) {
   const std::string id = request.request_id;
@@ -244,122 +223,126 @@ void ApiServer::wait_until_idle(std::chrono::milliseconds timeout) {
   in_flight_changed_.wait_for(lock, timeout, [&] { return in_flight_.empty(); });
 }
 
-std::vector<RequestOutput> ApiServer::wait_for(const httplib::Request& request,
-                                               const std::vector<std::shared_ptr<OutputStream>>& streams) {
-  const TcpConnection connection{request.local_addr, request.local_port, request.remote_addr, request.remote_port};
-  std::chrono::steady_clock::time_point last_check = std::chrono::steady_clock::now();
-  bool aborted = false;
-  std::vector<RequestOutput> outputs(streams.size());
-  for (std::size_t i = 0; i < streams.size(); ++i) {
-    OutputStream& stream = *streams[i];
-    bool first = true;
-    while (!stream.done()) {
-      if (std::optional<RequestOutput> event = stream.next(kStreamPoll)) {
-        if (first) {
-          outputs[i] = std::move(*event);
-          first = false;
-        } else {
-          merge_output(outputs[i], std::move(*event));
-        }
-      }
-      const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
-      if (aborted || now - last_check < kHeartbeatInterval) continue;
-      last_check = now;
-      if (tcp_peer_state(connection) == PeerState::Gone) {
-        // Nobody will read the answer: free the KV blocks now, as for a stream whose client left.
-        spdlog::info("client of {} went away before its answer: aborting it", stream.request_id());
-        for (std::size_t j = i; j < streams.size(); ++j) context_.engine.abort(streams[j]->request_id());
-        aborted = true;
-      }
+void ApiServer::respond_when_done(const std::shared_ptr<Exchange>& exchange,
+                                  std::vector<std::shared_ptr<OutputStream>> streams, Render render) {
+  struct Collecting {
+    std::shared_ptr<Exchange> exchange;
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    std::vector<RequestOutput> outputs;
+    std::atomic<std::size_t> remaining;
+    Render render;
+  };
+  auto state = std::make_shared<Collecting>();
+  state->exchange = exchange;
+  state->streams = std::move(streams);
+  state->outputs.resize(state->streams.size());
+  state->remaining = state->streams.size();
+  state->render = std::move(render);
+  exchange->on_finished([this, state](bool written) {
+    if (!written) {
+      // Nobody will read the answer: free the KV blocks now, as for a stream whose client left.
+      spdlog::info("client of {} went away before its answer: aborting it", state->streams.front()->request_id());
+      for (const std::shared_ptr<OutputStream>& stream : state->streams) context_.engine.abort(stream->request_id());
     }
-    release(stream.request_id());
+    for (const std::shared_ptr<OutputStream>& stream : state->streams) release(stream->request_id());
+  });
+  const auto collect = [state](std::size_t i) {
+    state->outputs[i] = collect_output(*state->streams[i]);
+    if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    try {
+      for (const RequestOutput& output : state->outputs) {
+        if (output.error) throw internal_error("generation failed: " + *output.error);
+      }
+      state->exchange->respond(json_response(state->render(state->outputs)));
+    } catch (...) {
+      state->exchange->respond(error_response(to_api_error(std::current_exception())));
+    }
+  };
+  for (std::size_t i = 0; i < state->streams.size(); ++i) {
+    // The engine thread only hands the finished output over to a worker.
+    state->streams[i]->on_ready([this, collect, i](bool finished) {
+      if (finished) transport_->run_on_worker([collect, i] { collect(i); });
+    });
   }
-  for (const RequestOutput& output : outputs) {
-    if (output.error) throw internal_error("generation failed: " + *output.error);
-  }
-  return outputs;
 }
 
-void ApiServer::respond_stream(httplib::Response& response, std::shared_ptr<OutputStream> stream,
+void ApiServer::respond_stream(const std::shared_ptr<Exchange>& exchange, std::shared_ptr<OutputStream> stream,
                                std::unique_ptr<SseResponder> responder) {
-  struct StreamState {
+  struct Streaming {
     std::shared_ptr<OutputStream> stream;
     std::unique_ptr<SseResponder> responder;
     bool begun = false;
-    bool finished = false;
-    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+    bool finished = false;  // the last event was taken (on the connection's event-loop thread)
   };
-  auto state = std::make_shared<StreamState>();
+  auto state = std::make_shared<Streaming>();
   state->stream = std::move(stream);
   state->responder = std::move(responder);
   ++counters_.active_streams;
-
-  response.set_header("Cache-Control", "no-cache");
-  response.set_header("X-Accel-Buffering", "no");
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [state](std::size_t, httplib::DataSink& sink) {
-        const auto write = [&](const std::string& text) {
-          if (text.empty()) return true;  // an empty write would end httplib's chunked loop
-          state->last_write = std::chrono::steady_clock::now();
-          return sink.write(text.data(), text.size());
-        };
-        if (!state->begun) {
-          state->begun = true;
-          if (!write(state->responder->begin())) return false;
-        }
-        std::optional<RequestOutput> output = state->stream->next(kStreamPoll);
-        if (!output) {
-          if (std::chrono::steady_clock::now() - state->last_write < kHeartbeatInterval) return true;
-          return write(kSseHeartbeat);
-        }
-        if (!write(state->responder->on_output(*output))) return false;
-        if (output->finished) {
-          state->finished = true;
-          sink.done();
-        }
-        return true;
-      },
-      [this, state](bool) {
-        // Runs when the response is done with, whether or not the client read it all: a client that went
-        // away mid-stream leaves an unfinished request, which is aborted so its KV blocks are freed.
-        if (!state->finished) {
-          spdlog::info("client of {} went away mid-stream: aborting it", state->stream->request_id());
-          context_.engine.abort(state->stream->request_id());
-        }
-        release(state->stream->request_id());
-        --counters_.active_streams;
-      });
+  exchange->on_finished([this, state](bool) {
+    // A client that went away mid-stream leaves an unfinished request, aborted so its KV blocks are freed.
+    if (!state->finished) {
+      spdlog::info("client of {} went away mid-stream: aborting it", state->stream->request_id());
+      context_.engine.abort(state->stream->request_id());
+    }
+    release(state->stream->request_id());
+    --counters_.active_streams;
+  });
+  // Called on the connection's event-loop thread whenever it can write: what the engine produced since.
+  const auto source = [this, state]() -> std::optional<StreamChunk> {
+    std::string text;
+    try {
+      if (!state->begun) {
+        state->begun = true;
+        text = state->responder->begin();
+      }
+      std::optional<RequestOutput> output = state->stream->next(std::chrono::milliseconds(0));
+      if (output) {
+        text += state->responder->on_output(*output);
+        state->finished = output->finished;
+      }
+    } catch (...) {
+      context_.engine.abort(state->stream->request_id());
+      text += sse_error(to_api_error(std::current_exception()));
+      state->finished = true;
+    }
+    if (state->finished) return StreamChunk{std::move(text), true};
+    if (text.empty()) return std::nullopt;
+    return StreamChunk{std::move(text), false};
+  };
+  OutputStream& events = *state->stream;
+  exchange->respond_stream(
+      HttpResponse{200, "text/event-stream", "", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}}}, source);
+  events.on_ready([exchange](bool) { exchange->wake(); });
 }
 
-void ApiServer::chat_completions(const httplib::Request& request, httplib::Response& response) {
+void ApiServer::chat_completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   const Json body = parse_body(request.body);
-  ChatPlan plan = plan_chat_completion(body, context_);
+  auto plan = std::make_shared<ChatPlan>(plan_chat_completion(body, context_));
   const std::string id = new_response_id("chatcmpl");
-  plan.request.request_id = id;
+  plan->request.request_id = id;
   std::shared_ptr<OutputStream> stream;
   try {
-    stream = submit(plan.request);
+    stream = submit(plan->request);
   } catch (const InvalidRequest& invalid) {
     // A chat request has no `prompt`: what the engine calls the prompt comes from `messages`.
     throw invalid_request(invalid.param() == "prompt" ? "messages" : invalid.param(), invalid.what());
   }
-  if (plan.stream.stream) {
-    respond_stream(response, std::move(stream), chat_completion_stream(id, context_, std::move(plan)));
-    return;
+  if (plan->stream.stream) {
+    return respond_stream(exchange, std::move(stream), chat_completion_stream(id, context_, std::move(*plan)));
   }
-  const RequestOutput output = std::move(wait_for(request, {stream}).front());
-  response.set_content(dump_json(chat_completion_response(id, context_, plan, output)), kJson);
+  respond_when_done(exchange, {std::move(stream)}, [this, id, plan](const std::vector<RequestOutput>& outputs) {
+    return chat_completion_response(id, context_, *plan, outputs.front());
+  });
 }
 
-void ApiServer::responses(const httplib::Request& request, httplib::Response& response) {
+void ApiServer::responses(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   const Json body = parse_body(request.body);
-  ResponsesPlan plan = plan_response(body, context_);
+  auto plan = std::make_shared<ResponsesPlan>(plan_response(body, context_));
   const std::string id = new_item_id("resp");
-  plan.chat.request.request_id = id;
+  plan->chat.request.request_id = id;
   std::shared_ptr<OutputStream> stream;
   try {
-    stream = submit(plan.chat.request);
+    stream = submit(plan->chat.request);
   } catch (const InvalidRequest& invalid) {
     // The engine's `prompt` is the request's `input`; its max_tokens is max_output_tokens.
     const std::string param = invalid.param() == "prompt" ? "input"
@@ -367,30 +350,31 @@ void ApiServer::responses(const httplib::Request& request, httplib::Response& re
                                                                 : invalid.param();
     throw invalid_request(param, invalid.what());
   }
-  if (plan.chat.stream.stream) {
-    respond_stream(response, std::move(stream), response_stream(id, context_, std::move(plan)));
-    return;
+  if (plan->chat.stream.stream) {
+    return respond_stream(exchange, std::move(stream), response_stream(id, context_, std::move(*plan)));
   }
-  const RequestOutput output = std::move(wait_for(request, {stream}).front());
-  response.set_content(dump_json(response_object(id, context_, plan, output)), kJson);
+  respond_when_done(exchange, {std::move(stream)}, [this, id, plan](const std::vector<RequestOutput>& outputs) {
+    return response_object(id, context_, *plan, outputs.front());
+  });
 }
 
-void ApiServer::completions(const httplib::Request& request, httplib::Response& response) {
+void ApiServer::completions(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   const Json body = parse_body(request.body);
-  std::vector<CompletionPlan> plans = plan_completions(body, context_);
+  auto plans = std::make_shared<std::vector<CompletionPlan>>(plan_completions(body, context_));
   const std::string id = new_response_id("cmpl");
   std::vector<GenerationRequest*> requests;
-  for (std::size_t p = 0; p < plans.size(); ++p) {
-    plans[p].request.request_id = plans.size() == 1 ? id : fmt::format("{}-{}", id, p);
-    requests.push_back(&plans[p].request);
+  for (std::size_t p = 0; p < plans->size(); ++p) {
+    (*plans)[p].request.request_id = plans->size() == 1 ? id : fmt::format("{}-{}", id, p);
+    requests.push_back(&(*plans)[p].request);
   }
   std::vector<std::shared_ptr<OutputStream>> streams = submit_batch(requests);
-  if (plans.front().stream.stream) {
-    respond_stream(response, std::move(streams.front()), completion_stream(id, context_, std::move(plans.front())));
-    return;
+  if (plans->front().stream.stream) {
+    return respond_stream(exchange, std::move(streams.front()),
+                          completion_stream(id, context_, std::move(plans->front())));
   }
-  const std::vector<RequestOutput> outputs = wait_for(request, streams);
-  response.set_content(dump_json(completion_response(id, context_, plans, outputs)), kJson);
+  respond_when_done(exchange, std::move(streams), [this, id, plans](const std::vector<RequestOutput>& outputs) {
+    return completion_response(id, context_, *plans, outputs);
+  });
 }
 
 std::vector<std::shared_ptr<OutputStream>> ApiServer::submit_batch(const std::vector<GenerationRequest*>& requests) {
@@ -412,20 +396,26 @@ std::vector<std::shared_ptr<OutputStream>> ApiServer::submit_batch(const std::ve
   return streams;
 }
 
-void ApiServer::generate(const httplib::Request& request, httplib::Response& response) {
+void ApiServer::generate(const HttpRequest& request, const std::shared_ptr<Exchange>& exchange) {
   const Json body = parse_body(request.body);
-  GeneratePlan plan = plan_generate(body, context_);
+  auto plan = std::make_shared<GeneratePlan>(plan_generate(body, context_));
   const std::string id = new_response_id("gen");
   std::vector<GenerationRequest*> requests;
-  for (std::size_t p = 0; p < plan.requests.size(); ++p) {
-    plan.requests[p].request_id = plan.requests.size() == 1 ? id : fmt::format("{}-{}", id, p);
-    requests.push_back(&plan.requests[p]);
+  for (std::size_t p = 0; p < plan->requests.size(); ++p) {
+    plan->requests[p].request_id = plan->requests.size() == 1 ? id : fmt::format("{}-{}", id, p);
+    requests.push_back(&plan->requests[p]);
   }
-  const std::vector<RequestOutput> outputs = wait_for(request, submit_batch(requests));
-  response.set_content(dump_json(generate_response(context_, plan, outputs)), kJson);
+  respond_when_done(exchange, submit_batch(requests), [this, plan](const std::vector<RequestOutput>& outputs) {
+    return generate_response(context_, *plan, outputs);
+  });
 }
 
-void ApiServer::models(httplib::Response& response) const {
+HttpResponse ApiServer::health() const {
+  if (refusing_) return error_response(server_shutting_down());
+  return HttpResponse{200, "", "", {}};
+}
+
+HttpResponse ApiServer::models() const {
   const Json model = {{"id", context_.model_name},
                       {"object", "model"},
                       {"created", context_.created},
@@ -435,13 +425,14 @@ void ApiServer::models(httplib::Response& response) const {
                       {"max_model_len", context_.engine.config().max_model_len}};
   Json data = Json::array({model});
   for (Json& card : lora_model_cards(context_)) data.push_back(std::move(card));
-  response.set_content(dump_json(Json{{"object", "list"}, {"data", std::move(data)}}), kJson);
+  return json_response(Json{{"object", "list"}, {"data", std::move(data)}});
 }
 
-void ApiServer::metrics(httplib::Response& response) const {
-  response.set_content(render_metrics(context_.engine.stats(), counters_.responses_by_status(),
-                                      counters_.active_streams.load(), context_.model_name),
-                       "text/plain; version=0.0.4; charset=utf-8");
+HttpResponse ApiServer::metrics() const {
+  return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                      render_metrics(context_.engine.stats(), counters_.responses_by_status(),
+                                     counters_.active_streams.load(), context_.model_name),
+                      {}};
 }
 
 }  // namespace beamline::server

@@ -13,8 +13,6 @@ std::string dump_json(const Json& json);
 
 std::string sse_event(const Json& json);
 inline constexpr const char* kSseDone = "data: [DONE]\n\n";
-// A comment line: ignored by clients, written while a request waits so a gone client is noticed.
-inline constexpr const char* kSseHeartbeat = ": keep-alive\n\n";
 
 // Turns one request's engine events into SSE text. The HTTP layer writes begin(), then on_output() for
 // every event the engine stream yields; the event with `finished` set gets the closing chunks and [DONE].

@@ -1,7 +1,9 @@
 // write_kv + paged_attention against a naive softmax over the visible keys: causal, sliding windows (exactly
-// at the boundary), GQA, varlen batches over shuffled block tables, F32, BF16 and FP8 (E4M3, CPU) pools, given-back
-// blocks.
+// at the boundary), GQA, varlen batches over shuffled block tables, F32, BF16 and FP8 (E4M3) pools with and without
+// per-tensor KV scales (and amax_scale, which computes them), given-back blocks.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "backend_test_support.h"
@@ -17,6 +19,8 @@ struct Case {
   DType pool_dtype;
   std::vector<int32_t> lengths;  // positions per sequence after the step
   std::vector<int32_t> queries;  // new rows per sequence (its last positions)
+  float magnitude = 1.0f;         // K and V are normal(0, 1) times this
+  bool kv_scales = false;         // FP8 pools: per-tensor scales from amax_scale (--calculate-kv-scales), else 1.0
 };
 
 struct PoolSetup {
@@ -24,11 +28,29 @@ struct PoolSetup {
   Tensor block_table;
   std::vector<std::vector<int32_t>> tables;
   std::vector<std::vector<float>> k, v;  // per sequence [length, kv_heads * dim], rounded through the pool dtype
+  float k_scale = 1.0f, v_scale = 1.0f;  // FP8 pools: the scales the pool was written with
 };
 
-float round_through(float value, DType dtype) {
-  if (dtype == DType::F8_E4M3) return fp8_e4m3_to_f32(f32_to_e4m3(value));  // per-tensor scale 1.0, saturating
+// FP8: the E4M3 code of value / scale (saturating), times scale.
+float round_through(float value, DType dtype, float scale = 1.0f) {
+  if (dtype == DType::F8_E4M3) return fp8_e4m3_to_f32(f32_to_e4m3(value / scale)) * scale;
   return dtype == DType::BF16 ? bf16_to_f32(f32_to_bf16(value)) : value;
+}
+
+// ‖out − ref‖ / ‖ref‖.
+double relative_error(const std::vector<float>& out, const std::vector<double>& ref) {
+  double error = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    error += (out[i] - ref[i]) * (out[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(error / norm);
+}
+
+float max_abs(const std::vector<float>& values) {
+  float amax = 0.0f;
+  for (float value : values) amax = std::max(amax, std::abs(value));
+  return amax;
 }
 
 // Writes every position of every sequence into a fresh pool through shuffled block tables.
@@ -60,22 +82,36 @@ PoolSetup write_sequences(Backend& backend, Random& random, const Case& c) {
       setup.tables[s].push_back(blocks[next++]);
       flat_table[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(i)] = setup.tables[s].back();
     }
-    std::vector<float> k = random.normal(static_cast<std::size_t>(c.lengths[s] * width));
-    std::vector<float> v = random.normal(k.size());
+    std::vector<float> k = random.normal(static_cast<std::size_t>(c.lengths[s] * width), c.magnitude);
+    std::vector<float> v = random.normal(k.size(), c.magnitude);
     k_rows.insert(k_rows.end(), k.begin(), k.end());
     v_rows.insert(v_rows.end(), v.begin(), v.end());
-    for (float& value : k) value = round_through(value, c.pool_dtype);
-    for (float& value : v) value = round_through(value, c.pool_dtype);
     setup.k.push_back(std::move(k));
     setup.v.push_back(std::move(v));
     for (int32_t p = 0; p < c.lengths[s]; ++p) positions.push_back(p);
     query_start.push_back(static_cast<int32_t>(positions.size()));
   }
   const auto rows = static_cast<int64_t>(positions.size());
+  const Tensor k = backend.upload_f32(k_rows, {rows, width}), v = backend.upload_f32(v_rows, {rows, width});
+  if (c.kv_scales) {
+    setup.pool.scales = backend.alloc(DType::F32, {2});
+    Tensor k_scale = setup.pool.scales.view(0, {1}), v_scale = setup.pool.scales.view(1, {1});
+    backend.amax_scale(k, 200.0f, k_scale);
+    backend.amax_scale(v, 100.0f, v_scale);
+    const std::vector<float> scales = backend.download_f32(setup.pool.scales);
+    setup.k_scale = scales[0];
+    setup.v_scale = scales[1];
+    // vLLM's recipe, exactly: max|k| / 200 and max|v| / 100 (both divisions IEEE).
+    EXPECT_EQ(setup.k_scale, max_abs(k_rows) / 200.0f);
+    EXPECT_EQ(setup.v_scale, max_abs(v_rows) / 100.0f);
+  }
+  for (auto& sequence : setup.k)
+    for (float& value : sequence) value = round_through(value, c.pool_dtype, setup.k_scale);
+  for (auto& sequence : setup.v)
+    for (float& value : sequence) value = round_through(value, c.pool_dtype, setup.v_scale);
   setup.block_table = backend.upload_i32(flat_table, {static_cast<int64_t>(c.lengths.size()), max_blocks});
   const AttentionBatch all = backend.make_attention_batch(positions, query_start, c.lengths);
-  backend.write_kv(backend.upload_f32(k_rows, {rows, width}), backend.upload_f32(v_rows, {rows, width}), setup.pool, 1,
-                   setup.block_table, all);
+  backend.write_kv(k, v, setup.pool, 1, setup.block_table, all);
   return setup;
 }
 
@@ -191,6 +227,95 @@ TEST_P(AttentionTest, Fp8PoolMatchesNaiveSoftmaxOverRoundedKeys) {
   EXPECT_EQ(k_codes[0], f32_to_e4m3(448.0f));
   EXPECT_EQ(v_codes[0], f32_to_e4m3(-448.0f));
   EXPECT_EQ(fp8_e4m3_to_f32(k_codes[1]), round_through(-0.3f, DType::F8_E4M3));
+}
+
+// vLLM's per-tensor KV scales: K and V of magnitude 1024 (past E4M3's ±448) and 1/1024 (under its 2^-6 normal range).
+// With scales from amax_scale the FP8 pool equals the naive attention over the values rounded through e4m3(x / s) * s,
+// and stays within a few percent of the unrounded (F32) attention; with scale 1.0 it is far off. The head_dim 128
+// decode rows take the CUDA backend's tensor-core decode kernel, the others its generic kernel.
+TEST_P(AttentionTest, Fp8PoolWithScalesHoldsExtremeMagnitudes) {
+  for (float magnitude : {1024.0f, 1.0f / 1024.0f}) {
+    const std::vector<Case> cases{
+        {4, 2, 16, 0, 16, DType::F8_E4M3, {37}, {37}, magnitude},                 // causal prefill, GQA 2
+        {8, 2, 128, 0, 16, DType::F8_E4M3, {300, 70, 5}, {1, 3, 2}, magnitude},   // decode rows, GQA 4
+        {6, 3, 40, 4, 4, DType::F8_E4M3, {14, 3}, {11, 2}, magnitude},            // odd dims, window 4
+    };
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const std::string what = fmt::format("magnitude {} case {}", magnitude, i);
+      Case scaled = cases[i], unscaled = cases[i], exact = cases[i];
+      scaled.kv_scales = true;
+      exact.pool_dtype = DType::F32;
+      Random draw_scaled(30 + i), draw_unscaled(30 + i), draw_exact(30 + i);  // the same K, V and q for all three
+      const PoolSetup with_scales = write_sequences(backend(), draw_scaled, scaled);
+      const PoolSetup without = write_sequences(backend(), draw_unscaled, unscaled);
+      const PoolSetup reference = write_sequences(backend(), draw_exact, exact);
+      const AttentionBatch batch = query_batch(backend(), scaled);
+      const int64_t rows = batch.num_rows(), width = int64_t{scaled.heads} * scaled.dim;
+      // q of magnitude 1 / magnitude keeps the scores O(1) (as a model's q and k projections would).
+      const std::vector<float> q = draw_scaled.normal(static_cast<std::size_t>(rows * width), 1.0f / magnitude);
+      auto attend = [&](const PoolSetup& setup) {
+        Tensor out = backend().alloc(DType::F32, {rows, width});
+        backend().paged_attention(backend().upload_f32(q, {rows, width}), setup.pool, setup.block_table, batch,
+                                  params_of(scaled), out);
+        return backend().download_f32(out);
+      };
+      const std::vector<float> scaled_out = attend(with_scales), unscaled_out = attend(without);
+      // Outputs are sums of values of magnitude `magnitude` that partly cancel: errors are judged against the whole
+      // output's norm (‖out − ref‖ / ‖ref‖), as the op harness does.
+      EXPECT_LT(relative_error(scaled_out, naive_attention(scaled, with_scales, q)), 1e-5)
+          << what << " against its codes";
+      const std::vector<double> exact_out = naive_attention(exact, reference, q);
+      EXPECT_LT(relative_error(scaled_out, exact_out), 0.05) << what << ": FP8 with scales against F32";
+      EXPECT_GT(relative_error(unscaled_out, exact_out), 0.3) << what << ": FP8 at scale 1.0 against F32";
+    }
+  }
+}
+
+// The scales live on the device and are read at run time: a decode step recorded as a graph while they were 1.0
+// replays with the scales set after it (--calculate-kv-scales fills them in the first step, graphs may exist before).
+// Backends without graphs (the CPU) skip.
+TEST_P(AttentionTest, RecordedStepsReadTheScalesSetAfterRecording) {
+  if (!backend().supports_graphs()) GTEST_SKIP() << backend().name() << " records no graphs";
+  Random random(40);
+  Case c{8, 2, 128, 0, 16, DType::F8_E4M3, {300, 70, 17}, {1, 1, 1}, 1024.0f, true};
+  const PoolSetup setup = write_sequences(backend(), random, c);
+  const std::vector<float> scales = backend().download_f32(setup.pool.scales);
+  PagedKvPool pool = setup.pool;
+  backend().copy_to(pool.scales, std::vector<float>{1.0f, 1.0f}.data());
+  // The step rewrites each sequence's last position with the values it holds (the same codes) and attends.
+  const AttentionBatch batch = query_batch(backend(), c);
+  const int64_t width = int64_t{c.kv_heads} * c.dim, rows = batch.num_rows(), q_width = int64_t{c.heads} * c.dim;
+  std::vector<float> k_rows, v_rows;
+  for (std::size_t s = 0; s < c.lengths.size(); ++s) {
+    const int64_t last = (c.lengths[s] - 1) * width;
+    k_rows.insert(k_rows.end(), setup.k[s].begin() + last, setup.k[s].begin() + last + width);
+    v_rows.insert(v_rows.end(), setup.v[s].begin() + last, setup.v[s].begin() + last + width);
+  }
+  const Tensor k = backend().upload_f32(k_rows, {rows, width}), v = backend().upload_f32(v_rows, {rows, width});
+  const std::vector<float> q = random.normal(static_cast<std::size_t>(rows * q_width), 1.0f / c.magnitude);
+  const Tensor q_tensor = backend().upload_f32(q, {rows, q_width});
+  Tensor out = backend().alloc(DType::F32, {rows, q_width});
+  backend().begin_capture();
+  backend().write_kv(k, v, pool, 1, setup.block_table, batch);
+  backend().paged_attention(q_tensor, pool, setup.block_table, batch, params_of(c), out);
+  const std::unique_ptr<OpGraph> graph = backend().end_capture();
+  backend().copy_to(pool.scales, scales.data());
+  backend().replay(*graph);
+  EXPECT_LT(relative_error(backend().download_f32(out), naive_attention(c, setup, q)), 1e-5) << "replayed step";
+}
+
+// Where max|x| is 0 (or only NaN), the scale is 1.0: a scale of 0 would make every code NaN.
+TEST_P(AttentionTest, AmaxScaleOfZerosIsOne) {
+  Tensor out = backend().alloc(DType::F32, {3});
+  Tensor first = out.view(0, {1}), second = out.view(1, {1}), third = out.view(2, {1});
+  backend().amax_scale(backend().upload_f32(std::vector<float>(100, 0.0f), {10, 10}), 200.0f, first);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  backend().amax_scale(backend().upload_f32(std::vector<float>{nan, -3.0f, nan, 1.0f}, {4}), 100.0f, second);
+  backend().amax_scale(backend().upload_f32(std::vector<float>{nan, nan}, {2}), 100.0f, third);
+  EXPECT_EQ(backend().download_f32(out), (std::vector<float>{1.0f, 0.03f, 1.0f}));
+  Tensor wide = backend().alloc(DType::F32, {2});
+  EXPECT_THROW(backend().amax_scale(backend().upload_f32(std::vector<float>{1.0f}, {1}), 100.0f, wide), Error);
+  EXPECT_THROW(backend().amax_scale(backend().upload_f32(std::vector<float>{1.0f}, {1}), 0.0f, first), Error);
 }
 
 // q = 0 makes the softmax uniform over the visible keys; V[t] = one-hot(t) then shows exactly which keys those are.

@@ -1,6 +1,7 @@
 // Paged attention in both modes. Test: write_kv, then paged_attention over a shared random pool with shuffled
 // block tables, for decode, varlen and chunked prefill, windows, block sizes, GQA groups and the split, tile and
-// window edges of the CUDA kernels, in both compute dtypes; a missing block must poison its rows. Perf (`perf
+// window edges of the CUDA kernels, in both compute dtypes, FP8 pools with per-tensor KV scales; a missing block must
+// poison its rows; amax_scale (the scales of --calculate-kv-scales). Perf (`perf
 // attention`): paged attention on the CUDA backend at Beam-1.0's shapes (48 query heads, 8 kv heads x 128, block
 // size 16) over a random BF16 KV pool drawn on the device: decode batches (global and sliding window) and prefill,
 // each next to its floor (KV bytes / 4.8 TB/s for decode, FLOPs / 758 TFLOP/s for prefill, PERF.md). --dtype picks
@@ -14,6 +15,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -38,6 +41,10 @@ struct AttentionCase {
   // >= 0: that sequence's first block is given back although its queries need it; the device must write NaN
   // for its rows (backend/cuda/attention/attention.h) and finite values elsewhere, and there is no reference (the CPU backend throws).
   int32_t drop_sequence = -1;
+  // K and V (pool and new rows) are uniform times this, q uniform over it (scores stay O(1)).
+  float magnitude = 1.0f;
+  // FP8 pools: per-tensor scales (vLLM's k_scale = max|k| / 200, v_scale = max|v| / 100 of all the K and V), else 1.0.
+  bool kv_scales = false;
 };
 
 // The rows of the dropped sequence are all NaN, every other row is finite.
@@ -89,29 +96,49 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
   const auto sequences = static_cast<int64_t>(c.sequences.size());
   const std::vector<int64_t> pool_shape{pool_blocks, slots, c.block_size, c.kv_heads, c.dim};
   const int64_t pool_elements = int64_t{pool_blocks} * slots * c.block_size * c.kv_heads * c.dim;
-  auto pool_tensor = [&](Backend& backend, const std::vector<float>& values) {
+  // --kv-cache-dtype fp8: E4M3 codes of value / scale.
+  auto pool_tensor = [&](Backend& backend, const std::vector<float>& values, float scale) {
     if (c.kv_dtype == DType::F32) return backend.upload_f32(values, pool_shape);
-    if (c.kv_dtype == DType::F8_E4M3) {  // --kv-cache-dtype fp8: E4M3 codes, scale 1.0
+    if (c.kv_dtype == DType::F8_E4M3) {
       std::vector<uint8_t> codes(values.size());
-      for (std::size_t i = 0; i < values.size(); ++i) codes[i] = f32_to_e4m3(values[i]);
+      for (std::size_t i = 0; i < values.size(); ++i) codes[i] = f32_to_e4m3(values[i] / scale);
       return backend.upload(codes.data(), DType::F8_E4M3, pool_shape);
     }
     std::vector<uint16_t> bits(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
     return backend.upload(bits.data(), DType::BF16, pool_shape);
   };
-  const std::vector<float> k_pool = harness.inputs().uniform(pool_elements), v_pool = harness.inputs().uniform(pool_elements);
-  PagedKvPool device_pool{pool_tensor(harness.device(), k_pool), pool_tensor(harness.device(), v_pool)};
-  PagedKvPool reference_pool{pool_tensor(harness.reference(), k_pool), pool_tensor(harness.reference(), v_pool)};
+  const int64_t kv_width = int64_t{c.kv_heads} * c.dim, q_width = int64_t{c.heads} * c.dim;
+  const std::vector<float> k_pool = harness.inputs().uniform(pool_elements, c.magnitude);
+  const std::vector<float> v_pool = harness.inputs().uniform(pool_elements, c.magnitude);
+  const std::vector<float> k_rows = harness.inputs().uniform(rows * kv_width, c.magnitude);
+  const std::vector<float> v_rows = harness.inputs().uniform(rows * kv_width, c.magnitude);
+  auto amax = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float result = 0.0f;
+    for (const auto* values : {&a, &b})
+      for (float value : *values) result = std::max(result, std::abs(value));
+    return result;
+  };
+  const float k_scale = c.kv_scales ? amax(k_pool, k_rows) / 200.0f : 1.0f;
+  const float v_scale = c.kv_scales ? amax(v_pool, v_rows) / 100.0f : 1.0f;
+  PagedKvPool device_pool{pool_tensor(harness.device(), k_pool, k_scale),
+                          pool_tensor(harness.device(), v_pool, v_scale)};
+  PagedKvPool reference_pool{pool_tensor(harness.reference(), k_pool, k_scale),
+                             pool_tensor(harness.reference(), v_pool, v_scale)};
+  if (c.kv_scales) {
+    auto scales = harness.f32({k_scale, v_scale}, {2});
+    device_pool.scales = scales.device;
+    reference_pool.scales = scales.reference;
+  }
   auto block_table = harness.i32(table, {sequences, width});
   const AttentionBatch device_batch = harness.device().make_attention_batch(positions, query_start, seq_lens);
   const AttentionBatch reference_batch = harness.reference().make_attention_batch(positions, query_start, seq_lens);
-  const int64_t kv_width = int64_t{c.kv_heads} * c.dim, q_width = int64_t{c.heads} * c.dim;
-  auto k = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
-  auto v = harness.f32(harness.inputs().uniform(rows * kv_width), {rows, kv_width});
-  auto q = harness.f32(harness.inputs().uniform(rows * q_width), {rows, q_width});
-  const std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} {}", c.what, c.heads, c.kv_heads, c.dim,
-                                        c.block_size, c.window, dtype_name(c.kv_dtype));
+  auto k = harness.f32(k_rows, {rows, kv_width});
+  auto v = harness.f32(v_rows, {rows, kv_width});
+  auto q = harness.f32(harness.inputs().uniform(rows * q_width, 1.0f / c.magnitude), {rows, q_width});
+  std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} {}", c.what, c.heads, c.kv_heads, c.dim, c.block_size,
+                                  c.window, dtype_name(c.kv_dtype));
+  if (c.kv_scales) shape += fmt::format(" x{} scales {:.3g}/{:.3g}", c.magnitude, k_scale, v_scale);
 
   harness.device().write_kv(k.device, v.device, device_pool, slot, block_table.device, device_batch);
   harness.reference().write_kv(k.reference, v.reference, reference_pool, slot, block_table.reference, reference_batch);
@@ -156,7 +183,41 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
                  bf16 ? "compute bfloat16" : "");
 }
 
+// amax_scale on the device against the reference: the same F32 scale bit for bit (a max is exact, and both divide
+// once, IEEE).
+void test_amax_scale_case(Harness& harness, const std::string& what, const std::vector<float>& values, float divisor) {
+  const auto start = std::chrono::steady_clock::now();
+  auto x = harness.f32(values, {static_cast<int64_t>(values.size())});
+  auto out = harness.poisoned(DType::F32, {3});
+  Tensor device_out = out.device.view(1, {1}), reference_out = out.reference.view(1, {1});
+  harness.device().amax_scale(x.device, divisor, device_out);
+  harness.reference().amax_scale(x.reference, divisor, reference_out);
+  const float got = harness.device().download_f32(out.device)[1];
+  const float want = harness.reference().download_f32(out.reference)[1];
+  harness.record_result({"amax_scale", fmt::format("{} n={} / {}", what, values.size(), divisor),
+                         std::abs(static_cast<double>(got) - want), 0.0,
+                         fmt::format("device {} reference {}, bit for bit", got, want),
+                         std::memcmp(&got, &want, sizeof(float)) == 0, seconds_since(start)});
+}
+
 }  // namespace
+
+void test_amax_scale(Harness& harness) {
+  Inputs& inputs = harness.inputs();
+  test_amax_scale_case(harness, "one element", {-3.5f}, 200.0f);
+  test_amax_scale_case(harness, "odd size", inputs.uniform(12345, 7.0f), 200.0f);
+  test_amax_scale_case(harness, "x1024, a decode step's k", inputs.uniform(8 * 128, 1024.0f), 200.0f);
+  test_amax_scale_case(harness, "x1/1024, a prefill's v", inputs.uniform(2048 * 1024, 1.0f / 1024), 100.0f);
+  std::vector<float> spike = inputs.uniform(100003, 1.0f);
+  spike[77777] = -9000.0f;  // the maximum in the middle of a block's range, negative
+  test_amax_scale_case(harness, "one spike", spike, 200.0f);
+  std::vector<float> with_nan = inputs.uniform(5000, 2.0f);
+  with_nan[10] = with_nan[4321] = std::numeric_limits<float>::quiet_NaN();
+  test_amax_scale_case(harness, "NaN skipped", with_nan, 100.0f);
+  test_amax_scale_case(harness, "all zero -> 1.0", std::vector<float>(4096, 0.0f), 200.0f);
+  if (!harness.small_only())
+    test_amax_scale_case(harness, "8K tokens x 1024", inputs.uniform(int64_t{8192} * 1024, 300.0f), 200.0f);
+}
 
 void test_attention(Harness& harness) {
   std::vector<AttentionCase> cases{
@@ -226,13 +287,36 @@ void test_attention(Harness& harness) {
       {"fp8 kv decode GQA 14/2", 14, 2, 128, 16, 0, DType::F8_E4M3, {{777, 1}, {12, 2}}},
       {"fp8 kv decode GQA 8/8", 8, 8, 128, 16, 0, DType::F8_E4M3, {{1024, 1}, {3, 1}}},
       {"fp8 kv missing block, decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      // Prefill tiles over E4M3 pools: the tensor-core prefill kernels over the BF16 shadow (attention/fp8_shadow.cu)
+      // next to decode rows on the pool itself; tile edges, windows, block sizes, groups, a given-back block.
+      {"fp8 kv prefill tile edges", 48, 8, 128, 16, 0, DType::F8_E4M3, {{0, 127}, {0, 129}, {64, 191}, {1, 22}}},
+      {"fp8 kv chunked prefill long", 48, 8, 128, 16, 0, DType::F8_E4M3, {{2000, 150}, {31, 33}, {900, 1}}},
+      {"fp8 kv prefill window 5", 48, 8, 128, 16, 5, DType::F8_E4M3, {{0, 200}, {300, 45}, {700, 2}}},
+      {"fp8 kv prefill bs 64 GQA 64/8", 64, 8, 128, 64, 0, DType::F8_E4M3, {{3, 250}, {100, 2}}},
+      {"fp8 kv prefill GQA 4/1", 4, 1, 128, 16, 0, DType::F8_E4M3, {{5, 200}}},
+      {"fp8 kv missing block, prefill", 48, 8, 128, 16, 0, DType::F8_E4M3, {{40, 1}, {64, 70}, {20, 9}}, 1},
+      {"fp8 kv chunk after 4K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{4096, 300}, {5000, 1}}},
+      // Per-tensor KV scales (vLLM's k_scale / v_scale) with K and V of magnitude 1024 and 1/1024: written as
+      // e4m3(x / scale) bit for bit, read as code * scale by the decode kernel (q's scale and the output), the
+      // generic kernel (mixed and odd shapes) and the CPU.
+      {"fp8 kv scaled decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{600, 1}, {15, 1}, {16, 4}}, -1, 1024.0f, true},
+      {"fp8 kv scaled decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{600, 1}, {15, 1}, {16, 4}}, -1, 1.0f / 1024, true},
+      {"fp8 kv scaled decode window GQA 14/2", 14, 2, 128, 8, 30, DType::F8_E4M3, {{300, 1}, {29, 3}}, -1, 1024.0f,
+       true},
+      {"fp8 kv scaled mixed, window", 48, 8, 128, 16, 512, DType::F8_E4M3, {{530, 70}, {0, 129}, {900, 1}}, -1,
+       1024.0f, true},
+      {"fp8 kv scaled odd dims", 6, 3, 40, 4, 5, DType::F8_E4M3, {{3, 11}, {0, 2}}, -1, 1.0f / 1024, true},
   };
   if (!harness.small_only()) {
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::BF16, {{32767, 1}, {20000, 1}}});
     cases.push_back({"decode 32K", 48, 8, 128, 16, 0, DType::F32, {{32767, 1}, {100, 1}}});
     cases.push_back({"fp8 kv decode 32K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{32767, 1}, {20000, 1}}});
+    cases.push_back(
+        {"fp8 kv scaled decode 32K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{32767, 1}, {20000, 1}}, -1, 1024.0f, true});
     cases.push_back({"prefill global 1K", 48, 8, 128, 16, 0, DType::BF16, {{0, 1024}}});
     cases.push_back({"prefill window 2K", 48, 8, 128, 16, 512, DType::BF16, {{0, 2048}}});
+    cases.push_back({"fp8 kv chunk after 8K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{8192, 1024}, {16000, 1}}});
+    cases.push_back({"fp8 kv chunk after 8K window", 48, 8, 128, 16, 512, DType::F8_E4M3, {{8192, 1024}}});
     AttentionCase batch128{"decode B=128", 48, 8, 128, 16, 0, DType::BF16, {}};
     for (int i = 0; i < 128; ++i)
       batch128.sequences.emplace_back(static_cast<int32_t>(harness.inputs().rng()() % 3000), 1);
@@ -305,10 +389,12 @@ void run_perf(const PerfOptions& options) {
     pool_blocks = std::max(pool_blocks, c.batch * per_sequence);
   }
   const std::vector<int64_t> pool_shape{pool_blocks, 1, kBlockSize, kKvHeads, kDim};
-  // FP8 pools (--kv-cache-dtype fp8): E4M3 codes of normal(0, 1), a per-tensor scale of 1.0 as the runner writes them.
+  // FP8 pools (--kv-cache-dtype fp8): E4M3 codes of normal(0, 1) and the layer's (k_scale, v_scale) on the device, as
+  // the model passes them (1.0 here), so that the kernels' scale reads are timed.
   const DType kv_dtype = options.kv_cache_dtype == "fp8" ? DType::F8_E4M3 : DType::BF16;
   PagedKvPool pool{backend.random_weight(kv_dtype, pool_shape, options.seed, 0.0f, 1.0f),
                    backend.random_weight(kv_dtype, pool_shape, options.seed + 1, 0.0f, 1.0f)};
+  if (kv_dtype == DType::F8_E4M3) pool.scales = backend.upload_f32(std::vector<float>{1.0f, 1.0f}, {2});
   const double element_bytes = static_cast<double>(dtype_size(kv_dtype));
   const double block_bytes = 2.0 * element_bytes * kBlockSize * kKvHeads * kDim;  // K and V
   spdlog::info("perf attention: {}, {} KV pool of {} blocks ({:.2f} GiB), compute dtype {}",
@@ -415,7 +501,9 @@ void add_attention_perf(CLI::App& perf) {
                       "compute dtype: float32 (FP32-accurate split operands) or bfloat16 (one rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))
       ->capture_default_str();
-  command->add_option("--kv-cache-dtype", options->kv_cache_dtype, "the pool's dtype: bfloat16, or fp8 (E4M3, scale 1)")
+  command
+      ->add_option("--kv-cache-dtype", options->kv_cache_dtype,
+                   "the pool's dtype: bfloat16, or fp8 (E4M3; k_scale = v_scale = 1.0, read from the device)")
       ->check(CLI::IsMember({"bfloat16", "fp8"}))
       ->capture_default_str();
   command->callback([options] {

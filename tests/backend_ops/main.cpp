@@ -33,7 +33,8 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"rope", test_rope_ssmax},           {"attention", test_attention},     {"route", test_route},
     {"moe", test_moe},                   {"swiglu", test_swiglu},           {"lm_head", test_lm_head},
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
-    {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora}};
+    {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora},
+    {"amax_scale", test_amax_scale}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {
@@ -75,7 +76,7 @@ void add_test_mode(CLI::App& app, int& status) {
   command->add_option("--filter", options->filter,
                       "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, "
                       "embedding, rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, "
-                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora)");
+                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale)");
   command
       ->add_option("--dtype", options->dtype,
                    "compute dtype of the backend under test (float32: FP32-accurate tolerances; bfloat16: BF16 ones)")

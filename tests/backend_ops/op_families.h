@@ -24,8 +24,9 @@ void test_swiglu(Harness& harness);
 void test_lm_head(Harness& harness);
 void add_linear_perf(CLI::App& perf);
 
-// attention.cpp: write_kv and paged attention.
+// attention.cpp: write_kv and paged attention, and amax_scale (FP8 KV scales).
 void test_attention(Harness& harness);
+void test_amax_scale(Harness& harness);
 void add_attention_perf(CLI::App& perf);
 
 // moe.cpp: the router and the experts.

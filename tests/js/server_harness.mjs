@@ -1,6 +1,7 @@
 // Starts `beamline serve` on a random tiny model for the end-to-end tests, and small HTTP helpers.
 import { spawn, execFileSync } from 'node:child_process';
 import http from 'node:http';
+import net from 'node:net';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -172,5 +173,19 @@ export function rawStream(port, body, path = '/v1/completions') {
     });
     request.on('error', reject);
     request.end(body);
+  });
+}
+
+// Raw bytes on a fresh connection; resolves to what the server wrote before closing (or after `timeoutMs`, for
+// requests the server still waits to complete).
+export function rawExchange(port, bytes, timeoutMs = 2000) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    let answer = '';
+    const timer = setTimeout(() => socket.destroy(), timeoutMs);
+    socket.on('data', (chunk) => { answer += chunk.toString('latin1'); });
+    socket.on('error', () => {});
+    socket.on('close', () => { clearTimeout(timer); resolve(answer); });
+    socket.write(bytes);
   });
 }

@@ -5,9 +5,8 @@
 // must still answer, with nothing left running or waiting and every KV block back.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import OpenAI from 'openai';
-import { makeTinyModel, metrics, metricValue, startServer, waitFor } from './server_harness.mjs';
+import { makeTinyModel, metrics, metricValue, rawExchange, startServer, waitFor } from './server_harness.mjs';
 
 const MODEL = 'tiny';
 const FUZZ_REQUESTS = Number(process.env.BEAMLINE_FUZZ_REQUESTS ?? 400);
@@ -102,20 +101,6 @@ function assertWellFormed(result, what) {
   assert.equal(typeof json.error?.message, 'string', `${what}: ${result.text.slice(0, 300)}`);
   assert.ok(json.error.message.length > 0);
   for (const key of ['type', 'param', 'code']) assert.ok(key in json.error, `${what}: error.${key} missing`);
-}
-
-// Raw bytes on a fresh connection; resolves to what the server wrote before closing (or after 2 s, for requests
-// the server still waits to complete).
-function rawExchange(port, bytes) {
-  return new Promise((resolve) => {
-    const socket = net.connect(port, '127.0.0.1');
-    let answer = '';
-    const timer = setTimeout(() => socket.destroy(), 2000);
-    socket.on('data', (chunk) => { answer += chunk.toString('latin1'); });
-    socket.on('error', () => {});
-    socket.on('close', () => { clearTimeout(timer); resolve(answer); });
-    socket.write(bytes);
-  });
 }
 
 async function expectIdle(base) {

@@ -1,5 +1,6 @@
-// Paged KV writes and paged attention on the CPU.
+// Paged KV writes, paged attention and the KV scales' amax on the CPU.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -14,11 +15,9 @@
 namespace beamline {
 namespace {
 
-// Element offset of (block, slot, offset in block, kv head) in the pool.
 int64_t pool_offset(const PagedKvPool& pool, int32_t block, int32_t slot, int32_t in_block, int32_t kv_head) {
-  return ((((int64_t{block} * pool.slots_per_block() + slot) * pool.block_size() + in_block) * pool.num_kv_heads() +
-           kv_head) *
-          pool.head_dim());
+  return kv_pool_offset(block, slot, in_block, kv_head, pool.slots_per_block(), pool.block_size(), pool.num_kv_heads(),
+                        pool.head_dim());
 }
 
 int32_t block_of(const Tensor& block_table, int32_t sequence, int64_t position, int32_t block_size,
@@ -29,7 +28,31 @@ int32_t block_of(const Tensor& block_table, int32_t sequence, int64_t position, 
   return block_table.data<const int32_t>()[int64_t{sequence} * width + index];
 }
 
+// The (k_scale, v_scale) an E4M3 pool's codes are multiplied by (backend.h's PagedKvPool::scales); 1.0 otherwise.
+std::array<float, 2> kv_scales(const PagedKvPool& pool) {
+  if (pool.k.dtype() != DType::F8_E4M3 || !pool.scales.defined()) return {1.0f, 1.0f};
+  const float* scales = pool.scales.data<const float>();
+  return {scales[0], scales[1]};
+}
+
+// n values divided by `scale` then stored as `dtype` at element `offset` of `raw` (the values as they are for 1.0).
+void store_scaled(const float* values, int64_t n, float scale, DType dtype, int64_t offset, std::byte* raw) {
+  if (scale == 1.0f) return cpu::from_f32(values, n, dtype, offset, raw);
+  thread_local std::vector<float> scaled;
+  scaled.resize(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) scaled[static_cast<std::size_t>(i)] = values[i] / scale;
+  cpu::from_f32(scaled.data(), n, dtype, offset, raw);
+}
+
 }  // namespace
+
+void CpuBackend::amax_scale(const Tensor& x, float divisor, Tensor& out) {
+  check_amax_scale_args(x, divisor, out);
+  const float* values = x.data<const float>();
+  float amax = 0.0f;
+  for (int64_t i = 0; i < x.numel(); ++i) amax = std::fmax(amax, std::fabs(values[i]));  // fmax skips NaN
+  out.data<float>()[0] = amax > 0.0f && std::isfinite(amax) ? amax / divisor : 1.0f;
+}
 
 void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                           const AttentionBatch& batch) {
@@ -40,14 +63,15 @@ void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, i
   require(block_table.rank() == 2 && block_table.dim(0) == batch.num_sequences(),
           "write_kv: block table {} does not have one row per sequence ({})", describe(block_table),
           batch.num_sequences());
+  const std::array<float, 2> scales = kv_scales(pool);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t position = batch.host_positions[r], sequence = batch.host_row_sequence[r];
     const int32_t block = block_of(block_table, sequence, position, pool.block_size(), "write_kv");
     require(block >= 0 && block < pool.num_blocks(), "write_kv: row {} (position {}) maps to block {} of a pool of {}",
             r, position, block, pool.num_blocks());
     const int64_t offset = pool_offset(pool, block, slot, position % pool.block_size(), 0);
-    cpu::from_f32(k.data<const float>() + r * width, width, pool.k.dtype(), offset, pool.k.raw());
-    cpu::from_f32(v.data<const float>() + r * width, width, pool.v.dtype(), offset, pool.v.raw());
+    store_scaled(k.data<const float>() + r * width, width, scales[0], pool.k.dtype(), offset, pool.k.raw());
+    store_scaled(v.data<const float>() + r * width, width, scales[1], pool.v.dtype(), offset, pool.v.raw());
   }
 }
 
@@ -58,6 +82,7 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
   const int64_t rows = batch.num_rows();
   const int32_t group = heads / kv_heads, block_size = pool.block_size();
   const bool convert = pool.k.dtype() != DType::F32;
+  const auto [k_scale, v_scale] = kv_scales(pool);
 
   ThreadPool::global().parallel_for(static_cast<std::size_t>(rows * heads), [&](std::size_t begin, std::size_t end) {
     thread_local std::vector<float> scores, accumulator, key, value;
@@ -88,6 +113,8 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
         const float* k = pool.k.data<const float>() + offset;
         if (convert) {
           cpu::to_f32(pool.k.raw(), pool.k.dtype(), offset, dim, key.data());
+          if (k_scale != 1.0f)
+            for (float& value : key) value *= k_scale;
           k = key.data();
         }
         const float score = params.scale * cpu::dot(query, k, dim);
@@ -103,6 +130,8 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
         const float* v = pool.v.data<const float>() + offset;
         if (convert) {
           cpu::to_f32(pool.v.raw(), pool.v.dtype(), offset, dim, value.data());
+          if (v_scale != 1.0f)
+            for (float& element : value) element *= v_scale;
           v = value.data();
         }
         for (int32_t d = 0; d < dim; ++d) accumulator[d] += weight * v[d];

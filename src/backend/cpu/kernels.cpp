@@ -44,7 +44,7 @@ void to_f32(const std::byte* data, DType dtype, int64_t offset, int64_t n, float
       for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
       return;
     }
-    case DType::F8_E4M3: {  // an FP8 KV cache (per-tensor scale 1.0)
+    case DType::F8_E4M3: {  // an FP8 KV cache: the codes (attention.cpp multiplies by the per-tensor scales)
       const auto* in = reinterpret_cast<const uint8_t*>(data) + offset;
       const std::array<float, 256>& table = e4m3_table();
       for (int64_t i = 0; i < n; ++i) out[i] = table[in[i]];

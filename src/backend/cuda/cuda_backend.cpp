@@ -155,6 +155,7 @@ cudaDataType_t cuda_type(DType dtype) {
 void check_pool(const PagedKvPool& pool, int32_t slot, std::string_view op) {
   require_device(pool.k, op, "k pool");
   require_device(pool.v, op, "v pool");
+  if (pool.scales.defined()) require_device(pool.scales, op, "KV scales");
   check_kv_pool(pool, slot, op);
 }
 
@@ -168,6 +169,7 @@ cuda::PoolGeometry pool_geometry(const PagedKvPool& pool) {
   geometry.block_size = pool.block_size();
   geometry.num_kv_heads = pool.num_kv_heads();
   geometry.head_dim = pool.head_dim();
+  if (geometry.dtype == DType::F8_E4M3 && pool.scales.defined()) geometry.scales = pool.scales.data<const float>();
   return geometry;
 }
 
@@ -987,6 +989,14 @@ void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, fl
                "ssmax_scale");
 }
 
+void CudaBackend::amax_scale(const Tensor& x, float divisor, Tensor& out) {
+  const auto timing = time_op("amax_scale");
+  check_amax_scale_args(x, divisor, out);
+  require_device(x, "amax_scale", "x");
+  require_device(out, "amax_scale", "out");
+  check_launch(cuda::amax_scale(x.data<const float>(), x.numel(), divisor, out.data<float>(), stream_), "amax_scale");
+}
+
 void CudaBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                            const AttentionBatch& batch) {
   const auto timing = time_op("write_kv");
@@ -1016,13 +1026,24 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
   const cuda::PoolGeometry geometry = pool_geometry(pool);
   const bool aligned = reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0 && reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
   const cuda::AttentionPlan plan = attention_plan(batch, pool, params, aligned);
-  Tensor work, partials;
+  Tensor work, partials, shadow_kv, shadow_table, scaled_q;
   if (!plan.work.empty()) work = attention_work(plan.work);
   if (plan.scratch_floats > 0) partials = scratch(DType::F32, {plan.scratch_floats});
+  cuda::ShadowBuffers shadow;
+  if (plan.shadow_blocks > 0) {  // an FP8 pool's prefill tiles read a BF16 shadow of their keys (attention.h)
+    shadow_kv = scratch(DType::BF16, {2, plan.shadow_blocks, pool.block_size(), kv_heads, dim});
+    shadow_table = scratch(DType::I32, {batch.num_sequences(), block_table.dim(1)});
+    shadow = {shadow_kv.raw(), static_cast<std::byte*>(shadow_kv.raw()) + shadow_kv.nbytes() / 2,
+              shadow_table.data<int32_t>()};
+    if (geometry.scales != nullptr) {
+      scaled_q = scratch(DType::F32, {q.dim(0), q.dim(1)});
+      shadow.scaled_q = scaled_q.data<float>();
+    }
+  }
   check_launch(cuda::paged_attention(q.data<const float>(), geometry, params.slot,
                                      batch_geometry(batch, block_table, "paged_attention"), plan,
                                      plan.work.empty() ? nullptr : work.data<const int32_t>(),
-                                     plan.scratch_floats > 0 ? partials.data<float>() : nullptr, heads,
+                                     plan.scratch_floats > 0 ? partials.data<float>() : nullptr, shadow, heads,
                                      params.scale, params.sliding_window, out.data<float>(), stream_),
                "paged_attention");
 }
@@ -1063,14 +1084,17 @@ std::optional<std::string> CudaBackend::attention_signature(const AttentionBatch
   // the same tiles computes the same, so they are compared as a set and steps whose lengths differ share a graph.
   const auto tiles = plan.work.begin() + (plan.decode_rows_listed ? plan.decode_rows : 0);
   std::vector<std::array<int32_t, 3>> sorted;
-  for (auto tile = tiles; tile != plan.work.end(); tile += 3) sorted.push_back({tile[0], tile[1], tile[2]});
+  for (auto tile = tiles; tile != tiles + 3 * plan.prefill_tiles; tile += 3) sorted.push_back({tile[0], tile[1], tile[2]});
   std::sort(sorted.begin(), sorted.end());
   std::string listed;
   for (auto row = plan.work.begin(); row != tiles; ++row) listed += fmt::format("{},", *row);
   std::string tile_set;
   for (const auto& [sequence, first_row, rows] : sorted) tile_set += fmt::format("{}/{}/{},", sequence, first_row, rows);
-  return fmt::format("{}:{}:{}:{}:{}:[{}]:[{}]", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
-                     plan.scratch_floats, listed, tile_set);
+  // An FP8 pool's shadow (after the tiles) sizes the step's scratch and numbers its blocks: part of the graph too.
+  std::string shadow;
+  for (auto part = tiles + 3 * plan.prefill_tiles; part != plan.work.end(); ++part) shadow += fmt::format("{},", *part);
+  return fmt::format("{}:{}:{}:{}:{}:[{}]:[{}]:[{}]", plan.generic, plan.decode_rows, plan.splits, plan.prefill_tiles,
+                     plan.scratch_floats, listed, tile_set, shadow);
 }
 
 void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,

@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
                    std::span<Tensor* const> ys) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
+  void amax_scale(const Tensor& x, float divisor, Tensor& out) override;
   void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
                 const AttentionBatch& batch) override;
   void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,

@@ -1,13 +1,14 @@
 // Paged KV writes, and paged attention's dispatcher: the host-side plan picks, per batch, the split-KV decode
 // kernel (attention/decode.cu) for sequences with few query rows, the tiled prefill kernels (on the tensor
 // cores for BF16 pools: attention/prefill_wgmma.cu with BF16 operands, attention/prefill_mma.cu
-// with split ones; attention/prefill.cu for F32 pools) for the others, and the generic kernel below for
-// shapes those do not cover and for FP8 pools with prefill rows (the decode kernel reads FP8 pools).
+// with split ones; attention/prefill.cu for F32 pools; for FP8 pools the BF16 kernels over a shadow that
+// attention/fp8_shadow.cu widens) for the others, and the generic kernel below for shapes those do not cover.
 // The generic kernel: a block serves one row and one KV head; its warps are the query heads of that group, so
 // each K/V tile read from the pool is shared by the whole group; softmax is online (running max and sum).
 #include <cmath>
 
 #include <algorithm>
+#include <climits>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention/attention_common.cuh"
@@ -29,8 +30,9 @@ __global__ void write_kv_kernel(const float* k, const float* v, PoolGeometry poo
   const int32_t block = lookup_block(pool, batch, batch.row_sequence[row], position);
   if (block < 0) return;
   const int64_t offset = pool_offset(pool, block, slot, position, 0) + column;
-  static_cast<P*>(pool.k)[offset] = from_float<P>(k[index]);
-  static_cast<P*>(pool.v)[offset] = from_float<P>(v[index]);
+  // IEEE division, as the CPU backend divides, so that both round the same quotient to the same code.
+  static_cast<P*>(pool.k)[offset] = from_float<P>(__fdiv_rn(k[index], kv_scale(pool, 0)));
+  static_cast<P*>(pool.v)[offset] = from_float<P>(__fdiv_rn(v[index], kv_scale(pool, 1)));
 }
 
 // Shared memory: q of the group's heads [group][D], a K tile [32][D + 1] (padded: lane i reads row i), a V tile
@@ -64,6 +66,7 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
   float running_max = -INFINITY, running_sum = 0.0f;
   const P* k_pool = static_cast<const P*>(pool.k);
   const P* v_pool = static_cast<const P*>(pool.v);
+  const float k_scale = kv_scale(pool, 0), v_scale = kv_scale(pool, 1);
 
   for (int64_t tile_start = first; tile_start <= last; tile_start += kKeysPerTile) {
     __syncthreads();  // the previous tile is consumed (and q is loaded before the first)
@@ -77,8 +80,8 @@ __global__ void paged_attention_kernel(const float* q, PoolGeometry pool, int32_
           missing_block = 1;
         } else {
           const int64_t offset = pool_offset(pool, block, slot, t, kv_head) + d;
-          k_value = to_float(k_pool[offset]);
-          v_value = to_float(v_pool[offset]);
+          k_value = to_float(k_pool[offset]) * k_scale;
+          v_value = to_float(v_pool[offset]) * v_scale;
         }
       }
       k_tile[key * (dim + 1) + d] = k_value;
@@ -227,13 +230,11 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   const bool power_of_two_blocks = pool.block_size > 0 && (pool.block_size & (pool.block_size - 1)) == 0;
   plan.generic = pool.head_dim != kFastHeadDim || group > kFastMaxGroup || !power_of_two_blocks || !aligned;
   if (plan.generic) return plan;
-  // FP8 pools: the split-KV decode kernel reads them, the tiled prefill kernels do not (F32/BF16 only), so a batch
-  // with a prefill tile goes to the generic kernel whole.
-  if (pool.dtype == DType::F8_E4M3) {
-    for (int32_t s = 0; s < batch.sequences && !plan.generic; ++s)
-      plan.generic = batch.query_start[s + 1] - batch.query_start[s] > kDecodeMaxQueryRows;
-    if (plan.generic) return plan;
-  }
+  // FP8 pools: the split-KV decode kernel reads them; the tiled prefill kernels read a BF16 shadow of the keys
+  // their tiles see (AttentionPlan::shadow_blocks), so their tiles are planned for a BF16 pool.
+  const bool shadowed = pool.dtype == DType::F8_E4M3;
+  const DType tile_dtype = shadowed ? DType::BF16 : pool.dtype;
+  std::vector<ShadowSequence> shadow(static_cast<std::size_t>(batch.sequences), ShadowSequence{0, 0, 0});
   std::vector<int32_t> decode_rows;
   struct Tile {
     int32_t sequence, first_row, rows;
@@ -241,7 +242,7 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   };
   std::vector<Tile> tiles;
   int64_t decode_keys = 1;
-  const int32_t rows_per_tile = prefill_rows_per_tile(group, pool.dtype);
+  const int32_t rows_per_tile = prefill_rows_per_tile(group, tile_dtype);
   auto visible_range = [&](int32_t sequence, int64_t position) {
     const int64_t first = first_visible_position(position, sliding_window);
     const int64_t last = std::min<int64_t>(position, int64_t{batch.seq_lens[sequence]} - 1);
@@ -249,6 +250,7 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   };
   for (int32_t s = 0; s < batch.sequences; ++s) {
     const int32_t begin = batch.query_start[s], end = batch.query_start[s + 1];
+    shadow[static_cast<std::size_t>(s)].base = static_cast<int32_t>(plan.shadow_blocks);  // bases never decrease
     if (end - begin <= kDecodeMaxQueryRows) {
       for (int32_t row = begin; row < end; ++row) {
         decode_rows.push_back(row);
@@ -257,11 +259,20 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
       }
       continue;
     }
+    int64_t first_key = INT64_MAX, last_key = -1;
     for (int32_t row = begin; row < end; row += rows_per_tile) {
       const int32_t rows = std::min(rows_per_tile, end - row);
       const int64_t first = visible_range(s, batch.positions[row]).first;
       const int64_t last = visible_range(s, batch.positions[row + rows - 1]).second;
       tiles.push_back({s, row, rows, last - first + 1});
+      first_key = std::min(first_key, first);
+      last_key = std::max(last_key, last);
+    }
+    if (shadowed && first_key <= last_key) {
+      ShadowSequence& part = shadow[static_cast<std::size_t>(s)];
+      part.first_block = static_cast<int32_t>(first_key / pool.block_size);
+      part.blocks = static_cast<int32_t>(last_key / pool.block_size) - part.first_block + 1;
+      plan.shadow_blocks += part.blocks;
     }
   }
   plan.decode_rows = static_cast<int64_t>(decode_rows.size());
@@ -275,24 +286,62 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   plan.prefill_tiles = static_cast<int64_t>(tiles.size());
   for (const Tile& tile : tiles) plan.work.insert(plan.work.end(), {tile.sequence, tile.first_row, tile.rows});
+  if (plan.shadow_blocks > 0) {
+    plan.shadow_sequences = batch.sequences;
+    for (const ShadowSequence& part : shadow) plan.work.insert(plan.work.end(), {part.base, part.first_block, part.blocks});
+  }
   return plan;
 }
 
 cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
-                            const AttentionPlan& plan, const int32_t* work, float* scratch, int32_t num_heads,
-                            float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
+                            const AttentionPlan& plan, const int32_t* work, float* scratch, const ShadowBuffers& shadow,
+                            int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
   if (batch.rows == 0) return cudaSuccess;
   if (pool.head_dim > kMaxAttentionHeadDim || num_heads / pool.num_kv_heads > kMaxAttentionGroup)
     return cudaErrorInvalidValue;
   if (plan.generic)
     return launch_generic_attention(q, pool, slot, batch, num_heads, scale, sliding_window, out, stream);
-  const cudaError_t decoded =
-      launch_decode_attention(q, pool, slot, batch, plan.decode_rows_listed ? work : nullptr, plan.decode_rows,
-                              plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
-  if (decoded != cudaSuccess) return decoded;
+  const auto decode = [&] {
+    return launch_decode_attention(q, pool, slot, batch, plan.decode_rows_listed ? work : nullptr, plan.decode_rows,
+                                   plan.splits, scratch, num_heads, scale, sliding_window, out, stream);
+  };
   const int32_t* tile_list = work + (plan.decode_rows_listed ? plan.decode_rows : 0);
-  return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
-                                  sliding_window, plan.precision, out, stream);
+  if (plan.shadow_blocks == 0) {
+    const cudaError_t decoded = decode();
+    if (decoded != cudaSuccess) return decoded;
+    return launch_prefill_attention(q, pool, slot, batch, tile_list, plan.prefill_tiles, num_heads, scale,
+                                    sliding_window, plan.precision, out, stream);
+  }
+  if (shadow.k == nullptr || shadow.v == nullptr || shadow.block_table == nullptr) return cudaErrorInvalidValue;
+  if (pool.scales != nullptr && shadow.scaled_q == nullptr) return cudaErrorInvalidValue;
+  if (plan.shadow_blocks > INT32_MAX) return cudaErrorInvalidValue;
+  const int32_t* parts = tile_list + 3 * plan.prefill_tiles;
+  cudaError_t status = widen_to_shadow(pool, slot, batch, parts, plan.shadow_sequences, plan.shadow_blocks, shadow, stream);
+  if (status != cudaSuccess) return status;
+  PoolGeometry shadow_pool = pool;
+  shadow_pool.k = shadow.k;
+  shadow_pool.v = shadow.v;
+  shadow_pool.dtype = DType::BF16;
+  shadow_pool.scales = nullptr;
+  shadow_pool.num_blocks = static_cast<int32_t>(plan.shadow_blocks);
+  shadow_pool.slots_per_block = 1;
+  BatchGeometry shadow_batch = batch;
+  shadow_batch.block_table = shadow.block_table;
+  if (pool.scales == nullptr) {
+    status = launch_prefill_attention(q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles, num_heads, scale,
+                                      sliding_window, plan.precision, out, stream);
+    return status == cudaSuccess ? decode() : status;
+  }
+  // The shadow holds the codes, not code x scale (BF16 cannot hold those products exactly): the prefill tiles get
+  // k_scale through q and v_scale on the output. The whole output is multiplied, so the decode rows, which read the
+  // scaled pool themselves, are written after.
+  const int64_t values = int64_t{batch.rows} * num_heads * pool.head_dim;
+  status = multiply_by_device_scalar(q, shadow.scaled_q, values, pool.scales, stream);
+  if (status == cudaSuccess)
+    status = launch_prefill_attention(shadow.scaled_q, shadow_pool, 0, shadow_batch, tile_list, plan.prefill_tiles,
+                                      num_heads, scale, sliding_window, plan.precision, out, stream);
+  if (status == cudaSuccess) status = multiply_by_device_scalar(out, out, values, pool.scales + 1, stream);
+  return status == cudaSuccess ? decode() : status;
 }
 
 }  // namespace beamline::cuda

@@ -5,12 +5,14 @@
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/attention/attention.h"
+#include "kv/kv_cache_layout.h"
 
 namespace beamline::cuda {
 
-// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 with a per-tensor scale of 1.0, written with round to
-// nearest even and saturation at ±448 (quant/element_codes.h's f32_to_e4m3, as the CPU backend writes it) and read
-// back exactly (E4M3 is a subset of F16).
+// An element of an FP8 pool (--kv-cache-dtype fp8): E4M3 codes of x / scale (the layer's k_scale or v_scale,
+// PoolGeometry::scales), written with round to nearest even and saturation at ±448 (quant/element_codes.h's
+// f32_to_e4m3, as the CPU backend writes it) and read back exactly (E4M3 is a subset of F16); the kernels multiply
+// by the scale where they use the values.
 struct E4m3 {
   __nv_fp8_storage_t bits;
 };
@@ -21,6 +23,11 @@ __device__ __forceinline__ float to_float(E4m3 v) {
 template <>
 __host__ __device__ __forceinline__ E4m3 from_float<E4m3>(float v) {
   return {__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)};
+}
+
+// The layer's k_scale (which 0) or v_scale (1) of an E4M3 pool, 1.0 when the pool has none.
+__device__ __forceinline__ float kv_scale(const PoolGeometry& pool, int which) {
+  return pool.scales != nullptr ? pool.scales[which] : 1.0f;
 }
 
 // The pool block holding `position` of `sequence`, or -1 when the table has none (given back, or past the table).
@@ -34,10 +41,8 @@ __device__ __forceinline__ int32_t lookup_block(const PoolGeometry& pool, const 
 
 __device__ __forceinline__ int64_t pool_offset(const PoolGeometry& pool, int32_t block, int32_t slot, int64_t position,
                                                int32_t kv_head) {
-  return ((((int64_t{block} * pool.slots_per_block + slot) * pool.block_size + position % pool.block_size) *
-               pool.num_kv_heads +
-           kv_head) *
-          pool.head_dim);
+  return kv_pool_offset(block, slot, position % pool.block_size, kv_head, pool.slots_per_block, pool.block_size,
+                        pool.num_kv_heads, pool.head_dim);
 }
 
 // One sequence's keys of one kv head and layer slot, for the fast kernels: the block size is a power of two, so
@@ -126,6 +131,15 @@ cudaError_t launch_prefill_attention(const float* q, const PoolGeometry& pool, i
                                      const BatchGeometry& batch, const int32_t* tile_list, int64_t tiles,
                                      int32_t num_heads, float scale, int32_t sliding_window,
                                      OperandPrecision precision, float* out, cudaStream_t stream);
+// FP8 pools' prefill (AttentionPlan::shadow_blocks): widens the pool blocks of slot `slot` that `parts` (one
+// ShadowSequence per each of the batch's `sequences`, on the device) name into `shadow`'s BF16 blocks, exactly, and
+// writes the shadow's block table (-1 where the pool's table has no block, as the kernels expect of a missing block).
+cudaError_t widen_to_shadow(const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch, const int32_t* parts,
+                            int32_t sequences, int64_t shadow_blocks, const ShadowBuffers& shadow,
+                            cudaStream_t stream);
+// out[i] = in[i] * *factor for i < n (in may be out): the KV scales, which live on the device, applied around the
+// prefill kernels that read an FP8 pool's unscaled shadow.
+cudaError_t multiply_by_device_scalar(const float* in, float* out, int64_t n, const float* factor, cudaStream_t stream);
 // Query vectors ((row, head of the group) pairs) per block of the tensor-core prefill kernels, which serve the
 // same tiles.
 constexpr int32_t kPrefillTileVectors = 128;

@@ -3,7 +3,8 @@
 // heads of the group (GQA); a second kernel combines the splits with log-sum-exp weights, launched as a
 // programmatic dependent so that its launch overlaps the first. The first kernel depends on the pool's dtype:
 // - BF16 (the served dtype): QK and PV on the tensor cores (decode_attention_mma_kernel, described there).
-// - E4M3 (--kv-cache-dtype fp8, the codes read back exactly): the same kernel on F16 operands.
+// - E4M3 (--kv-cache-dtype fp8, the codes read back exactly): the same kernel on F16 operands, k_scale folded into
+//   q's scale and v_scale into the output.
 // - F32: F32 math on the CUDA cores. Each key is
 //   spread over kLanesPerKey lanes (a "key slot") with several keys in flight; a slot keeps its own online softmax
 //   (running max and sum) and the block combines its slots in shared memory. The score sums are reduce-scattered over the slot's lanes and shared back through shared
@@ -503,7 +504,8 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   {
     const bool real_head = fragment_row < group;
     const float* query = q + (row * num_heads + int64_t{kv_head} * group + fragment_row) * kFastHeadDim;
-    const float q_scale = scale * kLog2E;  // scores in base 2: exp2 in the loop
+    // Scores in base 2 (exp2 in the loop); E4M3 pools: k_scale folded in, as q · (code k_scale) = (q k_scale) · code.
+    const float q_scale = scale * kLog2E * (kE4m3 ? kv_scale(pool, 0) : 1.0f);
     if constexpr (kE4m3) {
       float values[2][16];
       float amax = 0.0f;
@@ -673,12 +675,14 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim]
   float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kFastHeadDim;
   float* warp_sum = warp_max + kMmaWarps * kMmaHeads;
+  // E4M3 pools: P's 2^14 taken out and v_scale applied (the sum of P times codes, times v_scale, is P times V).
+  const float acc_scale = kE4m3 ? kv_scale(pool, 1) / kProbabilityScale : 1.0f;
 #pragma unroll
   for (int i = 0; i < kDimSteps; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int head = 2 * fragment_pair + (j & 1), dim = 16 * i + fragment_row + 8 * (j >> 1);
-      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = kE4m3 ? acc[i][j] / kProbabilityScale : acc[i][j];
+      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j] * acc_scale;
     }
   if (fragment_row == 0) {
 #pragma unroll
