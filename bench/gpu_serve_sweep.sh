@@ -22,24 +22,15 @@ if [ "${MODEL:-beam-nano}" = beam-1.0-8 ]; then
   model_args=(--model /tmp/beam-1.0-8 --load-format dummy)
 fi
 echo "model: ${MODEL:-beam-nano}" >> "$out/machine.txt"
-"$exe" serve "${model_args[@]}" --device cuda --port 0 > "$out/serve.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-port=""
-for _ in $(seq 900); do
-  port=$(sed -n 's|.*at http://[^:]*:\([0-9]*\)/v1.*|\1|p' "$out/serve.log" | head -1)
-  [ -n "$port" ] && break
-  kill -0 $server 2>/dev/null || { cat "$out/serve.log"; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$out/serve.log"; exit 1; }
+source bench/serve_start.sh
+serve_start "$exe" "$out/serve.log" "${model_args[@]}" --device cuda
 mkdir -p /tmp/sweep
 start=$(date +%s)
-timeout "${SWEEP_SECONDS:-50}" "$exe" bench serve --base-url "http://127.0.0.1:$port" --backend openai --dataset-name random \
+timeout "${SWEEP_SECONDS:-50}" "$exe" bench serve --base-url "$base" --backend openai --dataset-name random \
   --random-input-len 256 --random-output-len 64 --ignore-eos --num-prompts 64 --request-rate inf \
   --max-concurrency "$levels" --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
   --save-result --result-dir /tmp/sweep > "$out/bench.log" 2>&1 || echo "bench serve exited $?" >> "$out/bench.log"
 echo "sweep wall: $(( $(date +%s) - start )) s" >> "$out/bench.log"
-curl -s "http://127.0.0.1:$port/metrics" > "$out/metrics.txt"
+curl -s "$base/metrics" > "$out/metrics.txt"
 tar -C /tmp/sweep -czf "$out/sweep.tar.gz" .
 tail -20 "$out/bench.log"

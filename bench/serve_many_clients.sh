@@ -15,20 +15,9 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out"
 python=/usr/bin/python3
 
-"$exe" serve --model models/beam-nano --device cpu --port 0 "$@" > "$out/serve.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true; kill $(jobs -p) 2>/dev/null || true' EXIT
-port=""
-for _ in $(seq 600); do
-  port=$(sed -n 's|.*at http://[^:]*:\([0-9]*\)/v1.*|\1|p' "$out/serve.log" | head -1)
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$out/serve.log" >&2; exit 1; }
-base=http://127.0.0.1:$port
+source bench/serve_start.sh
+serve_start "$exe" "$out/serve.log" --model models/beam-nano --device cpu "$@"
 resources() { echo "$(ls /proc/$server/fd | wc -l) $(awk '/^Threads:/ {print $2}' /proc/$server/status)"; }
-# A metric's value, with or without labels (vllm:* carry model_name).
-metric() { curl -s "$base/metrics" | awk -v name="$1" '$1 == name || index($1, name "{") == 1 {print $2; exit}'; }
 read -r fds_idle threads_idle <<< "$(resources)"
 
 # Samples every half second: time, descriptors, threads; /health probes: HTTP code and seconds.
