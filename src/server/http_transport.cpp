@@ -369,6 +369,9 @@ void Session::set_finished_callback(uint64_t number, std::function<void(bool wri
 }
 
 void Session::finish_response() {
+  // A write can complete after the client was noticed leaving (the watch's error handled first): the connection is
+  // closed by then, and reading the next request from it would fail as if that request were malformed.
+  if (gone_) return;
   complete_ = true;
   end_exchange(true);
   if (watching_) {

@@ -1,7 +1,8 @@
 // Connections must not cost threads (issue 22): with 1,000 idle connections and 32 slow streaming readers held open,
 // /health answers within 500 ms every time and the server's thread count stays where it was before them; idle
 // connections are closed after the keep-alive timeout; the HTTP layer's own refusals (400, 404, 405, 413, 431) are
-// OpenAI error JSON; --http-threads out of range is refused naming the range.
+// OpenAI error JSON, and clients that leave as their stream ends are not counted as 400; --http-threads out of range
+// is refused naming the range.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -16,6 +17,8 @@ const HEALTH_LIMIT_MS = 500;
 // Threads the server may add under this load over its warmed-up count (none are expected: the event-loop threads and
 // the worker pool exist from the start).
 const THREAD_SLACK = 4;
+const LEAVING_STREAMS = 400;
+const LEAVING_AT_ONCE = 16;
 
 function threadCount(pid) {
   return Number(readFileSync(`/proc/${pid}/status`, 'utf8').match(/^Threads:\s+(\d+)/m)[1]);
@@ -54,6 +57,27 @@ function slowStream(port, index) {
   socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n` +
     `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
   return { done: done.finally(() => clearInterval(trickle)), text: () => text };
+}
+
+// A keep-alive streaming completion whose client hangs up once it has read the chunk with the finish_reason, so that
+// its leaving races the server's writing of the stream's end; every other one resets the connection instead of
+// closing it.
+function leavingStream(port, index) {
+  const body = JSON.stringify({ prompt: `leave ${index}`, max_tokens: 1 + (index % 4), ignore_eos: true,
+    stream: true });
+  const socket = net.connect(port, '127.0.0.1');
+  let text = '';
+  return new Promise((resolve) => {
+    socket.on('data', (chunk) => {
+      text += chunk.toString();
+      if (!/"finish_reason":"/.test(text)) return;
+      if (index % 2) socket.resetAndDestroy(); else socket.destroy();
+    });
+    socket.on('error', () => {});
+    socket.on('close', () => resolve(text));
+    socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+      `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+  });
 }
 
 describe('connections', () => {
@@ -119,6 +143,20 @@ describe('connections', () => {
       return metricValue(samples, 'vllm:num_requests_running') === 0 &&
         metricValue(samples, 'vllm:kv_cache_usage_perc') === 0;
     }, 30000, 'nothing running and every KV block free');
+  });
+
+  test(`${LEAVING_STREAMS} clients leaving as their streams end are not counted as malformed requests`, async () => {
+    const count400 = async () => metricValue((await metrics(server.base)).samples, 'beamline:http_responses_total',
+      'code="400"') ?? 0;
+    const refused = await count400();
+    for (let first = 0; first < LEAVING_STREAMS; first += LEAVING_AT_ONCE) {
+      const leaving = Array.from({ length: LEAVING_AT_ONCE }, (_, i) => leavingStream(server.port, first + i));
+      const texts = await Promise.all(leaving);
+      for (const text of texts) assert.match(text, /^HTTP\/1\.1 200 /, text.slice(0, 200));
+    }
+    // A connection whose client left is closed, never read from again as if it had sent a malformed request.
+    assert.equal(await count400(), refused, 'beamline:http_responses_total{code="400"} grew');
+    assert.equal((await fetch(`${server.base}/health`)).status, 200);
   });
 
   test('the HTTP layer refuses with OpenAI error JSON: 400, 404, 405, 413, 431', async () => {
