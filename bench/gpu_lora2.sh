@@ -14,7 +14,7 @@ OUT=${OUT:-$(mktemp -d)}
 OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
 LOG=$OUT/lora2.log
 source bench/open_carry.sh
-source bench/cuda_env.sh
+BIN=$OPS source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
 {
   date -u '+%Y-%m-%d %H:%M UTC'
