@@ -167,7 +167,8 @@ check_row "weights in one device allocation (every cuda logits/generate run)" "a
 if [ ! -d "$WORK/small" ]; then
   check_row "serve --device cuda, 32 concurrent requests" "no small model (make-model failed)" "" "not run"
 elif "$BIN" serve --help >/dev/null 2>&1; then
-  checks_from "serve_check.py (13 comparisons)" 13 python3 bench/serve_check.py "$BIN" "$WORK/small"
+  checks_from "serve_check.py (13 comparisons)" 13 python3 bench/serve_check.py "$BIN" "$WORK/small" cuda \
+    --bfloat16-model models/beam-nano
 else
   check_row "serve --device cuda, 32 concurrent requests" "this build has no \`beamline serve\`" "" "not run"
 fi
