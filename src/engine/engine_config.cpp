@@ -192,7 +192,7 @@ void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_ca
       ->capture_default_str();
   command
       .add_option("--kv-cache-dtype,--kv-dtype", kv_cache_dtype,
-                  "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16, float32 or fp8 (E4M3 with "
+                  "KV cache storage: auto (the compute dtype of --dtype), bfloat16, float32 or fp8 (E4M3 with "
                   "per-layer k_scale / v_scale: the checkpoint's, else 1.0, or --calculate-kv-scales)")
       ->capture_default_str();
   command.add_flag("--calculate-kv-scales", calculate_kv_scales,
