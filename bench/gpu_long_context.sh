@@ -16,7 +16,8 @@
 # Usage: bench/gpu_long_context.sh CARRY_DIR [STEPS]   (CARRY_DIR from bench/make_carry.sh; STEPS a comma-separated
 #        subset of check,perf,long, default check,long: at most 60 + 410 s, inside one 500 s device call). SMALL=1 runs the same steps on the CPU with the tiny preset, 8K and
 #        16K tokens in 2K chunks (the script's dry run; `check` runs the harness's --small CPU-against-CPU cases).
-#        LENGTHS, DECODE, CHUNK override the lengths, output tokens and chunk. Writes $OUT/long_context.log.
+#        LENGTHS, DECODE, CHUNK override the lengths, output tokens and chunk; LONG_LIMIT the long step's seconds
+#        (410). Writes $OUT/long_context.log.
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_long_context.sh CARRY_DIR [STEPS]}
 STEPS=,${2:-check,long},
@@ -65,7 +66,7 @@ if wanted long; then
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 250 >"$memory_log" &
     sampler=$!
   fi
-  step 410 '^\||^<!--|^server|^KV pool|Error|error|Traceback|assert' python3 bench/long_context.py "$BIN" "$WORK/model" \
+  step "${LONG_LIMIT:-410}" '^\||^<!--|^server|^KV pool|Error|error|Traceback|assert' python3 bench/long_context.py "$BIN" "$WORK/model" \
     --lengths "$lengths" --decode "$decode" --chunk "$chunk" --kv-cache-memory "$kv_memory" --device "$device" \
     --log "$OUT/server.log"
   if [ -n "$sampler" ]; then
