@@ -123,7 +123,10 @@ TensorSource part_source(const std::shared_ptr<ProjectionQuantizer>& quantizer, 
       if (from < to) std::memcpy(out.data() + (from - begin), bytes.data() + (from - band_begin), static_cast<std::size_t>(to - from));
     }
   };
-  return TensorSource{std::move(name), dtype, std::move(shape), std::move(fill)};
+  const int64_t stored_rows_per_granule =
+      std::max<int64_t>(1, quant_row_granularity(quantizer->scheme()) / rows_per_stored_row);
+  return TensorSource{std::move(name), dtype, std::move(shape), std::move(fill),
+                      static_cast<std::size_t>(stored_rows_per_granule * row_bytes)};
 }
 
 std::vector<TensorSource> quantized_tensors(TensorSource source, QuantScheme scheme) {
@@ -185,13 +188,20 @@ std::vector<TensorSource> float_projection_sources(const BeamWeights& weights,
   return sources;
 }
 
-// A tensor's bytes in memory, filled on the thread pool.
+// A tensor's bytes in memory, filled on the thread pool in tasks of whole fill granules, at least four per thread:
+// a scales tensor of a few KiB stands for all of its weight's rows and must spread over the pool too.
 std::vector<std::byte> materialise(const TensorSource& source) {
   std::vector<std::byte> bytes(source.nbytes());
-  const std::size_t tasks = (bytes.size() + kFillTaskBytes - 1) / kFillTaskBytes;
-  ThreadPool::global().parallel_for(tasks, [&](std::size_t begin, std::size_t end) {
+  ThreadPool& pool = ThreadPool::global();
+  const std::size_t granule = std::max<std::size_t>(1, source.fill_granule);
+  const std::size_t granules = (bytes.size() + granule - 1) / granule;
+  const std::size_t most_per_task = std::max<std::size_t>(1, kFillTaskBytes / granule);
+  const std::size_t per_task = std::clamp<std::size_t>(granules / (4 * pool.size()), 1, most_per_task);
+  const std::size_t task_bytes = per_task * granule;
+  const std::size_t tasks = (bytes.size() + task_bytes - 1) / task_bytes;
+  pool.parallel_for(tasks, [&](std::size_t begin, std::size_t end) {
     for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t from = task * kFillTaskBytes, to = std::min(bytes.size(), from + kFillTaskBytes);
+      const std::size_t from = task * task_bytes, to = std::min(bytes.size(), from + task_bytes);
       source.fill(from, std::span<std::byte>(bytes.data() + from, to - from));
     }
   });
