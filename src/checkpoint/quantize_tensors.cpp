@@ -188,16 +188,18 @@ std::vector<TensorSource> float_projection_sources(const BeamWeights& weights,
   return sources;
 }
 
-// A tensor's bytes in memory, filled on the thread pool in tasks of whole fill granules, at least four per thread:
-// a scales tensor of a few KiB stands for all of its weight's rows and must spread over the pool too.
+// A tensor's bytes in memory, filled on the thread pool. A source with fill granules (a quantized part) is filled in
+// tasks of whole granules, at least four per thread: a scales tensor of a few KiB stands for all of its weight's rows
+// and must spread over the pool too. Others in 1 MiB tasks (a small one, such as weight_scale_2, in one fill).
 std::vector<std::byte> materialise(const TensorSource& source) {
   std::vector<std::byte> bytes(source.nbytes());
   ThreadPool& pool = ThreadPool::global();
-  const std::size_t granule = std::max<std::size_t>(1, source.fill_granule);
-  const std::size_t granules = (bytes.size() + granule - 1) / granule;
-  const std::size_t most_per_task = std::max<std::size_t>(1, kFillTaskBytes / granule);
-  const std::size_t per_task = std::clamp<std::size_t>(granules / (4 * pool.size()), 1, most_per_task);
-  const std::size_t task_bytes = per_task * granule;
+  std::size_t task_bytes = kFillTaskBytes;
+  if (source.fill_granule > 0) {
+    const std::size_t granule = source.fill_granule, granules = (bytes.size() + granule - 1) / granule;
+    const std::size_t most_per_task = std::max<std::size_t>(1, kFillTaskBytes / granule);
+    task_bytes = granule * std::clamp<std::size_t>(granules / (4 * pool.size()), 1, most_per_task);
+  }
   const std::size_t tasks = (bytes.size() + task_bytes - 1) / task_bytes;
   pool.parallel_for(tasks, [&](std::size_t begin, std::size_t end) {
     for (std::size_t task = begin; task < end; ++task) {
