@@ -41,9 +41,15 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:
+    print("rollout_loop.py needs PyTorch (Debian: python3-torch): not run", file=sys.stderr)
+    sys.exit(77)  # CTest's skip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
@@ -73,7 +79,7 @@ def parse_args():
     parser.add_argument("--max-prompt-tokens", type=int, default=800, help="prompts longer than this are redrawn")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-cache-memory", default="256M")
-    parser.add_argument("--noise", type=float, default=0.01, help="noise per round, times each tensor's RMS")
+    parser.add_argument("--noise", type=float, default=0.005, help="noise per round, times each tensor's RMS")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=20)
     parser.add_argument("--reference-batch", type=int, default=8, help="sequences per reference forward pass")
@@ -261,11 +267,25 @@ def reference(model, rollouts, batch, replay=False):
 
 def output_gap(rollouts, refs):
     """Absolute differences between the server's and the reference's logprobs of every sampled token."""
-    return np.concatenate([np.abs(r["logprobs"] - ref["logprobs"][r["start"] - 1:]) for r, ref in zip(rollouts, refs)])
+    return np.concatenate([np.abs(r["logprobs"] - ref["logprobs"][r["start"] - 1:])
+                           for r, ref in zip(rollouts, refs)])
+
+
+def first_difference(scored, fresh_scored):
+    """Where the first sequence whose prompt_logprobs differ between two servers does, and by how much; None if none."""
+    for index, (ours, theirs) in enumerate(zip(scored, fresh_scored)):
+        if ours == theirs:
+            continue
+        position = next(i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y)
+        gap = max(abs(ours[position][k]["logprob"] - theirs[position][k]["logprob"])
+                  for k in set(ours[position]) & set(theirs[position]))
+        return f"sequence {index}, position {position} of {len(ours)}: logprobs differ by up to {gap:.2e}"
+    return None
 
 
 def prompt_logprob_gap(scored, rollouts, refs):
-    """Absolute differences between prompt_logprobs' token entries and the reference, at every position but the first."""
+    """Absolute differences between prompt_logprobs' token entries and the reference, at every position but the
+    first."""
     gaps = []
     for entries, rollout, ref in zip(scored, rollouts, refs):
         served = [entries[i][str(token)]["logprob"] for i, token in enumerate(rollout["tokens"]) if i > 0]
@@ -274,14 +294,21 @@ def prompt_logprob_gap(scored, rollouts, refs):
 
 
 def routing_mismatch(rollouts, refs):
-    """(rows [token, layer] whose ids differ in order, of those whose sets differ, total rows)."""
+    """(rows [token, layer] whose ids differ in order, of those whose sets differ, total rows, the first row that
+    differs or None)."""
     ordered = unordered = total = 0
-    for rollout, ref in zip(rollouts, refs):
+    first = None
+    for index, (rollout, ref) in enumerate(zip(rollouts, refs)):
         served, own = rollout["routing"], ref["routing"]
-        ordered += int((served != own).any(-1).sum())
+        differs = (served != own).any(-1)
+        ordered += int(differs.sum())
         unordered += int((np.sort(served, -1) != np.sort(own, -1)).any(-1).sum())
         total += served.shape[0] * served.shape[1]
-    return ordered, unordered, total
+        if first is None and differs.any():
+            token, layer = np.argwhere(differs)[0]
+            first = (f"rollout {index}, token {token}, MoE layer {layer}: served {served[token, layer].tolist()}, "
+                     f"reference {own[token, layer].tolist()}")
+    return ordered, unordered, total, first
 
 
 def run_round(args, index, master, previous, servers, trainer, rng, generator, config):
@@ -310,14 +337,16 @@ def run_round(args, index, master, previous, servers, trainer, rng, generator, c
     row["a_sequences_equal"] = sum(x == y for x, y in zip(scored, fresh_scored))
     row["a_sequences"] = len(rollouts)
     row["a_values"] = sum(len(e) for entries in scored for e in entries if e)
+    row["a_first_difference"] = first_difference(scored, fresh_scored)
 
     refs = reference(policy, rollouts, args.reference_batch)
     row["b_decode_max"] = float(output_gap(rollouts, refs).max())
     row["b_prefill_max"] = float(prompt_logprob_gap(scored, rollouts, refs).max())
     row["tokens_sampled"] = int(sum(len(r["tokens"]) - r["start"] for r in rollouts))
     row["tokens_scored"] = int(sum(len(r["tokens"]) - 1 for r in rollouts))
-    ordered, unordered, total = routing_mismatch(rollouts, refs)
-    row["c_rows_differ"], row["c_sets_differ"], row["c_rows"] = ordered, unordered, total
+    ordered, unordered, total, first = routing_mismatch(rollouts, refs)
+    row["c_rows_differ"], row["c_sets_differ"], row["c_rows"], row["c_first_difference"] = \
+        ordered, unordered, total, first
     before = reference(previous, rollouts, args.reference_batch)
     row["moved_mean"] = float(np.mean(np.concatenate([np.abs(x["logprobs"] - y["logprobs"])
                                                       for x, y in zip(refs, before)])))
@@ -330,55 +359,71 @@ def run_round(args, index, master, previous, servers, trainer, rng, generator, c
     row["d_gap_replay"] = float(output_gap(replay_rollouts, replayed).mean())
     row["d_gap_no_replay"] = float(output_gap(replay_rollouts, own).mean())
     row["d_tokens"] = int(sum(len(r["tokens"]) - r["start"] for r in replay_rollouts))
-    ordered, _, total = routing_mismatch(replay_rollouts, own)
+    ordered, _, total, _ = routing_mismatch(replay_rollouts, own)
     row["d_routing_differs"] = ordered / total
     return row, policy
 
 
 # ---------------------------------------------------------------- report
 
-def verdicts(rows, args, cpu):
-    """(check, result, goal, passed) over all rounds."""
+def verdicts(rows, args, cpu, error):
+    """(check, result, goal, passed) over all rounds; a loop that stopped early fails."""
+    ran = ("every round ran", f"{len(rows)} of {args.rounds}" + (f": {error}" if error else ""), str(args.rounds),
+           error is None and len(rows) == args.rounds)
+    if not rows:
+        return [ran]
     equal = sum(r["a_sequences_equal"] for r in rows)
     sequences = sum(r["a_sequences"] for r in rows)
     decode = max(r["b_decode_max"] for r in rows)
     prefill = max(r["b_prefill_max"] for r in rows)
     differ = sum(r["c_rows_differ"] for r in rows)
+    sets_differ = sum(r["c_sets_differ"] for r in rows)
     routing_rows = sum(r["c_rows"] for r in rows)
     replay = max(r["d_gap_replay"] for r in rows)
     no_replay = max(r["d_gap_no_replay"] for r in rows)
     moved = min(r["moved_mean"] for r in rows)
     bf16 = " (cpu: computed in FP32)" if cpu else ""
+    first_a = next((r["a_first_difference"] for r in rows if r["a_first_difference"]), None)
+    first_c = next((r["c_first_difference"] for r in rows if r["c_first_difference"]), None)
+    values = sum(r["a_values"] for r in rows)
     return [
+        ran,
         ("(a) float32 server after sync vs a fresh server on the saved checkpoint, prompt_logprobs (token + top 5)",
-         f"{equal}/{sequences} sequences bit-identical ({sum(r['a_values'] for r in rows)} values)", "all", equal == sequences),
+         f"{equal}/{sequences} sequences bit-identical ({values} values)" + (f"; first: {first_a}" if first_a else ""),
+         "all", equal == sequences),
         ("(b) server logprobs vs PyTorch reference, float32: sampled tokens (decode)", f"max {decode:.2e}",
          f"<= {args.tolerance:g}", decode <= args.tolerance),
         ("(b) the same, teacher-forced prompt_logprobs (prefill)", f"max {prefill:.2e}", f"<= {args.tolerance:g}",
          prefill <= args.tolerance),
-        ("(c) routed experts vs the reference's routing, every token x MoE layer", f"{differ} of {routing_rows} rows differ",
+        ("(c) routed experts vs the reference's routing, every token x MoE layer",
+         f"{differ} of {routing_rows} rows differ ({sets_differ} as sets)" + (f"; first: {first_c}" if first_c else ""),
          "0", differ == 0),
-        (f"(d) bfloat16 serving{bf16}: mean abs logprob gap, routing replayed in the reference", f"max over rounds {replay:.4f}",
-         f"<= {REPLAY_GOAL}", replay <= REPLAY_GOAL),
-        (f"(d) the same without replay", f"max over rounds {no_replay:.4f}", "reported", True),
+        (f"(d) bfloat16 serving{bf16}: mean abs logprob gap, routing replayed in the reference",
+         f"max over rounds {replay:.2e}", f"<= {REPLAY_GOAL}", replay <= REPLAY_GOAL),
+        ("(d) the same without replay", f"max over rounds {no_replay:.2e}", "reported", True),
         ("the round's noise moved the reference's logprobs (mean abs)", f"min over rounds {moved:.2e}",
          f"> {args.tolerance:g}", moved > args.tolerance),
     ]
 
 
 def markdown(rows, checks):
-    lines = ["| round | sync (2 servers) | (a) bit-identical | (b) decode / prefill max | (c) rows differ | "
-             "(d) gap replay / none | B routing != ref | moved |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        lines.append(f"| {r['weight_version']} | {r['broadcast_s']:.2f} s, {r['broadcast_bytes'] / 2**20:.1f} MiB, "
-                     f"{r['tensors']} tensors | {r['a_sequences_equal']}/{r['a_sequences']} | "
-                     f"{r['b_decode_max']:.2e} / {r['b_prefill_max']:.2e} ({r['tokens_sampled']} / "
-                     f"{r['tokens_scored']} tokens) | {r['c_rows_differ']}/{r['c_rows']} | "
-                     f"{r['d_gap_replay']:.4f} / {r['d_gap_no_replay']:.4f} ({r['d_tokens']} tokens) | "
-                     f"{100 * r['d_routing_differs']:.2f}% | {r['moved_mean']:.2e} |")
-    lines += ["", "| check | result | goal | pass |", "| --- | --- | --- | --- |"]
+    lines = []
+    if rows:
+        lines += ["| round | sync (2 servers) | (a) bit-identical | (b) decode / prefill max | (c) rows differ | "
+                  "(d) gap replay / none | B routing != ref | moved |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |", *(round_row(r) for r in rows), ""]
+    lines += ["| check | result | goal | pass |", "| --- | --- | --- | --- |"]
     lines += [f"| {c} | {result} | {goal} | {'yes' if ok else '**NO**'} |" for c, result, goal, ok in checks]
     return "\n".join(lines)
+
+
+def round_row(r):
+    return (f"| {r['weight_version']} | {r['broadcast_s']:.2f} s, {r['broadcast_bytes'] / 2**20:.1f} MiB, "
+            f"{r['tensors']} tensors | {r['a_sequences_equal']}/{r['a_sequences']} | "
+            f"{r['b_decode_max']:.2e} / {r['b_prefill_max']:.2e} ({r['tokens_sampled']} / "
+            f"{r['tokens_scored']} tokens) | {r['c_rows_differ']}/{r['c_rows']} | "
+            f"{r['d_gap_replay']:.2e} / {r['d_gap_no_replay']:.2e} ({r['d_tokens']} tokens) | "
+            f"{100 * r['d_routing_differs']:.2f}% | {r['moved_mean']:.2e} |")
 
 
 def main():
@@ -396,7 +441,7 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
     master = beam_torch.load_checkpoint(args.model)
     previous = policy_of(master, args.reference_device)
-    servers, trainer, rows = {}, Trainer(), []
+    servers, trainer, rows, error = {}, Trainer(), [], None
     try:
         for dtype in ("float32", "bfloat16"):
             servers[dtype] = start_server(args, args.model, dtype)
@@ -407,14 +452,18 @@ def main():
             print(json.dumps(row), flush=True)
         for server in servers.values():
             status, reply = post(server.base, "/destroy_weights_update_group", {"group_name": GROUP})
-            assert status == 200, reply
+            if status != 200:
+                raise RuntimeError(f"/destroy_weights_update_group answered {status}: {reply}")
+    except (RuntimeError, AssertionError, OSError, SystemExit) as failure:
+        traceback.print_exc()
+        error = f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
     finally:
         trainer.close()
         for server in servers.values():
             server.stop()
         if scratch is not None:
             shutil.rmtree(scratch)
-    checks = verdicts(rows, args, args.device == "cpu")
+    checks = verdicts(rows, args, args.device == "cpu", error)
     table = markdown(rows, checks)
     print(table)
     with open(os.path.join(args.out, "rollout.md"), "w") as f:
