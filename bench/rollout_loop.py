@@ -38,6 +38,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -428,6 +429,8 @@ def round_row(r):
 
 def main():
     args = parse_args()
+    # A time limit's SIGTERM unwinds like a failure: the servers are stopped and the rounds done so far reported.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated (SIGTERM)"))
     if args.reference_device is None:
         args.reference_device = "cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu"
     torch.set_float32_matmul_precision("highest")   # no TF32 in the float32 reference
