@@ -28,7 +28,8 @@ else
   sizes=(--rounds "${ROUNDS:-2}" --rollouts "${ROLLOUTS:-4}" --replay-rollouts "${REPLAY_ROLLOUTS:-8}"
          --max-tokens "${MAX_TOKENS:-32}" --max-prompt-tokens 300)
 fi
-built=$(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT" 2>/dev/null || echo "of the build folder")
+built="of the build folder"
+[ -s "$CARRY/apps/beamline/COMMIT" ] && built="built at $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
 {
   date -u '+%Y-%m-%d %H:%M UTC'
   echo "binary $built; scripts at $(git rev-parse --short HEAD)"
