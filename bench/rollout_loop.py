@@ -230,11 +230,17 @@ def broadcast(trainer, servers, frames, version):
 @torch.no_grad()
 def reference(model, rollouts, batch, replay=False):
     """The reference's log-probabilities of tokens[1:] (float64 log-softmax of its float32 logits) and its routing
-    [len - 1, layers, top_k] for each rollout; with `replay`, each rollout's returned routing is used instead of its
-    own (pad rows route to experts 0..top_k-1)."""
+    [len - 1, layers, top_k] for each rollout, with the scores its router chose by (sigmoid + bias, [len - 1, layers,
+    experts]); with `replay`, each rollout's returned routing is used instead of its own (pad rows route to experts
+    0..top_k-1)."""
     device = next(model.parameters()).device
     gates = [moe.gate for moe in model.moe_layers()]
     top_k = model.config.num_experts_per_tok
+    choices = []
+
+    def keep_choice(gate, inputs):
+        choices.append(torch.sigmoid(inputs[0].float() @ gate.weight.float().t()) + gate.e_score_correction_bias)
+    hooks = [gate.register_forward_pre_hook(keep_choice) for gate in gates]
     results = []
     for first in range(0, len(rollouts), batch):
         chunk = rollouts[first:first + batch]
@@ -249,6 +255,7 @@ def reference(model, rollouts, batch, replay=False):
             forced[:, row, :n] = torch.from_numpy(rollout["routing"]).transpose(0, 1)
         for layer, gate in enumerate(gates):
             gate.replay = forced[layer].reshape(-1, top_k) if replay else None
+        choices.clear()
         try:
             logits = model(tokens.to(device), positions.to(device))
         finally:
@@ -256,11 +263,14 @@ def reference(model, rollouts, batch, replay=False):
                 gate.replay = None
         logprobs = torch.log_softmax(logits.double(), dim=-1)
         routing = torch.stack([g.last_selected.view(len(chunk), width, top_k) for g in gates], dim=2).cpu().numpy()
+        scores = torch.stack([c.view(len(chunk), width, -1) for c in choices], dim=2).cpu().numpy()
         for row, rollout in enumerate(chunk):
             n = len(rollout["tokens"]) - 1
             targets = torch.tensor(rollout["tokens"][1:], device=device)
             chosen = logprobs[row, :n].gather(1, targets[:, None])[:, 0].cpu().numpy()
-            results.append({"logprobs": chosen, "routing": routing[row, :n]})
+            results.append({"logprobs": chosen, "routing": routing[row, :n], "choice": scores[row, :n]})
+    for hook in hooks:
+        hook.remove()
     return results
 
 
@@ -295,20 +305,25 @@ def prompt_logprob_gap(scored, rollouts, refs):
 
 
 def routing_mismatch(rollouts, refs):
-    """(rows [token, layer] whose ids differ in order, of those whose sets differ, total rows, the first row that
-    differs or None)."""
+    """(rows [token, layer] whose ids differ in order, of those whose sets differ, total rows, a description of the
+    first row that differs or None). The description gives the largest gap, over all differing rows, between the
+    reference's scores of a served expert and of the reference's expert in its place: a near-tie shows as ~1e-6."""
     ordered = unordered = total = 0
-    first = None
+    first, tie_gap = None, 0.0
     for index, (rollout, ref) in enumerate(zip(rollouts, refs)):
         served, own = rollout["routing"], ref["routing"]
         differs = (served != own).any(-1)
         ordered += int(differs.sum())
         unordered += int((np.sort(served, -1) != np.sort(own, -1)).any(-1).sum())
         total += served.shape[0] * served.shape[1]
-        if first is None and differs.any():
-            token, layer = np.argwhere(differs)[0]
-            first = (f"rollout {index}, token {token}, MoE layer {layer}: served {served[token, layer].tolist()}, "
-                     f"reference {own[token, layer].tolist()}")
+        for token, layer in np.argwhere(differs):
+            choice = ref["choice"][token, layer]
+            tie_gap = max(tie_gap, float(np.abs(choice[served[token, layer]] - choice[own[token, layer]]).max()))
+            if first is None:
+                first = (f"rollout {index}, token {token}, MoE layer {layer}: served {served[token, layer].tolist()}, "
+                         f"reference {own[token, layer].tolist()}")
+    if first is not None:
+        first += f"; largest score gap of a differing row {tie_gap:.2e}"
     return ordered, unordered, total, first
 
 
