@@ -21,7 +21,6 @@ BIN=$(cd "$CARRY" && pwd)/apps/beamline/beamline
 [ -x "$BIN" ] || { echo "gpu_rollout: $BIN is not there" >&2; exit 1; }
 if [ "$DEVICE" = cuda ]; then
   source bench/cuda_env.sh
-  export BEAMLINE_REQUIRE_CUDA=1
   sizes=(--rounds "${ROUNDS:-3}" --rollouts "${ROLLOUTS:-16}" --replay-rollouts "${REPLAY_ROLLOUTS:-64}"
          --max-tokens "${MAX_TOKENS:-128}" --kv-cache-memory 2G --reference-batch 16)
 else

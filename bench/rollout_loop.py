@@ -4,7 +4,7 @@ tools/reference/beam_torch.py) driving running `beamline serve` processes as its
 SGLang: change the weights, push them by the weight-sync protocol (docs/rl.md), sample, check, K times.
 
   python3 bench/rollout_loop.py --beamline BIN [--device cpu|cuda] [--model models/beam-nano] [--rounds 3]
-          [--rollouts 16] [--replay-rollouts 64] [--max-tokens 96] [--out DIR] [--backend tcp]
+          [--rollouts 16] [--replay-rollouts 64] [--max-tokens 96] [--out DIR]
 
 Two servers are started on --model and stay up: A serves --dtype float32, B --dtype bfloat16; both join one weight
 update group (the trainer rank 0, A rank 1, B rank 2; each tensor frame goes to both). Each round the trainer
@@ -84,7 +84,6 @@ def parse_args():
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=20)
     parser.add_argument("--reference-batch", type=int, default=8, help="sequences per reference forward pass")
-    parser.add_argument("--backend", default="tcp", choices=["tcp"])
     parser.add_argument("--extra-args", default="", help="more `beamline serve` flags for every server")
     parser.add_argument("--out", default="rollout-out", help="where the results go")
     parser.add_argument("--checkpoints", help="where the trainer saves its checkpoints (default: a temporary folder, "
@@ -472,7 +471,7 @@ def main():
             status, reply = post(server.base, "/destroy_weights_update_group", {"group_name": GROUP})
             if status != 200:
                 raise RuntimeError(f"/destroy_weights_update_group answered {status}: {reply}")
-    except (RuntimeError, AssertionError, OSError, SystemExit) as failure:
+    except (Exception, SystemExit) as failure:  # reported as a failed check, with the rounds done so far
         traceback.print_exc()
         error = f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
     finally:
