@@ -11,7 +11,8 @@ update group (the trainer rank 0, A rank 1, B rank 2; each tensor frame goes to 
   1. adds noise (--noise times each tensor's RMS) to every trained tensor of its FP32 master weights, and takes as the
      policy the master rounded to BF16 (the router, weight and bias, stays FP32: the server requires it), which is what
      it sends (bfloat16 frames, float32 router) and saves (config.json + model.safetensors, --checkpoints/step-K);
-  2. broadcasts the policy into A and B (/update_weights_from_distributed, one bucket, weight_version step-K);
+  2. broadcasts the policy into A and B (/pause, /update_weights_from_distributed with one bucket and weight_version
+     step-K, /resume);
   3. samples --rollouts completions from A (/v1/completions, token ids in and out, temperature 1, logprobs,
      return_routed_experts; Harmony prompts of tools/data/generate.py's held-out split) and --replay-rollouts from B;
 and checks
@@ -209,11 +210,20 @@ def join_group(trainer, servers):
             raise RuntimeError(f"/init_weights_update_group answered {status}: {reply}")
 
 
+def control(server, path, body):
+    status, reply = post(server.base, path, body)
+    if status != 200:
+        raise RuntimeError(f"{path} answered {status}: {reply}")
+
+
 def broadcast(trainer, servers, frames, version):
-    """/update_weights_from_distributed on every server while the trainer writes each frame to each; seconds taken."""
+    """As SkyRL syncs: /pause (mode wait) every server, /update_weights_from_distributed on each while the trainer
+    writes each frame to each, /resume; the seconds taken."""
     body = {"group_name": GROUP, "weight_version": version, "names": [f[0] for f in frames],
             "dtypes": [f[1] for f in frames], "shapes": [f[2] for f in frames], "flush_cache": True}
     started = time.time()
+    for server in servers:
+        control(server, "/pause", {"mode": "wait"})
     answers = [in_thread(lambda s=server: post(s.base, "/update_weights_from_distributed", body)) for server in servers]
     for name, _, _, data in frames:
         trainer.send_tensor(name, data)
@@ -221,6 +231,8 @@ def broadcast(trainer, servers, frames, version):
         status, reply = answer()
         if status != 200 or reply.get("weight_version") != version:
             raise RuntimeError(f"/update_weights_from_distributed answered {status}: {reply}")
+    for server in servers:
+        control(server, "/resume", {})
     return time.time() - started
 
 
@@ -468,9 +480,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
         for server in servers.values():
-            status, reply = post(server.base, "/destroy_weights_update_group", {"group_name": GROUP})
-            if status != 200:
-                raise RuntimeError(f"/destroy_weights_update_group answered {status}: {reply}")
+            control(server, "/destroy_weights_update_group", {"group_name": GROUP})
     except (Exception, SystemExit) as failure:  # reported as a failed check, with the rounds done so far
         traceback.print_exc()
         error = f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
