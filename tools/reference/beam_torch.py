@@ -118,13 +118,19 @@ class SwiGLU(nn.Module):
 
 
 class Router(nn.Module):
-    """noaux_tc group-limited sigmoid router, FP32 end to end."""
+    """noaux_tc group-limited sigmoid router, FP32 end to end.
+
+    Routing replay (R3): with `replay` set to an int tensor [N, top_k] of expert ids (e.g. the routing a rollout engine
+    returned), the next forward uses those experts instead of choosing its own, weighted by its own scores.
+    `last_selected` holds the [N, top_k] ids the last forward used, in order of selection."""
 
     def __init__(self, config):
         super().__init__()
         self.config = config
         self.weight = nn.Parameter(torch.zeros(config.n_routed_experts, config.hidden_size, dtype=torch.float32))
         self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
+        self.replay = None
+        self.last_selected = None
 
     def forward(self, h):
         """h [N, H] -> (routing weights [N, E], zero outside the selected experts; selected mask [N, E])."""
@@ -132,15 +138,19 @@ class Router(nn.Module):
         E, G = c.n_routed_experts, c.n_group
         with torch.autocast(device_type=h.device.type, enabled=False):
             score = torch.sigmoid(h.float() @ self.weight.float().t())
-            choice = score + self.e_score_correction_bias                       # bias chooses, never weighs
-            per_group = choice.detach().view(-1, G, E // G)
-            group_score = per_group.topk(min(2, E // G), dim=-1).values.sum(-1)  # [N, G]
-            # stable descending sort: among equal values the lower index comes first
-            kept_groups = torch.sort(group_score, dim=-1, descending=True, stable=True).indices[:, :c.topk_group]
-            group_mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept_groups, True)
-            expert_mask = group_mask.repeat_interleave(E // G, dim=1)
-            masked = choice.detach().masked_fill(~expert_mask, float("-inf"))
-            selected = torch.sort(masked, dim=-1, descending=True, stable=True).indices[:, :c.num_experts_per_tok]
+            if self.replay is not None:
+                selected = self.replay.to(device=h.device, dtype=torch.long)
+            else:
+                choice = score + self.e_score_correction_bias                   # bias chooses, never weighs
+                per_group = choice.detach().view(-1, G, E // G)
+                group_score = per_group.topk(min(2, E // G), dim=-1).values.sum(-1)  # [N, G]
+                # stable descending sort: among equal values the lower index comes first
+                kept_groups = torch.sort(group_score, dim=-1, descending=True, stable=True).indices[:, :c.topk_group]
+                group_mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept_groups, True)
+                expert_mask = group_mask.repeat_interleave(E // G, dim=1)
+                masked = choice.detach().masked_fill(~expert_mask, float("-inf"))
+                selected = torch.sort(masked, dim=-1, descending=True, stable=True).indices[:, :c.num_experts_per_tok]
+            self.last_selected = selected
             weights = score.gather(1, selected)
             if c.norm_topk_prob:
                 weights = weights / weights.sum(-1, keepdim=True)

@@ -49,9 +49,9 @@ def post(base, path, body, stream=False):
 class Server:
     """Serves `model` on a free port (read from the start-up log) until stop()."""
 
-    def __init__(self, beamline, model, device, extra):
-        args = [beamline, "serve", "--model", model, "--device", device, "--port", "0", "--max-model-len", "512",
-                "--kv-cache-memory", "64M", "--block-size", "8"] + extra
+    def __init__(self, beamline, model, device, extra, max_model_len=512, kv_cache_memory="64M"):
+        args = [beamline, "serve", "--model", model, "--device", device, "--port", "0", "--max-model-len",
+                str(max_model_len), "--kv-cache-memory", kv_cache_memory, "--block-size", "8"] + extra
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log = ""
         deadline = time.time() + 120

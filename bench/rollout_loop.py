@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""Issue 20's rollout loop: this script is the RL trainer (PyTorch, beam-nano held in float32 by
+tools/reference/beam_torch.py) driving running `beamline serve` processes as its rollout engines, as SkyRL drives
+SGLang: change the weights, push them by the weight-sync protocol (docs/rl.md), sample, check, K times.
+
+  python3 bench/rollout_loop.py --beamline BIN [--device cpu|cuda] [--model models/beam-nano] [--rounds 3]
+          [--rollouts 16] [--replay-rollouts 64] [--max-tokens 96] [--out DIR]
+
+Two servers are started on --model and stay up: A serves --dtype float32, B --dtype bfloat16; both join one weight
+update group (the trainer rank 0, A rank 1, B rank 2; each tensor frame goes to both). Each round the trainer
+  1. adds noise (--noise times each tensor's RMS) to every trained tensor of its FP32 master weights, and takes as the
+     policy the master rounded to BF16 (the router, weight and bias, stays FP32: the server requires it), which is what
+     it sends (bfloat16 frames, float32 router) and saves (config.json + model.safetensors, --checkpoints/step-K);
+  2. broadcasts the policy into A and B (/pause, /update_weights_from_distributed with one bucket and weight_version
+     step-K, /resume);
+  3. samples --rollouts completions from A (/v1/completions, token ids in and out, temperature 1, logprobs,
+     return_routed_experts; Harmony prompts of tools/data/generate.py's held-out split) and --replay-rollouts from B;
+and checks
+  (a) A's logprobs equal those of a fresh server (--dtype float32) started on the saved checkpoint, bit for bit: every
+      rollout scored teacher-forced by prompt_logprobs (the token and its 5 best alternatives at every position);
+  (b) the logprobs A returned while sampling (decode) and scoring (prefill) are within --tolerance (1e-4) of the
+      reference's for the same tokens (the policy in float32 PyTorch, log-softmax in float64);
+  (c) the experts A returned equal the reference's routing at every token and MoE layer (in order of selection);
+  (d) routing replay (R3): the mean absolute logprob gap between B's sampled tokens and the reference, with B's
+      returned routing replayed in the reference and without (the reference routing by itself); goal <= 0.008
+      with replay (the published SkyRL figure for BF16 rollouts).
+Also reported: how far the round's noise moved the reference's logprobs of A's rollouts (so (a)-(c) can tell the
+weights apart), the broadcast's seconds and bytes, B's routing against the reference's own.
+
+The backend is `tcp`: on one GPU the server and a PyTorch trainer cannot both be NCCL ranks (NCCL refuses two ranks
+on one device), and a trainer on the CPU cannot be an NCCL rank at all. On the cpu backend --dtype bfloat16 still
+computes in FP32 (the cpu backend always does), so (d) measures BF16 serving only on cuda.
+
+Writes --out/rollout.json and --out/rollout.md (the tables it prints); exits 1 when any check fails or did not run.
+"""
+import argparse
+import base64
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:
+    print("rollout_loop.py needs PyTorch (Debian: python3-torch): not run", file=sys.stderr)
+    sys.exit(77)  # CTest's skip
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
+import beam_torch  # noqa: E402
+import generate  # noqa: E402
+from beamline_server import DEFAULT_BEAMLINE, Server  # noqa: E402
+from check_weight_sync import TORCH_DTYPES  # noqa: E402
+from weight_sync_trainer import Trainer, in_thread, post  # noqa: E402
+
+GROUP = "rollout"
+PROMPT_LOGPROBS = 5
+REPLAY_GOAL = 0.008
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--beamline", default=DEFAULT_BEAMLINE)
+    parser.add_argument("--device", default="cpu", help="the servers' --device (cpu or cuda)")
+    parser.add_argument("--reference-device", help="torch device of the reference (default: cuda if the servers "
+                                                   "run there and torch sees one, else cpu)")
+    parser.add_argument("--model", default=os.path.join(ROOT, "models", "beam-nano"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rollouts", type=int, default=16, help="rollouts from the float32 server per round")
+    parser.add_argument("--replay-rollouts", type=int, default=64, help="rollouts from the bfloat16 server per round")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--max-prompt-tokens", type=int, default=800, help="prompts longer than this are redrawn")
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--kv-cache-memory", default="256M")
+    parser.add_argument("--noise", type=float, default=0.005, help="noise per round, times each tensor's RMS")
+    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--reference-batch", type=int, default=8, help="sequences per reference forward pass")
+    parser.add_argument("--extra-args", default="", help="more `beamline serve` flags for every server")
+    parser.add_argument("--out", default="rollout-out", help="where the results go")
+    parser.add_argument("--checkpoints", help="where the trainer saves its checkpoints (default: a temporary folder, "
+                                             "removed at the end)")
+    return parser.parse_args()
+
+
+# ---------------------------------------------------------------- servers
+
+def start_server(args, model, dtype):
+    extra = ["--dtype", dtype, "--served-model-name", "policy", "--enable-return-routed-experts",
+             "--speculative-config", "none", "--seed", "0", "--max-logprobs", str(PROMPT_LOGPROBS),
+             "--distributed-timeout-seconds", "120"] + args.extra_args.split()
+    return Server(args.beamline, model, args.device, extra, max_model_len=args.max_model_len,
+                  kv_cache_memory=args.kv_cache_memory)
+
+
+def completions(server, body):
+    status, reply = post(server.base, "/v1/completions", {"model": "policy", **body})
+    if status != 200:
+        raise RuntimeError(f"/v1/completions answered {status}: {reply}")
+    return reply
+
+
+def tokenize(server, text):
+    status, reply = post(server.base, "/tokenize", {"prompt": text})
+    if status != 200:
+        raise RuntimeError(f"/tokenize answered {status}: {reply}")
+    return reply["tokens"]
+
+
+def draw_prompts(server, rng, count, max_tokens):
+    """`count` Harmony prompts (token ids) of generate.py's held-out split, none longer than max_tokens."""
+    prompts = []
+    while len(prompts) < count:
+        ids = tokenize(server, generate.make_example(rng, "heldout")["turns"][0]["prompt"])
+        if len(ids) <= max_tokens:
+            prompts.append(ids)
+    return prompts
+
+
+def sample(server, prompts, args, seed, version, moe_layers, top_k):
+    """Rollouts at temperature 1: (token ids, output start, output logprobs, routing [len - 1, layers, top_k])."""
+    reply = completions(server, {"prompt": prompts, "max_tokens": args.max_tokens, "temperature": 1.0, "seed": seed,
+                                 "logprobs": 0, "return_token_ids": True, "return_routed_experts": True})
+    if reply["weight_version"] != version:
+        raise RuntimeError(f"rollouts report weight_version {reply['weight_version']!r}, expected {version!r}")
+    rollouts = []
+    for choice in sorted(reply["choices"], key=lambda c: c["index"]):
+        tokens = choice["prompt_token_ids"] + choice["token_ids"]
+        logprobs = choice["logprobs"]["token_logprobs"]
+        if len(logprobs) != len(choice["token_ids"]):
+            raise RuntimeError(f"choice {choice['index']}: {len(logprobs)} logprobs for {len(choice['token_ids'])} "
+                               f"tokens")
+        routing = np.frombuffer(base64.b64decode(choice["routed_experts"]), "<i2").astype(np.int64)
+        routing = routing.reshape(-1, moe_layers, top_k)
+        if routing.shape[0] != len(tokens) - 1:
+            raise RuntimeError(f"choice {choice['index']}: {routing.shape[0]} routing rows for {len(tokens)} tokens")
+        rollouts.append({"tokens": tokens, "start": len(choice["prompt_token_ids"]),
+                         "logprobs": np.array(logprobs, dtype=np.float64), "routing": routing})
+    return rollouts
+
+
+def score(server, tokens):
+    """prompt_logprobs of a whole token sequence, teacher-forced: [None, {id: {logprob, rank, ...}}, ...]."""
+    reply = completions(server, {"prompt": tokens, "max_tokens": 1, "temperature": 0,
+                                 "prompt_logprobs": PROMPT_LOGPROBS})
+    return reply["choices"][0]["prompt_logprobs"]
+
+
+# ---------------------------------------------------------------- trainer
+
+def is_router(name):
+    return name.endswith(beam_torch.ROUTER_SUFFIXES)
+
+
+def perturb(master, noise, generator):
+    """Adds noise * RMS(tensor) Gaussian noise to every trained tensor (the parameters) of the FP32 master."""
+    with torch.no_grad():
+        for _, parameter in master.named_parameters():
+            rms = parameter.pow(2).mean().sqrt()
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * (noise * rms))
+
+
+def policy_of(master, device):
+    """The weights the rollout engines get: the master rounded to BF16, the router kept FP32; an FP32 module."""
+    state = {name: tensor if is_router(name) else tensor.to(torch.bfloat16).float()
+             for name, tensor in master.state_dict().items()}
+    policy = beam_torch.BeamForCausalLM(master.config)
+    policy.load_state_dict(state)
+    return policy.to(device).eval()
+
+
+def weight_frames(policy):
+    """(name, torch dtype, shape, bytes) per tensor, in the order save_checkpoint writes them: exactly its bytes."""
+    state = policy.state_dict()
+    frames = []
+    for name in sorted(state, key=lambda n: (not is_router(n), n)):
+        tensor = beam_torch.to_numpy_tensor(name, state[name])
+        frames.append((name, TORCH_DTYPES[tensor.dtype], list(tensor.array.shape), tensor.array.tobytes()))
+    return frames
+
+
+def save_policy(policy, source, directory):
+    """The trainer's checkpoint: beam_torch.save_checkpoint plus the source model's tokenizer and Harmony files."""
+    beam_torch.save_checkpoint(policy, directory)
+    for name in os.listdir(source):
+        if name.endswith(".json") and name != "config.json":
+            shutil.copy(os.path.join(source, name), directory)
+
+
+def join_group(trainer, servers):
+    """One weight update group: the trainer rank 0, server i rank i + 1."""
+    world = len(servers) + 1
+    answers = [in_thread(lambda s=server, rank=rank: post(s.base, "/init_weights_update_group", {
+        "master_address": trainer.host, "master_port": trainer.port, "rank_offset": rank, "world_size": world,
+        "group_name": GROUP, "backend": "tcp"})) for rank, server in enumerate(servers, 1)]
+    ranks = sorted(trainer.accept()["rank"] for _ in servers)
+    assert ranks == list(range(1, world)), ranks
+    for answer in answers:
+        status, reply = answer()
+        if status != 200:
+            raise RuntimeError(f"/init_weights_update_group answered {status}: {reply}")
+
+
+def control(server, path, body):
+    status, reply = post(server.base, path, body)
+    if status != 200:
+        raise RuntimeError(f"{path} answered {status}: {reply}")
+
+
+def broadcast(trainer, servers, frames, version):
+    """As SkyRL syncs: /pause (mode wait) every server, /update_weights_from_distributed on each while the trainer
+    writes each frame to each, /resume; the seconds taken."""
+    body = {"group_name": GROUP, "weight_version": version, "names": [f[0] for f in frames],
+            "dtypes": [f[1] for f in frames], "shapes": [f[2] for f in frames], "flush_cache": True}
+    started = time.time()
+    for server in servers:
+        control(server, "/pause", {"mode": "wait"})
+    answers = [in_thread(lambda s=server: post(s.base, "/update_weights_from_distributed", body)) for server in servers]
+    for name, _, _, data in frames:
+        trainer.send_tensor(name, data)
+    for answer in answers:
+        status, reply = answer()
+        if status != 200 or reply.get("weight_version") != version:
+            raise RuntimeError(f"/update_weights_from_distributed answered {status}: {reply}")
+    for server in servers:
+        control(server, "/resume", {})
+    return time.time() - started
+
+
+# ---------------------------------------------------------------- reference
+
+@torch.no_grad()
+def reference(model, rollouts, batch, replay=False):
+    """The reference's log-probabilities of tokens[1:] (float64 log-softmax of its float32 logits) and its routing
+    [len - 1, layers, top_k] for each rollout, with the scores its router chose by (sigmoid + bias, [len - 1, layers,
+    experts]); with `replay`, each rollout's returned routing is used instead of its own (pad rows route to experts
+    0..top_k-1)."""
+    device = next(model.parameters()).device
+    gates = [moe.gate for moe in model.moe_layers()]
+    top_k = model.config.num_experts_per_tok
+    choices = []
+
+    def keep_choice(gate, inputs):
+        choices.append(torch.sigmoid(inputs[0].float() @ gate.weight.float().t()) + gate.e_score_correction_bias)
+    hooks = [gate.register_forward_pre_hook(keep_choice) for gate in gates]
+    results = []
+    for first in range(0, len(rollouts), batch):
+        chunk = rollouts[first:first + batch]
+        width = max(len(r["tokens"]) - 1 for r in chunk)
+        tokens = torch.zeros(len(chunk), width, dtype=torch.long)
+        positions = torch.full((len(chunk), width), -1, dtype=torch.long)
+        forced = torch.arange(top_k).repeat(len(gates), len(chunk), width, 1)      # [layers, B, T, top_k]
+        for row, rollout in enumerate(chunk):
+            n = len(rollout["tokens"]) - 1
+            tokens[row, :n] = torch.tensor(rollout["tokens"][:-1])
+            positions[row, :n] = torch.arange(n)
+            forced[:, row, :n] = torch.from_numpy(rollout["routing"]).transpose(0, 1)
+        for layer, gate in enumerate(gates):
+            gate.replay = forced[layer].reshape(-1, top_k) if replay else None
+        choices.clear()
+        try:
+            logits = model(tokens.to(device), positions.to(device))
+        finally:
+            for gate in gates:
+                gate.replay = None
+        logprobs = torch.log_softmax(logits.double(), dim=-1)
+        routing = torch.stack([g.last_selected.view(len(chunk), width, top_k) for g in gates], dim=2).cpu().numpy()
+        scores = torch.stack([c.view(len(chunk), width, -1) for c in choices], dim=2).cpu().numpy()
+        for row, rollout in enumerate(chunk):
+            n = len(rollout["tokens"]) - 1
+            targets = torch.tensor(rollout["tokens"][1:], device=device)
+            chosen = logprobs[row, :n].gather(1, targets[:, None])[:, 0].cpu().numpy()
+            results.append({"logprobs": chosen, "routing": routing[row, :n], "choice": scores[row, :n]})
+    for hook in hooks:
+        hook.remove()
+    return results
+
+
+# ---------------------------------------------------------------- one round
+
+def output_gap(rollouts, refs):
+    """Absolute differences between the server's and the reference's logprobs of every sampled token."""
+    return np.concatenate([np.abs(r["logprobs"] - ref["logprobs"][r["start"] - 1:])
+                           for r, ref in zip(rollouts, refs)])
+
+
+def first_difference(scored, fresh_scored):
+    """Where the first sequence whose prompt_logprobs differ between two servers does, and by how much; None if none."""
+    for index, (ours, theirs) in enumerate(zip(scored, fresh_scored)):
+        if ours == theirs:
+            continue
+        position = next(i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y)
+        gap = max(abs(ours[position][k]["logprob"] - theirs[position][k]["logprob"])
+                  for k in set(ours[position]) & set(theirs[position]))
+        return f"sequence {index}, position {position} of {len(ours)}: logprobs differ by up to {gap:.2e}"
+    return None
+
+
+def prompt_logprob_gap(scored, rollouts, refs):
+    """Absolute differences between prompt_logprobs' token entries and the reference, at every position but the
+    first."""
+    gaps = []
+    for entries, rollout, ref in zip(scored, rollouts, refs):
+        served = [entries[i][str(token)]["logprob"] for i, token in enumerate(rollout["tokens"]) if i > 0]
+        gaps.append(np.abs(np.array(served) - ref["logprobs"]))
+    return np.concatenate(gaps)
+
+
+def routing_mismatch(rollouts, refs):
+    """(rows [token, layer] whose ids differ in order, of those whose sets differ, total rows, a description of the
+    first row that differs or None). The description gives the largest gap, over all differing rows, between the
+    reference's scores of a served expert and of the reference's expert in its place: a near-tie shows as ~1e-6."""
+    ordered = unordered = total = 0
+    first, tie_gap = None, 0.0
+    for index, (rollout, ref) in enumerate(zip(rollouts, refs)):
+        served, own = rollout["routing"], ref["routing"]
+        differs = (served != own).any(-1)
+        ordered += int(differs.sum())
+        unordered += int((np.sort(served, -1) != np.sort(own, -1)).any(-1).sum())
+        total += served.shape[0] * served.shape[1]
+        for token, layer in np.argwhere(differs):
+            choice = ref["choice"][token, layer]
+            tie_gap = max(tie_gap, float(np.abs(choice[served[token, layer]] - choice[own[token, layer]]).max()))
+            if first is None:
+                first = (f"rollout {index}, token {token}, MoE layer {layer}: served {served[token, layer].tolist()}, "
+                         f"reference {own[token, layer].tolist()}")
+    if first is not None:
+        first += f"; largest score gap of a differing row {tie_gap:.2e}"
+    return ordered, unordered, total, first
+
+
+def run_round(args, index, master, previous, servers, trainer, rng, generator, config):
+    version = f"step-{index}"
+    moe_layers = config.num_hidden_layers - config.first_k_dense_replace
+    top_k = config.num_experts_per_tok
+    perturb(master, args.noise, generator)
+    policy = policy_of(master, args.reference_device)
+    frames = weight_frames(policy)
+    checkpoint = os.path.join(args.checkpoints, version)
+    save_policy(policy, args.model, checkpoint)
+    seconds = broadcast(trainer, [servers["float32"], servers["bfloat16"]], frames, version)
+    row = {"round": index, "weight_version": version, "broadcast_s": seconds,
+           "broadcast_bytes": sum(len(f[3]) for f in frames), "tensors": len(frames)}
+
+    prompt_limit = min(args.max_prompt_tokens, args.max_model_len - args.max_tokens - 1)
+    a = servers["float32"]
+    rollouts = sample(a, draw_prompts(a, rng, args.rollouts, prompt_limit), args, args.seed + index, version,
+                      moe_layers, top_k)
+    scored = [score(a, r["tokens"]) for r in rollouts]
+    fresh = start_server(args, checkpoint, "float32")
+    try:
+        fresh_scored = [score(fresh, r["tokens"]) for r in rollouts]
+    finally:
+        fresh.stop()
+    row["a_sequences_equal"] = sum(x == y for x, y in zip(scored, fresh_scored))
+    row["a_sequences"] = len(rollouts)
+    row["a_values"] = sum(len(e) for entries in scored for e in entries if e)
+    row["a_first_difference"] = first_difference(scored, fresh_scored)
+
+    refs = reference(policy, rollouts, args.reference_batch)
+    row["b_decode_max"] = float(output_gap(rollouts, refs).max())
+    row["b_prefill_max"] = float(prompt_logprob_gap(scored, rollouts, refs).max())
+    row["tokens_sampled"] = int(sum(len(r["tokens"]) - r["start"] for r in rollouts))
+    row["tokens_scored"] = int(sum(len(r["tokens"]) - 1 for r in rollouts))
+    ordered, unordered, total, first = routing_mismatch(rollouts, refs)
+    row["c_rows_differ"], row["c_sets_differ"], row["c_rows"], row["c_first_difference"] = \
+        ordered, unordered, total, first
+    before = reference(previous, rollouts, args.reference_batch)
+    row["moved_mean"] = float(np.mean(np.concatenate([np.abs(x["logprobs"] - y["logprobs"])
+                                                      for x, y in zip(refs, before)])))
+
+    b = servers["bfloat16"]
+    replay_rollouts = sample(b, draw_prompts(b, rng, args.replay_rollouts, prompt_limit), args,
+                             args.seed + 1000 + index, version, moe_layers, top_k)
+    own = reference(policy, replay_rollouts, args.reference_batch)
+    replayed = reference(policy, replay_rollouts, args.reference_batch, replay=True)
+    row["d_gap_replay"] = float(output_gap(replay_rollouts, replayed).mean())
+    row["d_gap_no_replay"] = float(output_gap(replay_rollouts, own).mean())
+    row["d_tokens"] = int(sum(len(r["tokens"]) - r["start"] for r in replay_rollouts))
+    ordered, _, total, _ = routing_mismatch(replay_rollouts, own)
+    row["d_routing_differs"] = ordered / total
+    return row, policy
+
+
+# ---------------------------------------------------------------- report
+
+def verdicts(rows, args, cpu, error):
+    """(check, result, goal, passed) over all rounds; a loop that stopped early fails."""
+    ran = ("every round ran", f"{len(rows)} of {args.rounds}" + (f": {error}" if error else ""), str(args.rounds),
+           error is None and len(rows) == args.rounds)
+    if not rows:
+        return [ran]
+    equal = sum(r["a_sequences_equal"] for r in rows)
+    sequences = sum(r["a_sequences"] for r in rows)
+    decode = max(r["b_decode_max"] for r in rows)
+    prefill = max(r["b_prefill_max"] for r in rows)
+    differ = sum(r["c_rows_differ"] for r in rows)
+    sets_differ = sum(r["c_sets_differ"] for r in rows)
+    routing_rows = sum(r["c_rows"] for r in rows)
+    replay = max(r["d_gap_replay"] for r in rows)
+    no_replay = max(r["d_gap_no_replay"] for r in rows)
+    moved = min(r["moved_mean"] for r in rows)
+    bf16 = " (cpu: computed in FP32)" if cpu else ""
+    first_a = next((r["a_first_difference"] for r in rows if r["a_first_difference"]), None)
+    first_c = next((r["c_first_difference"] for r in rows if r["c_first_difference"]), None)
+    values = sum(r["a_values"] for r in rows)
+    return [
+        ran,
+        ("(a) float32 server after sync vs a fresh server on the saved checkpoint, prompt_logprobs (token + top 5)",
+         f"{equal}/{sequences} sequences bit-identical ({values} values)" + (f"; first: {first_a}" if first_a else ""),
+         "all", equal == sequences),
+        ("(b) server logprobs vs PyTorch reference, float32: sampled tokens (decode)", f"max {decode:.2e}",
+         f"<= {args.tolerance:g}", decode <= args.tolerance),
+        ("(b) the same, teacher-forced prompt_logprobs (prefill)", f"max {prefill:.2e}", f"<= {args.tolerance:g}",
+         prefill <= args.tolerance),
+        ("(c) routed experts vs the reference's routing, every token x MoE layer",
+         f"{differ} of {routing_rows} rows differ ({sets_differ} as sets)" + (f"; first: {first_c}" if first_c else ""),
+         "0", differ == 0),
+        (f"(d) bfloat16 serving{bf16}: mean abs logprob gap, routing replayed in the reference",
+         f"max over rounds {replay:.2e}", f"<= {REPLAY_GOAL}", replay <= REPLAY_GOAL),
+        ("(d) the same without replay", f"max over rounds {no_replay:.2e}", "reported", True),
+        ("the round's noise moved the reference's logprobs (mean abs)", f"min over rounds {moved:.2e}",
+         f"> {args.tolerance:g}", moved > args.tolerance),
+    ]
+
+
+def markdown(rows, checks):
+    lines = []
+    if rows:
+        lines += ["| round | sync (2 servers) | (a) bit-identical | (b) decode / prefill max | (c) rows differ | "
+                  "(d) gap replay / none | B routing != ref | moved |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |", *(round_row(r) for r in rows), ""]
+    lines += ["| check | result | goal | pass |", "| --- | --- | --- | --- |"]
+    lines += [f"| {c} | {result} | {goal} | {'yes' if ok else '**NO**'} |" for c, result, goal, ok in checks]
+    return "\n".join(lines)
+
+
+def round_row(r):
+    return (f"| {r['weight_version']} | {r['broadcast_s']:.2f} s, {r['broadcast_bytes'] / 2**20:.1f} MiB, "
+            f"{r['tensors']} tensors | {r['a_sequences_equal']}/{r['a_sequences']} | "
+            f"{r['b_decode_max']:.2e} / {r['b_prefill_max']:.2e} ({r['tokens_sampled']} / "
+            f"{r['tokens_scored']} tokens) | {r['c_rows_differ']}/{r['c_rows']} | "
+            f"{r['d_gap_replay']:.2e} / {r['d_gap_no_replay']:.2e} ({r['d_tokens']} tokens) | "
+            f"{100 * r['d_routing_differs']:.2f}% | {r['moved_mean']:.2e} |")
+
+
+def main():
+    args = parse_args()
+    # A time limit's SIGTERM unwinds like a failure: the servers are stopped and the rounds done so far reported.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated (SIGTERM)"))
+    if args.reference_device is None:
+        args.reference_device = "cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu"
+    torch.set_float32_matmul_precision("highest")   # no TF32 in the float32 reference
+    if args.rounds < 1:
+        sys.exit("--rounds must be at least 1")
+    os.makedirs(args.out, exist_ok=True)
+    scratch = None
+    if args.checkpoints is None:
+        scratch = args.checkpoints = tempfile.mkdtemp(prefix="rollout-checkpoints-")
+    rng = random.Random(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    master = beam_torch.load_checkpoint(args.model)
+    previous = policy_of(master, args.reference_device)
+    servers, trainer, rows, error = {}, Trainer(), [], None
+    try:
+        for dtype in ("float32", "bfloat16"):
+            servers[dtype] = start_server(args, args.model, dtype)
+        join_group(trainer, [servers["float32"], servers["bfloat16"]])
+        for index in range(1, args.rounds + 1):
+            row, previous = run_round(args, index, master, previous, servers, trainer, rng, generator, master.config)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        for server in servers.values():
+            control(server, "/destroy_weights_update_group", {"group_name": GROUP})
+    except (Exception, SystemExit) as failure:  # reported as a failed check, with the rounds done so far
+        traceback.print_exc()
+        error = f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
+    finally:
+        trainer.close()
+        for server in servers.values():
+            server.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch)
+    checks = verdicts(rows, args, args.device == "cpu", error)
+    table = markdown(rows, checks)
+    print(table)
+    with open(os.path.join(args.out, "rollout.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "rollout.json"), "w") as f:
+        json.dump({"args": vars(args), "rounds": rows,
+                   "checks": [{"check": c, "result": r, "goal": g, "pass": ok} for c, r, g, ok in checks]}, f, indent=1)
+    if not all(ok for *_, ok in checks):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
