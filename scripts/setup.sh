@@ -7,7 +7,8 @@ sudo_cmd=""
 packages=(build-essential cmake ninja-build pkg-config
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libboost-dev libpcre2-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-numpy libopenmpi-dev openmpi-bin patchelf
-  gnuplot-nox clang llvm)  # gnuplot: bench/plot_serve_sweep.sh; clang and llvm (its symbolizer): scripts/fuzz.sh
+  gnuplot-nox clang llvm python3-torch)  # gnuplot: bench/plot_serve_sweep.sh; clang and llvm (its symbolizer):
+                                         # scripts/fuzz.sh; python3-torch: the rollout loop's trainer (rollout_loop_cpu)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for package in "${packages[@]}"; do dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package"); done
