@@ -426,9 +426,9 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t 
 
 // One (tile, row block) of an expert GEMM as expert_gemm_kernel<kGateUp, kTokens, false> computes it, on wgmma:
 // X = one BF16 row per token, C stored as the down GEMM's BF16 operand (gate|up) or as the weighted F32 expert output
-// (down), `delta` added as there. `first_maps` / `second_maps`: the tensor maps of every expert's gate and up matrices, or its down matrix
-// twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed tiles x `row_blocks` row blocks
-// each, the row block fastest.
+// (down), `delta` added as there. `first_maps` / `second_maps`: the tensor maps of every expert's gate and up
+// matrices, or its down matrix twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed
+// tiles x `row_blocks` row blocks each, the row block fastest.
 template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers>
 __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kThreads),
                                   (WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kBlocksPerSm))
@@ -644,9 +644,8 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
       workspace.grouped, tiles, top_k, experts.gate, experts.up, weights, gate_up_delta(deltas), experts.intermediate,
       experts.hidden, SplitOutput{activated_hi, activated_lo}, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  if (cudaError_t status = compute_down_delta(deltas, SwigluRows{nullptr, activated_hi, kSplit ? activated_lo : nullptr});
-      status != cudaSuccess)
-    return status;
+  const SwigluRows swiglu{nullptr, activated_hi, kSplit ? activated_lo : nullptr};
+  if (cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
   const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Stages::kSubTileRows));
   expert_gemm_kernel<false, kTokens, kSplit><<<down_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
       activated_hi, activated_lo, workspace.grouped, tiles, top_k, experts.down, experts.down, weights,
