@@ -68,6 +68,7 @@ void test_moe_lora(Harness& harness) {
     int32_t distinct = 0;  // > 0: experts (and adapters) reused cyclically to bound host memory
     const char* what = "";
     int64_t padded = 0;  // > 0: the device's tables hold every module zero-padded to this rank, the reference's not
+    DType dtype = DType::BF16;  // of the experts
   };
   std::vector<Case> cases{
       {1, 5120, 2560, 256, 8, 1, {8}, true, true, true, 31, "beam-1.0 decode, r/top_k = 8"},
@@ -82,12 +83,14 @@ void test_moe_lora(Harness& harness) {
       {70, 64, 32, 8, 8, 2, {2, 6}, true, true, true, 0, "every token on every expert: 9 tiles of 8 per expert"},
       {5, 64, 128, 1, 1, 3, {8, 16, 4}, true, true, true, 0, "a dense MLP as one expert of weight 1"},
       {21, 64, 48, 8, 4, 3, {3, 5, 0}, true, true, true, 0, "ranks 3 and 5 padded to 16 on the device", 16},
-      {1, 200, 72, 12, 3, 2, {5, 0}, true, true, true, 0, "one token, odd widths, ranks padded to 8 on the device", 8}};
+      {1, 200, 72, 12, 3, 2, {5, 0}, true, true, true, 0, "one token, odd widths, ranks padded to 8 on the device", 8},
+      {12, 64, 48, 8, 2, 2, {4, 7}, true, true, true, 0, "F16 experts: the streaming kernels of several tokens", 0,
+       DType::F16}};
   if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
     const int32_t distinct = c.distinct > 0 ? c.distinct : c.experts;
-    auto [device_moe, reference_moe] = random_experts(harness, c.experts, distinct, c.hidden, c.intermediate);
+    auto [device_moe, reference_moe] = random_experts(harness, c.experts, distinct, c.hidden, c.intermediate, c.dtype);
 
     // The adapters of each projection: one table per backend, entry s * experts + e at its own rank.
     std::vector<std::unique_ptr<LoraTableStore>> stores;
@@ -137,12 +140,13 @@ void test_moe_lora(Harness& harness) {
     std::string ranks;
     for (const int64_t rank : c.ranks) ranks += fmt::format("{}{}", ranks.empty() ? "" : "/", rank);
     const std::string shape =
-        fmt::format("T {} H {} I {} E {} top {} slots {} r {}{}{}{}{}: {}", c.rows, c.hidden, c.intermediate,
+        fmt::format("T {} H {} I {} E {} top {} slots {} r {}{}{}{}{} {}: {}", c.rows, c.hidden, c.intermediate,
                     c.experts, c.top_k, c.slots, ranks, c.padded > 0 ? fmt::format(" (device {})", c.padded) : "",
-                    c.gate ? " gate" : "", c.up ? " up" : "", c.down ? " down" : "", c.what);
-    // The base experts run moe's kernels (docs/lora.md), so moe's tolerance: exact F32 where one token streams the
-    // weights through the CUDA cores, the operand precision of the tensor cores otherwise.
-    const bool streamed = c.rows == 1 && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
+                    c.gate ? " gate" : "", c.up ? " up" : "", c.down ? " down" : "", dtype_name(c.dtype), c.what);
+    // The base experts run moe's kernels (docs/lora.md), so moe's tolerance: exact F32 where the weights stream
+    // through the CUDA cores (one token; F16 experts, which the tensor-core kernels do not take, up to
+    // kMaxStreamingAssignments slots), the operand precision of the tensor cores otherwise.
+    const bool streamed = (c.rows == 1 || c.dtype == DType::F16) && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
     harness.record("moe_lora", shape, out, streamed ? kF32Tolerance : harness.operand_tolerance(),
                    seconds_since(start));
     // Rows without an adapter go through the same kernels with zero deltas: moe's output bit for bit.
