@@ -122,14 +122,15 @@ void Harness::print_table() const {
   std::printf("\n%zu cases, %d failed\n", results_.size(), failures());
 }
 
-ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate) {
+ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate,
+                          DType dtype) {
   std::vector<Harness::Pair> gate, up, down;
   for (int32_t e = 0; e < distinct; ++e) {
     const float in_scale = 1.0f / std::sqrt(static_cast<float>(hidden));
-    gate.push_back(harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale));
-    up.push_back(harness.random_weight(DType::BF16, {intermediate, hidden}, in_scale));
+    gate.push_back(harness.random_weight(dtype, {intermediate, hidden}, in_scale));
+    up.push_back(harness.random_weight(dtype, {intermediate, hidden}, in_scale));
     down.push_back(
-        harness.random_weight(DType::BF16, {hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))));
+        harness.random_weight(dtype, {hidden, intermediate}, 1.0f / std::sqrt(static_cast<float>(intermediate))));
   }
   ExpertPair pair;
   for (int32_t e = 0; e < experts; ++e) {

@@ -136,7 +136,8 @@ class Harness {
 struct ExpertPair {
   MoeTensors device, reference;
 };
-ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate);
+ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate,
+                          DType dtype = DType::BF16);
 
 // Routings of MoE cases (the moe and fp8 families). Expert ids of `rows` tokens: top_k distinct experts each, in
 // random order; weights positive.

@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "checkpoint/presets.h"
@@ -33,6 +35,20 @@ LoraModule random_module(Inputs& inputs, LoraProjection projection, int64_t rank
   return module;
 }
 
+// `module` zero-padded to `rank` (A's rows and B's columns past its own rank are zeros): the same delta, as an
+// adapter stored at a padded rank computes it.
+LoraModule padded_module(const LoraModule& module, int64_t rank) {
+  LoraModule padded = module;
+  padded.rank = rank;
+  padded.a.assign(static_cast<std::size_t>(rank * module.in), 0.0f);
+  padded.b.assign(static_cast<std::size_t>(module.out * rank), 0.0f);
+  std::copy(module.a.begin(), module.a.end(), padded.a.begin());
+  for (int64_t o = 0; o < module.out; ++o)
+    for (int64_t r = 0; r < module.rank; ++r)
+      padded.b[static_cast<std::size_t>(o * rank + r)] = module.b[static_cast<std::size_t>(o * module.rank + r)];
+  return padded;
+}
+
 // Each token's slot: every fifth token none (-1), the others one of `slots` in turn.
 std::vector<int32_t> token_slots(int64_t rows, int32_t slots) {
   std::vector<int32_t> values(static_cast<std::size_t>(rows));
@@ -51,23 +67,30 @@ void test_moe_lora(Harness& harness) {
     bool gate = true, up = true, down = true;
     int32_t distinct = 0;  // > 0: experts (and adapters) reused cyclically to bound host memory
     const char* what = "";
+    int64_t padded = 0;  // > 0: the device's tables hold every module zero-padded to this rank, the reference's not
+    DType dtype = DType::BF16;  // of the experts
   };
   std::vector<Case> cases{
       {1, 5120, 2560, 256, 8, 1, {8}, true, true, true, 31, "beam-1.0 decode, r/top_k = 8"},
       {16, 5120, 2560, 256, 8, 4, {8}, true, true, true, 31, "beam-1.0, 4 adapters"},
       {64, 5120, 2560, 256, 8, 8, {8, 8, 8, 0}, true, true, true, 31, "beam-1.0 batch 64, 8 adapters, some experts not adapted"},
+      {16, 5120, 2560, 256, 8, 2, {8}, true, true, true, 31, "beam-1.0, r/top_k = 8 padded to r = 64 on the device", 64},
       {1, 64, 32, 8, 2, 1, {4}, true, true, true, 0, "tiny, one token"},
       {37, 200, 72, 12, 3, 3, {1, 3, 0, 8, 5, 33, 2}, true, true, true, 0, "odd, ranks 0-33 differing per expert"},
       {40, 60, 36, 6, 2, 2, {7, 2}, true, true, true, 0, "H not a multiple of 8"},
       {23, 64, 48, 8, 2, 2, {4, 9}, false, false, true, 0, "down only"},
       {19, 64, 48, 8, 2, 2, {3}, true, false, false, 0, "gate only"},
       {70, 64, 32, 8, 8, 2, {2, 6}, true, true, true, 0, "every token on every expert: 9 tiles of 8 per expert"},
-      {5, 64, 128, 1, 1, 3, {8, 16, 4}, true, true, true, 0, "a dense MLP as one expert of weight 1"}};
-  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
+      {5, 64, 128, 1, 1, 3, {8, 16, 4}, true, true, true, 0, "a dense MLP as one expert of weight 1"},
+      {21, 64, 48, 8, 4, 3, {3, 5, 0}, true, true, true, 0, "ranks 3 and 5 padded to 16 on the device", 16},
+      {1, 200, 72, 12, 3, 2, {5, 0}, true, true, true, 0, "one token, odd widths, ranks padded to 8 on the device", 8},
+      {12, 64, 48, 8, 2, 2, {4, 7}, true, true, true, 0, "F16 experts: the streaming kernels of several tokens", 0,
+       DType::F16}};
+  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   for (const Case& c : cases) {
     const auto start = std::chrono::steady_clock::now();
     const int32_t distinct = c.distinct > 0 ? c.distinct : c.experts;
-    auto [device_moe, reference_moe] = random_experts(harness, c.experts, distinct, c.hidden, c.intermediate);
+    auto [device_moe, reference_moe] = random_experts(harness, c.experts, distinct, c.hidden, c.intermediate, c.dtype);
 
     // The adapters of each projection: one table per backend, entry s * experts + e at its own rank.
     std::vector<std::unique_ptr<LoraTableStore>> stores;
@@ -80,17 +103,19 @@ void test_moe_lora(Harness& harness) {
       const int64_t in = p == 2 ? c.intermediate : c.hidden, out = p == 2 ? c.hidden : c.intermediate;
       const LoraProjection projection = kLoraProjections[4 + p];
       // distinct * slots modules at most, reused cyclically over the experts.
-      std::vector<LoraModule> modules;
+      std::vector<LoraModule> modules, device_modules;
       for (int64_t i = 0; i < int64_t{distinct} * c.slots; ++i) {
         const int64_t rank = c.ranks[static_cast<std::size_t>(i) % c.ranks.size()];
         modules.push_back(rank > 0 ? random_module(harness.inputs(), projection, rank, in, out) : LoraModule{});
+        if (c.padded > 0) device_modules.push_back(rank > 0 ? padded_module(modules.back(), c.padded) : LoraModule{});
       }
       for (Backend* backend : {&harness.device(), &harness.reference()}) {
+        const std::vector<LoraModule>& stored = backend == &harness.device() && c.padded > 0 ? device_modules : modules;
         stores.push_back(std::make_unique<LoraTableStore>(*backend, c.slots, c.experts, in, out));
         for (int32_t slot = 0; slot < c.slots; ++slot) {
           std::vector<const LoraModule*> by_expert;
           for (int32_t e = 0; e < c.experts; ++e) {
-            const LoraModule& module = modules[static_cast<std::size_t>(slot * distinct + e % distinct)];
+            const LoraModule& module = stored[static_cast<std::size_t>(slot * distinct + e % distinct)];
             by_expert.push_back(module.rank > 0 ? &module : nullptr);
           }
           stores.back()->load(slot, by_expert);
@@ -103,7 +128,8 @@ void test_moe_lora(Harness& harness) {
     if (c.experts == 1) weight_values.assign(weight_values.size(), 1.0f);
     auto ids = harness.i32(id_values, {c.rows, c.top_k});
     auto weights = harness.f32(weight_values, {c.rows, c.top_k});
-    auto slots = harness.i32(token_slots(c.rows, c.slots), {c.rows});
+    const std::vector<int32_t> slot_values = token_slots(c.rows, c.slots);
+    auto slots = harness.i32(slot_values, {c.rows});
     device_lora.row_adapters = slots.device;
     reference_lora.row_adapters = slots.reference;
     auto h = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
@@ -113,12 +139,32 @@ void test_moe_lora(Harness& harness) {
                                  out.reference);
     std::string ranks;
     for (const int64_t rank : c.ranks) ranks += fmt::format("{}{}", ranks.empty() ? "" : "/", rank);
-    // BF16 weights times F32 activations, exact products and F32 sums on both sides: the F32 tolerance.
-    harness.record("moe_lora",
-                   fmt::format("T {} H {} I {} E {} top {} slots {} r {}{}{}{}: {}", c.rows, c.hidden, c.intermediate,
-                               c.experts, c.top_k, c.slots, ranks, c.gate ? " gate" : "", c.up ? " up" : "",
-                               c.down ? " down" : "", c.what),
-                   out, kF32Tolerance, seconds_since(start));
+    const std::string shape =
+        fmt::format("T {} H {} I {} E {} top {} slots {} r {}{}{}{}{} {}: {}", c.rows, c.hidden, c.intermediate,
+                    c.experts, c.top_k, c.slots, ranks, c.padded > 0 ? fmt::format(" (device {})", c.padded) : "",
+                    c.gate ? " gate" : "", c.up ? " up" : "", c.down ? " down" : "", dtype_name(c.dtype), c.what);
+    // The base experts run moe's kernels (docs/lora.md), so moe's tolerance: exact F32 where the weights stream
+    // through the CUDA cores (one token; F16 experts, which the tensor-core kernels do not take, up to
+    // kMaxStreamingAssignments slots), the operand precision of the tensor cores otherwise.
+    const bool streamed = (c.rows == 1 || c.dtype == DType::F16) && c.hidden % 8 == 0 && c.intermediate % 8 == 0;
+    harness.record("moe_lora", shape, out, streamed ? kF32Tolerance : harness.operand_tolerance(),
+                   seconds_since(start));
+    // Rows without an adapter go through the same kernels with zero deltas: moe's output bit for bit.
+    if (std::find(slot_values.begin(), slot_values.end(), -1) == slot_values.end()) continue;
+    Tensor plain = harness.device().alloc(DType::F32, {c.rows, c.hidden});
+    harness.device().moe(h.device, ids.device, weights.device, device_moe, plain);
+    const std::vector<float> with_lora = as_f32(harness.device(), out.device);
+    const std::vector<float> without = as_f32(harness.device(), plain);
+    int64_t differing = 0;
+    for (int64_t t = 0; t < c.rows; ++t) {
+      if (slot_values[static_cast<std::size_t>(t)] >= 0) continue;
+      for (int64_t i = t * c.hidden; i < (t + 1) * c.hidden; ++i)
+        differing += with_lora[static_cast<std::size_t>(i)] != without[static_cast<std::size_t>(i)] ? 1 : 0;
+    }
+    harness.record_result({"moe_lora", shape + ", rows without an adapter against moe",
+                           static_cast<double>(differing), 0.0,
+                           fmt::format("bit for bit: {} values differ", differing), differing == 0,
+                           seconds_since(start)});
   }
 }
 
@@ -131,6 +177,7 @@ struct PerfOptions {
   int64_t rank = 64;  // the adapter's r; experts at r / top_k (true rank) against r (padded)
   int64_t iterations = 50;
   uint64_t seed = 1;
+  std::string dtype = "float32";  // --dtype: the tensor-core operand precision of moe's kernels (float32: split)
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -159,6 +206,7 @@ void run_perf(const PerfOptions& options) {
   require(options.rank % config.num_experts_per_tok == 0, "perf moe_lora: --rank {} is not a multiple of top_k {}",
           options.rank, config.num_experts_per_tok);
   CudaBackend backend;
+  backend.set_compute_dtype(parse_compute_dtype(options.dtype, backend.device()));
   uint64_t seed = options.seed;
   const MoeTensors moe = random_moe_layer(backend, config, seed, 1e-3f, 0.0f);
   const RouterParams router = router_params(config);
@@ -168,9 +216,9 @@ void run_perf(const PerfOptions& options) {
   const auto true_stores = expert_tables(backend, config, options.adapters, true_rank, inputs, true_lora);
   const auto padded_stores = expert_tables(backend, config, options.adapters, options.rank, inputs, padded_lora);
   spdlog::info("perf moe_lora: {} MoE layer ({} experts x {}x{}, top {}), {} adapters at r {} (experts {} true, {} "
-               "padded) on {}",
+               "padded), --dtype {}, on {}",
                options.preset, config.n_routed_experts, config.moe_intermediate_size, config.hidden_size,
-               config.num_experts_per_tok, options.adapters, options.rank, true_rank, options.rank,
+               config.num_experts_per_tok, options.adapters, options.rank, true_rank, options.rank, options.dtype,
                backend.device_description());
   int64_t true_bytes = 0, padded_bytes = 0;
   for (const auto& store : true_stores) true_bytes += store->bytes();
@@ -218,6 +266,8 @@ void add_moe_lora_perf(CLI::App& perf) {
   command->add_option("--adapters", options->adapters, "adapter slots, the tokens' slots in turn")->capture_default_str();
   command->add_option("--rank", options->rank, "the adapters' r (experts at r / top_k when true rank)")->capture_default_str();
   command->add_option("--iterations", options->iterations, "timed replays (median reported)")->capture_default_str();
+  command->add_option("--dtype", options->dtype, "compute dtype (float32: split tensor-core operands; bfloat16: wgmma)")
+      ->capture_default_str();
   command->callback([options] {
 #ifdef BEAMLINE_HAVE_CUDA
     run_perf(*options);

@@ -215,6 +215,21 @@ struct PackedExperts {
 
 namespace {
 
+// The kernels' view of BF16 or F16 experts.
+cuda::ExpertPointers expert_pointers(const PackedExperts& packed) {
+  cuda::ExpertPointers pointers;
+  const auto experts = static_cast<int32_t>(packed.pointers.dim(1));
+  const auto* table = packed.pointers.data<const void* const>();
+  pointers.gate = table;
+  pointers.up = table + experts;
+  pointers.down = table + 2 * int64_t{experts};
+  pointers.dtype = packed.dtype;
+  pointers.experts = experts;
+  pointers.hidden = packed.hidden;
+  pointers.intermediate = packed.intermediate;
+  pointers.tensor_maps = packed.tensor_maps.defined() ? packed.tensor_maps.raw() : nullptr;
+  return pointers;
+}
 
 void check_swiglu(const SwigluTensors& mlp, int64_t hidden, std::string_view op) {
   if (const std::optional<cuda::micro::Format> format = micro_format(mlp.gate)) {
@@ -910,8 +925,9 @@ void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tens
   const auto experts = static_cast<int32_t>(check_moe_lora_args(h, moe, lora));
   require(moe.packed != nullptr, "moe_lora: the experts were not prepared (Backend::prepare_moe) on the cuda backend");
   const auto& packed = *static_cast<const PackedExperts*>(moe.packed.get());
-  require(!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16 || packed.dtype == DType::F32),
-          "moe_lora: the cuda backend applies LoRA to F32, F16 or BF16 experts; these are {} (docs/lora.md)",
+  require(!packed.micro && (packed.dtype == DType::BF16 || packed.dtype == DType::F16),
+          "moe_lora: the cuda backend applies LoRA to BF16 or F16 experts (moe's kernels); these are {} "
+          "(docs/lora.md)",
           packed.micro ? format_name(*packed.micro) : std::string(dtype_name(packed.dtype)));
   require(experts <= cuda::kMaxMmaExperts, "moe_lora: {} experts, the cuda kernels take at most {}", experts,
           cuda::kMaxMmaExperts);
@@ -928,15 +944,12 @@ void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tens
   cuda::MoeLoraArgs args;
   args.h = h.data<const float>();
   args.ids = expert_ids.data<const int32_t>();
-  args.weights = expert_weights.data<const float>();
   args.row_adapters = lora.row_adapters.data<const int32_t>();
   args.rows = rows;
   args.hidden = hidden;
   args.intermediate = intermediate;
   args.top_k = static_cast<int32_t>(top_k);
   args.experts = experts;
-  args.expert_weights = packed.pointers.data<const void* const>();
-  args.dtype = packed.dtype;
   const auto view = [](const LoraTable& table) {
     return table.defined() ? cuda::LoraTableView{table.entries.data<const int64_t>(), table.max_rank}
                            : cuda::LoraTableView{};
@@ -944,19 +957,29 @@ void CudaBackend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tens
   args.gate = view(lora.gate);
   args.up = view(lora.up);
   args.down = view(lora.down);
+  // One token: its few slots need no grouping by expert (one launch less).
   cuda::MoeLoraWorkspace workspace;
-  workspace.max_tiles = cuda::moe_lora_max_tiles(assignments, experts);
-  Tensor grouped = scratch(DType::I32, {assignments}), tiles = scratch(DType::I32, {workspace.max_tiles, 4});
-  Tensor shrunk = scratch(DType::F32, {assignments * (args.gate.max_rank + args.up.max_rank + args.down.max_rank) + 1});
-  Tensor activated = scratch(DType::F32, {assignments, intermediate}), expert_out = scratch(DType::F32, {assignments, hidden});
-  workspace.grouped = grouped.data<int32_t>();
-  workspace.tiles = tiles.data<int32_t>();
+  Tensor grouped, tiles;
+  if (rows > 1) {
+    workspace.max_tiles = cuda::moe_lora_max_tiles(assignments, experts);
+    grouped = scratch(DType::I32, {assignments});
+    tiles = scratch(DType::I32, {workspace.max_tiles, 4});
+    workspace.grouped = grouped.data<int32_t>();
+    workspace.tiles = tiles.data<int32_t>();
+  }
+  const int64_t ranks = args.gate.max_rank + args.up.max_rank + args.down.max_rank;
+  Tensor shrunk = scratch(DType::F32, {assignments * ranks + 1});
+  const bool gate_up = args.gate.entries != nullptr || args.up.entries != nullptr;
+  Tensor deltas_buffer = scratch(DType::F32, {assignments * ((gate_up ? 2 * intermediate : 0) +
+                                                             (args.down.entries != nullptr ? hidden : 0)) + 1});
   workspace.shrunk_gate = shrunk.data<float>();
   workspace.shrunk_up = workspace.shrunk_gate + assignments * args.gate.max_rank;
   workspace.shrunk_down = workspace.shrunk_up + assignments * args.up.max_rank;
-  workspace.activated = activated.data<float>();
-  workspace.expert_out = expert_out.data<float>();
-  check_launch(cuda::moe_lora(args, workspace, out.data<float>(), stream_), "moe_lora");
+  workspace.gate_up = deltas_buffer.data<float>();
+  workspace.down = workspace.gate_up + (gate_up ? assignments * 2 * intermediate : 0);
+  cuda::ExpertDeltas deltas;
+  check_launch(cuda::moe_lora_deltas(args, workspace, deltas, stream_), "moe_lora");
+  moe_experts(h, expert_ids, expert_weights, expert_pointers(packed), &deltas, out);
 }
 
 void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
@@ -1193,33 +1216,34 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
     return;
   }
 
-  cuda::ExpertPointers pointers;
-  const auto* table = packed.pointers.data<const void* const>();
-  pointers.gate = table;
-  pointers.up = table + experts;
-  pointers.down = table + 2 * int64_t{experts};
-  pointers.dtype = packed.dtype;
-  pointers.experts = experts;
-  pointers.hidden = hidden;
-  pointers.intermediate = packed.intermediate;
-  pointers.tensor_maps = packed.tensor_maps.defined() ? packed.tensor_maps.raw() : nullptr;
+  const cuda::ExpertPointers pointers = expert_pointers(packed);
   if (batch_invariant_) {
     moe_invariant(h, expert_ids, expert_weights, pointers, out);
     return;
   }
+  moe_experts(h, expert_ids, expert_weights, pointers, nullptr, out);
+}
+
+// The expert kernels of moe (BF16 or F16 experts), chosen by the row count alone; `deltas` (moe_lora) enter them
+// through their hooks, so a MoE call with LoRA runs exactly the kernels of the same call without.
+void CudaBackend::moe_experts(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                              const cuda::ExpertPointers& pointers, const cuda::ExpertDeltas* deltas, Tensor& out) {
+  const int64_t rows = h.dim(0), hidden = h.dim(1), top_k = expert_ids.dim(1);
+  const int32_t experts = pointers.experts;
+  const char* op = deltas != nullptr ? "moe_lora" : "moe";
   const int64_t assignments = rows * top_k;
   // One token: each expert has a single column, so the tensor-core tiles would be 1/8 full and the plan pass is
   // pure overhead; the streaming kernels do it in fewer launches. From two tokens on the tensor cores win
   // (bench/results/2026-11-30-moe.md).
   constexpr int64_t kMinMmaRows = 2;
-  if (rows >= kMinMmaRows && cuda::moe_mma_supported(packed.dtype, experts, hidden, packed.intermediate)) {
+  if (rows >= kMinMmaRows && cuda::moe_mma_supported(pointers.dtype, experts, hidden, pointers.intermediate)) {
     const int64_t max_tiles = cuda::moe_mma_max_tiles(assignments, experts);
     const cuda::OperandPrecision precision = operand_precision();
     const int64_t operands = precision == cuda::OperandPrecision::Split ? 2 : 1;  // hi (and lo) BF16 rows
     Tensor h_split = scratch(DType::BF16, {operands, rows, hidden});
     Tensor grouped = scratch(DType::I32, {assignments});
     Tensor tiles = scratch(DType::I32, {max_tiles, 4});
-    Tensor activated_split = scratch(DType::BF16, {operands, assignments, packed.intermediate});
+    Tensor activated_split = scratch(DType::BF16, {operands, assignments, pointers.intermediate});
     Tensor expert_out = scratch(DType::F32, {assignments, hidden});
     cuda::MoeMmaWorkspace workspace;
     workspace.h_hi = h_split.raw();
@@ -1228,23 +1252,24 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
     workspace.activated_hi = activated_split.raw();
     if (operands == 2) {
       workspace.h_lo = h_split.raw() + sizeof(uint16_t) * rows * hidden;
-      workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * packed.intermediate;
+      workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * pointers.intermediate;
     }
     workspace.expert_out = expert_out.data<float>();
     workspace.max_tiles = max_tiles;
     check_launch(cuda::moe_mma(h.data<const float>(), expert_ids.data<const int32_t>(),
                                expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), pointers,
-                               precision, workspace, out.data<float>(), stream_),
-                 "moe");
+                               precision, workspace, out.data<float>(), stream_, deltas),
+                 op);
     return;
   }
-  if (cuda::moe_streaming_supported(assignments, hidden, packed.intermediate)) {
-    Tensor activated = scratch(DType::F32, {assignments, packed.intermediate});
+  if (cuda::moe_streaming_supported(assignments, hidden, pointers.intermediate)) {
+    Tensor activated = scratch(DType::F32, {assignments, pointers.intermediate});
     Tensor expert_out = scratch(DType::F32, {assignments, hidden});
     check_launch(cuda::moe_streaming(h.data<const float>(), expert_ids.data<const int32_t>(),
                                      expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), pointers,
-                                     activated.data<float>(), expert_out.data<float>(), out.data<float>(), stream_),
-                 "moe");
+                                     activated.data<float>(), expert_out.data<float>(), out.data<float>(), stream_,
+                                     /*row_invariant=*/false, deltas),
+                 op);
     return;
   }
   const int64_t max_tiles = cuda::moe_max_tiles(assignments, experts);
@@ -1252,8 +1277,8 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   Tensor counts = scratch(DType::I32, {3, experts});
   Tensor tile_expert = scratch(DType::I32, {max_tiles});
   Tensor slot_row = scratch(DType::I32, {assignments});
-  Tensor row_token = scratch(DType::I32, {padded_rows});
-  Tensor activated = scratch(DType::F32, {padded_rows, packed.intermediate});
+  Tensor row_token = scratch(DType::I32, {deltas != nullptr ? 2 : 1, padded_rows});
+  Tensor activated = scratch(DType::F32, {padded_rows, pointers.intermediate});
   Tensor expert_out = scratch(DType::F32, {padded_rows, hidden});
 
   cuda::MoeWorkspace workspace;
@@ -1263,12 +1288,13 @@ void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& e
   workspace.tile_expert = tile_expert.data<int32_t>();
   workspace.slot_row = slot_row.data<int32_t>();
   workspace.row_token = row_token.data<int32_t>();
+  if (deltas != nullptr) workspace.row_slot = workspace.row_token + padded_rows;
   workspace.activated = activated.data<float>();
   workspace.expert_out = expert_out.data<float>();
   workspace.max_tiles = max_tiles;
   check_launch(cuda::moe(h.data<const float>(), expert_ids.data<const int32_t>(), expert_weights.data<const float>(),
-                         rows, static_cast<int32_t>(top_k), pointers, workspace, out.data<float>(), stream_),
-               "moe");
+                         rows, static_cast<int32_t>(top_k), pointers, workspace, out.data<float>(), stream_, deltas),
+               op);
 }
 
 // The streaming kernels' multi-token passes for every row count, in calls of at most kMaxStreamingAssignments slots

@@ -176,6 +176,8 @@ class CudaBackend final : public Backend {
   void project_invariant(const float* x, int64_t rows, const Tensor& weight, float* y, float softcap);
   void moe_invariant(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
                      const cuda::ExpertPointers& experts, Tensor& out);
+  void moe_experts(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                   const cuda::ExpertPointers& experts, const cuda::ExpertDeltas* deltas, Tensor& out);
   // y[rows, out] = x[rows, in] W[out, in]ᵀ with x already in W's dtype (or F32 for F32 weights).
   void gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y);
   Tensor scratch(DType dtype, std::vector<int64_t> shape) { return alloc(dtype, std::move(shape)); }

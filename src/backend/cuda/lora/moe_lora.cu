@@ -1,189 +1,230 @@
+// The experts' LoRA as deltas for moe's expert kernels: per slot (token, j), the shrink x · Aᵀ to the entry's rank
+// and the expand through B, segmented by the slot's (expert, adapter) entry of each projection's table; the base
+// expert GEMMs, SwiGLU and combine are moe's (moe/moe.h, ExpertDeltas).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/lora/moe_lora.h"
-#include "backend/cuda/moe/moe.h"
 
 namespace beamline::cuda {
 namespace {
 
-constexpr int kTileSlots = 8;  // slots of one expert per weight-row pass
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
+constexpr int kShrinkThreads = 256;
+constexpr int kExpandThreads = 256;
+constexpr int32_t kGroupTileSlots = 8;  // moe_group_slots' tile (only its grouping by expert is used here)
 
-// The adapter entry of slot s through expert e, or null (no adapter: slot -1, rank 0, no table).
-__device__ __forceinline__ const int64_t* lora_entry(const LoraTableView& table, const int32_t* row_adapters,
-                                                     int32_t experts, int32_t top_k, int32_t s, int32_t e) {
+// The slot worked at position p: the p-th grouped by expert, or p itself; -1 past the grouped ones.
+__device__ __forceinline__ int32_t slot_at(const int32_t* grouped, int64_t p) {
+  return grouped != nullptr ? grouped[p] : static_cast<int32_t>(p);
+}
+
+// The table entry {a, b, rank} of slot s (its token's adapter, its expert), or null: no table, no adapter, rank 0,
+// or an expert id out of range.
+__device__ __forceinline__ const int64_t* lora_entry(const LoraTableView& table, const int32_t* ids,
+                                                     const int32_t* row_adapters, int32_t experts, int32_t top_k,
+                                                     int32_t s) {
   if (table.entries == nullptr) return nullptr;
-  const int32_t slot = row_adapters[s / top_k];
-  if (slot < 0) return nullptr;
-  const int64_t* entry = table.entries + (int64_t{slot} * experts + e) * 3;
+  const int32_t e = ids[s];
+  if (e < 0 || e >= experts) return nullptr;
+  const int32_t adapter = row_adapters[s / top_k];
+  if (adapter < 0) return nullptr;
+  const int64_t* entry = table.entries + (int64_t{adapter} * experts + e) * 3;
   return entry[2] > 0 ? entry : nullptr;
 }
 
-// shrunk[s, r] = a_i[r] · x_s for each slot s with an adapter entry: one block per slot, a warp per rank row. x_s is
-// h[s / top_k] (`per_token`) or x[s] (the activated rows).
-__global__ void shrink_kernel(const float* x, bool per_token, int64_t in, const int32_t* ids, const int32_t* row_adapters,
-                              int32_t experts, int32_t top_k, LoraTableView table, float* shrunk) {
-  const int32_t s = blockIdx.x;
-  const int32_t e = ids[s];
-  if (e < 0 || e >= experts) return;
-  const int64_t* entry = lora_entry(table, row_adapters, experts, top_k, s, e);
-  if (entry == nullptr) return;
-  const auto* a = reinterpret_cast<const float*>(entry[0]);
-  const int64_t rank = entry[2];
-  const float* xs = x + (per_token ? s / top_k : s) * in;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t r = warp; r < rank; r += kWarps) {
-    float sum = 0.0f;
-    for (int64_t k = lane; k < in; k += 32) sum += a[r * in + k] * xs[k];
-    sum = warp_sum(sum);
-    if (lane == 0) shrunk[int64_t{s} * table.max_rank + r] = sum;
-  }
+__device__ __forceinline__ bool aligned16(const void* address) {
+  return reinterpret_cast<uintptr_t>(address) % 16 == 0;
 }
 
-// Tile blockIdx.x of moe_group_slots' list: its expert (-1 past the listed tiles), how many slots and which.
-struct TileSlots {
-  int32_t expert, count;
-  int32_t slots[kTileSlots];
+// The shrink's input row x_s of slot s: F32 rows (h, or the SwiGLU output) or BF16 hi (+ lo) rows (the SwiGLU output
+// of the tensor-core kernels), row slot_row[s], or s / divisor without slot_row.
+struct ShrinkInput {
+  const float* f32 = nullptr;
+  const __nv_bfloat16* hi = nullptr;
+  const __nv_bfloat16* lo = nullptr;
+  const int32_t* slot_row = nullptr;
+  int32_t divisor = 1;
+  int64_t width = 0;
 };
-__device__ __forceinline__ TileSlots read_tile(const int32_t* tiles, const int32_t* grouped) {
-  const int32_t* tile = tiles + int64_t{blockIdx.x} * 4;
-  TileSlots read{tile[0], tile[0] < 0 ? 0 : tile[2], {}};
-  for (int j = 0; j < kTileSlots; ++j) read.slots[j] = j < read.count ? grouped[tile[1] + j] : 0;
-  return read;
+
+// x at offset .. offset + 3 (offset a multiple of 4, the rows 16-byte aligned for F32).
+template <bool kBf16>
+__device__ __forceinline__ float4 load4(const ShrinkInput& x, int64_t offset) {
+  if constexpr (kBf16) {
+    const auto* hi = reinterpret_cast<const __nv_bfloat162*>(x.hi + offset);
+    const float2 a = __bfloat1622float2(hi[0]), b = __bfloat1622float2(hi[1]);
+    float4 value{a.x, a.y, b.x, b.y};
+    if (x.lo != nullptr) {
+      const auto* lo = reinterpret_cast<const __nv_bfloat162*>(x.lo + offset);
+      const float2 c = __bfloat1622float2(lo[0]), d = __bfloat1622float2(lo[1]);
+      value = {value.x + c.x, value.y + c.y, value.z + d.x, value.w + d.y};
+    }
+    return value;
+  } else {
+    return *reinterpret_cast<const float4*>(x.f32 + offset);
+  }
 }
 
-// b_i[o] · shrunk[s] over the entry's rank (0 without an entry).
-__device__ __forceinline__ float expand(const int64_t* entry, int64_t o, const float* shrunk, int64_t max_rank,
-                                        int32_t s) {
-  if (entry == nullptr) return 0.0f;
-  const auto* b = reinterpret_cast<const float*>(entry[1]);
-  const int64_t rank = entry[2];
+template <bool kBf16>
+__device__ __forceinline__ float load1(const ShrinkInput& x, int64_t offset) {
+  if constexpr (kBf16)
+    return __bfloat162float(x.hi[offset]) + (x.lo != nullptr ? __bfloat162float(x.lo[offset]) : 0.0f);
+  else
+    return x.f32[offset];
+}
+
+// shrunk_q[s, r] = a_q[r] · x_s for rank row r = blockIdx.y of the slot at position blockIdx.x and each projection q
+// (first, second: one or two tables sharing the input) whose entry has a rank above r. A block per (slot, rank row),
+// all its threads along k: even one token's few slots keep enough loads in flight.
+template <bool kBf16>
+__global__ void __launch_bounds__(kShrinkThreads)
+    shrink_kernel(ShrinkInput x, const int32_t* grouped, const int32_t* ids, const int32_t* row_adapters,
+                  int32_t experts, int32_t top_k, LoraTableView first, float* first_shrunk, LoraTableView second,
+                  float* second_shrunk) {
+  const int32_t s = slot_at(grouped, blockIdx.x);
+  if (s < 0) return;
+  const int64_t r = blockIdx.y;
+  const int64_t* entry[2] = {lora_entry(first, ids, row_adapters, experts, top_k, s),
+                             lora_entry(second, ids, row_adapters, experts, top_k, s)};
+  const bool used[2] = {entry[0] != nullptr && r < entry[0][2], entry[1] != nullptr && r < entry[1][2]};
+  if (!used[0] && !used[1]) return;  // the same for the whole block
+  const int64_t in = x.width;
+  const int64_t base = (x.slot_row != nullptr ? int64_t{x.slot_row[s]} : int64_t{s / x.divisor}) * in;
+  const float* a[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) a[q] = used[q] ? reinterpret_cast<const float*>(entry[q][0]) + r * in : nullptr;
+  float sum[2] = {0.0f, 0.0f};
+  if (in % 4 == 0 && aligned16(a[0]) && aligned16(a[1]) && (kBf16 || aligned16(x.f32))) {
+#pragma unroll 4
+    for (int64_t k = int64_t{threadIdx.x} * 4; k < in; k += kShrinkThreads * 4) {
+      const float4 v = load4<kBf16>(x, base + k);
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (used[q]) {
+          const float4 w = *reinterpret_cast<const float4*>(a[q] + k);
+          sum[q] += w.x * v.x + w.y * v.y + w.z * v.z + w.w * v.w;
+        }
+    }
+  } else {
+    for (int64_t k = threadIdx.x; k < in; k += kShrinkThreads) {
+      const float v = load1<kBf16>(x, base + k);
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (used[q]) sum[q] += a[q][k] * v;
+    }
+  }
+  const float total[2] = {block_sum(sum[0]), block_sum(sum[1])};
+  if (threadIdx.x != 0) return;
+  if (used[0]) first_shrunk[int64_t{s} * first.max_rank + r] = total[0];
+  if (used[1]) second_shrunk[int64_t{s} * second.max_rank + r] = total[1];
+}
+
+// delta[s, i] for i = q * out + o < projections * out (a thread per i along blockIdx.y): b_q[o] · shrunk_q[s] over
+// the rank of the slot's entry of projection q (first, second), 0 without one. The slot is the one at position
+// blockIdx.x.
+__global__ void __launch_bounds__(kExpandThreads)
+    expand_kernel(const int32_t* grouped, const int32_t* ids, const int32_t* row_adapters, int32_t experts,
+                  int32_t top_k, int64_t out, int32_t projections, LoraTableView first, const float* first_shrunk,
+                  LoraTableView second, const float* second_shrunk, float* delta) {
+  const int32_t s = slot_at(grouped, blockIdx.x);
+  if (s < 0) return;
+  const int64_t i = int64_t{blockIdx.y} * kExpandThreads + threadIdx.x;
+  if (i >= projections * out) return;
+  const bool is_second = i >= out;
+  const LoraTableView& table = is_second ? second : first;
+  const int64_t* entry = lora_entry(table, ids, row_adapters, experts, top_k, s);
   float sum = 0.0f;
-  for (int64_t r = 0; r < rank; ++r) sum += b[o * rank + r] * shrunk[int64_t{s} * max_rank + r];
-  return sum;
+  if (entry != nullptr) {
+    const int64_t rank = entry[2], o = is_second ? i - out : i;
+    const float* b = reinterpret_cast<const float*>(entry[1]) + o * rank;
+    const float* shrunk = (is_second ? second_shrunk : first_shrunk) + int64_t{s} * table.max_rank;
+    if (rank % 4 == 0 && aligned16(b)) {
+      for (int64_t r = 0; r < rank; r += 4) {
+        const float4 w = *reinterpret_cast<const float4*>(b + r);
+        sum += w.x * shrunk[r] + w.y * shrunk[r + 1] + w.z * shrunk[r + 2] + w.w * shrunk[r + 3];
+      }
+    } else {
+      for (int64_t r = 0; r < rank; ++r) sum += b[r] * shrunk[r];
+    }
+  }
+  delta[int64_t{s} * projections * out + i] = sum;
 }
 
-// Gate|up of one tile of an expert's slots (grid.x: the tiles; grid.y: blocks of kWarps output rows): a warp per
-// output row i, each weight row read once for the tile's slots;
-// then each slot's LoRA on gate and up, and activated[s, i] = silu(gate) * up.
-template <typename W>
-__global__ void __launch_bounds__(kThreads) gate_up_kernel(MoeLoraArgs args, const int32_t* grouped,
-                                                           const int32_t* tiles, const float* shrunk_gate,
-                                                           const float* shrunk_up, float* activated) {
-  const TileSlots tile = read_tile(tiles, grouped);
-  const int32_t e = tile.expert, count = tile.count;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t i = int64_t{blockIdx.y} * kWarps + warp;
-  if (e < 0 || i >= args.intermediate) return;
-  const int32_t(&slots)[kTileSlots] = tile.slots;
-  const auto* gate_w = static_cast<const W*>(args.expert_weights[e]) + i * args.hidden;
-  const auto* up_w = static_cast<const W*>(args.expert_weights[args.experts + e]) + i * args.hidden;
-  float gate[kTileSlots] = {}, up[kTileSlots] = {};
-  for (int64_t k = lane; k < args.hidden; k += 32) {
-    const float g = to_float(gate_w[k]), u = to_float(up_w[k]);
-#pragma unroll
-    for (int j = 0; j < kTileSlots; ++j) {
-      if (j >= count) break;
-      const float x = args.h[int64_t{slots[j] / args.top_k} * args.hidden + k];
-      gate[j] += g * x;
-      up[j] += u * x;
-    }
+// The shrink of one or two tables over `x`, then their expand into `delta` [A, projections * out].
+cudaError_t shrink_expand(const MoeLoraArgs& args, const int32_t* grouped, const ShrinkInput& x, bool bf16,
+                          LoraTableView first, float* first_shrunk, LoraTableView second, float* second_shrunk,
+                          int32_t projections, int64_t out, float* delta, cudaStream_t stream) {
+  const auto positions = static_cast<unsigned int>(args.rows * args.top_k);
+  const int64_t rank_rows = std::max(first.entries != nullptr ? first.max_rank : 0,
+                                     second.entries != nullptr ? second.max_rank : 0);
+  if (rank_rows > 0) {
+    const dim3 grid(positions, static_cast<unsigned int>(rank_rows));
+    if (bf16)
+      shrink_kernel<true><<<grid, kShrinkThreads, 0, stream>>>(x, grouped, args.ids, args.row_adapters, args.experts,
+                                                               args.top_k, first, first_shrunk, second, second_shrunk);
+    else
+      shrink_kernel<false><<<grid, kShrinkThreads, 0, stream>>>(x, grouped, args.ids, args.row_adapters, args.experts,
+                                                                args.top_k, first, first_shrunk, second,
+                                                                second_shrunk);
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   }
-#pragma unroll
-  for (int j = 0; j < kTileSlots; ++j) {
-    gate[j] = warp_sum(gate[j]);
-    up[j] = warp_sum(up[j]);
-  }
-  if (lane >= count) return;
-  // Lane j finishes slot j (an array indexed by the lane would go to local memory: select by unrolled compare).
-  float g = 0.0f, u = 0.0f;
-  int32_t s = 0;
-#pragma unroll
-  for (int j = 0; j < kTileSlots; ++j)
-    if (j == lane) {
-      g = gate[j];
-      u = up[j];
-      s = slots[j];
-    }
-  g += expand(lora_entry(args.gate, args.row_adapters, args.experts, args.top_k, s, e), i, shrunk_gate,
-              args.gate.max_rank, s);
-  u += expand(lora_entry(args.up, args.row_adapters, args.experts, args.top_k, s, e), i, shrunk_up,
-              args.up.max_rank, s);
-  activated[int64_t{s} * args.intermediate + i] = silu(g) * u;
-}
-
-// Down of one tile: a warp per output row o; each slot's LoRA on down, then its routing weight.
-template <typename W>
-__global__ void __launch_bounds__(kThreads) down_kernel(MoeLoraArgs args, const int32_t* grouped, const int32_t* tiles,
-                                                        const float* activated, const float* shrunk_down,
-                                                        float* expert_out) {
-  const TileSlots tile = read_tile(tiles, grouped);
-  const int32_t e = tile.expert, count = tile.count;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t o = int64_t{blockIdx.y} * kWarps + warp;
-  if (e < 0 || o >= args.hidden) return;
-  const int32_t(&slots)[kTileSlots] = tile.slots;
-  const auto* down_w = static_cast<const W*>(args.expert_weights[2 * int64_t{args.experts} + e]) + o * args.intermediate;
-  float sum[kTileSlots] = {};
-  for (int64_t k = lane; k < args.intermediate; k += 32) {
-    const float w = to_float(down_w[k]);
-#pragma unroll
-    for (int j = 0; j < kTileSlots; ++j) {
-      if (j >= count) break;
-      sum[j] += w * activated[int64_t{slots[j]} * args.intermediate + k];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kTileSlots; ++j) sum[j] = warp_sum(sum[j]);
-  if (lane >= count) return;
-  float y = 0.0f;
-  int32_t s = 0;
-#pragma unroll
-  for (int j = 0; j < kTileSlots; ++j)
-    if (j == lane) {
-      y = sum[j];
-      s = slots[j];
-    }
-  y += expand(lora_entry(args.down, args.row_adapters, args.experts, args.top_k, s, e), o, shrunk_down,
-              args.down.max_rank, s);
-  expert_out[int64_t{s} * args.hidden + o] = args.weights[s] * y;
+  expand_kernel<<<dim3(positions, blocks_for(projections * out, kExpandThreads)), kExpandThreads, 0, stream>>>(
+      grouped, args.ids, args.row_adapters, args.experts, args.top_k, out, projections, first, first_shrunk, second,
+      second_shrunk, delta);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
 int64_t moe_lora_max_tiles(int64_t assignments, int32_t experts) {
-  return moe_tile_bound(assignments, experts, kTileSlots);
+  return moe_tile_bound(assignments, experts, kGroupTileSlots);
 }
 
-cudaError_t moe_lora(const MoeLoraArgs& args, const MoeLoraWorkspace& workspace, float* out, cudaStream_t stream) {
+cudaError_t moe_lora_deltas(const MoeLoraArgs& args, const MoeLoraWorkspace& workspace, ExpertDeltas& deltas,
+                            cudaStream_t stream) {
+  deltas = ExpertDeltas{};
   if (args.rows == 0) return cudaSuccess;
   const int64_t assignments = args.rows * args.top_k;
-  if (cudaError_t status = moe_group_slots(args.ids, assignments, args.experts, kTileSlots, workspace.max_tiles,
-                                           workspace.grouped, workspace.tiles, stream);
-      status != cudaSuccess)
-    return status;
-  const auto slots = static_cast<unsigned int>(assignments);
-  if (args.gate.entries != nullptr)
-    shrink_kernel<<<slots, kThreads, 0, stream>>>(args.h, true, args.hidden, args.ids, args.row_adapters, args.experts,
-                                                  args.top_k, args.gate, workspace.shrunk_gate);
-  if (args.up.entries != nullptr)
-    shrink_kernel<<<slots, kThreads, 0, stream>>>(args.h, true, args.hidden, args.ids, args.row_adapters, args.experts,
-                                                  args.top_k, args.up, workspace.shrunk_up);
-  const auto tiles = static_cast<unsigned int>(workspace.max_tiles);
-  const bool known = dispatch_float(args.dtype, [&](auto tag) {
-    using W = decltype(tag);
-    gate_up_kernel<W><<<dim3(tiles, blocks_for(args.intermediate, kWarps)), kThreads, 0, stream>>>(
-        args, workspace.grouped, workspace.tiles, workspace.shrunk_gate, workspace.shrunk_up, workspace.activated);
-    if (args.down.entries != nullptr)
-      shrink_kernel<<<slots, kThreads, 0, stream>>>(workspace.activated, false, args.intermediate, args.ids,
-                                                    args.row_adapters, args.experts, args.top_k, args.down,
-                                                    workspace.shrunk_down);
-    down_kernel<W><<<dim3(tiles, blocks_for(args.hidden, kWarps)), kThreads, 0, stream>>>(
-        args, workspace.grouped, workspace.tiles, workspace.activated, workspace.shrunk_down, workspace.expert_out);
-  });
-  if (!known) return cudaErrorInvalidValue;
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  return moe_combine(workspace.expert_out, args.ids, args.rows, args.top_k, args.experts, args.hidden, out, stream);
+  if (assignments > INT32_MAX) return cudaErrorInvalidValue;
+  if (workspace.grouped != nullptr) {
+    // Positions past the grouped slots (those of valid expert ids) stay -1.
+    if (cudaError_t status = cudaMemsetAsync(workspace.grouped, 0xff, sizeof(int32_t) * assignments, stream);
+        status != cudaSuccess)
+      return status;
+    if (cudaError_t status = moe_group_slots(args.ids, assignments, args.experts, kGroupTileSlots,
+                                             workspace.max_tiles, workspace.grouped, workspace.tiles, stream);
+        status != cudaSuccess)
+      return status;
+  }
+  if (args.gate.entries != nullptr || args.up.entries != nullptr) {
+    ShrinkInput h;
+    h.f32 = args.h;
+    h.divisor = args.top_k;
+    h.width = args.hidden;
+    if (cudaError_t status = shrink_expand(args, workspace.grouped, h, false, args.gate, workspace.shrunk_gate,
+                                           args.up, workspace.shrunk_up, 2, args.intermediate, workspace.gate_up,
+                                           stream);
+        status != cudaSuccess)
+      return status;
+    deltas.gate_up = workspace.gate_up;
+  }
+  if (args.down.entries != nullptr) {
+    deltas.down = workspace.down;
+    deltas.compute_down = [args, workspace, stream](const SwigluRows& rows) {
+      ShrinkInput x;
+      x.f32 = rows.f32;
+      x.hi = static_cast<const __nv_bfloat16*>(rows.hi);
+      x.lo = static_cast<const __nv_bfloat16*>(rows.lo);
+      x.slot_row = rows.slot_row;
+      x.width = args.intermediate;
+      return shrink_expand(args, workspace.grouped, x, rows.f32 == nullptr, args.down, workspace.shrunk_down,
+                           LoraTableView{}, nullptr, 1, args.hidden, workspace.down, stream);
+    };
+  }
+  return cudaSuccess;
 }
 
 }  // namespace beamline::cuda

@@ -170,9 +170,10 @@ __global__ void plan_kernel(const int32_t* counts, int32_t experts, int64_t max_
 }
 
 // One thread per (token, j): claims a row in its expert's range and records which token feeds it (the grouped
-// GEMM reads h through this map, so the rows are never copied).
+// GEMM reads h through this map, so the rows are never copied) and, when row_slot is set, which slot.
 __global__ void scatter_kernel(const int32_t* ids, int64_t assignments, int32_t top_k, int32_t experts,
-                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, int32_t* row_token) {
+                               const int32_t* offsets, int32_t* cursor, int32_t* slot_row, int32_t* row_token,
+                               int32_t* row_slot) {
   const int64_t slot = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (slot >= assignments) return;
   const int32_t e = ids[slot];
@@ -183,6 +184,7 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t assignments, int32_t 
   const int32_t row = offsets[e] + atomicAdd(&cursor[e], 1);
   slot_row[slot] = row;
   row_token[row] = static_cast<int32_t>(slot / top_k);
+  if (row_slot != nullptr) row_slot[row] = static_cast<int32_t>(slot);
 }
 
 __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row, const float* weights, int32_t top_k,
@@ -211,9 +213,14 @@ struct GroupedOperands {
   const int32_t* tile_expert = nullptr;
   const int32_t* row_source = nullptr;  // row of A behind each row of C (-1: padding); null: the same row
   int64_t rows_limit = 0;               // rows of C that exist
+  // ExpertDeltas::gate_up (kDual, [A, 2n]) or ::down ([A, n]) by slot, row_slot the slot of each row of C (-1:
+  // padding); null: none.
+  const float* delta = nullptr;
+  const int32_t* row_slot = nullptr;
 };
 
-// kDual: C = silu(A B0ᵀ) * (A B1ᵀ) (gate|up with the SwiGLU fused); else C = A B0ᵀ. C is F32.
+// kDual: C = silu(A B0ᵀ + dg) * (A B1ᵀ + du) (gate|up with the SwiGLU fused); else C = A B0ᵀ + d; the deltas of
+// operands.delta, zero without.
 template <typename W, bool kDual>
 __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float* a, GroupedOperands operands,
                                                                     int64_t n, int64_t k, float* c) {
@@ -309,11 +316,17 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
     const int r = i / kTileN, col = i % kTileN;
     const int64_t row = row0 + r;
     if (row >= operands.rows_limit || col0 + col >= n) continue;
-    const float value = c_tiles[r * kStoreStride + col];
+    float value = c_tiles[r * kStoreStride + col];
+    const int64_t slot = operands.delta != nullptr ? operands.row_slot[row] : -1;
     if constexpr (kDual) {
-      const float up = c_tiles[(kGroupedTileRows + r) * kStoreStride + col];
+      float up = c_tiles[(kGroupedTileRows + r) * kStoreStride + col];
+      if (slot >= 0) {
+        value += operands.delta[2 * slot * n + col0 + col];
+        up += operands.delta[(2 * slot + 1) * n + col0 + col];
+      }
       c[row * n + col0 + col] = silu(value) * up;
     } else {
+      if (slot >= 0) value += operands.delta[slot * n + col0 + col];
       c[row * n + col0 + col] = value;
     }
   }
@@ -322,10 +335,14 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
 template <typename W>
 cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
                              const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
-                             float* activated, float* out, cudaStream_t stream) {
+                             float* activated, float* out, const ExpertDeltas* deltas, const int32_t* slot_row,
+                             cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
   grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  if (const cudaError_t status = compute_down_delta(deltas, SwigluRows{activated, nullptr, nullptr, slot_row});
+      status != cudaSuccess)
+    return status;
   const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
   grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden,
                                                                          intermediate, out);
@@ -364,8 +381,10 @@ int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
 }
 
 cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream) {
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream,
+                const ExpertDeltas* deltas) {
   if (rows == 0) return cudaSuccess;
+  if (deltas != nullptr && workspace.row_slot == nullptr) return cudaErrorInvalidValue;
   const int64_t assignments = rows * top_k;
   const size_t count_bytes = sizeof(int32_t) * static_cast<size_t>(experts.experts);
   if (cudaError_t status = cudaMemsetAsync(workspace.counts, 0, count_bytes, stream); status != cudaSuccess)
@@ -382,9 +401,14 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   if (cudaError_t status = cudaMemsetAsync(workspace.row_token, 0xff, sizeof(int32_t) * padded_rows, stream);
       status != cudaSuccess)
     return status;
+  if (workspace.row_slot != nullptr)
+    if (cudaError_t status = cudaMemsetAsync(workspace.row_slot, 0xff, sizeof(int32_t) * padded_rows, stream);
+        status != cudaSuccess)
+      return status;
   scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts.experts,
                                                                    workspace.offsets, workspace.cursor,
-                                                                   workspace.slot_row, workspace.row_token);
+                                                                   workspace.slot_row, workspace.row_token,
+                                                                   workspace.row_slot);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
 
   GroupedOperands up_operands, down_operands;
@@ -394,10 +418,14 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
   up_operands.row_source = workspace.row_token;
   up_operands.rows_limit = down_operands.rows_limit = padded_rows;
+  up_operands.delta = gate_up_delta(deltas);
+  down_operands.delta = down_delta(deltas);
+  up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
     status = run_swiglu_gemms<decltype(tag)>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                             experts.intermediate, workspace.activated, workspace.expert_out, stream);
+                                             experts.intermediate, workspace.activated, workspace.expert_out, deltas,
+                                             workspace.slot_row, stream);
   });
   if (status != cudaSuccess) return status;
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "backend/cuda/common/operand_precision.h"
 #include "tensor/dtype.h"
@@ -32,6 +33,31 @@ struct ExpertPointers {
   const void* tensor_maps = nullptr;
 };
 
+// The hooks through which moe_lora (lora/moe_lora.h) adds each slot's expert LoRA inside these kernels, so that its
+// base GEMMs are moe's own (slot s = token * top_k + j). The SwiGLU output of slot s as the down GEMM reads it: F32
+// rows, or BF16 `hi` (and, with OperandPrecision::Split, `lo`) rows; row s, or slot_row[s] when set (moe's padded
+// rows).
+struct SwigluRows {
+  const float* f32 = nullptr;
+  const void* hi = nullptr;
+  const void* lo = nullptr;
+  const int32_t* slot_row = nullptr;
+};
+// F32 deltas, each null for none: `gate_up` [A, 2 I], slot s's on its gate (first I) and up pre-activations, added
+// before the SwiGLU; `down` [A, H], slot s's on its down output, added before the routing weight. `compute_down`,
+// when set, is called between the gate|up and the down launches with the SwiGLU output: it launches what writes
+// `down`.
+struct ExpertDeltas {
+  const float* gate_up = nullptr;
+  const float* down = nullptr;
+  std::function<cudaError_t(const SwigluRows&)> compute_down;
+};
+inline const float* gate_up_delta(const ExpertDeltas* deltas) { return deltas != nullptr ? deltas->gate_up : nullptr; }
+inline const float* down_delta(const ExpertDeltas* deltas) { return deltas != nullptr ? deltas->down : nullptr; }
+inline cudaError_t compute_down_delta(const ExpertDeltas* deltas, const SwigluRows& rows) {
+  return deltas != nullptr && deltas->compute_down ? deltas->compute_down(rows) : cudaSuccess;
+}
+
 // Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
 struct MoeWorkspace {
   int32_t* counts = nullptr;       // [E]
@@ -40,6 +66,7 @@ struct MoeWorkspace {
   int32_t* tile_expert = nullptr;  // [max_tiles] expert of each row tile, -1 past the last
   int32_t* slot_row = nullptr;     // [rows * top_k] padded row of each (token, j)
   int32_t* row_token = nullptr;    // [max_tiles * tile] token feeding each padded row, -1 for padding
+  int32_t* row_slot = nullptr;     // [max_tiles * tile] the same as slots, -1 for padding (with ExpertDeltas only)
   float* activated = nullptr;      // [max_tiles * tile, I]
   float* expert_out = nullptr;     // [max_tiles * tile, H]
   int64_t max_tiles = 0;
@@ -49,9 +76,10 @@ int64_t moe_max_tiles(int64_t assignments, int32_t experts);
 // out[t] = sum_j weights[t, j] * SwiGLU_{ids[t, j]}(h[t]) with no host synchronisation: count, pad and
 // map the rows per expert, two grouped GEMMs reading h through the map (gate|up with the SwiGLU fused, then down;
 // F32 activations split hi + lo onto the tensor cores), combine in j order. Expert ids outside [0, E) make the
-// token's output NaN.
+// token's output NaN. `deltas` (moe_lora): workspace.row_slot must be set.
 cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream);
+                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream,
+                const ExpertDeltas* deltas = nullptr);
 // The same for few tokens, bound by reading the routed experts' weights: one block per (routed expert, slice of
 // output rows) streams each weight row once and dots it with the F32 activations of all the expert's tokens
 // (no tensor cores, no rounding), then a combine in j order (one token with top_k <= 8: fused into the down pass,
@@ -64,7 +92,7 @@ constexpr int32_t kMaxStreamingAssignments = 2048;
 bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t intermediate);
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                           const ExpertPointers& experts, float* activated, float* expert_out, float* out,
-                          cudaStream_t stream, bool row_invariant = false);
+                          cudaStream_t stream, bool row_invariant = false, const ExpertDeltas* deltas = nullptr);
 // out[t] = sum over j in order of expert_out[t * top_k + j] (the routing weights already applied); NaN for a token
 // with an expert id outside [0, experts).
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,
@@ -102,6 +130,6 @@ cudaError_t moe_group_slots(const int32_t* ids, int64_t assignments, int32_t exp
                             int64_t max_tiles, int32_t* grouped, int32_t* tiles, cudaStream_t stream);
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
-                    float* out, cudaStream_t stream);
+                    float* out, cudaStream_t stream, const ExpertDeltas* deltas = nullptr);
 
 }  // namespace beamline::cuda

@@ -153,13 +153,14 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* ids, 
 // and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored as the down GEMM's
 // operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
 // in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
-// of one (row, token) meet in one thread.
+// of one (row, token) meet in one thread. `delta` (ExpertDeltas, null for none): gate|up adds delta[slot, row] and
+// delta[slot, m + row] to the gate and up sums before the SwiGLU, down adds delta[slot, row] before the weight.
 template <bool kGateUp, int kTokens, bool kSplit>
 __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeline<kTokens, kSplit>::kBlocksPerSm))
     expert_gemm_kernel(const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo, const int32_t* grouped,
                        const Tile* tiles, int32_t top_k, const void* const* first_table,
-                       const void* const* second_table, const float* weights, int64_t m, int64_t k,
-                       SplitOutput split_out, float* out) {
+                       const void* const* second_table, const float* weights, const float* delta, int64_t m,
+                       int64_t k, SplitOutput split_out, float* out) {
   constexpr int kColumnGroups = kTokens / 8;
   using Stages = Pipeline<kTokens, kSplit>;
   constexpr int kWarps = Stages::kWarps, kThreads = Stages::kThreads, kSubTileRows = Stages::kSubTileRows;
@@ -300,7 +301,12 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
       if constexpr (kGateUp) {
         const int64_t row = row0 + row_in_sub;
         if (row >= m) continue;
-        const float value = silu(accumulator[0][g][i]) * accumulator[1][g][i];
+        float gate = accumulator[0][g][i], up = accumulator[1][g][i];
+        if (delta != nullptr) {
+          gate += delta[2 * slot * m + row];
+          up += delta[(2 * slot + 1) * m + row];
+        }
+        const float value = silu(gate) * up;
         const __nv_bfloat16 high = __float2bfloat16_rn(value);
         split_out.hi[slot * m + row] = high;
         if constexpr (kSplit)
@@ -310,7 +316,9 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
 #pragma unroll
         for (int sub = 0; sub < 2; ++sub) {
           const int64_t row = sub_row0[sub] + row_in_sub;
-          if (row < m) out[slot * m + row] = weight * accumulator[sub][g][i];
+          if (row < m)
+            out[slot * m + row] = weight * (delta != nullptr ? accumulator[sub][g][i] + delta[slot * m + row]
+                                                             : accumulator[sub][g][i]);
         }
       }
     }
@@ -418,15 +426,16 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[32], uint64_t a, uint64_t 
 
 // One (tile, row block) of an expert GEMM as expert_gemm_kernel<kGateUp, kTokens, false> computes it, on wgmma:
 // X = one BF16 row per token, C stored as the down GEMM's BF16 operand (gate|up) or as the weighted F32 expert output
-// (down). `first_maps` / `second_maps`: the tensor maps of every expert's gate and up matrices, or its down matrix
-// twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed tiles x `row_blocks` row blocks
-// each, the row block fastest.
+// (down), `delta` added as there. `first_maps` / `second_maps`: the tensor maps of every expert's gate and up
+// matrices, or its down matrix twice (sub-tile 1 then covers the block's second kRows rows). The grid is the listed
+// tiles x `row_blocks` row blocks each, the row block fastest.
 template <bool kGateUp, int kChunkTokens, int kChunks, int kConsumers>
 __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kThreads),
                                   (WgmmaTiling<kChunkTokens, kChunks, kConsumers>::kBlocksPerSm))
     expert_wgmma_kernel(const __nv_bfloat16* x, const int32_t* grouped, const Tile* tiles, int32_t top_k,
                         const unsigned char* first_maps, const unsigned char* second_maps, const float* weights,
-                        int64_t m, int64_t k, unsigned int row_blocks, __nv_bfloat16* activated, float* out) {
+                        const float* delta, int64_t m, int64_t k, unsigned int row_blocks, __nv_bfloat16* activated,
+                        float* out) {
   using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens, kStageCount = Tiling::kStages, kStageBytes = Tiling::kStageBytes;
   constexpr int kThreads = Tiling::kThreads, kRows = Tiling::kRows, kSubTileBytes = Tiling::kSubTileBytes;
@@ -574,14 +583,21 @@ __global__ void __launch_bounds__((WgmmaTiling<kChunkTokens, kChunks, kConsumers
       const int row_in_sub = warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0);  // warp = group * 4 + warp in group
       if constexpr (kGateUp) {
         const int64_t row = row0 + row_in_sub;
-        if (row < m)
-          activated[slot * m + row] = __float2bfloat16_rn(silu(accumulator[0][c][i]) * accumulator[1][c][i]);
+        if (row >= m) continue;
+        float gate = accumulator[0][c][i], up = accumulator[1][c][i];
+        if (delta != nullptr) {
+          gate += delta[2 * slot * m + row];
+          up += delta[(2 * slot + 1) * m + row];
+        }
+        activated[slot * m + row] = __float2bfloat16_rn(silu(gate) * up);
       } else {
         const float weight = weights[slot];
 #pragma unroll
         for (int sub = 0; sub < 2; ++sub) {
           const int64_t row = sub_row0[sub] + row_in_sub;
-          if (row < m) out[slot * m + row] = weight * accumulator[sub][c][i];
+          if (row < m)
+            out[slot * m + row] = weight * (delta != nullptr ? accumulator[sub][c][i] + delta[slot * m + row]
+                                                             : accumulator[sub][c][i]);
         }
       }
     }
@@ -609,7 +625,8 @@ cudaError_t allow_large_shared_memory() {
 
 template <int kTokens, bool kSplit>
 cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
-                        const ExpertPointers& experts, const MoeMmaWorkspace& workspace, cudaStream_t stream) {
+                        const ExpertPointers& experts, const MoeMmaWorkspace& workspace, const ExpertDeltas* deltas,
+                        cudaStream_t stream) {
   using Stages = Pipeline<kTokens, kSplit>;
   static const cudaError_t configured = allow_large_shared_memory<kTokens, kSplit>();
   if (configured != cudaSuccess) return configured;
@@ -624,13 +641,15 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
   const dim3 up_grid(tile_count, blocks_for(experts.intermediate, Stages::kSubTileRows));
   expert_gemm_kernel<true, kTokens, kSplit><<<up_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
       static_cast<const __nv_bfloat16*>(workspace.h_hi), static_cast<const __nv_bfloat16*>(workspace.h_lo),
-      workspace.grouped, tiles, top_k, experts.gate, experts.up, weights, experts.intermediate, experts.hidden,
-      SplitOutput{activated_hi, activated_lo}, nullptr);
+      workspace.grouped, tiles, top_k, experts.gate, experts.up, weights, gate_up_delta(deltas), experts.intermediate,
+      experts.hidden, SplitOutput{activated_hi, activated_lo}, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  const SwigluRows swiglu{nullptr, activated_hi, kSplit ? activated_lo : nullptr};
+  if (cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
   const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Stages::kSubTileRows));
   expert_gemm_kernel<false, kTokens, kSplit><<<down_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
       activated_hi, activated_lo, workspace.grouped, tiles, top_k, experts.down, experts.down, weights,
-      experts.hidden, experts.intermediate, SplitOutput{}, workspace.expert_out);
+      down_delta(deltas), experts.hidden, experts.intermediate, SplitOutput{}, workspace.expert_out);
   return cudaGetLastError();
 }
 
@@ -649,7 +668,8 @@ cudaError_t allow_wgmma_shared_memory() {
 
 template <int kChunkTokens, int kChunks, int kConsumers>
 cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
-                              const ExpertPointers& experts, const MoeMmaWorkspace& workspace, cudaStream_t stream) {
+                              const ExpertPointers& experts, const MoeMmaWorkspace& workspace,
+                              const ExpertDeltas* deltas, cudaStream_t stream) {
   using Tiling = WgmmaTiling<kChunkTokens, kChunks, kConsumers>;
   constexpr int kTokens = Tiling::kTokens;
   static const cudaError_t configured = allow_wgmma_shared_memory<kChunkTokens, kChunks, kConsumers>();
@@ -668,13 +688,15 @@ cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t 
   expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>
       <<<static_cast<unsigned int>(max_tiles * up_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps,
-          maps + matrix_maps, weights, experts.intermediate, experts.hidden, static_cast<unsigned int>(up_rows),
-          activated, nullptr);
+          maps + matrix_maps, weights, gate_up_delta(deltas), experts.intermediate, experts.hidden,
+          static_cast<unsigned int>(up_rows), activated, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  if (cudaError_t status = compute_down_delta(deltas, SwigluRows{nullptr, activated}); status != cudaSuccess)
+    return status;
   expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>
       <<<static_cast<unsigned int>(max_tiles * down_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
-          experts.hidden, experts.intermediate, static_cast<unsigned int>(down_rows), nullptr,
+          down_delta(deltas), experts.hidden, experts.intermediate, static_cast<unsigned int>(down_rows), nullptr,
           workspace.expert_out);
   return cudaGetLastError();
 }
@@ -740,7 +762,7 @@ int64_t moe_mma_max_tiles(int64_t assignments, int32_t experts) {
 
 cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                     const ExpertPointers& experts, OperandPrecision precision, const MoeMmaWorkspace& workspace,
-                    float* out, cudaStream_t stream) {
+                    float* out, cudaStream_t stream, const ExpertDeltas* deltas) {
   if (rows == 0) return cudaSuccess;
   const int64_t assignments = rows * top_k;
   if (!moe_mma_supported(experts.dtype, experts.experts, experts.hidden, experts.intermediate) ||
@@ -761,14 +783,14 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
   const cudaError_t status =
       !split && experts.tensor_maps != nullptr
           ? (slots_per_expert <= kFewSlotsPerExpert
-                 ? run_experts_wgmma<16, 4, 1>(ids, weights, assignments, top_k, experts, workspace, stream)
+                 ? run_experts_wgmma<16, 4, 1>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
              : slots_per_expert <= kSharedTokensSlotsPerExpert
-                 ? run_experts_wgmma<16, 4, 2>(ids, weights, assignments, top_k, experts, workspace, stream)
-                 : run_experts_wgmma<64, 2, 1>(ids, weights, assignments, top_k, experts, workspace, stream))
-      : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, stream)
-                     : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, stream))
-              : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, stream)
-                     : run_experts<kLargeTile, false>(ids, weights, assignments, top_k, experts, workspace, stream));
+                 ? run_experts_wgmma<16, 4, 2>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
+                 : run_experts_wgmma<64, 2, 1>(ids, weights, assignments, top_k, experts, workspace, deltas, stream))
+      : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
+                     : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, deltas, stream))
+              : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
+                     : run_experts<kLargeTile, false>(ids, weights, assignments, top_k, experts, workspace, deltas, stream));
   if (status != cudaSuccess) return status;
   return moe_combine(workspace.expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
 }

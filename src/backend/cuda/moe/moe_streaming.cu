@@ -48,11 +48,13 @@ __device__ int32_t claim_expert(const int32_t* ids, int32_t assignments, int32_t
   return count;
 }
 
-// activated[slot, i] = silu(gate_e[i] · h[token]) * (up_e[i] · h[token]) for every slot routed to expert e.
+// activated[slot, i] = silu(gate_e[i] · h[token]) * (up_e[i] · h[token]) for every slot routed to expert e, with
+// delta[slot] (ExpertDeltas::gate_up, null for none) added to both pre-activations first.
 template <typename W, int kTokens>
 __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h, const int32_t* ids,
                                                                  int32_t assignments, int32_t top_k,
-                                                                 ExpertPointers experts, float* activated) {
+                                                                 ExpertPointers experts, const float* delta,
+                                                                 float* activated) {
   __shared__ int32_t slots[kMaxStreamingAssignments];
   int32_t expert = 0;
   const int32_t count = claim_expert(ids, assignments, experts.experts, slots, expert);
@@ -82,17 +84,26 @@ __global__ void __launch_bounds__(kStreamThreads) gate_up_kernel(const float* h,
     }
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
-      const float g = warp_sum(gate_sum[t]), u = warp_sum(up_sum[t]);
-      if (lane == 0 && t < tokens) activated[int64_t{slots[first + t]} * experts.intermediate + row] = silu(g) * u;
+      float g = warp_sum(gate_sum[t]), u = warp_sum(up_sum[t]);
+      if (lane == 0 && t < tokens) {
+        const int64_t slot = slots[first + t];
+        if (delta != nullptr) {
+          g += delta[(2 * slot) * experts.intermediate + row];
+          u += delta[(2 * slot + 1) * experts.intermediate + row];
+        }
+        activated[slot * experts.intermediate + row] = silu(g) * u;
+      }
     }
   }
 }
 
-// expert_out[slot, n] = weight[slot] * (down_e[n] · activated[slot]) for every slot routed to expert e.
+// expert_out[slot, n] = weight[slot] * (down_e[n] · activated[slot] + delta[slot, n]) for every slot routed to
+// expert e (delta: ExpertDeltas::down, null for none).
 template <typename W, int kTokens>
 __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activated, const int32_t* ids,
                                                               const float* weights, int32_t assignments,
-                                                              ExpertPointers experts, float* expert_out) {
+                                                              ExpertPointers experts, const float* delta,
+                                                              float* expert_out) {
   __shared__ int32_t slots[kMaxStreamingAssignments];
   int32_t expert = 0;
   const int32_t count = claim_expert(ids, assignments, experts.experts, slots, expert);
@@ -115,17 +126,18 @@ __global__ void __launch_bounds__(kStreamThreads) down_kernel(const float* activ
     }
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
-      const float total = warp_sum(sum[t]);
+      float total = warp_sum(sum[t]);
       if (lane == 0 && t < tokens) {
         const int32_t slot = slots[first + t];
+        if (delta != nullptr) total += delta[int64_t{slot} * experts.hidden + row];
         expert_out[int64_t{slot} * experts.hidden + row] = weights[slot] * total;
       }
     }
   }
 }
 
-// One token, the combine fused: out[n] = sum over j in order of weight[j] * (down_{ids[j]}[n] · activated[j]), NaN
-// when an id is out of range. Each warp streams row n of all the token's experts, one 16-byte load of each in flight
+// One token, the combine fused: out[n] = sum over j in order of weight[j] * (down_{ids[j]}[n] · activated[j] +
+// delta[j, n]) (delta: ExpertDeltas::down, null for none), NaN when an id is out of range. Each warp streams row n of all the token's experts, one 16-byte load of each in flight
 // per lane and step, so the down projection keeps as many bytes in flight as gate|up although its rows are half as
 // long, and no expert_out round trip or combine launch follows. Small blocks held to 48 registers, so all of Beam's
 // 5120 rows are resident at once (20 blocks, 40 warps per SM) instead of a second, partly filled wave.
@@ -135,7 +147,7 @@ constexpr int kFusedDownBlocksPerSm = 20;
 template <typename W>
 __global__ void __launch_bounds__(kFusedDownWarps * 32, kFusedDownBlocksPerSm)
     down_combine_kernel(const float* activated, const int32_t* ids, const float* weights, int32_t top_k,
-                        ExpertPointers experts, float* out) {
+                        ExpertPointers experts, const float* delta, float* out) {
   const int64_t row = int64_t{blockIdx.x} * kFusedDownWarps + threadIdx.x / 32;
   if (row >= experts.hidden) return;
   const int lane = threadIdx.x % 32;
@@ -165,7 +177,8 @@ __global__ void __launch_bounds__(kFusedDownWarps * 32, kFusedDownBlocksPerSm)
   float total = 0.0f;
 #pragma unroll
   for (int j = 0; j < kFusedTopK; ++j) {
-    const float dot = warp_sum(sum[j]);
+    float dot = warp_sum(sum[j]);
+    if (delta != nullptr && j < top_k) dot += delta[j * experts.hidden + row];
     if (j < top_k) total += weights[j] * dot;
   }
   if (lane == 0) out[row] = valid ? total : __int_as_float(0x7fc00000);
@@ -205,7 +218,7 @@ bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t interm
 
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                           const ExpertPointers& experts, float* activated, float* expert_out, float* out,
-                          cudaStream_t stream, bool row_invariant) {
+                          cudaStream_t stream, bool row_invariant, const ExpertDeltas* deltas) {
   if (rows == 0) return cudaSuccess;
   if (!moe_streaming_supported(rows * top_k, experts.hidden, experts.intermediate)) return cudaErrorInvalidValue;
   const auto assignments = static_cast<int32_t>(rows * top_k);
@@ -217,25 +230,29 @@ cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weigh
     using W = decltype(tag);
     const dim3 up_grid(blocks_for(experts.intermediate, kStreamWarps), static_cast<unsigned int>(assignments));
     // The router names an expert once per token, so one token gives each expert one slot (more take more passes).
+    const float* gate_up = gate_up_delta(deltas);
     if (alone)
-      gate_up_kernel<W, 1><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts, activated);
+      gate_up_kernel<W, 1><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts, gate_up,
+                                                                   activated);
     else
       gate_up_kernel<W, kTokensPerPass><<<up_grid, kStreamThreads, 0, stream>>>(h, ids, assignments, top_k, experts,
-                                                                                activated);
+                                                                                gate_up, activated);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
+    if (status = compute_down_delta(deltas, SwigluRows{activated}); status != cudaSuccess) return;
+    const float* down = down_delta(deltas);
     if (alone && top_k <= kFusedTopK) {
       down_combine_kernel<W><<<blocks_for(experts.hidden, kFusedDownWarps), kFusedDownWarps * 32, 0, stream>>>(
-          activated, ids, weights, top_k, experts, out);
+          activated, ids, weights, top_k, experts, down, out);
       status = cudaGetLastError();
       return;
     }
     const dim3 down_grid(blocks_for(experts.hidden, kStreamWarps), static_cast<unsigned int>(assignments));
     if (alone)
       down_kernel<W, 1><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments, experts,
-                                                                  expert_out);
+                                                                  down, expert_out);
     else
       down_kernel<W, kTokensPerPass><<<down_grid, kStreamThreads, 0, stream>>>(activated, ids, weights, assignments,
-                                                                               experts, expert_out);
+                                                                               experts, down, expert_out);
     if (status = cudaGetLastError(); status != cudaSuccess) return;
     status = moe_combine(expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
   };
