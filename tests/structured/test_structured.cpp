@@ -394,6 +394,12 @@ TEST(TokenMask, LeavingTokensSureDeadOrWalkedNearACountedBound) {
   expect_masks_along(regex_grammar("[a-z]{0,20}[a-z]\\."), vocabulary, "", "a", 21);
   // `word` ends with its repetition, so what reads the rest is root's [a-z]*, past the returning rule.
   expect_masks_along(ebnf_grammar("root ::= word [a-z]* \".\"\nword ::= \"w\" [a-z]{0,20}"), vocabulary, "w", "a", 26);
+  // The same where the rule above takes only a dot in one context: the walk through the real stack refuses letters.
+  const Grammar contexts = ebnf_grammar("root ::= word [a-z] \".\" | \"v\" word \".\"\nword ::= \"w\" [a-z]{0,20}");
+  expect_masks_along(contexts, vocabulary, "vw", "a", 20);
+  expect_masks_along(contexts, vocabulary, "w", "a", 21);
+  // A repetition inside a counted repetition's body.
+  expect_masks_along(ebnf_grammar("root ::= (\"x\" [a-z]{0,20} [a-z] \";\"){1,20} \".\""), vocabulary, "x", "a", 21);
   // Twin repetitions returning to rules that take one letter or two after them.
   expect_masks_along(regex_grammar("y[a-z]{0,20}[a-z]\\.|z[a-z]{0,20}[a-z][a-z]\\."), vocabulary, "z", "a", 22);
   expect_masks_along(regex_grammar("y[a-z]{0,20}[a-z]\\.|z[a-z]{0,20}[a-z][a-z]\\."), vocabulary, "y", "a", 21);
