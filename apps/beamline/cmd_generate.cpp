@@ -57,10 +57,11 @@ struct GenerateOptions {
 // template's tool namespace) as the only recipients.
 std::shared_ptr<const CompiledGrammar> harmony_tools_grammar(const harmony::HarmonyTemplate& harmony_template,
                                                              const Tokenizer& tokenizer, const std::string& tools_json) {
-  nlohmann::json tools;
+  // ordered_json, as serve parses requests: a schema's `properties` order is the order the grammar holds members to.
+  nlohmann::ordered_json tools;
   try {
-    tools = nlohmann::json::parse(tools_json);
-  } catch (const nlohmann::json::exception& e) {
+    tools = nlohmann::ordered_json::parse(tools_json);
+  } catch (const nlohmann::ordered_json::exception& e) {
     throw Error(fmt::format("--harmony-tools: not JSON: {}", e.what()));
   }
   require(tools.is_array(), "--harmony-tools: a JSON array of {{\"name\", \"parameters\"}} objects, not {}", tools.dump());
@@ -69,7 +70,7 @@ std::shared_ptr<const CompiledGrammar> harmony_tools_grammar(const harmony::Harm
   spec.final_channel = harmony_template.final_channel;
   spec.tool_channel = harmony_template.tool_channel;
   spec.tool_namespace = harmony_template.tool_namespace;
-  for (const nlohmann::json& tool : tools) {
+  for (const nlohmann::ordered_json& tool : tools) {
     require(tool.is_object() && tool.contains("name") && tool["name"].is_string(),
             "--harmony-tools: each tool needs a string \"name\", got {}", tool.dump());
     HarmonyTool declared{spec.tool_namespace + "." + tool["name"].get<std::string>(), std::nullopt};
