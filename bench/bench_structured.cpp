@@ -10,7 +10,8 @@
 // --outputs=FILE too (bench_structured_scale's JSON lines) it also times the per-token mask over the set: up to 20
 // constrained outputs per schema that ended by the grammar, re-tokenized canonically by o200k and fed token by token
 // (a mask before each token and before the end), per schema and pooled over all schemas.
-// Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE [--outputs=FILE]]
+// --only=NAME,NAME,... restricts both to those schemas of the file.
+// Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE [--outputs=FILE] [--only=NAMES]]
 //        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
 #include <chrono>
@@ -192,8 +193,20 @@ void batch_step_masks(const std::string& device, const std::shared_ptr<const bea
               percentile(apply_us, 0.99), percentile(sample_us, 0.5));
 }
 
+// Is the schema named `name` among `only` (comma-separated names; empty: every schema)?
+bool selected(const std::string& only, const std::string& name) {
+  if (only.empty()) return true;
+  for (std::size_t begin = 0; begin <= only.size();) {
+    std::size_t end = only.find(',', begin);
+    if (end == std::string::npos) end = only.size();
+    if (only.compare(begin, end - begin, name) == 0) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
 // Compile CPU ms (median of 3) of each schema in `path`, alone (with eos) and as the only tool of a Harmony turn.
-void schema_file_compiles(const std::string& path, const std::shared_ptr<const beamline::Vocabulary>& plain,
+void schema_file_compiles(const std::string& path, const std::string& only, const std::shared_ptr<const beamline::Vocabulary>& plain,
                           const std::shared_ptr<const beamline::Vocabulary>& harmony, beamline::TokenId eos) {
   using namespace beamline;
   std::ifstream in(path);
@@ -210,6 +223,7 @@ void schema_file_compiles(const std::string& path, const std::shared_ptr<const b
   std::printf("\n| # | schema | compile CPU ms | states | in a Harmony turn: CPU ms | states |\n| --- | --- | --- | --- | --- | --- |\n");
   double worst = 0, worst_harmony = 0;
   for (std::size_t i = 0; i < schemas.size(); ++i) {
+    if (!selected(only, schemas[i]["name"].get<std::string>())) continue;
     const std::string schema = schemas[i]["schema"].dump();
     int32_t states = 0, harmony_states = 0;
     const double alone = median_cpu_ms([&] {
@@ -229,20 +243,23 @@ void schema_file_compiles(const std::string& path, const std::shared_ptr<const b
 }
 
 // Per-token mask times over the schema set: each schema's first (up to) 20 outputs that ended by the grammar, as
-// o200k tokens, through a matcher of the schema alone (eos `end`).
-void schema_file_masks(const std::string& schemas_path, const std::string& outputs_path, const beamline::Tokenizer& tokenizer,
+// o200k tokens, through a matcher of the schema alone (eos `end`). A schema none of whose outputs ended (a free `{}`
+// payload the random model never closes) is timed over its first 20 cut at max_tokens: prefixes the grammar accepts,
+// fed without the end.
+void schema_file_masks(const std::string& schemas_path, const std::string& outputs_path, const std::string& only,
+                       const beamline::Tokenizer& tokenizer,
                        const std::shared_ptr<const beamline::Vocabulary>& vocabulary, beamline::TokenId end) {
   using namespace beamline;
   constexpr int kPerSchema = 20;
   const nlohmann::json schemas = nlohmann::json::parse(std::ifstream(schemas_path));
-  std::vector<std::vector<std::string>> texts(schemas.size());
+  std::vector<std::vector<std::string>> texts(schemas.size()), cut(schemas.size());
   std::ifstream lines(outputs_path);
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json o = nlohmann::json::parse(line);
     const auto schema = o["schema"].get<std::size_t>();
     if (schema >= texts.size()) continue;  // a longer set's output
-    auto& list = texts[schema];
-    if (o["constrained"].get<bool>() && o["finish"] == "stop" && list.size() < kPerSchema) list.push_back(o["text"]);
+    auto& list = o["finish"] == "stop" ? texts[schema] : cut[schema];
+    if (o["constrained"].get<bool>() && list.size() < kPerSchema) list.push_back(o["text"]);
   }
   // Wall time per mask, and the thread's CPU time beside it (a loaded machine preempts some masks; the CPU clock's own
   // call costs ~0.3 µs, so its p50 is not the mask's).
@@ -251,12 +268,14 @@ void schema_file_masks(const std::string& schemas_path, const std::string& outpu
   std::vector<double> all, all_cpu;
   std::vector<uint32_t> mask(vocabulary->mask_words());
   for (std::size_t i = 0; i < schemas.size(); ++i) {
+    if (!selected(only, schemas[i]["name"].get<std::string>())) continue;
     const auto grammar = CompiledGrammar::compile(json_schema_grammar(schemas[i]["schema"].dump()), vocabulary, {end});
     std::vector<double> us, cpu_us;
-    for (const std::string& text : texts[i]) {
+    const bool ended = !texts[i].empty();
+    for (const std::string& text : ended ? texts[i] : cut[i]) {
       GrammarMatcher matcher(grammar);
       std::vector<TokenId> tokens = tokenizer.encode(text);
-      tokens.push_back(end);
+      if (ended) tokens.push_back(end);
       for (TokenId t : tokens) {
         const double cpu_start = thread_cpu_ms();
         const auto start = Clock::now();
@@ -264,7 +283,7 @@ void schema_file_masks(const std::string& schemas_path, const std::string& outpu
         us.push_back(micros_since(start));
         cpu_us.push_back((thread_cpu_ms() - cpu_start) * 1e3);
         require(((mask[t >> 5] >> (t & 31)) & 1) && matcher.accept_token(t),
-                "schema {} ({}): token {} of an output that ended by the grammar is refused", i,
+                "schema {} ({}): token {} of an output the grammar accepts is refused", i,
                 schemas[i]["name"].get<std::string>(), t);
       }
     }
@@ -274,8 +293,9 @@ void schema_file_masks(const std::string& schemas_path, const std::string& outpu
       std::printf("| %zu | %s | 0 | 0 | | | | | |\n", i, schemas[i]["name"].get<std::string>().c_str());
       continue;
     }
-    std::printf("| %zu | %s | %zu | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", i,
-                schemas[i]["name"].get<std::string>().c_str(), texts[i].size(), us.size(), percentile(us, 0.5),
+    std::printf("| %zu | %s | %zu%s | %zu | %.1f | %.1f | %.1f | %.1f | %.1f |\n", i,
+                schemas[i]["name"].get<std::string>().c_str(), ended ? texts[i].size() : cut[i].size(),
+                ended ? "" : " cut", us.size(), percentile(us, 0.5),
                 percentile(us, 0.99), percentile(us, 1.0), percentile(cpu_us, 0.99), percentile(cpu_us, 1.0));
   }
   if (!all.empty())
@@ -292,11 +312,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <o200k_base.tiktoken> [passes]\n", argv[0]);
     return 2;
   }
-  std::string schema_file, outputs_file;
+  std::string schema_file, outputs_file, only;
   for (; argc > 2; --argc) {
     const std::string last = argv[argc - 1];
     if (last.rfind("--schemas=", 0) == 0) schema_file = last.substr(10);
     else if (last.rfind("--outputs=", 0) == 0) outputs_file = last.substr(10);
+    else if (last.rfind("--only=", 0) == 0) only = last.substr(7);
     else break;
   }
   int passes = argc > 2 ? std::atoi(argv[2]) : 10;
@@ -372,8 +393,8 @@ int main(int argc, char** argv) {
                 compiled->uncertain_total(),
                 percentile(mask_us, 0.5), percentile(mask_us, 0.99), percentile(mask_us, 1.0), percentile(accept_us, 0.5));
   }
-  if (!schema_file.empty()) schema_file_compiles(schema_file, vocabulary, harmony, end);
-  if (!schema_file.empty() && !outputs_file.empty()) schema_file_masks(schema_file, outputs_file, *tokenizer, vocabulary, end);
+  if (!schema_file.empty()) schema_file_compiles(schema_file, only, vocabulary, harmony, end);
+  if (!schema_file.empty() && !outputs_file.empty()) schema_file_masks(schema_file, outputs_file, only, *tokenizer, vocabulary, end);
   if (!device.empty()) {
     const Case& turn = kCases[4];  // the Harmony tool-call turn
     batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),

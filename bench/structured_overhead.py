@@ -10,11 +10,16 @@ trained model mostly writes the same turns with or without the constraint; the t
 unconstrained server's, since a different output is a different amount of work. Pure Python 3.
 
   python3 bench/structured_overhead.py build/apps/beamline/beamline [--batches 1,16] [--rounds 5] [--max-tokens 160]
+      [--configs off,on,on-no-jump-forward] [--serve-args "--device cuda --model DIR ..."]
+
+--serve-args go to every server (another device or model: bench/gpu_structured_batch64.sh runs it on the H200);
+--configs picks which of the three run (the first listed is the one the others are compared with).
 """
 import argparse
 import concurrent.futures
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -39,9 +44,12 @@ PROMPTS = [
     "Weather for Tokyo, please.", "Say hello.", "How warm is it in Lisbon in celsius?", "What time is it in Asia/Tokyo?",
     "Tell me a fun fact about octopuses.",
 ]
-CONFIGS = [("off (--no-harmony-constraint)", ["--no-harmony-constraint"]),
-           ("on (default)", []),
-           ("on, --no-jump-forward", ["--no-jump-forward"])]
+CONFIGS = {"off": ("off (--no-harmony-constraint)", ["--no-harmony-constraint"]),
+           "on": ("on (default)", []),
+           "on-no-jump-forward": ("on, --no-jump-forward", ["--no-jump-forward"])}
+
+
+MODEL = {}  # port -> the model name its server answers to
 
 
 def start(binary, extra):
@@ -77,8 +85,12 @@ def metric(port, name):
     return 0.0
 
 
+def served_model(port):
+    return json.loads(post(port, "/v1/models"))["data"][0]["id"]
+
+
 def chat(port, prompt, max_tokens):
-    body = {"model": "beam-nano", "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
+    body = {"model": MODEL[port], "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
             "temperature": 0, "max_tokens": max_tokens}
     reply = post(port, "/v1/chat/completions", body)
     message = reply["choices"][0]["message"]
@@ -100,9 +112,17 @@ def main():
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--serve-args", default="")
     args = parser.parse_args()
-    servers = [(name, *start(args.binary, extra)) for name, extra in CONFIGS]
+    unknown = [key for key in args.configs.split(",") if key not in CONFIGS]
+    if unknown:
+        sys.exit(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")
+    configs = [CONFIGS[key] for key in args.configs.split(",")]
+    servers = [(name, *start(args.binary, extra + shlex.split(args.serve_args))) for name, extra in configs]
     try:
+        for _, _, port in servers:
+            MODEL[port] = served_model(port)
         for _, _, port in servers:  # warm up: first requests compile the tool grammar (cached after)
             run_batch(port, 2, args.max_tokens)
         steps_before = {name: metric(port, "beamline:engine_steps_total") for name, _, port in servers}
@@ -122,13 +142,14 @@ def main():
             proc.terminate()
             proc.wait()
 
-    off = CONFIGS[0][0]
-    print("| structured outputs | batch | completion tokens | wall s (median) | tokens/s (median) | vs off | "
-          "outputs equal to off's | engine steps (all rounds) | forced tokens drafted / accepted |")
+    off = configs[0][0]
+    first = args.configs.split(",")[0]
+    print(f"| structured outputs | batch | completion tokens | wall s (median) | tokens/s (median) | vs {first} | "
+          f"outputs equal to {first}'s | engine steps (all rounds) | forced tokens drafted / accepted |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for batch in [int(b) for b in args.batches.split(",")]:
         base = statistics.median(t / s for s, t in results[(off, batch)])
-        for name, _ in CONFIGS:
+        for name, _ in configs:
             runs = results[(name, batch)]
             rate = statistics.median(t / s for s, t in runs)
             same = sum(a == b for a, b in zip(outputs[(name, batch)], outputs[(off, batch)]))

@@ -1,6 +1,8 @@
 // beamline generate: prefill a token sequence, then decode token by token through the KV cache; prints the ids.
 // With --speculative-config the sequence goes through the serving engine instead (one request), so that speculative
-// decoding runs as in `serve`, and the log reports how many draft tokens the target accepted.
+// decoding runs as in `serve`, and the log reports how many draft tokens the target accepted. So does it with
+// --harmony-tools, which holds the output to the Harmony template as `serve` holds a chat turn (the checkpoint's
+// harmony.json channels, the given tools the only recipients, each call's arguments to its `parameters` schema).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -9,9 +11,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "backend/registry.h"
@@ -19,11 +25,15 @@
 #include "engine/engine_config.h"
 #include "engine/engine.h"
 #include "engine/engine_core.h"
+#include "harmony/harmony_template.h"
 #include "model/beam_model.h"
 #include "model/weights.h"
 #include "model_options.h"
 #include "runner/beam_model_runner.h"
 #include "runner/sequence_runner.h"
+#include "structured/harmony_constraint.h"
+#include "structured/token_mask.h"
+#include "tokenizer/tokenizer.h"
 #include "token_list.h"
 #include "util/error.h"
 
@@ -40,7 +50,35 @@ struct GenerateOptions {
   uint64_t seed = 0;
   bool ignore_eos = false;
   SpeculativeConfig speculative;
+  std::optional<std::string> harmony_tools;  // a JSON array of {"name", "parameters"}: the Harmony constraint's tools
 };
+
+// The Harmony template constraint of `harmony_template` over the tokenizer, with `tools_json`'s tools (in the
+// template's tool namespace) as the only recipients.
+std::shared_ptr<const CompiledGrammar> harmony_tools_grammar(const harmony::HarmonyTemplate& harmony_template,
+                                                             const Tokenizer& tokenizer, const std::string& tools_json) {
+  // ordered_json, as serve parses requests: a schema's `properties` order is the order the grammar holds members to.
+  nlohmann::ordered_json tools;
+  try {
+    tools = nlohmann::ordered_json::parse(tools_json);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw Error(fmt::format("--harmony-tools: not JSON: {}", e.what()));
+  }
+  require(tools.is_array(), "--harmony-tools: a JSON array of {{\"name\", \"parameters\"}} objects, not {}", tools.dump());
+  HarmonyConstraintSpec spec;
+  spec.reasoning_channel = harmony_template.reasoning_channel;
+  spec.final_channel = harmony_template.final_channel;
+  spec.tool_channel = harmony_template.tool_channel;
+  spec.tool_namespace = harmony_template.tool_namespace;
+  for (const nlohmann::ordered_json& tool : tools) {
+    require(tool.is_object() && tool.contains("name") && tool["name"].is_string(),
+            "--harmony-tools: each tool needs a string \"name\", got {}", tool.dump());
+    HarmonyTool declared{spec.tool_namespace + "." + tool["name"].get<std::string>(), std::nullopt};
+    if (tool.contains("parameters") && !tool["parameters"].is_null()) declared.parameters = tool["parameters"].dump();
+    spec.tools.push_back(std::move(declared));
+  }
+  return CompiledGrammar::compile(harmony_grammar(spec), harmony_vocabulary(tokenizer), {});
+}
 
 // Greedy (lowest index among equal maxima) at temperature 0; else nucleus sampling over softmax(logits / T).
 int32_t sample(std::span<const float> logits, double temperature, double top_p, std::mt19937_64& rng) {
@@ -92,6 +130,12 @@ void generate_with_engine(const GenerateOptions& options, const BeamWeights& wei
   request.sampling.seed = options.seed;
   request.sampling.max_tokens = static_cast<int32_t>(options.max_tokens);
   request.sampling.ignore_eos = options.ignore_eos;
+  if (options.harmony_tools) {  // ends at the template's stop tokens, as a served chat turn
+    const auto tokenizer = Tokenizer::from_tokenizer_json(std::filesystem::path(options.source.model) / "tokenizer.json");
+    const auto harmony_template = harmony::HarmonyTemplate::for_model(options.source.model);
+    request.grammar = harmony_tools_grammar(harmony_template, *tokenizer, *options.harmony_tools);
+    request.sampling.stop_token_ids = harmony_template.stop_token_ids(*tokenizer);
+  }
   auto stream = std::make_shared<OutputStream>(request.request_id);
   const auto start = std::chrono::steady_clock::now();
   core.add_request(std::move(request), stream);
@@ -122,7 +166,7 @@ void run_generate(const GenerateOptions& options) {
   const BeamWeights weights = options.source.load();
   const ModelConfig& config = weights.config;
   const std::vector<int32_t> prompt = parse_token_list(options.tokens, config.vocab_size, "--tokens");
-  if (options.speculative.enabled()) return generate_with_engine(options, weights, prompt);
+  if (options.speculative.enabled() || options.harmony_tools) return generate_with_engine(options, weights, prompt);
   std::unique_ptr<Backend> backend = create_backend(options.device);
   backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
   BeamModel model(weights, *backend);
@@ -172,6 +216,13 @@ const CommandRegistration registration([](CLI::App& app) {
           [options](const std::string& text) { options->speculative = parse_speculative_config(text); },
           "Speculative decoding as in `serve` (vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": "
           "4}'): the sequence runs through the engine, whose sampler this uses, and the log reports acceptance")
+      ->type_name("JSON");
+  command
+      ->add_option_function<std::string>(
+          "--harmony-tools", [options](const std::string& text) { options->harmony_tools = text; },
+          "Hold the output to the Harmony template as serve holds a chat turn, these tools (a JSON array of "
+          "{\"name\", \"parameters\"}, e.g. '[]') the only recipients, each call's arguments to its schema; the "
+          "sequence runs through the engine")
       ->type_name("JSON");
   command->callback([options] { run_generate(*options); });
 });

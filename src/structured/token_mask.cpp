@@ -1,6 +1,7 @@
 #include "structured/token_mask.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <numeric>
 #include <unordered_map>
@@ -267,6 +268,18 @@ void CompiledGrammar::classify_tokens() {
     key += tables_.count_bounds[rule].second >= 0 ? 'b' : 'u';  // only a bounded rule keeps its tokens' needs
     twin[rule] = first_with_key.try_emplace(std::move(key), rule).first->second;
   }
+  // Where each class of twins returns to: the states after its calls, in uncounted rules (their count is unknown to the
+  // classification); a class that the root is in, or that returns into a counted rule, gets no list (kUnknownReturns).
+  std::vector<std::vector<int32_t>> returns(twin.size());
+  std::vector<uint8_t> unknown_returns(twin.size(), 0);
+  if (tables_.root_start >= 0) unknown_returns[twin[tables_.rule_of[tables_.root_start]]] = 1;
+  for (const auto& [callee, ret] : tables_.calls) {
+    const RuleId rule = twin[tables_.rule_of[callee]];
+    if (tables_.counted(ret)) unknown_returns[rule] = 1;
+    else if (std::find(returns[rule].begin(), returns[rule].end(), ret) == returns[rule].end()) returns[rule].push_back(ret);
+  }
+  for (RuleId rule = 0; rule < static_cast<RuleId>(twin.size()); ++rule)
+    if (unknown_returns[rule]) returns[rule].clear();
   std::vector<int32_t> config_at_depth;
   std::vector<std::pair<int32_t, int32_t>> accepted;
   for (int32_t state = 0; state < tables_.num_states; ++state) {
@@ -313,7 +326,8 @@ void CompiledGrammar::classify_tokens() {
       ++n;
     }
     store_accepted(accepted, *out);
-    if (tables_.counted(state) && tables_.count_bounds[rule].second >= 0) store_needs(state, accepted, space, *out);
+    if (tables_.counted(state) && tables_.count_bounds[rule].second >= 0)
+      store_needs(state, accepted, returns[rule], space, *out);
     state_tokens_[state] = std::move(out);
   }
 }
@@ -344,13 +358,46 @@ void CompiledGrammar::store_accepted(const std::vector<std::pair<int32_t, int32_
   }
 }
 
+namespace {
+
+// (need, k, index in byte order) sorted by need, then k, byte order kept within each: two stable counting sorts (needs
+// and k are small integers, k <= need <= largest).
+void store_leaving(const std::vector<std::array<int32_t, 3>>& entries, int32_t largest,
+                   CompiledGrammar::StateTokens::LeavingTokens& out) {
+  std::vector<std::array<int32_t, 3>> by_k(entries.size());
+  std::vector<int32_t> next(static_cast<size_t>(largest) + 2, 0);
+  for (const auto& e : entries) ++next[e[1] + 1];
+  for (size_t k = 1; k < next.size(); ++k) next[k] += next[k - 1];
+  for (const auto& e : entries) by_k[next[e[1]]++] = e;
+  out.begin.assign(static_cast<size_t>(largest) + 2, 0);
+  for (const auto& e : by_k) ++out.begin[e[0] + 1];
+  for (size_t k = 1; k < out.begin.size(); ++k) out.begin[k] += out.begin[k - 1];
+  out.index.resize(entries.size());
+  out.k.resize(entries.size());
+  next.assign(out.begin.begin(), out.begin.end() - 1);
+  for (const auto& e : by_k) {
+    out.index[next[e[0]]] = e[2];
+    out.k[next[e[0]]++] = e[1];
+  }
+}
+
+}  // namespace
+
+std::span<const int32_t> CompiledGrammar::StateTokens::LeavingTokens::within(int32_t need, int32_t budget) const {
+  if (need < 0 || static_cast<size_t>(need) + 1 >= begin.size()) return {};
+  const auto first = k.begin() + begin[need], last = k.begin() + begin[need + 1];
+  return std::span<const int32_t>(index).subspan(begin[need], std::upper_bound(first, last, budget) - first);
+}
+
 // Walks the trie in preorder through the subtrees that hold accepted tokens (one step per trie node, shared by the
 // tokens below it), noting each accepted token's need. A call-free rule is walked through its automaton: (state,
 // counts so far) per depth; a rule that calls others (a repetition of `, item`) through the configurations from its
 // state with the count tallied, and a token's need is the least over the stacks it leaves of the frame's tally plus
-// shortest[] of the frame's state.
+// shortest[] of the frame's state. The paths that leave a call-free frame are followed beside it: per depth, each
+// leaving point's k and the configuration its rest reaches from each state in `returns` (empty: where the frame returns
+// is not known here, and every leaving path is walked at run time).
 void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges,
-                                  ConfigurationSpace& space, StateTokens& out) const {
+                                  const std::vector<int32_t>& returns, ConfigurationSpace& space, StateTokens& out) const {
   const Vocabulary& v = *vocabulary_;
   const RuleId rule = tables_.rule_of[state];
   bool calls = false;
@@ -365,13 +412,31 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
     require(need != INT32_MAX, "grammar: an accepted token leaves no stack in a counted rule's frame");
     return need;
   };
-  // Per depth: call-free, (automaton state, counts so far) and whether a path may have left the frame (ended it where
-  // the next byte can follow the rule); with calls, (configuration, 0), whose popped flag says the latter.
+  // Per depth: call-free, (automaton state, counts so far); with calls, (configuration, 0), whose popped flag says
+  // whether a path may have left the frame (ended it where the next byte can follow the rule).
   std::vector<std::pair<int32_t, int32_t>> path = {{calls ? space.start(state, kSentinelParent, tallied(0)) : state, 0}};
-  std::vector<uint8_t> left = {0};
+  std::vector<uint8_t> popped = {0};
+  // Call-free, per depth: the leaving points still alive, `width` entries each: k, then one configuration per return
+  // state. Points with the same configurations keep the least k; a point whose rest died in every returning rule goes.
+  const size_t width = 1 + returns.size();
+  std::vector<std::vector<int32_t>> leaves(1);
+  std::vector<int32_t> starts, stepped(returns.size());
+  for (int32_t r : returns) starts.push_back(space.start(r, kSentinelParent));
+  auto add_leave = [&](std::vector<int32_t>& to, int32_t k) {
+    bool alive = returns.empty();
+    for (int32_t c : stepped) alive = alive || space.at(c).alive_within_frame() || space.at(c).popped;
+    if (!alive) return;
+    for (size_t at = 0; at < to.size(); at += width)
+      if (std::equal(stepped.begin(), stepped.end(), to.begin() + static_cast<std::ptrdiff_t>(at) + 1)) {
+        to[at] = std::min(to[at], k);
+        return;
+      }
+    to.push_back(k);
+    to.insert(to.end(), stepped.begin(), stepped.end());
+  };
   const ByteSet& follow = tables_.follow[rule];
   std::vector<std::pair<int32_t, TokenId>> needs;
-  std::vector<std::pair<int32_t, int32_t>> leaving;  // (need, index in byte order)
+  std::vector<std::array<int32_t, 3>> sure, walk;  // (need, k, index in byte order)
   size_t r = 0;  // the first range that does not end before the current node's tokens
   for (int32_t n = 0; n < v.num_nodes();) {
     const int32_t first = v.first_token(n), after = v.first_token(v.subtree_end(n));
@@ -382,24 +447,50 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
       continue;
     }
     const int32_t depth = v.node_depth(n);
+    const uint8_t byte = v.node_byte(n);
     const auto [at, counts] = path[depth - 1];
     path.resize(depth);
-    left.resize(depth);
+    popped.resize(depth);
     if (calls) {
-      path.emplace_back(space.step(at, v.node_byte(n)), 0);
-      left.push_back(space.at(path.back().first).popped);
+      path.emplace_back(space.step(at, byte), 0);
+      popped.push_back(space.at(path.back().first).popped);
     } else {
-      const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + v.node_byte(n)];
+      const int32_t to = tables_.next[static_cast<size_t>(at) * 256 + byte];
       require(to >= 0, "grammar: an accepted token leaves a counted rule's automaton");
       path.emplace_back(to, counts + tables_.counting[at]);
-      left.push_back(left.back() || (tables_.accepting[at] && follow.contains(v.node_byte(n))));
+      if (leaves.size() <= static_cast<size_t>(depth)) leaves.resize(depth + 1);
+      const std::vector<int32_t>& before = leaves[depth - 1];
+      std::vector<int32_t>& here = leaves[depth];
+      here.clear();
+      for (size_t p = 0; p < before.size(); p += width) {
+        for (size_t i = 0; i < returns.size(); ++i) stepped[i] = space.step(before[p + 1 + i], byte);
+        add_leave(here, before[p]);
+      }
+      if (tables_.accepting[at] && follow.contains(byte)) {  // the frame may end here, the byte read after it
+        for (size_t i = 0; i < returns.size(); ++i) stepped[i] = space.step(starts[i], byte);
+        add_leave(here, counts);
+      }
     }
     for (int32_t i = first; i < first + v.own_tokens(n); ++i) {
       while (r < ranges.size() && ranges[r].second <= i) ++r;
       if (r == ranges.size() || i < ranges[r].first) continue;
       const auto [to, to_counts] = path.back();
-      needs.emplace_back(calls ? need_of_stacks(to) : to_counts + tables_.shortest[to], v.sorted(i));
-      if (left.back()) leaving.emplace_back(needs.back().first, i);
+      const int32_t need = calls ? need_of_stacks(to) : to_counts + tables_.shortest[to];
+      needs.emplace_back(need, v.sorted(i));
+      if (calls) {
+        if (popped.back()) walk.push_back({need, 0, i});
+        continue;
+      }
+      int32_t sure_k = INT32_MAX, walk_k = INT32_MAX;
+      const std::vector<int32_t>& here = leaves[depth];
+      for (size_t p = 0; p < here.size(); p += width) {
+        bool all_alive = !returns.empty();
+        for (size_t j = 0; j < returns.size(); ++j) all_alive = all_alive && space.at(here[p + 1 + j]).alive_within_frame();
+        int32_t& k = all_alive ? sure_k : walk_k;
+        k = std::min(k, here[p]);
+      }
+      if (sure_k != INT32_MAX) sure.push_back({need, sure_k, i});
+      if (walk_k < sure_k) walk.push_back({need, walk_k, i});
     }
     ++n;
   }
@@ -412,13 +503,8 @@ void CompiledGrammar::store_needs(int32_t state, const std::vector<std::pair<int
   out.by_need.resize(needs.size());
   std::vector<int32_t> next(out.need_begin.begin(), out.need_begin.end() - 1);
   for (const auto& [need, token] : needs) out.by_need[next[need]++] = token;
-  // The same counting sort for the leaving tokens, stable, so each need's tokens stay in byte order.
-  out.leaving_begin.assign(static_cast<size_t>(largest) + 2, 0);
-  for (const auto& [need, index] : leaving) ++out.leaving_begin[need + 1];
-  for (size_t k = 1; k < out.leaving_begin.size(); ++k) out.leaving_begin[k] += out.leaving_begin[k - 1];
-  out.leaving.resize(leaving.size());
-  next.assign(out.leaving_begin.begin(), out.leaving_begin.end() - 1);
-  for (const auto& [need, index] : leaving) out.leaving[next[need]++] = index;
+  store_leaving(sure, largest, out.sure);
+  store_leaving(walk, largest, out.walk);
 }
 
 // Near its bound, a counted frame allows the tokens of small need: set the few that are, or copy the whole set and
@@ -553,23 +639,28 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
     if (std::find(tops.begin(), tops.end(), std::pair{state, budget}) == tops.end()) tops.emplace_back(state, budget);
   }
   for (auto [state, budget] : tops) grammar_->add_accepted(state, budget, mask, scratch_);
-  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget; so are a
-  // counted state's accepted tokens that may leave the frame, once a budget has filtered its accepted ones.
+  // Uncertain tokens are walked through the real configuration, so one walk per state covers every budget. A counted
+  // frame's accepted tokens over its budget are still allowed where they may leave the frame within it (its count at
+  // least the rule's minimum once they leave): the sure ones are set, the others walked, as are the sure ones while
+  // the count is below the minimum (k more counts may not reach it).
   for (size_t i = 0; i < tops.size(); ++i) {
+    const auto [state, budget] = tops[i];
     bool walked = false;
-    for (size_t j = 0; j < i && !walked; ++j) walked = tops[j].first == tops[i].first;
-    if (walked) continue;
-    const CompiledGrammar::StateTokens& tokens = grammar_->state_tokens(tops[i].first);
-    walk_uncertain(tokens.uncertain, config, mask);
-    if (tokens.leaving.empty()) continue;
-    int32_t budget = tops[i].second;  // the smallest of this state's budgets filters the most
-    for (size_t j = i + 1; j < tops.size(); ++j)
-      if (tops[j].first == tops[i].first) budget = std::min(budget, tops[j].second);
-    // Each need's tokens are in byte order, so each need over the budget is one prefix-sharing walk.
-    for (int32_t need = std::max(budget + 1, 0); need <= tokens.max_need(); ++need)
-      walk_uncertain(std::span<const int32_t>(tokens.leaving).subspan(tokens.leaving_begin[need],
-                                                                        tokens.leaving_begin[need + 1] - tokens.leaving_begin[need]),
-                     config, mask);
+    for (size_t j = 0; j < i && !walked; ++j) walked = tops[j].first == state;
+    const CompiledGrammar::StateTokens& tokens = grammar_->state_tokens(state);
+    if (!walked) walk_uncertain(tokens.uncertain, config, mask);
+    if (budget >= tokens.max_need()) continue;
+    const auto [min, max] = tables.count_bounds[tables.rule_of[state]];
+    const bool at_least_min = max - budget >= min;
+    for (int32_t need = std::max(budget + 1, 0); need <= tokens.max_need(); ++need) {
+      const std::span<const int32_t> sure = tokens.sure.within(need, budget);
+      if (at_least_min) {
+        for (int32_t index : sure) mask[v.sorted(index) >> 5] |= 1u << (v.sorted(index) & 31);
+      } else {
+        walk_uncertain(sure, config, mask);
+      }
+      walk_uncertain(tokens.walk.within(need, budget), config, mask);
+    }
   }
   // Not through `c`: walking the uncertain tokens may intern configurations, which moves them.
   if (space_.at(config).can_end)

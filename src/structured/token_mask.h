@@ -98,11 +98,21 @@ class CompiledGrammar {
     std::vector<int32_t> need_begin;     // by_need[need_begin[k]..] need k or more; the last entry is by_need.size()
     int32_t max_need() const { return static_cast<int32_t>(need_begin.size()) - 2; }
     // Accepted tokens (indices into the vocabulary's byte order) that may also leave the frame: `Ja` in email's label
-    // reads J in the counted repetition and may read a after it. Those whose need is over the budget are walked
-    // through the real stack like uncertain ones, so a token past the budget inside the frame but viable past its end
-    // is still allowed. By need, in byte order within a need: leaving[leaving_begin[k]..leaving_begin[k + 1]) need k.
-    std::vector<int32_t> leaving;
-    std::vector<int32_t> leaving_begin;
+    // reads J in the counted repetition and may read a after it. Over the budget inside the frame, such a token is
+    // still allowed when a path that leaves the frame after k counts fits: k within the budget, the frame's count at
+    // its minimum, and the bytes after it read by the rule the frame returns to. Each token is kept by its least such
+    // k, found at compile time by reading the rest of the token from every state the rule returns to (the stack below
+    // unknown): `sure` where the rest stays alive inside the returning rule from all of them (allowed without a walk),
+    // `walk` where it may depend on the stack below (walked through the real configuration); a rest that dies in every
+    // returning rule is no path. Byte order within a (need, k); LeavingTokens::group(n) are the tokens of need n.
+    struct LeavingTokens {
+      std::vector<int32_t> index;  // by need, then k
+      std::vector<int32_t> k;      // beside index
+      std::vector<int32_t> begin;  // need n: [begin[n], begin[n + 1]); empty when no token leaves
+      // The tokens of need `need` that may leave after at most `budget` counts.
+      std::span<const int32_t> within(int32_t need, int32_t budget) const;
+    };
+    LeavingTokens sure, walk;
   };
   const StateTokens& state_tokens(int32_t state) const { return *state_tokens_[state]; }
   size_t uncertain_total() const;
@@ -112,8 +122,8 @@ class CompiledGrammar {
  private:
   void classify_tokens();
   void store_accepted(const std::vector<std::pair<int32_t, int32_t>>& ranges, StateTokens& out) const;
-  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges, ConfigurationSpace& space,
-                   StateTokens& out) const;
+  void store_needs(int32_t state, const std::vector<std::pair<int32_t, int32_t>>& ranges,
+                   const std::vector<int32_t>& returns, ConfigurationSpace& space, StateTokens& out) const;
 
   PushdownTables tables_;
   std::shared_ptr<const Vocabulary> vocabulary_;

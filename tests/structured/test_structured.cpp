@@ -343,29 +343,68 @@ TEST(TokenMask, EqualsBruteForceNearCountedBounds) {
       "required":["a","b"],"additionalProperties":false})"), 40, 6);
 }
 
-// A token read inside a counted repetition that may also end it (`Ja` in email's label: J as the repetition's last
-// character and a after it) is allowed where its need is over the budget, since its path past the end fits: at every
-// label length the mask equals the brute-force verdict, tokens of two and three letters included.
-TEST(TokenMask, TokensLeavingACountedRepetitionNearItsBound) {
+// The vocabulary of the leaving-token tests: every single byte, runs of 2 to 24 letters a, and `pieces`.
+std::shared_ptr<const Vocabulary> leaving_vocabulary(std::initializer_list<const char*> pieces) {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
-  for (const char* piece : {"Ja", "aa", "aaa", "a.", "a-", "-a", "a.x", "aa.x"}) tokens.push_back(piece);
+  for (int length = 2; length <= 24; ++length) tokens.push_back(std::string(length, 'a'));
+  for (const char* piece : pieces) tokens.push_back(piece);
   tokens.push_back("<|end|>");
-  const auto vocabulary = Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
-  const TokenId stop = vocabulary->size() - 1;
-  const auto compiled = compile(regex_grammar("[A-Za-z]([A-Za-z-]{0,20}[A-Za-z])?\\.x"), vocabulary, {stop});
+  return Vocabulary::from_tokens(tokens, {static_cast<TokenId>(tokens.size() - 1)});
+}
+
+// After `prefix` and after each of `steps` more copies of `step`, every token's mask bit equals whether the matcher
+// takes it (the brute-force verdict).
+void expect_masks_along(const Grammar& grammar, const std::shared_ptr<const Vocabulary>& vocabulary,
+                        std::string_view prefix, std::string_view step, int steps) {
+  const auto compiled = compile(grammar, vocabulary, {vocabulary->size() - 1});
   std::vector<uint32_t> mask(vocabulary->mask_words());
   GrammarMatcher matcher(compiled);
-  for (int length = 1; length <= 22; ++length) {
-    ASSERT_TRUE(matcher.accept_bytes("a")) << length;
+  ASSERT_TRUE(prefix.empty() || matcher.accept_bytes(prefix));
+  for (int at = 0; at <= steps; ++at) {
+    if (at > 0) {
+      ASSERT_TRUE(matcher.accept_bytes(step)) << at;
+    }
     matcher.fill_next_token_mask(mask);
     for (TokenId t = 0; t < vocabulary->size(); ++t) {
       const bool bit = (mask[t >> 5] >> (t & 31)) & 1;
       const bool accepted = matcher.accept_token(t);
       if (accepted) matcher.rollback(1);
-      ASSERT_EQ(bit, accepted) << "token '" << vocabulary->bytes(t) << "' after " << length << " letters";
+      ASSERT_EQ(bit, accepted) << "token '" << vocabulary->bytes(t) << "' after '" << prefix << "' and " << at << " x '"
+                               << step << "'";
     }
   }
+}
+
+// A token read inside a counted repetition that may also end it (`Ja` in email's label: J as the repetition's last
+// character and a after it) is allowed where its need is over the budget, since its path past the end fits: at every
+// label length the mask equals the brute-force verdict, tokens of two and three letters included.
+TEST(TokenMask, TokensLeavingACountedRepetitionNearItsBound) {
+  const auto vocabulary = leaving_vocabulary({"Ja", "a.", "a-", "-a", "a.x", "aa.x"});
+  expect_masks_along(regex_grammar("[A-Za-z]([A-Za-z-]{0,20}[A-Za-z])?\\.x"), vocabulary, "", "a", 22);
+}
+
+// Where a leaving token's rest is settled at compile time and where it is not: the rest read by the rule the frame
+// returns to (sure: set without a walk; dead: dropped), by the rule above it (the frame's rule ends with the
+// repetition: walked through the real stack), by return states that disagree (two call sites of twin repetitions:
+// walked), and a frame still under its minimum (a leaving point with too few counts fails: walked).
+TEST(TokenMask, LeavingTokensSureDeadOrWalkedNearACountedBound) {
+  const auto vocabulary = leaving_vocabulary({"ab", "aab", "aaab", "ba", "aabaaaaaaaaa", "aaaaaaabaaaaa", "aa.", "aaa."});
+  // The rest after the repetition is one letter and a dot: longer rests die in the returning rule.
+  expect_masks_along(regex_grammar("[a-z]{0,20}[a-z]\\."), vocabulary, "", "a", 21);
+  // `word` ends with its repetition, so what reads the rest is root's [a-z]*, past the returning rule.
+  expect_masks_along(ebnf_grammar("root ::= word [a-z]* \".\"\nword ::= \"w\" [a-z]{0,20}"), vocabulary, "w", "a", 26);
+  // The same where the rule above takes only a dot in one context: the walk through the real stack refuses letters.
+  const Grammar contexts = ebnf_grammar("root ::= word [a-z] \".\" | \"v\" word \".\"\nword ::= \"w\" [a-z]{0,20}");
+  expect_masks_along(contexts, vocabulary, "vw", "a", 20);
+  expect_masks_along(contexts, vocabulary, "w", "a", 21);
+  // A repetition inside a counted repetition's body.
+  expect_masks_along(ebnf_grammar("root ::= (\"x\" [a-z]{0,20} [a-z] \";\"){1,20} \".\""), vocabulary, "x", "a", 21);
+  // Twin repetitions returning to rules that take one letter or two after them.
+  expect_masks_along(regex_grammar("y[a-z]{0,20}[a-z]\\.|z[a-z]{0,20}[a-z][a-z]\\."), vocabulary, "z", "a", 22);
+  expect_masks_along(regex_grammar("y[a-z]{0,20}[a-z]\\.|z[a-z]{0,20}[a-z][a-z]\\."), vocabulary, "y", "a", 21);
+  // Under the minimum of 17: `aab` + 9 letters after 10 letters may leave only before its b, at 12 counts, too few.
+  expect_masks_along(regex_grammar("[a-z]{17,20}b[a-z]*\\."), vocabulary, "", "a", 20);
 }
 
 TEST(TokenMask, EqualsBruteForceOnAnyJsonAndEbnf) {

@@ -14,7 +14,8 @@ sees, see tool_families.py). One JSON object a line:
               {"type": "tool_call", "tool": NAME, "parameters": JSON schema, "args": expected arguments}
               {"type": "final_number", "answer": "632"[, "remainder": "3"]}
               {"type": "final_contains", "strings": [...]}   (every string appears in the final message)
-            and every check lists "declared": the tool names the prompt declares.
+            and every check lists "declared": the tool names the prompt declares, and "tools": their names and
+            parameters (a constrained eval's tools).
 Held-out arithmetic operands are disjoint from training's (operand pairs whose hash is 0 mod 10).
 """
 import argparse
@@ -125,6 +126,10 @@ class Frame:
     def declared(self):
         return [t["name"] for t in self.tools]
 
+    def declared_tools(self):
+        """Name and parameters of each declared tool: what a constrained eval holds the model's calls to."""
+        return [{"name": t["name"], "parameters": t.get("parameters")} for t in self.tools]
+
     def start(self, rng, history=True):
         conv = Conversation()
         conv.prompt(render_system(self.identity, self.cutoff, self.date, self.effort, bool(self.tools)))
@@ -163,6 +168,7 @@ def single_turn(rng, frame, question, analysis, final, check, history=True):
     prompt = conv.text() + "<|start|>assistant"
     conv.assistant_turn([("analysis", analysis), ("final", final)])
     check["declared"] = frame.declared()
+    check["tools"] = frame.declared_tools()
     return conv, [{"prompt": prompt, "check": check}]
 
 
@@ -480,11 +486,11 @@ def task_tool(rng, split):
     prompt2 = conv.text() + "<|start|>assistant"
     conv.assistant_turn([("analysis", answer_analysis(frame, exchange.fields, exchange.field_text, exchange.keys)),
                          ("final", exchange.final)])
-    declared = frame.declared()
+    declared, tools = frame.declared(), frame.declared_tools()
     call_turn = {"prompt": prompt1, "check": {"type": "tool_call", "tool": tool.name, "parameters": tool.parameters,
-                                              "args": args, "declared": declared}}
+                                              "args": args, "declared": declared, "tools": tools}}
     answer_turn = {"prompt": prompt2, "check": {"type": "final_contains", "strings": exchange.mentions,
-                                                  "declared": declared}}
+                                                  "declared": declared, "tools": tools}}
     turns = ([] if resume else [call_turn]) + [answer_turn]
     kind = "tool"
     if family.follow and family.follow in tool.slots and rng.random() < 0.3:
@@ -521,11 +527,11 @@ def followup(rng, conv, frame, tool, split, values):
     conv.assistant_turn([("analysis", answer_analysis(frame, mentioned, {k: str(v) for k, v in field_values.items()},
                                                       keys)),
                          ("final", final)])
-    declared = frame.declared()
+    declared, tools = frame.declared(), frame.declared_tools()
     return [{"prompt": prompt1, "check": {"type": "tool_call", "tool": tool.name, "parameters": tool.parameters,
-                                          "args": args, "declared": declared}},
-            {"prompt": prompt2, "check": {"type": "final_contains",
-                                          "strings": [str(field_values[f]) for f in mentioned], "declared": declared}}]
+                                          "args": args, "declared": declared, "tools": tools}},
+            {"prompt": prompt2, "check": {"type": "final_contains", "strings": [str(field_values[f]) for f in mentioned],
+                                          "declared": declared, "tools": tools}}]
 
 
 def _roles_in_args(tool, conv):
