@@ -1,0 +1,250 @@
+// The fused tensor-parallel all-reduce + residual add + RMSNorm (Backend::all_reduce_add_rms_norm, issue 19) in both
+// modes. Test: N = 2, 3, 4, 8 ranks' partials as N buffers of one device, at Beam-1.0's shapes (H 5120, 1/16/64 rows)
+// and odd ones, with and without the next sub-layer's norm, against the CPU at the F32 tolerance; on the CUDA backend
+// also the cross-GPU handshake, each simulated rank's launch on its own stream meeting the others through
+// AllReduceSignal in device memory, three rounds (epochs 1-3): every rank's residual bit for bit rank 0's, and rank
+// 0's against the CPU. Perf (`perf all_reduce_norm`): the fused kernel on one GPU per rank count and row count next to
+// the unfused path's local part (a sum kernel, then add_rms_norm_then_norm), as CUDA graphs, each next to its byte
+// floor at 4.8 TB/s. Neither measures NVLink: the partials are local (bench/results/2026-12-03-arnorm.md).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "harness.h"
+#include "op_families.h"
+#include "perf.h"
+
+#ifdef BEAMLINE_HAVE_CUDA
+#include "backend/cuda/rows/all_reduce_norm.h"
+#endif
+
+namespace beamline::backend_ops {
+namespace {
+
+constexpr float kEps = 1e-6f;
+constexpr float kScale = 0.098f;  // a residual scale of Beam's order
+
+struct Case {
+  int32_t ranks;
+  int64_t rows, hidden;
+};
+
+// Each rank's partial of one case on both backends (the scale of an o_proj output split over `ranks`).
+std::vector<Harness::Pair> random_partials(Harness& harness, const Case& c) {
+  std::vector<Harness::Pair> partials;
+  for (int32_t r = 0; r < c.ranks; ++r)
+    partials.push_back(harness.f32(harness.inputs().uniform(c.rows * c.hidden, 2.0f), {c.rows, c.hidden}));
+  return partials;
+}
+
+std::vector<Tensor> device_side(const std::vector<Harness::Pair>& pairs) {
+  std::vector<Tensor> tensors;
+  for (const Harness::Pair& pair : pairs) tensors.push_back(pair.device);
+  return tensors;
+}
+
+std::vector<Tensor> reference_side(const std::vector<Harness::Pair>& pairs) {
+  std::vector<Tensor> tensors;
+  for (const Harness::Pair& pair : pairs) tensors.push_back(pair.reference);
+  return tensors;
+}
+
+void test_case(Harness& harness, const Case& c) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string shape = fmt::format("N {} T {} H {}", c.ranks, c.rows, c.hidden);
+  const std::vector<Harness::Pair> partials = random_partials(harness, c);
+  const std::vector<Tensor> device_partials = device_side(partials), reference_partials = reference_side(partials);
+  auto weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+  auto next_weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+  auto residual = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
+  Tensor none;
+  harness.device().all_reduce_add_rms_norm(device_partials, residual.device, weight.device, kEps, kScale, none, none);
+  harness.reference().all_reduce_add_rms_norm(reference_partials, residual.reference, weight.reference, kEps, kScale,
+                                               none, none);
+  harness.record("all_reduce_add_rms_norm", shape + " residual", residual, kF32Tolerance, seconds_since(start));
+
+  auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
+  harness.device().all_reduce_add_rms_norm(device_partials, residual.device, weight.device, kEps, kScale,
+                                           next_weight.device, out.device);
+  harness.reference().all_reduce_add_rms_norm(reference_partials, residual.reference, weight.reference, kEps, kScale,
+                                              next_weight.reference, out.reference);
+  harness.record("all_reduce_add_rms_norm", shape + " then norm: residual", residual, kF32Tolerance,
+                 seconds_since(start));
+  harness.record("all_reduce_add_rms_norm", shape + " then norm: next norm", out, kF32Tolerance, seconds_since(start));
+}
+
+#ifdef BEAMLINE_HAVE_CUDA
+// The handshake on one device: rank r's launch on stream r, all in flight at once (N x T blocks, at most 128 here,
+// resident together on an H200), meeting through N AllReduceSignal in device memory, as N GPUs would over NVLink.
+void test_handshake(Harness& harness, CudaBackend& device, const Case& c, int rounds) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<Harness::Pair> partials = random_partials(harness, c);
+  auto weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+  auto next_weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+  const std::vector<float> initial = harness.inputs().uniform(c.rows * c.hidden);
+  auto reference_residual = harness.reference().upload_f32(initial, {c.rows, c.hidden});
+  auto reference_out = harness.reference().alloc(DType::F32, {c.rows, c.hidden});
+  std::vector<Tensor> residuals, outs;
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    residuals.push_back(device.upload_f32(initial, {c.rows, c.hidden}));
+    outs.push_back(device.alloc(DType::F32, {c.rows, c.hidden}));
+  }
+  void* signal_memory = nullptr;
+  const std::size_t signal_bytes = sizeof(cuda::AllReduceSignal) * static_cast<std::size_t>(c.ranks);
+  check_cuda(cudaMalloc(&signal_memory, signal_bytes), "all_reduce_norm", "cudaMalloc of the signals");
+  check_cuda(cudaMemset(signal_memory, 0, signal_bytes), "all_reduce_norm", "cudaMemset of the signals");
+  auto* signals = static_cast<cuda::AllReduceSignal*>(signal_memory);
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(c.ranks));
+  for (cudaStream_t& stream : streams)
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "all_reduce_norm", "cudaStreamCreate");
+  device.synchronize();
+  cuda::AllReducePeers peers;
+  peers.ranks = c.ranks;
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    peers.partial[r] = partials[static_cast<std::size_t>(r)].device.data<const float>();
+    peers.signal[r] = signals + r;
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (int32_t r = 0; r < c.ranks; ++r) {
+      peers.rank = r;
+      const auto i = static_cast<std::size_t>(r);
+      check_cuda(cuda::all_reduce_add_rms_norm(peers, residuals[i].data<float>(), weight.device.raw(),
+                                                    next_weight.device.raw(), DType::BF16, kEps, kScale, c.rows,
+                                                    c.hidden, outs[i].data<float>(), streams[i]),
+                      "all_reduce_norm", "all_reduce_add_rms_norm launch");
+    }
+    harness.reference().all_reduce_add_rms_norm(reference_side(partials), reference_residual, weight.reference, kEps,
+                                                 kScale, next_weight.reference, reference_out);
+  }
+  check_cuda(cudaDeviceSynchronize(), "all_reduce_norm", "the handshaking launches");
+  for (cudaStream_t stream : streams) cudaStreamDestroy(stream);
+  cudaFree(signal_memory);
+
+  const std::vector<float> rank0 = as_f32(device, residuals[0]), rank0_out = as_f32(device, outs[0]);
+  int32_t differing = 0;
+  for (int32_t r = 1; r < c.ranks; ++r)
+    differing += as_f32(device, residuals[static_cast<std::size_t>(r)]) != rank0 ||
+                 as_f32(device, outs[static_cast<std::size_t>(r)]) != rank0_out;
+  const std::string shape = fmt::format("N {} T {} H {}, {} rounds", c.ranks, c.rows, c.hidden, rounds);
+  harness.record_result({"all_reduce_add_rms_norm handshake", shape + ": ranks bit-identical", double(differing), 0.0,
+                         fmt::format("{} of {} ranks differ from rank 0", differing, c.ranks - 1), differing == 0,
+                         seconds_since(start)});
+  const double error = std::max(relative_error(rank0, harness.reference().download_f32(reference_residual)),
+                                relative_error(rank0_out, harness.reference().download_f32(reference_out)));
+  harness.record_result({"all_reduce_add_rms_norm handshake", shape + ": rank 0 against the CPU", error,
+                         kF32Tolerance, {}, error <= kF32Tolerance, seconds_since(start)});
+}
+#endif
+
+}  // namespace
+
+void test_all_reduce_norm(Harness& harness) {
+  std::vector<Case> cases;
+  for (const int32_t ranks : {2, 4, 8})
+    for (const int64_t rows : {1L, 16L, 64L})
+      if (!harness.small_only() || rows <= 16) cases.push_back({ranks, rows, 5120});
+  for (const Case& odd : {Case{3, 7, 1000}, Case{1, 5, 67}, Case{8, 2, 8192}, Case{5, 3, 33}}) cases.push_back(odd);
+  for (const Case& c : cases) test_case(harness, c);
+#ifdef BEAMLINE_HAVE_CUDA
+  if (auto* cuda_device = dynamic_cast<CudaBackend*>(&harness.device()))
+    for (const Case& c : {Case{2, 1, 5120}, Case{4, 16, 5120}, Case{8, 16, 5120}, Case{3, 5, 1000}})
+      test_handshake(harness, *cuda_device, c, 3);
+#endif
+}
+
+// ---- perf ----
+
+namespace {
+
+struct PerfOptions {
+  std::vector<int32_t> ranks{2, 4, 8};
+  std::vector<int64_t> rows{1, 16, 64};
+  int64_t hidden = 5120;
+  int64_t iterations = 100;
+};
+
+#ifdef BEAMLINE_HAVE_CUDA
+void run_perf(const PerfOptions& options) {
+  require(options.iterations >= 1, "perf all_reduce_norm: --iterations must be >= 1");
+  require(options.hidden >= 1 && options.hidden <= cuda::kAllReduceMaxHidden,
+          "perf all_reduce_norm: --hidden {} outside [1, {}]", options.hidden, cuda::kAllReduceMaxHidden);
+  CudaBackend backend;
+  const int64_t hidden = options.hidden;
+  uint64_t seed = 1;
+  const Tensor weight = backend.random_weight(DType::BF16, {hidden}, seed++, 1.0f, 0.1f);
+  const Tensor next_weight = backend.random_weight(DType::BF16, {hidden}, seed++, 1.0f, 0.1f);
+  spdlog::info("perf all_reduce_norm: H {} on {}; the N partials are local buffers (no NVLink)", hidden,
+               backend.device_description());
+  std::printf("\n| ranks | rows | fused floor µs | fused µs | unfused floor µs | sum µs | add_rms_norm_then_norm µs | "
+              "unfused µs | fused / unfused |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const int32_t ranks : options.ranks) {
+    require(ranks >= 1 && ranks <= cuda::kAllReduceMaxRanks, "perf all_reduce_norm: --ranks {} outside [1, {}]",
+            ranks, cuda::kAllReduceMaxRanks);
+    for (const int64_t rows : options.rows) {
+      require(rows >= 1, "perf all_reduce_norm: --rows must be >= 1");
+      std::vector<Tensor> partials;
+      cuda::AllReducePeers peers;
+      peers.ranks = ranks;
+      for (int32_t r = 0; r < ranks; ++r) {
+        partials.push_back(backend.random_weight(DType::F32, {rows, hidden}, seed++, 0.0f, 1.0f));
+        peers.partial[r] = partials.back().data<const float>();
+      }
+      Tensor residual = backend.random_weight(DType::F32, {rows, hidden}, seed++, 0.0f, 1.0f);
+      Tensor y = backend.alloc(DType::F32, {rows, hidden}), out = backend.alloc(DType::F32, {rows, hidden});
+      const auto sum = [&] {
+        check_cuda(cuda::sum_partials(peers, rows * hidden, y.data<float>(), backend.stream()), "all_reduce_norm",
+                   "sum_partials");
+      };
+      const auto norm = [&] { backend.add_rms_norm_then_norm(residual, y, weight, 1e-6f, kScale, next_weight, out); };
+      const auto fused = [&] {
+        backend.all_reduce_add_rms_norm(partials, residual, weight, 1e-6f, kScale, next_weight, out);
+      };
+      const double fused_ms = time_graph(backend, fused, options.iterations, "all_reduce_norm");
+      const double sum_ms = time_graph(backend, sum, options.iterations, "all_reduce_norm");
+      const double norm_ms = time_graph(backend, norm, options.iterations, "all_reduce_norm");
+      const double unfused_ms = time_graph(
+          backend, [&] { sum(), norm(); }, options.iterations, "all_reduce_norm");
+      // Bytes each path must move at least: the partials read, the residual read and written, the next norm written,
+      // the weights (BF16) read; the unfused path also writes the sum and reads it back.
+      const double row_bytes = 4.0 * static_cast<double>(rows * hidden);
+      const double fused_bytes = (ranks + 3) * row_bytes + 2.0 * 2.0 * static_cast<double>(hidden);
+      const double unfused_bytes = fused_bytes + 2.0 * row_bytes;
+      std::printf("| %d | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", ranks,
+                  static_cast<long long>(rows), fused_bytes / kHbmBytesPerSecond * 1e6, fused_ms * 1e3,
+                  unfused_bytes / kHbmBytesPerSecond * 1e6, sum_ms * 1e3, norm_ms * 1e3, unfused_ms * 1e3,
+                  fused_ms / unfused_ms);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void add_all_reduce_norm_perf(CLI::App& perf) {
+  auto options = std::make_shared<PerfOptions>();
+  CLI::App* command = perf.add_subcommand(
+      "all_reduce_norm", "Time the fused all-reduce + residual add + RMSNorm on one GPU (N ranks' partials as local "
+                         "buffers) next to the unfused local part (sum kernel, then add_rms_norm_then_norm), as CUDA "
+                         "graphs, next to the byte floor at 4.8 TB/s");
+  command->add_option("--ranks", options->ranks, "simulated ranks (partials)")->delimiter(',')->capture_default_str();
+  command->add_option("--rows", options->rows, "rows (decode batch)")->delimiter(',')->capture_default_str();
+  command->add_option("--hidden", options->hidden, "row width (Beam-1.0: 5120)")->capture_default_str();
+  command->add_option("--iterations", options->iterations, "timed replays per case (median reported)")
+      ->capture_default_str();
+  command->callback([options] {
+#ifdef BEAMLINE_HAVE_CUDA
+    run_perf(*options);
+#else
+    perf_needs_cuda("all_reduce_norm");
+#endif
+  });
+}
+
+}  // namespace beamline::backend_ops
