@@ -36,14 +36,6 @@ struct Case {
   int64_t rows, hidden;
 };
 
-// Each rank's partial of one case on both backends (the scale of an o_proj output split over `ranks`).
-std::vector<Harness::Pair> random_partials(Harness& harness, const Case& c) {
-  std::vector<Harness::Pair> partials;
-  for (int32_t r = 0; r < c.ranks; ++r)
-    partials.push_back(harness.f32(harness.inputs().uniform(c.rows * c.hidden, 2.0f), {c.rows, c.hidden}));
-  return partials;
-}
-
 std::vector<Tensor> device_side(const std::vector<Harness::Pair>& pairs) {
   std::vector<Tensor> tensors;
   for (const Harness::Pair& pair : pairs) tensors.push_back(pair.device);
@@ -56,13 +48,57 @@ std::vector<Tensor> reference_side(const std::vector<Harness::Pair>& pairs) {
   return tensors;
 }
 
+// Each rank's partial of one case, on the host and on both backends (the scale of an o_proj output split over ranks).
+struct Partials {
+  std::vector<std::vector<float>> values;
+  std::vector<Harness::Pair> tensors;
+};
+
+Partials random_partials(Harness& harness, const Case& c) {
+  Partials partials;
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    partials.values.push_back(harness.inputs().uniform(c.rows * c.hidden, 2.0f));
+    partials.tensors.push_back(harness.f32(partials.values.back(), {c.rows, c.hidden}));
+  }
+  return partials;
+}
+
+// The reference's op is add_rms_norm_then_norm (add_rms_norm without a next norm) of the partials summed in rank
+// order on the host, bit for bit: the contract the op promises, held on the CPU whatever the device under test.
+void check_reference_contract(Harness& harness, const Case& c, const Partials& partials, const Tensor& weight,
+                              const Tensor& next_weight) {
+  const auto start = std::chrono::steady_clock::now();
+  Backend& cpu = harness.reference();
+  std::vector<float> sum = partials.values[0];
+  for (std::size_t r = 1; r < partials.values.size(); ++r)
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += partials.values[r][i];
+  const std::vector<float> initial = harness.inputs().uniform(c.rows * c.hidden);
+  const Tensor y = cpu.upload_f32(sum, {c.rows, c.hidden});
+  Tensor fused = cpu.upload_f32(initial, {c.rows, c.hidden}), composed = cpu.upload_f32(initial, {c.rows, c.hidden});
+  Tensor fused_out = cpu.alloc(DType::F32, {c.rows, c.hidden}), composed_out = cpu.alloc(DType::F32, {c.rows, c.hidden});
+  Tensor none;
+  cpu.all_reduce_add_rms_norm(reference_side(partials.tensors), fused, weight, kEps, kScale, none, none);
+  cpu.add_rms_norm(composed, y, weight, kEps, kScale);
+  bool same = cpu.download_f32(fused) == cpu.download_f32(composed);
+  cpu.all_reduce_add_rms_norm(reference_side(partials.tensors), fused, weight, kEps, kScale, next_weight, fused_out);
+  cpu.add_rms_norm_then_norm(composed, y, weight, kEps, kScale, next_weight, composed_out);
+  same = same && cpu.download_f32(fused) == cpu.download_f32(composed) &&
+         cpu.download_f32(fused_out) == cpu.download_f32(composed_out);
+  harness.record_result({"all_reduce_add_rms_norm contract",
+                         fmt::format("N {} T {} H {}: {} = sum, then add_rms_norm(_then_norm)", c.ranks, c.rows,
+                                     c.hidden, cpu.name()),
+                         same ? 0.0 : 1.0, 0.0, same ? "" : "not bit for bit", same, seconds_since(start)});
+}
+
 void test_case(Harness& harness, const Case& c) {
   const auto start = std::chrono::steady_clock::now();
   const std::string shape = fmt::format("N {} T {} H {}", c.ranks, c.rows, c.hidden);
-  const std::vector<Harness::Pair> partials = random_partials(harness, c);
-  const std::vector<Tensor> device_partials = device_side(partials), reference_partials = reference_side(partials);
+  const Partials partials = random_partials(harness, c);
+  const std::vector<Tensor> device_partials = device_side(partials.tensors),
+                            reference_partials = reference_side(partials.tensors);
   auto weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
   auto next_weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
+  check_reference_contract(harness, c, partials, weight.reference, next_weight.reference);
   auto residual = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
   Tensor none;
   harness.device().all_reduce_add_rms_norm(device_partials, residual.device, weight.device, kEps, kScale, none, none);
@@ -85,7 +121,7 @@ void test_case(Harness& harness, const Case& c) {
 // resident together on an H200), meeting through N AllReduceSignal in device memory, as N GPUs would over NVLink.
 void test_handshake(Harness& harness, CudaBackend& device, const Case& c, int rounds) {
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<Harness::Pair> partials = random_partials(harness, c);
+  const std::vector<Harness::Pair> partials = random_partials(harness, c).tensors;
   auto weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
   auto next_weight = harness.random_weight(DType::BF16, {c.hidden}, 1.0f);
   const std::vector<float> initial = harness.inputs().uniform(c.rows * c.hidden);
