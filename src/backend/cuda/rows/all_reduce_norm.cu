@@ -14,7 +14,8 @@
 //          arrived, for every b, so no rank's next kernel can overwrite its partial while a peer still reads it, and
 //          no rank can raise e + 1 in start before every peer has seen e (the waits test equality).
 // Block b of every rank handles row b, so the two meetings are per block and no block waits on another block of its
-// own GPU; the grid (at most kAllReduceMaxRows blocks) is resident at once on an H200's 132 SMs, so the waits cannot starve.
+// own GPU (local_ranks > 1: the blocks of the other ranks of the launch, all resident); the grid (at most
+// kAllReduceMaxRows blocks) is resident at once on an H200's 132 SMs, so the waits cannot starve.
 // A rank that never arrives (a dead peer, a launch missing on one rank) traps the kernel after kPeerTimeoutNs.
 #include <cuda/atomic>
 
@@ -37,14 +38,14 @@ __device__ __forceinline__ uint64_t global_ns() {
   return ns;
 }
 
-// Thread p < ranks: raises this rank's flag for `epoch` in rank p's slots, then waits for rank p's flag in its own.
-__device__ void meet(const AllReducePeers& peers, uint32_t (AllReduceSignal::*slots)[kAllReduceMaxRows][kAllReduceMaxRanks],
+// Thread p < ranks: raises `rank`'s flag for `epoch` in rank p's slots, then waits for rank p's flag in its own.
+__device__ void meet(const AllReducePeers& peers, int32_t rank, uint32_t (AllReduceSignal::*slots)[kAllReduceMaxRows][kAllReduceMaxRanks],
                      uint32_t epoch) {
   const int p = static_cast<int>(threadIdx.x);
   if (p < peers.ranks) {
-    uint32_t& theirs = (peers.signal[p]->*slots)[blockIdx.x][peers.rank];
+    uint32_t& theirs = (peers.signal[p]->*slots)[blockIdx.x][rank];
     ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system>(theirs).store(epoch, ::cuda::memory_order_release);
-    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system> mine((peers.signal[peers.rank]->*slots)[blockIdx.x][p]);
+    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_system> mine((peers.signal[rank]->*slots)[blockIdx.x][p]);
     const uint64_t deadline = global_ns() + kPeerTimeoutNs;
     while (mine.load(::cuda::memory_order_acquire) != epoch) {
       if (global_ns() > deadline) __trap();
@@ -76,15 +77,16 @@ __global__ void __launch_bounds__(kNormMaxThreads)
                                    const W* __restrict__ next_weight, float eps, float scale,
                                    int64_t hidden, float* __restrict__ out) {
   const bool handshake = peers.signal[0] != nullptr;  // uniform over the grid
+  const int32_t rank = peers.rank + static_cast<int32_t>(blockIdx.y);
   __shared__ uint32_t epoch;
   if (handshake) {
-    if (threadIdx.x == 0) epoch = peers.signal[peers.rank]->epoch[blockIdx.x] + 1;
+    if (threadIdx.x == 0) epoch = peers.signal[rank]->epoch[blockIdx.x] + 1;
     __syncthreads();
-    meet(peers, &AllReduceSignal::start, epoch);
+    meet(peers, rank, &AllReduceSignal::start, epoch);
   }
-  const int64_t row = blockIdx.x;
+  const int64_t row = blockIdx.x, rank_offset = int64_t{blockIdx.y} * gridDim.x * hidden;
   float values[kNormPerThread], sums[kNormPerThread], scales[kNormPerThread];
-  float* row_residual = residual + row * hidden;
+  float* row_residual = residual + rank_offset + row * hidden;
   sum_rows<kRanks>(peers, row, hidden, values);
   load_owned(row_residual, hidden, sums);
   load_owned(weight, hidden, scales);
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 #pragma unroll
     for (int k = 0; k < kNormPerThread; ++k) values[k] = sums[k] * next_inverse * scales[k];
   }
-  float* row_out = next_weight != nullptr ? out + row * hidden : nullptr;
+  float* row_out = next_weight != nullptr ? out + rank_offset + row * hidden : nullptr;
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
     const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
@@ -107,8 +109,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   }
   if (handshake) {
     __syncthreads();
-    meet(peers, &AllReduceSignal::end, epoch);
-    if (threadIdx.x == 0) peers.signal[peers.rank]->epoch[blockIdx.x] = epoch;
+    meet(peers, rank, &AllReduceSignal::end, epoch);
+    if (threadIdx.x == 0) peers.signal[rank]->epoch[blockIdx.x] = epoch;
   }
 }
 
@@ -147,11 +149,11 @@ cudaError_t all_reduce_add_rms_norm(const AllReducePeers& peers, float* residual
                                     const void* next_weight, DType weight_dtype, float eps, float scale, int64_t rows,
                                     int64_t hidden, float* out, cudaStream_t stream) {
   const bool handshake = peers.signal[0] != nullptr;
-  if (hidden > kAllReduceMaxHidden || peers.rank < 0 || peers.rank >= peers.ranks ||
-      (handshake && rows > kAllReduceMaxRows))
+  if (hidden > kAllReduceMaxHidden || peers.rank < 0 || peers.local_ranks < 1 ||
+      peers.rank + peers.local_ranks > peers.ranks || (handshake && rows * peers.local_ranks > kAllReduceMaxRows))
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  const auto blocks = static_cast<unsigned int>(rows);
+  const dim3 blocks(static_cast<unsigned int>(rows), static_cast<unsigned int>(peers.local_ranks));
   bool known = false;
   const bool ranks_known = dispatch_ranks(peers.ranks, [&](auto ranks) {
     known = dispatch_float(weight_dtype, [&](auto tag) {

@@ -29,15 +29,17 @@ struct AllReduceSignal {
 // The group as one rank sees it: every rank's partial [rows, hidden] F32 and handshake memory at their addresses in
 // this GPU's space (its own and its peers' IPC-mapped ones), indexed by rank. signal[0] null: no handshake, the
 // partials are complete before the launch (buffers of one device, as in backend_ops).
+// local_ranks: the ranks [rank, rank + local_ranks) in one launch on this device, their residuals (and outs) one after
+// another: N GPUs' handshake checked on one (backend_ops), every rank's blocks resident at once; 1 on a TP run.
 struct AllReducePeers {
   const float* partial[kAllReduceMaxRanks] = {};
   AllReduceSignal* signal[kAllReduceMaxRanks] = {};
-  int32_t ranks = 0, rank = 0;
+  int32_t ranks = 0, rank = 0, local_ranks = 1;
 };
 
 // residual += scale * rms(sum of the partials in rank order, weight); next_weight non-null: also
 // out = rms(residual, next_weight) (weights of one dtype). hidden <= kAllReduceMaxHidden; with the handshake,
-// rows <= kAllReduceMaxRows. With a
+// rows x local_ranks <= kAllReduceMaxRows. With a
 // handshake, a peer that does not arrive within 10 s traps the kernel (cudaErrorLaunchFailure) rather than hang.
 cudaError_t all_reduce_add_rms_norm(const AllReducePeers& peers, float* residual, const void* weight,
                                     const void* next_weight, DType weight_dtype, float eps, float scale, int64_t rows,
