@@ -1,10 +1,12 @@
 // The fused tensor-parallel all-reduce + residual add + RMSNorm (Backend::all_reduce_add_rms_norm, issue 19) in both
-// modes. Test: N = 2, 3, 4, 8 ranks' partials as N buffers of one device, at Beam-1.0's shapes (H 5120, 1/16/64 rows)
-// and odd ones, with and without the next sub-layer's norm, against the CPU at the F32 tolerance; on the CUDA backend
-// also the cross-GPU handshake, the simulated ranks in one launch meeting through AllReduceSignal in device memory,
-// three rounds (epochs 1-3): every rank's residual bit for bit rank 0's, and rank 0's against the CPU. Perf (`perf all_reduce_norm`): the fused kernel on one GPU per rank count and row count next to
-// the unfused path's local part (a sum kernel, then add_rms_norm_then_norm), as CUDA graphs, each next to its byte
-// floor at 4.8 TB/s. Neither measures NVLink: the partials are local (bench/results/2026-12-03-arnorm.md).
+// modes. Test: N = 2, 4, 8 ranks' partials as N buffers of one device, at Beam-1.0's shapes (H 5120, 1/16/64 rows)
+// and odd ones, with and without the next sub-layer's norm, against the CPU at the F32 tolerance, and the CPU op
+// against sum-then-add_rms_norm(_then_norm) bit for bit; on the CUDA backend also the cross-GPU handshake, the
+// simulated ranks in one launch meeting through AllReduceSignal in device memory, three rounds (epochs 1-3): every
+// rank's residual bit for bit rank 0's, and rank 0's against the CPU. Perf (`perf all_reduce_norm`): the fused kernel
+// on one GPU per rank count and row count next to the unfused path's local part (a sum kernel, then
+// add_rms_norm_then_norm), as CUDA graphs, each next to its byte floor at 4.8 TB/s. Neither measures NVLink: the
+// partials are local (bench/results/2026-12-03-arnorm.md).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -75,7 +77,8 @@ void check_reference_contract(Harness& harness, const Case& c, const Partials& p
   const std::vector<float> initial = harness.inputs().uniform(c.rows * c.hidden);
   const Tensor y = cpu.upload_f32(sum, {c.rows, c.hidden});
   Tensor fused = cpu.upload_f32(initial, {c.rows, c.hidden}), composed = cpu.upload_f32(initial, {c.rows, c.hidden});
-  Tensor fused_out = cpu.alloc(DType::F32, {c.rows, c.hidden}), composed_out = cpu.alloc(DType::F32, {c.rows, c.hidden});
+  Tensor fused_out = cpu.alloc(DType::F32, {c.rows, c.hidden});
+  Tensor composed_out = cpu.alloc(DType::F32, {c.rows, c.hidden});
   Tensor none;
   cpu.all_reduce_add_rms_norm(reference_side(partials.tensors), fused, weight, kEps, kScale, none, none);
   cpu.add_rms_norm(composed, y, weight, kEps, kScale);

@@ -1,12 +1,12 @@
-// The one-shot all-reduce fused with the sandwich norm (all_reduce_norm.h). A block per row: it reads the row of every rank's partial, sums them in rank order,
-// adds the normalized sum into the residual and, for add_rms_norm_then_norm, normalizes the new residual, all with the
-// row in registers (norm_row.cuh).
+// The one-shot all-reduce fused with the sandwich norm (all_reduce_norm.h). A block per row: it reads the row of every
+// rank's partial, sums them in rank order, adds the normalized sum into the residual and, for add_rms_norm_then_norm,
+// normalizes the new residual, all with the row in registers (norm_row.cuh).
 //
 // The handshake, per block b of each rank, over the ranks' AllReduceSignal:
 //   start: rank r stores epoch e into start[b][r] of every rank (its own included), then waits until its own
 //          start[b][p] == e for every rank p. The partial a rank publishes was written by the kernels before this one
 //          on its stream, so it is complete at this kernel's start; the store is a release at system scope
-//          (::cuda::atomic_ref, thread_scope_system) and the wait an acquire at system scope, so a peer that sees e also
+//          (cuda::atomic_ref, thread_scope_system) and the wait an acquire at system scope, so a peer that sees e also
 //          sees that partial. __syncthreads then carries the acquire to the block's other threads, whose loads of peer
 //          rows go through L2 (ld.global.cg): no L1 line of an earlier launch can serve them.
 //   end:   after the block's last read of peer rows (__syncthreads: every thread's loads have returned, their values
@@ -39,8 +39,8 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 
 // Thread p < ranks: raises `rank`'s flag for `epoch` in rank p's slots, then waits for rank p's flag in its own.
-__device__ void meet(const AllReducePeers& peers, int32_t rank, uint32_t (AllReduceSignal::*slots)[kAllReduceMaxRows][kAllReduceMaxRanks],
-                     uint32_t epoch) {
+using SignalSlots = uint32_t (AllReduceSignal::*)[kAllReduceMaxRows][kAllReduceMaxRanks];
+__device__ void meet(const AllReducePeers& peers, int32_t rank, SignalSlots slots, uint32_t epoch) {
   const int p = static_cast<int>(threadIdx.x);
   if (p < peers.ranks) {
     uint32_t& theirs = (peers.signal[p]->*slots)[blockIdx.x][rank];
@@ -74,8 +74,8 @@ __device__ __forceinline__ void sum_rows(const AllReducePeers& peers, int64_t ro
 template <int kRanks, typename W>
 __global__ void __launch_bounds__(kNormMaxThreads)
     all_reduce_add_rms_norm_kernel(AllReducePeers peers, float* __restrict__ residual, const W* __restrict__ weight,
-                                   const W* __restrict__ next_weight, float eps, float scale,
-                                   int64_t hidden, float* __restrict__ out) {
+                                   const W* __restrict__ next_weight, float eps, float scale, int64_t hidden,
+                                   float* __restrict__ out) {
   const bool handshake = peers.signal[0] != nullptr;  // uniform over the grid
   const int32_t rank = peers.rank + static_cast<int32_t>(blockIdx.y);
   __shared__ uint32_t epoch;
