@@ -24,6 +24,9 @@
 
 namespace beamline {
 
+// The most ranks Backend::all_reduce_add_rms_norm sums (a tensor-parallel group of one node: 8 GPUs).
+constexpr int32_t kMaxAllReduceRanks = 8;
+
 // A projection y = x Wᵀ with W [out, in] as stored. Quantized weights (docs/model-format.md §5) also carry
 // `scale` (block/group scales) and `scale_2` (NVFP4 per-tensor scale); undefined where a scheme has none.
 struct LinearTensors {
@@ -237,6 +240,14 @@ class Backend {
   // Default: the two ops.
   virtual void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                                       const Tensor& next_weight, Tensor& out);
+  // The tensor-parallel all-reduce fused into the sandwich norm (issue 19): y = partials[0] + partials[1] + ... summed
+  // left to right in rank order, so that every rank of the group computes the same bits, then add_rms_norm(residual,
+  // y, weight, eps, scale); with next_weight defined, also out = rms(residual, next_weight) (add_rms_norm_then_norm;
+  // both undefined: no next norm). partials: one F32 [T, H] per rank, at most kMaxAllReduceRanks (on a TP run this
+  // rank's buffer and its peers', mapped over NVLink; in backend_ops, buffers of one device standing for the ranks).
+  // Only the local math: the cross-GPU handshake is the CUDA launcher's (cuda/rows/all_reduce_norm.h).
+  virtual void all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight,
+                                       float eps, float scale, const Tensor& next_weight, Tensor& out) = 0;
   // y = x Wᵀ. x [T, in] F32, weight [out, in], y [T, out] F32.
   virtual void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) = 0;
   // ys[i] = x weights[i]ᵀ for weights of one input width (q, k and v of a layer): one op, so that a device backend

@@ -1,7 +1,10 @@
 #include "backend/op_checks.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "util/error.h"
 
@@ -28,6 +31,30 @@ void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out) {
   require_dtype(out, DType::F32, "amax_scale", "out");
   require(out.numel() == 1, "amax_scale: out {} must hold one element", describe(out));
   require(divisor > 0.0f && std::isfinite(divisor), "amax_scale: divisor {} must be positive and finite", divisor);
+}
+
+int64_t check_all_reduce_add_rms_norm_args(std::span<const Tensor> partials, const Tensor& residual,
+                                           const Tensor& weight, const Tensor& next_weight, const Tensor& out) {
+  constexpr std::string_view op = "all_reduce_add_rms_norm";
+  require(!partials.empty() && partials.size() <= static_cast<std::size_t>(kMaxAllReduceRanks),
+          "{}: {} partials, expected 1 to {} (one per rank)", op, partials.size(), kMaxAllReduceRanks);
+  require(residual.rank() == 2, "{}: residual must be [T, H], got {}", op, describe(residual));
+  require_dtype(residual, DType::F32, op, "residual");
+  for (std::size_t r = 0; r < partials.size(); ++r) {
+    const std::string what = fmt::format("partial of rank {}", r);
+    require_shape(partials[r], residual.shape(), op, what);
+    require_dtype(partials[r], DType::F32, op, what);
+  }
+  const int64_t hidden = residual.dim(1);
+  require_shape(weight, {hidden}, op, "weight");
+  require(next_weight.defined() == out.defined(), "{}: next_weight and out must be both given or both left out", op);
+  if (out.defined()) {
+    require_shape(next_weight, {hidden}, op, "next_weight");
+    require_dtype(next_weight, weight.dtype(), op, "next_weight (the dtype of weight)");
+    require_shape(out, residual.shape(), op, "out");
+    require_dtype(out, DType::F32, op, "out");
+  }
+  return hidden;
 }
 
 void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,

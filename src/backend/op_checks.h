@@ -11,6 +11,10 @@ namespace beamline {
 
 // K/V pool layout and dtype, `slot` inside it, and the scales (F32 [2]) when defined.
 void check_kv_pool(const PagedKvPool& pool, int32_t slot, std::string_view op);
+// all_reduce_add_rms_norm's partials (1 to kMaxAllReduceRanks, each F32 of residual's [T, H] shape), residual F32
+// [T, H], weight [H], next_weight [H] and out [T, H] both defined or both undefined. Returns H.
+int64_t check_all_reduce_add_rms_norm_args(std::span<const Tensor> partials, const Tensor& residual,
+                                           const Tensor& weight, const Tensor& next_weight, const Tensor& out);
 // amax_scale's x and out F32, out one element, divisor positive and finite.
 void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out);
 // paged_attention's q/out shapes, heads against the pool, one block-table row per sequence.

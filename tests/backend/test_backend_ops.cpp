@@ -132,6 +132,45 @@ TEST_P(OpTest, RmsNormAndResidualVariant) {
   }
 }
 
+// The tensor-parallel all-reduce fused into the sandwich norm: the partials' sum, then add_rms_norm and the next norm;
+// bad partials are refused naming the rank.
+TEST_P(OpTest, AllReduceAddRmsNormSumsRanksThenNorms) {
+  Random random(4);
+  const int64_t rows = 3, hidden = 129;
+  const float eps = 1e-6f, scale = 0.37f;
+  std::vector<double> sum(static_cast<std::size_t>(rows * hidden), 0.0);
+  std::vector<Tensor> partials;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::vector<float> partial = random.normal(rows * hidden);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += partial[i];
+    partials.push_back(backend().upload_f32(partial, {rows, hidden}));
+  }
+  const std::vector<float> residual = random.normal(rows * hidden), y(sum.begin(), sum.end());
+  const HostWeight w = make_weight(backend(), DType::BF16, {hidden}, random.normal(hidden));
+  const HostWeight next = make_weight(backend(), DType::BF16, {hidden}, random.normal(hidden));
+  Tensor r = backend().upload_f32(residual, {rows, hidden}), out = backend().alloc(DType::F32, {rows, hidden});
+  backend().all_reduce_add_rms_norm(partials, r, w.tensor, eps, scale, next.tensor, out);
+  const std::vector<double> normed = naive_rms(y, w.values, rows, hidden, eps);
+  std::vector<double> expected(residual.size());
+  std::vector<float> expected_f32(residual.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    expected[i] = residual[i] + scale * normed[i];
+    expected_f32[i] = static_cast<float>(expected[i]);
+  }
+  expect_close(backend().download_f32(r), expected, 1e-5, "residual");
+  expect_close(backend().download_f32(out), naive_rms(expected_f32, next.values, rows, hidden, eps), 1e-5, "next norm");
+
+  partials[1] = backend().alloc(DType::F32, {rows, hidden + 1});
+  Tensor none;
+  try {
+    backend().all_reduce_add_rms_norm(partials, r, w.tensor, eps, scale, none, none);
+    ADD_FAILURE() << "a partial of the wrong shape was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("partial of rank 1"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(backend().all_reduce_add_rms_norm(partials, r, w.tensor, eps, scale, next.tensor, none), Error);
+}
+
 TEST_P(OpTest, LinearInEveryStoredDtype) {
   Random random(4);
   struct Shape {

@@ -3,7 +3,7 @@
 //     every op group of the table below against the reference backend; prints a results table, exits 1 on a failure
 //   backend_ops perf FAMILY [options]
 //     times a family's ops on the GPU, each figure next to its floor (bytes / 4.8 TB/s, FLOPs / 758 TFLOP/s BF16 or
-//     1,341 FP8); FAMILY is attention, linear, moe, sample, fp8, micro (MXFP8/NVFP4) or layer
+//     1,341 FP8); FAMILY is attention, linear, moe, sample, fp8, micro (MXFP8/NVFP4), layer or all_reduce_norm
 // The cases of each family live in its file (op_families.h).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -34,7 +34,8 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"moe", test_moe},                   {"swiglu", test_swiglu},           {"lm_head", test_lm_head},
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
     {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora},
-    {"amax_scale", test_amax_scale}, {"batch_invariance", test_batch_invariance}};
+    {"amax_scale", test_amax_scale}, {"all_reduce_norm", test_all_reduce_norm},
+    {"batch_invariance", test_batch_invariance}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {
@@ -79,7 +80,8 @@ void add_test_mode(CLI::App& app, int& status) {
   command->add_option("--filter", options->filter,
                       "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, "
                       "embedding, rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, "
-                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale, batch_invariance)");
+                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale, all_reduce_norm, "
+                      "batch_invariance)");
   command
       ->add_option("--dtype", options->dtype,
                    "compute dtype of the backend under test (float32: FP32-accurate tolerances; bfloat16: BF16 ones)")
@@ -103,7 +105,8 @@ int main(int argc, char** argv) {
   add_test_mode(app, status);
   CLI::App* perf = app.add_subcommand("perf", "Time a family of ops on the GPU, each figure next to its floor");
   perf->require_subcommand(1);
-  for (auto add : {add_attention_perf, add_linear_perf, add_moe_perf, add_sample_perf, add_fp8_perf, add_micro_perf, add_lora_perf, add_moe_lora_perf, add_layer_perf})
+  for (auto add : {add_attention_perf, add_linear_perf, add_moe_perf, add_sample_perf, add_fp8_perf, add_micro_perf, add_lora_perf, add_moe_lora_perf, add_layer_perf,
+                   add_all_reduce_norm_perf})
     add(*perf);
   try {
     app.parse(argc, argv);

@@ -16,6 +16,10 @@ void test_embedding(Harness& harness);
 void test_norms(Harness& harness);
 void test_rope_ssmax(Harness& harness);
 
+// all_reduce_norm.cpp: the fused tensor-parallel all-reduce + residual add + RMSNorm (N ranks on one device).
+void test_all_reduce_norm(Harness& harness);
+void add_all_reduce_norm_perf(CLI::App& perf);
+
 // linear.cpp: projections, q|k|v in one op, the dense SwiGLU MLP and the LM head.
 void test_linear(Harness& harness);
 void test_linear_rows(Harness& harness);

@@ -26,6 +26,14 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
           op, what, dtype_name(dtype));
 }
 
+// residual_row += scale * rms(y_row, weight): add_rms_norm's row, shared with all_reduce_add_rms_norm.
+void add_rms_row(const float* y_row, const Tensor& weight, float eps, float scale, int64_t hidden, float* residual_row) {
+  thread_local std::vector<float> normed;
+  normed.resize(static_cast<std::size_t>(hidden));
+  cpu::rms_row(y_row, weight, eps, hidden, normed.data());
+  for (int64_t i = 0; i < hidden; ++i) residual_row[i] += scale * normed[static_cast<std::size_t>(i)];
+}
+
 // Rows of an [T, n] activation, parallel over rows.
 template <typename Body>
 void for_each_row(int64_t rows, int64_t row_size, const Body& body) {
@@ -176,11 +184,24 @@ void CpuBackend::add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& w
   require_shape(weight, {hidden}, "add_rms_norm", "weight");
   require_shape(y, residual.shape(), "add_rms_norm", "y");
   for_each_row(rows, hidden, [&](int64_t t) {
-    thread_local std::vector<float> normed;
-    normed.resize(static_cast<std::size_t>(hidden));
-    cpu::rms_row(y.data<const float>() + t * hidden, weight, eps, hidden, normed.data());
-    float* r = residual.data<float>() + t * hidden;
-    for (int64_t i = 0; i < hidden; ++i) r[i] += scale * normed[i];
+    add_rms_row(y.data<const float>() + t * hidden, weight, eps, scale, hidden, residual.data<float>() + t * hidden);
+  });
+}
+
+void CpuBackend::all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight,
+                                         float eps, float scale, const Tensor& next_weight, Tensor& out) {
+  const int64_t hidden = check_all_reduce_add_rms_norm_args(partials, residual, weight, next_weight, out);
+  require_float_weight(weight, "all_reduce_add_rms_norm", "weight");
+  for_each_row(residual.dim(0), hidden, [&](int64_t t) {
+    thread_local std::vector<float> sum;
+    sum.assign(static_cast<std::size_t>(hidden), 0.0f);
+    for (const Tensor& partial : partials) {  // rank order, as every rank of a group sums
+      const float* p = partial.data<const float>() + t * hidden;
+      for (int64_t i = 0; i < hidden; ++i) sum[static_cast<std::size_t>(i)] += p[i];
+    }
+    float* row = residual.data<float>() + t * hidden;
+    add_rms_row(sum.data(), weight, eps, scale, hidden, row);
+    if (out.defined()) cpu::rms_row(row, next_weight, eps, hidden, out.data<float>() + t * hidden);
   });
 }
 

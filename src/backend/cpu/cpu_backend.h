@@ -31,6 +31,8 @@ class CpuBackend final : public Backend {
   void embedding(const Tensor& table, const Tensor& tokens, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
+  void all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight, float eps,
+                               float scale, const Tensor& next_weight, Tensor& out) override;
   void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "backend/cuda/rows/all_reduce_norm.h"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/linear/row_invariant.h"
@@ -699,6 +700,32 @@ void CudaBackend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, cons
                                             next_weight.raw(), weight.dtype(), eps, scale, rows, hidden,
                                             out.data<float>(), stream_),
                "add_rms_norm_then_norm");
+}
+
+static_assert(cuda::kAllReduceMaxRanks == kMaxAllReduceRanks);
+
+// The partials are on this device and complete (stream order): no handshake. A tensor-parallel run launches
+// cuda::all_reduce_add_rms_norm itself, with its peers' IPC-mapped buffers and signals.
+void CudaBackend::all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight,
+                                          float eps, float scale, const Tensor& next_weight, Tensor& out) {
+  constexpr const char* op = "all_reduce_add_rms_norm";
+  const auto timing = time_op(op);
+  const int64_t hidden = check_all_reduce_add_rms_norm_args(partials, residual, weight, next_weight, out);
+  require_device(residual, op, "residual");
+  require_float_weight(weight, op, "weight");
+  require(hidden <= cuda::kAllReduceMaxHidden, "{}: rows of {} values exceed the {} the CUDA kernel holds in registers",
+          op, hidden, cuda::kAllReduceMaxHidden);
+  cuda::AllReducePeers peers;
+  peers.ranks = static_cast<int32_t>(partials.size());
+  for (std::size_t r = 0; r < partials.size(); ++r) {
+    require_device(partials[r], op, fmt::format("partial of rank {}", r));
+    peers.partial[r] = partials[r].data<const float>();
+  }
+  check_launch(cuda::all_reduce_add_rms_norm(peers, residual.data<float>(), weight.raw(),
+                                             out.defined() ? next_weight.raw() : nullptr, weight.dtype(), eps, scale,
+                                             residual.dim(0), hidden, out.defined() ? out.data<float>() : nullptr,
+                                             stream_),
+               op);
 }
 
 void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, const Tensor& weight, float* y) {

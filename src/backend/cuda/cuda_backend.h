@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
   void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                               const Tensor& next_weight, Tensor& out) override;
+  void all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight, float eps,
+                               float scale, const Tensor& next_weight, Tensor& out) override;
   void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
   void linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
                    std::span<Tensor* const> ys) override;

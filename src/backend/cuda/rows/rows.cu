@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/rows/norm_row.cuh"
 #include "backend/cuda/rows/rows.h"
 #include "util/counter_random.h"
 
@@ -12,22 +13,6 @@ namespace {
 
 constexpr int kRowThreads = 256;
 constexpr int kElementThreads = 256;
-
-// Per-row kernels: a block per row. Rows of up to kNormMaxThreads * kNormPerThread values (Beam-1.0's are 5,120)
-// stay in registers: each thread issues all its loads (the row, the weight and for add_rms_norm the residual) before
-// the reduction, so a row costs one memory latency rather than one per loop trip — at decode, one row per launch,
-// that latency is the whole kernel (11–12 µs per norm with dependent loops, 32 norms a step). Wider norm rows take the
-// looping kernels below them; the embedding and SSMax, which keep nothing across the row, take kNormPerThread values
-// per thread per trip.
-constexpr int kNormPerThread = 8;
-constexpr int kNormMaxThreads = 1024;
-constexpr int64_t kNormMaxRegisterRow = int64_t{kNormPerThread} * kNormMaxThreads;
-
-// The fewest whole warps that hold a row of `hidden` values at kNormPerThread each, at most kNormMaxThreads.
-unsigned int norm_threads(int64_t hidden) {
-  const int64_t warps = (hidden + 32 * kNormPerThread - 1) / (32 * kNormPerThread);
-  return static_cast<unsigned int>(std::clamp<int64_t>(warps, 1, kNormMaxThreads / 32) * 32);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kNormMaxThreads)
@@ -51,24 +36,6 @@ __global__ void __launch_bounds__(kNormMaxThreads)
       if (i < hidden) destination[i] = values[k];
     }
   }
-}
-
-// Values i = threadIdx.x + k * blockDim.x of a row as F32 (0 past its end), all loads in flight at once.
-template <typename T>
-__device__ __forceinline__ void load_owned(const T* __restrict__ row, int64_t hidden, float (&values)[kNormPerThread]) {
-#pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) {
-    const int i = static_cast<int>(threadIdx.x + k * blockDim.x);  // rows here are <= kNormMaxRegisterRow
-    values[k] = i < hidden ? to_float(row[i]) : 0.0f;
-  }
-}
-
-__device__ __forceinline__ float inverse_rms_owned(const float (&values)[kNormPerThread], int64_t hidden, float eps) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) sum += values[k] * values[k];
-  sum = block_sum(sum);
-  return 1.0f / sqrtf(sum / static_cast<float>(hidden) + eps);
 }
 
 template <typename W>
