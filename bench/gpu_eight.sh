@@ -179,7 +179,7 @@ for config in "tp8-bf16|TP8 + EP, BF16|--tensor-parallel-size 8 --enable-expert-
   peaks=$(gpu_peaks)
   echo "$output" >"$WORK/$key.txt"
   rows=$(echo "$output" | grep -cE '^\| [0-9]+ \|')
-  why=$(echo "$output" | grep -m1 -E 'rror|refused|not supported|assert' | sed 's/|/\//g' | cut -c1-200)
+  why=$(echo "$output" | grep -m1 -E 'rror|refused|not supported|assert' | sed 's/\x1b\[[0-9;]*m//g; s/|/\//g' | cut -c1-220)
   check_row "$label: the full $preset served, decode and prefill timed at batch ${batches//,/, }" \
     "$rows of 4 batch rows${why:+; first error: $why}" "4 rows" "$([ "$rows" = 4 ] && echo 1 || echo 0)"
   kv=$(echo "$output" | grep -m1 -o 'KV cache: .*' | cut -c1-200)

@@ -184,7 +184,7 @@ info_row "official-client chat test against a TP2 server" "not run here: CTest's
 cat "$INFO" >>"$REPORT"
 
 if wanted timing; then
-  section "Timings: the decode step and prefill (serve_throughput.py, --load-format dummy, bfloat16, BF16 KV)"
+  section "Timings: the decode step and prefill (serve_throughput.py, --load-format dummy, --dtype auto: bfloat16 and BF16 KV on the GPU, float32 on the CPU)"
   echo "The floor column: the weights of a batch-1 step ($floor bytes) at 4.8 TB/s, divided evenly over the GPUs" \
     "(expert parallelism reads the experts of the busiest GPU, more than half at batch 1; collectives not counted)." \
     "Batch 16 and 64 read more experts than batch 1: the floor column is batch 1's." >>"$REPORT"
