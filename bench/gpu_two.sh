@@ -50,7 +50,7 @@ else
   export OMPI_MCA_mpi_yield_when_idle=1  # the ranks share the cores
 fi
 if [ "${SMALL:-0}" = 1 ]; then
-  serve_preset=tiny tiny_tokens=24 beam_tokens=24 prompt=128 decode=16 serve_limit=300
+  serve_preset=tiny tiny_tokens=24 beam_tokens=24 prompt=128 decode=48 serve_limit=300
   beam=(--model tiny --load-format dummy --hf-overrides '{"num_hidden_layers": 4}')
   timing_preset=(--preset tiny --layers 4)
 else
@@ -160,8 +160,9 @@ print(2 * (int(values['active parameters per token']) - config['vocab_size'] * c
         --batches 1,16,64 --prompt "$prompt" --decode "$decode" --device "$DEVICE" --floor-bytes $((floor / gpus)) \
         --serve-args "$serve_args")
       rows=$(echo "$table" | grep -cE '^\| [0-9]+ \|')
-      check_row "decode step and prefill timed, $label (serve_throughput.py, batches 1, 16, 64)" "$rows of 3 batch rows" \
-        "3 rows" "$([ "$rows" = 3 ] && echo 1 || echo 0)"
+      why=$(echo "$table" | grep -m1 -E 'rror|assert' | sed 's/\x1b\[[0-9;]*m//g; s/|/\//g' | cut -c1-220)
+      check_row "decode step and prefill timed, $label (serve_throughput.py, batches 1, 16, 64)" \
+        "$rows of 3 batch rows${why:+; first error: $why}" "3 rows" "$([ "$rows" = 3 ] && echo 1 || echo 0)"
       timings="$timings
 ### $label
 
