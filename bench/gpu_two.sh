@@ -45,7 +45,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=se
   OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [ "$DEVICE" = cuda ]; then
   source bench/cuda_env.sh
-  export BEAMLINE_REQUIRE_CUDA=1
+  # NVLink multicast stays off (the device machines' rule: it can take the host's GPUs out of service).
+  export BEAMLINE_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
 else
   export OMPI_MCA_mpi_yield_when_idle=1  # the ranks share the cores
 fi
@@ -85,7 +86,14 @@ fi
 section "Checks"
 echo "| check | measured | limit | result |" >>"$REPORT"
 echo "| --- | --- | --- | --- |" >>"$REPORT"
+# Before anything: the one-command form starts its ranks with `mpirun` (Open MPI; the binary carries libmpi 4.1 in
+# apps/beamline/lib, not mpirun), and NCCL must load (bench/cuda_env.sh finds libnccl.so.2).
+mpirun_version=$(mpirun --version 2>/dev/null | head -1)
+check_row "mpirun on this machine (the one-command form starts its ranks with it)" "${mpirun_version:-absent}" \
+  "Open MPI 4.x (the carried libmpi.so.40)" "$([[ $mpirun_version == *"Open MPI) 4."* ]] && echo 1 || echo 0)"
 if [ "$DEVICE" = cuda ]; then
+  nccl=$(python3 -c 'import ctypes; n = ctypes.c_int(); ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(n)); print(n.value)' 2>&1 | tail -1)
+  check_row "libnccl.so.2 loads" "${nccl:0:120}" "a version number" "$([[ $nccl =~ ^[0-9]+$ ]] && echo 1 || echo 0)"
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   check_row "GPUs visible" "$gpus" ">= 2" "$([ "$gpus" -ge 2 ] && echo 1 || echo 0)"
 fi
