@@ -58,11 +58,11 @@ fi
 if [ "${SMALL:-0}" = 1 ]; then
   preset=tiny overrides='{"num_attention_heads": 8}' logits_overrides='{"num_hidden_layers": 4, "num_attention_heads": 8}'
   tokens_count=24 vocab=512 prompt=256 decode=16 sweep_input=64 sweep_output=${SWEEP_OUTPUT:-16} levels=1,4,16
-  budget=(--kv-cache-memory 512M) serve_limit=300 batches=1,4,16,64
+  budget=(--kv-cache-memory 512M) sweep_budget=(--kv-cache-memory 512M) serve_limit=300 batches=1,4,16,64
 else
   preset=beam-1.0 overrides="" logits_overrides='{"num_hidden_layers": 4}'
   tokens_count=256 vocab=201088 prompt=8192 decode=32 sweep_input=1024 sweep_output=${SWEEP_OUTPUT:-256}
-  levels=1,4,16,64,256 budget=() serve_limit=330 batches=1,16,64,256
+  levels=1,4,16,64,256 budget=() sweep_budget=(--gpu-memory-utilization 0.95) serve_limit=330 batches=1,16,64,256
 fi
 
 commit=$(cat "$CARRY/apps/beamline/COMMIT" 2>/dev/null | tr '\n' ' ')
@@ -212,7 +212,7 @@ if wanted sweep; then
   quantization=()
   [ "${SWEEP_QUANTIZATION:-}" = fp8 ] && quantization=(--quantization fp8)
   if serve_start "$BIN" "$OUT/sweep-server.log" --model "$WORK/model" --load-format dummy --device "$DEVICE" \
-      --tensor-parallel-size 8 --enable-expert-parallel "${quantization[@]}" "${hf[@]}" "${budget[@]}" \
+      --tensor-parallel-size 8 --enable-expert-parallel "${quantization[@]}" "${hf[@]}" "${sweep_budget[@]}" \
       --max-num-seqs 256; then
     # serve_start returns once the address is printed; the model is loaded before that line.
     done_levels=0
