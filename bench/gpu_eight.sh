@@ -34,27 +34,10 @@ set -uo pipefail
 CARRY=$(realpath "${1:?usage: bench/gpu_eight.sh CARRY_DIR [STEPS]}")
 STEPS=,${2:-logits,tp8-bf16,tp8-fp8,dp8-fp8,sweep},
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$(mktemp -d)}
+NAME=gpu_eight GPUS=8 TITLE="Eight GPUs: the full Beam-1.0 served, FP8 and BF16 (issue 18)"
+SMALL_NOTE="tiny preset with 8 heads, short prompts"
+source bench/multi_gpu_start.sh
 mkdir -p "$OUT/sweep"
-DEVICE=${DEVICE:-cuda}
-BIN=$CARRY/apps/beamline/beamline
-REPORT=$OUT/gpu_eight.md
-LOG=$OUT/gpu_eight.log
-: >"$LOG"
-INFO=$(mktemp)
-WORK=$(mktemp -d)
-source bench/open_carry.sh
-source bench/check_table.sh
-source bench/gpu_steps.sh
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
-  OMPI_MCA_btl_vader_single_copy_mechanism=none
-if [ "$DEVICE" = cuda ]; then
-  source bench/cuda_env.sh
-  # NVLink multicast stays off (the device machines' rule: it can take the host's GPUs out of service).
-  export BEAMLINE_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
-else
-  export OMPI_MCA_mpi_yield_when_idle=1  # eight ranks share the cores
-fi
 if [ "${SMALL:-0}" = 1 ]; then
   preset=tiny overrides='{"num_attention_heads": 8}' logits_overrides='{"num_hidden_layers": 4, "num_attention_heads": 8}'
   tokens_count=24 vocab=512 prompt=256 decode=16 sweep_input=64 sweep_output=${SWEEP_OUTPUT:-16} levels=1,4,16
@@ -65,41 +48,10 @@ else
   levels=1,4,16,64,256 budget=() sweep_budget=(--gpu-memory-utilization 0.95) serve_limit=330 batches=1,16,64,256
 fi
 
-commit=$(cat "$CARRY/apps/beamline/COMMIT" 2>/dev/null | tr '\n' ' ')
-[ -n "$commit" ] || commit="$(git rev-parse --short HEAD 2>/dev/null) (the working tree's: the binary carries no COMMIT)"
-{
-  echo "# Eight GPUs: the full Beam-1.0 served, FP8 and BF16 (issue 18)"
-  echo
-  echo "| | |"
-  echo "| --- | --- |"
-  echo "| date | $(date -u '+%Y-%m-%d %H:%M UTC') |"
-  echo "| device | $DEVICE$([ "${SMALL:-0}" = 1 ] && echo ', SMALL=1 (tiny preset with 8 heads, short prompts: a dry run of the script, not a measurement)') |"
-  echo "| GPUs | $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sort | uniq -c | tr '\n' ' ' || true) |"
-  echo "| commit | $commit |"
-  echo "| command | \`$([ "$DEVICE" = cpu ] && echo 'DEVICE=cpu ')$([ "${SMALL:-0}" = 1 ] && echo 'SMALL=1 ')bench/gpu_eight.sh CARRY_DIR ${STEPS:1:-1}\` |"
-  echo "| host | $(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB, $(uname -r) |"
-} >"$REPORT"
-command -v nvidia-smi >/dev/null && logged nvidia-smi topo -m
-
 # The served model's directory (config and the 201K-token synthetic tokenizer, ~40 s of one core), written while the
 # logits run.
 "$BIN" make-model --preset "$preset" --no-weights --out "$WORK/model" >"$WORK/make-model.log" 2>&1 &
 maker=$!
-
-section "Checks"
-echo "| check | measured | limit | result |" >>"$REPORT"
-echo "| --- | --- | --- | --- |" >>"$REPORT"
-# Before anything: the one-command form starts its ranks with `mpirun` (Open MPI; the binary carries libmpi 4.1 in
-# apps/beamline/lib, not mpirun), and NCCL must load (bench/cuda_env.sh finds libnccl.so.2).
-mpirun_version=$(mpirun --version 2>/dev/null | head -1)
-check_row "mpirun on this machine (the one-command form starts its ranks with it)" "${mpirun_version:-absent}" \
-  "Open MPI 4.x (the carried libmpi.so.40)" "$([[ $mpirun_version == *"Open MPI) 4."* ]] && echo 1 || echo 0)"
-if [ "$DEVICE" = cuda ]; then
-  nccl=$(python3 -c 'import ctypes; n = ctypes.c_int(); ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(n)); print(n.value)' 2>&1 | tail -1)
-  check_row "libnccl.so.2 loads" "${nccl:0:120}" "a version number" "$([[ $nccl =~ ^[0-9]+$ ]] && echo 1 || echo 0)"
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  check_row "GPUs visible" "$gpus" ">= 8" "$([ "$gpus" -ge 8 ] && echo 1 || echo 0)"
-fi
 
 if wanted logits; then
   tokens=$(python3 -c "import random; r = random.Random(18); print(','.join(str(r.randrange(min($vocab, 100000))) for _ in range($tokens_count)))")

@@ -29,28 +29,9 @@ set -uo pipefail
 CARRY=$(realpath "${1:?usage: bench/gpu_two.sh CARRY_DIR [STEPS]}")
 STEPS=,${2:-logits,serve,timing},
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-DEVICE=${DEVICE:-cuda}
-BIN=$CARRY/apps/beamline/beamline
-REPORT=$OUT/gpu_two.md
-LOG=$OUT/gpu_two.log
-: >"$LOG"
-INFO=$(mktemp)
-WORK=$(mktemp -d)
-source bench/open_carry.sh
-source bench/check_table.sh
-source bench/gpu_steps.sh
-# One node: MPI over shared memory (no single-copy mechanism: containers often forbid ptrace), as root if need be.
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
-  OMPI_MCA_btl_vader_single_copy_mechanism=none
-if [ "$DEVICE" = cuda ]; then
-  source bench/cuda_env.sh
-  # NVLink multicast stays off (the device machines' rule: it can take the host's GPUs out of service).
-  export BEAMLINE_REQUIRE_CUDA=1 NCCL_NVLS_ENABLE=0
-else
-  export OMPI_MCA_mpi_yield_when_idle=1  # the ranks share the cores
-fi
+NAME=gpu_two GPUS=2 TITLE="Two GPUs: TP2, EP2 and DP2+EP2 checked and timed (issue 17)"
+SMALL_NOTE="tiny preset, few tokens"
+source bench/multi_gpu_start.sh
 if [ "${SMALL:-0}" = 1 ]; then
   serve_preset=tiny tiny_tokens=24 beam_tokens=24 prompt=128 decode=48 serve_limit=300
   beam=(--model tiny --load-format dummy --hf-overrides '{"num_hidden_layers": 4}')
@@ -62,43 +43,11 @@ else
   beam=(--model beam-1.0 --load-format dummy --hf-overrides '{"num_hidden_layers": 8}')
   timing_preset=(--preset beam-1.0 --layers 8)
 fi
-
-commit=$(cat "$CARRY/apps/beamline/COMMIT" 2>/dev/null | tr '\n' ' ')
-[ -n "$commit" ] || commit="$(git rev-parse --short HEAD 2>/dev/null) (the working tree's: the binary carries no COMMIT)"
-{
-  echo "# Two GPUs: TP2, EP2 and DP2+EP2 checked and timed (issue 17)"
-  echo
-  echo "| | |"
-  echo "| --- | --- |"
-  echo "| date | $(date -u '+%Y-%m-%d %H:%M UTC') |"
-  echo "| device | $DEVICE$([ "${SMALL:-0}" = 1 ] && echo ', SMALL=1 (tiny preset, few tokens: a dry run of the script, not a measurement)') |"
-  echo "| GPUs | $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sort | uniq -c | tr '\n' ' ' || true) |"
-  echo "| commit | $commit |"
-  echo "| command | \`$([ "$DEVICE" = cpu ] && echo 'DEVICE=cpu ')$([ "${SMALL:-0}" = 1 ] && echo 'SMALL=1 ')bench/gpu_two.sh CARRY_DIR ${STEPS:1:-1}\` |"
-  echo "| host | $(nproc) cores, $(uname -r) |"
-} >"$REPORT"
-command -v nvidia-smi >/dev/null && logged nvidia-smi topo -m
-
 # The timing model's directory (config and Beam-1.0's 201K-token synthetic tokenizer, ~40 s of one core) is written
 # while the checks run.
 if wanted timing; then
   "$BIN" make-model "${timing_preset[@]}" --no-weights --out "$WORK/timing-model" >"$WORK/make-model.log" 2>&1 &
   maker=$!
-fi
-
-section "Checks"
-echo "| check | measured | limit | result |" >>"$REPORT"
-echo "| --- | --- | --- | --- |" >>"$REPORT"
-# Before anything: the one-command form starts its ranks with `mpirun` (Open MPI; the binary carries libmpi 4.1 in
-# apps/beamline/lib, not mpirun), and NCCL must load (bench/cuda_env.sh finds libnccl.so.2).
-mpirun_version=$(mpirun --version 2>/dev/null | head -1)
-check_row "mpirun on this machine (the one-command form starts its ranks with it)" "${mpirun_version:-absent}" \
-  "Open MPI 4.x (the carried libmpi.so.40)" "$([[ $mpirun_version == *"Open MPI) 4."* ]] && echo 1 || echo 0)"
-if [ "$DEVICE" = cuda ]; then
-  nccl=$(python3 -c 'import ctypes; n = ctypes.c_int(); ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(n)); print(n.value)' 2>&1 | tail -1)
-  check_row "libnccl.so.2 loads" "${nccl:0:120}" "a version number" "$([[ $nccl =~ ^[0-9]+$ ]] && echo 1 || echo 0)"
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  check_row "GPUs visible" "$gpus" ">= 2" "$([ "$gpus" -ge 2 ] && echo 1 || echo 0)"
 fi
 
 # Random token ids below the vocabulary (and below 100000: ids of ordinary text).
