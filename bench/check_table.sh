@@ -13,8 +13,13 @@ check_row() {  # name, measured, limit, passed(0/1) or "not run"
   case $4 in 1) result=pass ;; 0) result='**FAIL**' ;; *) result='not run' ;; esac
   printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$result" >>"$REPORT"
 }
-# A row that reports without judging (not counted).
+# A row that reports without judging (not counted), and the section that shows them.
 info_row() { printf '| %s | %s |\n' "$1" "$2" >>"$INFO"; }
+info_section() {
+  section "Informational (not counted)"
+  printf '| row | measured |\n| --- | --- |\n' >>"$REPORT"
+  cat "$INFO" >>"$REPORT"
+}
 # Runs a script that prints check rows (compare_logits.py, serve_check.py): its rows go to the report, and a run that
 # failed without printing a failing row, or printed fewer rows than it owes, adds a failing row saying so.
 checks_from() {  # name, rows owed, command...

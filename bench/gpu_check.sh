@@ -147,10 +147,7 @@ else
   check_row "serve --device cuda, 32 concurrent requests" "this build has no \`beamline serve\`" "" "not run"
 fi
 
-section "Informational (not counted)"
-echo "| row | measured |" >>"$REPORT"
-echo "| --- | --- |" >>"$REPORT"
-cat "$INFO" >>"$REPORT"
+info_section
 
 # 5. A timing (not a check) of one full-width Beam-1.0 layer, random weights made on the device.
 section "One full-width Beam-1.0 decoder layer (random on-device weights, BF16, KV BF16, context 4096)"

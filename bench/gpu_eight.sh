@@ -213,12 +213,9 @@ EOF
   fi
 fi
 
-section "Informational (not counted)"
-echo "| row | measured |" >>"$REPORT"
-echo "| --- | --- |" >>"$REPORT"
 info_row "prefill at 128K, TTFT of one 1M-token prompt with the FP8 KV cache" "not in this script (see its header)"
 info_row "speculative decoding in the sweep" "not run: no drafter for Beam-1.0"
-cat "$INFO" >>"$REPORT"
+info_section
 if [ -n "$timings" ]; then
   section "Served layouts: load, memory, KV, decode step and prefill (serve_throughput.py, --load-format dummy)"
   echo "Floors divide the weights of a batch-1 step evenly over 8 GPUs (expert parallelism reads the busiest GPU's" \

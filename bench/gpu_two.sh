@@ -135,14 +135,11 @@ $(echo "$table" | grep -E '^[|`]')
   fi
 fi
 
-section "Informational (not counted)"
-echo "| row | measured |" >>"$REPORT"
-echo "| --- | --- |" >>"$REPORT"
 info_row "NCCL all-reduce and all-to-all alone, decode sizes (1-256 x 5120) and prefill sizes" \
   "not measured: beamline has no way to time a collective alone (no collective case in backend_ops perf; the NCCL communicator runs on its own stream, outside BEAMLINE_CUDA_OP_TIMES), and nccl-tests are not carried"
 info_row "fused all-reduce + RMSNorm against NCCL + separate norm" "not measured: the fused kernel is not written (docs/parallel.md, Not yet)"
 info_row "official-client chat test against a TP2 server" "not run here: CTest's parallel_serve_e2e (node and the openai package)"
-cat "$INFO" >>"$REPORT"
+info_section
 
 if wanted timing; then
   section "Timings: the decode step and prefill (serve_throughput.py, --load-format dummy, --dtype auto: bfloat16 and BF16 KV on the GPU, float32 on the CPU)"
