@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks of the GPU run (bench/gpu_check.sh), printed as Markdown table rows; exit 1 when a check fails.
+"""Checks of the GPU runs (bench/gpu_check.sh, gpu_two.sh, gpu_eight.sh), printed as Markdown table rows; exit 1 when a
+check fails.
 
   compare_logits.py logits CUDA.npy CPU.npy NAME         same argmax at >= 99% of positions, relative error <= 2e-2
   compare_logits.py logits-bf16 CUDA.npy CPU.npy NAME    the same for --dtype bfloat16 on the GPU (activations rounded
@@ -7,6 +8,10 @@
   compare_logits.py decode LOGITS.npy PROMPT_LEN IDS NAME  greedy ids decoded step by step (IDS, comma-separated)
                                                             equal the argmax of one-shot prefill logits over
                                                             prompt + ids (teacher forcing)
+  compare_logits.py parallel MANY.npy ONE.npy NAME       a sharded run (--tensor-parallel-size ...) against one process,
+                                                            float32: relative error <= 1e-5, same argmax at >= 99%
+  compare_logits.py parallel-bf16 MANY.npy ONE.npy NAME  the same in bfloat16 (both runs round to BF16, in different
+                                                            summation orders): same argmax at >= 99%, <= 1e-1
 """
 import sys
 
@@ -17,6 +22,8 @@ RELATIVE_ERROR = 2e-2
 # One BF16 rounding per matrix input (2^-9 relative) over a few layers of a random model; a wrong kernel is off by ~1.
 BF16_ARGMAX_AGREEMENT = 0.90
 BF16_RELATIVE_ERROR = 1e-1
+# Sharded against whole in float32: the same products, summed in another order (tests/parallel measure ~3e-7 on the CPU).
+PARALLEL_RELATIVE_ERROR = 1e-5
 
 
 def row(name, measured, limit, passed):
@@ -52,6 +59,10 @@ def main(argv):
         return compare_logits(argv[2], argv[3], argv[4])
     if len(argv) >= 5 and argv[1] == "logits-bf16":
         return compare_logits(argv[2], argv[3], argv[4], BF16_ARGMAX_AGREEMENT, BF16_RELATIVE_ERROR)
+    if len(argv) >= 5 and argv[1] == "parallel":
+        return compare_logits(argv[2], argv[3], argv[4], ARGMAX_AGREEMENT, PARALLEL_RELATIVE_ERROR)
+    if len(argv) >= 5 and argv[1] == "parallel-bf16":
+        return compare_logits(argv[2], argv[3], argv[4], ARGMAX_AGREEMENT, BF16_RELATIVE_ERROR)
     if len(argv) >= 6 and argv[1] == "decode":
         return compare_decode(argv[2], argv[3], argv[4], argv[5])
     print(__doc__, file=sys.stderr)

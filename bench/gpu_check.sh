@@ -24,33 +24,7 @@ INFO=$(mktemp)
 CARRY=$BUILD source bench/open_carry.sh
 source bench/cuda_env.sh
 
-section() { printf '\n## %s\n\n' "$1" >>"$REPORT"; }
-# Runs a command, logging it and its output; its status is returned.
-logged() {
-  printf '\n$ %s\n' "$*" >>"$LOG"
-  "$@" >>"$LOG" 2>&1
-}
-check_row() {  # name, measured, limit, passed(0/1) or "not run"
-  local result
-  case $4 in 1) result=pass ;; 0) result='**FAIL**' ;; *) result='not run' ;; esac
-  printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$result" >>"$REPORT"
-}
-# A row that reports without judging (not counted).
-info_row() { printf '| %s | %s |\n' "$1" "$2" >>"$INFO"; }
-# Runs a script that prints check rows (compare_logits.py, serve_check.py): its rows go to the report, and a run that
-# failed without printing a failing row, or printed fewer rows than it owes, adds a failing row saying so.
-checks_from() {  # name, rows owed, command...
-  local name=$1 owed=$2 rows status
-  shift 2
-  rows=$("$@" 2>>"$LOG")
-  status=$?
-  [ -z "$rows" ] || echo "$rows" >>"$REPORT"
-  if [ "$(echo -n "$rows" | grep -c '^|')" -lt "$owed" ]; then
-    check_row "$name" "printed $(echo -n "$rows" | grep -c '^|') of $owed rows (exit $status): see the log" "$owed rows" 0
-  elif [ $status != 0 ] && ! echo "$rows" | grep -q 'FAIL'; then
-    check_row "$name" "exit $status without a failing row: see the log" "exit 0" 0
-  fi
-}
+source bench/check_table.sh
 
 commit=$(cat "$BUILD/apps/beamline/COMMIT" 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
@@ -173,10 +147,7 @@ else
   check_row "serve --device cuda, 32 concurrent requests" "this build has no \`beamline serve\`" "" "not run"
 fi
 
-section "Informational (not counted)"
-echo "| row | measured |" >>"$REPORT"
-echo "| --- | --- |" >>"$REPORT"
-cat "$INFO" >>"$REPORT"
+info_section
 
 # 5. A timing (not a check) of one full-width Beam-1.0 layer, random weights made on the device.
 section "One full-width Beam-1.0 decoder layer (random on-device weights, BF16, KV BF16, context 4096)"
@@ -191,13 +162,8 @@ echo "Floor: weights, routed experts and visible KV read once at 4.8 TB/s (PERF.
 section "Op-by-op harness"
 echo "$ops_tables" >>"$REPORT"
 
-# Counted from the Checks table, so that every row is counted once whoever wrote it.
-checks=$(sed -n '/^## Checks/,/^## /p' "$REPORT")
-passed=$(echo "$checks" | grep -c '| pass |$')
-failed=$(echo "$checks" | grep -c '| \*\*FAIL\*\* |$')
-not_run=$(echo "$checks" | grep -c '| not run |$')
-section "Result"
-echo "$passed passed, $failed failed, $not_run not run" >>"$REPORT"
+check_result
+status=$?
 cat "$REPORT"
 rm -rf "$WORK" "$INFO"
-[ "$failed" = 0 ] && [ "$not_run" = 0 ] && [ "$passed" -gt 0 ]
+exit $status

@@ -53,7 +53,8 @@ def preempting_kv(device, dtype, model=""):
     return "4M" if f32 else "2M"
 
 
-def start_server(binary, model, device, port, dtype, extra=()):
+# The server's output goes to `log` (an open file) when given, else to this script's stderr.
+def start_server(binary, model, device, port, dtype, extra=(), log=None):
     # The GPU server sizes its KV cache from the device's memory, as `vllm serve` does.
     budget = ["--gpu-memory-utilization", "0.3"] if device == "cuda" else ["--kv-cache-memory", "4G"]
     if "--kv-cache-memory" in extra:
@@ -61,7 +62,7 @@ def start_server(binary, model, device, port, dtype, extra=()):
     # float32 compute comes with an F32 KV cache (--kv-cache-dtype auto follows --dtype).
     process = subprocess.Popen([binary, "serve", "--model", model, "--device", device, "--port", str(port),
                                 "--dtype", dtype, "--speculative-config", "none", *budget, *extra],
-                               stdout=sys.stderr, stderr=sys.stderr)
+                               stdout=log or sys.stderr, stderr=log or sys.stderr)
     deadline = time.time() + 300
     while time.time() < deadline:
         try:
@@ -149,9 +150,9 @@ def teacher_forced_row(name, answers, reference, argmax_agree=ARGMAX_AGREE, logp
                      compared > 0 and fraction >= argmax_agree and worst <= logprob_tolerance)
 
 
-# Runs `work(port)` against a server started with these flags, then stops the server.
-def with_server(binary, model, device, port, dtype, extra, work):
-    server = start_server(binary, model, device, port, dtype, extra)
+# Runs `work(port)` against a server started with these flags (its output to `log` when given), then stops it.
+def with_server(binary, model, device, port, dtype, extra, work, log=None):
+    server = start_server(binary, model, device, port, dtype, extra, log)
     try:
         return work(port)
     finally:
@@ -166,9 +167,9 @@ def concurrent_with_preemption(prompts):
     return work
 
 
-def make_prompts():
+def make_prompts(vocab=1000):
     rng = random.Random(5)
-    return [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
+    return [[rng.randrange(min(vocab, 1000)) for _ in range(rng.randrange(8, 200))] for _ in range(REQUESTS)]
 
 
 # The first model turn of 32 held-out conversations of the beam-nano data generator, as token ids.

@@ -3,6 +3,7 @@
 # background job of the calling script, when that script exits.
 #   serve_start EXE LOG [serve flags...]   sets $server (its pid) and $base (http://127.0.0.1:PORT); fails with the
 #                                          log when the server exits or prints no address within 90 s
+#                                          (SERVE_START_SECONDS: another limit, for models that take longer to load)
 #   metric NAME                            a /metrics value, with or without labels (vllm:* carry model_name)
 
 serve_start() {
@@ -11,7 +12,7 @@ serve_start() {
   "$exe" serve --port 0 "$@" > "$log" 2>&1 &
   server=$!
   trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-  for _ in $(seq 900); do
+  for _ in $(seq $((${SERVE_START_SECONDS:-90} * 10))); do
     port=$(sed -n 's|.*at http://[^:]*:\([0-9]*\)/v1.*|\1|p' "$log" | head -1)
     [ -n "$port" ] && break
     kill -0 "$server" 2>/dev/null || break

@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -117,6 +118,8 @@ def main():
         command += ["--hf-overrides", args.hf_overrides]
     command += args.serve_args.split()
     server = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
+    # A SIGTERM (a caller's timeout) ends this script through the finally below, so that the server goes too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("serve_throughput: terminated"))
     try:
         deadline = time.time() + 600
         while True:
