@@ -58,18 +58,8 @@ if wanted logits; then
   model_args=(--model "$preset" --load-format dummy --hf-overrides "$logits_overrides")
   name="$preset cut to 4 layers, --load-format dummy, $tokens_count tokens"
   for dtype in bfloat16 float32; do
-    logged timeout 180 "$BIN" logits "${model_args[@]}" --tokens "$tokens" --out "$WORK/$dtype-one.npy" \
-      --device "$DEVICE" --dtype "$dtype" --kv-cache-dtype "$dtype"
-    for layout in "TP8|--tensor-parallel-size 8" "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"; do
-      label=${layout%%|*}
-      # shellcheck disable=SC2206
-      parallel=(${layout#*|})
-      logged timeout 180 "$BIN" logits "${model_args[@]}" --tokens "$tokens" --out "$WORK/$dtype-$label.npy" \
-        --device "$DEVICE" --dtype "$dtype" --kv-cache-dtype "$dtype" "${parallel[@]}"
-      row="logits $label vs TP1, $name, --dtype $dtype"
-      mode=$([ "$dtype" = float32 ] && echo parallel || echo parallel-bf16)
-      checks_from "$row" 1 python3 bench/compare_logits.py "$mode" "$WORK/$dtype-$label.npy" "$WORK/$dtype-one.npy" "$row"
-    done
+    parallel_logits_rows "$name" "$dtype" "$dtype" "$tokens" "TP8|--tensor-parallel-size 8" \
+      "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"
   done
 fi
 

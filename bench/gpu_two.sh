@@ -77,18 +77,7 @@ if wanted logits; then
     tokens=$(token_ids "$count" "$vocab")
     for dtype in float32 bfloat16; do
       tag=$(echo "$name-$dtype" | tr -c 'a-zA-Z0-9-' _)
-      logged timeout 180 "$BIN" logits "${model_args[@]}" --tokens "$tokens" --out "$WORK/$tag-one.npy" \
-        --device "$DEVICE" --dtype "$dtype" --kv-cache-dtype "$dtype"
-      for layout in "${layouts[@]}"; do
-        label=${layout%%|*}
-        # shellcheck disable=SC2206
-        parallel=(${layout#*|})
-        logged timeout 180 "$BIN" logits "${model_args[@]}" --tokens "$tokens" --out "$WORK/$tag-$label.npy" \
-          --device "$DEVICE" --dtype "$dtype" --kv-cache-dtype "$dtype" "${parallel[@]}"
-        row="logits $label vs TP1, $name, $count tokens, --dtype $dtype"
-        mode=$([ "$dtype" = float32 ] && echo parallel || echo parallel-bf16)
-        checks_from "$row" 1 python3 bench/compare_logits.py "$mode" "$WORK/$tag-$label.npy" "$WORK/$tag-one.npy" "$row"
-      done
+      parallel_logits_rows "$name, $count tokens" "$tag" "$dtype" "$tokens" "${layouts[@]}"
     done
   done
 fi

@@ -3,6 +3,7 @@
 # need) set. Sets OUT, DEVICE (cuda, or cpu for the dry run), BIN, REPORT, LOG, INFO and WORK; sources the carry, the
 # check rows (check_table.sh) and the steps (gpu_steps.sh); sets up MPI for one node and CUDA with NCCL; writes the
 # report's header and opens its Checks table with the rows that everything else needs: mpirun, libnccl.so.2, the GPUs.
+# Defines parallel_logits_rows, the logits check both scripts run.
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda}
@@ -56,3 +57,21 @@ if [ "$DEVICE" = cuda ]; then
   visible=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   check_row "GPUs visible" "$visible" ">= $GPUS" "$([ "$visible" -ge "$GPUS" ] && echo 1 || echo 0)"
 fi
+
+# Logits rows: one process's logits of the model in the array model_args, then each "LABEL|FLAGS" layout's against
+# them (float32 within 1e-5 relative, bfloat16 by argmax). Usage: parallel_logits_rows NAME TAG DTYPE TOKENS LAYOUT...
+parallel_logits_rows() {
+  local name=$1 tag=$2 dtype=$3 tokens=$4 layout label row mode
+  shift 4
+  local common=(--tokens "$tokens" --device "$DEVICE" --dtype "$dtype" --kv-cache-dtype "$dtype")
+  logged timeout 180 "$BIN" logits "${model_args[@]}" "${common[@]}" --out "$WORK/$tag-one.npy"
+  mode=$([ "$dtype" = float32 ] && echo parallel || echo parallel-bf16)
+  for layout in "$@"; do
+    label=${layout%%|*}
+    # shellcheck disable=SC2206
+    local parallel=(${layout#*|})
+    logged timeout 180 "$BIN" logits "${model_args[@]}" "${common[@]}" --out "$WORK/$tag-$label.npy" "${parallel[@]}"
+    row="logits $label vs TP1, $name, --dtype $dtype"
+    checks_from "$row" 1 python3 bench/compare_logits.py "$mode" "$WORK/$tag-$label.npy" "$WORK/$tag-one.npy" "$row"
+  done
+}
