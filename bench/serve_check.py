@@ -175,7 +175,8 @@ def make_prompts(vocab=1000):
 # The first model turn of 32 held-out conversations of the beam-nano data generator, as token ids.
 def chat_prompts(binary, model):
     with tempfile.TemporaryDirectory() as directory:
-        subprocess.run([sys.executable, "tools/data/generate.py", "--out", directory, "--train", "0", "--heldout",
+        generator = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "data", "generate.py")
+        subprocess.run([sys.executable, generator, "--out", directory, "--train", "0", "--heldout",
                         str(REQUESTS), "--ood", "0", "--seed", "5", "--workers", "1"], check=True,
                        stdout=subprocess.DEVNULL)
         with open(os.path.join(directory, "heldout.jsonl")) as f:
