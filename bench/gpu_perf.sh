@@ -44,7 +44,7 @@ table "MoE layer: ours (route + experts, CUDA graph)" "$OPS" perf moe --iteratio
 [ "${PEERS:-1}" = 0 ] || table "MoE layer: PyTorch (route + torch._grouped_mm, eager)" python3 bench/torch_moe_peers.py --iterations 30
 table "Paged attention: ours, --dtype bfloat16 (one BF16 rounding of q and P in prefill; decode exact)" \
   "$OPS" perf attention --dtype bfloat16
-table "Paged attention: ours, --dtype float32 (q and P as hi + lo BF16)" "$OPS" perf attention --dtype float32 --filter prefill
+table "Paged attention: ours, --dtype float32 (q and P as hi, lo and lo2 BF16)" "$OPS" perf attention --dtype float32 --filter prefill
 [ "${PEERS:-1}" = 0 ] || table "Attention: PyTorch (SDPA on contiguous KV, flex_attention)" python3 bench/torch_attention_peers.py
 table "Dense weights of a decode step (q|k|v, o, dense MLP, LM head): ours, streaming and cuBLAS" "$OPS" perf linear
 [ "${PEERS:-1}" = 0 ] || table "Dense weights of a decode step: PyTorch (F.linear in BF16, CUDA graphs)" python3 bench/torch_linear_peers.py

@@ -137,9 +137,9 @@ struct SampleOutputs {
 };
 
 // How F32 activations meet BF16/F16 weights on matrix units (`--dtype`, vLLM's flag and meaning for the compute
-// precision). Float32: products as accurate as FP32 (a device backend splits each activation into two BF16
-// operands, hi + lo: twice the tensor-core work). BFloat16: activations rounded to BF16 once where they enter a
-// matrix unit (what vLLM computes; half the work). Activations stay F32 between ops either way, and the CPU
+// precision). Float32: the products FP32 arithmetic gives (a device backend splits each activation into three BF16
+// operands, hi + lo + lo2, which sum to it exactly: three times the tensor-core work). BFloat16: activations rounded
+// to BF16 once where they enter a matrix unit (what vLLM computes; a third of the work). Activations stay F32 between ops either way, and the CPU
 // backend always computes in FP32.
 enum class ComputeDType { Float32, BFloat16 };
 

@@ -188,7 +188,7 @@ void add_dtype_options(CLI::App& command, std::string& dtype, std::string& kv_ca
   command
       .add_option("--dtype", dtype,
                   "Precision of activations on the matrix units: auto (bfloat16 on cuda, float32 on cpu), bfloat16, "
-                  "or float32 (FP32-accurate products from split BF16 operands, twice the tensor-core work)")
+                  "or float32 (FP32 products from three BF16 operands per activation, three times the tensor-core work)")
       ->capture_default_str();
   command
       .add_option("--kv-cache-dtype,--kv-dtype", kv_cache_dtype,

@@ -33,7 +33,7 @@ std::vector<double> naive_matmul_wt(const std::vector<float>& x, const std::vect
   return y;
 }
 
-// Outputs of a device's GEMMs (cuBLAS with each F32 activation split into two BF16 operands, FP32 sums on the tensor
+// Outputs of a device's GEMMs (cuBLAS with each F32 activation split into BF16 operands, FP32 sums on the tensor
 // cores) are near FP32 but not at it: they get the op harness's 2e-4 (tests/backend_ops/harness.h,
 // kSplitOperandTolerance; on the H200, 2026-12-02, a logit of -0.2474 came out 2.2e-5 off, over 2e-5); the CPU's
 // loops keep 2e-5.

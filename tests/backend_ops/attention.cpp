@@ -5,8 +5,8 @@
 // attention`): paged attention on the CUDA backend at Beam-1.0's shapes (48 query heads, 8 kv heads x 128, block
 // size 16) over a random BF16 KV pool drawn on the device: decode batches (global and sliding window) and prefill,
 // each next to its floor (KV bytes / 4.8 TB/s for decode, FLOPs / 758 TFLOP/s for prefill, PERF.md). --dtype picks
-// the backend's compute dtype (the prefill kernel's tensor-core operands: float32 = hi + lo BF16 pairs, bfloat16 =
-// one rounding). Prints a Markdown table; bench/torch_attention_peers.py prints the same for PyTorch.
+// the backend's compute dtype (the prefill kernel's tensor-core operands: float32 = hi, lo and lo2 BF16 terms,
+// bfloat16 = one rounding). Prints a Markdown table; bench/torch_attention_peers.py prints the same for PyTorch.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

@@ -50,6 +50,39 @@ TensorView Inputs::weight(DType dtype, std::vector<int64_t> shape, float scale) 
   return view;
 }
 
+std::vector<float> Inputs::low_bit_pairs(int64_t rows, int64_t n) {
+  require(n % 2 == 0 && n <= kLowBitsMaxWidth, "backend_ops: low-bit rows of width {} (even, <= {})", n,
+          kLowBitsMaxWidth);
+  std::uniform_int_distribution<int> high(128, 255), low(-511, 511);  // b = high / 128, d = low / 2^18
+  std::vector<float> values(static_cast<std::size_t>(rows * n));
+  for (std::size_t i = 0; i < values.size(); i += 2) {
+    const float b = std::ldexp(static_cast<float>(high(rng_)), -7);
+    values[i] = b + std::ldexp(static_cast<float>(low(rng_)), -18);
+    values[i + 1] = b + std::ldexp(static_cast<float>(low(rng_)), -18);
+  }
+  return values;
+}
+
+TensorView Inputs::pair_sign_weight(int64_t out, int64_t n) {
+  require(n % 2 == 0 && n <= kLowBitsMaxWidth, "backend_ops: pair-sign weight of width {} (even, <= {})", n,
+          kLowBitsMaxWidth);
+  TensorView view;
+  view.name = fmt::format("pair signs [{}, {}]", out, n);
+  view.dtype = DType::BF16;
+  view.shape = {out, n};
+  auto& bytes = storage_.emplace_back(static_cast<std::size_t>(out * n) * sizeof(uint16_t));
+  auto* bits = reinterpret_cast<uint16_t*>(bytes.data());
+  std::bernoulli_distribution negative(0.5);
+  for (int64_t i = 0; i < out * n; i += 2) {
+    const float sign = negative(rng_) ? -1.0f : 1.0f;
+    bits[i] = f32_to_bf16(sign);
+    bits[i + 1] = f32_to_bf16(-sign);
+  }
+  view.data = bytes.data();
+  view.nbytes = bytes.size();
+  return view;
+}
+
 std::vector<float> as_f32(Backend& backend, const Tensor& tensor) {
   if (tensor.dtype() == DType::F32) return backend.download_f32(tensor);
   std::vector<float> values(static_cast<std::size_t>(tensor.numel()));
@@ -138,6 +171,21 @@ ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, i
     pair.device.experts.push_back({{gate[i].device, {}, {}}, {up[i].device, {}, {}}, {down[i].device, {}, {}}});
     pair.reference.experts.push_back(
         {{gate[i].reference, {}, {}}, {up[i].reference, {}, {}}, {down[i].reference, {}, {}}});
+  }
+  harness.device().prepare_moe(pair.device);
+  harness.reference().prepare_moe(pair.reference);
+  return pair;
+}
+
+ExpertPair low_bit_experts(Harness& harness, int32_t experts, int64_t hidden, int64_t intermediate) {
+  ExpertPair pair;
+  for (int32_t e = 0; e < experts; ++e) {
+    auto gate = harness.weight(harness.inputs().pair_sign_weight(intermediate, hidden));
+    auto up = harness.weight(harness.inputs().pair_sign_weight(intermediate, hidden));
+    auto down = harness.random_weight(DType::BF16, {hidden, intermediate},
+                                      1.0f / std::sqrt(static_cast<float>(intermediate)));
+    pair.device.experts.push_back({{gate.device, {}, {}}, {up.device, {}, {}}, {down.device, {}, {}}});
+    pair.reference.experts.push_back({{gate.reference, {}, {}}, {up.reference, {}, {}}, {down.reference, {}, {}}});
   }
   harness.device().prepare_moe(pair.device);
   harness.reference().prepare_moe(pair.reference);

@@ -17,10 +17,17 @@
 namespace beamline::backend_ops {
 
 constexpr double kF32Tolerance = 1e-5;
-// BF16/F16 weights times F32 activations: the CUDA GEMMs split each activation into two 16-bit operands, so their
-// error is near FP32's (measured up to 7e-5 with K = 20480 on the tensor cores, whose FP32 accumulation is not
-// IEEE), not a BF16 rounding's (2^-9: it would pass 1e-2 and fails the whole-model comparison).
+// BF16/F16 weights times F32 activations: the CUDA GEMMs split each activation into 16-bit operands that sum to it,
+// so their error is FP32 summation's (measured up to 7e-5 with K = 20480 on the tensor cores, whose FP32
+// accumulation is not IEEE, with two terms), not a BF16 rounding's (2^-9: it would pass 1e-2 and fails the
+// whole-model comparison).
 constexpr double kSplitOperandTolerance = 2e-4;
+// The same on the low-bit inputs (Inputs::low_bit_pairs with pair_sign weights), whose products and partial sums
+// are exact in FP32 in any order: the split's three terms carry every bit, so only the SwiGLU's F32 functions and
+// the accumulation of non-cancelling sums differ from the reference; two terms (17 bits) err by ~1e-3 there.
+constexpr double kLowBitsTolerance = 1e-6;
+// The widest row of low-bit pairs whose partial sums stay exact: multiples of 2^-18 below 2^6.
+constexpr int64_t kLowBitsMaxWidth = 32;
 // One BF16 rounding of the tensor-core operands (compute dtype BFloat16), as in prefill attention: q and the
 // softmax probabilities P keep 8 significant bits (2^-9 relative) before their products with exact BF16 K and V,
 // which on these inputs gives a few 1e-3 of relative error in the output; 1e-2 leaves room for that and still
@@ -55,6 +62,13 @@ class Inputs {
   explicit Inputs(uint64_t seed) : rng_(seed) {}
 
   std::vector<float> uniform(int64_t n, float scale = 1.0f);
+  // [rows, n] activations (n even, <= kLowBitsMaxWidth) whose pairs share their high bits: x[2i] = b + d and
+  // x[2i + 1] = b + d', b an 8-bit value in [1, 2) (exact in BF16), d and d' multiples of 2^-18 under 2^-9: 19
+  // significant bits, which hi + lo (about 17) cannot carry and hi + lo + lo2 can.
+  std::vector<float> low_bit_pairs(int64_t rows, int64_t n);
+  // BF16 weights [out, n] with w[o, 2i] = -w[o, 2i + 1] = ±1: against low_bit_pairs, x · w = Σ ±(d − d'), the high
+  // bits cancelling exactly, every partial sum exact in FP32 in any order.
+  TensorView pair_sign_weight(int64_t out, int64_t n);
   // Stored bytes of a random tensor of `dtype` (F32, BF16 or F16), kept alive by this object.
   TensorView weight(DType dtype, std::vector<int64_t> shape, float scale);
   std::mt19937_64& rng() { return rng_; }
@@ -138,6 +152,8 @@ struct ExpertPair {
 };
 ExpertPair random_experts(Harness& harness, int32_t experts, int32_t distinct, int64_t hidden, int64_t intermediate,
                           DType dtype = DType::BF16);
+// The same with pair_sign_weight gate and up matrices (hidden <= kLowBitsMaxWidth), for low_bit_pairs tokens.
+ExpertPair low_bit_experts(Harness& harness, int32_t experts, int64_t hidden, int64_t intermediate);
 
 // Routings of MoE cases (the moe and fp8 families). Expert ids of `rows` tokens: top_k distinct experts each, in
 // random order; weights positive.

@@ -27,6 +27,29 @@
 
 namespace beamline::backend_ops {
 
+namespace {
+
+// Float32 only: projections whose result lies in the activations' low bits (Inputs::low_bit_pairs against
+// pair_sign_weight weights), exact in FP32 in any order, so the split operands must carry all 19 bits of every
+// activation (three BF16 terms do; two fail by ~1e-3). More rows than are streamed: cuBLAS over the split rows.
+void test_linear_low_bits(Harness& harness) {
+  if (harness.device().compute_dtype() != ComputeDType::Float32) return;
+  for (const int64_t rows : {2L, 16L, 300L})
+    for (const int64_t in : {32L, 30L}) {
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t out = 48;
+      auto weight = harness.weight(harness.inputs().pair_sign_weight(out, in));
+      auto x = harness.f32(harness.inputs().low_bit_pairs(rows, in), {rows, in});
+      auto y = harness.poisoned(DType::F32, {rows, out});
+      harness.device().linear(x.device, {weight.device, {}, {}}, y.device);
+      harness.reference().linear(x.reference, {weight.reference, {}, {}}, y.reference);
+      harness.record("linear", fmt::format("T {} {}x{} BF16 (low bits: the split's third term)", rows, out, in), y,
+                     kLowBitsTolerance, seconds_since(start));
+    }
+}
+
+}  // namespace
+
 void test_linear(Harness& harness) {
   struct Case {
     int64_t rows, in, out;
@@ -47,6 +70,7 @@ void test_linear(Harness& harness) {
     harness.record("linear", fmt::format("T {} {}x{} {} ({})", c.rows, c.out, c.in, dtype_name(c.dtype), c.what), y,
                    harness.projection_tolerance(c.rows, c.in, c.dtype, kStreamingSingleRows), seconds_since(start));
   }
+  test_linear_low_bits(harness);
 }
 
 // Projections of 1 to 16 rows (streamed up to kStreamingSingleRows, cuBLAS above) over one weight per shape: Beam-1.0's o

@@ -122,6 +122,31 @@ void test_moe(Harness& harness) {
                                       c.top_k, c.what),
                    out, harness.operand_tolerance(), seconds_since(start));
   }
+  // Float32 only: gate and up sums that lie in the tokens' low bits (Inputs::low_bit_pairs against pair-sign gate and
+  // up), exact in FP32 in any order, so the split operands must carry all 19 bits of h (three BF16 terms do; two
+  // fail by ~1e-3): 16-token and 64-token tiles on the tensor cores, the grouped GEMM (H not a multiple of 8), and
+  // one token (streamed, exact).
+  if (harness.device().compute_dtype() != ComputeDType::Float32) return;
+  struct LowBitCase {
+    int64_t rows, hidden, intermediate;
+    const char* what;
+  };
+  for (const LowBitCase& c : {LowBitCase{2, 32, 64, "16-token tiles"}, LowBitCase{300, 32, 64, "64-token tiles"},
+                              LowBitCase{40, 30, 36, "grouped GEMM"}, LowBitCase{1, 32, 64, "streaming"}}) {
+    const auto start = std::chrono::steady_clock::now();
+    const int32_t experts = 8, top_k = 2;
+    auto [device_moe, reference_moe] = low_bit_experts(harness, experts, c.hidden, c.intermediate);
+    auto [id_values, weight_values] = random_assignment(harness.inputs(), c.rows, experts, top_k);
+    auto ids = harness.i32(id_values, {c.rows, top_k});
+    auto weights = harness.f32(weight_values, {c.rows, top_k});
+    auto h = harness.f32(harness.inputs().low_bit_pairs(c.rows, c.hidden), {c.rows, c.hidden});
+    auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
+    harness.device().moe(h.device, ids.device, weights.device, device_moe, out.device);
+    harness.reference().moe(h.reference, ids.reference, weights.reference, reference_moe, out.reference);
+    harness.record("moe", fmt::format("T {} H {} E {}x{} top {} (low bits: the split's third term, {})", c.rows,
+                                      c.hidden, experts, c.intermediate, top_k, c.what),
+                   out, kLowBitsTolerance, seconds_since(start));
+  }
 }
 
 

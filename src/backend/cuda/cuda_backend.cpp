@@ -774,17 +774,17 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
   }
   if (operand_precision() == cuda::OperandPrecision::Bf16) {
     Tensor rounded = scratch(dtype, {rows, in});
-    check_launch(cuda::split_f32(x, rows * in, rounded.raw(), nullptr, dtype, stream_), "linear");
+    check_launch(cuda::split_f32(x, rows * in, rounded.raw(), 1, dtype, stream_), "linear");
     gemm_wt(rounded.raw(), dtype, rows, in, weight, y);
     return;
   }
-  // One GEMM over [hi; lo] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
-  Tensor split = scratch(dtype, {2 * rows, in});
-  Tensor halves = scratch(DType::F32, {2 * rows, out});
-  std::byte* lo = split.raw() + static_cast<std::size_t>(rows * in) * dtype_size(dtype);
-  check_launch(cuda::split_f32(x, rows * in, split.raw(), lo, dtype, stream_), "linear");
-  gemm_wt(split.raw(), dtype, 2 * rows, in, weight, halves.data<float>());
-  check_launch(cuda::add_halves(halves.data<const float>(), rows * out, y, stream_), "linear");
+  // One GEMM over [hi; lo; lo2] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
+  constexpr int64_t kTerms = cuda::kSplitTerms;
+  Tensor split = scratch(dtype, {kTerms * rows, in});
+  Tensor partials = scratch(DType::F32, {kTerms * rows, out});
+  check_launch(cuda::split_f32(x, rows * in, split.raw(), cuda::kSplitTerms, dtype, stream_), "linear");
+  gemm_wt(split.raw(), dtype, kTerms * rows, in, weight, partials.data<float>());
+  check_launch(cuda::add_terms(partials.data<const float>(), rows * out, y, stream_), "linear");
 }
 
 void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
@@ -1266,21 +1266,17 @@ void CudaBackend::moe_experts(const Tensor& h, const Tensor& expert_ids, const T
   if (rows >= kMinMmaRows && cuda::moe_mma_supported(pointers.dtype, experts, hidden, pointers.intermediate)) {
     const int64_t max_tiles = cuda::moe_mma_max_tiles(assignments, experts);
     const cuda::OperandPrecision precision = operand_precision();
-    const int64_t operands = precision == cuda::OperandPrecision::Split ? 2 : 1;  // hi (and lo) BF16 rows
+    const int64_t operands = cuda::operand_terms(precision);  // BF16 row sets: hi (Bf16) or hi, lo, lo2 (Split)
     Tensor h_split = scratch(DType::BF16, {operands, rows, hidden});
     Tensor grouped = scratch(DType::I32, {assignments});
     Tensor tiles = scratch(DType::I32, {max_tiles, 4});
     Tensor activated_split = scratch(DType::BF16, {operands, assignments, pointers.intermediate});
     Tensor expert_out = scratch(DType::F32, {assignments, hidden});
     cuda::MoeMmaWorkspace workspace;
-    workspace.h_hi = h_split.raw();
+    workspace.h = h_split.raw();
     workspace.grouped = grouped.data<int32_t>();
     workspace.tiles = tiles.data<int32_t>();
-    workspace.activated_hi = activated_split.raw();
-    if (operands == 2) {
-      workspace.h_lo = h_split.raw() + sizeof(uint16_t) * rows * hidden;
-      workspace.activated_lo = activated_split.raw() + sizeof(uint16_t) * assignments * pointers.intermediate;
-    }
+    workspace.activated = activated_split.raw();
     workspace.expert_out = expert_out.data<float>();
     workspace.max_tiles = max_tiles;
     check_launch(cuda::moe_mma(h.data<const float>(), expert_ids.data<const int32_t>(),
@@ -1320,7 +1316,8 @@ void CudaBackend::moe_experts(const Tensor& h, const Tensor& expert_ids, const T
   workspace.expert_out = expert_out.data<float>();
   workspace.max_tiles = max_tiles;
   check_launch(cuda::moe(h.data<const float>(), expert_ids.data<const int32_t>(), expert_weights.data<const float>(),
-                         rows, static_cast<int32_t>(top_k), pointers, workspace, out.data<float>(), stream_, deltas),
+                         rows, static_cast<int32_t>(top_k), pointers, operand_precision(), workspace, out.data<float>(),
+                         stream_, deltas),
                op);
 }
 

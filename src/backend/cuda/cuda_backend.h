@@ -143,8 +143,8 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMicroStreamingMaxRows = 1;
 
  private:
-  // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo (FP32-accurate)
-  // or hi alone (OperandPrecision::Bf16).
+  // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo + lo2 (what FP32
+  // arithmetic gives) or hi alone (OperandPrecision::Bf16).
   void project(const float* x, int64_t rows, const Tensor& weight, float* y);
   // ys[i] = x weights[i]ᵀ (soft-capped when softcap > 0) in one weight-streaming launch, when the rows are few
   // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.

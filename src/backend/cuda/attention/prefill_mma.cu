@@ -1,4 +1,4 @@
-// Prefill attention on the tensor cores for head_dim 128 and a BF16 KV pool with FP32-accurate operands
+// Prefill attention on the tensor cores for head_dim 128 and a BF16 KV pool with F32 operands split exactly
 // (OperandPrecision::Split; Bf16 operands take the wgmma kernel, attention/prefill_wgmma.cu), in the
 // FlashAttention-2 design: a block serves kVectors query vectors — (row, head of the group) pairs of consecutive
 // rows of one sequence and one kv head, as in the CUDA-core kernel (attention/prefill.cu) — so every K/V
@@ -6,14 +6,16 @@
 // memory (16-byte chunks, so ldmatrix reads 8 rows without bank conflicts), kStages - 1 tiles ahead of the one in
 // use. Each warp owns 16 * kMTiles vectors: S = q Kᵀ and O += P V are mma.sync m16n8k16 BF16 products with FP32
 // accumulation, the online softmax stays in registers and P goes from the S accumulators to the PV operand
-// without shared memory. q and P are hi + lo BF16 pairs (two MMAs per product, FP32-accurate); K and V are BF16
-// in the pool, exact operands.
+// without shared memory. q and P enter as their kSplitTerms BF16 terms hi, lo, lo2 (common/split_operand.cuh: the
+// terms sum to the F32 value, so three MMAs per product give what FP32 arithmetic gives); K and V are BF16 in the
+// pool, exact operands.
 // Key tiles that no vector of a warp sees are skipped by that warp; masks (causal, window, keys past the sequence)
 // are applied only to tiles that are not wholly visible to every vector of the warp.
 #include <climits>
 #include <cmath>
 
 #include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/common/split_operand.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
 namespace beamline::cuda {
@@ -26,10 +28,10 @@ constexpr int kVectors = kPrefillTileVectors;       // query vectors per block
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The block's shape: the fastest of the spill-free shapes measured on the H200 (bench/results/
-// 2026-12-01-prefill.md). The hi and lo halves of q and P make two MMAs per K/V fragment read from shared memory,
-// so one 16-vector MMA tile per warp (8 warps) leaves registers for 64-key tiles, 3 deep, one block per
-// multiprocessor.
-constexpr int kQueryParts = 2;  // q as BF16 rows: hi, lo
+// 2026-12-01-prefill.md, measured with two terms). The terms of q and P make kSplitTerms MMAs per K/V fragment read
+// from shared memory, so one 16-vector MMA tile per warp (8 warps) leaves registers for 64-key tiles, 3 deep, one
+// block per multiprocessor.
+constexpr int kQueryParts = kSplitTerms;  // q as BF16 rows: hi, lo, lo2
 constexpr int kMTiles = 1;
 constexpr int kWarps = kVectors / (16 * kMTiles);
 constexpr int kThreads = 32 * kWarps;
@@ -66,17 +68,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats as a BF16 pair (x in the low half, the lower column of an MMA operand), and the pair of what that
-// rounding left over.
-__device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-__device__ __forceinline__ uint32_t pack_bf16_remainder(float x, float y) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(x, y);
-  return pack_bf16(x - __low2float(pair), y - __high2float(pair));
-}
-
 __global__ void __launch_bounds__(kThreads)
     prefill_attention_mma_kernel(const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch,
                                  const int32_t* tile_list, int32_t num_heads, float scale, int32_t sliding_window,
@@ -107,9 +98,12 @@ __global__ void __launch_bounds__(kThreads)
       value = *reinterpret_cast<const float4*>(q + (row * num_heads + head) * kDim + d);
     }
     const uint32_t offset = swizzled(vector, d / 8) + (d % 8) * 2;
-    *reinterpret_cast<uint2*>(shared + offset) = uint2{pack_bf16(value.x, value.y), pack_bf16(value.z, value.w)};
-    *reinterpret_cast<uint2*>(shared + kVectors * kRowBytes + offset) =
-        uint2{pack_bf16_remainder(value.x, value.y), pack_bf16_remainder(value.z, value.w)};
+    uint32_t first[kQueryParts], second[kQueryParts];
+    split_pair(value.x, value.y, first);
+    split_pair(value.z, value.w, second);
+#pragma unroll
+    for (int part = 0; part < kQueryParts; ++part)
+      *reinterpret_cast<uint2*>(shared + part * kVectors * kRowBytes + offset) = uint2{first[part], second[part]};
   }
 
   // This thread's vectors are rows lane / 4 (half 0) and lane / 4 + 8 (half 1) of each of the warp's MMA tiles;
@@ -256,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-            for (int part = 0; part < kQueryParts; ++part) {
+            for (int part = kQueryParts - 1; part >= 0; --part) {  // the smallest term first
               mma(score[i][2 * pair], query[part][i], key[0], key[1]);
               mma(score[i][2 * pair + 1], query[part][i], key[2], key[3]);
             }
@@ -324,14 +318,14 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kMTiles; ++i) {
         const float(&left)[4] = score[i][2 * step];
         const float(&right)[4] = score[i][2 * step + 1];
-        probability[0][i][0] = pack_bf16(left[0], left[1]);
-        probability[0][i][1] = pack_bf16(left[2], left[3]);
-        probability[0][i][2] = pack_bf16(right[0], right[1]);
-        probability[0][i][3] = pack_bf16(right[2], right[3]);
-        probability[1][i][0] = pack_bf16_remainder(left[0], left[1]);
-        probability[1][i][1] = pack_bf16_remainder(left[2], left[3]);
-        probability[1][i][2] = pack_bf16_remainder(right[0], right[1]);
-        probability[1][i][3] = pack_bf16_remainder(right[2], right[3]);
+        const float pairs[4][2] = {{left[0], left[1]}, {left[2], left[3]}, {right[0], right[1]}, {right[2], right[3]}};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          uint32_t terms[kQueryParts];
+          split_pair(pairs[r][0], pairs[r][1], terms);
+#pragma unroll
+          for (int part = 0; part < kQueryParts; ++part) probability[part][i][r] = terms[part];
+        }
       }
 #pragma unroll
       for (int pair = 0; pair < kDim / 16; ++pair) {
@@ -341,7 +335,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-          for (int part = 0; part < kQueryParts; ++part) {
+          for (int part = kQueryParts - 1; part >= 0; --part) {
             mma(acc[i][2 * pair], probability[part][i], value[0], value[1]);
             mma(acc[i][2 * pair + 1], probability[part][i], value[2], value[3]);
           }

@@ -6,9 +6,16 @@
 
 namespace beamline::cuda {
 
-// How the compute-bound kernels feed F32 activations to the tensor cores (Backend::compute_dtype): Split = hi + lo
-// BF16 operands (FP32-accurate products, two MMAs per product), Bf16 = one rounding to BF16 (one MMA). Kernels
-// bound by memory read F32 as it is whatever this says.
+// How the compute-bound kernels feed F32 activations to the tensor cores (Backend::compute_dtype): Split = the
+// kSplitTerms BF16 operands hi + lo + lo2 of common/split_operand.cuh (exact for |x| >= 2^-110, so products are what
+// FP32 arithmetic gives; three MMAs per product), Bf16 = one rounding to BF16 (one MMA). Kernels bound by memory read
+// F32 as it is whatever this says.
 enum class OperandPrecision { Split, Bf16 };
+constexpr int kSplitTerms = 3;
+
+// 16-bit operand rows per F32 activation row.
+constexpr int operand_terms(OperandPrecision precision) {
+  return precision == OperandPrecision::Split ? kSplitTerms : 1;
+}
 
 }  // namespace beamline::cuda

@@ -39,12 +39,14 @@ __device__ __forceinline__ bool aligned16(const void* address) {
   return reinterpret_cast<uintptr_t>(address) % 16 == 0;
 }
 
-// The shrink's input row x_s of slot s: F32 rows (h, or the SwiGLU output) or BF16 hi (+ lo) rows (the SwiGLU output
-// of the tensor-core kernels), row slot_row[s], or s / divisor without slot_row.
+// The shrink's input row x_s of slot s: F32 rows (h, or the SwiGLU output) or the BF16 operand row sets of the
+// tensor-core kernels (the SwiGLU output: hi, or hi, lo and lo2, whose sum is the F32 value exactly; set t at
+// terms + t * term_stride), row slot_row[s], or s / divisor without slot_row.
 struct ShrinkInput {
   const float* f32 = nullptr;
-  const __nv_bfloat16* hi = nullptr;
-  const __nv_bfloat16* lo = nullptr;
+  const __nv_bfloat16* terms = nullptr;
+  int32_t term_count = 0;
+  int64_t term_stride = 0;
   const int32_t* slot_row = nullptr;
   int32_t divisor = 1;
   int64_t width = 0;
@@ -54,13 +56,15 @@ struct ShrinkInput {
 template <bool kBf16>
 __device__ __forceinline__ float4 load4(const ShrinkInput& x, int64_t offset) {
   if constexpr (kBf16) {
-    const auto* hi = reinterpret_cast<const __nv_bfloat162*>(x.hi + offset);
-    const float2 a = __bfloat1622float2(hi[0]), b = __bfloat1622float2(hi[1]);
-    float4 value{a.x, a.y, b.x, b.y};
-    if (x.lo != nullptr) {
-      const auto* lo = reinterpret_cast<const __nv_bfloat162*>(x.lo + offset);
-      const float2 c = __bfloat1622float2(lo[0]), d = __bfloat1622float2(lo[1]);
-      value = {value.x + c.x, value.y + c.y, value.z + d.x, value.w + d.y};
+    auto term = [&](int32_t t) {
+      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(x.terms + t * x.term_stride + offset);
+      const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+      return float4{a.x, a.y, b.x, b.y};
+    };
+    float4 value = term(0);
+    for (int32_t t = 1; t < x.term_count; ++t) {
+      const float4 next = term(t);
+      value = {value.x + next.x, value.y + next.y, value.z + next.z, value.w + next.w};
     }
     return value;
   } else {
@@ -70,10 +74,13 @@ __device__ __forceinline__ float4 load4(const ShrinkInput& x, int64_t offset) {
 
 template <bool kBf16>
 __device__ __forceinline__ float load1(const ShrinkInput& x, int64_t offset) {
-  if constexpr (kBf16)
-    return __bfloat162float(x.hi[offset]) + (x.lo != nullptr ? __bfloat162float(x.lo[offset]) : 0.0f);
-  else
+  if constexpr (kBf16) {
+    float value = __bfloat162float(x.terms[offset]);
+    for (int32_t t = 1; t < x.term_count; ++t) value += __bfloat162float(x.terms[t * x.term_stride + offset]);
+    return value;
+  } else {
     return x.f32[offset];
+  }
 }
 
 // shrunk_q[s, r] = a_q[r] · x_s for rank row r = blockIdx.y of the slot at position blockIdx.x and each projection q
@@ -216,8 +223,9 @@ cudaError_t moe_lora_deltas(const MoeLoraArgs& args, const MoeLoraWorkspace& wor
     deltas.compute_down = [args, workspace, stream](const SwigluRows& rows) {
       ShrinkInput x;
       x.f32 = rows.f32;
-      x.hi = static_cast<const __nv_bfloat16*>(rows.hi);
-      x.lo = static_cast<const __nv_bfloat16*>(rows.lo);
+      x.terms = static_cast<const __nv_bfloat16*>(rows.terms);
+      x.term_count = rows.term_count;
+      x.term_stride = rows.term_stride;
       x.slot_row = rows.slot_row;
       x.width = args.intermediate;
       return shrink_expand(args, workspace.grouped, x, rows.f32 == nullptr, args.down, workspace.shrunk_down,

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/split_operand.cuh"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/moe/moe.h"
 
@@ -201,8 +202,10 @@ __global__ void combine_kernel(const float* expert_out, const int32_t* slot_row,
 }
 
 // ---- grouped GEMM: C[r, n] = sum_k A[r, k] * B_e[n, k] for the rows of tile blockIdx.x, e its expert ----
-// A is F32 and enters the tensor cores as hi + lo in W (split_f32's scheme, done while staging the tile), so the
-// products are FP32-accurate at twice the MMA work; these GEMMs are bound by streaming the expert weights.
+// A is F32 and enters the tensor cores as kTerms operands in W (common/split_operand.cuh, done while staging the
+// tile): kSplitTerms with OperandPrecision::Split, so the products are what FP32 arithmetic gives at three times the
+// MMA work; two (hi + lo, about 17 bits) with Bf16, as this fallback has always done. These GEMMs are bound by
+// streaming the expert weights.
 constexpr int kTileN = 64, kTileK = 32, kGemmThreads = 128;
 constexpr int kLoadStride = kTileK + 8;  // bf16/f16 rows padded to keep WMMA loads 16-byte aligned
 constexpr int kStoreStride = kTileN + 4;
@@ -221,18 +224,18 @@ struct GroupedOperands {
 
 // kDual: C = silu(A B0ᵀ + dg) * (A B1ᵀ + du) (gate|up with the SwiGLU fused); else C = A B0ᵀ + d; the deltas of
 // operands.delta, zero without.
-template <typename W, bool kDual>
+template <typename W, bool kDual, int kTerms>
 __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float* a, GroupedOperands operands,
                                                                     int64_t n, int64_t k, float* c) {
   using namespace nvcuda;
   constexpr int kMatrices = kDual ? 2 : 1;
-  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (2 * kGroupedTileRows + kMatrices * kTileN);
+  constexpr size_t kLoadBytes = sizeof(W) * kLoadStride * (kTerms * kGroupedTileRows + kMatrices * kTileN);
   constexpr size_t kStoreBytes = sizeof(float) * kStoreStride * kGroupedTileRows * kMatrices;
   __shared__ __align__(128) unsigned char shared[kLoadBytes > kStoreBytes ? kLoadBytes : kStoreBytes];
   __shared__ int32_t source_row[kGroupedTileRows];
-  W* a_high = reinterpret_cast<W*>(shared);
-  W* a_low = a_high + kGroupedTileRows * kLoadStride;
-  W* b_tiles = a_low + kGroupedTileRows * kLoadStride;
+  W* a_terms = reinterpret_cast<W*>(shared);  // term t at a_terms + t * kATermElements
+  constexpr int kATermElements = kGroupedTileRows * kLoadStride;
+  W* b_tiles = a_terms + kTerms * kATermElements;
   float* c_tiles = reinterpret_cast<float*>(shared);
 
   const int64_t tile = blockIdx.x;
@@ -250,13 +253,19 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
                                                      : static_cast<int32_t>(row);
   }
 
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2];
+  // With kSplitTerms terms each k tile's sums move into `total` by IEEE additions, so the tensor cores' truncating
+  // FP32 accumulation never chains more than one tile of MMAs (moe_mma.cu does the same per stage).
+  constexpr bool kPromote = kTerms == kSplitTerms;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2], total[kMatrices][2][2];
 #pragma unroll
   for (int m = 0; m < kMatrices; ++m)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+      for (int j = 0; j < 2; ++j) {
+        wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+        if constexpr (kPromote) wmma::fill_fragment(total[m][i][j], 0.0f);
+      }
 
   const W zero = from_float<W>(0.0f);
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
@@ -265,9 +274,10 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
       const int r = i / kTileK, kk = i % kTileK;
       const int32_t source = source_row[r];
       const float value = (k0 + kk < k && source >= 0) ? a[int64_t{source} * k + k0 + kk] : 0.0f;
-      const W high = from_float<W>(value);
-      a_high[r * kLoadStride + kk] = high;
-      a_low[r * kLoadStride + kk] = from_float<W>(isfinite(value) ? value - to_float(high) : 0.0f);
+      W terms[kTerms];
+      split_terms(value, terms);
+#pragma unroll
+      for (int t = 0; t < kTerms; ++t) a_terms[t * kATermElements + r * kLoadStride + kk] = terms[t];
     }
 #pragma unroll
     for (int m = 0; m < kMatrices; ++m)
@@ -279,12 +289,13 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> high_fragment[2], low_fragment[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a_fragment[kTerms][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        wmma::load_matrix_sync(high_fragment[i], a_high + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
-        wmma::load_matrix_sync(low_fragment[i], a_low + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
-      }
+      for (int t = 0; t < kTerms; ++t)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          wmma::load_matrix_sync(a_fragment[t][i],
+                                 a_terms + t * kATermElements + (warp_m * 32 + i * 16) * kLoadStride + kk, kLoadStride);
 #pragma unroll
       for (int m = 0; m < kMatrices; ++m)
 #pragma unroll
@@ -293,11 +304,24 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
           wmma::load_matrix_sync(b_fragment, b_tiles + (m * kTileN + warp_n * 32 + j * 16) * kLoadStride + kk,
                                  kLoadStride);
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            wmma::mma_sync(accumulator[m][i][j], low_fragment[i], b_fragment, accumulator[m][i][j]);
-            wmma::mma_sync(accumulator[m][i][j], high_fragment[i], b_fragment, accumulator[m][i][j]);
-          }
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int t = kTerms - 1; t >= 0; --t)  // the smallest term first
+              wmma::mma_sync(accumulator[m][i][j], a_fragment[t][i], b_fragment, accumulator[m][i][j]);
         }
+    }
+    if constexpr (kPromote) {
+#pragma unroll
+      for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < total[m][i][j].num_elements; ++e) {
+              total[m][i][j].x[e] += accumulator[m][i][j].x[e];
+              accumulator[m][i][j].x[e] = 0.0f;
+            }
     }
   }
   __syncthreads();
@@ -310,7 +334,7 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
       for (int j = 0; j < 2; ++j)
         wmma::store_matrix_sync(
             c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
-            accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+            kPromote ? total[m][i][j] : accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
   __syncthreads();
   for (int i = threadIdx.x; i < kGroupedTileRows * kTileN; i += kGemmThreads) {
     const int r = i / kTileN, col = i % kTileN;
@@ -332,20 +356,22 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   }
 }
 
-template <typename W>
+template <typename W, int kTerms>
 cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
                              const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
                              float* activated, float* out, const ExpertDeltas* deltas, const int32_t* slot_row,
                              cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
-  grouped_gemm_kernel<W, true><<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
+  grouped_gemm_kernel<W, true, kTerms>
+      <<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  if (const cudaError_t status = compute_down_delta(deltas, SwigluRows{activated, nullptr, nullptr, slot_row});
-      status != cudaSuccess)
-    return status;
+  SwigluRows swiglu;
+  swiglu.f32 = activated;
+  swiglu.slot_row = slot_row;
+  if (const cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
   const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
-  grouped_gemm_kernel<W, false><<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden,
-                                                                         intermediate, out);
+  grouped_gemm_kernel<W, false, kTerms>
+      <<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden, intermediate, out);
   return cudaGetLastError();
 }
 
@@ -381,8 +407,8 @@ int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
 }
 
 cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream,
-                const ExpertDeltas* deltas) {
+                const ExpertPointers& experts, OperandPrecision precision, const MoeWorkspace& workspace, float* out,
+                cudaStream_t stream, const ExpertDeltas* deltas) {
   if (rows == 0) return cudaSuccess;
   if (deltas != nullptr && workspace.row_slot == nullptr) return cudaErrorInvalidValue;
   const int64_t assignments = rows * top_k;
@@ -423,9 +449,14 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
-    status = run_swiglu_gemms<decltype(tag)>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                             experts.intermediate, workspace.activated, workspace.expert_out, deltas,
-                                             workspace.slot_row, stream);
+    using W = decltype(tag);
+    status = precision == OperandPrecision::Split
+                 ? run_swiglu_gemms<W, kSplitTerms>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
+                                                    experts.intermediate, workspace.activated, workspace.expert_out,
+                                                    deltas, workspace.slot_row, stream)
+                 : run_swiglu_gemms<W, 2>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
+                                          experts.intermediate, workspace.activated, workspace.expert_out, deltas,
+                                          workspace.slot_row, stream);
   });
   if (status != cudaSuccess) return status;
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,

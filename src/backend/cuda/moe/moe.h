@@ -35,12 +35,13 @@ struct ExpertPointers {
 
 // The hooks through which moe_lora (lora/moe_lora.h) adds each slot's expert LoRA inside these kernels, so that its
 // base GEMMs are moe's own (slot s = token * top_k + j). The SwiGLU output of slot s as the down GEMM reads it: F32
-// rows, or BF16 `hi` (and, with OperandPrecision::Split, `lo`) rows; row s, or slot_row[s] when set (moe's padded
-// rows).
+// rows, or `term_count` BF16 row sets (1: hi; kSplitTerms with OperandPrecision::Split: hi, lo, lo2, whose sum is the
+// F32 value), set t at terms + t * term_stride elements; row s, or slot_row[s] when set (moe's padded rows).
 struct SwigluRows {
   const float* f32 = nullptr;
-  const void* hi = nullptr;
-  const void* lo = nullptr;
+  const void* terms = nullptr;
+  int32_t term_count = 0;
+  int64_t term_stride = 0;
   const int32_t* slot_row = nullptr;
 };
 // F32 deltas, each null for none: `gate_up` [A, 2 I], slot s's on its gate (first I) and up pre-activations, added
@@ -75,11 +76,12 @@ int64_t moe_max_tiles(int64_t assignments, int32_t experts);
 
 // out[t] = sum_j weights[t, j] * SwiGLU_{ids[t, j]}(h[t]) with no host synchronisation: count, pad and
 // map the rows per expert, two grouped GEMMs reading h through the map (gate|up with the SwiGLU fused, then down;
-// F32 activations split hi + lo onto the tensor cores), combine in j order. Expert ids outside [0, E) make the
+// F32 activations onto the tensor cores as kSplitTerms operands with OperandPrecision::Split, hi + lo with Bf16),
+// combine in j order. Expert ids outside [0, E) make the
 // token's output NaN. `deltas` (moe_lora): workspace.row_slot must be set.
 cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                const ExpertPointers& experts, const MoeWorkspace& workspace, float* out, cudaStream_t stream,
-                const ExpertDeltas* deltas = nullptr);
+                const ExpertPointers& experts, OperandPrecision precision, const MoeWorkspace& workspace, float* out,
+                cudaStream_t stream, const ExpertDeltas* deltas = nullptr);
 // The same for few tokens, bound by reading the routed experts' weights: one block per (routed expert, slice of
 // output rows) streams each weight row once and dots it with the F32 activations of all the expert's tokens
 // (no tensor cores, no rounding), then a combine in j order (one token with top_k <= 8: fused into the down pass,
@@ -99,19 +101,18 @@ cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t row
                         int64_t hidden, float* out, cudaStream_t stream);
 // The same on the tensor cores for 2 tokens and more (moe/moe_mma.cu): per expert C^T = W · X^T, the weight
 // rows as M streamed once per tile of the expert's tokens (N), X (h, then the SwiGLU output) converted once to BF16
-// rows and read through the expert's slot list into the MMAs (`precision`: Split, hi + lo rows and two mma.sync per
-// product, FP32-accurate products, tiles of 16 or 64 tokens; Bf16, one rounding and one wgmma per product when
+// rows and read through the expert's slot list into the MMAs (`precision`: Split, hi, lo and lo2 rows and three
+// mma.sync per product, the products FP32 arithmetic gives, tiles of 16 or 64 tokens; Bf16, one rounding and one wgmma per product when
 // ExpertPointers::tensor_maps is set, tiles of 64 or 128 tokens), SwiGLU fused into gate|up, the routing weight into
 // down, then moe_combine. One block groups the slots by expert first, so nothing waits for the host.
 // Supported for BF16 experts, at most kMaxMmaExperts of them, H and I multiples of 8.
 constexpr int32_t kMaxMmaExperts = 1024;
 struct MoeMmaWorkspace {
-  void* h_hi = nullptr;          // [rows, H] BF16
-  void* h_lo = nullptr;          // [rows, H] BF16 (Split only)
+  // BF16 operand row sets, operand_terms(precision) of them: hi (Bf16) or hi, lo, lo2 (Split).
+  void* h = nullptr;             // [terms, rows, H]
   int32_t* grouped = nullptr;    // [rows * top_k] slots grouped by expert
   int32_t* tiles = nullptr;      // [max_tiles * 4] (expert, first grouped entry, slots, unused) per token tile
-  void* activated_hi = nullptr;  // [rows * top_k, I] BF16
-  void* activated_lo = nullptr;  // [rows * top_k, I] BF16 (Split only)
+  void* activated = nullptr;     // [terms, rows * top_k, I]
   float* expert_out = nullptr;   // [rows * top_k, H]
   int64_t max_tiles = 0;         // at least moe_mma_max_tiles
 };

@@ -4,10 +4,11 @@
 // N. One producer warp per block fills the stages with cp.async and signals each stage's "full" mbarrier when its
 // copies land; the compute warps wait on that barrier alone and release the stage through an "empty" mbarrier, so
 // no warp waits for the whole block at any k step and every stage but the one being read is in flight.
-// X (h for gate|up, the F32 SwiGLU output for down) enters the MMA as BF16: with OperandPrecision::Split as two
-// operands hi = bf16(x), lo = bf16(x - hi) accumulating into one F32 accumulator, so the products are as accurate
-// as FP32 ones (the BF16 weights are exact); with Bf16 as hi alone (one MMA per product, half the tensor-core work
-// and no lo rows to stage). The conversion is done once per value, not per weight tile: h by split_f32 up front,
+// X (h for gate|up, the F32 SwiGLU output for down) enters the MMA as BF16: with OperandPrecision::Split as the
+// three operands hi, lo, lo2 of common/split_operand.cuh (their sum is x) accumulating into one F32 accumulator, so
+// the products are what FP32 arithmetic gives (the BF16 weights are exact); with Bf16 as hi alone (one MMA per
+// product, a third of the tensor-core work and no lo rows to stage). The conversion is done once per value, not per
+// weight tile: h by split_f32 up front,
 // the SwiGLU output in the gate|up epilogue; the GEMMs read the X rows through the expert's slot list (never
 // copied) with ldmatrix, so the inner loop is loads and MMAs only.
 //
@@ -24,6 +25,7 @@
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/split_operand.cuh"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/moe/moe.h"
 #include "backend/cuda/common/mbarrier.cuh"
@@ -49,17 +51,17 @@ constexpr int kSmallTileWarps = 4, kSmallTileK = 64;
 
 // The block and pipeline of each tile size and precision: compute warps (each 16 rows of both weight sub-tiles),
 // k per stage, stages, resident blocks per SM. The stages fill the budget, so the lo rows that Bf16 does not stage
-// can become one more stage.
-template <int kTokens, bool kSplit>
+// can become more stages. kTerms: X rows per token, 1 (Bf16: hi) or kSplitTerms (Split: hi, lo, lo2); with three
+// sets of 64 tokens a 64-wide k stage would leave room for two stages only, so those stages are 32 wide.
+template <int kTokens, int kTerms>
 struct Pipeline {
   static constexpr int kWarps = kTokens <= kSmallTile ? kSmallTileWarps : 4;
   static constexpr int kThreads = (kWarps + 1) * 32;  // and the producer warp
   static constexpr int kSubTileRows = kWarps * 16;    // weight rows of each of the block's two sub-tiles
-  static constexpr int kBlockK = kTokens <= kSmallTile ? kSmallTileK : 64, kBlocksPerSm = 2;
+  static constexpr int kBlockK = kTokens <= kSmallTile ? kSmallTileK : kTerms > 1 ? 32 : 64, kBlocksPerSm = 2;
   static constexpr int kStride = kBlockK + 8;  // bf16 per staged row; the 16-byte skew keeps ldmatrix conflict-free
-  static constexpr int kOperands = kSplit ? 2 : 1;  // X rows per token: hi (and lo)
-  // One stage: the two weight sub-tiles, then the tokens' hi rows, then (kSplit) their lo rows.
-  static constexpr int kStageElements = (2 * kSubTileRows + kOperands * kTokens) * kStride;
+  // One stage: the two weight sub-tiles, then the tokens' hi rows, then (Split) their lo and lo2 rows.
+  static constexpr int kStageElements = (2 * kSubTileRows + kTerms * kTokens) * kStride;
   static constexpr size_t kStageBytes = sizeof(__nv_bfloat16) * kStageElements;
   static constexpr int kStages = static_cast<int>(kStageBudgetBytes / kStageBytes);
   static constexpr size_t kSharedBytes = kStages * kStageBytes;
@@ -71,10 +73,11 @@ struct Tile {
   int32_t expert, first, count, unused;
 };
 
-// The SwiGLU output of gate|up as the down GEMM's operands: F32 values as hi (and, when split, lo) BF16.
+// The SwiGLU output of gate|up as the down GEMM's operands: the kTerms BF16 row sets of its F32 values, set t at
+// rows + t * term_stride.
 struct SplitOutput {
-  __nv_bfloat16* hi = nullptr;
-  __nv_bfloat16* lo = nullptr;
+  __nv_bfloat16* rows = nullptr;
+  int64_t term_stride = 0;
 };
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8; each lane gets two elements of
@@ -84,6 +87,11 @@ __device__ __forceinline__ void load_matrices(uint32_t (&a)[4], const __nv_bfloa
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(shared));
+}
+// Two of them, lanes 0-15 giving the addresses (lane l: row l % 8 of matrix l / 8).
+__device__ __forceinline__ void load_matrices(uint32_t (&b)[2], const __nv_bfloat16* address) {
+  const auto shared = static_cast<unsigned>(__cvta_generic_to_shared(address));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(b[0]), "=r"(b[1]) : "r"(shared));
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -149,20 +157,21 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* ids, 
 }
 
 // One (tile, row block) of an expert GEMM, C[slot, row] for the tile's slots and the block's weight rows; X comes
-// as hi and (kSplit) lo BF16 rows, read through the slot list. kGateUp: the block owns rows [R y, R y + R) of gate
+// as kTerms BF16 row sets (hi, then lo and lo2; set t at x + t * x_term_stride), read through the slot list. kGateUp: the block owns rows [R y, R y + R) of gate
 // and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored as the down GEMM's
 // operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
 // in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
 // of one (row, token) meet in one thread. `delta` (ExpertDeltas, null for none): gate|up adds delta[slot, row] and
 // delta[slot, m + row] to the gate and up sums before the SwiGLU, down adds delta[slot, row] before the weight.
-template <bool kGateUp, int kTokens, bool kSplit>
-__global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeline<kTokens, kSplit>::kBlocksPerSm))
-    expert_gemm_kernel(const __nv_bfloat16* x_hi, const __nv_bfloat16* x_lo, const int32_t* grouped,
+template <bool kGateUp, int kTokens, int kTerms>
+__global__ void __launch_bounds__((Pipeline<kTokens, kTerms>::kThreads), (Pipeline<kTokens, kTerms>::kBlocksPerSm))
+    expert_gemm_kernel(const __nv_bfloat16* x, int64_t x_term_stride, const int32_t* grouped,
                        const Tile* tiles, int32_t top_k, const void* const* first_table,
                        const void* const* second_table, const float* weights, const float* delta, int64_t m,
                        int64_t k, SplitOutput split_out, float* out) {
   constexpr int kColumnGroups = kTokens / 8;
-  using Stages = Pipeline<kTokens, kSplit>;
+  static_assert(kTerms == 1 || kTerms == kSplitTerms, "X enters as hi alone or as every split term");
+  using Stages = Pipeline<kTokens, kTerms>;
   constexpr int kWarps = Stages::kWarps, kThreads = Stages::kThreads, kSubTileRows = Stages::kSubTileRows;
   constexpr int kBlockK = Stages::kBlockK, kStride = Stages::kStride;
   constexpr int kStageCount = Stages::kStages;
@@ -222,8 +231,8 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
       const bool valid = source >= 0 && kk < k;
       const int64_t offset = valid ? int64_t{source} * k + kk : 0;
       __nv_bfloat16* hi_row = base + (2 * kSubTileRows + n) * kStride + chunk * 8;
-      copy_async16(hi_row, x_hi + offset, valid);
-      if constexpr (kSplit) copy_async16(hi_row + kTokens * kStride, x_lo + offset, valid);
+#pragma unroll
+      for (int t = 0; t < kTerms; ++t) copy_async16(hi_row + t * kTokens * kStride, x + t * x_term_stride + offset, valid);
     }
   };
 
@@ -239,10 +248,13 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
   }
 
   float accumulator[2][kColumnGroups][4] = {};
-  // The B matrices of one ldmatrix.x4: split, k 0-7 and 8-15 of the hi rows then of the lo rows of one column
-  // group; Bf16, k 0-7 and 8-15 of two neighbouring column groups.
+  // Split: the tensor cores' FP32 accumulation is not IEEE (it truncates), and every k step adds kTerms MMAs to the
+  // chain, so each stage's sums move into `total` by IEEE additions: the truncating chains stay one stage long.
+  float total[2][kColumnGroups][4] = {};
+  // The B matrices of one ldmatrix.x4: Split, k 0-7 and 8-15 of the hi rows then of the lo rows of one column
+  // group (an ldmatrix.x2 at lo2_row adds the lo2 rows'); Bf16, k 0-7 and 8-15 of two neighbouring column groups.
   const int b_matrix = lane / 8;
-  const int b_row = 2 * kSubTileRows + (b_matrix / 2) * (kSplit ? kTokens : 8) + lane % 8,
+  const int b_row = 2 * kSubTileRows + (b_matrix / 2) * (kTerms > 1 ? kTokens : 8) + lane % 8,
             b_column = (b_matrix % 2) * 8;
   for (int64_t k_block = 0; k_block < k_blocks; ++k_block) {
     const int stage = static_cast<int>(k_block % kStageCount);
@@ -255,14 +267,17 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
       for (int sub = 0; sub < 2; ++sub)
         load_matrices(a[sub], base + (sub * kSubTileRows + warp * 16 + (lane & 15)) * kStride + kk +
                                     (lane >> 4) * 8);
-      if constexpr (kSplit) {
+      if constexpr (kTerms > 1) {
+        const int lo2_row = 2 * kSubTileRows + 2 * kTokens + lane % 8;
 #pragma unroll
         for (int g = 0; g < kColumnGroups; ++g) {
           if (g >= columns) break;
-          uint32_t b[4];  // hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15
+          uint32_t b[4], lo2[2];  // hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15; lo2 k 0-7, k 8-15
           load_matrices(b, base + (b_row + g * 8) * kStride + kk + b_column);
+          load_matrices(lo2, base + (lo2_row + g * 8) * kStride + kk + b_column);
 #pragma unroll
           for (int sub = 0; sub < 2; ++sub) {
+            mma_bf16(accumulator[sub][g], a[sub], lo2[0], lo2[1]);
             mma_bf16(accumulator[sub][g], a[sub], b[2], b[3]);
             mma_bf16(accumulator[sub][g], a[sub], b[0], b[1]);
           }
@@ -283,12 +298,26 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
         }
       }
     }
+    if constexpr (kTerms > 1) {
+#pragma unroll
+      for (int g = 0; g < kColumnGroups; ++g) {
+        if (g >= columns) break;
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            total[sub][g][i] += accumulator[sub][g][i];
+            accumulator[sub][g][i] = 0.0f;
+          }
+      }
+    }
     __syncwarp();  // every lane's reads of the stage are done before the producer may refill it
     if (lane == 0) arrive_mbarrier(&empty[stage]);
   }
 
   // Accumulator element i of group g: row lane / 4 (+8 for i >= 2) of the warp's 16, token g * 8 + (lane % 4) * 2
   // (+1 for odd i).
+  const float(&sums)[2][kColumnGroups][4] = kTerms > 1 ? total : accumulator;
 #pragma unroll
   for (int g = 0; g < kColumnGroups; ++g) {
     if (g >= columns) break;
@@ -301,24 +330,28 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kSplit>::kThreads), (Pipeli
       if constexpr (kGateUp) {
         const int64_t row = row0 + row_in_sub;
         if (row >= m) continue;
-        float gate = accumulator[0][g][i], up = accumulator[1][g][i];
+        float gate = sums[0][g][i], up = sums[1][g][i];
         if (delta != nullptr) {
           gate += delta[2 * slot * m + row];
           up += delta[(2 * slot + 1) * m + row];
         }
         const float value = silu(gate) * up;
-        const __nv_bfloat16 high = __float2bfloat16_rn(value);
-        split_out.hi[slot * m + row] = high;
-        if constexpr (kSplit)
-          split_out.lo[slot * m + row] = __float2bfloat16_rn(isfinite(value) ? value - __bfloat162float(high) : 0.0f);
+        if constexpr (kTerms == 1) {
+          split_out.rows[slot * m + row] = __float2bfloat16_rn(value);
+        } else {
+          __nv_bfloat16 terms[kSplitTerms];
+          split_terms(value, terms);
+#pragma unroll
+          for (int t = 0; t < kSplitTerms; ++t) split_out.rows[t * split_out.term_stride + slot * m + row] = terms[t];
+        }
       } else {
         const float weight = weights[slot];
 #pragma unroll
         for (int sub = 0; sub < 2; ++sub) {
           const int64_t row = sub_row0[sub] + row_in_sub;
           if (row < m)
-            out[slot * m + row] = weight * (delta != nullptr ? accumulator[sub][g][i] + delta[slot * m + row]
-                                                             : accumulator[sub][g][i]);
+            out[slot * m + row] =
+                weight * (delta != nullptr ? sums[sub][g][i] + delta[slot * m + row] : sums[sub][g][i]);
         }
       }
     }
@@ -612,23 +645,24 @@ int64_t tile_bound(int64_t assignments, int32_t experts) {
 
 // Once per process, tile size and precision, outside any graph capture's stream work: the pipelines need more than
 // 48 KiB.
-template <int kTokens, bool kSplit>
+template <int kTokens, int kTerms>
 cudaError_t allow_large_shared_memory() {
-  const auto bytes = static_cast<int>(Pipeline<kTokens, kSplit>::kSharedBytes);
-  if (cudaError_t status = cudaFuncSetAttribute(expert_gemm_kernel<true, kTokens, kSplit>,
+  const auto bytes = static_cast<int>(Pipeline<kTokens, kTerms>::kSharedBytes);
+  if (cudaError_t status = cudaFuncSetAttribute(expert_gemm_kernel<true, kTokens, kTerms>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       status != cudaSuccess)
     return status;
-  return cudaFuncSetAttribute(expert_gemm_kernel<false, kTokens, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  return cudaFuncSetAttribute(expert_gemm_kernel<false, kTokens, kTerms>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               bytes);
 }
 
-template <int kTokens, bool kSplit>
-cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assignments, int32_t top_k,
+template <int kTokens, int kTerms>
+cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                         const ExpertPointers& experts, const MoeMmaWorkspace& workspace, const ExpertDeltas* deltas,
                         cudaStream_t stream) {
-  using Stages = Pipeline<kTokens, kSplit>;
-  static const cudaError_t configured = allow_large_shared_memory<kTokens, kSplit>();
+  using Stages = Pipeline<kTokens, kTerms>;
+  static const cudaError_t configured = allow_large_shared_memory<kTokens, kTerms>();
+  const int64_t assignments = rows * top_k;
   if (configured != cudaSuccess) return configured;
   const int64_t max_tiles = tile_bound<kTokens>(assignments, experts.experts);
   auto* tiles = reinterpret_cast<Tile*>(workspace.tiles);
@@ -636,19 +670,22 @@ cudaError_t run_experts(const int32_t* ids, const float* weights, int64_t assign
                                                        max_tiles, workspace.grouped, tiles);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   const auto tile_count = static_cast<unsigned int>(max_tiles);
-  auto* activated_hi = static_cast<__nv_bfloat16*>(workspace.activated_hi);
-  auto* activated_lo = static_cast<__nv_bfloat16*>(workspace.activated_lo);
+  auto* activated = static_cast<__nv_bfloat16*>(workspace.activated);
+  const int64_t activated_stride = assignments * experts.intermediate;  // elements per term's row set
   const dim3 up_grid(tile_count, blocks_for(experts.intermediate, Stages::kSubTileRows));
-  expert_gemm_kernel<true, kTokens, kSplit><<<up_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
-      static_cast<const __nv_bfloat16*>(workspace.h_hi), static_cast<const __nv_bfloat16*>(workspace.h_lo),
-      workspace.grouped, tiles, top_k, experts.gate, experts.up, weights, gate_up_delta(deltas), experts.intermediate,
-      experts.hidden, SplitOutput{activated_hi, activated_lo}, nullptr);
+  expert_gemm_kernel<true, kTokens, kTerms><<<up_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
+      static_cast<const __nv_bfloat16*>(workspace.h), rows * experts.hidden, workspace.grouped, tiles, top_k,
+      experts.gate, experts.up, weights, gate_up_delta(deltas), experts.intermediate, experts.hidden,
+      SplitOutput{activated, activated_stride}, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  const SwigluRows swiglu{nullptr, activated_hi, kSplit ? activated_lo : nullptr};
+  SwigluRows swiglu;
+  swiglu.terms = activated;
+  swiglu.term_count = kTerms;
+  swiglu.term_stride = activated_stride;
   if (cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
   const dim3 down_grid(tile_count, blocks_for(experts.hidden, 2 * Stages::kSubTileRows));
-  expert_gemm_kernel<false, kTokens, kSplit><<<down_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
-      activated_hi, activated_lo, workspace.grouped, tiles, top_k, experts.down, experts.down, weights,
+  expert_gemm_kernel<false, kTokens, kTerms><<<down_grid, Stages::kThreads, Stages::kSharedBytes, stream>>>(
+      activated, activated_stride, workspace.grouped, tiles, top_k, experts.down, experts.down, weights,
       down_delta(deltas), experts.hidden, experts.intermediate, SplitOutput{}, workspace.expert_out);
   return cudaGetLastError();
 }
@@ -684,15 +721,17 @@ cudaError_t run_experts_wgmma(const int32_t* ids, const float* weights, int64_t 
   if (max_tiles * std::max(up_rows, down_rows) > INT32_MAX) return cudaErrorInvalidValue;  // one grid dimension
   const auto* maps = static_cast<const unsigned char*>(experts.tensor_maps);
   const size_t matrix_maps = size_t{kTensorMapBytes} * experts.experts;  // one matrix of every expert
-  auto* activated = static_cast<__nv_bfloat16*>(workspace.activated_hi);
+  auto* activated = static_cast<__nv_bfloat16*>(workspace.activated);
   expert_wgmma_kernel<true, kChunkTokens, kChunks, kConsumers>
       <<<static_cast<unsigned int>(max_tiles * up_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
-          static_cast<const __nv_bfloat16*>(workspace.h_hi), workspace.grouped, tiles, top_k, maps,
+          static_cast<const __nv_bfloat16*>(workspace.h), workspace.grouped, tiles, top_k, maps,
           maps + matrix_maps, weights, gate_up_delta(deltas), experts.intermediate, experts.hidden,
           static_cast<unsigned int>(up_rows), activated, nullptr);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  if (cudaError_t status = compute_down_delta(deltas, SwigluRows{nullptr, activated}); status != cudaSuccess)
-    return status;
+  SwigluRows swiglu;
+  swiglu.terms = activated;
+  swiglu.term_count = 1;
+  if (cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
   expert_wgmma_kernel<false, kChunkTokens, kChunks, kConsumers>
       <<<static_cast<unsigned int>(max_tiles * down_rows), Tiling::kThreads, Tiling::kSharedBytes, stream>>>(
           activated, workspace.grouped, tiles, top_k, maps + 2 * matrix_maps, maps + 2 * matrix_maps, weights,
@@ -769,8 +808,7 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
       assignments > INT32_MAX || workspace.max_tiles < moe_mma_max_tiles(assignments, experts.experts))
     return cudaErrorInvalidValue;
   const bool split = precision == OperandPrecision::Split;
-  if (cudaError_t status =
-          split_f32(h, rows * experts.hidden, workspace.h_hi, split ? workspace.h_lo : nullptr, DType::BF16, stream);
+  if (cudaError_t status = split_f32(h, rows * experts.hidden, workspace.h, operand_terms(precision), DType::BF16, stream);
       status != cudaSuccess)
     return status;
   const bool few = assignments <= kFewSlotsPerExpert * experts.experts;
@@ -787,10 +825,10 @@ cudaError_t moe_mma(const float* h, const int32_t* ids, const float* weights, in
              : slots_per_expert <= kSharedTokensSlotsPerExpert
                  ? run_experts_wgmma<16, 4, 2>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
                  : run_experts_wgmma<64, 2, 1>(ids, weights, assignments, top_k, experts, workspace, deltas, stream))
-      : split ? (few ? run_experts<kSmallTile, true>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
-                     : run_experts<kLargeTile, true>(ids, weights, assignments, top_k, experts, workspace, deltas, stream))
-              : (few ? run_experts<kSmallTile, false>(ids, weights, assignments, top_k, experts, workspace, deltas, stream)
-                     : run_experts<kLargeTile, false>(ids, weights, assignments, top_k, experts, workspace, deltas, stream));
+      : split ? (few ? run_experts<kSmallTile, kSplitTerms>(ids, weights, rows, top_k, experts, workspace, deltas, stream)
+                     : run_experts<kLargeTile, kSplitTerms>(ids, weights, rows, top_k, experts, workspace, deltas, stream))
+              : (few ? run_experts<kSmallTile, 1>(ids, weights, rows, top_k, experts, workspace, deltas, stream)
+                     : run_experts<kLargeTile, 1>(ids, weights, rows, top_k, experts, workspace, deltas, stream));
   if (status != cudaSuccess) return status;
   return moe_combine(workspace.expert_out, ids, rows, top_k, experts.experts, experts.hidden, out, stream);
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/split_operand.cuh"
 #include "backend/cuda/rows/norm_row.cuh"
 #include "backend/cuda/rows/rows.h"
 #include "util/counter_random.h"
@@ -196,14 +197,14 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   }
 }
 
-template <typename O>
-__global__ void split_kernel(const float* in, int64_t n, O* hi, O* lo) {
+template <typename O, int kTerms>
+__global__ void split_kernel(const float* in, int64_t n, O* out) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float value = in[i];
-  const O high = from_float<O>(value);
-  hi[i] = high;
-  if (lo != nullptr) lo[i] = from_float<O>(isfinite(value) ? value - to_float(high) : 0.0f);
+  O terms[kTerms];
+  split_terms(in[i], terms);
+#pragma unroll
+  for (int t = 0; t < kTerms; ++t) out[t * n + i] = terms[t];
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
@@ -211,9 +212,13 @@ __global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
   if (i < n) gate[i] = silu(gate[i]) * up[i];
 }
 
-__global__ void add_halves_kernel(const float* halves, int64_t n, float* out) {
+__global__ void add_terms_kernel(const float* partials, int64_t n, float* out) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = halves[i] + halves[n + i];
+  if (i >= n) return;
+  float sum = partials[(kSplitTerms - 1) * n + i];
+#pragma unroll
+  for (int t = kSplitTerms - 2; t >= 0; --t) sum += partials[t * n + i];
+  out[i] = sum;
 }
 
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
@@ -340,12 +345,16 @@ cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_
   return cudaGetLastError();
 }
 
-cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream) {
+cudaError_t split_f32(const float* in, int64_t n, void* out, int terms, DType dtype, cudaStream_t stream) {
+  if (terms != 1 && terms != kSplitTerms) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const bool known = dispatch_float(dtype, [&](auto tag) {
     using O = decltype(tag);
-    split_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(in, n, static_cast<O*>(hi),
-                                                                               static_cast<O*>(lo));
+    auto* operands = static_cast<O*>(out);
+    if (terms == 1)
+      split_kernel<O, 1><<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(in, n, operands);
+    else
+      split_kernel<O, kSplitTerms><<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(in, n, operands);
   });
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -356,9 +365,9 @@ cudaError_t silu_mul(float* gate, const float* up, int64_t n, cudaStream_t strea
   return cudaGetLastError();
 }
 
-cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream) {
+cudaError_t add_terms(const float* partials, int64_t n, float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  add_halves_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(halves, n, out);
+  add_terms_kernel<<<blocks_for(n, kElementThreads), kElementThreads, 0, stream>>>(partials, n, out);
   return cudaGetLastError();
 }
 

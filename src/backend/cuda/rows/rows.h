@@ -34,14 +34,14 @@ cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_h
                  cudaStream_t stream);
 cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
                         cudaStream_t stream);
-// F32 activations as two tensor-core operands in `dtype` (BF16 or F16): hi = round(x), lo = round(x - hi), so
-// x = hi + lo to about 16 significant bits. A GEMM over the rows [hi; lo] followed by add_halves multiplies F32
-// activations by BF16 weights with an error near FP32's (about 2^-17 relative) where a single BF16 rounding of the
-// activations gives 2^-9 — the difference between matching the CPU backend's argmax everywhere and at 97%.
-// A null `lo` gives the single rounding of OperandPrecision::Bf16.
-cudaError_t split_f32(const float* in, int64_t n, void* hi, void* lo, DType dtype, cudaStream_t stream);
-// out[i] = halves[i] + halves[n + i]: the hi and lo products of split_f32's operands summed.
-cudaError_t add_halves(const float* halves, int64_t n, float* out, cudaStream_t stream);
+// F32 activations as `terms` tensor-core operand row sets in `dtype` (BF16 or F16), set t at out + t n: kSplitTerms
+// (OperandPrecision::Split) gives common/split_operand.cuh's hi, lo, lo2, which sum to x exactly in BF16 (|x| >=
+// 2^-110), so a GEMM over the rows [hi; lo; lo2] followed by add_terms multiplies F32 activations by BF16 weights as
+// FP32 arithmetic does, where a single rounding to BF16 errs by up to 2^-9 relative — the difference between matching
+// the CPU backend's argmax everywhere and at 97%. 1 (OperandPrecision::Bf16) gives that single rounding.
+cudaError_t split_f32(const float* in, int64_t n, void* out, int terms, DType dtype, cudaStream_t stream);
+// out[i] = the sum of the kSplitTerms products partials[t n + i] of split_f32's operands, smallest (lo2) first.
+cudaError_t add_terms(const float* partials, int64_t n, float* out, cudaStream_t stream);
 // gate[i] = silu(gate[i]) * up[i] in place: the dense MLP's activation between its GEMMs.
 cudaError_t silu_mul(float* gate, const float* up, int64_t n, cudaStream_t stream);
 // x = cap * tanh(x / cap) in place.
