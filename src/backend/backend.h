@@ -139,8 +139,8 @@ struct SampleOutputs {
 // How F32 activations meet BF16/F16 weights on matrix units (`--dtype`, vLLM's flag and meaning for the compute
 // precision). Float32: the products FP32 arithmetic gives (a device backend splits each activation into three BF16
 // operands, hi + lo + lo2, which sum to it exactly: three times the tensor-core work). BFloat16: activations rounded
-// to BF16 once where they enter a matrix unit (what vLLM computes; a third of the work). Activations stay F32 between ops either way, and the CPU
-// backend always computes in FP32.
+// to BF16 once where they enter a matrix unit (what vLLM computes; a third of the work). Activations stay F32
+// between ops either way, and the CPU backend always computes in FP32.
 enum class ComputeDType { Float32, BFloat16 };
 
 // A recorded sequence of ops (a CUDA graph) that Backend::replay runs again on the buffers it was recorded with.

@@ -16,9 +16,10 @@
 
 namespace beamline::cuda {
 
-// The first kTerms terms of x, hi first (kSplitTerms for the sum x; 1 is the single rounding of OperandPrecision::Bf16).
+// The first kTerms terms of x, hi first (kSplitTerms: their sum is x; 1: the single rounding of
+// OperandPrecision::Bf16).
 template <typename O, int kTerms>
-__host__ __device__ __forceinline__ void split_terms(float x, O (&terms)[kTerms]) {
+__device__ __forceinline__ void split_terms(float x, O (&terms)[kTerms]) {
   const bool finite = isfinite(x);
   float remainder = x;
 #pragma unroll

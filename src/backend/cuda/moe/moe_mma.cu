@@ -5,12 +5,12 @@
 // copies land; the compute warps wait on that barrier alone and release the stage through an "empty" mbarrier, so
 // no warp waits for the whole block at any k step and every stage but the one being read is in flight.
 // X (h for gate|up, the F32 SwiGLU output for down) enters the MMA as BF16: with OperandPrecision::Split as the
-// three operands hi, lo, lo2 of common/split_operand.cuh (their sum is x) accumulating into one F32 accumulator, so
-// the products are what FP32 arithmetic gives (the BF16 weights are exact); with Bf16 as hi alone (one MMA per
-// product, a third of the tensor-core work and no lo rows to stage). The conversion is done once per value, not per
-// weight tile: h by split_f32 up front,
-// the SwiGLU output in the gate|up epilogue; the GEMMs read the X rows through the expert's slot list (never
-// copied) with ldmatrix, so the inner loop is loads and MMAs only.
+// three operands hi, lo, lo2 of common/split_operand.cuh (their sum is x) accumulating into one F32 accumulator per
+// stage, whose sums are then added into F32 registers, so the products are what FP32 arithmetic gives (the BF16
+// weights are exact); with Bf16 as hi alone (one MMA per product, a third of the tensor-core work and no lo rows to
+// stage). The conversion is done once per value, not per weight tile: h by split_f32 up front, the SwiGLU output in
+// the gate|up epilogue; the GEMMs read the X rows through the expert's slot list (never copied) with ldmatrix, so the
+// inner loop is loads and MMAs only.
 //
 // With OperandPrecision::Bf16 the same GEMMs run on Hopper's warpgroup MMAs instead (the wgmma section below: TMA
 // weight tiles, larger N per instruction), faster at every token count measured; Split keeps mma.sync.
@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const int32_t* ids, 
 }
 
 // One (tile, row block) of an expert GEMM, C[slot, row] for the tile's slots and the block's weight rows; X comes
-// as kTerms BF16 row sets (hi, then lo and lo2; set t at x + t * x_term_stride), read through the slot list. kGateUp: the block owns rows [R y, R y + R) of gate
-// and of up (R = kSubTileRows), X = h (row slot / top_k), C = silu(gate · x) * (up · x), stored as the down GEMM's
-// operands. Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
+// as kTerms BF16 row sets (hi, then lo and lo2; set t at x + t * x_term_stride), read through the slot list.
+// kGateUp: the block owns rows [R y, R y + R) of gate and of up (R = kSubTileRows), X = h (row slot / top_k),
+// C = silu(gate · x) * (up · x), stored as the down GEMM's operands (kTerms row sets, split_out). Else: rows [2R y, 2R y + 2R) of down, X = the SwiGLU output (row slot), C = weight[slot] * (down · x)
 // in F32. Each warp computes 16 rows of both sub-tiles for all the tile's tokens, so the gate and up sums
 // of one (row, token) meet in one thread. `delta` (ExpertDeltas, null for none): gate|up adds delta[slot, row] and
 // delta[slot, m + row] to the gate and up sums before the SwiGLU, down adds delta[slot, row] before the weight.
@@ -232,7 +232,8 @@ __global__ void __launch_bounds__((Pipeline<kTokens, kTerms>::kThreads), (Pipeli
       const int64_t offset = valid ? int64_t{source} * k + kk : 0;
       __nv_bfloat16* hi_row = base + (2 * kSubTileRows + n) * kStride + chunk * 8;
 #pragma unroll
-      for (int t = 0; t < kTerms; ++t) copy_async16(hi_row + t * kTokens * kStride, x + t * x_term_stride + offset, valid);
+      for (int t = 0; t < kTerms; ++t)
+        copy_async16(hi_row + t * kTokens * kStride, x + t * x_term_stride + offset, valid);
     }
   };
 
