@@ -4,7 +4,8 @@
 // once the sums are added up the tensor cores' way, in a model of mma.sync's FP32 accumulation (exact products,
 // the k-block's values aligned to the largest exponent with 3 extra bits and truncated, the sum truncated to FP32:
 // Fasi et al. 2021 for V100/T4/A100; the H200 is not measured here).
-//   g++ -O2 -std=c++20 -ffp-contract=off bench/split_terms.cpp -o /tmp/split_terms && /tmp/split_terms
+// Built as build/bench/bench_split_terms (bench/CMakeLists.txt), or alone:
+//   g++ -O2 -std=c++20 -ffp-contract=off bench/bench_split_terms.cpp -o /tmp/split_terms && /tmp/split_terms
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
