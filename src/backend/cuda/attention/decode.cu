@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/common/kernel_variant.h"
 #include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
@@ -424,7 +425,16 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
-template <typename Pool>
+// How a warp issues a tile's cp.async copies (per tile; BEAMLINE_CUDA_DECODE_ATTENTION=legacy: per row):
+//  - kPerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
+//    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
+//    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
+//    (~780 PTX instructions per 4 KiB: 58% of the bytes floor, 2026-12-02).
+//  - kPerTile: a tile of 16 positions lies in one pool block when blocks hold >= 16 positions, so one table entry,
+//    looked up a tile ahead, gives one 64-bit base; every lane's source offsets and swizzled targets within a tile
+//    are loop constants in registers. Tiles cut by the visible range, and blocks of < 16 positions, take the
+//    per-row path.
+template <typename Pool, bool kPerTileCopy>
 __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
@@ -458,13 +468,49 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3: the warp's F16 V tile
   bool missing = false;
 
-  // Copies tile k of this warp into stage k % kStages: 8 lanes per row, each 16 bytes of every 128 bytes of the K
-  // and the V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that wait_copies
-  // counts tiles.
-  auto issue = [&](int32_t k) {
+  // Copies tile k of this warp into stage `stage`: 8 lanes per row, each 16 bytes of every 128 bytes of the K and the
+  // V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that wait_copies counts
+  // tiles. `block`: kPerTileCopy's table entry of the tile's first position (tile_block(k)).
+  constexpr int kLaneRows = kTileKeys / 4;
+  const int64_t position_stride = key_rows_of_sequence.position_stride;
+  int32_t lane_source[kLaneRows][kChunksPerLane];  // kPerTileCopy: element offsets in a tile, and shared targets
+  uint32_t lane_target[kLaneRows][kChunksPerLane];
+#pragma unroll
+  for (int r = 0; r < kLaneRows; ++r)
+#pragma unroll
+    for (int half = 0; half < kChunksPerLane; ++half) {
+      const int key_row = lane / 8 + 4 * r, chunk = lane % 8 + 8 * half;
+      lane_source[r][half] = static_cast<int32_t>(key_row * position_stride) + kChunkElements * chunk;
+      lane_target[r][half] = static_cast<uint32_t>(copied<Pool>(key_row, chunk));
+    }
+  const bool tiles_in_blocks = pool.block_size >= kTileKeys;
+  auto tile_block = [&](int32_t k) {
+    return kPerTileCopy && tiles_in_blocks && k < warp_tiles
+               ? key_rows_of_sequence.block_of((split_begin + warp + k * kMmaWarps) * kTileKeys)
+               : -1;
+  };
+  auto issue = [&](int32_t k, int stage_index, int32_t block) {
     if (k < warp_tiles) {
       const int32_t tile = split_begin + warp + k * kMmaWarps;
-      unsigned char* stage = stages + (k % kStages) * kStageBytes<Pool>;
+      unsigned char* stage = stages + stage_index * kStageBytes<Pool>;
+      const int32_t tile_first = tile * kTileKeys;
+      if (kPerTileCopy && tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
+        missing |= block < 0;
+        const int64_t base = block >= 0 ? key_rows_of_sequence.offset(block, tile_first) : 0;
+        const Pool* k_source = k_pool + base;
+        const Pool* v_source = v_pool + base;
+        const uint32_t target = shared_address(stage);
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r)
+#pragma unroll
+          for (int half = 0; half < kChunksPerLane; ++half) {
+            copy_async16(target + lane_target[r][half], k_source + lane_source[r][half], block >= 0);
+            copy_async16(target + kStageBytes<Pool> / 2 + lane_target[r][half], v_source + lane_source[r][half],
+                         block >= 0);
+          }
+        commit_copies();
+        return;
+      }
 #pragma unroll
       for (int r = 0; r < kTileKeys / 4; ++r) {
         const int key_row = lane / 8 + 4 * r;
@@ -494,7 +540,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
 
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  for (int k = 0; k < kStages - 1; ++k) issue(k, k, tile_block(k));
+  int32_t block_ahead = tile_block(kStages - 1);  // the next tile to issue: its table entry one iteration early
+  int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
   // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3), those the K words
@@ -547,10 +595,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 
   for (int32_t k = 0; k < warp_tiles; ++k) {
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
-    issue(k + kStages - 1);
+    issue(k + kStages - 1, issue_stage, block_ahead);
+    block_ahead = tile_block(k + kStages);
+    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
     wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
-    const unsigned char* k_tile = stages + (k % kStages) * kStageBytes<Pool>;
+    const unsigned char* k_tile = stages + use_stage * kStageBytes<Pool>;
+    use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
     const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
 
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
@@ -819,24 +870,38 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-template <typename Pool>
+template <typename Pool, bool kPerTileCopy>
 cudaError_t allow_mma_shared_memory() {
-  static const cudaError_t status = cudaFuncSetAttribute(
-      decode_attention_mma_kernel<Pool>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
+  static const cudaError_t status =
+      cudaFuncSetAttribute(decode_attention_mma_kernel<Pool, kPerTileCopy>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
   return status;
+}
+
+template <typename Pool, bool kPerTileCopy>
+cudaError_t launch_decode_mma_copying(const float* q, const PoolGeometry& pool, int32_t slot,
+                                      const BatchGeometry& batch, const int32_t* rows, int64_t count, int32_t splits,
+                                      float* partials, int32_t num_heads, float scale, int32_t sliding_window,
+                                      float* out, cudaStream_t stream) {
+  if (const cudaError_t status = allow_mma_shared_memory<Pool, kPerTileCopy>(); status != cudaSuccess) return status;
+  // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
+  const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
+  decode_attention_mma_kernel<Pool, kPerTileCopy><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
+      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  if (const cudaError_t status = allow_mma_shared_memory<Pool>(); status != cudaSuccess) return status;
-  // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
-  const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
-      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
-  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+  static const bool per_row = legacy_kernel_selected("BEAMLINE_CUDA_DECODE_ATTENTION");
+  if (per_row)
+    return launch_decode_mma_copying<Pool, false>(q, pool, slot, batch, rows, count, splits, partials, num_heads,
+                                                  scale, sliding_window, out, stream);
+  return launch_decode_mma_copying<Pool, true>(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
+                                               sliding_window, out, stream);
 }
 
 template <typename P, int kGroup>
@@ -870,8 +935,8 @@ template <typename Pool>
 int mma_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int result = 1;
-    if (allow_mma_shared_memory<Pool>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool>, kMmaThreads,
+    if (allow_mma_shared_memory<Pool, true>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, true>, kMmaThreads,
                                                       kMmaSharedBytes<Pool>) != cudaSuccess)
       result = 1;
     return std::max(result, 1);
