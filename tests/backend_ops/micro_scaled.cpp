@@ -199,7 +199,10 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
                                  {1, 256, 128, 8, 2, 8, "small, one token"},
                                  {7, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths"},
                                  {1, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths, one token"},
-                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"}};
+                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"},
+                                 // MXFP8's ring of two 4-step halves: 12 and 20 scale groups (packed scale words,
+                                 // the last batch one half), 11 and 7 above (byte scales, a partial half).
+                                 {1, 384, 640, 8, 8, 8, "one token, a batch's last half"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();

@@ -308,72 +308,130 @@ __global__ void __launch_bounds__(kMaxTopK * 32, 2)
 // group), its word j feeding mma j of the step (codes 0 and 2 as k columns 2c, 2c + 1, codes 1 and 3 as 2c + 8,
 // 2c + 9), and each step's sums are scaled by their row's E8M0 scale and the split's 1/s.
 constexpr int kTokenStep = 32;
-constexpr int kTokenBatch = 4;  // steps loaded before the first is used
 
+// kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): 8 steps per batch instead of 4, since a lane's 8-byte
+// loads put half the bytes in flight of FP8's 16-byte ones (1.44x FP8's time at one token, 2026-12-02); the batch's
+// registers a ring of two halves, each reloaded with the next batch's half as soon as its MMAs have read it; and a
+// row's four E8M0 scales of a half in one 32-bit load where the scale rows allow it (k / 32 a multiple of 4),
+// instead of one byte load per step and row.
+template <bool kRing>
 struct Mxfp8Dot {
+  static constexpr int kBatch = kRing ? 8 : 4;  // steps loaded before the first is used
+  static constexpr int kHalf = kBatch / 2;      // kRing: the steps whose scales one 32-bit word holds
+  static_assert(!kRing || kHalf == 4, "a half's scales are the four bytes of one word");
   struct Batch {
-    uint2 codes[kTokenBatch][2][2];
-    uint32_t scales[kTokenBatch][2][2];
+    uint2 codes[kBatch][2][2];
+    // kRing: [half][i][r], the half's four scale bytes (step u in bits 8 (u % 4)); else [step][i][r].
+    uint32_t scales[kRing ? 2 : kBatch][2][2];
   };
-  const uint8_t* codes[2][2];
-  const uint8_t* scales[2][2];
-  int64_t k;
+  // Tile i's rows: row[i][r] of the matrices at code_base[i] (k codes a row) and scale_base[i] (k / 32 scales), as
+  // bases and row indices rather than eight pointers: the ring's registers leave no room for those.
+  const uint8_t* code_base[2];
+  const uint8_t* scale_base[2];
+  int32_t row[2][2];
+  int32_t k;
+  bool packed_scales;
 
   static __device__ Mxfp8Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
                                   const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
     Mxfp8Dot dot;
-    dot.k = k;
+    dot.k = static_cast<int32_t>(k);
+    dot.packed_scales = false;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i) {
+      dot.code_base[i] = experts.codes[matrix[i]][e];
+      dot.scale_base[i] = experts.scales[matrix[i]][e];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = min(first_row[i] + g + 8 * r, row_count - 1);
-        dot.codes[i][r] = experts.codes[matrix[i]][e] + row * k;
-        dot.scales[i][r] = experts.scales[matrix[i]][e] + row * (k / Mxfp8Chunk::kGroup);
-      }
+      for (int r = 0; r < 2; ++r) dot.row[i][r] = static_cast<int32_t>(min(first_row[i] + g + 8 * r, row_count - 1));
+    }
+    if constexpr (kRing)
+      dot.packed_scales = (k / Mxfp8Chunk::kGroup) % 4 == 0 && reinterpret_cast<uintptr_t>(dot.scale_base[0]) % 4 == 0 &&
+                          reinterpret_cast<uintptr_t>(dot.scale_base[1]) % 4 == 0;
     return dot;
   }
+  __device__ __forceinline__ const uint8_t* codes(int i, int r) const {
+    return code_base[i] + int64_t{row[i][r]} * k;
+  }
+  __device__ __forceinline__ const uint8_t* scales(int i, int r) const {
+    return scale_base[i] + int64_t{row[i][r]} * (k / Mxfp8Chunk::kGroup);
+  }
 
+  // Steps first_step + u for u in [kFrom, kTo) (kRing: one half, kFrom a multiple of kHalf).
+  template <int kFrom = 0, int kTo = kBatch>
   __device__ __forceinline__ void load(int first_step, int c, Batch& batch) const {
+    const int64_t steps = k / kTokenStep;
 #pragma unroll
-    for (int u = 0; u < kTokenBatch; ++u) {
+    for (int u = kFrom; u < kTo; ++u) {
       const int64_t step = first_step + u, column = step * kTokenStep + 8 * c;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          batch.codes[u][i][r] = column < k ? __ldcs(reinterpret_cast<const uint2*>(codes[i][r] + column)) : uint2{};
-          batch.scales[u][i][r] = column < k ? __ldg(scales[i][r] + step) : 0u;
+          batch.codes[u][i][r] = column < k ? __ldcs(reinterpret_cast<const uint2*>(codes(i, r) + column)) : uint2{};
+          if constexpr (!kRing) batch.scales[u][i][r] = column < k ? __ldg(scales(i, r) + step) : 0u;
         }
     }
+    if constexpr (kRing) {
+      const int64_t step = first_step + kFrom;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          uint32_t word = 0;
+          if (packed_scales) {
+            if (step < steps) word = __ldg(reinterpret_cast<const uint32_t*>(scales(i, r) + step));
+          } else {
+#pragma unroll
+            for (int u = 0; u < kHalf; ++u)
+              if (step + u < steps) word |= uint32_t{__ldg(scales(i, r) + step + u)} << (8 * u);
+          }
+          batch.scales[kFrom / kHalf][i][r] = word;
+        }
+    }
+  }
+
+  __device__ __forceinline__ uint32_t scale_of(const Batch& batch, int u, int i, int r) const {
+    if constexpr (kRing)
+      return batch.scales[u / kHalf][i][r] >> (8 * (u % kHalf));  // e8m0_to_float keeps the low byte
+    else
+      return batch.scales[u][i][r];
   }
 
   __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {
     const int g = lane / 4, c = lane % 4;
     const int steps = static_cast<int>(k / kTokenStep);
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kTokenBatch) {
-      if (first > 0) load(first, c, batch);
+    for (int first = 0; first < steps; first += kBatch) {
+      if (!kRing && first > 0) load(first, c, batch);
 #pragma unroll
-      for (int u = 0; u < kTokenBatch; ++u) {
-        const int step = first + u;
-        if (step >= steps) break;
-        uint4 b{};
-        if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
-        const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float d[4] = {};
-          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-          e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
-          e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
-          mma_f16(d, a, b.x, b.y);
-          e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
-          e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
-          mma_f16(d, a, b.z, b.w);
-          // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-          total[i][0] += (d[0] + d[1]) * (e8m0_to_float(batch.scales[u][i][0]) * unscale);
-          total[i][1] += (d[2] + d[3]) * (e8m0_to_float(batch.scales[u][i][1]) * unscale);
+        for (int v = 0; v < kHalf; ++v) {
+          const int u = half * kHalf + v, step = first + u;
+          if (step >= steps) break;
+          uint4 b{};
+          if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
+          const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float d[4] = {};
+            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+            e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
+            e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
+            mma_f16(d, a, b.x, b.y);
+            e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
+            e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
+            mma_f16(d, a, b.z, b.w);
+            // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+            total[i][0] += (d[0] + d[1]) * (e8m0_to_float(scale_of(batch, u, i, 0)) * unscale);
+            total[i][1] += (d[2] + d[3]) * (e8m0_to_float(scale_of(batch, u, i, 1)) * unscale);
+          }
+        }
+        if constexpr (kRing) {  // the next batch's half (half is a constant once unrolled)
+          if (half == 0)
+            load<0, kHalf>(first + kBatch, c, batch);
+          else
+            load<kHalf, kBatch>(first + kBatch, c, batch);
         }
       }
     }
@@ -480,7 +538,9 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
   if (rows == 0) return cudaSuccess;
   if (rows == 1 && experts.format == Format::Mxfp8 && token_moe_fits(experts.hidden, experts.intermediate, top_k) &&
       aligned(h, 16) && aligned(activated, 16))
-    return launch_token_moe<Mxfp8Dot>(h, ids, weights, top_k, experts, activated, out, stream);
+    return token_moe_legacy()
+               ? launch_token_moe<Mxfp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream)
+               : launch_token_moe<Mxfp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
   // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
   const dim3 up_grid(static_cast<unsigned int>(rows * top_k),
                      blocks_for((experts.intermediate + kGateUpRows - 1) / kGateUpRows, kGateUpWarps));

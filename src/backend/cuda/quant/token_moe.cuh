@@ -15,36 +15,52 @@
 #include <cstdint>
 
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/kernel_variant.h"
 #include "backend/cuda/quant/activation_split.cuh"
 
 namespace beamline::cuda {
 
 constexpr int kTokenTileRows = 16;                     // weight rows of one mma (M)
-constexpr int kTokenGateUpWarps = 8;                   // 128 intermediate rows per block, one split of h
 constexpr int kTokenDownRows = 2 * kTokenTileRows;     // output rows per block: two tiles per routed expert
 constexpr int kTokenMaxTopK = 8;                       // warps of a down block: one per routed expert
 constexpr int kTokenMaxSharedBytes = 227 * 1024;       // Hopper's opt-in limit of shared memory per block
 constexpr int kTokenDownStaticBytes = static_cast<int>(sizeof(float)) * kTokenMaxTopK * kTokenDownRows;
 
+// Two versions (BEAMLINE_CUDA_TOKEN_MOE=legacy picks the first; common/kernel_variant.h):
+//  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
+//    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
+//  - overlapped (default): gate|up blocks of 4 warps (320 blocks, at most 3 where the average is 2.4), and the down
+//    pass a programmatic dependent of the gate|up pass: its blocks start while gate|up still runs, load their first
+//    batch of weights (which do not depend on it) and only then wait for the activations (griddepcontrol.wait).
+inline bool token_moe_legacy() {
+  static const bool legacy = legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE");
+  return legacy;
+}
+template <bool kOverlapped>
+constexpr int kTokenGateUpWarps = kOverlapped ? 4 : 8;
+
 // activated[j, i] = silu(gate_e[i] · h) * (up_e[i] · h) for e = ids[j], j = blockIdx.y: each warp owns 16 intermediate
 // rows of gate and of up. An unknown expert reads expert 0 (every load in bounds) and writes zeros; the down pass
 // makes the token NaN.
-template <class Dot, class Experts>
-__global__ void __launch_bounds__(kTokenGateUpWarps * 32, 2)
+template <class Dot, class Experts, bool kOverlapped>
+__global__ void __launch_bounds__(kTokenGateUpWarps<kOverlapped> * 32, 16 / kTokenGateUpWarps<kOverlapped>)
     token_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, Experts experts,
                          float* __restrict__ activated) {
   extern __shared__ __align__(16) unsigned char token_shared[];
+  constexpr int kWarps = kTokenGateUpWarps<kOverlapped>;
+  // The down pass may start: it reads ids (written before this grid started) and weights before it waits.
+  if constexpr (kOverlapped) asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int64_t hidden = experts.hidden, inter = experts.intermediate;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
   const int j = static_cast<int>(blockIdx.y);
   const int32_t id = ids[j];
   const bool known = id >= 0 && id < experts.experts;
-  const int64_t tile = (int64_t{blockIdx.x} * kTokenGateUpWarps + warp) * kTokenTileRows;
+  const int64_t tile = (int64_t{blockIdx.x} * kWarps + warp) * kTokenTileRows;
   const Dot dot = Dot::make(experts, known ? id : 0, {0, 1}, {tile, tile}, inter, hidden, g);
   typename Dot::Batch batch;
   if (tile < inter) dot.load(0, lane % 4, batch);
   const Split split = split_at(token_shared, hidden);
-  split_activations(h, hidden, split, warp, kTokenGateUpWarps, lane);
+  split_activations(h, hidden, split, warp, kWarps, lane);
   __syncthreads();
   if (tile >= inter) return;
   float total[2][2] = {};
@@ -59,7 +75,7 @@ __global__ void __launch_bounds__(kTokenGateUpWarps * 32, 2)
 
 // out[n] = sum over j in order of weights[j] * (down_{ids[j]}[n] · activated[j]): block = 32 output rows, warp j =
 // routed expert j (each splits its own activated row), the combine in j order through shared memory.
-template <class Dot, class Experts>
+template <class Dot, class Experts, bool kOverlapped>
 __global__ void __launch_bounds__(kTokenMaxTopK * 32, 2)
     token_down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids,
                       const float* __restrict__ weights, int32_t top_k, Experts experts, float* __restrict__ out) {
@@ -73,6 +89,7 @@ __global__ void __launch_bounds__(kTokenMaxTopK * 32, 2)
                             {first_row, first_row + kTokenTileRows}, hidden, inter, g);
   typename Dot::Batch batch;
   dot.load(0, lane % 4, batch);
+  if constexpr (kOverlapped) asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the gate|up pass is done
   const Split split = split_at(token_shared + j * split_bytes(inter), inter);
   split_activations(activated + j * inter, inter, split, 0, 1, lane);
   __syncwarp();
@@ -101,28 +118,37 @@ inline bool token_moe_fits(int64_t hidden, int64_t intermediate, int32_t top_k) 
 }
 
 // The two launches; h and activated ([top_k, I] scratch) 16-byte aligned, token_moe_fits checked by the caller.
-template <class Dot, class Experts>
+template <class Dot, bool kOverlapped, class Experts>
 cudaError_t launch_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
                              const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+  constexpr auto gate_up = token_gate_up_kernel<Dot, Experts, kOverlapped>;
+  constexpr auto down = token_down_kernel<Dot, Experts, kOverlapped>;
   // Above 48 KB a kernel's dynamic shared memory needs the opt-in: granted once, up to the limit.
   static const cudaError_t allowed = [] {
-    const cudaError_t status = cudaFuncSetAttribute(token_gate_up_kernel<Dot, Experts>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kTokenMaxSharedBytes);
-    return status != cudaSuccess
-               ? status
-               : cudaFuncSetAttribute(token_down_kernel<Dot, Experts>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kTokenMaxSharedBytes - kTokenDownStaticBytes);
+    const cudaError_t status =
+        cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize, kTokenMaxSharedBytes);
+    return status != cudaSuccess ? status
+                                 : cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        kTokenMaxSharedBytes - kTokenDownStaticBytes);
   }();
   if (allowed != cudaSuccess) return allowed;
   const auto up_bytes = static_cast<int>(split_bytes(experts.hidden));
   const auto down_bytes = static_cast<int>(top_k * split_bytes(experts.intermediate));
-  const dim3 up_grid(blocks_for(experts.intermediate, kTokenGateUpWarps * kTokenTileRows),
-                     static_cast<unsigned int>(top_k));
-  token_gate_up_kernel<Dot, Experts><<<up_grid, kTokenGateUpWarps * 32, up_bytes, stream>>>(h, ids, experts, activated);
+  constexpr int kWarps = kTokenGateUpWarps<kOverlapped>;
+  const dim3 up_grid(blocks_for(experts.intermediate, kWarps * kTokenTileRows), static_cast<unsigned int>(top_k));
+  gate_up<<<up_grid, kWarps * 32, up_bytes, stream>>>(h, ids, experts, activated);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  token_down_kernel<Dot, Experts><<<blocks_for(experts.hidden, kTokenDownRows), top_k * 32, down_bytes, stream>>>(
-      activated, ids, weights, top_k, experts, out);
-  return cudaGetLastError();
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks_for(experts.hidden, kTokenDownRows));
+  config.blockDim = dim3(static_cast<unsigned int>(top_k * 32));
+  config.dynamicSmemBytes = static_cast<size_t>(down_bytes);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = kOverlapped ? 1 : 0;
+  return cudaLaunchKernelEx(&config, down, activated, ids, weights, top_k, experts, out);
 }
 
 }  // namespace beamline::cuda
