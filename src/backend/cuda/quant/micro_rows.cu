@@ -372,21 +372,25 @@ struct Mxfp8Dot {
         }
     }
     if constexpr (kRing) {
-      const int64_t step = first_step + kFrom;
+      static_assert(kFrom % kHalf == 0 && kTo % kHalf == 0, "whole halves");
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int half = kFrom / kHalf; half < kTo / kHalf; ++half) {
+        const int64_t step = first_step + half * kHalf;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          uint32_t word = 0;
-          if (packed_scales) {
-            if (step < steps) word = __ldg(reinterpret_cast<const uint32_t*>(scales(i, r) + step));
-          } else {
+        for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int u = 0; u < kHalf; ++u)
-              if (step + u < steps) word |= uint32_t{__ldg(scales(i, r) + step + u)} << (8 * u);
+          for (int r = 0; r < 2; ++r) {
+            uint32_t word = 0;
+            if (packed_scales) {  // steps a multiple of 4: a half lies wholly before or past the end
+              if (step < steps) word = __ldg(reinterpret_cast<const uint32_t*>(scales(i, r) + step));
+            } else {
+#pragma unroll
+              for (int u = 0; u < kHalf; ++u)
+                if (step + u < steps) word |= uint32_t{__ldg(scales(i, r) + step + u)} << (8 * u);
+            }
+            batch.scales[half][i][r] = word;
           }
-          batch.scales[kFrom / kHalf][i][r] = word;
-        }
+      }
     }
   }
 

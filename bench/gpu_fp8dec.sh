@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Branch fp8dec's decode-path kernels in one GPU call (issue 14's speed goals, bench/results/2026-12-03-fp8dec.md):
+# the decode attention's per-tile copies (FP8 and BF16 pools) and the one-token MoE's register ring, PDL down pass and
+# gate|up blocks of 4 warps (FP8, MXFP8). Each new kernel runs against the CPU reference first, then is timed next to
+# the kernel it replaces (BEAMLINE_CUDA_DECODE_ATTENTION=legacy, BEAMLINE_CUDA_TOKEN_MOE=legacy: the previous kernels,
+# in separate processes of the same call), every row next to its floor; the figures measured before this branch are
+# printed beside them (bench/results/2026-12-02-quant3-decode.md, run 1 and run 2).
+# Usage: bench/gpu_fp8dec.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh --tests build CARRY_DIR`); writes
+#        $OUT/fp8dec.log (every command's whole output) and exits 1 when a test failed or did not run, or a perf row
+#        is missing. About 120 s on an H200 once the machine is up.
+set -uo pipefail
+CARRY=${1:?usage: bench/gpu_fp8dec.sh CARRY_DIR}
+OUT=${OUT:-$(mktemp -d)}
+BIN=$PWD/$CARRY/apps/beamline/beamline
+OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
+LOG=$OUT/fp8dec.log
+STEPS=,all,
+source bench/open_carry.sh
+source bench/cuda_env.sh
+export BEAMLINE_REQUIRE_CUDA=1
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+} | tee "$LOG"
+source bench/gpu_steps.sh
+problems=()
+
+# A test step passes when the harness exits 0 within its limit and prints "N cases, 0 failed" with N > 0.
+tests() {  # label, seconds, harness arguments...
+  local label=$1 limit=$2
+  shift 2
+  step "$limit" 'FAIL|cases,|fp8 kv decode (tile edges|1 row 8K|bs 4)|one token' "$OPS" test "$@"
+  if ! grep -qE '^[1-9][0-9]* cases, 0 failed$' "$OUT/step.txt"; then problems+=("$label: failed or did not run"); fi
+}
+# A perf step passes when every expected row came out.
+perf() {  # label, seconds, rows (regexes, one per expected row, separated by ;), harness arguments...
+  local label=$1 limit=$2 rows=$3
+  shift 3
+  echo "--- $label"
+  step "$limit" '^\| ' "$OPS" perf "$@"
+  local row
+  local -a expected
+  IFS=';' read -ra expected <<<"$rows"
+  for row in "${expected[@]}"; do
+    grep -qE "$row" "$OUT/step.txt" || problems+=("$label: no row '$row'")
+  done
+}
+
+echo "=== correctness, new kernels (default) against the CPU reference"
+tests "attention" 30 --small --filter attention --seed 21
+tests "fp8, mxfp8, nvfp4" 30 --small --filter fp8,mxfp8,nvfp4 --seed 22
+echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects)"
+BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
+  tests "legacy fp8, mxfp8" 15 --small --filter fp8,mxfp8 --seed 23
+
+attention_rows='decode global B=1 L=128K;decode global B=32 L=8K'
+for pool in fp8 bfloat16; do
+  perf "decode attention, $pool pool, per-tile copies (new)" 12 "$attention_rows" \
+    attention --kv-cache-dtype $pool --filter "decode global"
+  BEAMLINE_CUDA_DECODE_ATTENTION=legacy perf "decode attention, $pool pool, per-row copies (legacy)" 12 \
+    "$attention_rows" attention --kv-cache-dtype $pool --filter "decode global"
+done
+fp8_rows='^\| 1 \|;^\| 16 \|;^\| 64 \|'
+perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --iterations 20
+BEAMLINE_CUDA_TOKEN_MOE=legacy perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20
+micro_rows='^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|'
+perf "MXFP8 and NVFP4 MoE layer (new)" 25 "$micro_rows;^\| mxfp8 \| 64 \|;^\| nvfp4 \| 64 \|" micro --tokens 1,16,64 --iterations 20
+BEAMLINE_CUDA_TOKEN_MOE=legacy perf "MXFP8 MoE layer (legacy)" 12 '^\| mxfp8 \| 1 \|' \
+  micro --tokens 1 --iterations 20 --formats mxfp8
+rm -f "$OUT/step.txt"
+
+cat <<'EOF'
+
+=== before this branch (H200, 2026-12-02, bench/results/2026-12-02-quant3-decode.md)
+FP8 KV decode B=1 L=128K: 0.1086 ms, 51% of floor (run 1); 0.0962 ms, 58% (run 2, the kernel main has: compare
+  with the legacy rows above); B=32 L=8K: 0.2065 ms, 54% (run 1); 0.1829 ms, 61% (run 2). Goal >= 85%.
+BF16 decode B=1 L=128K 0.1330 ms, 84%; B=32 L=8K 0.2551 ms, 88%.
+FP8 MoE 1 token (route + experts): 0.1335 ms, floor 0.0666 (goal <= 0.085 ms); 64 tokens 2.0804 ms (floor 1.8202).
+MXFP8 1 token 0.1924 ms, floor 0.0687 (goal within 5% of FP8); NVFP4 1 token 0.1618 ms, floor 0.0380
+  (goal <= 1.20x). NVFP4's one-token path is not changed by this branch (see the results file).
+EOF
+if [ ${#problems[@]} -gt 0 ]; then
+  printf 'PROBLEM: %s\n' "${problems[@]}"
+  exit 1
+fi
+echo "all tests passed and every perf row came out"
