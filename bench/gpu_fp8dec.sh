@@ -52,7 +52,7 @@ tests "attention" 30 --small --filter attention --seed 21
 tests "fp8, mxfp8, nvfp4" 30 --small --filter fp8,mxfp8,nvfp4 --seed 22
 echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects)"
 BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
-  tests "legacy fp8, mxfp8" 15 --small --filter fp8,mxfp8 --seed 23
+  tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
 
 attention_rows='decode global B=1 L=128K;decode global B=32 L=8K'
 for pool in fp8 bfloat16; do

@@ -442,6 +442,144 @@ struct Mxfp8Dot {
   }
 };
 
+// ---- one token's NVFP4 experts on the tensor cores (quant/token_moe.cuh) ----
+// Before this (BEAMLINE_CUDA_TOKEN_MOE=legacy) one NVFP4 token took the CUDA-core streaming kernels above: every code
+// decoded to F32 and multiplied on the FMA pipe, every lane reading 32 activations from L1 per 16 bytes of codes, at
+// 4.3x the bytes floor (2026-12-02). Here as for FP8 and MXFP8: mma.sync m16n8k16 on F16 operands against the token's
+// F16 split. An E4M3 scale belongs to 16 codes, and the four lanes of one mma read from four groups, so the scale
+// goes into the A operand: e2m1 times e4m3 has at most 6 significant bits and lies in [2^-10, 2688], exact in F16.
+// Lane (g, c) loads 32 codes (16 bytes) of rows g and g + 8 per 128-wide step and their two scales (one 16-bit
+// load); code quad q of its chunk (elements 4q..4q+3, nibbles of one half-word) feeds mma q, codes 0 and 2 as k
+// columns 2c, 2c + 1 and codes 1 and 3 as 2c + 8, 2c + 9, the split read in that order (activation_split.cuh).
+// Rows of width k a multiple of 32 (a lane's chunk is wholly inside a row or past it); scale_2 applied to the sums.
+constexpr int kNvfp4Step = 128;  // k per step: four lanes x 32 codes
+
+// Four E2M1 codes (the half-word `half` of w) as exact F16 pairs: codes 0 and 2 in `even`, 1 and 3 in `odd`. The
+// magnitude's F16 has a zero low byte, so one byte permutation looks the high bytes up in an 8-entry table and puts
+// them in bytes 1 and 3; the sign bits are moved in by a shift and a mask.
+__device__ __forceinline__ void e2m1x4_to_half2(uint32_t w, int half, uint32_t& even, uint32_t& odd) {
+  constexpr uint32_t kLow = 0x3e3c3800u, kHigh = 0x46444240u;  // F16 high bytes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6
+  const uint32_t quad = half == 0 ? w : w >> 16;                 // codes 0..3 in bits 0-15
+  const uint32_t spread = __byte_perm(quad, 0, 0x4140);          // codes 0, 1 in bits 0-7, codes 2, 3 in bits 16-23
+  even = __byte_perm(kLow, kHigh, (quad << 4) & 0x7070u) | ((spread << 12) & 0x80008000u);
+  odd = __byte_perm(kLow, kHigh, quad & 0x7070u) | ((spread << 8) & 0x80008000u);
+}
+
+struct Nvfp4Dot {
+  // Steps in flight: a ring of two halves of one step (4 KiB a warp); two steps a half spill at 128 registers.
+  static constexpr int kBatch = 2, kHalf = kBatch / 2;
+  struct Batch {
+    uint4 codes[kBatch][2][2];
+    uint32_t scales[kBatch][2][2];  // the chunk's two E4M3 scales
+  };
+  const uint8_t* code_base[2];
+  const uint8_t* scale_base[2];
+  int32_t row[2][2];
+  int32_t k;
+  float scale_2[2];
+
+  static __device__ Nvfp4Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                  const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
+    Nvfp4Dot dot;
+    dot.k = static_cast<int32_t>(k);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      dot.code_base[i] = experts.codes[matrix[i]][e];
+      dot.scale_base[i] = experts.scales[matrix[i]][e];
+      dot.scale_2[i] = experts.scale_2[matrix[i]] != nullptr ? *experts.scale_2[matrix[i]][e] : 1.0f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) dot.row[i][r] = static_cast<int32_t>(min(first_row[i] + g + 8 * r, row_count - 1));
+    }
+    return dot;
+  }
+
+  template <int kFrom = 0, int kTo = kBatch>
+  __device__ __forceinline__ void load(int first_step, int c, Batch& batch) const {
+#pragma unroll
+    for (int u = kFrom; u < kTo; ++u) {
+      const int64_t column = int64_t{first_step + u} * kNvfp4Step + 32 * c;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t offset = int64_t{row[i][r]} * k + column;  // in elements
+          batch.codes[u][i][r] = column < k ? load_streaming(code_base[i] + offset / 2) : uint4{};
+          batch.scales[u][i][r] =
+              column < k ? __ldg(reinterpret_cast<const unsigned short*>(scale_base[i] + offset / 16)) : 0u;
+        }
+    }
+  }
+
+  __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4;
+    const int steps = (k + kNvfp4Step - 1) / kNvfp4Step;
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    for (int first = 0; first < steps; first += kBatch) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int v = 0; v < kHalf; ++v) {
+          const int u = half * kHalf + v, step = first + u;
+          if (step >= steps) break;
+          const float unscale = split.unscale[step];  // a step is one 128-wide block of the split
+          float d[2][4] = {};
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            __half2 scale[2][2];  // [r][group]: the group's scale in both halves
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
+                  static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
+              const __half2 both = *reinterpret_cast<const __half2*>(&raw);
+              scale[r][0] = __low2half2(both);
+              scale[r][1] = __high2half2(both);
+            }
+            const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
+                                     batch.codes[u][i][0].w};
+            const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
+                                      batch.codes[u][i][1].w};
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+              uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
+              if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
+              const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+                e2m1x4_to_half2(low[w], q, a[0], a[2]);
+                e2m1x4_to_half2(high[w], q, a[1], a[3]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
+                  a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+                }
+                mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
+              }
+            }
+          }
+          // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            total[i][0] += (d[i][0] + d[i][1]) * unscale;
+            total[i][1] += (d[i][2] + d[i][3]) * unscale;
+          }
+        }
+        if (half == 0)  // the next batch's half (half is a constant once unrolled); past k: zeros, nothing read
+          load<0, kHalf>(first + kBatch, c, batch);
+        else
+          load<kHalf, kBatch>(first + kBatch, c, batch);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      total[i][0] *= scale_2[i];
+      total[i][1] *= scale_2[i];
+    }
+  }
+};
+
+bool nvfp4_token_supported(int64_t hidden, int64_t intermediate) { return hidden % 32 == 0 && intermediate % 32 == 0; }
+
 // ---- BF16 decode: one thread per 16 elements of a row ----
 __global__ void decode_kernel(Format format, Weight weight, int64_t out_rows, int64_t in, __nv_bfloat16* decoded) {
   const int64_t piece = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, per_row = in / 16;
@@ -545,6 +683,10 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
     return token_moe_legacy()
                ? launch_token_moe<Mxfp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream)
                : launch_token_moe<Mxfp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
+  if (rows == 1 && experts.format == Format::Nvfp4 && !token_moe_legacy() &&
+      nvfp4_token_supported(experts.hidden, experts.intermediate) &&
+      token_moe_fits(experts.hidden, experts.intermediate, top_k) && aligned(h, 16) && aligned(activated, 16))
+    return launch_token_moe<Nvfp4Dot, true>(h, ids, weights, top_k, experts, activated, out, stream);
   // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
   const dim3 up_grid(static_cast<unsigned int>(rows * top_k),
                      blocks_for((experts.intermediate + kGateUpRows - 1) / kGateUpRows, kGateUpWarps));
