@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/common/kernel_variant.h"
 #include "checkpoint/presets.h"
 #include "harness.h"
 #include "model/beam_model.h"
@@ -229,9 +230,13 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
     auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
     harness.device().moe(h.device, ids.device, routing.device, device_moe, out.device);
     harness.reference().moe(h.reference, ids.reference, routing.reference, reference_moe, out.reference);
+    // The CUDA backend's path: one token on the tensor cores (quant/token_moe.cuh; NVFP4 for widths that are
+    // multiples of 32), unless BEAMLINE_CUDA_TOKEN_MOE=legacy; else streamed token by token.
+    const bool tensor_cores = c.rows == 1 && !cuda::legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE") &&
+                              (scheme == QuantScheme::Mxfp8 || (c.hidden % 32 == 0 && c.intermediate % 32 == 0));
     harness.record(name + "_moe",
-                   fmt::format("T {} H {} I {} E {} top {} ({}; streamed per token)", c.rows, c.hidden,
-                               c.intermediate, c.experts, c.top_k, c.what),
+                   fmt::format("T {} H {} I {} E {} top {} ({}; {})", c.rows, c.hidden, c.intermediate, c.experts,
+                               c.top_k, c.what, tensor_cores ? "tensor cores" : "streamed per token"),
                    out, kF32Tolerance, seconds_since(start));
   }
 }
