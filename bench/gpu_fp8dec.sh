@@ -48,8 +48,8 @@ perf() {  # label, seconds, rows (regexes, one per expected row, separated by ;)
 }
 
 echo "=== correctness, new kernels (default) against the CPU reference"
-tests "attention" 30 --small --filter attention --seed 21
-tests "fp8, mxfp8, nvfp4" 30 --small --filter fp8,mxfp8,nvfp4 --seed 22
+tests "attention" 45 --small --filter attention --seed 21
+tests "fp8, mxfp8, nvfp4" 25 --small --filter fp8,mxfp8,nvfp4 --seed 22
 echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects)"
 BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
   tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
