@@ -381,6 +381,43 @@ __device__ __forceinline__ int copied(int row, int chunk) {
     return swizzled(row, chunk);
 }
 
+// E4M3 V rows when the kernel decodes V in registers (kPerTileCopy): lane (g, c) reads chunk g of rows 2c, 2c + 1,
+// 2c + 8 and 2c + 9, so rows 2c of c = 0..3, read with chunks g = 0 and 1 in one phase of a 16-byte shared load, must
+// fall in different banks: chunks XOR-ed with 2 ((row / 2) % 4).
+template <typename Pool, bool kValueRegisters>
+__device__ __forceinline__ int copied_value(int row, int chunk) {
+  if constexpr (kValueRegisters)
+    return row * kFastHeadDim + ((chunk ^ (((row >> 1) & 3) << 1)) << 4);
+  else
+    return copied<Pool>(row, chunk);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// Two E4M3 codes (bits 0-15) as an exact F16 pair.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes) {
+  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// The A fragment of V^T's m-tile i (E4M3 pools, V in registers) from this lane's raw rows: keys 2c, 2c + 1, 2c + 8,
+// 2c + 9 (rows[0..3]) at dims 16 g .. 16 g + 15. The m-tile's rows g and g + 8 are dims 16 g + 2 i and 16 g + 2 i + 1
+// (any assignment of dims to rows works when the output follows it), so a[0] pairs keys 2c and 2c + 1 at byte 2 i of
+// their chunks, a[1] the same at byte 2 i + 1, a[2] and a[3] keys 2c + 8 and 2c + 9: one byte permutation per two
+// registers, then the conversions.
+__device__ __forceinline__ void value_fragment(const uint4 (&rows)[4], int i, uint32_t (&a)[4]) {
+  const int w = i >> 1;
+  const uint32_t selector = (i & 1) != 0 ? 0x7362u : 0x5140u;  // bytes (2, 6, 3, 7) or (0, 4, 1, 5)
+  const uint32_t low = __byte_perm(word_of(rows[0], w), word_of(rows[1], w), selector);
+  const uint32_t high = __byte_perm(word_of(rows[2], w), word_of(rows[3], w), selector);
+  a[0] = e4m3x2_to_half2(low);
+  a[1] = e4m3x2_to_half2(low >> 16);
+  a[2] = e4m3x2_to_half2(high);
+  a[3] = e4m3x2_to_half2(high >> 16);
+}
+
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
 // columns (lane % 4) * 2 and + 1 of every matrix (the MMA's A fragment), or with `.trans` the same of every
 // matrix transposed.
@@ -439,6 +476,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
   constexpr bool kE4m3 = sizeof(Pool) == 1;
+  // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
+  // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
+  constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
   constexpr int kStages = MmaPool<Pool>::kStages;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
@@ -474,7 +514,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   constexpr int kLaneRows = kTileKeys / 4;
   const int64_t position_stride = key_rows_of_sequence.position_stride;
   int32_t lane_source[kLaneRows][kChunksPerLane];  // kPerTileCopy: element offsets in a tile, and shared targets
-  uint32_t lane_target[kLaneRows][kChunksPerLane];
+  uint32_t lane_target[kLaneRows][kChunksPerLane], lane_value_target[kLaneRows][kChunksPerLane];
 #pragma unroll
   for (int r = 0; r < kLaneRows; ++r)
 #pragma unroll
@@ -482,6 +522,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
       const int key_row = lane / 8 + 4 * r, chunk = lane % 8 + 8 * half;
       lane_source[r][half] = static_cast<int32_t>(key_row * position_stride) + kChunkElements * chunk;
       lane_target[r][half] = static_cast<uint32_t>(copied<Pool>(key_row, chunk));
+      lane_value_target[r][half] = static_cast<uint32_t>(copied_value<Pool, kValueRegisters>(key_row, chunk));
     }
   const bool tiles_in_blocks = pool.block_size >= kTileKeys;
   auto tile_block = [&](int32_t k) {
@@ -505,8 +546,8 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
           for (int half = 0; half < kChunksPerLane; ++half) {
             copy_async16(target + lane_target[r][half], k_source + lane_source[r][half], block >= 0);
-            copy_async16(target + kStageBytes<Pool> / 2 + lane_target[r][half], v_source + lane_source[r][half],
-                         block >= 0);
+            copy_async16(target + kStageBytes<Pool> / 2 + lane_value_target[r][half],
+                         v_source + lane_source[r][half], block >= 0);
           }
         commit_copies();
         return;
@@ -523,7 +564,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         for (int half = 0; half < kChunksPerLane; ++half) {
           const int chunk = lane % 8 + 8 * half;
           copy_async16(stage + copied<Pool>(key_row, chunk), k_pool + offset + kChunkElements * chunk, block >= 0);
-          copy_async16(stage + kStageBytes<Pool> / 2 + copied<Pool>(key_row, chunk),
+          copy_async16(stage + kStageBytes<Pool> / 2 + copied_value<Pool, kValueRegisters>(key_row, chunk),
                        v_pool + offset + kChunkElements * chunk, block >= 0);
         }
       }
@@ -607,7 +648,16 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
     // (two dependency chains).
     float score_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, score_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint4 value_rows[4];  // kValueRegisters: keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
     if constexpr (kE4m3) {
+      if constexpr (kValueRegisters) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+          value_rows[r] =
+              *reinterpret_cast<const uint4*>(v_tile + copied_value<Pool, true>(value_row, fragment_row));
+        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<Pool>(fragment_row, 4 * h + fragment_pair));
@@ -623,27 +673,25 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
           mma_f16(score_lo, a, q_lo[4 * h + j][0], q_lo[4 * h + j][1]);
         }
       }
-      // V to F16 (in element order, as ldmatrix reads it): lane takes 16 codes of rows lane / 8 + 4 i.
+      if constexpr (!kValueRegisters) {
+        // V to F16 (in element order, as ldmatrix reads it): lane takes 16 codes of rows lane / 8 + 4 i.
 #pragma unroll
-      for (int i = 0; i < kTileKeys / 4; ++i) {
-        const int value_row = lane / 8 + 4 * i, chunk = lane % 8;
-        const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + copied<Pool>(value_row, chunk));
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t halves[8];
+        for (int i = 0; i < kTileKeys / 4; ++i) {
+          const int value_row = lane / 8 + 4 * i, chunk = lane % 8;
+          const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + copied<Pool>(value_row, chunk));
+          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+          uint32_t halves[8];
 #pragma unroll
-        for (int w = 0; w < 4; ++w)
+          for (int w = 0; w < 4; ++w)
 #pragma unroll
-          for (int p = 0; p < 2; ++p) {
-            const __half2_raw pair =
-                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * p)), __NV_E4M3);
-            halves[2 * w + p] = *reinterpret_cast<const uint32_t*>(&pair);
-          }
-        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk)) =
-            make_uint4(halves[0], halves[1], halves[2], halves[3]);
-        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk + 1)) =
-            make_uint4(halves[4], halves[5], halves[6], halves[7]);
+            for (int p = 0; p < 2; ++p) halves[2 * w + p] = e4m3x2_to_half2(words[w] >> (16 * p));
+          *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk)) =
+              make_uint4(halves[0], halves[1], halves[2], halves[3]);
+          *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk + 1)) =
+              make_uint4(halves[4], halves[5], halves[6], halves[7]);
+        }
+        v_tile = staging;
       }
-      v_tile = staging;
     } else {
 #pragma unroll
       for (int s = 0; s < kDimSteps; ++s) {
@@ -701,12 +749,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
       p_hi[half] = transpose(p_hi[half]);
       p_lo[half] = transpose(p_lo[half]);
     }
-    if constexpr (kE4m3) __syncwarp();  // every lane's part of the F16 V tile is written
+    if constexpr (kE4m3 && !kValueRegisters) __syncwarp();  // every lane's part of the F16 V tile is written
 
 #pragma unroll
     for (int i = 0; i < kDimSteps; ++i) {
       uint32_t a[4];
-      load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
+      if constexpr (kValueRegisters)
+        value_fragment(value_rows, i, a);
+      else
+        load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
       if constexpr (kE4m3) {
         mma_f16(acc[i], a, p_hi[0], p_hi[1]);
         mma_f16(acc[i], a, p_lo[0], p_lo[1]);
@@ -732,7 +783,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   for (int i = 0; i < kDimSteps; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int head = 2 * fragment_pair + (j & 1), dim = 16 * i + fragment_row + 8 * (j >> 1);
+      // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
+      const int head = 2 * fragment_pair + (j & 1);
+      const int dim = kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
       warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j] * acc_scale;
     }
   if (fragment_row == 0) {
