@@ -29,8 +29,7 @@ namespace {
 
 constexpr int kStep = 64;   // k per step: four lanes x 16 codes
 constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded before the first is used
-static_assert(kBatch * kStep % kBlock == 0, "a batch holds whole k blocks, so the promotion scales are per batch");
-constexpr int kBatchBlocks = kBatch * kStep / static_cast<int>(kBlock);
+static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_ring's halves");
 
 // Two tiles of 16 rows (rows[i][0] row g, rows[i][1] row g + 8) and their block-scale rows, dotted with the split.
 // kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): the batch's registers are a ring of two 128-wide
@@ -75,59 +74,48 @@ struct Fp8Dot {
     const int g = lane / 4, c = lane % 4;
     const int steps = static_cast<int>((k + kStep - 1) / kStep), blocks = static_cast<int>(blocks_of(k));
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kBatch) {
-      if (!kRing && first > 0) load(first, c, bits);
-      float promote[kBatchBlocks][2];
+    float d[2][4] = {};           // the current 128-wide block's sums (a half of the batch)
+    float block_scale[2] = {};    // its weight scales, loaded at its first step, used after its MMAs
+    auto step_of = [&](int u, int step) {
+      if (step % 2 == 0)
 #pragma unroll
-      for (int b = 0; b < kBatchBlocks; ++b) {
-        const int block = first / 2 + b;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          promote[b][i] = block < blocks ? __ldg(scales[i] + block) * split.unscale[block] : 0.0f;
+        for (int i = 0; i < 2; ++i) block_scale[i] = __ldg(scales[i] + step / 2);
+      uint4 b_words[2] = {};
+      if (g < 2) {
+        const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kStep + 16 * c) / 2);
+        b_words[0] = source[0];
+        b_words[1] = source[1];
       }
+      const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
+                                  b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
 #pragma unroll
-      for (int b = 0; b < kBatchBlocks; ++b) {
-        float d[2][4] = {};
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
+        const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int u = 2 * b + half, step = first + u;
-          if (step >= steps) break;
-          uint4 b_words[2] = {};
-          if (g < 2) {
-            const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kStep + 16 * c) / 2);
-            b_words[0] = source[0];
-            b_words[1] = source[1];
-          }
-          const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
-                                      b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
-            const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-              e4m3x4_to_half2(low[q], a[0], a[2]);
-              e4m3x4_to_half2(high[q], a[1], a[3]);
-              mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-            }
-          }
-        }
-        if constexpr (kRing) {  // the next batch's block b (b is a constant once unrolled); past k: zeros
-          static_assert(kBatchBlocks == 2, "a ring of two blocks");
-          if (b == 0)
-            load<0, 2>(first + kBatch, c, bits);
-          else
-            load<2, 4>(first + kBatch, c, bits);
-        }
-        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          total[i][0] += (d[i][0] + d[i][1]) * promote[b][i];
-          total[i][1] += (d[i][2] + d[i][3]) * promote[b][i];
+        for (int q = 0; q < 4; ++q) {
+          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+          e4m3x4_to_half2(low[q], a[0], a[2]);
+          e4m3x4_to_half2(high[q], a[1], a[3]);
+          mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
         }
       }
-    }
+    };
+    // A half is one 128-wide block: its sums promoted by the weight block's scale over the split's power of two.
+    // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+    auto block_done = [&](int first, int half) {
+      const int block = first / 2 + half;
+      if (block >= blocks) return;  // past k: no step ran, d is zero
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float promote = block_scale[i] * split.unscale[block];
+        total[i][0] += (d[i][0] + d[i][1]) * promote;
+        total[i][1] += (d[i][2] + d[i][3]) * promote;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d[i][j] = 0.0f;
+      }
+    };
+    stream_ring<kRing, kBatch>(*this, steps, c, bits, step_of, block_done);
   }
 };
 

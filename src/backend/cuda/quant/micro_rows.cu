@@ -405,40 +405,26 @@ struct Mxfp8Dot {
     const int g = lane / 4, c = lane % 4;
     const int steps = static_cast<int>(k / kTokenStep);
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kBatch) {
-      if (!kRing && first > 0) load(first, c, batch);
+    auto step_of = [&](int u, int step) {
+      uint4 b{};
+      if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
+      const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int v = 0; v < kHalf; ++v) {
-          const int u = half * kHalf + v, step = first + u;
-          if (step >= steps) break;
-          uint4 b{};
-          if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
-          const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            float d[4] = {};
-            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-            e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
-            e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
-            mma_f16(d, a, b.x, b.y);
-            e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
-            e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
-            mma_f16(d, a, b.z, b.w);
-            // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-            total[i][0] += (d[0] + d[1]) * (e8m0_to_float(scale_of(batch, u, i, 0)) * unscale);
-            total[i][1] += (d[2] + d[3]) * (e8m0_to_float(scale_of(batch, u, i, 1)) * unscale);
-          }
-        }
-        if constexpr (kRing) {  // the next batch's half (half is a constant once unrolled)
-          if (half == 0)
-            load<0, kHalf>(first + kBatch, c, batch);
-          else
-            load<kHalf, kBatch>(first + kBatch, c, batch);
-        }
+      for (int i = 0; i < 2; ++i) {
+        float d[4] = {};
+        uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+        e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
+        e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
+        mma_f16(d, a, b.x, b.y);
+        e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
+        e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
+        mma_f16(d, a, b.z, b.w);
+        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+        total[i][0] += (d[0] + d[1]) * (e8m0_to_float(scale_of(batch, u, i, 0)) * unscale);
+        total[i][1] += (d[2] + d[3]) * (e8m0_to_float(scale_of(batch, u, i, 1)) * unscale);
       }
-    }
+    };
+    stream_ring<kRing, kBatch>(*this, steps, c, batch, step_of, [](int, int) {});
   }
 };
 
@@ -467,7 +453,7 @@ __device__ __forceinline__ void e2m1x4_to_half2(uint32_t w, int half, uint32_t& 
 
 struct Nvfp4Dot {
   // Steps in flight: a ring of two halves of one step (4 KiB a warp); two steps a half spill at 128 registers.
-  static constexpr int kBatch = 2, kHalf = kBatch / 2;
+  static constexpr int kBatch = 2;
   struct Batch {
     uint4 codes[kBatch][2][2];
     uint32_t scales[kBatch][2][2];  // the chunk's two E4M3 scales
@@ -514,62 +500,52 @@ struct Nvfp4Dot {
     const int g = lane / 4, c = lane % 4;
     const int steps = (k + kNvfp4Step - 1) / kNvfp4Step;
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kBatch) {
+    auto step_of = [&](int u, int step) {
+      const float unscale = split.unscale[step];  // a step is one 128-wide block of the split
+      float d[2][4] = {};
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int i = 0; i < 2; ++i) {
+        __half2 scale[2][2];  // [r][group]: the group's scale in both halves
 #pragma unroll
-        for (int v = 0; v < kHalf; ++v) {
-          const int u = half * kHalf + v, step = first + u;
-          if (step >= steps) break;
-          const float unscale = split.unscale[step];  // a step is one 128-wide block of the split
-          float d[2][4] = {};
+        for (int r = 0; r < 2; ++r) {
+          const __half2_raw raw =
+              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
+          const __half2 both = *reinterpret_cast<const __half2*>(&raw);
+          scale[r][0] = __low2half2(both);
+          scale[r][1] = __high2half2(both);
+        }
+        const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
+                                 batch.codes[u][i][0].w};
+        const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
+                                  batch.codes[u][i][1].w};
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            __half2 scale[2][2];  // [r][group]: the group's scale in both halves
+        for (int w = 0; w < 4; ++w) {
+          uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
+          if (g < 2)
+            b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
+          const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(
-                  static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
-              const __half2 both = *reinterpret_cast<const __half2*>(&raw);
-              scale[r][0] = __low2half2(both);
-              scale[r][1] = __high2half2(both);
+          for (int q = 0; q < 2; ++q) {
+            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+            e2m1x4_to_half2(low[w], q, a[0], a[2]);
+            e2m1x4_to_half2(high[w], q, a[1], a[3]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
+              a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
             }
-            const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
-                                     batch.codes[u][i][0].w};
-            const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
-                                      batch.codes[u][i][1].w};
-#pragma unroll
-            for (int w = 0; w < 4; ++w) {
-              uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
-              if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
-              const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-              for (int q = 0; q < 2; ++q) {
-                uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-                e2m1x4_to_half2(low[w], q, a[0], a[2]);
-                e2m1x4_to_half2(high[w], q, a[1], a[3]);
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                  const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
-                  a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
-                }
-                mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-              }
-            }
-          }
-          // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            total[i][0] += (d[i][0] + d[i][1]) * unscale;
-            total[i][1] += (d[i][2] + d[i][3]) * unscale;
+            mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
           }
         }
-        if (half == 0)  // the next batch's half (half is a constant once unrolled); past k: zeros, nothing read
-          load<0, kHalf>(first + kBatch, c, batch);
-        else
-          load<kHalf, kBatch>(first + kBatch, c, batch);
       }
-    }
+      // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        total[i][0] += (d[i][0] + d[i][1]) * unscale;
+        total[i][1] += (d[i][2] + d[i][3]) * unscale;
+      }
+    };
+    stream_ring<true, kBatch>(*this, steps, c, batch, step_of, [](int, int) {});
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       total[i][0] *= scale_2[i];

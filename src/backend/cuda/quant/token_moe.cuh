@@ -26,6 +26,36 @@ constexpr int kTokenMaxTopK = 8;                       // warps of a down block:
 constexpr int kTokenMaxSharedBytes = 227 * 1024;       // Hopper's opt-in limit of shared memory per block
 constexpr int kTokenDownStaticBytes = static_cast<int>(sizeof(float)) * kTokenMaxTopK * kTokenDownRows;
 
+// The weight stream of a Dot whose registers hold kBatch steps as two halves: calls step(u, s) for s = first + u, the
+// steps of each batch in order, and half_done(first, half) after each half. kRing: then loads the next batch's half
+// into the registers just read (dot.load<from, to>(first + kBatch, ...)), so that a warp always has loads in flight;
+// else (the first versions) the next batch is loaded whole before it is used.
+template <bool kRing, int kBatch, class Dot, class Batch, class Step, class HalfDone>
+__device__ __forceinline__ void stream_ring(const Dot& dot, int steps, int c, Batch& batch, const Step& step,
+                                            const HalfDone& half_done) {
+  static_assert(kBatch % 2 == 0, "two halves");
+  constexpr int kHalf = kBatch / 2;
+  for (int first = 0; first < steps; first += kBatch) {
+    if (!kRing && first > 0) dot.load(first, c, batch);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int v = 0; v < kHalf; ++v) {
+        const int u = half * kHalf + v;
+        if (first + u >= steps) break;
+        step(u, first + u);
+      }
+      half_done(first, half);
+      if constexpr (kRing) {  // half is a constant once unrolled; past k, loads give zeros and read nothing
+        if (half == 0)
+          dot.template load<0, kHalf>(first + kBatch, c, batch);
+        else
+          dot.template load<kHalf, kBatch>(first + kBatch, c, batch);
+      }
+    }
+  }
+}
+
 // Two versions (BEAMLINE_CUDA_TOKEN_MOE=legacy picks the first; common/kernel_variant.h):
 //  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
 //    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
