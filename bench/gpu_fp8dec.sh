@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Branch fp8dec's decode-path kernels in one GPU call (issue 14's speed goals, bench/results/2026-12-03-fp8dec.md):
-# the decode attention's per-tile copies (FP8 and BF16 pools) and V in registers (FP8), and the one-token MoE's register
-# ring, PDL down pass and gate|up blocks of 4 warps (FP8, MXFP8) and NVFP4 on the tensor cores. Each new kernel runs against the CPU reference first, then is timed next to
-# the kernel it replaces (BEAMLINE_CUDA_DECODE_ATTENTION=legacy, BEAMLINE_CUDA_TOKEN_MOE=legacy: the previous kernels,
-# in separate processes of the same call), every row next to its floor; the figures measured before this branch are
-# printed beside them (bench/results/2026-12-02-quant3-decode.md, run 1 and run 2).
+# the decode attention's per-tile copies (FP8 and BF16 pools) and V in registers (FP8), and the one-token MoE's
+# register ring, PDL down pass and gate|up blocks of 4 warps (FP8, MXFP8) and NVFP4 on the tensor cores. Each new
+# kernel runs against the CPU reference first, then is timed next to the kernel it replaces
+# (BEAMLINE_CUDA_DECODE_ATTENTION=legacy, BEAMLINE_CUDA_TOKEN_MOE=legacy: the previous kernels, in separate processes
+# of the same call), every row next to its floor; the figures measured before this branch are printed beside them
+# (bench/results/2026-12-02-quant3-decode.md, run 1 and run 2).
 # Usage: bench/gpu_fp8dec.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh --tests build CARRY_DIR`); writes
 #        $OUT/fp8dec.log (every command's whole output) and exits 1 when a test failed or did not run, or a perf row
 #        is missing. At most 150 s once the machine is up (each step's limit is cut to what is left of that).
