@@ -65,6 +65,23 @@ echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects
 BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
   tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
 
+echo "=== correctness, E4M3 decode with K decoded by cvt (BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt, not the default)"
+# test_paged_attention's FP8 cases (decode rows of 300 keys at head_dim 128: interior tiles) on both backends.
+tests_dir=$(mktemp -d)
+export LD_LIBRARY_PATH="$CARRY/apps/beamline/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if tar -xJf "$CARRY/tests.tar.xz" -C "$tests_dir" tests/test_paged_attention 2>>"$LOG"; then
+  for version in keys-cvt default; do
+    limit=$(limit_of 15)
+    if [ "$limit" -le 0 ]; then problems+=("test_paged_attention ($version): not run (budget)"); continue; fi
+    BEAMLINE_CUDA_DECODE_ATTENTION=$([ $version = default ] || echo $version) \
+      step "$limit" 'FAILED|PASSED|tests? ran' "$tests_dir/tests/test_paged_attention" --gtest_filter='*Fp8*'
+    grep -q '\[  PASSED  \]' "$OUT/step.txt" && ! grep -q '\[  FAILED  \]' "$OUT/step.txt" ||
+      problems+=("test_paged_attention ($version): failed or did not run")
+  done
+else
+  problems+=("test_paged_attention: not in $CARRY/tests.tar.xz (make the carry with --tests)")
+fi
+
 attention_rows='decode global B=1 L=128K;decode global B=32 L=8K'
 for pool in fp8 bfloat16; do
   perf "decode attention, $pool pool, per-tile copies (new)" 12 "$attention_rows" \
@@ -72,6 +89,8 @@ for pool in fp8 bfloat16; do
   BEAMLINE_CUDA_DECODE_ATTENTION=legacy perf "decode attention, $pool pool, per-row copies (legacy)" 12 \
     "$attention_rows" attention --kv-cache-dtype $pool --filter "decode global"
 done
+BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt perf "decode attention, fp8 pool, per-tile copies, K by cvt (keys-cvt)" 12 \
+  "$attention_rows" attention --kv-cache-dtype fp8 --filter "decode global"
 fp8_rows='^\| 1 \|;^\| 16 \|;^\| 64 \|'
 perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --iterations 20
 BEAMLINE_CUDA_TOKEN_MOE=legacy perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20

@@ -381,7 +381,7 @@ __device__ __forceinline__ int copied(int row, int chunk) {
     return swizzled(row, chunk);
 }
 
-// E4M3 V rows when the kernel decodes V in registers (kPerTileCopy): lane (g, c) reads chunk g of rows 2c, 2c + 1,
+// E4M3 V rows when the kernel decodes V in registers (per-tile versions): lane (g, c) reads chunk g of rows 2c, 2c + 1,
 // 2c + 8 and 2c + 9, so rows 2c of c = 0..3, read with chunks g = 0 and 1 in one phase of a 16-byte shared load, must
 // fall in different banks: chunks XOR-ed with 2 ((row / 2) % 4).
 template <typename Pool, bool kValueRegisters>
@@ -462,23 +462,31 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
-// How a warp issues a tile's cp.async copies (per tile; BEAMLINE_CUDA_DECODE_ATTENTION=legacy: per row):
-//  - kPerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
+// The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt):
+//  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
 //    (~780 PTX instructions per 4 KiB: 58% of the bytes floor, 2026-12-02).
-//  - kPerTile: a tile of 16 positions lies in one pool block when blocks hold >= 16 positions, so one table entry,
+//  - PerTile: a tile of 16 positions lies in one pool block when blocks hold >= 16 positions, so one table entry,
 //    looked up a tile ahead, gives one 64-bit base; every lane's source offsets and swizzled targets within a tile
 //    are loop constants in registers. Tiles cut by the visible range, and blocks of < 16 positions, take the
-//    per-row path.
-template <typename Pool, bool kPerTileCopy>
+//    per-row path. E4M3 pools also decode V in registers (value_fragment).
+//  - PerTileKeysCvt (E4M3 pools): as PerTile, with K decoded by cvt (two codes per instruction, on the conversion
+//    unit) instead of e4m3x4_to_half2's bit operations (~7 integer instructions, issued at half rate, per four
+//    codes), q's fragments following the pairs cvt makes: which of the integer and the conversion pipes binds is for
+//    the GPU to say.
+enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt };
+
+template <typename Pool, DecodeVersion kVersion>
 __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
   constexpr bool kE4m3 = sizeof(Pool) == 1;
+  constexpr bool kPerTileCopy = kVersion != DecodeVersion::PerRow;
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
+  constexpr bool kKeysCvt = kE4m3 && kVersion == DecodeVersion::PerTileKeysCvt;
   constexpr int kStages = MmaPool<Pool>::kStages;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
@@ -618,9 +626,11 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+          // The K word's codes pair as (0, 2) and (1, 3) by bit operations, as (0, 1) and (2, 3) by cvt.
           const float* v = values[h] + 4 * j;
-          split_half2(v[0] * up, v[2] * up, q_hi[4 * h + j][0], q_lo[4 * h + j][0]);
-          split_half2(v[1] * up, v[3] * up, q_hi[4 * h + j][1], q_lo[4 * h + j][1]);
+          const int second = kKeysCvt ? 1 : 2, third = kKeysCvt ? 2 : 1;
+          split_half2(v[0] * up, v[second] * up, q_hi[4 * h + j][0], q_lo[4 * h + j][0]);
+          split_half2(v[third] * up, v[3] * up, q_hi[4 * h + j][1], q_lo[4 * h + j][1]);
         }
     } else {
 #pragma unroll
@@ -667,8 +677,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t a[4];  // key g dims (2c, 2c+1), key g+8 the same, key g dims (2c+8, 2c+9), key g+8 the same
-          e4m3x4_to_half2(low_words[j], a[0], a[2]);
-          e4m3x4_to_half2(high_words[j], a[1], a[3]);
+          if constexpr (kKeysCvt) {
+            a[0] = e4m3x2_to_half2(low_words[j]);
+            a[2] = e4m3x2_to_half2(low_words[j] >> 16);
+            a[1] = e4m3x2_to_half2(high_words[j]);
+            a[3] = e4m3x2_to_half2(high_words[j] >> 16);
+          } else {
+            e4m3x4_to_half2(low_words[j], a[0], a[2]);
+            e4m3x4_to_half2(high_words[j], a[1], a[3]);
+          }
           mma_f16(score_hi, a, q_hi[4 * h + j][0], q_hi[4 * h + j][1]);
           mma_f16(score_lo, a, q_lo[4 * h + j][0], q_lo[4 * h + j][1]);
         }
@@ -923,38 +940,52 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-template <typename Pool, bool kPerTileCopy>
+template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
-  static const cudaError_t status =
-      cudaFuncSetAttribute(decode_attention_mma_kernel<Pool, kPerTileCopy>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
+  static const cudaError_t status = cudaFuncSetAttribute(
+      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
   return status;
 }
 
-template <typename Pool, bool kPerTileCopy>
-cudaError_t launch_decode_mma_copying(const float* q, const PoolGeometry& pool, int32_t slot,
+template <typename Pool, DecodeVersion kVersion>
+cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, int32_t slot,
                                       const BatchGeometry& batch, const int32_t* rows, int64_t count, int32_t splits,
                                       float* partials, int32_t num_heads, float scale, int32_t sliding_window,
                                       float* out, cudaStream_t stream) {
-  if (const cudaError_t status = allow_mma_shared_memory<Pool, kPerTileCopy>(); status != cudaSuccess) return status;
+  if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kPerTileCopy><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+}
+
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt is PerTile for BF16 pools (nothing to decode).
+DecodeVersion decode_version() {
+  static const DecodeVersion version = [] {
+    const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
+    return name == "legacy" ? DecodeVersion::PerRow
+                            : name == "keys-cvt" ? DecodeVersion::PerTileKeysCvt : DecodeVersion::PerTile;
+  }();
+  return version;
 }
 
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  static const bool per_row = legacy_kernel_selected("BEAMLINE_CUDA_DECODE_ATTENTION");
-  if (per_row)
-    return launch_decode_mma_copying<Pool, false>(q, pool, slot, batch, rows, count, splits, partials, num_heads,
-                                                  scale, sliding_window, out, stream);
-  return launch_decode_mma_copying<Pool, true>(q, pool, slot, batch, rows, count, splits, partials, num_heads, scale,
-                                               sliding_window, out, stream);
+  const DecodeVersion version = decode_version();
+  if (version == DecodeVersion::PerRow)
+    return launch_decode_mma_version<Pool, DecodeVersion::PerRow>(q, pool, slot, batch, rows, count, splits, partials,
+                                                                  num_heads, scale, sliding_window, out, stream);
+  if constexpr (sizeof(Pool) == 1) {
+    if (version == DecodeVersion::PerTileKeysCvt)
+      return launch_decode_mma_version<Pool, DecodeVersion::PerTileKeysCvt>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  }
+  return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
+                                                                 num_heads, scale, sliding_window, out, stream);
 }
 
 template <typename P, int kGroup>
@@ -988,9 +1019,9 @@ template <typename Pool>
 int mma_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int result = 1;
-    if (allow_mma_shared_memory<Pool, true>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, true>, kMmaThreads,
-                                                      kMmaSharedBytes<Pool>) != cudaSuccess)
+    if (allow_mma_shared_memory<Pool, DecodeVersion::PerTile>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, DecodeVersion::PerTile>,
+                                                      kMmaThreads, kMmaSharedBytes<Pool>) != cudaSuccess)
       result = 1;
     return std::max(result, 1);
   }();
