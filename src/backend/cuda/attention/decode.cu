@@ -466,7 +466,7 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
-//    (~780 PTX instructions per 4 KiB: 58% of the bytes floor, 2026-12-02).
+//    (bench/results/2026-12-03-fp8dec.md counts them).
 //  - PerTile: a tile of 16 positions lies in one pool block when blocks hold >= 16 positions, so one table entry,
 //    looked up a tile ahead, gives one 64-bit base; every lane's source offsets and swizzled targets within a tile
 //    are loop constants in registers. Tiles cut by the visible range, and blocks of < 16 positions, take the

@@ -35,7 +35,7 @@ static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_
 // kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): the batch's registers are a ring of two 128-wide
 // blocks, each reloaded with the next batch's block as soon as its MMAs have read it, so that a warp always has
 // loads in flight. Without it (the first version) a warp loaded a batch, waited a whole HBM round trip for it,
-// computed, and only then loaded the next: 8 KiB in flight per warp half of the time, and 2.6 TB/s over the layer.
+// computed, and only then loaded the next, so its loads were in flight only part of the time.
 template <bool kRing>
 struct Fp8Dot {
   using Batch = uint4[kBatch][2][2];

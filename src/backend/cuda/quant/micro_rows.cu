@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kMaxTopK * 32, 2)
 constexpr int kTokenStep = 32;
 
 // kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): 8 steps per batch instead of 4, since a lane's 8-byte
-// loads put half the bytes in flight of FP8's 16-byte ones (1.44x FP8's time at one token, 2026-12-02); the batch's
+// loads put half the bytes in flight of FP8's 16-byte ones in the same registers; the batch's
 // registers a ring of two halves, each reloaded with the next batch's half as soon as its MMAs have read it; and a
 // row's four E8M0 scales of a half in one 32-bit load where the scale rows allow it (k / 32 a multiple of 4),
 // instead of one byte load per step and row.
@@ -430,8 +430,8 @@ struct Mxfp8Dot {
 
 // ---- one token's NVFP4 experts on the tensor cores (quant/token_moe.cuh) ----
 // Before this (BEAMLINE_CUDA_TOKEN_MOE=legacy) one NVFP4 token took the CUDA-core streaming kernels above: every code
-// decoded to F32 and multiplied on the FMA pipe, every lane reading 32 activations from L1 per 16 bytes of codes, at
-// 4.3x the bytes floor (2026-12-02). Here as for FP8 and MXFP8: mma.sync m16n8k16 on F16 operands against the token's
+// decoded to F32 and multiplied on the FMA pipe, every lane reading 32 activations from L1 per 16 bytes of codes: far
+// from the bytes floor. Here as for FP8 and MXFP8: mma.sync m16n8k16 on F16 operands against the token's
 // F16 split. An E4M3 scale belongs to 16 codes, and the four lanes of one mma read from four groups, so the scale
 // goes into the A operand: e2m1 times e4m3 has at most 6 significant bits and lies in [2^-10, 2688], exact in F16.
 // Lane (g, c) loads 32 codes (16 bytes) of rows g and g + 8 per 128-wide step and their two scales (one 16-bit
