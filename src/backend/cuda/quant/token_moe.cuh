@@ -1,15 +1,17 @@
 #pragma once
-// One token's routed experts on the tensor cores (decode at batch 1), for the weight formats whose codes are E4M3:
-// every routed expert's gate|up in one launch (SwiGLU fused) and every routed expert's down in a second (the combine
-// fused, in j order), each a single wave over the GPU. The format enters as `Dot` (quant/fp8_token_moe.cu for FP8
-// block-128, quant/micro_rows.cu for MXFP8): the dot products of a warp's two 16-row tiles with the token's
+// One token's routed experts on the tensor cores (decode at batch 1), for FP8, MXFP8 and NVFP4 weights: every routed
+// expert's gate|up in one launch (SwiGLU fused) and every routed expert's down in a second (the combine fused, in j
+// order), each a single wave over the GPU. The format enters as `Dot` (quant/fp8_token_moe.cu for FP8 block-128,
+// quant/micro_rows.cu for MXFP8 and NVFP4): the dot products of a warp's two 16-row tiles with the token's
 // activation split (activation_split.cuh), with this interface:
 //   using Batch = ...;                      a batch of weight loads (registers)
 //   static Dot make(experts, e, matrix[2], first_row[2], rows, k, g)
 //                                           tiles i = 0, 1: rows first_row[i] + g and + 8 of matrix[i] (0 gate, 1 up,
 //                                           2 down) of expert e, rows of width k, rows past `rows` clamped
-//   void load(first_step, c, batch)         the first batch, before the split is written (the stream starts first)
-//   void run(split, lane, batch, total)     total[i][0] (row g) and [i][1] (row g + 8) in lanes c = 0
+//   void load<from, to>(first_step, c, batch)
+//                                           steps [from, to) of a batch (default: all of it); the first batch is
+//                                           loaded before the split is written (the stream starts first)
+//   void run(split, lane, batch, total)     total[i][0] (row g) and [i][1] (row g + 8) in lanes c = 0 (stream_ring)
 #include <cuda_runtime.h>
 
 #include <cstdint>
