@@ -341,10 +341,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kProbabilityScale = 16384.0f;  // E4M3 pools: P * 2^14 keeps the F16 split's low part normal
 
 // Per pool dtype: the tiles per warp in flight or in use, the bytes of one copied row, the F16 V tile per warp that
-// E4M3 pools decode into, and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more
-// instructions per byte (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather
-// than more tiles in flight per warp: three blocks (12 warps) of 3 stages, against two blocks of 6 stages at 54% of
-// the bytes floor (2026-12-02).
+// E4M3 pools decode into (the PerRow version; the others decode V in registers and use its space as a fourth
+// stage), and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more instructions per byte
+// (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather than more tiles in
+// flight per warp: three blocks (12 warps) of 3 stages measured faster than two blocks of 6.
 template <typename Pool>
 struct MmaPool;
 template <>
@@ -487,7 +487,10 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
   constexpr bool kKeysCvt = kE4m3 && kVersion == DecodeVersion::PerTileKeysCvt;
-  constexpr int kStages = MmaPool<Pool>::kStages;
+  // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
+  constexpr int kStages =
+      MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
+  static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
