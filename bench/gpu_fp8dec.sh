@@ -65,13 +65,13 @@ echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects
 BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
   tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
 
-echo "=== correctness, E4M3 decode with K decoded by cvt (BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt, not the default)"
+echo "=== correctness, decode attention versions keys-cvt (K by cvt, not the default) and legacy, and the default"
 # test_paged_attention's FP8 cases (decode rows of 300 keys at head_dim 128: interior tiles) on both backends.
 tests_dir=$(mktemp -d)
 export LD_LIBRARY_PATH="$CARRY/apps/beamline/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if tar -xJf "$CARRY/tests.tar.xz" -C "$tests_dir" tests/test_paged_attention 2>>"$LOG"; then
-  for version in keys-cvt default; do
-    limit=$(limit_of 15)
+  for version in keys-cvt legacy default; do
+    limit=$(limit_of 12)
     if [ "$limit" -le 0 ]; then problems+=("test_paged_attention ($version): not run (budget)"); continue; fi
     BEAMLINE_CUDA_DECODE_ATTENTION=$([ $version = default ] || echo $version) \
       step "$limit" 'FAILED|PASSED|tests? ran' "$tests_dir/tests/test_paged_attention" --gtest_filter='*Fp8*'
@@ -96,8 +96,8 @@ perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --ite
 BEAMLINE_CUDA_TOKEN_MOE=legacy perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20
 micro_rows='^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|'
 perf "MXFP8 and NVFP4 MoE layer (new)" 25 "$micro_rows;^\| mxfp8 \| 64 \|;^\| nvfp4 \| 64 \|" micro --tokens 1,16,64 --iterations 20
-BEAMLINE_CUDA_TOKEN_MOE=legacy perf "MXFP8 MoE layer (legacy)" 12 '^\| mxfp8 \| 1 \|' \
-  micro --tokens 1 --iterations 20 --formats mxfp8
+BEAMLINE_CUDA_TOKEN_MOE=legacy perf "MXFP8 and NVFP4 MoE layer (legacy)" 15 "$micro_rows" \
+  micro --tokens 1 --iterations 20
 rm -f "$OUT/step.txt"
 
 cat <<'EOF'
