@@ -82,15 +82,14 @@ else
   problems+=("test_paged_attention: not in $CARRY/tests.tar.xz (make the carry with --tests)")
 fi
 
+# In order of the goals: FP8 decode attention, the one-token MoE of each format, then BF16 decode (no regression).
 attention_rows='decode global B=1 L=128K;decode global B=32 L=8K'
-for pool in fp8 bfloat16; do
-  perf "decode attention, $pool pool, per-tile copies (new)" 12 "$attention_rows" \
-    attention --kv-cache-dtype $pool --filter "decode global"
-  BEAMLINE_CUDA_DECODE_ATTENTION=legacy perf "decode attention, $pool pool, per-row copies (legacy)" 12 \
-    "$attention_rows" attention --kv-cache-dtype $pool --filter "decode global"
-done
-BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt perf "decode attention, fp8 pool, per-tile copies, K by cvt (keys-cvt)" 12 \
-  "$attention_rows" attention --kv-cache-dtype fp8 --filter "decode global"
+attention_perf() {  # label, pool dtype (the version comes from BEAMLINE_CUDA_DECODE_ATTENTION)
+  perf "decode attention, $2 pool, $1" 12 "$attention_rows" attention --kv-cache-dtype "$2" --filter "decode global"
+}
+attention_perf "per-tile copies, V in registers (new)" fp8
+BEAMLINE_CUDA_DECODE_ATTENTION=legacy attention_perf "per-row copies (legacy)" fp8
+BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt attention_perf "per-tile copies, V in registers, K by cvt (keys-cvt)" fp8
 fp8_rows='^\| 1 \|;^\| 16 \|;^\| 64 \|'
 perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --iterations 20
 BEAMLINE_CUDA_TOKEN_MOE=legacy perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20
@@ -98,6 +97,8 @@ micro_rows='^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|'
 perf "MXFP8 and NVFP4 MoE layer (new)" 25 "$micro_rows;^\| mxfp8 \| 64 \|;^\| nvfp4 \| 64 \|" micro --tokens 1,16,64 --iterations 20
 BEAMLINE_CUDA_TOKEN_MOE=legacy perf "MXFP8 and NVFP4 MoE layer (legacy)" 15 "$micro_rows" \
   micro --tokens 1 --iterations 20
+attention_perf "per-tile copies (new)" bfloat16
+BEAMLINE_CUDA_DECODE_ATTENTION=legacy attention_perf "per-row copies (legacy)" bfloat16
 rm -f "$OUT/step.txt"
 
 cat <<'EOF'
