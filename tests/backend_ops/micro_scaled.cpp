@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/common/kernel_variant.h"
 #include "checkpoint/presets.h"
 #include "harness.h"
 #include "model/beam_model.h"
@@ -199,7 +200,10 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
                                  {1, 256, 128, 8, 2, 8, "small, one token"},
                                  {7, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths"},
                                  {1, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths, one token"},
-                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"}};
+                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"},
+                                 // MXFP8's ring of two 4-step halves: 12 and 20 scale groups (packed scale words,
+                                 // the last batch one half), 11 and 7 above (byte scales, a partial half).
+                                 {1, 384, 640, 8, 8, 8, "one token, a batch's last half"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();
@@ -226,9 +230,13 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
     auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
     harness.device().moe(h.device, ids.device, routing.device, device_moe, out.device);
     harness.reference().moe(h.reference, ids.reference, routing.reference, reference_moe, out.reference);
+    // The CUDA backend's path: one token on the tensor cores (quant/token_moe.cuh; NVFP4 for widths that are
+    // multiples of 32), unless BEAMLINE_CUDA_TOKEN_MOE=legacy; else streamed token by token.
+    const bool tensor_cores = c.rows == 1 && !cuda::legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE") &&
+                              (scheme == QuantScheme::Mxfp8 || (c.hidden % 32 == 0 && c.intermediate % 32 == 0));
     harness.record(name + "_moe",
-                   fmt::format("T {} H {} I {} E {} top {} ({}; streamed per token)", c.rows, c.hidden,
-                               c.intermediate, c.experts, c.top_k, c.what),
+                   fmt::format("T {} H {} I {} E {} top {} ({}; {})", c.rows, c.hidden, c.intermediate, c.experts,
+                               c.top_k, c.what, tensor_cores ? "tensor cores" : "streamed per token"),
                    out, kF32Tolerance, seconds_since(start));
   }
 }
