@@ -2,13 +2,14 @@
 // gives, on the CPU backend, the logits of the whole model on one rank (max |sharded - whole| <= 1e-5 x max |whole|).
 // Every data-parallel rank feeds its own sequence (of its own length, so the expert layers see padded batches):
 // one prefill, two decode steps and a chunk, the logits of every position compared.
-//   parallel_logits_check --tp N --pp N --dp N [--ep] [--dummy] [--preset tiny|cut|aligned]
+//   parallel_logits_check --tp N --pp N --dp N [--ep] [--dummy] [--preset tiny|cut|aligned|split]
 //                         [--quantization fp8|mxfp8|nvfp4 [--at-load]]
 // With --quantization both models compute with the same quantized weights (docs/parallel.md, Quantized weights):
 // a checkpoint written quantized (every projection, the LM head included), or with --at-load a float checkpoint
 // quantized as it loads (--quantization at load: the LM head kept), or with --dummy dummy weights quantized at load.
 // The presets: `tiny`; `cut`, whose per-rank widths at TP2 and TP4 are parts of fp8's 128-blocks (each rank keeps a
-// copy of a block's scale) but whole mxfp8/nvfp4 groups; `aligned`, whose per-rank widths are whole 128-blocks.
+// copy of a block's scale) but whole mxfp8/nvfp4 groups; `aligned`, whose per-rank widths are whole 128-blocks;
+// `split`, `cut` with 192-row experts, whose halves fp8 cannot hold (the second starts inside a block and leaves it).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,12 +52,13 @@ ModelConfig test_config(const std::string& preset) {
   ModelConfig config = preset_config("tiny");
   require(config.n_routed_experts >= 8 && config.num_hidden_layers >= 6, "the tiny preset changed: adjust this test");
   if (preset == "tiny") return config;
-  require(preset == "cut" || preset == "aligned", "--preset: tiny, cut or aligned, not {}", preset);
-  const int64_t width = preset == "cut" ? 32 : 128;  // head_dim; the intermediate sizes follow it
+  require(preset == "cut" || preset == "aligned" || preset == "split", "--preset: tiny, cut, aligned or split, not {}",
+          preset);
+  const int64_t width = preset == "aligned" ? 128 : 32;  // head_dim; the intermediate sizes follow it
   config.hidden_size = 128;
   config.head_dim = width;
   config.intermediate_size = 4 * width;
-  config.moe_intermediate_size = 4 * width;
+  config.moe_intermediate_size = preset == "split" ? 6 * width : 4 * width;
   return config;
 }
 
@@ -93,12 +96,13 @@ void write_checkpoint(const ModelConfig& config, const Options& options, const s
 }
 
 // The weights every rank computes with: the checkpoint's, or dummy ones; quantized at load where asked, as
-// `--quantization` does (the LM head kept).
-BeamWeights load_weights(const ModelConfig& config, const Options& options, const std::filesystem::path& dir) {
+// `--quantization` does (the LM head kept): for `shard`, only what it computes, as a rank of a server does.
+BeamWeights load_weights(const ModelConfig& config, const Options& options, const std::filesystem::path& dir,
+                         const std::optional<ModelShard>& shard) {
   BeamWeights weights = options.dummy ? dummy_weights(config, 11) : load_checkpoint(dir);
   if (options.quantization.empty() || !(options.dummy || options.at_load)) return weights;
   return quantize_weights(std::move(weights),
-                          quantization_config_for(parse_quantization_flag(options.quantization), {"lm_head"}));
+                          quantization_config_for(parse_quantization_flag(options.quantization), {"lm_head"}), shard);
 }
 
 std::vector<int32_t> sequence_tokens(int64_t count, int64_t vocab, uint32_t seed) {
@@ -144,12 +148,12 @@ int check(int argc, char** argv) {
     if (world.rank() == 0) write_checkpoint(config, options, dir);
     groups->world->barrier();
   }
-  const BeamWeights weights = load_weights(config, options, dir);
+  const ModelShard shard = model_shard(config, parallel, groups->at);
+  const BeamWeights weights = load_weights(config, options, dir, std::nullopt);
   require(options.quantization.empty() || weights.layers.at(0).q_proj.quantized(), "the weights are not quantized");
 
-  const ModelShard shard = model_shard(config, parallel, groups->at);
   BeamModel whole(weights, *whole_backend);
-  BeamModel sharded(shard_weights(weights, shard), *shard_backend, shard, groups.get());
+  BeamModel sharded(shard_weights(load_weights(config, options, dir, shard), shard), *shard_backend, shard, groups.get());
 
   const std::vector<int32_t> tokens = sequence_tokens(12 + 3 * groups->at.data, config.vocab_size, groups->at.data);
   const std::vector<float> expected = run_steps(whole, tokens, 7 + groups->at.data);
