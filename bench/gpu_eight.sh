@@ -19,8 +19,9 @@
 # made on one GPU is bench/results/2026-12-02-tp8-rank-projection.md. Not in this script: prefill at 128K, the TTFT of
 # one 1M-token prompt with the FP8 KV cache (bench/gpu_long_context.sh's request, which would need its model flags),
 # speculative decoding (no drafter for Beam-1.0).
-# Known before running (2026-12-03): TP8 with --quantization fp8 is refused at load ("slicing quantized weights across
-# ranks is not supported yet", docs/parallel.md), so tp8-fp8 fails until that code exists; BF16 at batch 256 x 8K
+# Known before running (2026-12-03): with --quantization fp8 each rank draws and quantizes on the host only what it
+# computes (docs/parallel.md, Quantized weights: ~66 GB a rank for TP8 + EP, ~530 GB of the host's 560 GiB for
+# eight ranks, kept while serving); BF16 at batch 256 x 8K
 # needs ~13 GB of KV a GPU beside 125 GB of weights: it may not fit, and its row then fails with the server's reason.
 # Time (estimate): logits ~90 s; tp8-bf16 ~150 s; tp8-fp8 and dp8-fp8 ~120 s of host quantizing at load + ~120 s
 # each; sweep ~150 s. All steps exceed one 600 s call: run `logits,tp8-bf16,sweep` and `tp8-fp8,dp8-fp8` as two
