@@ -2,7 +2,10 @@
 # Issue 18 in device calls on nvidia-h200-x8: the full 52-layer Beam-1.0 (--load-format dummy, 500 G parameters:
 # 1.0 TB in BF16, 0.50 TB in FP8) served over eight GPUs. Steps (STEPS, comma-separated; default all):
 #   logits    TP8 and TP8 with expert parallelism against TP1 on Beam-1.0 cut to 4 layers (fits one GPU), bfloat16
-#             (argmax >= 99%) and float32 (relative error <= 1e-5): 4 rows (compare_logits.py's `parallel` modes).
+#             (argmax >= 99%) and float32 (relative error <= 1e-5), and TP8 with expert parallelism in FP8
+#             (--quantization fp8: each rank quantizes its part at load and slices it; without expert parallelism the
+#             experts' 320 rows a rank are refused in FP8) against TP1 in FP8, bfloat16: 5 rows (compare_logits.py's
+#             `parallel` modes).
 #   tp8-bf16  serve --tensor-parallel-size 8 --enable-expert-parallel, BF16 (~125 GB of weights a GPU);
 #   tp8-fp8   the same with --quantization fp8 (dummy weights drawn and quantized on the host at load);
 #   dp8-fp8   serve --data-parallel-size 8 --enable-expert-parallel --quantization fp8 (eight engines, shared experts).
@@ -62,6 +65,9 @@ if wanted logits; then
     parallel_logits_rows "$name" "$dtype" "$dtype" "$tokens" "TP8|--tensor-parallel-size 8" \
       "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"
   done
+  model_args+=(--quantization fp8)
+  parallel_logits_rows "$name, --quantization fp8" fp8-bfloat16 bfloat16 "$tokens" \
+    "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"
 fi
 
 if ! wait "$maker"; then

@@ -33,7 +33,7 @@
 #include "perf.h"
 #include "quant/activation_quant.h"
 #include "quant/quantize.h"
-#include "quant/slice.h"
+#include "shard_parts.h"
 
 namespace beamline::backend_ops {
 namespace {
@@ -178,28 +178,14 @@ void test_fp8_quantize(Harness& harness) {
 void test_fp8_quantize(Harness&) {}
 #endif
 
-// One tensor-parallel rank's parts (docs/parallel.md, Quantized weights): codes and block scales cut from a whole
-// weight by quant/slice.h, uploaded with the layout of the part's own shape (scale strides from the part), as a sharded
-// model loads them. Beam-1.0's TP8 cuts (rank 1) and parts inside one 128-block (each rank a copy of its scale).
+// One tensor-parallel rank's parts (shard_parts.h): codes and block scales cut from a whole weight by quant/slice.h,
+// uploaded with the layout of the part's own shape (scale strides from the part), as a sharded model loads them.
 void test_fp8_shard_parts(Harness& harness) {
-  struct Case {
-    int64_t out, in;
-    SliceAxis axis;
-    int64_t begin, count;
-    const char* what;
-  };
-  std::vector<Case> cases{{6144, 5120, SliceAxis::Rows, 768, 768, "TP8 q_proj rows"},
-                          {5120, 6144, SliceAxis::Columns, 768, 768, "TP8 o_proj columns"},
-                          {1024, 5120, SliceAxis::Rows, 128, 128, "TP8 k_proj rows"},
-                          {128, 64, SliceAxis::Rows, 16, 16, "rows inside a block"},
-                          {64, 128, SliceAxis::Columns, 32, 32, "columns inside a block"},
-                          {200, 336, SliceAxis::Columns, 256, 80, "columns to the short edge block"}};
-  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 3);
   Fp8Weights weights(harness);
-  for (const Case& c : cases) {
+  for (const ShardPartCase& c : shard_part_cases(QuantScheme::Fp8Block, harness.small_only())) {
     const Fp8Weight w = weights.make_part(c.out, c.in, c.axis, c.begin, c.count,
                                           1.0f / std::sqrt(static_cast<float>(c.in)));
-    const int64_t out = c.axis == SliceAxis::Rows ? c.count : c.out, in = c.axis == SliceAxis::Rows ? c.in : c.count;
+    const int64_t out = c.part_out(), in = c.part_in();
     for (int64_t rows : {1L, 4L, 64L}) {
       const auto start = std::chrono::steady_clock::now();
       const std::vector<float> x = harness.inputs().uniform(rows * in);

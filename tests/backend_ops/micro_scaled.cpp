@@ -31,7 +31,7 @@
 #include "op_families.h"
 #include "perf.h"
 #include "quant/quantize.h"
-#include "quant/slice.h"
+#include "shard_parts.h"
 #include "util/error.h"
 
 namespace beamline::backend_ops {
@@ -269,27 +269,13 @@ void test_refusal(Harness& harness, QuantScheme scheme, const std::string& name)
                          message.empty() ? "not refused" : message, named, 0.0});
 }
 
-// One tensor-parallel rank's parts (docs/parallel.md, Quantized weights): codes and scales cut from a whole weight by
-// quant/slice.h, uploaded with the layout of the part's own shape, as a sharded model loads them; exact against the
-// CPU's dequantization of the same part. Beam-1.0's TP8 cuts (rank 1) and small ones.
+// One tensor-parallel rank's parts (shard_parts.h): codes and scales cut from a whole weight by quant/slice.h, uploaded
+// with the layout of the part's own shape, as a sharded model loads them; exact against the CPU's dequantization.
 void test_shard_parts(Harness& harness, QuantScheme scheme, const std::string& name) {
-  struct Case {
-    int64_t out, in;
-    SliceAxis axis;
-    int64_t begin, count;
-    const char* what;
-  };
-  std::vector<Case> cases{{6144, 5120, SliceAxis::Rows, 768, 768, "TP8 q_proj rows"},
-                          {5120, 6144, SliceAxis::Columns, 768, 768, "TP8 o_proj columns"},
-                          {2560, 5120, SliceAxis::Rows, 320, 320, "TP8 expert gate_proj rows"},
-                          {5120, 2560, SliceAxis::Columns, 320, 320, "TP8 expert down_proj columns"},
-                          {64, 64, SliceAxis::Rows, 16, 16, "rows of one head"},
-                          {40, 128, SliceAxis::Columns, 32, 64, "columns"}};
-  if (harness.small_only()) cases.erase(cases.begin(), cases.begin() + 4);
   QuantizedWeights weights(harness, scheme);
-  for (const Case& c : cases) {
+  for (const ShardPartCase& c : shard_part_cases(scheme, harness.small_only())) {
     const auto w = weights.make_part(c.out, c.in, c.axis, c.begin, c.count, 1.0f / std::sqrt(static_cast<float>(c.in)));
-    const int64_t out = c.axis == SliceAxis::Rows ? c.count : c.out, in = c.axis == SliceAxis::Rows ? c.in : c.count;
+    const int64_t out = c.part_out(), in = c.part_in();
     for (int64_t rows : {1L, 3L}) {
       const auto start = std::chrono::steady_clock::now();
       auto x = harness.f32(harness.inputs().uniform(rows * in), {rows, in});
