@@ -254,7 +254,8 @@ std::vector<TensorSource> quantized_sources(const ModelConfig& config, std::vect
   return result;
 }
 
-BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant, const std::optional<ModelShard>& shard) {
+BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant,
+                             const std::optional<ModelShard>& shard) {
   std::map<std::string, LinearWeight*, std::less<>> wanted;
   for (const auto& [name, weight] : projections(weights, shard.value_or(ModelShard::whole(weights.config))))
     if (!ignored(quant, name)) wanted.emplace(name, weight);

@@ -77,8 +77,10 @@ class QuantizedWeights {
       v.nbytes = bytes;
       return v;
     };
-    const Harness::Pair codes = harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes, code_bytes));
-    const Harness::Pair scales = harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales, scale_bytes));
+    const Harness::Pair codes =
+        harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes, code_bytes));
+    const Harness::Pair scales =
+        harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales, scale_bytes));
     Pair pair{{codes.device, scales.device, {}}, {codes.reference, scales.reference, {}}};
     if (layout.has_scale_2) {
       const Harness::Pair scale_2 =

@@ -153,7 +153,8 @@ int check(int argc, char** argv) {
   require(options.quantization.empty() || weights.layers.at(0).q_proj.quantized(), "the weights are not quantized");
 
   BeamModel whole(weights, *whole_backend);
-  BeamModel sharded(shard_weights(load_weights(config, options, dir, shard), shard), *shard_backend, shard, groups.get());
+  BeamModel sharded(shard_weights(load_weights(config, options, dir, shard), shard), *shard_backend, shard,
+                    groups.get());
 
   const std::vector<int32_t> tokens = sequence_tokens(12 + 3 * groups->at.data, config.vocab_size, groups->at.data);
   const std::vector<float> expected = run_steps(whole, tokens, 7 + groups->at.data);

@@ -34,7 +34,8 @@ std::vector<float> part_of(const std::vector<float>& values, int64_t out, int64_
   return part;
 }
 
-void expect_bitwise_equal(const std::vector<float>& actual, const std::vector<float>& expected, const std::string& what) {
+void expect_bitwise_equal(const std::vector<float>& actual, const std::vector<float>& expected,
+                          const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   for (std::size_t i = 0; i < actual.size(); ++i)
     ASSERT_EQ(std::bit_cast<uint32_t>(actual[i]), std::bit_cast<uint32_t>(expected[i])) << what << " at " << i;
@@ -46,9 +47,9 @@ void check_parts(QuantScheme scheme, int64_t out, int64_t in, SliceAxis axis, in
   const std::vector<float> reference = dequantize_weight(whole.view());
   const int64_t extent = axis == SliceAxis::Rows ? out : in;
   for (int64_t begin = 0; begin < extent; begin += count) {
-    const std::string what = std::string(quant_scheme_name(scheme)) + (axis == SliceAxis::Rows ? " rows " : " columns ") +
-                             std::to_string(begin) + "+" + std::to_string(count) + " of [" + std::to_string(out) +
-                             ", " + std::to_string(in) + "]";
+    const std::string what = std::string(quant_scheme_name(scheme)) +
+                             (axis == SliceAxis::Rows ? " rows " : " columns ") + std::to_string(begin) + "+" +
+                             std::to_string(count) + " of [" + std::to_string(out) + ", " + std::to_string(in) + "]";
     ASSERT_EQ(quantized_slice_problem(scheme, out, in, axis, begin, count), "") << what;
     const std::vector<float> expected = part_of(reference, out, in, axis, begin, count);
     if (axis == SliceAxis::Rows) {
