@@ -32,6 +32,7 @@
 #include "op_families.h"
 #include "perf.h"
 #include "quant/quantize.h"
+#include "shard_parts.h"
 #include "util/error.h"
 
 namespace beamline::backend_ops {
@@ -47,8 +48,25 @@ class QuantizedWeights {
   };
   Pair make(int64_t out, int64_t in, float scale) {
     const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
-    const QuantizedWeight& q = quantized_.emplace_back(quantize_weight(scheme_, values, out, in));
+    return upload(quantized_.emplace_back(quantize_weight(scheme_, values, out, in)).view());
+  }
+
+  // One rank's part of a whole [out, in] weight, cut as checkpoint/shard_weights.cpp cuts it (quant/slice.h).
+  Pair make_part(int64_t out, int64_t in, SliceAxis axis, int64_t begin, int64_t count, float scale) {
+    const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
+    const QuantizedWeight& whole = quantized_.emplace_back(quantize_weight(scheme_, values, out, in));
+    if (axis == SliceAxis::Rows) return upload(quantized_rows(whole.view(), begin, count));
+    return upload(quantized_.emplace_back(quantized_columns(whole.view(), begin, count)).view());
+  }
+
+ private:
+  // `q`'s bytes (alive in quantized_) on both backends, shaped by the layout of its own [out, in].
+  Pair upload(const QuantizedWeightView& q) {
+    const int64_t out = q.out_features, in = q.in_features;
     const QuantLayout layout = quant_layout(scheme_, out, in);
+    const std::size_t code_bytes = static_cast<std::size_t>(layout.weight_shape[0] * layout.weight_shape[1]);
+    const std::size_t scale_bytes =
+        static_cast<std::size_t>(layout.scale_shape[0] * layout.scale_shape[1]) * dtype_size(layout.scale_dtype);
     const DType scale_dtype = scheme_ == QuantScheme::Mxfp8 ? DType::F8_E8M0 : layout.scale_dtype;
     auto view = [&](std::string_view what, DType dtype, std::vector<int64_t> shape, const void* data,
                     std::size_t bytes) {
@@ -61,22 +79,23 @@ class QuantizedWeights {
       return v;
     };
     const Harness::Pair codes =
-        harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes.data(), q.codes.size()));
+        harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes, code_bytes));
     const Harness::Pair scales =
-        harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales.data(), q.scales.size()));
+        harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales, scale_bytes));
     Pair pair{{codes.device, scales.device, {}}, {codes.reference, scales.reference, {}}};
     if (layout.has_scale_2) {
-      const Harness::Pair scale_2 = harness_.weight(view("scale_2", DType::F32, {}, &q.scale_2, sizeof(float)));
+      const Harness::Pair scale_2 =
+          harness_.weight(view("scale_2", DType::F32, {}, &scales_2_.emplace_back(q.scale_2), sizeof(float)));
       pair.device.scale_2 = scale_2.device;
       pair.reference.scale_2 = scale_2.reference;
     }
     return pair;
   }
 
- private:
   Harness& harness_;
   QuantScheme scheme_;
   std::deque<QuantizedWeight> quantized_;
+  std::deque<float> scales_2_;
 };
 
 // Rows that the CUDA backend streams (CudaBackend::kMicroStreamingMaxRows; a MoE streams at any token count).
@@ -260,9 +279,31 @@ void test_refusal(Harness& harness, QuantScheme scheme, const std::string& name)
                          message.empty() ? "not refused" : message, named, 0.0});
 }
 
+// One tensor-parallel rank's parts (shard_parts.h): codes and scales cut from a whole weight by quant/slice.h, uploaded
+// with the layout of the part's own shape, as a sharded model loads them; exact against the CPU's dequantization.
+void test_shard_parts(Harness& harness, QuantScheme scheme, const std::string& name) {
+  QuantizedWeights weights(harness, scheme);
+  for (const ShardPartCase& c : shard_part_cases(scheme, harness.small_only())) {
+    const auto w = weights.make_part(c.out, c.in, c.axis, c.begin, c.count, 1.0f / std::sqrt(static_cast<float>(c.in)));
+    const int64_t out = c.part_out(), in = c.part_in();
+    for (int64_t rows : {1L, 3L}) {
+      const auto start = std::chrono::steady_clock::now();
+      auto x = harness.f32(harness.inputs().uniform(rows * in), {rows, in});
+      auto y = harness.poisoned(DType::F32, {rows, out});
+      harness.device().linear(x.device, w.device, y.device);
+      harness.reference().linear(x.reference, w.reference, y.reference);
+      harness.record(name + "_shard_linear",
+                     fmt::format("T {} {} [{}, {}) of {}x{} ({})", rows, c.axis == SliceAxis::Rows ? "rows" : "columns",
+                                 c.begin, c.begin + c.count, c.out, c.in, c.what),
+                     y, projection_tolerance(harness, rows), seconds_since(start));
+    }
+  }
+}
+
 void test_scheme(Harness& harness, QuantScheme scheme) {
   const std::string name(quant_scheme_name(scheme));
   test_linear_ops(harness, scheme, name);
+  test_shard_parts(harness, scheme, name);
   test_swiglu_moe(harness, scheme, name);
   test_refusal(harness, scheme, name);
 }
