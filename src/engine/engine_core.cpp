@@ -109,7 +109,9 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                config.async_scheduling ? " (--async-scheduling does not apply)" : "");
 }
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  if (phases_) spdlog::info("{}", phases_->table());
+}
 
 int64_t EngineCore::saved_bytes(const Sequence& sequence) const {
   if (!kv_.holds(sequence.id)) return 0;
@@ -263,10 +265,14 @@ void EngineCore::fail_request(RequestState& request, const std::string& message)
 std::vector<std::string> EngineCore::step() {
   std::vector<std::string> ended;
   const auto started = Clock::now();
+  const uint64_t tokens_before = counters_.generation_tokens_total;
+  if (phases_) phases_->begin_step();
   bool drafted = false;
   if (!in_flight_) {
     drafted = propose_drafts();
+    mark(StepPhases::Phase::Propose);
     StepPlan plan = scheduler_.schedule();
+    mark(StepPhases::Phase::Schedule);
     if (plan.empty()) {
       // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
       // hang would be worse than failing the request at the head.
@@ -283,13 +289,17 @@ std::vector<std::string> EngineCore::step() {
     in_flight_ = launch(std::move(plan), ended);
     if (!in_flight_) return ended;
     complete(*in_flight_);
+    mark(StepPhases::Phase::Launch);
   }
   std::unique_ptr<InFlightStep> next;
   // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before the next.
   if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch &&
       !jump_forward_ahead(*in_flight_))
     next = launch_ahead(*in_flight_, ended);
+  mark(StepPhases::Phase::Launch);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
+  const bool verifies_drafts = std::any_of(current->plan.scheduled.begin(), current->plan.scheduled.end(),
+                                           [](const ScheduledSequence& s) { return s.num_draft_tokens > 0; });
   // Taken before finish(): a sequence that ends in it goes.
   const std::optional<DecodeShape> shape = adaptive_ ? decode_shape(*current) : std::nullopt;
   finish(*current, ended);
@@ -299,6 +309,11 @@ std::vector<std::string> EngineCore::step() {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
     complete(*next);
     in_flight_ = std::move(next);
+  }
+  if (phases_) {
+    mark(StepPhases::Phase::Launch);
+    phases_->end_step(verifies_drafts ? StepPhases::Kind::Drafted : StepPhases::Kind::Plain,
+                      static_cast<int64_t>(counters_.generation_tokens_total - tokens_before));
   }
   return ended;
 }
@@ -448,6 +463,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     fail_step(step, error.what(), ended);
     return;
   }
+  mark(StepPhases::Phase::Wait);
   ++counters_.steps_total;
   RoutedExperts routed;
   if (step.plan.batch.capture_routed_experts) {
@@ -490,7 +506,9 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
+  mark(StepPhases::Phase::Emit);
   commit_draft_context(step);
+  mark(StepPhases::Phase::Commit);
 }
 
 void EngineCore::record_prompt_logprobs(InFlightStep& step) {

@@ -35,6 +35,7 @@
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
 #include "kv/kv_cache_manager.h"
+#include "engine/step_phases.h"
 #include "spec/adaptive_verification.h"
 #include "structured/token_mask.h"
 
@@ -206,6 +207,10 @@ class EngineCore {
   std::unordered_map<kv::SeqId, SampleState*> samples_by_sequence_;
   EngineStats counters_;
   std::unique_ptr<InFlightStep> in_flight_;  // --async-scheduling: launched in the previous step() call
+  std::unique_ptr<StepPhases> phases_ = StepPhases::from_environment();  // BEAMLINE_STEP_PHASES=1
+  void mark(StepPhases::Phase phase) {
+    if (phases_) phases_->mark(phase);
+  }
   std::unique_ptr<AdaptiveVerification> adaptive_;  // --speculative-config with adaptive_verification
 };
 
