@@ -818,6 +818,11 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
     if (r > 0 && step.sampled[first + r].producing == step.sampled[first + r - 1].producing) ++groups.back().second;
     else groups.emplace_back(r, 1);
   }
+  // Most steps constrain no row: no pool threads are woken for them (a step of 16 sequences would wake 16).
+  const bool constrained = std::any_of(groups.begin(), groups.end(), [&](const auto& group) {
+    return samples_by_sequence_.at(step.ids[step.producing[step.sampled[first + group.first].producing]])->grammar != nullptr;
+  });
+  if (!constrained) return;
   // In parallel over sequences: each reads only its own sample's matcher.
   ThreadPool::global().parallel_for(groups.size(), [&](std::size_t begin, std::size_t end) {
     for (std::size_t g = begin; g < end; ++g) {
