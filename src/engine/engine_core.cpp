@@ -89,7 +89,11 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       bytes_per_layer_token_(runner.kv_bytes_per_block() /
                              (static_cast<int64_t>(runner.kv_layout().slots_per_block) * runner.kv_layout().block_size)),
       kv_(runner.kv_layout(), runner.sliding_window(), config.enable_prefix_caching),
-      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens}, kv_),
+      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+                                 config.speculative.method == SpeculativeMethod::DFlash
+                                     ? std::max(1, runner.drafter_window())
+                                     : 1},
+                 kv_),
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
   if (!spec.enabled()) return;
