@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "spec/draft_verification.h"
 #include "spec/ngram_proposer.h"
@@ -106,11 +107,13 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                                                  spec.prompt_lookup_max)
                                    : fmt::format("block drafts of the dflash drafter {}", spec.model);
   if (spec.adaptive_verification) adaptive_ = std::make_unique<AdaptiveVerification>(spec.num_speculative_tokens);
-  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; the engine runs "
-               "synchronously{}",
-               proposer, spec.num_speculative_tokens,
+  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; {}", proposer,
+               spec.num_speculative_tokens,
                spec.adaptive_verification ? " as far as they pay (adaptive verification)" : "",
-               config.async_scheduling ? " (--async-scheduling does not apply)" : "");
+               !config.async_scheduling ? "the engine runs synchronously"
+               : spec.adaptive_verification
+                   ? "steps without drafts are scheduled ahead (--async-scheduling), steps with drafts wait for the tokens"
+                   : "the engine runs synchronously (--async-scheduling does not apply: every step may draft)");
 }
 
 EngineCore::~EngineCore() {
@@ -296,10 +299,17 @@ std::vector<std::string> EngineCore::step() {
     mark(StepPhases::Phase::Launch);
   }
   std::unique_ptr<InFlightStep> next;
-  // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before the next.
-  if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch &&
-      !jump_forward_ahead(*in_flight_))
+  // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before a drafted step;
+  // a plain one (adaptive verification's choice) it launches ahead, its context committed first (the runner keeps
+  // only the latest step's hidden states).
+  if (config_.async_scheduling && in_flight_->sampled_at_launch && !jump_forward_ahead(*in_flight_) &&
+      (!config_.speculative.enabled() || next_step_plain(*in_flight_))) {
+    if (config_.speculative.enabled()) {
+      commit_draft_context(*in_flight_);
+      in_flight_->context_committed = true;
+    }
     next = launch_ahead(*in_flight_, ended);
+  }
   mark(StepPhases::Phase::Launch);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
   const bool verifies_drafts = std::any_of(current->plan.scheduled.begin(), current->plan.scheduled.end(),
@@ -511,7 +521,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
   }
   for (RequestState* request : touched) flush(*request, ended);
   mark(StepPhases::Phase::Emit);
-  commit_draft_context(step);
+  if (!step.context_committed) commit_draft_context(step);
   mark(StepPhases::Phase::Commit);
 }
 
@@ -615,7 +625,30 @@ bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
   return false;
 }
 
+bool EngineCore::next_step_plain(const InFlightStep& step) {
+  if (!adaptive_ || std::any_of(step.plan.scheduled.begin(), step.plan.scheduled.end(),
+                                [](const ScheduledSequence& s) { return s.num_draft_tokens > 0; }))
+    return false;
+  // The sequences that decode next: those whose every token is computed once `step` is (its token is being sampled),
+  // with the room they will have after it.
+  int32_t decoding = 0;
+  std::vector<AdaptiveVerification::Candidate> candidates;
+  for (Sequence* sequence : scheduler_.running()) {
+    if (sequence->num_computed_tokens != sequence->num_tokens()) continue;
+    ++decoding;
+    const SampleState& sample = *samples_by_sequence_.at(sequence->id);
+    if (needs_host(sample)) continue;
+    const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 2;
+    if (room > 0) candidates.push_back({std::min(config_.speculative.num_speculative_tokens, room), {}});
+  }
+  if (candidates.empty()) return true;
+  if (!adaptive_->should_draft(decoding, candidates)) return true;
+  draft_decided_ = true;
+  return false;
+}
+
 bool EngineCore::propose_drafts() {
+  const bool decided = std::exchange(draft_decided_, false);
   const SpeculativeConfig& spec = config_.speculative;
   const bool jump_forward = config_.jump_forward && tokenizer_ != nullptr;
   if (!spec.enabled() && !jump_forward) return false;
@@ -655,7 +688,7 @@ bool EngineCore::propose_drafts() {
   if (adaptive_) {
     std::vector<AdaptiveVerification::Candidate> candidates;
     for (const Drafting& d : drafting) candidates.push_back({d.max_tokens, {}});
-    if (!adaptive_->should_draft(decoding, candidates)) return false;
+    if (!decided && !adaptive_->should_draft(decoding, candidates)) return false;
   }
   std::vector<DraftProposal> drafts;
   if (spec.method == SpeculativeMethod::DFlash) {
