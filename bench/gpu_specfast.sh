@@ -42,8 +42,8 @@ throughput() {  # OUTPUT_NAME LOG_DIR ARGS...
 }
 throughput throughput-b1.md "$OUT/logs-b1" --batches 1 --rounds 16
 throughput throughput.md "$OUT/logs" --batches 4,16,64 --rounds 4
-BEAMLINE_CUDA_OP_TIMES=1 throughput op-times-throughput.md "$OUT/logs-op-times" --batches 1 --rounds 4 \
-  --serve-args "--enforce-eager"
+(export BEAMLINE_CUDA_OP_TIMES=1
+ throughput op-times-throughput.md "$OUT/logs-op-times" --batches 1 --rounds 4 --serve-args "--enforce-eager")
 # The backend's op table (logged when each server closes), per configuration.
 for log in "$OUT"/logs-op-times/serve-*.log; do
   echo "### $(basename "$log" .log) (--enforce-eager, BEAMLINE_CUDA_OP_TIMES=1)"
