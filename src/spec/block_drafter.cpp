@@ -1,11 +1,12 @@
 #include "spec/block_drafter.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 
-#include <fmt/format.h>
-
+#include "backend/record_graph.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -332,18 +333,7 @@ Tensor BlockDrafter::replay_or_record(Pass& pass, const std::string& key) {
   // This pass runs op by op first (what ops make lazily on the device, such as attention work lists, then exists
   // before the recording, which must not upload); recording runs nothing, so the ring is written once.
   const Tensor logits = run(pass);
-  backend_.begin_capture();
-  try {
-    graph.logits = run(pass);
-  } catch (...) {
-    // The op's own error is the one to report, not the aborted capture's.
-    try {
-      backend_.end_capture();
-    } catch (const Error&) {
-    }
-    throw;
-  }
-  graph.graph = backend_.end_capture();
+  graph.graph = record_graph(backend_, [&] { graph.logits = run(pass); });
   graph.last_used = ++passes_;
   graphs_.emplace(key, std::move(graph));
   ++recorded_;
