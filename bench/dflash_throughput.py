@@ -3,27 +3,36 @@
 
 For each server configuration (no speculation; dflash with the given drafter and K verified in full; dflash with
 adaptive verification, which verifies only the drafts that pay, possibly none) the model is served once, then for
-each batch size B, B concurrent greedy /v1/completions requests are sent after a warm-up request: with --heldout, the
-first B model-turn prompts of beam-nano's held-out conversations (tools/data/generate.py; the rendered Harmony prompt
-tokenized with `beamline tokenize --allow-special`), each answered up to its end or D tokens; else a short text prompt
-and D output tokens (ignore_eos), text the drafter was not trained on. Output tokens per second = B * D / wall time of the batch (the short
-prompts' prefill included: it is one step). The spec-decode counters of /metrics (drafts, draft tokens, accepted) are
-read before and after each batch, so that each row shows its mean tokens per drafted step (1 + accepted / drafts) and
-its acceptance rate. Prints a Markdown table.
+each batch size B, B concurrent greedy /v1/completions requests are sent after a warm-up request: the model-turn
+prompts of held-out conversations (the rendered Harmony prompt tokenized with `beamline tokenize --allow-special`),
+each answered up to its end or D tokens. By default they are bench/data/beam-nano-v1-heldout-prompts.jsonl: the
+first 300 held-out conversations of the v1 data generator (tools/data/generate.py at 90985e0, `--train 0 --heldout
+1000 --seed 1`), the distribution models/beam-nano and models/beam-nano-drafter were trained on; today's generator
+(v2) gives prompts on which the drafter accepts far less (bench/results/2026-12-02-spec2-adaptive-h200.md).
+`--heldout none` sends a short text prompt and D output tokens (ignore_eos) instead, text the drafter was not
+trained on. Output tokens per second = output tokens / wall time of the batch (prefills included). The spec-decode
+counters of /metrics (drafts, draft tokens, accepted) are read before and after each batch, so that each row shows its
+mean tokens per drafted step (1 + accepted / drafts) and its acceptance rate. Prints a Markdown table.
+
+With --phases every (configuration, batch) row gets a server of its own, run with BEAMLINE_STEP_PHASES=1, and the
+engine's table of host wall time per step phase, plain steps against drafted ones (src/engine/step_phases.h), is
+printed after the throughput table (each server's log is in --log-dir when given).
 
 Usage: python3 bench/dflash_throughput.py BINARY --model DIR --drafter DIR [--k 7] [--batches 1,16] [--decode 256]
-                                          [--heldout FILE] [--rounds R]
+                                          [--heldout FILE|none] [--rounds R] [--phases] [--log-dir DIR]
                                           [--device cuda] [--serve-args '...']
 """
 import argparse
 import concurrent.futures
 import json
+import os
 import subprocess
 import sys
 import time
 import urllib.request
 
 PORT = 8124
+V1_HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "beam-nano-v1-heldout-prompts.jsonl")
 PROMPTS = ["The weather in Paris today is", "Write a short story about a robot who", "List three facts about the moon:",
            "def fibonacci(n):", "Once upon a time, in a small village,", "The capital of Japan is",
            "Explain photosynthesis in simple words.", "My favourite recipe for pancakes is"]
@@ -65,21 +74,67 @@ def run_batch(batch, decode, name, heldout=None, rounds=1):
     return elapsed, sum(r["usage"]["completion_tokens"] for r in results)
 
 
-def serve(args, speculative):
+def serve(args, speculative, log_path=None):
     command = [args.binary, "serve", "--model", args.model, "--device", args.device, "--port", str(PORT),
                "--max-num-seqs", str(max(args.batch_sizes)), "--speculative-config", speculative]
     command += args.serve_args.split()
-    server = subprocess.Popen(command, stdout=sys.stderr, stderr=sys.stderr)
+    env = dict(os.environ)
+    log = sys.stderr
+    if log_path:
+        env["BEAMLINE_STEP_PHASES"] = "1"
+        log = open(log_path, "w")
+    server = subprocess.Popen(command, stdout=log, stderr=log, env=env)
     for _ in range(600):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2):
                 return server, command
         except OSError:
             if server.poll() is not None:
-                sys.exit(f"beamline serve exited with {server.returncode}")
+                sys.exit(f"beamline serve exited with {server.returncode}" + (f" (log: {log_path})" if log_path else ""))
             time.sleep(0.5)
     server.kill()
     sys.exit("beamline serve did not become healthy")
+
+
+# The engine's step-phase table from a server log (logged when the engine closes), without the log prefixes.
+def phase_table(log_path):
+    lines, inside = [], False
+    with open(log_path) as f:
+        for line in f:
+            if "step phases (host wall ms per step" in line:
+                inside, lines = True, []
+                continue
+            if inside:
+                if line.startswith("|"):
+                    lines.append(line.rstrip("\n"))
+                else:
+                    inside = False
+    return lines
+
+
+def measure(args, label, batch, name, heldout):
+    before = counters()
+    try:
+        elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+    except OSError as error:  # a failed request: say so in the table, measure the other rows
+        print(f"{label}, batch {batch}: {error}", file=sys.stderr)
+        return (label + " (FAILED)", batch, 0, float("nan"), 0.0, 0.0, 0.0)
+    after = counters()
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    return (label, batch, produced, elapsed, delta.get("vllm:spec_decode_num_drafts_total", 0.0),
+            delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0),
+            delta.get("vllm:spec_decode_num_draft_tokens_total", 0.0))
+
+
+def run_server(args, label, speculative, batches, name, heldout, log_path=None):
+    server, command = serve(args, speculative, log_path)
+    try:
+        print(f"`{' '.join(command[1:])}`", file=sys.stderr)
+        run_batch(1, 16, name)  # warm-up
+        return [measure(args, label, batch, name, heldout) for batch in batches]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def main():
@@ -93,9 +148,16 @@ def main():
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--serve-args", default="")
     parser.add_argument("--rounds", type=int, default=1, help="requests per concurrent slot, one after another")
-    parser.add_argument("--heldout", help="held-out conversations (jsonl with turns[].prompt): their prompts")
+    parser.add_argument("--heldout", default=V1_HELDOUT,
+                        help="held-out conversations (jsonl with turns[].prompt): their prompts; 'none': text prompts "
+                             "(default: the v1 generator's, which beam-nano and its drafter were trained on)")
+    parser.add_argument("--phases", action="store_true",
+                        help="a server per row with BEAMLINE_STEP_PHASES=1; print the step-phase tables")
+    parser.add_argument("--log-dir", help="with --phases: keep each server's log here")
     args = parser.parse_args()
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    if args.heldout == "none":
+        args.heldout = None
     heldout = None
     if args.heldout:
         prompts = []
@@ -114,31 +176,18 @@ def main():
         configs.append((f"dflash K={args.k} {'adaptive' if adaptive else 'fixed'}",
                         json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.k,
                                     "adaptive_verification": adaptive})))
-    rows = []
+    rows, phases = [], []
+    log_dir = args.log_dir or (os.environ.get("TMPDIR", "/tmp") if args.phases else None)
     for label, speculative in configs:
-        server, command = serve(args, speculative)
-        try:
-            print(f"`{' '.join(command[1:])}`", file=sys.stderr)
-            run_batch(1, 16, name)  # warm-up
-            for batch in args.batch_sizes:
-                before = counters()
-                try:
-                    elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
-                except OSError as error:  # a failed request: say so in the table, measure the other rows
-                    print(f"{label}, batch {batch}: {error}", file=sys.stderr)
-                    rows.append((label + " (FAILED)", batch, 0, float("nan"), 0.0, 0.0, 0.0))
-                    continue
-                after = counters()
-                delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-                drafts = delta.get("vllm:spec_decode_num_drafts_total", 0.0)
-                accepted = delta.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-                draft_tokens = delta.get("vllm:spec_decode_num_draft_tokens_total", 0.0)
-                rows.append((label, batch, produced, elapsed, drafts, accepted, draft_tokens))
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+        if not args.phases:
+            rows += run_server(args, label, speculative, args.batch_sizes, name, heldout)
+            continue
+        for batch in args.batch_sizes:
+            log_path = os.path.join(log_dir, f"serve-{label.split()[0]}-{label.split()[-1]}-b{batch}.log")
+            rows += run_server(args, label, speculative, [batch], name, heldout, log_path)
+            phases.append((label, batch, phase_table(log_path)))
     what = f"{args.rounds} requests per slot, "
-    what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else "text prompts, {args.decode}"
+    what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else f"text prompts, {args.decode}"
     print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {what} output tokens per request, "
           f"device {args.device}\n")
     print("| speculation | batch | output tokens | wall s | output tokens/s | vs none | drafts | draft tokens per draft "
@@ -152,6 +201,10 @@ def main():
         speedup = produced / elapsed / plain[batch] if batch in plain else float("nan")
         print(f"| {label} | {batch} | {produced} | {elapsed:.2f} | {produced / elapsed:.0f} | {speedup:.2f}x "
               f"| {drafts:.0f} | {per_draft} | {per_step} | {rate} |")
+    for label, batch, table in phases:
+        print(f"\nstep phases, {label}, batch {batch} (host wall ms per step, server with BEAMLINE_STEP_PHASES=1; "
+              "the warm-up request included)\n")
+        print("\n".join(table) if table else "(no table in the server log)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 # Issue 18 in device calls on nvidia-h200-x8: the full 52-layer Beam-1.0 (--load-format dummy, 500 G parameters:
 # 1.0 TB in BF16, 0.50 TB in FP8) served over eight GPUs. Steps (STEPS, comma-separated; default all):
 #   logits    TP8 and TP8 with expert parallelism against TP1 on Beam-1.0 cut to 4 layers (fits one GPU), bfloat16
-#             (argmax >= 99%) and float32 (relative error <= 1e-5): 4 rows (compare_logits.py's `parallel` modes).
+#             (argmax >= 99%) and float32 (relative error <= 1e-5), and TP8 with expert parallelism in FP8
+#             (--quantization fp8: each rank quantizes its part at load and slices it; without expert parallelism the
+#             experts' 320 rows a rank are refused in FP8) against TP1 in FP8, bfloat16: 5 rows (compare_logits.py's
+#             `parallel` modes).
 #   tp8-bf16  serve --tensor-parallel-size 8 --enable-expert-parallel, BF16 (~125 GB of weights a GPU);
 #   tp8-fp8   the same with --quantization fp8 (dummy weights drawn and quantized on the host at load);
 #   dp8-fp8   serve --data-parallel-size 8 --enable-expert-parallel --quantization fp8 (eight engines, shared experts).
@@ -19,8 +22,9 @@
 # made on one GPU is bench/results/2026-12-02-tp8-rank-projection.md. Not in this script: prefill at 128K, the TTFT of
 # one 1M-token prompt with the FP8 KV cache (bench/gpu_long_context.sh's request, which would need its model flags),
 # speculative decoding (no drafter for Beam-1.0).
-# Known before running (2026-12-03): TP8 with --quantization fp8 is refused at load ("slicing quantized weights across
-# ranks is not supported yet", docs/parallel.md), so tp8-fp8 fails until that code exists; BF16 at batch 256 x 8K
+# Known before running (2026-12-03): with --quantization fp8 each rank draws and quantizes on the host only what it
+# computes (docs/parallel.md, Quantized weights: ~66 GB a rank for TP8 + EP, ~530 GB of the host's 560 GiB for
+# eight ranks, kept while serving); BF16 at batch 256 x 8K
 # needs ~13 GB of KV a GPU beside 125 GB of weights: it may not fit, and its row then fails with the server's reason.
 # Time (estimate): logits ~90 s; tp8-bf16 ~150 s; tp8-fp8 and dp8-fp8 ~120 s of host quantizing at load + ~120 s
 # each; sweep ~150 s. All steps exceed one 600 s call: run `logits,tp8-bf16,sweep` and `tp8-fp8,dp8-fp8` as two
@@ -61,6 +65,9 @@ if wanted logits; then
     parallel_logits_rows "$name" "$dtype" "$dtype" "$tokens" "TP8|--tensor-parallel-size 8" \
       "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"
   done
+  model_args+=(--quantization fp8)
+  parallel_logits_rows "$name, --quantization fp8" fp8-bfloat16 bfloat16 "$tokens" \
+    "TP8+EP|--tensor-parallel-size 8 --enable-expert-parallel"
 fi
 
 if ! wait "$maker"; then

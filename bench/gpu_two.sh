@@ -5,7 +5,9 @@
 #           DP2+EP2 (--data-parallel-size 2 --enable-expert-parallel) against TP1 on the same machine, in float32
 #           (--dtype float32, F32 KV: relative error <= 1e-5, argmax >= 99%) and bfloat16 (argmax >= 99%), on the tiny
 #           preset (a checkpoint) and on Beam-1.0's shapes cut to 8 layers (--load-format dummy: every rank draws
-#           its slices of the same weights); 12 rows, through compare_logits.py's `parallel` modes.
+#           its slices of the same weights); then the 8-layer model's three layouts with --quantization fp8 against
+#           TP1 in FP8, bfloat16 (each rank quantizes its part at load and slices it, docs/parallel.md, Quantized
+#           weights); 15 rows, through compare_logits.py's `parallel` modes.
 #   serve   parallel_serve_check.py on the small preset under TP2, float32: 32 concurrent requests = one at a time
 #           (100%), = one process (>= 90% of first-16-token answers); the last worker killed while 4 requests stream:
 #           the server exits naming the rank, every stream ends with an error, none hangs. 4 rows.
@@ -80,6 +82,10 @@ if wanted logits; then
       parallel_logits_rows "$name, $count tokens" "$tag" "$dtype" "$tokens" "${layouts[@]}"
     done
   done
+  model_args=("${beam[@]}" --quantization fp8)
+  IFS='|' read -r name count vocab flags <<<"${models[-1]}"
+  parallel_logits_rows "$name --quantization fp8, $count tokens" fp8-bfloat16 bfloat16 "$(token_ids "$count" "$vocab")" \
+    "${layouts[@]}"
 fi
 
 if wanted serve; then

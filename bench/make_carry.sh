@@ -27,6 +27,26 @@ mkdir -p "$carry/apps/beamline" "$carry/tests/backend_ops"
 strip -o "$carry/apps/beamline/beamline" "$build/apps/beamline/beamline"
 strip -o "$carry/tests/backend_ops/backend_ops" "$build/tests/backend_ops/backend_ops"
 cp -a "$build/apps/beamline/lib" "$carry/apps/beamline/lib"
+# Open MPI's launcher (mpirun, orted, its MCA plugins and help files, PMIx) from this machine's Debian packages, for a
+# GPU machine without Open MPI 4: bench/carried_mpi.sh points OPAL_PREFIX at apps/beamline/mpi there. The binary's
+# own libmpi, libopen-rte and libopen-pal are the ones in apps/beamline/lib.
+mpi=$carry/apps/beamline/mpi
+plugins=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 pmix=/usr/lib/x86_64-linux-gnu/pmix2
+for path in /usr/bin/orterun /usr/bin/orted "$plugins" /usr/share/openmpi "$pmix/lib/libpmix.so.2" "$pmix/lib/pmix"; do
+  [ -e "$path" ] || { echo "make_carry: $path is missing (scripts/setup.sh installs Open MPI)" >&2; exit 1; }
+done
+mkdir -p "$mpi/bin" "$mpi/lib/x86_64-linux-gnu/openmpi/lib" "$mpi/share" "$mpi/pmix/lib" "$mpi/pmix/share" "$mpi/libs"
+cp /usr/bin/orterun /usr/bin/orted "$mpi/bin/"
+ln -s orterun "$mpi/bin/mpirun"
+cp -a "$plugins" "$mpi/lib/x86_64-linux-gnu/openmpi/lib/"
+cp -a /usr/share/openmpi "$mpi/share/"
+cp -L "$pmix/lib/libpmix.so.2" "$mpi/pmix/lib/"
+cp -a "$pmix/lib/pmix" "$mpi/pmix/lib/"
+cp -a "$pmix/share/pmix" "$mpi/pmix/share/"
+# What the plugins and PMIx link beyond glibc and the binary's lib/ (UCX, libfabric, verbs and PSM are left out:
+# the components that need them stay unloaded).
+cp -L /usr/lib/x86_64-linux-gnu/libmca_common_{sm,ompio,monitoring}.so.[0-9][0-9] \
+  /usr/lib/x86_64-linux-gnu/libmunge.so.2 /usr/lib/x86_64-linux-gnu/libnuma.so.1 "$mpi/libs/"
 git rev-parse --short HEAD >"$carry/apps/beamline/COMMIT"
 if ! git diff --quiet HEAD -- src apps tests; then echo "+uncommitted" >>"$carry/apps/beamline/COMMIT"; fi
 

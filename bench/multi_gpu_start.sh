@@ -14,6 +14,7 @@ LOG=$OUT/$NAME.log
 INFO=$(mktemp)
 WORK=$(mktemp -d)
 source bench/open_carry.sh
+source bench/carried_mpi.sh
 source bench/check_table.sh
 source bench/gpu_steps.sh
 # One node: MPI over shared memory (no single-copy mechanism: containers often forbid ptrace), as root if need be.
@@ -46,10 +47,10 @@ command -v nvidia-smi >/dev/null && logged nvidia-smi topo -m
 section "Checks"
 echo "| check | measured | limit | result |" >>"$REPORT"
 echo "| --- | --- | --- | --- |" >>"$REPORT"
-# The one-command form starts its ranks with `mpirun` (the binary carries Open MPI 4.1's libmpi in apps/beamline/lib,
-# not mpirun); NCCL is loaded at run time (cuda_env.sh finds libnccl.so.2).
+# The one-command form starts its ranks with `mpirun`: this machine's Open MPI 4, else the carried one
+# (bench/carried_mpi.sh); NCCL is loaded at run time (cuda_env.sh finds libnccl.so.2).
 mpirun_version=$(mpirun --version 2>/dev/null | head -1)
-check_row "mpirun on this machine (the one-command form starts its ranks with it)" "${mpirun_version:-absent}" \
+check_row "mpirun, $MPI_SOURCE (the one-command form starts its ranks with it)" "${mpirun_version:-absent}" \
   "Open MPI 4.x (the carried libmpi.so.40)" "$([[ $mpirun_version == *"Open MPI) 4."* ]] && echo 1 || echo 0)"
 if [ "$DEVICE" = cuda ]; then
   nccl=$(python3 -c 'import ctypes; n = ctypes.c_int(); ctypes.CDLL("libnccl.so.2").ncclGetVersion(ctypes.byref(n)); print(n.value)' 2>&1 | tail -1)

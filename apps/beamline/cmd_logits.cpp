@@ -38,7 +38,12 @@ void compute_logits(const LogitsOptions& options, MpiWorld* world) {
   if (world != nullptr && options.device != "cpu") world->use_local_gpu();
   std::unique_ptr<Backend> backend = create_backend(options.device);
   backend->set_compute_dtype(parse_compute_dtype(options.dtype, backend->device()));
-  const BeamWeights weights = options.source.load();
+  ModelSource source = options.source;
+  if (world != nullptr) {
+    source.parallel = options.parallel;
+    source.world_rank = world->rank();
+  }
+  const BeamWeights weights = source.load();
   const std::vector<int32_t> tokens = parse_token_list(options.tokens, weights.config.vocab_size, "--tokens");
   std::unique_ptr<ParallelGroups> groups;
   ModelShard shard = ModelShard::whole(weights.config);

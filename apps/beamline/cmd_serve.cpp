@@ -178,6 +178,8 @@ void follow(const ServeOptions& options, const fs::path& model_dir, MpiWorld& wo
   ::signal(SIGTERM, SIG_IGN);
   ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
   source.quantization = options.quantization;
+  source.parallel = options.parallel;
+  source.world_rank = world.rank();
   BeamModelRunner runner(source.load(), options.device, options.engine, world, options.parallel);
   spdlog::info("rank {} of {} ready (pid {})", world.rank(), world.size(), getpid());
   runner.follow();
@@ -231,6 +233,10 @@ void serve_ranks(ServeOptions& options, MpiWorld* world) {
   spdlog::info("loading {} on {}", model_dir.string(), options.device);
   ModelSource source{model_dir.string(), options.load_format, options.hf_overrides};
   source.quantization = options.quantization;
+  if (world != nullptr) {
+    source.parallel = options.parallel;
+    source.world_rank = world->rank();
+  }
   auto runner = world == nullptr
                     ? std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine)
                     : std::make_unique<BeamModelRunner>(source.load(), options.device, options.engine, *world,

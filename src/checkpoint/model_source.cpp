@@ -44,7 +44,7 @@ ModelConfig with_overrides(const ModelConfig& config, const std::string& overrid
 
 // --quantization against what was loaded: kept, refused, or applied at load (vLLM's online quantization). Dummy
 // weights of a config with a quantization_config are drawn in float and quantized as it says.
-BeamWeights apply_quantization(BeamWeights weights, const std::string& flag) {
+BeamWeights apply_quantization(BeamWeights weights, const std::string& flag, const std::optional<ModelShard>& shard) {
   const std::optional<QuantizationConfig> stored = weights.config.quantization;
   if (!flag.empty() && stored) {
     const QuantScheme scheme = parse_quantization_flag(flag), stored_scheme = quant_scheme_of(*stored);
@@ -53,10 +53,17 @@ BeamWeights apply_quantization(BeamWeights weights, const std::string& flag) {
             flag, stored->quant_method, stored->quant_algo.empty() ? "" : ", quant_algo \"" + stored->quant_algo + "\"",
             quant_scheme_name(stored_scheme));
   }
-  if (weights.random_seed && stored) return quantize_weights(std::move(weights), *stored);
+  if (weights.random_seed && stored) return quantize_weights(std::move(weights), *stored, shard);
   if (flag.empty() || stored) return weights;
   spdlog::info("--quantization {}: quantizing the projections at load (lm_head kept)", flag);
-  return quantize_weights(std::move(weights), quantization_config_for(parse_quantization_flag(flag), {"lm_head"}));
+  return quantize_weights(std::move(weights), quantization_config_for(parse_quantization_flag(flag), {"lm_head"}),
+                          shard);
+}
+
+// The part of the model this rank computes, on a rank of a distributed run.
+std::optional<ModelShard> shard_of(const ModelSource& source, const ModelConfig& config) {
+  if (!source.parallel) return std::nullopt;
+  return model_shard(config, *source.parallel, rank_coordinates(*source.parallel, source.world_rank));
 }
 
 }  // namespace
@@ -66,14 +73,16 @@ BeamWeights ModelSource::load() const {
   if (!quantization.empty()) parse_quantization_flag(quantization);  // a bad name fails before any loading
   if (load_format == "auto") {
     require(hf_overrides.empty(), "--hf-overrides: only with --load-format dummy (a checkpoint's shapes are fixed)");
-    return apply_quantization(load_checkpoint(model), quantization);
+    BeamWeights weights = load_checkpoint(model);
+    const std::optional<ModelShard> shard = shard_of(*this, weights.config);
+    return apply_quantization(std::move(weights), quantization, shard);
   }
   require(load_format == "dummy", "--load-format: unknown format \"{}\" (auto or dummy)", load_format);
   ModelConfig config = dummy_config(model);
   if (!hf_overrides.empty()) config = with_overrides(config, hf_overrides);
   spdlog::info("--load-format dummy: random weights for {} ({} layers, hidden {}), seed {}", model,
                config.num_hidden_layers, config.hidden_size, dummy_seed);
-  return apply_quantization(dummy_weights(config, dummy_seed), quantization);
+  return apply_quantization(dummy_weights(config, dummy_seed), quantization, shard_of(*this, config));
 }
 
 }  // namespace beamline

@@ -4,9 +4,11 @@
 // of a directory or from a preset name, with `--hf-overrides` (a JSON object merged into the config, e.g.
 // {"num_hidden_layers": 8}) — full-width models run with no checkpoint on disk.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/weights.h"
+#include "parallel/parallel_config.h"
 
 namespace beamline {
 
@@ -19,6 +21,10 @@ struct ModelSource {
   // loads as it is; one that names another is refused naming both; a float checkpoint (or dummy weights) is
   // quantized at load, leaving lm_head in its float dtype as quantized checkpoints do. Empty: as the checkpoint is.
   std::string quantization;
+  // Set on each rank of a distributed run: --quantization at load then quantizes only what this rank computes
+  // (quantize_weights with its shard), so no rank holds another's quantized experts or layers.
+  std::optional<ParallelConfig> parallel;
+  int32_t world_rank = 0;
 
   // Validates the combination and loads; errors name the option.
   BeamWeights load() const;

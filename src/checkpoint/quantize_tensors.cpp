@@ -151,16 +151,19 @@ bool ignored(const QuantizationConfig& quant, std::string_view weight_name) {
                      [&](const std::string& entry) { return prefix.starts_with(entry); });
 }
 
-// Every projection of `weights`, by its tensor name.
-std::map<std::string, LinearWeight*, std::less<>> projections(BeamWeights& weights) {
+// Every projection of `weights` that `shard` computes (its stage's layers, its experts, the LM head on the last
+// stage), by its tensor name.
+std::map<std::string, LinearWeight*, std::less<>> projections(BeamWeights& weights, const ModelShard& shard) {
   std::map<std::string, LinearWeight*, std::less<>> found;
   const auto add = [&](LinearWeight& weight) { found.emplace(weight.weight.name, &weight); };
-  if (!weights.config.tie_word_embeddings) add(weights.lm_head);
-  for (LayerWeights& layer : weights.layers) {
+  if (!weights.config.tie_word_embeddings && shard.layer_end == weights.config.num_hidden_layers) add(weights.lm_head);
+  for (int64_t i = shard.layer_begin; i < shard.layer_end; ++i) {
+    LayerWeights& layer = weights.layers.at(static_cast<std::size_t>(i));
     for (LinearWeight* weight : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj}) add(*weight);
     std::vector<ExpertWeights*> mlps;
     if (layer.mlp) mlps.push_back(&*layer.mlp);
-    for (ExpertWeights& expert : layer.experts) mlps.push_back(&expert);
+    for (int64_t e = shard.expert_begin; e < shard.expert_end && e < static_cast<int64_t>(layer.experts.size()); ++e)
+      mlps.push_back(&layer.experts[static_cast<std::size_t>(e)]);
     for (ExpertWeights* mlp : mlps)
       for (LinearWeight* weight : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) add(*weight);
   }
@@ -251,9 +254,10 @@ std::vector<TensorSource> quantized_sources(const ModelConfig& config, std::vect
   return result;
 }
 
-BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant) {
+BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant,
+                             const std::optional<ModelShard>& shard) {
   std::map<std::string, LinearWeight*, std::less<>> wanted;
-  for (const auto& [name, weight] : projections(weights))
+  for (const auto& [name, weight] : projections(weights, shard.value_or(ModelShard::whole(weights.config))))
     if (!ignored(quant, name)) wanted.emplace(name, weight);
   weights.config.quantization = quant;
   if (wanted.empty()) return weights;

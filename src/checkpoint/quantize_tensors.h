@@ -3,12 +3,14 @@
 // memory. One path for every producer: `beamline quantize` (a checkpoint on disk), `make-model --quantization`
 // (random weights), and `--quantization` at load (vLLM's online quantization of a float checkpoint, or
 // --load-format dummy): each turns float TensorSources into quantized ones with quantized_sources.
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "checkpoint/checkpoint_writer.h"
 #include "model/config.h"
+#include "model/model_shard.h"
 #include "model/weights.h"
 #include "quant/quant_scheme.h"
 
@@ -34,6 +36,10 @@ std::vector<TensorSource> quantized_sources(const ModelConfig& config, std::vect
 // Float weights (a loaded unquantized checkpoint, or dummy_weights) with the projections that `quant` converts
 // quantized into memory the result owns, and config.quantization set: what --quantization does to a checkpoint
 // that has no quantization_config. Dummy weights are drawn on the host first (make-model --quantization's bytes).
-BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant);
+// With `shard` (a rank of a distributed run) only the projections it computes are quantized (its stage's layers,
+// its experts, the LM head on the last stage; the others stay float and are never loaded), each whole, with the bytes
+// one process would have: shard_weights then slices them (docs/parallel.md, Quantized weights).
+BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant,
+                             const std::optional<ModelShard>& shard = std::nullopt);
 
 }  // namespace beamline

@@ -9,7 +9,9 @@
 
 namespace beamline {
 
-// Quantized projections that would have to be sliced are refused, naming the tensor.
+// Quantized projections are sliced in their own layouts (quant/slice.h: rows as views, columns copied, scales cut with
+// their codes); a cut that the layout cannot hold is refused on every rank alike, naming the tensor, its shape, the
+// scheme's block or group and the flag.
 BeamWeights shard_weights(const BeamWeights& weights, const ModelShard& shard);
 
 }  // namespace beamline

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "spec/draft_verification.h"
 #include "spec/ngram_proposer.h"
@@ -89,7 +90,11 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       bytes_per_layer_token_(runner.kv_bytes_per_block() /
                              (static_cast<int64_t>(runner.kv_layout().slots_per_block) * runner.kv_layout().block_size)),
       kv_(runner.kv_layout(), runner.sliding_window(), config.enable_prefix_caching),
-      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens}, kv_),
+      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+                                 config.speculative.method == SpeculativeMethod::DFlash
+                                     ? std::max(1, runner.drafter_window())
+                                     : 1},
+                 kv_),
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
   if (!spec.enabled()) return;
@@ -102,14 +107,18 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                                                  spec.prompt_lookup_max)
                                    : fmt::format("block drafts of the dflash drafter {}", spec.model);
   if (spec.adaptive_verification) adaptive_ = std::make_unique<AdaptiveVerification>(spec.num_speculative_tokens);
-  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; the engine runs "
-               "synchronously{}",
-               proposer, spec.num_speculative_tokens,
+  spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; {}", proposer,
+               spec.num_speculative_tokens,
                spec.adaptive_verification ? " as far as they pay (adaptive verification)" : "",
-               config.async_scheduling ? " (--async-scheduling does not apply)" : "");
+               !config.async_scheduling ? "the engine runs synchronously"
+               : spec.adaptive_verification
+                   ? "steps without drafts are scheduled ahead (--async-scheduling), steps with drafts wait for the tokens"
+                   : "the engine runs synchronously (--async-scheduling does not apply: every step may draft)");
 }
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  if (phases_) spdlog::info("{}", phases_->table());
+}
 
 int64_t EngineCore::saved_bytes(const Sequence& sequence) const {
   if (!kv_.holds(sequence.id)) return 0;
@@ -263,10 +272,14 @@ void EngineCore::fail_request(RequestState& request, const std::string& message)
 std::vector<std::string> EngineCore::step() {
   std::vector<std::string> ended;
   const auto started = Clock::now();
+  const uint64_t tokens_before = counters_.generation_tokens_total;
+  if (phases_) phases_->begin_step();
   bool drafted = false;
   if (!in_flight_) {
     drafted = propose_drafts();
+    mark(StepPhases::Phase::Propose);
     StepPlan plan = scheduler_.schedule();
+    mark(StepPhases::Phase::Schedule);
     if (plan.empty()) {
       // Only a sequence the empty pool cannot hold stops everything; resolve_engine_config rules it out, but a
       // hang would be worse than failing the request at the head.
@@ -283,13 +296,24 @@ std::vector<std::string> EngineCore::step() {
     in_flight_ = launch(std::move(plan), ended);
     if (!in_flight_) return ended;
     complete(*in_flight_);
+    mark(StepPhases::Phase::Launch);
   }
   std::unique_ptr<InFlightStep> next;
-  // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before the next.
-  if (config_.async_scheduling && !config_.speculative.enabled() && in_flight_->sampled_at_launch &&
-      !jump_forward_ahead(*in_flight_))
+  // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before a drafted step;
+  // a plain one (adaptive verification's choice) it launches ahead, its context committed first (the runner keeps
+  // only the latest step's hidden states).
+  if (config_.async_scheduling && in_flight_->sampled_at_launch && !jump_forward_ahead(*in_flight_) &&
+      (!config_.speculative.enabled() || next_step_plain(*in_flight_))) {
+    if (config_.speculative.enabled()) {
+      commit_draft_context(*in_flight_);
+      in_flight_->context_committed = true;
+    }
     next = launch_ahead(*in_flight_, ended);
+  }
+  mark(StepPhases::Phase::Launch);
   const std::unique_ptr<InFlightStep> current = std::move(in_flight_);
+  const bool verifies_drafts = std::any_of(current->plan.scheduled.begin(), current->plan.scheduled.end(),
+                                           [](const ScheduledSequence& s) { return s.num_draft_tokens > 0; });
   // Taken before finish(): a sequence that ends in it goes.
   const std::optional<DecodeShape> shape = adaptive_ ? decode_shape(*current) : std::nullopt;
   finish(*current, ended);
@@ -299,6 +323,11 @@ std::vector<std::string> EngineCore::step() {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
     complete(*next);
     in_flight_ = std::move(next);
+  }
+  if (phases_) {
+    mark(StepPhases::Phase::Launch);
+    phases_->end_step(verifies_drafts ? StepPhases::Kind::Drafted : StepPhases::Kind::Plain,
+                      static_cast<int64_t>(counters_.generation_tokens_total - tokens_before));
   }
   return ended;
 }
@@ -448,6 +477,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     fail_step(step, error.what(), ended);
     return;
   }
+  mark(StepPhases::Phase::Wait);
   ++counters_.steps_total;
   RoutedExperts routed;
   if (step.plan.batch.capture_routed_experts) {
@@ -490,7 +520,9 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
     }
   }
   for (RequestState* request : touched) flush(*request, ended);
-  commit_draft_context(step);
+  mark(StepPhases::Phase::Emit);
+  if (!step.context_committed) commit_draft_context(step);
+  mark(StepPhases::Phase::Commit);
 }
 
 void EngineCore::record_prompt_logprobs(InFlightStep& step) {
@@ -593,7 +625,30 @@ bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
   return false;
 }
 
+bool EngineCore::next_step_plain(const InFlightStep& step) {
+  if (!adaptive_ || std::any_of(step.plan.scheduled.begin(), step.plan.scheduled.end(),
+                                [](const ScheduledSequence& s) { return s.num_draft_tokens > 0; }))
+    return false;
+  // The sequences that decode next: those whose every token is computed once `step` is (its token is being sampled),
+  // with the room they will have after it.
+  int32_t decoding = 0;
+  std::vector<AdaptiveVerification::Candidate> candidates;
+  for (Sequence* sequence : scheduler_.running()) {
+    if (sequence->num_computed_tokens != sequence->num_tokens()) continue;
+    ++decoding;
+    const SampleState& sample = *samples_by_sequence_.at(sequence->id);
+    if (needs_host(sample)) continue;
+    const int32_t room = sample.request->max_tokens - sequence->num_output_tokens() - 2;
+    if (room > 0) candidates.push_back({std::min(config_.speculative.num_speculative_tokens, room), {}});
+  }
+  if (candidates.empty()) return true;
+  if (!adaptive_->should_draft(decoding, candidates)) return true;
+  draft_decided_ = true;
+  return false;
+}
+
 bool EngineCore::propose_drafts() {
+  const bool decided = std::exchange(draft_decided_, false);
   const SpeculativeConfig& spec = config_.speculative;
   const bool jump_forward = config_.jump_forward && tokenizer_ != nullptr;
   if (!spec.enabled() && !jump_forward) return false;
@@ -633,7 +688,7 @@ bool EngineCore::propose_drafts() {
   if (adaptive_) {
     std::vector<AdaptiveVerification::Candidate> candidates;
     for (const Drafting& d : drafting) candidates.push_back({d.max_tokens, {}});
-    if (!adaptive_->should_draft(decoding, candidates)) return false;
+    if (!decided && !adaptive_->should_draft(decoding, candidates)) return false;
   }
   std::vector<DraftProposal> drafts;
   if (spec.method == SpeculativeMethod::DFlash) {
@@ -800,6 +855,11 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
     if (r > 0 && step.sampled[first + r].producing == step.sampled[first + r - 1].producing) ++groups.back().second;
     else groups.emplace_back(r, 1);
   }
+  // Most steps constrain no row: no pool threads are woken for them (a step of 16 sequences would wake 16).
+  const bool constrained = std::any_of(groups.begin(), groups.end(), [&](const auto& group) {
+    return samples_by_sequence_.at(step.ids[step.producing[step.sampled[first + group.first].producing]])->grammar != nullptr;
+  });
+  if (!constrained) return;
   // In parallel over sequences: each reads only its own sample's matcher.
   ThreadPool::global().parallel_for(groups.size(), [&](std::size_t begin, std::size_t end) {
     for (std::size_t g = begin; g < end; ++g) {

@@ -35,6 +35,7 @@
 #include "engine/sequence.h"
 #include "engine/stop_checker.h"
 #include "kv/kv_cache_manager.h"
+#include "engine/step_phases.h"
 #include "spec/adaptive_verification.h"
 #include "structured/token_mask.h"
 
@@ -121,6 +122,8 @@ class EngineCore {
     std::vector<SampledRow> sampled;     // in the order of model->sample's rows; empty until they are sampled
     // Every producing row was sampled on the device at launch (the next step may read the tokens there).
     bool sampled_at_launch = false;
+    // Its rows' drafter context was committed before the next step was launched ahead of its tokens.
+    bool context_committed = false;
   };
 
   // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
@@ -128,6 +131,10 @@ class EngineCore {
   // none when the step is better off without (then no drafter pass runs); with jump-forward, a constrained sequence's
   // forced tokens instead. Returns whether speculative drafts were proposed (forced tokens do not count).
   bool propose_drafts();
+  // A speculating engine schedules a step ahead of the previous one's tokens (--async-scheduling) only when adaptive
+  // verification has it run plain: drafts need the tokens. Asked after `step` was launched, for the step after it; a
+  // "draft" answer stands for that step (propose_drafts does not ask again).
+  bool next_step_plain(const InFlightStep& step);
   // Adaptive verification: a step without prompt rows, by its decoding sequences and drafts (nullopt for others),
   // and the wall time of such a step from `started` to now.
   struct DecodeShape {
@@ -206,7 +213,12 @@ class EngineCore {
   std::unordered_map<kv::SeqId, SampleState*> samples_by_sequence_;
   EngineStats counters_;
   std::unique_ptr<InFlightStep> in_flight_;  // --async-scheduling: launched in the previous step() call
-  std::unique_ptr<AdaptiveVerification> adaptive_;  // --speculative-config with adaptive_verification
+  std::unique_ptr<StepPhases> phases_ = StepPhases::from_environment();  // BEAMLINE_STEP_PHASES=1
+  void mark(StepPhases::Phase phase) {
+    if (phases_) phases_->mark(phase);
+  }
+  std::unique_ptr<AdaptiveVerification> adaptive_;
+  bool draft_decided_ = false;  // next_step_plain said the coming step drafts  // --speculative-config with adaptive_verification
 };
 
 // Fills in max_model_len and block_size from the runner and checks them against it and against the pool:

@@ -100,6 +100,8 @@ class ModelRunner {
   // A drafter model (dflash) that proposes drafts from the target's hidden states; the three functions below are
   // used only when this is true.
   virtual bool has_drafter() const { return false; }
+  // The positions before a draft whose target hidden states the drafter reads (its sliding window); 0 without one.
+  virtual int32_t drafter_window() const { return 0; }
   // After each step's tokens are settled (and before the next step is launched): the sequences of the last launched
   // step that are still there, with what of them is verified. The drafter keeps the target's hidden states of the
   // verified positions only.

@@ -92,7 +92,8 @@ StepPlan Scheduler::schedule() {
       const kv::PrefixHit hit =
           sequence->skip_prefix_cache
               ? kv::PrefixHit{}
-              : kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted);
+              : kv_.find_cached_prefix(sequence->token_span(), sequence->cache_salt, /*count_in_stats=*/!sequence->admitted,
+                                       config_.min_computed_tokens);
       const int32_t num_new = std::min(sequence->num_tokens() - hit.num_tokens, budget);
       if (!kv_.allocate(sequence->id, sequence->token_span(), sequence->cache_salt, hit.num_tokens, num_new,
                         sequence->skip_prefix_cache ? nullptr : &hit)) {

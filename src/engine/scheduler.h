@@ -22,6 +22,10 @@ namespace beamline {
 struct SchedulerConfig {
   int32_t max_num_seqs = 256;
   int32_t max_num_batched_tokens = 8192;
+  // A prefix-cache hit leaves at least this many of a sequence's last tokens to compute. A dflash drafter's window:
+  // the drafter reads the target's hidden states of the W_d positions before a draft, which a hit skips, so a
+  // shorter recomputation would leave the sequence without drafts until it had decoded a window itself.
+  int32_t min_computed_tokens = 1;
 };
 
 struct ScheduledSequence {

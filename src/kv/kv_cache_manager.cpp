@@ -59,13 +59,15 @@ int32_t KvCacheManager::sliding_group_hit(int32_t group, const std::vector<Block
 }
 
 PrefixHit KvCacheManager::find_cached_prefix(std::span<const int32_t> tokens, std::string_view salt,
-                                             bool count_in_stats) {
+                                             bool count_in_stats, int32_t min_computed) {
+  require(min_computed >= 1, "prefix lookup: at least one token is computed (min_computed {})", min_computed);
   PrefixHit hit;
   hit.tables.resize(layout_.num_groups());
   if (!prefix_caching_ || tokens.empty()) return hit;
   extend_block_hashes(hit.hashes, tokens, layout_.block_size, salt);
 
-  int32_t length = static_cast<int32_t>((tokens.size() - 1) / layout_.block_size);
+  const auto reusable = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - min_computed);
+  auto length = static_cast<int32_t>(reusable / layout_.block_size);
   for (int32_t g = 0; g < layout_.num_groups(); ++g) {
     if (!layout_.group_is_sliding[g]) length = std::min(length, full_group_hit(g, hit.hashes, length));
   }

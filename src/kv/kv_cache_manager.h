@@ -49,10 +49,11 @@ class KvCacheManager {
   double usage() const;
   PrefixCacheCounters prefix_counters() const { return counters_; }
 
-  // The longest reusable cached prefix of `tokens` for a sequence that holds no blocks yet. With
-  // `count_in_stats` the lookup adds to the prefix-cache counters (first admission of a request; not a
-  // resume after preemption). Without prefix caching the hit is empty.
-  PrefixHit find_cached_prefix(std::span<const int32_t> tokens, std::string_view salt, bool count_in_stats);
+  // The longest reusable cached prefix of `tokens` for a sequence that holds no blocks yet, leaving at least
+  // `min_computed` (>= 1) of the last tokens to compute. With `count_in_stats` the lookup adds to the prefix-cache
+  // counters (first admission of a request; not a resume after preemption). Without prefix caching the hit is empty.
+  PrefixHit find_cached_prefix(std::span<const int32_t> tokens, std::string_view salt, bool count_in_stats,
+                               int32_t min_computed = 1);
 
   // Makes the tables of `seq` cover positions [0, num_computed + num_new), in every group or in none:
   // returns false, having taken nothing, when the pool lacks blocks. A sequence's first call may pass the

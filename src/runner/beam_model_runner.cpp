@@ -71,7 +71,8 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
     DrafterCheckpoint checkpoint =
         load_drafter_checkpoint(config.speculative.model, model_config, config.speculative.num_speculative_tokens);
     // Room for the running sequences and as many again that wait (preempted) with their context kept.
-    drafter_ = std::make_unique<BlockDrafter>(std::move(checkpoint), *model_, 2 * config.max_num_seqs);
+    drafter_ = std::make_unique<BlockDrafter>(std::move(checkpoint), *model_, 2 * config.max_num_seqs,
+                                              !config.enforce_eager);
     const DrafterConfig& drafter = drafter_->config();
     spdlog::info("dflash drafter {}: {} layers reading target layers [{}], blocks of {}, window {}",
                  config.speculative.model, drafter.num_hidden_layers, fmt::join(drafter.target_layer_ids, ", "),

@@ -69,6 +69,9 @@ class BeamModelRunner : public ModelRunner {
   void unload_lora_adapter(int32_t slot) override;
   void update_weights(std::span<const HostTensor> tensors) override;
   bool has_drafter() const override { return drafter_ != nullptr; }
+  int32_t drafter_window() const override {
+    return drafter_ ? static_cast<int32_t>(drafter_->config().sliding_window) : 0;
+  }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
   void forget_sequence(int64_t sequence_id) override;

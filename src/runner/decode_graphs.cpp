@@ -8,6 +8,7 @@
 #include <bit>
 #include <set>
 
+#include "backend/record_graph.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -90,18 +91,7 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
     // routing of this step is the op-by-op run's, in the same buffer).
     const Tensor logits = model_.run(graph.inputs, cache_, graph.routed_experts);
     const Tensor eager_captured = model_.captured_hidden();  // this step's; the graph's buffer is written on replay
-    backend.begin_capture();
-    try {
-      graph.logits = model_.run(graph.inputs, cache_, graph.routed_experts);
-    } catch (...) {
-      // The op's own error is the one to report, not the aborted capture's.
-      try {
-        backend.end_capture();
-      } catch (const Error&) {
-      }
-      throw;
-    }
-    graph.graph = backend.end_capture();
+    graph.graph = record_graph(backend, [&] { graph.logits = model_.run(graph.inputs, cache_, graph.routed_experts); });
     graph.captured_hidden = model_.captured_hidden();
     graph.last_used = ++steps_;
     if (captured_hidden != nullptr) *captured_hidden = eager_captured;

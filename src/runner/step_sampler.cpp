@@ -8,6 +8,21 @@
 #include "util/thread_pool.h"
 
 namespace beamline {
+namespace {
+
+// `copy(index, first_row, count)` for each run of consecutive logit rows in `rows` (a prompt's, a draft's verified
+// rows), so that each run crosses to the host in one copy.
+template <typename Copy>
+void for_each_run(std::span<const int32_t> rows, Copy copy) {
+  for (std::size_t r = 0; r < rows.size();) {
+    std::size_t run = 1;
+    while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int32_t>(run)) ++run;
+    copy(r, rows[r], run);
+    r += run;
+  }
+}
+
+}  // namespace
 
 class StepSampler::Step final : public ModelStep {
  public:
@@ -114,11 +129,19 @@ void StepSampler::Step::enqueue_on_device() {
 
 void StepSampler::Step::sample_on_host(const std::vector<RowSampling>& rows, const std::vector<std::size_t>& on_host) {
   Backend& backend = sampler_.backend_;
-  // Only these rows cross to the host, each as its own download of its row of the logits.
+  // Only these rows cross to the host: a run of consecutive logit rows (a draft's verified rows) in one copy, and one
+  // wait for all the copies rather than one per row.
   const auto vocab = static_cast<std::size_t>(sampler_.vocab_size_);
   std::vector<float> logits(on_host.size() * vocab);
-  for (std::size_t h = 0; h < on_host.size(); ++h)
-    backend.download(logits_.slice_first(rows[on_host[h]].settings.logit_row), logits.data() + h * vocab);
+  std::vector<int32_t> logit_rows;
+  for (const std::size_t r : on_host) logit_rows.push_back(rows[r].settings.logit_row);
+  std::vector<std::unique_ptr<PendingDownload>> copies;
+  for_each_run(logit_rows, [&](std::size_t h, int32_t first, std::size_t count) {
+    const Tensor block = logits_.view(static_cast<int64_t>(first) * static_cast<int64_t>(vocab),
+                                      {static_cast<int64_t>(count), static_cast<int64_t>(vocab)});
+    copies.push_back(backend.download_later(block, logits.data() + h * vocab));
+  });
+  for (const std::unique_ptr<PendingDownload>& copy : copies) copy->wait();
   // Each row touches only its own sample's state (RowSampling's contract), so the rows can be sampled in parallel.
   ThreadPool::global().parallel_for(
       on_host.size(),
@@ -154,18 +177,13 @@ std::vector<float> StepSampler::Step::raw_logits(std::span<const int32_t> rows) 
   const int64_t num_logit_rows = logits_.defined() ? logits_.dim(0) : 0;
   const auto vocab = static_cast<std::size_t>(sampler_.vocab_size_);
   std::vector<float> host(rows.size() * vocab);
-  // Consecutive rows (a prompt's) come back in one copy.
-  for (std::size_t r = 0; r < rows.size();) {
-    require(rows[r] >= 0 && rows[r] < num_logit_rows, "step logits: row {} of {}", rows[r], num_logit_rows);
-    std::size_t run = 1;
-    while (r + run < rows.size() && rows[r + run] == rows[r] + static_cast<int32_t>(run) &&
-           rows[r + run] < num_logit_rows)
-      ++run;
-    const Tensor block = logits_.view(static_cast<int64_t>(rows[r]) * static_cast<int64_t>(vocab),
-                                      {static_cast<int64_t>(run), static_cast<int64_t>(vocab)});
+  for (const int32_t row : rows)
+    require(row >= 0 && row < num_logit_rows, "step logits: row {} of {}", row, num_logit_rows);
+  for_each_run(rows, [&](std::size_t r, int32_t first, std::size_t count) {
+    const Tensor block = logits_.view(static_cast<int64_t>(first) * static_cast<int64_t>(vocab),
+                                      {static_cast<int64_t>(count), static_cast<int64_t>(vocab)});
     sampler_.backend_.download(block, host.data() + r * vocab);
-    r += run;
-  }
+  });
   return host;
 }
 

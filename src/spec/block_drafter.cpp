@@ -1,8 +1,12 @@
 #include "spec/block_drafter.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <array>
 #include <cmath>
 
+#include "backend/record_graph.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -22,6 +26,14 @@ class BlockDrafter::PackedInts {
   void upload(Backend& backend) {
     device_ = backend.upload_i32(values_, {static_cast<int64_t>(values_.size())});
   }
+  // Into `device` (a recorded graph's input buffer, as large), which the views then read.
+  void copy_to(Backend& backend, Tensor device) {
+    require(device.numel() == static_cast<int64_t>(values_.size()),
+            "block drafter: {} index values for a graph recorded with {}", values_.size(), device.numel());
+    backend.copy_to(device, values_.data());
+    device_ = std::move(device);
+  }
+  const Tensor& device() const { return device_; }
   Tensor view(std::size_t part, std::vector<int64_t> shape) const {
     return device_.view(static_cast<int64_t>(offsets_.at(part)), std::move(shape));
   }
@@ -51,7 +63,21 @@ LinearTensors load_linear(Backend& backend, const SafetensorsArchive& archive, c
 
 }  // namespace
 
-BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences)
+struct BlockDrafter::Pass {
+  PackedInts ints;
+  std::size_t tokens_part = 0, positions_part = 0, write_tables_part = 0, query_tables_part = 0, logit_rows_part = 0;
+  std::array<std::size_t, 4> write_parts{}, query_parts{};
+  AttentionBatch writes, queries;  // their index tensors attached once the ints are on the device
+  int32_t sequences = 0, num_tokens = 0;
+  int64_t rows = 0, num_logits = 0;
+
+  void attach() {
+    ints.attach(write_parts, writes);
+    ints.attach(query_parts, queries);
+  }
+};
+
+BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences, bool record_graphs)
     : checkpoint_(std::move(checkpoint)),
       target_(target),
       backend_(target.backend()),
@@ -94,6 +120,12 @@ BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int3
   backend_.fill_zero(pool_.k);
   backend_.fill_zero(pool_.v);
   target.capture_hidden_after(c.target_layer_ids);
+  record_graphs_ = record_graphs && backend_.supports_graphs();
+}
+
+int32_t BlockDrafter::attention_window(int32_t block_row) const {
+  const DrafterConfig& c = checkpoint_.config;
+  return static_cast<int32_t>(c.sliding_window + c.block_size - 1 - block_row);
 }
 
 AttentionParams BlockDrafter::attention_params(int32_t layer, int32_t window) const {
@@ -201,7 +233,6 @@ std::vector<DraftProposal> BlockDrafter::propose(std::span<const DraftAnchor> an
 
 BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor> anchors, int32_t num_tokens) {
   const DrafterConfig& c = checkpoint_.config;
-  const ModelConfig& target = target_.config();
   const auto block = static_cast<int32_t>(c.block_size);
   require(num_tokens >= 1 && num_tokens < block, "block drafter: {} draft tokens asked of blocks of {}", num_tokens,
           block);
@@ -244,19 +275,81 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
     query_lens.push_back(static_cast<int32_t>(anchor.position + block - window.shift));
     query_tables.insert(query_tables.end(), {window.slot, window.slot});
   }
-  PackedInts ints;
-  const std::size_t tokens_part = ints.add(tokens), positions_part = ints.add(positions),
-                    write_tables_part = ints.add(write_tables), query_tables_part = ints.add(query_tables),
-                    logit_rows_part = ints.add(logit_rows);
-  AttentionBatch writes = Backend::describe_attention_batch(write_positions, write_starts, write_lens);
-  AttentionBatch queries = Backend::describe_attention_batch(query_positions, query_starts, query_lens);
-  const auto write_parts = ints.add(writes), query_parts = ints.add(queries);
-  ints.upload(backend_);
-  ints.attach(write_parts, writes);
-  ints.attach(query_parts, queries);
-  const Tensor rope_positions = ints.view(positions_part, {rows});
-  const Tensor write_table = ints.view(write_tables_part, {rows, 2});
-  const Tensor query_table = ints.view(query_tables_part, {sequences, 2});
+  Pass pass;
+  pass.sequences = sequences;
+  pass.num_tokens = num_tokens;
+  pass.rows = rows;
+  pass.num_logits = static_cast<int64_t>(logit_rows.size());
+  pass.tokens_part = pass.ints.add(tokens);
+  pass.positions_part = pass.ints.add(positions);
+  pass.write_tables_part = pass.ints.add(write_tables);
+  pass.query_tables_part = pass.ints.add(query_tables);
+  pass.logit_rows_part = pass.ints.add(logit_rows);
+  pass.writes = Backend::describe_attention_batch(write_positions, write_starts, write_lens);
+  pass.queries = Backend::describe_attention_batch(query_positions, query_starts, query_lens);
+  pass.write_parts = pass.ints.add(pass.writes);
+  pass.query_parts = pass.ints.add(pass.queries);
+  if (record_graphs_) {
+    if (const std::optional<std::string> key = graph_key(pass)) {
+      result.logits = replay_or_record(pass, *key);
+      return result;
+    }
+  }
+  pass.ints.upload(backend_);
+  pass.attach();
+  result.logits = run(pass);
+  return result;
+}
+
+std::optional<std::string> BlockDrafter::graph_key(const Pass& pass) const {
+  // The shapes follow from the drafting sequences and the draft tokens; the attention plans from the queries' lengths.
+  std::string key = fmt::format("{}x{}", pass.sequences, pass.num_tokens);
+  for (int32_t i = 0; i < static_cast<int32_t>(checkpoint_.config.block_size); ++i) {
+    const std::optional<std::string> plan = backend_.attention_signature(pass.queries, pool_, attention_params(0, attention_window(i)));
+    if (!plan) return std::nullopt;
+    key += fmt::format("|{}", *plan);
+  }
+  return key;
+}
+
+Tensor BlockDrafter::replay_or_record(Pass& pass, const std::string& key) {
+  if (const auto found = graphs_.find(key); found != graphs_.end()) {
+    Graph& graph = found->second;
+    pass.ints.copy_to(backend_, graph.inputs);
+    graph.last_used = ++passes_;
+    backend_.replay(*graph.graph);
+    ++replayed_;
+    return graph.logits;
+  }
+  if (graphs_.size() >= kMaxGraphs) {
+    graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_used < b.second.last_used;
+    }));
+  }
+  Graph graph;
+  pass.ints.upload(backend_);
+  pass.attach();
+  graph.inputs = pass.ints.device();
+  // This pass runs op by op first (what ops make lazily on the device, such as attention work lists, then exists
+  // before the recording, which must not upload); recording runs nothing, so the ring is written once.
+  const Tensor logits = run(pass);
+  graph.graph = record_graph(backend_, [&] { graph.logits = run(pass); });
+  graph.last_used = ++passes_;
+  graphs_.emplace(key, std::move(graph));
+  ++recorded_;
+  return logits;
+}
+
+Tensor BlockDrafter::run(const Pass& pass) {
+  const DrafterConfig& c = checkpoint_.config;
+  const ModelConfig& target = target_.config();
+  const auto block = static_cast<int32_t>(c.block_size);
+  const int32_t sequences = pass.sequences;
+  const int64_t rows = pass.rows;
+  const PackedInts& ints = pass.ints;
+  const Tensor rope_positions = ints.view(pass.positions_part, {rows});
+  const Tensor write_table = ints.view(pass.write_tables_part, {rows, 2});
+  const Tensor query_table = ints.view(pass.query_tables_part, {sequences, 2});
 
   const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads,
                 head_dim = c.head_dim, q_width = heads * head_dim;
@@ -268,7 +361,7 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
   Tensor attention = backend_.alloc(DType::F32, {rows, q_width});
   Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
-  backend_.embedding(target_.embed_tokens(), ints.view(tokens_part, {rows}), y);
+  backend_.embedding(target_.embed_tokens(), ints.view(pass.tokens_part, {rows}), y);
   for (std::size_t j = 0; j < layers_.size(); ++j) {
     const Layer& layer = layers_[j];
     const auto slot = static_cast<int32_t>(j);
@@ -278,12 +371,11 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
     backend_.linear_many(h, weights, outputs);
     backend_.rope(q, rope_positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
     backend_.rope(k, rope_positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
-    backend_.write_kv(k, v, pool_, slot, write_table, writes);
+    backend_.write_kv(k, v, pool_, slot, write_table, pass.writes);
     for (int32_t i = 0; i < block; ++i) {
       const Tensor rows_q = q.view(int64_t{i} * sequences * q_width, {sequences, q_width});
       Tensor rows_out = attention.view(int64_t{i} * sequences * q_width, {sequences, q_width});
-      const auto window = static_cast<int32_t>(c.sliding_window + block - 1 - i);
-      backend_.paged_attention(rows_q, pool_, query_table, queries, attention_params(slot, window), rows_out);
+      backend_.paged_attention(rows_q, pool_, query_table, pass.queries, attention_params(slot, attention_window(i)), rows_out);
     }
     backend_.linear(attention, layer.o, branch);
     backend_.add_rms_norm(y, branch, layer.post_attention_norm, eps_, residual_scale_);
@@ -293,12 +385,10 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
   }
 
   // Block rows 1..K through the target's final norm, LM head and softcap; the draft is their argmax.
-  const auto num_logits = static_cast<int64_t>(logit_rows.size());
-  Tensor logits = backend_.alloc(DType::F32, {num_logits, target.vocab_size});
-  backend_.lm_head(y, ints.view(logit_rows_part, {num_logits}), target_.final_norm(), target_eps_, target_.lm_head(),
-                   static_cast<float>(target.final_logit_softcapping), logits);
-  result.logits = logits;
-  return result;
+  Tensor logits = backend_.alloc(DType::F32, {pass.num_logits, target.vocab_size});
+  backend_.lm_head(y, ints.view(pass.logit_rows_part, {pass.num_logits}), target_.final_norm(), target_eps_,
+                   target_.lm_head(), static_cast<float>(target.final_logit_softcapping), logits);
+  return logits;
 }
 
 }  // namespace beamline

@@ -9,8 +9,16 @@
 // query at the block's last position with a window of W_d + B - 1 - i keys, which reaches back exactly to the oldest
 // context key row i may see (P + i - t < W_d) and forward over the whole block. Rows are laid out block-row-major
 // (row i of every sequence together), so each of the B attention calls per layer reads a contiguous slice.
+//
+// On a backend with graphs the pass is recorded once per shape (drafting sequences, draft tokens and the attention
+// plans of its B windows) and replayed after one upload of its index data: ~80 ops per pass that each cost the host
+// more than the device at a small drafter's size (docs/speculative-decoding.md, "Cost of a drafted step").
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -40,8 +48,12 @@ struct DraftAnchor {
 class BlockDrafter {
  public:
   // `target` must outlive the drafter (its embeddings, final norm and LM head are shared); the drafter tells it which
-  // hidden states to capture. `max_sequences` sequences keep context features at once.
-  BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences);
+  // hidden states to capture. `max_sequences` sequences keep context features at once. With `record_graphs` (and a
+  // backend that has them) passes replay recorded graphs; off, every pass runs op by op (--enforce-eager).
+  BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int32_t max_sequences, bool record_graphs = false);
+
+  // Graphs of the pass kept at once (the least recently used goes first).
+  static constexpr std::size_t kMaxGraphs = 32;
 
   const DrafterConfig& config() const { return checkpoint_.config; }
 
@@ -54,13 +66,18 @@ class BlockDrafter {
 
   // The pass itself: the block logits of rows 1..num_tokens of the anchors that draft (`drafting`, indices into the
   // anchors), F32 [num_tokens * drafting.size(), vocab] block-row-major (row (i - 1) * S + s is block row i of drafting
-  // anchor s). An anchor at position 0 drafts with no context.
+  // anchor s). An anchor at position 0 drafts with no context. A replayed pass's logits are its graph's buffer: read
+  // them (in stream order) before the next pass or step.
   struct BlockLogits {
     std::vector<std::size_t> drafting;
     Tensor logits;
   };
   BlockLogits block_logits(std::span<const DraftAnchor> anchors, int32_t num_tokens);
   void forget(int64_t sequence) { ring_.forget(sequence); }
+
+  // Passes that recorded a graph / replayed one, for logs and tests.
+  int64_t recorded() const { return recorded_; }
+  int64_t replayed() const { return replayed_; }
 
  private:
   struct Layer {
@@ -70,8 +87,21 @@ class BlockDrafter {
   };
   // One upload for a pass's index data: each part appended, then views of the uploaded tensor.
   class PackedInts;
+  // A pass's host-side description: its index data and the attention batches of its writes and queries.
+  struct Pass;
+  struct Graph {
+    Tensor inputs;  // the index data the graph reads, refreshed before each replay
+    Tensor logits;  // what it writes
+    std::unique_ptr<OpGraph> graph;
+    int64_t last_used = 0;
+  };
 
   AttentionParams attention_params(int32_t layer, int32_t window) const;
+  // Block row i attends as the block's last position over W_d + B - 1 - i keys (the class comment).
+  int32_t attention_window(int32_t block_row) const;
+  Tensor run(const Pass& pass);
+  std::optional<std::string> graph_key(const Pass& pass) const;
+  Tensor replay_or_record(Pass& pass, const std::string& key);
 
   DrafterCheckpoint checkpoint_;  // its archive keeps the CPU backend's borrowed weights mapped
   BeamModel& target_;
@@ -82,6 +112,9 @@ class BlockDrafter {
   std::vector<Layer> layers_;
   ContextFeatureRing ring_;
   PagedKvPool pool_;  // [max_sequences, layers, R, kv_heads, head_dim] F32
+  bool record_graphs_;
+  std::map<std::string, Graph> graphs_;
+  int64_t passes_ = 0, recorded_ = 0, replayed_ = 0;
 };
 
 }  // namespace beamline

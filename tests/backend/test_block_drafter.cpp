@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -148,6 +149,48 @@ TEST_P(BlockDrafterTest, DeviceLogitsMatchTheCpu) {
   const std::vector<float> device = block_logits(backend(), tokens, {30, 10}, 2);
   std::vector<double> expected(reference.begin(), reference.end());
   testing::expect_close(device, expected, 1e-3, "block logits, device vs cpu");
+}
+
+// On a backend with graphs the pass is recorded once per shape and replayed: two sequences decoding one token a step,
+// drafted together after every step, give the block logits of a drafter that runs every pass op by op (while the
+// window grows past the ring and after it wraps), and the later passes replay.
+TEST_P(BlockDrafterTest, RecordedPassesGiveTheLogitsOfOpByOpPasses) {
+  if (!backend().supports_graphs()) GTEST_SKIP() << "the " << GetParam() << " backend records no graphs";
+  backend().set_compute_dtype(ComputeDType::Float32);
+  const BeamWeights weights = load_checkpoint(target_dir());
+  BeamModel model(weights, backend());
+  BlockDrafter eager(load_drafter_checkpoint(drafter_dir(), weights.config, 7), model, 4, false);
+  BlockDrafter graphed(load_drafter_checkpoint(drafter_dir(), weights.config, 7), model, 4, true);
+  const std::array<std::vector<int32_t>, 2> tokens{random_tokens(3, 60), random_tokens(4, 60)};
+  const std::array<int64_t, 2> ids{3, 5};
+  // Sequence s's rows [from, to) through the target (the whole prefix, as a recomputation), committed to both.
+  auto commit = [&](std::size_t s, int32_t from, int32_t to) {
+    const std::vector<int32_t> rows(tokens[s].begin(), tokens[s].begin() + to);
+    SequenceRunner runner(model, to, to);
+    runner.step(rows, false);
+    const VerifiedRows verified{ids[s], from, from, to - from};
+    eager.commit(std::span(&verified, 1), model.captured_hidden());
+    graphed.commit(std::span(&verified, 1), model.captured_hidden());
+  };
+  commit(0, 0, 20);
+  commit(1, 0, 20);
+  for (int32_t fed = 20; fed + 1 < 60; ++fed) {
+    const std::array<DraftAnchor, 2> anchors{DraftAnchor{ids[0], fed, tokens[0][static_cast<std::size_t>(fed)]},
+                                             DraftAnchor{ids[1], fed, tokens[1][static_cast<std::size_t>(fed)]}};
+    const BlockDrafter::BlockLogits expected = eager.block_logits(anchors, 7);
+    const BlockDrafter::BlockLogits actual = graphed.block_logits(anchors, 7);
+    ASSERT_EQ(expected.drafting.size(), 2u) << "at " << fed;
+    ASSERT_EQ(actual.drafting, expected.drafting) << "at " << fed;
+    const std::vector<float> reference = backend().download_f32(expected.logits);
+    testing::expect_close(backend().download_f32(actual.logits),
+                          std::vector<double>(reference.begin(), reference.end()), 1e-4,
+                          fmt::format("block logits at {}, recorded vs op by op", fed));
+    commit(0, fed, fed + 1);
+    commit(1, fed, fed + 1);
+  }
+  EXPECT_EQ(eager.recorded() + eager.replayed(), 0);
+  EXPECT_GT(graphed.replayed(), 30);
+  EXPECT_LE(graphed.recorded(), 4);  // the attention plans change while the window grows, then stay
 }
 
 TEST_P(BlockDrafterTest, GreedyOutputsEqualThoseWithoutSpeculation) {

@@ -294,6 +294,15 @@ void test_attention(Harness& harness) {
       {"fp8 kv decode GQA 14/2", 14, 2, 128, 16, 0, DType::F8_E4M3, {{777, 1}, {12, 2}}},
       {"fp8 kv decode GQA 8/8", 8, 8, 128, 16, 0, DType::F8_E4M3, {{1024, 1}, {3, 1}}},
       {"fp8 kv missing block, decode", 48, 8, 128, 16, 0, DType::F8_E4M3, {{3000, 1}, {5000, 1}, {40, 1}}, 1},
+      // The per-tile copies (attention/decode.cu): tiles cut by the range or a window take the per-row path, blocks of
+      // < 16 positions always; interior tiles of one block the per-tile one; a given-back block either way.
+      {"fp8 kv decode tile edges", 48, 8, 128, 16, 0, DType::F8_E4M3,
+       {{14, 1}, {15, 1}, {16, 1}, {17, 1}, {31, 1}, {47, 2}, {63, 4}, {1, 1}}},
+      {"fp8 kv decode 1 row 8K", 48, 8, 128, 16, 0, DType::F8_E4M3, {{8191, 1}}},
+      {"fp8 kv decode window 512 edges", 48, 8, 128, 16, 512, DType::F8_E4M3, {{527, 1}, {528, 1}, {529, 1}, {1000, 4}}},
+      {"fp8 kv decode bs 4", 48, 8, 128, 4, 0, DType::F8_E4M3, {{500, 1}, {37, 1}, {6, 2}}},
+      {"fp8 kv decode GQA 32/8 bs 32 window", 32, 8, 128, 32, 512, DType::F8_E4M3, {{4000, 4}, {600, 1}}},
+      {"fp8 kv missing block, 1 row", 48, 8, 128, 16, 0, DType::F8_E4M3, {{40, 1}, {6000, 1}}, 1},
       // Prefill tiles over E4M3 pools: the tensor-core prefill kernels over the BF16 shadow (attention/fp8_shadow.cu)
       // next to decode rows on the pool itself; tile edges, windows, block sizes, groups, a given-back block.
       {"fp8 kv prefill tile edges", 48, 8, 128, 16, 0, DType::F8_E4M3, {{0, 127}, {0, 129}, {64, 191}, {1, 22}}},

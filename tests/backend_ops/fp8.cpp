@@ -33,6 +33,7 @@
 #include "perf.h"
 #include "quant/activation_quant.h"
 #include "quant/quantize.h"
+#include "shard_parts.h"
 
 namespace beamline::backend_ops {
 namespace {
@@ -68,8 +69,23 @@ class Fp8Weights {
   explicit Fp8Weights(Harness& harness) : harness_(harness) {}
   Fp8Weight make(int64_t out, int64_t in, float scale) {
     const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
-    const QuantizedWeight& q = quantized_.emplace_back(quantize_weight(QuantScheme::Fp8Block, values, out, in));
-    const std::vector<float>& exact = exact_.emplace_back(dequantize_weight(q.view()));
+    return upload(quantized_.emplace_back(quantize_weight(QuantScheme::Fp8Block, values, out, in)).view());
+  }
+
+  // One rank's part of a whole [out, in] weight, cut as checkpoint/shard_weights.cpp cuts it (quant/slice.h).
+  Fp8Weight make_part(int64_t out, int64_t in, SliceAxis axis, int64_t begin, int64_t count, float scale) {
+    const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
+    const QuantizedWeight& whole = quantized_.emplace_back(quantize_weight(QuantScheme::Fp8Block, values, out, in));
+    if (axis == SliceAxis::Rows) return upload(quantized_rows(whole.view(), begin, count));
+    return upload(quantized_.emplace_back(quantized_columns(whole.view(), begin, count)).view());
+  }
+
+ private:
+  // `q`'s bytes (alive in quantized_) on the device, shaped by the layout of its own [out, in]; its exact
+  // dequantization on the reference.
+  Fp8Weight upload(const QuantizedWeightView& q) {
+    const int64_t out = q.out_features, in = q.in_features;
+    const std::vector<float>& exact = exact_.emplace_back(dequantize_weight(q));
     auto view = [](DType dtype, std::vector<int64_t> shape, const void* data, std::size_t bytes) {
       TensorView v;
       v.name = fmt::format("fp8 test {}", shape_string(shape));
@@ -81,14 +97,14 @@ class Fp8Weights {
     };
     const int64_t scale_rows = (out + 127) / 128, scale_cols = (in + 127) / 128;
     Fp8Weight w;
-    w.device.weight = harness_.device().load_weight(view(DType::F8_E4M3, {out, in}, q.codes.data(), q.codes.size()));
-    w.device.scale =
-        harness_.device().load_weight(view(DType::F32, {scale_rows, scale_cols}, q.scales.data(), q.scales.size()));
+    w.device.weight = harness_.device().load_weight(
+        view(DType::F8_E4M3, {out, in}, q.codes, static_cast<std::size_t>(out * in)));
+    w.device.scale = harness_.device().load_weight(view(DType::F32, {scale_rows, scale_cols}, q.scales,
+                                                        static_cast<std::size_t>(scale_rows * scale_cols) * 4));
     w.reference = harness_.reference().load_weight(view(DType::F32, {out, in}, exact.data(), exact.size() * 4));
     return w;
   }
 
- private:
   Harness& harness_;
   std::deque<QuantizedWeight> quantized_;
   std::deque<std::vector<float>> exact_;
@@ -161,6 +177,30 @@ void test_fp8_quantize(Harness& harness) {
 #else
 void test_fp8_quantize(Harness&) {}
 #endif
+
+// One tensor-parallel rank's parts (shard_parts.h): codes and block scales cut from a whole weight by quant/slice.h,
+// uploaded with the layout of the part's own shape (scale strides from the part), as a sharded model loads them.
+void test_fp8_shard_parts(Harness& harness) {
+  Fp8Weights weights(harness);
+  for (const ShardPartCase& c : shard_part_cases(QuantScheme::Fp8Block, harness.small_only())) {
+    const Fp8Weight w = weights.make_part(c.out, c.in, c.axis, c.begin, c.count,
+                                          1.0f / std::sqrt(static_cast<float>(c.in)));
+    const int64_t out = c.part_out(), in = c.part_in();
+    for (int64_t rows : {1L, 4L, 64L}) {
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<float> x = harness.inputs().uniform(rows * in);
+      Tensor xd = harness.device().upload_f32(x, {rows, in});
+      auto y = harness.poisoned(DType::F32, {rows, out});
+      harness.device().linear(xd, w.device, y.device);
+      const std::vector<float> exact = reference_linear(harness, x, rows, w.reference);
+      const std::vector<float> emulated = reference_linear(harness, w8a8_activations(x, rows, in), rows, w.reference);
+      record_fp8(harness, "fp8_shard_linear",
+                 fmt::format("T {} {} [{}, {}) of {}x{} ({})", rows, c.axis == SliceAxis::Rows ? "rows" : "columns",
+                             c.begin, c.begin + c.count, c.out, c.in, c.what),
+                 y.device, &emulated, exact, rows <= kFp8StreamedRows, false, seconds_since(start));
+    }
+  }
+}
 
 void test_fp8_linear(Harness& harness) {
   struct Case {
@@ -365,6 +405,7 @@ void test_fp8_moe(Harness& harness) {
 void test_fp8(Harness& harness) {
   test_fp8_quantize(harness);
   test_fp8_linear(harness);
+  test_fp8_shard_parts(harness);
   test_fp8_lm_head(harness);
   test_fp8_swiglu(harness);
   test_fp8_moe(harness);

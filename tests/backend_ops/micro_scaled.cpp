@@ -25,12 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/common/kernel_variant.h"
 #include "checkpoint/presets.h"
 #include "harness.h"
 #include "model/beam_model.h"
 #include "op_families.h"
 #include "perf.h"
 #include "quant/quantize.h"
+#include "shard_parts.h"
 #include "util/error.h"
 
 namespace beamline::backend_ops {
@@ -46,8 +48,25 @@ class QuantizedWeights {
   };
   Pair make(int64_t out, int64_t in, float scale) {
     const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
-    const QuantizedWeight& q = quantized_.emplace_back(quantize_weight(scheme_, values, out, in));
+    return upload(quantized_.emplace_back(quantize_weight(scheme_, values, out, in)).view());
+  }
+
+  // One rank's part of a whole [out, in] weight, cut as checkpoint/shard_weights.cpp cuts it (quant/slice.h).
+  Pair make_part(int64_t out, int64_t in, SliceAxis axis, int64_t begin, int64_t count, float scale) {
+    const std::vector<float> values = harness_.inputs().uniform(out * in, scale);
+    const QuantizedWeight& whole = quantized_.emplace_back(quantize_weight(scheme_, values, out, in));
+    if (axis == SliceAxis::Rows) return upload(quantized_rows(whole.view(), begin, count));
+    return upload(quantized_.emplace_back(quantized_columns(whole.view(), begin, count)).view());
+  }
+
+ private:
+  // `q`'s bytes (alive in quantized_) on both backends, shaped by the layout of its own [out, in].
+  Pair upload(const QuantizedWeightView& q) {
+    const int64_t out = q.out_features, in = q.in_features;
     const QuantLayout layout = quant_layout(scheme_, out, in);
+    const std::size_t code_bytes = static_cast<std::size_t>(layout.weight_shape[0] * layout.weight_shape[1]);
+    const std::size_t scale_bytes =
+        static_cast<std::size_t>(layout.scale_shape[0] * layout.scale_shape[1]) * dtype_size(layout.scale_dtype);
     const DType scale_dtype = scheme_ == QuantScheme::Mxfp8 ? DType::F8_E8M0 : layout.scale_dtype;
     auto view = [&](std::string_view what, DType dtype, std::vector<int64_t> shape, const void* data,
                     std::size_t bytes) {
@@ -60,22 +79,23 @@ class QuantizedWeights {
       return v;
     };
     const Harness::Pair codes =
-        harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes.data(), q.codes.size()));
+        harness_.weight(view("codes", layout.weight_dtype, layout.weight_shape, q.codes, code_bytes));
     const Harness::Pair scales =
-        harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales.data(), q.scales.size()));
+        harness_.weight(view("scales", scale_dtype, layout.scale_shape, q.scales, scale_bytes));
     Pair pair{{codes.device, scales.device, {}}, {codes.reference, scales.reference, {}}};
     if (layout.has_scale_2) {
-      const Harness::Pair scale_2 = harness_.weight(view("scale_2", DType::F32, {}, &q.scale_2, sizeof(float)));
+      const Harness::Pair scale_2 =
+          harness_.weight(view("scale_2", DType::F32, {}, &scales_2_.emplace_back(q.scale_2), sizeof(float)));
       pair.device.scale_2 = scale_2.device;
       pair.reference.scale_2 = scale_2.reference;
     }
     return pair;
   }
 
- private:
   Harness& harness_;
   QuantScheme scheme_;
   std::deque<QuantizedWeight> quantized_;
+  std::deque<float> scales_2_;
 };
 
 // Rows that the CUDA backend streams (CudaBackend::kMicroStreamingMaxRows; a MoE streams at any token count).
@@ -199,7 +219,10 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
                                  {1, 256, 128, 8, 2, 8, "small, one token"},
                                  {7, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths"},
                                  {1, odd.odd_in, odd.odd_inter, 12, 3, 12, "odd widths, one token"},
-                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"}};
+                                 {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"},
+                                 // MXFP8's ring of two 4-step halves: 12 and 20 scale groups (packed scale words,
+                                 // the last batch one half), 11 and 7 above (byte scales, a partial half).
+                                 {1, 384, 640, 8, 8, 8, "one token, a batch's last half"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();
@@ -226,9 +249,13 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
     auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
     harness.device().moe(h.device, ids.device, routing.device, device_moe, out.device);
     harness.reference().moe(h.reference, ids.reference, routing.reference, reference_moe, out.reference);
+    // The CUDA backend's path: one token on the tensor cores (quant/token_moe.cuh; NVFP4 for widths that are
+    // multiples of 32), unless BEAMLINE_CUDA_TOKEN_MOE=legacy; else streamed token by token.
+    const bool tensor_cores = c.rows == 1 && !cuda::legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE") &&
+                              (scheme == QuantScheme::Mxfp8 || (c.hidden % 32 == 0 && c.intermediate % 32 == 0));
     harness.record(name + "_moe",
-                   fmt::format("T {} H {} I {} E {} top {} ({}; streamed per token)", c.rows, c.hidden,
-                               c.intermediate, c.experts, c.top_k, c.what),
+                   fmt::format("T {} H {} I {} E {} top {} ({}; {})", c.rows, c.hidden, c.intermediate, c.experts,
+                               c.top_k, c.what, tensor_cores ? "tensor cores" : "streamed per token"),
                    out, kF32Tolerance, seconds_since(start));
   }
 }
@@ -252,9 +279,31 @@ void test_refusal(Harness& harness, QuantScheme scheme, const std::string& name)
                          message.empty() ? "not refused" : message, named, 0.0});
 }
 
+// One tensor-parallel rank's parts (shard_parts.h): codes and scales cut from a whole weight by quant/slice.h, uploaded
+// with the layout of the part's own shape, as a sharded model loads them; exact against the CPU's dequantization.
+void test_shard_parts(Harness& harness, QuantScheme scheme, const std::string& name) {
+  QuantizedWeights weights(harness, scheme);
+  for (const ShardPartCase& c : shard_part_cases(scheme, harness.small_only())) {
+    const auto w = weights.make_part(c.out, c.in, c.axis, c.begin, c.count, 1.0f / std::sqrt(static_cast<float>(c.in)));
+    const int64_t out = c.part_out(), in = c.part_in();
+    for (int64_t rows : {1L, 3L}) {
+      const auto start = std::chrono::steady_clock::now();
+      auto x = harness.f32(harness.inputs().uniform(rows * in), {rows, in});
+      auto y = harness.poisoned(DType::F32, {rows, out});
+      harness.device().linear(x.device, w.device, y.device);
+      harness.reference().linear(x.reference, w.reference, y.reference);
+      harness.record(name + "_shard_linear",
+                     fmt::format("T {} {} [{}, {}) of {}x{} ({})", rows, c.axis == SliceAxis::Rows ? "rows" : "columns",
+                                 c.begin, c.begin + c.count, c.out, c.in, c.what),
+                     y, projection_tolerance(harness, rows), seconds_since(start));
+    }
+  }
+}
+
 void test_scheme(Harness& harness, QuantScheme scheme) {
   const std::string name(quant_scheme_name(scheme));
   test_linear_ops(harness, scheme, name);
+  test_shard_parts(harness, scheme, name);
   test_swiglu_moe(harness, scheme, name);
   test_refusal(harness, scheme, name);
 }

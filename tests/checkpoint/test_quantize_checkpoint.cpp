@@ -167,6 +167,40 @@ TEST(QuantizeAtLoad, CheckpointOnlineAndDummyAgree) {
   }
 }
 
+// A rank of a distributed run (ModelSource::parallel) quantizes at load only what it computes: its stage's layers and
+// its experts, each with the bytes one process quantizes; the rest stays float (never loaded there).
+TEST(QuantizeAtLoad, ARankQuantizesOnlyItsShard) {
+  const ModelConfig config = preset_config("tiny");
+  ParallelConfig parallel;
+  parallel.pipeline = 2;
+  parallel.tensor = 2;
+  parallel.expert = true;
+  ModelSource whole{"tiny", "dummy"};
+  whole.quantization = "nvfp4";
+  const BeamWeights reference = whole.load();
+  ModelSource rank = whole;
+  rank.parallel = parallel;
+  rank.world_rank = 3;  // stage 1 (layers 3-5), tensor rank 1 (experts 4-7)
+  const BeamWeights weights = rank.load();
+  const auto bytes = [](const TensorView& view) {
+    return std::vector<std::byte>(view.data, view.data + view.nbytes);
+  };
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const LayerWeights& layer = weights.layers[static_cast<std::size_t>(i)];
+    SCOPED_TRACE("layer " + std::to_string(i));
+    EXPECT_EQ(layer.q_proj.quantized(), i >= 3);
+    for (std::size_t e = 0; e < layer.experts.size(); ++e) {
+      const LinearWeight& down = layer.experts[e].down_proj;
+      EXPECT_EQ(down.quantized(), i >= 3 && e >= 4) << "expert " << e;
+      if (!down.quantized()) continue;
+      const LinearWeight& expected = reference.layers[static_cast<std::size_t>(i)].experts[e].down_proj;
+      EXPECT_EQ(bytes(down.weight), bytes(expected.weight));
+      EXPECT_EQ(bytes(down.scale), bytes(expected.scale));
+      EXPECT_EQ(bytes(down.scale_2), bytes(expected.scale_2));
+    }
+  }
+}
+
 TEST(QuantizeAtLoad, ContradictingTheCheckpointIsRefusedNamingBoth) {
   const ModelConfig config = preset_config("tiny");
   testing::TempDir dir("fp8");

@@ -187,7 +187,7 @@ TEST(SpeculativeDecoding, AdaptiveVerificationKeepsGreedyOutputsAndFollowsTheCos
     SpeculativeConfig config;
     bool drafts_pay;
   };
-  const Case cases[] = {{"cheap drafts", adaptive_ngram(4, 1.0, 0.05, 0.02), true},
+  const Case cases[] = {{"cheap drafts", adaptive_ngram(4, 1.0, 0.01, 0.005), true},
                         {"costly drafts", adaptive_ngram(4, 1.0, 3.0, 1.0), false}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

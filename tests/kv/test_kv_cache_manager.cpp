@@ -115,6 +115,9 @@ TEST(KvCacheManager, TruncateReturnsTheBlocksOfRejectedPositions) {
   EXPECT_EQ(kv.pool().num_free(), 16 - (held - 4));
   kv.commit(1, tokens, 13);
   EXPECT_EQ(kv.find_cached_prefix(std::vector<int32_t>(17, 3), "", false).num_tokens, 12) << "blocks 0..2 published";
+  // A dflash drafter's window (spec/context_features.h) left to compute: whole blocks before the last 9 tokens.
+  EXPECT_EQ(kv.find_cached_prefix(std::vector<int32_t>(17, 3), "", false, 9).num_tokens, 8);
+  EXPECT_EQ(kv.find_cached_prefix(std::vector<int32_t>(17, 3), "", false, 17).num_tokens, 0);
   EXPECT_THROW(kv.truncate(1, 11), Error) << "block 2 is published";
   kv.free(1);
   EXPECT_EQ(kv.pool().num_free(), 16);

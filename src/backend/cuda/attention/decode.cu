@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/common/kernel_variant.h"
 #include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
@@ -340,10 +341,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kProbabilityScale = 16384.0f;  // E4M3 pools: P * 2^14 keeps the F16 split's low part normal
 
 // Per pool dtype: the tiles per warp in flight or in use, the bytes of one copied row, the F16 V tile per warp that
-// E4M3 pools decode into, and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more
-// instructions per byte (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather
-// than more tiles in flight per warp: three blocks (12 warps) of 3 stages, against two blocks of 6 stages at 54% of
-// the bytes floor (2026-12-02).
+// E4M3 pools decode into (the PerRow version; the others decode V in registers and use its space as a fourth
+// stage), and the blocks per multiprocessor the shared memory allows. E4M3 tiles take more instructions per byte
+// (decoding) with dependent steps, so their kernel wants more warps per multiprocessor rather than more tiles in
+// flight per warp: three blocks (12 warps) of 3 stages measured faster than two blocks of 6.
 template <typename Pool>
 struct MmaPool;
 template <>
@@ -378,6 +379,43 @@ __device__ __forceinline__ int copied(int row, int chunk) {
     return row * kFastHeadDim + ((chunk ^ ((row & 1) << 2)) << 4);
   else
     return swizzled(row, chunk);
+}
+
+// E4M3 V rows when the kernel decodes V in registers (per-tile versions): lane (g, c) reads chunk g of rows 2c, 2c + 1,
+// 2c + 8 and 2c + 9, so rows 2c of c = 0..3, read with chunks g = 0 and 1 in one phase of a 16-byte shared load, must
+// fall in different banks: chunks XOR-ed with 2 ((row / 2) % 4).
+template <typename Pool, bool kValueRegisters>
+__device__ __forceinline__ int copied_value(int row, int chunk) {
+  if constexpr (kValueRegisters)
+    return row * kFastHeadDim + ((chunk ^ (((row >> 1) & 3) << 1)) << 4);
+  else
+    return copied<Pool>(row, chunk);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// Two E4M3 codes (bits 0-15) as an exact F16 pair.
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes) {
+  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// The A fragment of V^T's m-tile i (E4M3 pools, V in registers) from this lane's raw rows: keys 2c, 2c + 1, 2c + 8,
+// 2c + 9 (rows[0..3]) at dims 16 g .. 16 g + 15. The m-tile's rows g and g + 8 are dims 16 g + 2 i and 16 g + 2 i + 1
+// (any assignment of dims to rows works when the output follows it), so a[0] pairs keys 2c and 2c + 1 at byte 2 i of
+// their chunks, a[1] the same at byte 2 i + 1, a[2] and a[3] keys 2c + 8 and 2c + 9: one byte permutation per two
+// registers, then the conversions.
+__device__ __forceinline__ void value_fragment(const uint4 (&rows)[4], int i, uint32_t (&a)[4]) {
+  const int w = i >> 1;
+  const uint32_t selector = (i & 1) != 0 ? 0x7362u : 0x5140u;  // bytes (2, 6, 3, 7) or (0, 4, 1, 5)
+  const uint32_t low = __byte_perm(word_of(rows[0], w), word_of(rows[1], w), selector);
+  const uint32_t high = __byte_perm(word_of(rows[2], w), word_of(rows[3], w), selector);
+  a[0] = e4m3x2_to_half2(low);
+  a[1] = e4m3x2_to_half2(low >> 16);
+  a[2] = e4m3x2_to_half2(high);
+  a[3] = e4m3x2_to_half2(high >> 16);
 }
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
@@ -424,12 +462,35 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
-template <typename Pool>
+// The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt):
+//  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
+//    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
+//    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
+//    (bench/results/2026-12-03-fp8dec.md counts them).
+//  - PerTile: a tile of 16 positions lies in one pool block when blocks hold >= 16 positions, so one table entry,
+//    looked up a tile ahead, gives one 64-bit base; every lane's source offsets and swizzled targets within a tile
+//    are loop constants in registers. Tiles cut by the visible range, and blocks of < 16 positions, take the
+//    per-row path. E4M3 pools also decode V in registers (value_fragment).
+//  - PerTileKeysCvt (E4M3 pools): as PerTile, with K decoded by cvt (two codes per instruction, on the conversion
+//    unit) instead of e4m3x4_to_half2's bit operations (~7 integer instructions, issued at half rate, per four
+//    codes), q's fragments following the pairs cvt makes: which of the integer and the conversion pipes binds is for
+//    the GPU to say.
+enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt };
+
+template <typename Pool, DecodeVersion kVersion>
 __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
   constexpr bool kE4m3 = sizeof(Pool) == 1;
-  constexpr int kStages = MmaPool<Pool>::kStages;
+  constexpr bool kPerTileCopy = kVersion != DecodeVersion::PerRow;
+  // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
+  // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
+  constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
+  constexpr bool kKeysCvt = kE4m3 && kVersion == DecodeVersion::PerTileKeysCvt;
+  // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
+  constexpr int kStages =
+      MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
+  static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
@@ -458,13 +519,50 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3: the warp's F16 V tile
   bool missing = false;
 
-  // Copies tile k of this warp into stage k % kStages: 8 lanes per row, each 16 bytes of every 128 bytes of the K
-  // and the V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that wait_copies
-  // counts tiles.
-  auto issue = [&](int32_t k) {
+  // Copies tile k of this warp into stage `stage`: 8 lanes per row, each 16 bytes of every 128 bytes of the K and the
+  // V row, rows lane / 8 + 4 r. One commit group per call, empty past the warp's tiles, so that wait_copies counts
+  // tiles. `block`: kPerTileCopy's table entry of the tile's first position (tile_block(k)).
+  constexpr int kLaneRows = kTileKeys / 4;
+  const int64_t position_stride = key_rows_of_sequence.position_stride;
+  int32_t lane_source[kLaneRows][kChunksPerLane];  // kPerTileCopy: element offsets in a tile, and shared targets
+  uint32_t lane_target[kLaneRows][kChunksPerLane], lane_value_target[kLaneRows][kChunksPerLane];
+#pragma unroll
+  for (int r = 0; r < kLaneRows; ++r)
+#pragma unroll
+    for (int half = 0; half < kChunksPerLane; ++half) {
+      const int key_row = lane / 8 + 4 * r, chunk = lane % 8 + 8 * half;
+      lane_source[r][half] = static_cast<int32_t>(key_row * position_stride) + kChunkElements * chunk;
+      lane_target[r][half] = static_cast<uint32_t>(copied<Pool>(key_row, chunk));
+      lane_value_target[r][half] = static_cast<uint32_t>(copied_value<Pool, kValueRegisters>(key_row, chunk));
+    }
+  const bool tiles_in_blocks = pool.block_size >= kTileKeys;
+  auto tile_block = [&](int32_t k) {
+    return kPerTileCopy && tiles_in_blocks && k < warp_tiles
+               ? key_rows_of_sequence.block_of((split_begin + warp + k * kMmaWarps) * kTileKeys)
+               : -1;
+  };
+  auto issue = [&](int32_t k, int stage_index, int32_t block) {
     if (k < warp_tiles) {
       const int32_t tile = split_begin + warp + k * kMmaWarps;
-      unsigned char* stage = stages + (k % kStages) * kStageBytes<Pool>;
+      unsigned char* stage = stages + stage_index * kStageBytes<Pool>;
+      const int32_t tile_first = tile * kTileKeys;
+      if (kPerTileCopy && tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
+        missing |= block < 0;
+        const int64_t base = block >= 0 ? key_rows_of_sequence.offset(block, tile_first) : 0;
+        const Pool* k_source = k_pool + base;
+        const Pool* v_source = v_pool + base;
+        const uint32_t target = shared_address(stage);
+#pragma unroll
+        for (int r = 0; r < kLaneRows; ++r)
+#pragma unroll
+          for (int half = 0; half < kChunksPerLane; ++half) {
+            copy_async16(target + lane_target[r][half], k_source + lane_source[r][half], block >= 0);
+            copy_async16(target + kStageBytes<Pool> / 2 + lane_value_target[r][half],
+                         v_source + lane_source[r][half], block >= 0);
+          }
+        commit_copies();
+        return;
+      }
 #pragma unroll
       for (int r = 0; r < kTileKeys / 4; ++r) {
         const int key_row = lane / 8 + 4 * r;
@@ -477,7 +575,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         for (int half = 0; half < kChunksPerLane; ++half) {
           const int chunk = lane % 8 + 8 * half;
           copy_async16(stage + copied<Pool>(key_row, chunk), k_pool + offset + kChunkElements * chunk, block >= 0);
-          copy_async16(stage + kStageBytes<Pool> / 2 + copied<Pool>(key_row, chunk),
+          copy_async16(stage + kStageBytes<Pool> / 2 + copied_value<Pool, kValueRegisters>(key_row, chunk),
                        v_pool + offset + kChunkElements * chunk, block >= 0);
         }
       }
@@ -494,7 +592,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
 
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  for (int k = 0; k < kStages - 1; ++k) issue(k, k, tile_block(k));
+  int32_t block_ahead = tile_block(kStages - 1);  // the next tile to issue: its table entry one iteration early
+  int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
   // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3), those the K words
@@ -529,9 +629,11 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
+          // The K word's codes pair as (0, 2) and (1, 3) by bit operations, as (0, 1) and (2, 3) by cvt.
           const float* v = values[h] + 4 * j;
-          split_half2(v[0] * up, v[2] * up, q_hi[4 * h + j][0], q_lo[4 * h + j][0]);
-          split_half2(v[1] * up, v[3] * up, q_hi[4 * h + j][1], q_lo[4 * h + j][1]);
+          const int second = kKeysCvt ? 1 : 2, third = kKeysCvt ? 2 : 1;
+          split_half2(v[0] * up, v[second] * up, q_hi[4 * h + j][0], q_lo[4 * h + j][0]);
+          split_half2(v[third] * up, v[3] * up, q_hi[4 * h + j][1], q_lo[4 * h + j][1]);
         }
     } else {
 #pragma unroll
@@ -547,16 +649,28 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 
   for (int32_t k = 0; k < warp_tiles; ++k) {
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
-    issue(k + kStages - 1);
+    issue(k + kStages - 1, issue_stage, block_ahead);
+    block_ahead = tile_block(k + kStages);
+    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
     wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
-    const unsigned char* k_tile = stages + (k % kStages) * kStageBytes<Pool>;
+    const unsigned char* k_tile = stages + use_stage * kStageBytes<Pool>;
+    use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
     const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
 
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
     // (two dependency chains).
     float score_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, score_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint4 value_rows[4];  // kValueRegisters: keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
     if constexpr (kE4m3) {
+      if constexpr (kValueRegisters) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+          value_rows[r] =
+              *reinterpret_cast<const uint4*>(v_tile + copied_value<Pool, true>(value_row, fragment_row));
+        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<Pool>(fragment_row, 4 * h + fragment_pair));
@@ -566,33 +680,38 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t a[4];  // key g dims (2c, 2c+1), key g+8 the same, key g dims (2c+8, 2c+9), key g+8 the same
-          e4m3x4_to_half2(low_words[j], a[0], a[2]);
-          e4m3x4_to_half2(high_words[j], a[1], a[3]);
+          if constexpr (kKeysCvt) {
+            a[0] = e4m3x2_to_half2(low_words[j]);
+            a[2] = e4m3x2_to_half2(low_words[j] >> 16);
+            a[1] = e4m3x2_to_half2(high_words[j]);
+            a[3] = e4m3x2_to_half2(high_words[j] >> 16);
+          } else {
+            e4m3x4_to_half2(low_words[j], a[0], a[2]);
+            e4m3x4_to_half2(high_words[j], a[1], a[3]);
+          }
           mma_f16(score_hi, a, q_hi[4 * h + j][0], q_hi[4 * h + j][1]);
           mma_f16(score_lo, a, q_lo[4 * h + j][0], q_lo[4 * h + j][1]);
         }
       }
-      // V to F16 (in element order, as ldmatrix reads it): lane takes 16 codes of rows lane / 8 + 4 i.
+      if constexpr (!kValueRegisters) {
+        // V to F16 (in element order, as ldmatrix reads it): lane takes 16 codes of rows lane / 8 + 4 i.
 #pragma unroll
-      for (int i = 0; i < kTileKeys / 4; ++i) {
-        const int value_row = lane / 8 + 4 * i, chunk = lane % 8;
-        const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + copied<Pool>(value_row, chunk));
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t halves[8];
+        for (int i = 0; i < kTileKeys / 4; ++i) {
+          const int value_row = lane / 8 + 4 * i, chunk = lane % 8;
+          const uint4 raw = *reinterpret_cast<const uint4*>(v_tile + copied<Pool>(value_row, chunk));
+          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+          uint32_t halves[8];
 #pragma unroll
-        for (int w = 0; w < 4; ++w)
+          for (int w = 0; w < 4; ++w)
 #pragma unroll
-          for (int p = 0; p < 2; ++p) {
-            const __half2_raw pair =
-                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * p)), __NV_E4M3);
-            halves[2 * w + p] = *reinterpret_cast<const uint32_t*>(&pair);
-          }
-        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk)) =
-            make_uint4(halves[0], halves[1], halves[2], halves[3]);
-        *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk + 1)) =
-            make_uint4(halves[4], halves[5], halves[6], halves[7]);
+            for (int p = 0; p < 2; ++p) halves[2 * w + p] = e4m3x2_to_half2(words[w] >> (16 * p));
+          *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk)) =
+              make_uint4(halves[0], halves[1], halves[2], halves[3]);
+          *reinterpret_cast<uint4*>(staging + swizzled(value_row, 2 * chunk + 1)) =
+              make_uint4(halves[4], halves[5], halves[6], halves[7]);
+        }
+        v_tile = staging;
       }
-      v_tile = staging;
     } else {
 #pragma unroll
       for (int s = 0; s < kDimSteps; ++s) {
@@ -650,12 +769,15 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
       p_hi[half] = transpose(p_hi[half]);
       p_lo[half] = transpose(p_lo[half]);
     }
-    if constexpr (kE4m3) __syncwarp();  // every lane's part of the F16 V tile is written
+    if constexpr (kE4m3 && !kValueRegisters) __syncwarp();  // every lane's part of the F16 V tile is written
 
 #pragma unroll
     for (int i = 0; i < kDimSteps; ++i) {
       uint32_t a[4];
-      load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
+      if constexpr (kValueRegisters)
+        value_fragment(value_rows, i, a);
+      else
+        load_matrices_transposed(a, v_tile + swizzled(matrix_row + 8 * (matrix >> 1), 2 * i + (matrix & 1)));
       if constexpr (kE4m3) {
         mma_f16(acc[i], a, p_hi[0], p_hi[1]);
         mma_f16(acc[i], a, p_lo[0], p_lo[1]);
@@ -681,7 +803,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   for (int i = 0; i < kDimSteps; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int head = 2 * fragment_pair + (j & 1), dim = 16 * i + fragment_row + 8 * (j >> 1);
+      // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
+      const int head = 2 * fragment_pair + (j & 1);
+      const int dim = kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
       warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j] * acc_scale;
     }
   if (fragment_row == 0) {
@@ -819,24 +943,52 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-template <typename Pool>
+template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
-      decode_attention_mma_kernel<Pool>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
+      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
   return status;
+}
+
+template <typename Pool, DecodeVersion kVersion>
+cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, int32_t slot,
+                                      const BatchGeometry& batch, const int32_t* rows, int64_t count, int32_t splits,
+                                      float* partials, int32_t num_heads, float scale, int32_t sliding_window,
+                                      float* out, cudaStream_t stream) {
+  if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
+  // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
+  const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
+      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+}
+
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt is PerTile for BF16 pools (nothing to decode).
+DecodeVersion decode_version() {
+  static const DecodeVersion version = [] {
+    const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
+    return name == "legacy" ? DecodeVersion::PerRow
+                            : name == "keys-cvt" ? DecodeVersion::PerTileKeysCvt : DecodeVersion::PerTile;
+  }();
+  return version;
 }
 
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  if (const cudaError_t status = allow_mma_shared_memory<Pool>(); status != cudaSuccess) return status;
-  // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
-  const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
-      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
-  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+  const DecodeVersion version = decode_version();
+  if (version == DecodeVersion::PerRow)
+    return launch_decode_mma_version<Pool, DecodeVersion::PerRow>(q, pool, slot, batch, rows, count, splits, partials,
+                                                                  num_heads, scale, sliding_window, out, stream);
+  if constexpr (sizeof(Pool) == 1) {
+    if (version == DecodeVersion::PerTileKeysCvt)
+      return launch_decode_mma_version<Pool, DecodeVersion::PerTileKeysCvt>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  }
+  return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
+                                                                 num_heads, scale, sliding_window, out, stream);
 }
 
 template <typename P, int kGroup>
@@ -870,9 +1022,9 @@ template <typename Pool>
 int mma_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int result = 1;
-    if (allow_mma_shared_memory<Pool>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool>, kMmaThreads,
-                                                      kMmaSharedBytes<Pool>) != cudaSuccess)
+    if (allow_mma_shared_memory<Pool, DecodeVersion::PerTile>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, DecodeVersion::PerTile>,
+                                                      kMmaThreads, kMmaSharedBytes<Pool>) != cudaSuccess)
       result = 1;
     return std::max(result, 1);
   }();

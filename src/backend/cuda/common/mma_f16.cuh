@@ -16,18 +16,16 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_half2(__half low, __half high) {
-  const __half2 pair = __halves2half2(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // (x, y) as F16 pairs hi = f16(x, y) and lo = f16(x - hi.x, y - hi.y), x in the low half. hi + lo keeps 22 bits of
 // each value when |x| and |y| lie in [2^-3, 2^15] (below that, an absolute error under 2^-25): callers scale their
 // values by a power of two into that range.
+// Two packed conversions (cvt.rn.f16x2.f32) instead of four scalar ones: the same roundings, half the instructions.
 __device__ __forceinline__ void split_half2(float x, float y, uint32_t& hi, uint32_t& lo) {
-  const __half hx = __float2half_rn(x), hy = __float2half_rn(y);
-  hi = pack_half2(hx, hy);
-  lo = pack_half2(__float2half_rn(x - __half2float(hx)), __float2half_rn(y - __half2float(hy)));
+  const __half2 high = __floats2half2_rn(x, y);
+  const float2 rounded = __half22float2(high);
+  const __half2 low = __floats2half2_rn(x - rounded.x, y - rounded.y);
+  hi = *reinterpret_cast<const uint32_t*>(&high);
+  lo = *reinterpret_cast<const uint32_t*>(&low);
 }
 
 // 2^shift with 2^shift * amax in [2^14, 2^15) (F16's full precision short of its 65504), clamped so that 2^shift is

@@ -29,19 +29,23 @@ namespace {
 
 constexpr int kStep = 64;   // k per step: four lanes x 16 codes
 constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded before the first is used
-static_assert(kBatch * kStep % kBlock == 0, "a batch holds whole k blocks, so the promotion scales are per batch");
-constexpr int kBatchBlocks = kBatch * kStep / static_cast<int>(kBlock);
+static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_ring's halves");
 
 // Two tiles of 16 rows (rows[i][0] row g, rows[i][1] row g + 8) and their block-scale rows, dotted with the split.
+// kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): the batch's registers are a ring of two 128-wide
+// blocks, each reloaded with the next batch's block as soon as its MMAs have read it, so that a warp always has
+// loads in flight. Without it (the first version) a warp loaded a batch, waited a whole HBM round trip for it,
+// computed, and only then loaded the next, so its loads were in flight only part of the time.
+template <bool kRing>
 struct Fp8Dot {
   using Batch = uint4[kBatch][2][2];
   const uint8_t* rows[2][2];
   const float* scales[2];
   int64_t k;
 
-  static __device__ Fp8Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
+  static __device__ Fp8Dot<kRing> make(const Experts& experts, int32_t e, const int (&matrix)[2],
                                 const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
-    Fp8Dot dot;
+    Fp8Dot<kRing> dot;
     dot.k = k;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -53,9 +57,11 @@ struct Fp8Dot {
     return dot;
   }
 
+  // Steps first_step + u for u in [kFrom, kTo) into bits[u].
+  template <int kFrom = 0, int kTo = kBatch>
   __device__ __forceinline__ void load(int first_step, int c, Batch& bits) const {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
+    for (int u = kFrom; u < kTo; ++u) {
       const int64_t column = int64_t{first_step + u} * kStep + 16 * c;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -68,52 +74,48 @@ struct Fp8Dot {
     const int g = lane / 4, c = lane % 4;
     const int steps = static_cast<int>((k + kStep - 1) / kStep), blocks = static_cast<int>(blocks_of(k));
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kBatch) {
-      if (first > 0) load(first, c, bits);
-      float promote[kBatchBlocks][2];
+    float d[2][4] = {};           // the current 128-wide block's sums (a half of the batch)
+    float block_scale[2] = {};    // its weight scales, loaded at its first step, used after its MMAs
+    auto step_of = [&](int u, int step) {
+      if (step % 2 == 0)
 #pragma unroll
-      for (int b = 0; b < kBatchBlocks; ++b) {
-        const int block = first / 2 + b;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          promote[b][i] = block < blocks ? __ldg(scales[i] + block) * split.unscale[block] : 0.0f;
+        for (int i = 0; i < 2; ++i) block_scale[i] = __ldg(scales[i] + step / 2);
+      uint4 b_words[2] = {};
+      if (g < 2) {
+        const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kStep + 16 * c) / 2);
+        b_words[0] = source[0];
+        b_words[1] = source[1];
       }
+      const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
+                                  b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
 #pragma unroll
-      for (int b = 0; b < kBatchBlocks; ++b) {
-        float d[2][4] = {};
+      for (int i = 0; i < 2; ++i) {
+        const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
+        const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int u = 2 * b + half, step = first + u;
-          if (step >= steps) break;
-          uint4 b_words[2] = {};
-          if (g < 2) {
-            const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kStep + 16 * c) / 2);
-            b_words[0] = source[0];
-            b_words[1] = source[1];
-          }
-          const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
-                                      b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
-            const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-              e4m3x4_to_half2(low[q], a[0], a[2]);
-              e4m3x4_to_half2(high[q], a[1], a[3]);
-              mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-            }
-          }
-        }
-        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          total[i][0] += (d[i][0] + d[i][1]) * promote[b][i];
-          total[i][1] += (d[i][2] + d[i][3]) * promote[b][i];
+        for (int q = 0; q < 4; ++q) {
+          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+          e4m3x4_to_half2(low[q], a[0], a[2]);
+          e4m3x4_to_half2(high[q], a[1], a[3]);
+          mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
         }
       }
-    }
+    };
+    // A half is one 128-wide block: its sums promoted by the weight block's scale over the split's power of two.
+    // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+    auto block_done = [&](int first, int half) {
+      const int block = first / 2 + half;
+      if (block >= blocks) return;  // past k: no step ran, d is zero
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float promote = block_scale[i] * split.unscale[block];
+        total[i][0] += (d[i][0] + d[i][1]) * promote;
+        total[i][1] += (d[i][2] + d[i][3]) * promote;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d[i][j] = 0.0f;
+      }
+    };
+    stream_ring<kRing, kBatch>(*this, steps, c, bits, step_of, block_done);
   }
 };
 
@@ -130,7 +132,8 @@ cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weigh
       !moe_one_token_supported(experts.hidden, experts.intermediate, top_k) ||
       reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(activated) % 16 != 0)
     return cudaErrorInvalidValue;
-  return launch_token_moe<Fp8Dot>(h, ids, weights, top_k, experts, activated, out, stream);
+  if (token_moe_legacy()) return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream);
+  return launch_token_moe<Fp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
 }
 
 }  // namespace beamline::cuda::fp8

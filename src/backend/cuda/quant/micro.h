@@ -71,7 +71,9 @@ bool moe_supported(Format format, int64_t hidden, int64_t intermediate);
 // For every token t: activated[t, j, :] = silu(gate_e h_t) * (up_e h_t) for e = ids[t, j], then
 // out[t] = sum over j in order of weights[t, j] * down_e activated[t, j]. Each token streams its experts' weights
 // (one token: every routed weight byte read once), all its experts in one launch per pass (the down pass: a warp per
-// routed expert, the combine in j order). An expert id out of range makes its token's output NaN.
+// routed expert, the combine in j order). One token of MXFP8, and of NVFP4 with widths that are multiples of 32, runs
+// on the tensor cores (token_moe.cuh) unless BEAMLINE_CUDA_TOKEN_MOE=legacy. An expert id out of range makes its
+// token's output NaN.
 cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                        const Experts& experts, float* activated, float* out, cudaStream_t stream);
 

@@ -308,77 +308,253 @@ __global__ void __launch_bounds__(kMaxTopK * 32, 2)
 // group), its word j feeding mma j of the step (codes 0 and 2 as k columns 2c, 2c + 1, codes 1 and 3 as 2c + 8,
 // 2c + 9), and each step's sums are scaled by their row's E8M0 scale and the split's 1/s.
 constexpr int kTokenStep = 32;
-constexpr int kTokenBatch = 4;  // steps loaded before the first is used
 
+// kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): 8 steps per batch instead of 4, since a lane's 8-byte
+// loads put half the bytes in flight of FP8's 16-byte ones in the same registers; the batch's
+// registers a ring of two halves, each reloaded with the next batch's half as soon as its MMAs have read it; and a
+// row's four E8M0 scales of a half in one 32-bit load where the scale rows allow it (k / 32 a multiple of 4),
+// instead of one byte load per step and row.
+template <bool kRing>
 struct Mxfp8Dot {
+  static constexpr int kBatch = kRing ? 8 : 4;  // steps loaded before the first is used
+  static constexpr int kHalf = kBatch / 2;      // kRing: the steps whose scales one 32-bit word holds
+  static_assert(!kRing || kHalf == 4, "a half's scales are the four bytes of one word");
   struct Batch {
-    uint2 codes[kTokenBatch][2][2];
-    uint32_t scales[kTokenBatch][2][2];
+    uint2 codes[kBatch][2][2];
+    // kRing: [half][i][r], the half's four scale bytes (step u in bits 8 (u % 4)); else [step][i][r].
+    uint32_t scales[kRing ? 2 : kBatch][2][2];
   };
-  const uint8_t* codes[2][2];
-  const uint8_t* scales[2][2];
-  int64_t k;
+  // Tile i's rows: row[i][r] of the matrices at code_base[i] (k codes a row) and scale_base[i] (k / 32 scales), as
+  // bases and row indices rather than eight pointers: the ring's registers leave no room for those.
+  const uint8_t* code_base[2];
+  const uint8_t* scale_base[2];
+  int32_t row[2][2];
+  int32_t k;
+  bool packed_scales;
 
   static __device__ Mxfp8Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
                                   const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
     Mxfp8Dot dot;
-    dot.k = k;
+    dot.k = static_cast<int32_t>(k);
+    dot.packed_scales = false;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i) {
+      dot.code_base[i] = experts.codes[matrix[i]][e];
+      dot.scale_base[i] = experts.scales[matrix[i]][e];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int64_t row = min(first_row[i] + g + 8 * r, row_count - 1);
-        dot.codes[i][r] = experts.codes[matrix[i]][e] + row * k;
-        dot.scales[i][r] = experts.scales[matrix[i]][e] + row * (k / Mxfp8Chunk::kGroup);
-      }
+      for (int r = 0; r < 2; ++r) dot.row[i][r] = static_cast<int32_t>(min(first_row[i] + g + 8 * r, row_count - 1));
+    }
+    if constexpr (kRing)
+      dot.packed_scales = (k / Mxfp8Chunk::kGroup) % 4 == 0 && reinterpret_cast<uintptr_t>(dot.scale_base[0]) % 4 == 0 &&
+                          reinterpret_cast<uintptr_t>(dot.scale_base[1]) % 4 == 0;
     return dot;
   }
+  __device__ __forceinline__ const uint8_t* codes(int i, int r) const {
+    return code_base[i] + int64_t{row[i][r]} * k;
+  }
+  __device__ __forceinline__ const uint8_t* scales(int i, int r) const {
+    return scale_base[i] + int64_t{row[i][r]} * (k / Mxfp8Chunk::kGroup);
+  }
 
+  // Steps first_step + u for u in [kFrom, kTo) (kRing: one half, kFrom a multiple of kHalf).
+  template <int kFrom = 0, int kTo = kBatch>
   __device__ __forceinline__ void load(int first_step, int c, Batch& batch) const {
+    const int64_t steps = k / kTokenStep;
 #pragma unroll
-    for (int u = 0; u < kTokenBatch; ++u) {
+    for (int u = kFrom; u < kTo; ++u) {
       const int64_t step = first_step + u, column = step * kTokenStep + 8 * c;
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          batch.codes[u][i][r] = column < k ? __ldcs(reinterpret_cast<const uint2*>(codes[i][r] + column)) : uint2{};
-          batch.scales[u][i][r] = column < k ? __ldg(scales[i][r] + step) : 0u;
+          batch.codes[u][i][r] = column < k ? __ldcs(reinterpret_cast<const uint2*>(codes(i, r) + column)) : uint2{};
+          if constexpr (!kRing) batch.scales[u][i][r] = column < k ? __ldg(scales(i, r) + step) : 0u;
         }
     }
+    if constexpr (kRing) {
+      static_assert(kFrom % kHalf == 0 && kTo % kHalf == 0, "whole halves");
+#pragma unroll
+      for (int half = kFrom / kHalf; half < kTo / kHalf; ++half) {
+        const int64_t step = first_step + half * kHalf;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            uint32_t word = 0;
+            if (packed_scales) {  // steps a multiple of 4: a half lies wholly before or past the end
+              if (step < steps) word = __ldg(reinterpret_cast<const uint32_t*>(scales(i, r) + step));
+            } else {
+#pragma unroll
+              for (int u = 0; u < kHalf; ++u)
+                if (step + u < steps) word |= uint32_t{__ldg(scales(i, r) + step + u)} << (8 * u);
+            }
+            batch.scales[half][i][r] = word;
+          }
+      }
+    }
+  }
+
+  __device__ __forceinline__ uint32_t scale_of(const Batch& batch, int u, int i, int r) const {
+    if constexpr (kRing)
+      return batch.scales[u / kHalf][i][r] >> (8 * (u % kHalf));  // e8m0_to_float keeps the low byte
+    else
+      return batch.scales[u][i][r];
   }
 
   __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {
     const int g = lane / 4, c = lane % 4;
     const int steps = static_cast<int>(k / kTokenStep);
     const uint32_t* b_source = g == 0 ? split.hi : split.lo;
-    for (int first = 0; first < steps; first += kTokenBatch) {
-      if (first > 0) load(first, c, batch);
+    auto step_of = [&](int u, int step) {
+      uint4 b{};
+      if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
+      const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
 #pragma unroll
-      for (int u = 0; u < kTokenBatch; ++u) {
-        const int step = first + u;
-        if (step >= steps) break;
-        uint4 b{};
-        if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kTokenStep + 8 * c) / 2);
-        const float unscale = split.unscale[step * kTokenStep / kSplitBlock];
+      for (int i = 0; i < 2; ++i) {
+        float d[4] = {};
+        uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+        e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
+        e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
+        mma_f16(d, a, b.x, b.y);
+        e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
+        e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
+        mma_f16(d, a, b.z, b.w);
+        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+        total[i][0] += (d[0] + d[1]) * (e8m0_to_float(scale_of(batch, u, i, 0)) * unscale);
+        total[i][1] += (d[2] + d[3]) * (e8m0_to_float(scale_of(batch, u, i, 1)) * unscale);
+      }
+    };
+    stream_ring<kRing, kBatch>(*this, steps, c, batch, step_of, [](int, int) {});
+  }
+};
+
+// ---- one token's NVFP4 experts on the tensor cores (quant/token_moe.cuh) ----
+// Before this (BEAMLINE_CUDA_TOKEN_MOE=legacy) one NVFP4 token took the CUDA-core streaming kernels above: every code
+// decoded to F32 and multiplied on the FMA pipe, every lane reading 32 activations from L1 per 16 bytes of codes: far
+// from the bytes floor. Here as for FP8 and MXFP8: mma.sync m16n8k16 on F16 operands against the token's
+// F16 split. An E4M3 scale belongs to 16 codes, and the four lanes of one mma read from four groups, so the scale
+// goes into the A operand: e2m1 times e4m3 has at most 6 significant bits and lies in [2^-10, 2688], exact in F16.
+// Lane (g, c) loads 32 codes (16 bytes) of rows g and g + 8 per 128-wide step and their two scales (one 16-bit
+// load); code quad q of its chunk (elements 4q..4q+3, nibbles of one half-word) feeds mma q, codes 0 and 2 as k
+// columns 2c, 2c + 1 and codes 1 and 3 as 2c + 8, 2c + 9, the split read in that order (activation_split.cuh).
+// Rows of width k a multiple of 32 (a lane's chunk is wholly inside a row or past it); scale_2 applied to the sums.
+constexpr int kNvfp4Step = 128;  // k per step: four lanes x 32 codes
+
+// Four E2M1 codes (the half-word `half` of w) as exact F16 pairs: codes 0 and 2 in `even`, 1 and 3 in `odd`. The
+// magnitude's F16 has a zero low byte, so one byte permutation looks the high bytes up in an 8-entry table and puts
+// them in bytes 1 and 3; the sign bits are moved in by a shift and a mask.
+__device__ __forceinline__ void e2m1x4_to_half2(uint32_t w, int half, uint32_t& even, uint32_t& odd) {
+  constexpr uint32_t kLow = 0x3e3c3800u, kHigh = 0x46444240u;  // F16 high bytes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6
+  const uint32_t quad = half == 0 ? w : w >> 16;                 // codes 0..3 in bits 0-15
+  const uint32_t spread = __byte_perm(quad, 0, 0x4140);          // codes 0, 1 in bits 0-7, codes 2, 3 in bits 16-23
+  even = __byte_perm(kLow, kHigh, (quad << 4) & 0x7070u) | ((spread << 12) & 0x80008000u);
+  odd = __byte_perm(kLow, kHigh, quad & 0x7070u) | ((spread << 8) & 0x80008000u);
+}
+
+struct Nvfp4Dot {
+  // Steps in flight: a ring of two halves of one step (4 KiB a warp); two steps a half spill at 128 registers.
+  static constexpr int kBatch = 2;
+  struct Batch {
+    uint4 codes[kBatch][2][2];
+    uint32_t scales[kBatch][2][2];  // the chunk's two E4M3 scales
+  };
+  const uint8_t* code_base[2];
+  const uint8_t* scale_base[2];
+  int32_t row[2][2];
+  int32_t k;
+  float scale_2[2];
+
+  static __device__ Nvfp4Dot make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                  const int64_t (&first_row)[2], int64_t row_count, int64_t k, int g) {
+    Nvfp4Dot dot;
+    dot.k = static_cast<int32_t>(k);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float d[4] = {};
-          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-          e4m3x4_to_half2(batch.codes[u][i][0].x, a[0], a[2]);
-          e4m3x4_to_half2(batch.codes[u][i][1].x, a[1], a[3]);
-          mma_f16(d, a, b.x, b.y);
-          e4m3x4_to_half2(batch.codes[u][i][0].y, a[0], a[2]);
-          e4m3x4_to_half2(batch.codes[u][i][1].y, a[1], a[3]);
-          mma_f16(d, a, b.z, b.w);
-          // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
-          total[i][0] += (d[0] + d[1]) * (e8m0_to_float(batch.scales[u][i][0]) * unscale);
-          total[i][1] += (d[2] + d[3]) * (e8m0_to_float(batch.scales[u][i][1]) * unscale);
+    for (int i = 0; i < 2; ++i) {
+      dot.code_base[i] = experts.codes[matrix[i]][e];
+      dot.scale_base[i] = experts.scales[matrix[i]][e];
+      dot.scale_2[i] = experts.scale_2[matrix[i]] != nullptr ? *experts.scale_2[matrix[i]][e] : 1.0f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) dot.row[i][r] = static_cast<int32_t>(min(first_row[i] + g + 8 * r, row_count - 1));
+    }
+    return dot;
+  }
+
+  template <int kFrom = 0, int kTo = kBatch>
+  __device__ __forceinline__ void load(int first_step, int c, Batch& batch) const {
+#pragma unroll
+    for (int u = kFrom; u < kTo; ++u) {
+      const int64_t column = int64_t{first_step + u} * kNvfp4Step + 32 * c;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t offset = int64_t{row[i][r]} * k + column;  // in elements
+          batch.codes[u][i][r] = column < k ? load_streaming(code_base[i] + offset / 2) : uint4{};
+          batch.scales[u][i][r] =
+              column < k ? __ldg(reinterpret_cast<const unsigned short*>(scale_base[i] + offset / 16)) : 0u;
+        }
+    }
+  }
+
+  __device__ __forceinline__ void run(const Split& split, int lane, Batch& batch, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4;
+    const int steps = (k + kNvfp4Step - 1) / kNvfp4Step;
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    auto step_of = [&](int u, int step) {
+      const float unscale = split.unscale[step];  // a step is one 128-wide block of the split
+      float d[2][4] = {};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        __half2 scale[2][2];  // [r][group]: the group's scale in both halves
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const __half2_raw raw =
+              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
+          const __half2 both = *reinterpret_cast<const __half2*>(&raw);
+          scale[r][0] = __low2half2(both);
+          scale[r][1] = __high2half2(both);
+        }
+        const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
+                                 batch.codes[u][i][0].w};
+        const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
+                                  batch.codes[u][i][1].w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
+          if (g < 2)
+            b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
+          const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+            e2m1x4_to_half2(low[w], q, a[0], a[2]);
+            e2m1x4_to_half2(high[w], q, a[1], a[3]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
+              a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+            }
+            mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
+          }
         }
       }
+      // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        total[i][0] += (d[i][0] + d[i][1]) * unscale;
+        total[i][1] += (d[i][2] + d[i][3]) * unscale;
+      }
+    };
+    stream_ring<true, kBatch>(*this, steps, c, batch, step_of, [](int, int) {});
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      total[i][0] *= scale_2[i];
+      total[i][1] *= scale_2[i];
     }
   }
 };
+
+bool nvfp4_token_supported(int64_t hidden, int64_t intermediate) { return hidden % 32 == 0 && intermediate % 32 == 0; }
 
 // ---- BF16 decode: one thread per 16 elements of a row ----
 __global__ void decode_kernel(Format format, Weight weight, int64_t out_rows, int64_t in, __nv_bfloat16* decoded) {
@@ -480,7 +656,13 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
   if (rows == 0) return cudaSuccess;
   if (rows == 1 && experts.format == Format::Mxfp8 && token_moe_fits(experts.hidden, experts.intermediate, top_k) &&
       aligned(h, 16) && aligned(activated, 16))
-    return launch_token_moe<Mxfp8Dot>(h, ids, weights, top_k, experts, activated, out, stream);
+    return token_moe_legacy()
+               ? launch_token_moe<Mxfp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream)
+               : launch_token_moe<Mxfp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
+  if (rows == 1 && experts.format == Format::Nvfp4 && !token_moe_legacy() &&
+      nvfp4_token_supported(experts.hidden, experts.intermediate) &&
+      token_moe_fits(experts.hidden, experts.intermediate, top_k) && aligned(h, 16) && aligned(activated, 16))
+    return launch_token_moe<Nvfp4Dot, true>(h, ids, weights, top_k, experts, activated, out, stream);
   // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
   const dim3 up_grid(static_cast<unsigned int>(rows * top_k),
                      blocks_for((experts.intermediate + kGateUpRows - 1) / kGateUpRows, kGateUpWarps));
