@@ -310,13 +310,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 
-    // O += P V, 16 keys per step: the S accumulators of two adjacent 8-key tiles are the A operand's layout. The
-    // tensor cores' FP32 accumulation truncates, so each 16 dims' P V over the tile's keys is summed on its own
-    // (one chain of 3 kKeys / 16 MMAs) and added into O by an IEEE addition: O's error does not grow with the
-    // sequence.
-    uint32_t probability[kKeys / 16][kQueryParts][kMTiles][4];
+    // O += P V, 16 keys per step: the S accumulators of two adjacent 8-key tiles are the A operand's layout.
 #pragma unroll
-    for (int step = 0; step < kKeys / 16; ++step)
+    for (int step = 0; step < kKeys / 16; ++step) {
+      uint32_t probability[kQueryParts][kMTiles][4];
 #pragma unroll
       for (int i = 0; i < kMTiles; ++i) {
         const float(&left)[4] = score[i][2 * step];
@@ -327,14 +324,11 @@ __global__ void __launch_bounds__(kThreads)
           uint32_t terms[kQueryParts];
           split_pair(pairs[r][0], pairs[r][1], terms);
 #pragma unroll
-          for (int part = 0; part < kQueryParts; ++part) probability[step][part][i][r] = terms[part];
+          for (int part = 0; part < kQueryParts; ++part) probability[part][i][r] = terms[part];
         }
       }
 #pragma unroll
-    for (int pair = 0; pair < kDim / 16; ++pair) {
-      float partial[kMTiles][2][4] = {};
-#pragma unroll
-      for (int step = 0; step < kKeys / 16; ++step) {
+      for (int pair = 0; pair < kDim / 16; ++pair) {
         uint32_t value[4];
         load_matrices_transposed(value,
                                  v_tile + swizzled(16 * step + lane % 8 + lane / 8 % 2 * 8, 2 * pair + lane / 16));
@@ -342,17 +336,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
           for (int part = kQueryParts - 1; part >= 0; --part) {
-            mma(partial[i][0], probability[step][part][i], value[0], value[1]);
-            mma(partial[i][1], probability[step][part][i], value[2], value[3]);
+            mma(acc[i][2 * pair], probability[part][i], value[0], value[1]);
+            mma(acc[i][2 * pair + 1], probability[part][i], value[2], value[3]);
           }
       }
-#pragma unroll
-      for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[i][2 * pair][e] += partial[i][0][e];
-          acc[i][2 * pair + 1][e] += partial[i][1][e];
-        }
     }
   }
 
