@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/quantize_tensors.h"
 #include "checkpoint/random_init.h"
 #include "checkpoint/safetensors.h"
 #include "model/checkpoint_layout.h"
@@ -246,7 +247,8 @@ BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConf
   return weights;
 }
 
-BeamWeights with_received_tensors(const BeamWeights& served, std::span<const HostTensor> received) {
+BeamWeights with_received_tensors(const BeamWeights& served, std::span<const HostTensor> received,
+                                  const std::function<bool(std::string_view)>& apply) {
   std::map<std::string, ExpectedTensor, std::less<>> expected;
   for (ExpectedTensor& tensor : expected_tensors(served.config)) expected.emplace(tensor.name, std::move(tensor));
   BeamWeights weights = served;
@@ -255,6 +257,7 @@ BeamWeights with_received_tensors(const BeamWeights& served, std::span<const Hos
   std::map<std::string, std::vector<TensorView*>, std::less<>> targets;
   for (const TensorView* view : weights.views()) targets[view->name].push_back(const_cast<TensorView*>(view));
   std::set<std::string, std::less<>> seen;
+  std::vector<TensorView> to_quantize;
   for (const HostTensor& tensor : received) {
     const TensorView& view = tensor.view;
     const auto found = expected.find(view.name);
@@ -269,17 +272,19 @@ BeamWeights with_received_tensors(const BeamWeights& served, std::span<const Hos
             "tensor \"{}\": {} bytes for {} {} elements", view.name, view.nbytes, view.numel(), dtype_name(view.dtype));
     const auto served_views = targets.find(view.name);
     require(served_views != targets.end(), "tensor \"{}\": the served model holds no such tensor", view.name);
+    if (apply && !apply(view.name)) continue;
+    // A projection served quantized (FP8, MXFP8, NVFP4) is quantized on arrival, below.
+    if (!is_float_dtype(served_views->second.front()->dtype)) {
+      to_quantize.push_back(view);
+      continue;
+    }
     const bool router = wanted.role == TensorRole::Router || wanted.role == TensorRole::RouterBias;
     // The router runs in FP32 whatever the trainer holds it in; widening BF16/F16 is exact.
     const HostTensor stored = router ? widened_to_f32(tensor) : tensor;
-    for (TensorView* target : served_views->second) {
-      require(is_float_dtype(target->dtype),
-              "tensor \"{}\": served quantized ({}); re-quantizing weights on arrival is not implemented", view.name,
-              dtype_name(target->dtype));
-      *target = stored.view;
-    }
+    for (TensorView* target : served_views->second) *target = stored.view;
     weights.slice_buffers.push_back(stored.bytes);
   }
+  weights = with_quantized_projections(std::move(weights), to_quantize);
   // The bytes of earlier updates whose tensors have all been replaced since are let go.
   std::vector<const std::byte*> in_use;
   for (const TensorView* view : weights.views()) in_use.push_back(view->data);

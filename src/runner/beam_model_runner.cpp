@@ -3,6 +3,9 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+#include <set>
+
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
@@ -44,12 +47,8 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   config.validate();
   backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
   const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
-  if (groups_ != nullptr) {
-    const ModelShard shard = model_shard(weights.config, groups_->config, groups_->at);
-    model_ = std::make_unique<BeamModel>(shard_weights(weights, shard), *backend_, shard, groups_.get());
-  } else {
-    model_ = std::make_unique<BeamModel>(weights, *backend_);
-  }
+  weights_ = weights;
+  model_ = build_model(weights);
   if (config.calculate_kv_scales) model_->calculate_kv_scales();
   const ModelConfig& model_config = model_->config();
   // Each op then reduces every row in one fixed order whatever the batch (docs/rl.md, docs/cuda-backend.md).
@@ -58,8 +57,9 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
           backend_->name());
   if (config.batch_invariant) spdlog::info("batch-invariant mode: a row's results do not depend on its batch");
   if (config.enable_return_routed_experts) {
-    require(groups_ == nullptr, "--enable-return-routed-experts: capturing the routing of a distributed model is not "
-            "implemented");
+    require(groups_ == nullptr || groups_->config.data == 1,
+            "--enable-return-routed-experts with --data-parallel-size {}: capturing the routing of data-parallel "
+            "replicas is not implemented (tensor, pipeline and expert parallelism are)", groups_ ? groups_->config.data : 1);
     require(model_->num_moe_layers() > 0, "--enable-return-routed-experts: the model has no MoE layer");
     require(model_config.n_routed_experts <= INT16_MAX,
             "--enable-return-routed-experts: {} experts do not fit the int16 ids it returns", model_config.n_routed_experts);
@@ -129,35 +129,136 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
 }
 
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
-  require_replaceable_weights(dir.string());
-  replace_weights(load_weight_update(dir, model_->config()), dir.string());
+  const std::string source = dir.string();
+  require_replaceable_weights(source);
+  // Checked here in full before any other rank hears of it.
+  const BeamWeights weights = load_weight_update(dir, weights_.config);
+  if (groups_ == nullptr) return replace_weights(weights, source);
+  collective([&] {
+    std::vector<std::byte> order = encode_weight_update_message({source, {}});
+    groups_->world->broadcast_bytes(order, 0);
+  });
+  replace_weights_everywhere([&] { return weights; }, source);
 }
 
 void BeamModelRunner::update_weights(std::span<const HostTensor> tensors) {
   const std::string source = fmt::format("{} received tensor(s)", tensors.size());
   require_replaceable_weights(source);
-  replace_weights(with_received_tensors(model_->weights(), tensors), source);
+  if (groups_ == nullptr) return replace_weights(with_received_tensors(weights_, tensors), source);
+  // Every tensor is checked here before any other rank hears of it; this rank keeps those its shard computes with.
+  const std::set<std::string, std::less<>> used = model_->loaded_tensor_names();
+  const BeamWeights weights =
+      with_received_tensors(weights_, tensors, [&](std::string_view name) { return used.contains(name); });
+  WeightUpdateOrder order;
+  for (const HostTensor& tensor : tensors)
+    order.tensors.push_back(TensorView{tensor.view.name, tensor.view.dtype, tensor.view.shape, nullptr, tensor.view.nbytes});
+  collective([&] {
+    std::vector<std::byte> message = encode_weight_update_message(order);
+    groups_->world->broadcast_bytes(message, 0);
+    for (const HostTensor& tensor : tensors) broadcast_weight_bytes(tensor.view.data, tensor.view.nbytes);
+  });
+  replace_weights_everywhere([&] { return weights; }, source);
+}
+
+void BeamModelRunner::follow_weight_update(const WeightUpdateOrder& order) {
+  if (!order.directory.empty())
+    return replace_weights_everywhere([&] { return load_weight_update(order.directory, weights_.config); },
+                                      order.directory);
+  const std::set<std::string, std::less<>> used = model_->loaded_tensor_names();
+  std::vector<HostTensor> kept;
+  collective([&] {
+    for (const TensorView& header : order.tensors) {
+      auto bytes = std::make_shared<std::vector<std::byte>>(broadcast_weight_bytes(nullptr, header.nbytes));
+      if (!used.contains(header.name)) continue;
+      TensorView view = header;
+      view.data = bytes->data();
+      kept.push_back({std::move(view), std::move(bytes)});
+    }
+  });
+  replace_weights_everywhere([&] { return with_received_tensors(weights_, kept); },
+                             fmt::format("{} received tensor(s)", order.tensors.size()));
+}
+
+std::vector<std::byte> BeamModelRunner::broadcast_weight_bytes(const std::byte* data, std::size_t nbytes) {
+  constexpr std::size_t kChunkBytes = std::size_t{1} << 30;  // MPI counts are int
+  const bool root = groups_->world_rank == 0;
+  std::vector<std::byte> all(root ? 0 : nbytes), chunk;
+  for (std::size_t at = 0; at < nbytes; at += kChunkBytes) {
+    const std::size_t size = std::min(kChunkBytes, nbytes - at);
+    if (root) chunk.assign(data + at, data + at + size);
+    groups_->world->broadcast_bytes(chunk, 0);
+    require(chunk.size() == size, "weight update: {} bytes broadcast where {} were due", chunk.size(), size);
+    if (!root) std::memcpy(all.data() + at, chunk.data(), size);
+  }
+  return all;
+}
+
+void BeamModelRunner::collective(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const std::exception& error) {
+    record_failure(error.what());
+    throw;
+  }
+}
+
+void BeamModelRunner::replace_weights_everywhere(const std::function<BeamWeights()>& make, const std::string& source) {
+  BeamWeights weights;
+  std::unique_ptr<BeamModel> model;
+  std::string cause;
+  try {
+    weights = make();
+    model = build_model(weights);
+  } catch (const std::exception& error) {
+    cause = error.what();
+  }
+  int64_t failed = -1;
+  collective([&] {
+    failed = groups_->world->all_reduce_max(cause.empty() ? -1 : groups_->world_rank);
+    if (failed < 0) return;
+    std::vector<std::byte> bytes(cause.size());
+    std::memcpy(bytes.data(), cause.data(), cause.size());
+    groups_->world->broadcast_bytes(bytes, static_cast<int32_t>(failed));
+    cause.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  });
+  require(failed < 0, "{}: rank {} could not take the new weights, so no rank did (all serve the old ones): {}", source,
+          failed, cause);
+  install_model(std::move(model), std::move(weights), source);
 }
 
 void BeamModelRunner::require_replaceable_weights(const std::string& source) const {
-  require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", source);
   require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
           "come from the served weights)", source);
 }
 
-void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
-  // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
-  auto model = std::make_unique<BeamModel>(weights, *backend_);
-  if (max_loras_ > 0) {  // the adapters served stay: they are loaded into the new model too
+std::unique_ptr<BeamModel> BeamModelRunner::build_model(const BeamWeights& weights) {
+  std::unique_ptr<BeamModel> model;
+  if (groups_ == nullptr) {
+    model = std::make_unique<BeamModel>(weights, *backend_);
+  } else {
+    const ModelShard shard = model_shard(weights.config, groups_->config, groups_->at);
+    model = std::make_unique<BeamModel>(shard_weights(weights, shard), *backend_, shard, groups_.get());
+  }
+  if (max_loras_ > 0) {  // the adapters served stay: they are loaded into new weights too
     model->enable_lora(max_loras_, max_lora_rank_);
     for (const auto& [slot, adapter] : lora_adapters_) model->load_lora(slot, adapter);
   }
+  return model;
+}
+
+void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
+  // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
+  install_model(build_model(weights), weights, source);
+}
+
+void BeamModelRunner::install_model(std::unique_ptr<BeamModel> model, BeamWeights weights, const std::string& source) {
   // The cache holds codes written with the served scales (or the first step is still to calculate them): they stay.
   model->inherit_kv_scales(*model_);
   backend_->synchronize();
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
   model_ = std::move(model);
+  weights_ = std::move(weights);
   if (graph_max_num_seqs_ > 0)
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
   spdlog::info("loaded new weights from {}", source);
@@ -176,10 +277,14 @@ void BeamModelRunner::unload_lora_adapter(int32_t slot) { lora_adapters_.erase(s
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
   if (data_parallel_ != nullptr) return launch_replica(0, batch);
   StepSampler& sampler = *samplers_.front();
-  if (groups_ != nullptr) return sampler.step(launch_distributed(batch), batch.logit_rows.size());
-  const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler.deferred_source();
-  Tensor routed_experts;
-  std::unique_ptr<ModelStep> step = sampler.step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
+  Tensor routed_experts, logits;
+  if (groups_ != nullptr) {
+    logits = launch_distributed(batch, routed_experts);
+  } else {
+    const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler.deferred_source();
+    logits = forward(batch, token_source, routed_experts);
+  }
+  std::unique_ptr<ModelStep> step = sampler.step(logits, batch.logit_rows.size());
   if (!routed_experts.defined()) return step;
   return std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, routed_experts,
                                              static_cast<int64_t>(batch.tokens.size()));
@@ -212,17 +317,16 @@ void BeamModelRunner::record_failure(const std::string& cause) {
   if (failure_handler_) failure_handler_(failure_);
 }
 
-Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
+Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch, Tensor& routed_experts) {
   const ReplicaBatches plan{plan_batch(batch, *samplers_.front())};
-  try {
+  // A batch refused before the broadcast (plan_batch) leaves the ranks in step; a failure from here on does not.
+  Tensor logits;
+  collective([&] {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    return run_plan(plan);
-  } catch (const std::exception& error) {
-    // A batch refused before the broadcast (plan_batch) leaves the ranks in step; a failure from here on does not.
-    record_failure(error.what());
-    throw;
-  }
+    logits = run_plan(plan, routed_experts);
+  });
+  return logits;
 }
 
 namespace {
@@ -277,7 +381,8 @@ std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
     std::vector<Tensor> logits(plan.size());
-    logits.front() = run_plan(plan);
+    Tensor no_routing;  // refused with data parallelism (load)
+    logits.front() = run_plan(plan, no_routing);
     // Rank 0 samples for every replica: the first rank of each other replica sends its logits (forward()'s rows).
     for (std::size_t r = 1; r < plan.size(); ++r) {
       if (!plan[r].has_value() || plan[r]->logit_rows.empty()) continue;
@@ -291,13 +396,12 @@ std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches
   }
 }
 
-Tensor BeamModelRunner::run_plan(const ReplicaBatches& plan) {
+Tensor BeamModelRunner::run_plan(const ReplicaBatches& plan, Tensor& routed_experts) {
   require(static_cast<int32_t>(plan.size()) == groups_->config.data,
           "step message: a plan for {} data-parallel replicas, and --data-parallel-size is {}", plan.size(),
           groups_->config.data);
   const std::optional<ForwardBatch>& batch = plan[static_cast<std::size_t>(groups_->at.data)];
-  Tensor no_routing;
-  if (batch.has_value()) return forward(*batch, {}, no_routing);
+  if (batch.has_value()) return forward(*batch, {}, routed_experts);
   if (groups_->expert && groups_->config.data > 1) model_->dummy_forward();
   return {};
 }
@@ -306,11 +410,21 @@ void BeamModelRunner::follow() {
   require(groups_ != nullptr && groups_->world_rank != 0, "follow() is for the ranks other than 0");
   const RankCoordinates at = groups_->at;
   for (;;) {
-    std::vector<std::byte> message;
-    groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
-    const std::optional<ReplicaBatches> plan = decode_step_message(message);
-    if (!plan) return;
-    const Tensor logits = run_plan(*plan);
+    std::vector<std::byte> bytes;
+    groups_->world->broadcast_bytes(bytes, 0, /*wait_forever=*/true);
+    const StepMessage message = decode_step_message(bytes);
+    if (message.kind == StepMessage::Kind::Stop) return;
+    if (message.kind == StepMessage::Kind::Weights) {
+      try {
+        follow_weight_update(message.weights);
+      } catch (const Error& error) {
+        if (!failure_.empty()) throw;  // the ranks are out of step
+        spdlog::warn("new weights refused, the old ones serve on: {}", error.what());
+      }
+      continue;
+    }
+    Tensor routed_experts;  // captured on the stages after the first, which sends them to rank 0
+    const Tensor logits = run_plan(message.plan, routed_experts);
     // Rank 0 samples for every data-parallel replica (run_data_parallel_step).
     if (at.data > 0 && at.pipeline == 0 && at.tensor == 0 && logits.defined()) groups_->data->send(logits, 0);
   }
@@ -322,7 +436,8 @@ Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_s
     for (const SequenceSlice& slice : batch.sequences)
       last_step_rows_.push_back({slice.token_begin, slice.token_end - slice.token_begin, slice.context_begin});
   }
-  const bool capture = capture_routed_experts_ && batch.capture_routed_experts;
+  // Distributed: tensor-parallel rank 0 of each stage (BeamModel::forward).
+  const bool capture = capture_routed_experts_ && batch.capture_routed_experts && (groups_ == nullptr || groups_->at.tensor == 0);
   // Eager steps route into a buffer of their own; a replayed graph into the graph's.
   auto eager_routing = [&] {
     if (capture)

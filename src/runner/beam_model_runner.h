@@ -44,7 +44,8 @@ class BeamModelRunner : public ModelRunner {
                   const ParallelConfig& parallel);
   ~BeamModelRunner() override;  // rank 0 of a distributed run tells the others to stop
 
-  // Ranks other than 0: runs the steps that rank 0 broadcasts until it stops. Throws Error when a step fails.
+  // Ranks other than 0: runs the steps that rank 0 broadcasts until it stops, and takes the new weights it sends
+  // (load_weights_from_disk, update_weights). Throws Error when a step fails.
   void follow();
   // Rank 0: called (on the engine thread) with the cause when a distributed step fails. After that the ranks are out
   // of step, every later launch fails at once, and the caller should stop.
@@ -86,10 +87,27 @@ class BeamModelRunner : public ModelRunner {
   // New weights for the served model (from disk or a trainer; `source` names them in messages): built beside the old
   // model, which serves on if that throws; then the old model goes and the decode graphs are recorded again.
   void replace_weights(const BeamWeights& weights, const std::string& source);
-  // Refuses new weights where replace_weights cannot build them (distributed, under a drafter).
+  // Refuses new weights where replace_weights cannot build them (under a drafter).
   void require_replaceable_weights(const std::string& source) const;
-  // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it.
-  Tensor launch_distributed(const ForwardBatch& batch);
+  // The model of `weights` (the whole model's; sharded here for this rank), with the served LoRA adapters.
+  std::unique_ptr<BeamModel> build_model(const BeamWeights& weights);
+  // Puts `model` (built from `weights`) in the old one's place, keeping the KV scales, and records the graphs again.
+  void install_model(std::unique_ptr<BeamModel> model, BeamWeights weights, const std::string& source);
+  // Distributed, every rank: builds the model of make() beside the old one; then either every rank installs its new
+  // model or, when some rank failed (make() or the build threw), none does and every rank throws an Error naming that
+  // rank and its cause (rank 0's caller gets it; the others log it and follow on).
+  void replace_weights_everywhere(const std::function<BeamWeights()>& make, const std::string& source);
+  // A rank other than 0: the weight update rank 0 ordered (the directory, or the tensors' bytes that follow the order:
+  // those this rank's shard computes with are kept).
+  void follow_weight_update(const WeightUpdateOrder& order);
+  // Rank 0's `nbytes` bytes at `data` to every rank, in broadcasts of at most 1 GiB; the other ranks get them back
+  // (rank 0 an empty vector).
+  std::vector<std::byte> broadcast_weight_bytes(const std::byte* data, std::size_t nbytes);
+  // Runs collectives: a failure leaves the ranks out of step (record_failure), and is rethrown.
+  void collective(const std::function<void()>& run);
+  // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it;
+  // `routed_experts` as forward()'s.
+  Tensor launch_distributed(const ForwardBatch& batch, Tensor& routed_experts);
   // `batch` as the other ranks receive it: its deferred tokens read from `sampler`'s last step; validated. Refuses
   // after a failure.
   ForwardBatch plan_batch(const ForwardBatch& batch, StepSampler& sampler);
@@ -97,8 +115,8 @@ class BeamModelRunner : public ModelRunner {
   // first rank).
   std::vector<Tensor> run_data_parallel_step(const ReplicaBatches& plan);
   // Every rank: its replica's part of `plan` (its batch, or a dummy step when expert parallelism needs one); the
-  // logits forward() gives.
-  Tensor run_plan(const ReplicaBatches& plan);
+  // logits and routed experts forward() gives.
+  Tensor run_plan(const ReplicaBatches& plan, Tensor& routed_experts);
   // After a failure of a collective step: the ranks are out of step from here on.
   void record_failure(const std::string& cause);
 
@@ -111,6 +129,9 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<DataParallelSteps> data_parallel_;
   std::mutex backend_mutex_;
   std::unique_ptr<BeamModel> model_;
+  // What model_ was built from: the whole model's weights (not this rank's shard), which a weight update starts from.
+  // A rank of a distributed model applies only the tensors its shard computes with: the others may be older here.
+  BeamWeights weights_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
