@@ -153,6 +153,19 @@ class WeightChecker {
   std::set<std::string, std::less<>> used_;
 };
 
+// Whether the archive holds the projections that `config` (quantized) quantizes as floats: its first such is.
+bool holds_float_projections(const SafetensorsArchive& archive, const ModelConfig& config) {
+  const std::vector<std::string>& ignored = config.quantization->ignored_layers;
+  for (const ExpectedTensor& expected : expected_tensors(config)) {
+    if (expected.role != TensorRole::Projection ||
+        std::any_of(ignored.begin(), ignored.end(), [&](const std::string& prefix) { return expected.name.starts_with(prefix); }))
+      continue;
+    const TensorView* view = archive.find(expected.name);
+    return view == nullptr || is_float_dtype(view->dtype);
+  }
+  return true;
+}
+
 // A float tensor as F32 (itself when it already is).
 HostTensor widened_to_f32(const HostTensor& tensor) {
   const TensorView& view = tensor.view;
@@ -226,17 +239,23 @@ BeamWeights load_checkpoint(const std::filesystem::path& dir) {
 
 BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConfig& served) {
   BeamWeights weights;
+  weights.archive = SafetensorsArchive::open(dir);
+  // A server quantized at load (--quantization) takes float checkpoints, quantized here as at load.
   weights.config = served;
+  if (served.quantization && holds_float_projections(*weights.archive, served)) weights.config.quantization.reset();
   if (std::filesystem::exists(dir / "config.json")) {
     const ModelConfig config = ModelConfig::load(dir / "config.json");
-    require(config.to_json() == served.to_json(),
-            "{}: config.json describes another model than the one served (the architecture cannot change)",
-            (dir / "config.json").string());
+    require(config.to_json() == weights.config.to_json(),
+            "{}: config.json describes another model than the one served (the architecture cannot change{})",
+            (dir / "config.json").string(),
+            served.quantization ? fmt::format("; served quantized as {}, it may hold float or {} weights",
+                                              served.quantization->quant_method, served.quantization->quant_method)
+                                : "");
   }
-  weights.archive = SafetensorsArchive::open(dir);
-  WeightChecker checker(*weights.archive, served, dir);
+  WeightChecker checker(*weights.archive, weights.config, dir);
   std::map<std::string, LinearWeight, std::less<>> checked;
-  for (const ExpectedTensor& expected : expected_tensors(served)) checked.emplace(expected.name, checker.check(expected));
+  for (const ExpectedTensor& expected : expected_tensors(weights.config))
+    checked.emplace(expected.name, checker.check(expected));
   assemble(weights, checked);
   read_kv_scales(weights, checker);
   const std::vector<std::string> unknown = checker.unused();
@@ -244,6 +263,7 @@ BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConf
     fail("{}: tensor \"{}\" is not a tensor of this model ({} unknown tensor(s))",
          weights.archive->file_of(unknown.front()).string(), unknown.front(), unknown.size());
   }
+  if (served.quantization && !weights.config.quantization) return quantize_weights(std::move(weights), *served.quantization);
   return weights;
 }
 

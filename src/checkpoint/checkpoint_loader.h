@@ -19,7 +19,8 @@ BeamWeights load_checkpoint(const std::filesystem::path& dir);
 
 // New weights for a model being served (/update_weights_from_disk): the safetensors of `dir` checked as
 // load_checkpoint checks them against the served config (a config.json there must describe the same model), and
-// stricter: a tensor the model does not have is an error naming it, not a warning. The router must be F32.
+// stricter: a tensor the model does not have is an error naming it, not a warning. The router must be F32. A server
+// quantized at load takes a float checkpoint too, quantized as at load (quantize_weights).
 BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConfig& served);
 // The served weights with some tensors replaced by `received` (/update_weights_from_distributed, docs/rl.md), checked
 // as load_weight_update checks a directory's: each a tensor of the model (by checkpoint name, at most once), with its
