@@ -227,6 +227,10 @@ void BeamModelRunner::replace_weights_everywhere(const std::function<BeamWeights
 }
 
 void BeamModelRunner::require_replaceable_weights(const std::string& source) const {
+  // Each replica's engine would order the update from its own thread, while the others' steps use the same channel.
+  require(groups_ == nullptr || groups_->config.data == 1,
+          "{}: loading new weights into a data-parallel server (--data-parallel-size {}) is not implemented (tensor, "
+          "pipeline and expert parallelism are)", source, data_parallel_size());
   require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
           "come from the served weights)", source);
 }

@@ -87,7 +87,7 @@ class BeamModelRunner : public ModelRunner {
   // New weights for the served model (from disk or a trainer; `source` names them in messages): built beside the old
   // model, which serves on if that throws; then the old model goes and the decode graphs are recorded again.
   void replace_weights(const BeamWeights& weights, const std::string& source);
-  // Refuses new weights where replace_weights cannot build them (under a drafter).
+  // Refuses new weights where replace_weights cannot build them (under a drafter, with data-parallel replicas).
   void require_replaceable_weights(const std::string& source) const;
   // The model of `weights` (the whole model's; sharded here for this rank), with the served LoRA adapters.
   std::unique_ptr<BeamModel> build_model(const BeamWeights& weights);

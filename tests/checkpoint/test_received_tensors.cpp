@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
 #include "checkpoint/quantize_tensors.h"
 #include "checkpoint/safetensors.h"
@@ -113,6 +114,38 @@ TEST(ReceivedTensors, AQuantizedServerQuantizesOnArrivalAsAtLoad) {
     EXPECT_EQ(0, std::memcmp(have.data(), want.data(), have.size() * sizeof(float)));
     // Only the new quantized bytes and the received float tensors in use stay: the served model's go with it.
     EXPECT_LE(updated.slice_buffers.size(), next.views().size());
+  }
+}
+
+// /update_weights_from_disk into a server quantized at load: a float directory is quantized as at load (the same
+// bytes); a directory of another scheme is refused naming both.
+TEST(ReceivedTensors, AQuantizedServerTakesAFloatDirectoryAsAtLoad) {
+  testing::TempDir first_dir("first"), next_dir("next"), other_dir("other");
+  const ModelConfig config = preset_config("tiny");
+  const BeamWeights first = testing::write_and_load(config, first_dir.path(), 8);
+  const BeamWeights next = testing::write_and_load(config, next_dir.path(), 9);
+  const QuantizationConfig quant = quantization_config_for(QuantScheme::Mxfp8, {"lm_head"});
+  const BeamWeights served = quantize_weights(first, quant);
+  const BeamWeights updated = load_weight_update(next_dir.path(), served.config);
+  const BeamWeights at_load = quantize_weights(next, quant);
+  ASSERT_TRUE(updated.config.quantization.has_value());
+  const std::vector<const TensorView*> got = updated.views(), expected = at_load.views();
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i]->name, expected[i]->name);
+    ASSERT_EQ(got[i]->nbytes, expected[i]->nbytes) << got[i]->name;
+    ASSERT_EQ(0, std::memcmp(got[i]->data, expected[i]->data, got[i]->nbytes)) << got[i]->name;
+  }
+  ModelConfig nvfp4 = config;
+  nvfp4.quantization = quantization_config_for(QuantScheme::Nvfp4, {"lm_head"});
+  write_model_files(nvfp4, other_dir.path());
+  write_safetensors_checkpoint(other_dir.path(), quantized_sources(nvfp4, random_checkpoint_tensors(config, 9, DType::BF16),
+                                                                   *nvfp4.quantization));
+  try {
+    (void)load_weight_update(other_dir.path(), served.config);
+    ADD_FAILURE() << "an nvfp4 directory was taken by an mxfp8 server";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("served quantized as mxfp8"), std::string::npos) << error.what();
   }
 }
 
