@@ -6,11 +6,12 @@
 # concurrent, batched and streamed requests equals the NumPy reference's routing of the same tokens).
 # Usage: bench/gpu_parallel_rl.sh CARRY_DIR   (CARRY_DIR from bench/make_carry.sh). DEVICE=cpu: the same on the cpu
 #        backend (ranks as processes; what CTest's weight_sync_tcp_tp2 and routed_experts_vs_reference_{tp2,pp2} run).
-#        Exit status 0 only when all four checks pass.
+#        PYTHON: an interpreter with numpy (python3). Exit status 0 only when all four checks pass.
 set -uo pipefail
 CARRY=$(realpath "${1:?usage: bench/gpu_parallel_rl.sh CARRY_DIR}")
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
+PYTHON=${PYTHON:-python3}  # with numpy
 source bench/open_carry.sh
 BIN=$CARRY/apps/beamline/beamline
 [ -x "$BIN" ] || { echo "gpu_parallel_rl: $BIN is not there" >&2; exit 1; }
@@ -28,7 +29,7 @@ status=0
 for layout in "--tensor-parallel-size 2" "--pipeline-parallel-size 2"; do
   for check in check_weight_sync check_routed_experts; do
     start=$SECONDS
-    if python3 "tools/reference/$check.py" --beamline "$BIN" --device "$DEVICE" --extra-args "$layout --dtype float32" \
+    if "$PYTHON" "tools/reference/$check.py" --beamline "$BIN" --device "$DEVICE" --extra-args "$layout --dtype float32" \
         >"/tmp/gpu_parallel_rl.$check.log" 2>&1; then
       echo "pass: $check $layout ($((SECONDS - start)) s): $(tail -1 "/tmp/gpu_parallel_rl.$check.log")"
     else
