@@ -18,7 +18,7 @@
 namespace beamline {
 
 BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config)
-    : backend_(create_backend(device)) {
+    : backend_(create_backend(device)), device_(device) {
   load(weights, config);
 }
 
@@ -26,6 +26,7 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
                                  MpiWorld& world, const ParallelConfig& parallel) {
   if (device != "cpu") world.use_local_gpu();
   backend_ = create_backend(device);
+  device_ = device;
   groups_ = make_parallel_groups(world, parallel, *backend_);
   load(weights, config);
   if (groups_->world_rank == 0 && parallel.data > 1)
@@ -45,8 +46,10 @@ BeamModelRunner::~BeamModelRunner() {
 
 void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& config) {
   config.validate();
+  config_ = config;
   backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
   const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
+  kv_dtype_ = kv_dtype;
   weights_ = weights;
   model_ = build_model(weights);
   if (config.calculate_kv_scales) model_->calculate_kv_scales();
@@ -109,6 +112,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   cache_ = std::make_unique<KvCache>(*backend_, model_config,
                                      make_kv_cache_layout(model_config, block_size, static_cast<int32_t>(num_blocks)),
                                      kv_dtype);
+  kv_layout_ = cache_->layout();
   spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each, {}) on {}; compute {}",
                static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
@@ -251,8 +255,61 @@ std::unique_ptr<BeamModel> BeamModelRunner::build_model(const BeamWeights& weigh
 }
 
 void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
+  if (asleep_) {  // checked already; built by wake_up()
+    weights_ = weights;
+    spdlog::info("new weights from {} kept on the host until /wake_up", source);
+    return;
+  }
   // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
   install_model(build_model(weights), weights, source);
+}
+
+bool BeamModelRunner::sleep(int32_t level) {
+  if (asleep_) return true;
+  if (groups_ != nullptr || drafter_ != nullptr) {
+    spdlog::warn("sleep (level {}): device memory is kept: {} (docs/rl.md)", level,
+                 groups_ != nullptr ? "a distributed model's communicators are made over its backend"
+                                    : "the dflash drafter's state lives on the device");
+    return false;
+  }
+  backend_->synchronize();
+  // Everything made on the backend goes before it.
+  graphs_.reset();
+  samplers_.clear();
+  last_captured_ = Tensor();
+  cache_.reset();
+  model_.reset();
+  backend_.reset();
+  asleep_ = true;
+  spdlog::info("sleeping (level {}): the model, KV pool and backend are released; the weights stay on the host", level);
+  return true;
+}
+
+void BeamModelRunner::wake_up() {
+  if (!asleep_) return;
+  std::unique_ptr<Backend> backend = create_backend(device_);
+  backend->set_compute_dtype(parse_compute_dtype(config_.dtype, backend->device()));
+  require(backend->set_batch_invariant(config_.batch_invariant), "wake_up: --batch-invariant on the {} backend",
+          backend->name());
+  backend_ = std::move(backend);
+  try {
+    model_ = build_model(weights_);
+    // The pool starts empty: scales calculated by the first step are calculated again.
+    if (config_.calculate_kv_scales) model_->calculate_kv_scales();
+    cache_ = std::make_unique<KvCache>(*backend_, model_->config(), kv_layout_, kv_dtype_);
+    if (graph_max_num_seqs_ > 0)
+      graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
+    samplers_.push_back(std::make_unique<StepSampler>(*backend_, vocab_size()));
+  } catch (...) {
+    samplers_.clear();
+    graphs_.reset();
+    cache_.reset();
+    model_.reset();
+    backend_.reset();
+    throw;
+  }
+  asleep_ = false;
+  spdlog::info("awake: model, KV pool ({} blocks) and graphs made again", kv_layout_.num_blocks);
 }
 
 void BeamModelRunner::install_model(std::unique_ptr<BeamModel> model, BeamWeights weights, const std::string& source) {
@@ -271,14 +328,15 @@ void BeamModelRunner::install_model(std::unique_ptr<BeamModel> model, BeamWeight
 void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::path& dir) {
   require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
   lora_adapters_.erase(slot);
-  LoraWeights adapter = load_peft_adapter(dir, model_->config(), max_lora_rank_);
-  model_->load_lora(slot, adapter);
+  LoraWeights adapter = load_peft_adapter(dir, weights_.config, max_lora_rank_);
+  if (!asleep_) model_->load_lora(slot, adapter);  // else wake_up() loads it with the model
   lora_adapters_.emplace(slot, std::move(adapter));
 }
 
 void BeamModelRunner::unload_lora_adapter(int32_t slot) { lora_adapters_.erase(slot); }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
+  require(!asleep_, "the model is asleep (/sleep): /wake_up first");
   if (data_parallel_ != nullptr) return launch_replica(0, batch);
   StepSampler& sampler = *samplers_.front();
   Tensor routed_experts, logits;

@@ -59,16 +59,22 @@ class BeamModelRunner : public ModelRunner {
   // Replica `replica`'s engine waits for work: the other replicas' steps stop waiting for its batch.
   void replica_idle(int32_t replica);
 
-  int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }
-  const KvCacheLayout& kv_layout() const override { return cache_->layout(); }
-  int32_t sliding_window() const override { return static_cast<int32_t>(model_->config().sliding_window); }
-  int64_t max_position_embeddings() const override { return model_->config().max_position_embeddings; }
+  // From the whole model's config and the pool's layout, which stay while asleep.
+  int32_t vocab_size() const override { return static_cast<int32_t>(weights_.config.vocab_size); }
+  const KvCacheLayout& kv_layout() const override { return kv_layout_; }
+  int32_t sliding_window() const override { return static_cast<int32_t>(weights_.config.sliding_window); }
+  int64_t max_position_embeddings() const override { return weights_.config.max_position_embeddings; }
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
   void load_weights_from_disk(const std::filesystem::path& dir) override;
   void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) override;
   void unload_lora_adapter(int32_t slot) override;
   void update_weights(std::span<const HostTensor> tensors) override;
+  // One process without a drafter: drops the backend itself (its caching allocator, weight arena, handles and
+  // streams), with the model, KV pool, graphs and samplers on it, so that the device keeps only the CUDA context.
+  // A distributed model (its communicators are made over the backend) or one with a drafter keeps its memory.
+  bool sleep(int32_t level) override;
+  void wake_up() override;
   bool has_drafter() const override { return drafter_ != nullptr; }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
@@ -120,7 +126,10 @@ class BeamModelRunner : public ModelRunner {
   // After a failure of a collective step: the ranks are out of step from here on.
   void record_failure(const std::string& cause);
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;        // null while asleep
+  std::string device_;
+  EngineConfig config_;                     // what load() was given, to make the device state again after sleep
+  bool asleep_ = false;
   std::unique_ptr<ParallelGroups> groups_;  // null on one process
   std::function<void(const std::string&)> failure_handler_;
   std::string failure_;                     // the first distributed failure, after which launch refuses
@@ -133,6 +142,8 @@ class BeamModelRunner : public ModelRunner {
   // A rank of a distributed model applies only the tensors its shard computes with: the others may be older here.
   BeamWeights weights_;
   std::unique_ptr<KvCache> cache_;
+  KvCacheLayout kv_layout_;  // cache_'s
+  DType kv_dtype_ = DType::F32;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
   bool capture_routed_experts_ = false;   // --enable-return-routed-experts
