@@ -6,7 +6,9 @@
 # PyTorch reference, (c) routed experts equal to the reference's, (d) the routing-replay logprob gap in bfloat16.
 # Usage: bench/gpu_rollout.sh CARRY_DIR   (CARRY_DIR from bench/make_carry.sh, or a build folder with
 #        apps/beamline/beamline). DEVICE=cpu runs it on the cpu backend (smaller defaults). ROUNDS, ROLLOUTS,
-#        REPLAY_ROLLOUTS, MAX_TOKENS override the sizes; PYTHON the interpreter with torch and numpy (python3).
+#        REPLAY_ROLLOUTS, MAX_TOKENS override the sizes; PYTHON the interpreter with torch and numpy (python3);
+#        REPLAY_QUANTIZATION=mxfp8 (or fp8, nvfp4) serves the bfloat16 server's weights quantized, each update
+#        quantized on arrival (MXFP8 rollouts with routing replay).
 #        Writes $OUT/rollout.log, $OUT/rollout.md, $OUT/rollout.json; prints the tables; exits non-zero when a
 #        check fails or does not run.
 set -uo pipefail
@@ -38,8 +40,10 @@ built="of the build folder"
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", numpy.__version__)'
 } 2>&1 | tee "$LOG"
 start=$SECONDS
+quantized=()
+[ -n "${REPLAY_QUANTIZATION:-}" ] && quantized=(--replay-quantization "$REPLAY_QUANTIZATION")
 timeout 560 "$PYTHON" bench/rollout_loop.py --beamline "$BIN" --device "$DEVICE" --out "$OUT" "${sizes[@]}" \
-  >>"$LOG" 2>&1
+  "${quantized[@]}" >>"$LOG" 2>&1
 status=$?
 echo "rollout_loop.py exit $status in $((SECONDS - start)) s"
 if [ -s "$OUT/rollout.md" ]; then

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/quantize_tensors.h"
 #include "checkpoint/random_init.h"
 #include "checkpoint/safetensors.h"
 #include "model/checkpoint_layout.h"
@@ -152,6 +153,19 @@ class WeightChecker {
   std::set<std::string, std::less<>> used_;
 };
 
+// Whether the archive holds the projections that `config` (quantized) quantizes as floats: its first such is.
+bool holds_float_projections(const SafetensorsArchive& archive, const ModelConfig& config) {
+  const std::vector<std::string>& ignored = config.quantization->ignored_layers;
+  for (const ExpectedTensor& expected : expected_tensors(config)) {
+    if (expected.role != TensorRole::Projection ||
+        std::any_of(ignored.begin(), ignored.end(), [&](const std::string& prefix) { return expected.name.starts_with(prefix); }))
+      continue;
+    const TensorView* view = archive.find(expected.name);
+    return view == nullptr || is_float_dtype(view->dtype);
+  }
+  return true;
+}
+
 // A float tensor as F32 (itself when it already is).
 HostTensor widened_to_f32(const HostTensor& tensor) {
   const TensorView& view = tensor.view;
@@ -225,17 +239,23 @@ BeamWeights load_checkpoint(const std::filesystem::path& dir) {
 
 BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConfig& served) {
   BeamWeights weights;
+  weights.archive = SafetensorsArchive::open(dir);
+  // A server quantized at load (--quantization) takes float checkpoints, quantized here as at load.
   weights.config = served;
+  if (served.quantization && holds_float_projections(*weights.archive, served)) weights.config.quantization.reset();
   if (std::filesystem::exists(dir / "config.json")) {
     const ModelConfig config = ModelConfig::load(dir / "config.json");
-    require(config.to_json() == served.to_json(),
-            "{}: config.json describes another model than the one served (the architecture cannot change)",
-            (dir / "config.json").string());
+    require(config.to_json() == weights.config.to_json(),
+            "{}: config.json describes another model than the one served (the architecture cannot change{})",
+            (dir / "config.json").string(),
+            served.quantization ? fmt::format("; served quantized as {}, it may hold float or {} weights",
+                                              served.quantization->quant_method, served.quantization->quant_method)
+                                : "");
   }
-  weights.archive = SafetensorsArchive::open(dir);
-  WeightChecker checker(*weights.archive, served, dir);
+  WeightChecker checker(*weights.archive, weights.config, dir);
   std::map<std::string, LinearWeight, std::less<>> checked;
-  for (const ExpectedTensor& expected : expected_tensors(served)) checked.emplace(expected.name, checker.check(expected));
+  for (const ExpectedTensor& expected : expected_tensors(weights.config))
+    checked.emplace(expected.name, checker.check(expected));
   assemble(weights, checked);
   read_kv_scales(weights, checker);
   const std::vector<std::string> unknown = checker.unused();
@@ -243,10 +263,12 @@ BeamWeights load_weight_update(const std::filesystem::path& dir, const ModelConf
     fail("{}: tensor \"{}\" is not a tensor of this model ({} unknown tensor(s))",
          weights.archive->file_of(unknown.front()).string(), unknown.front(), unknown.size());
   }
+  if (served.quantization && !weights.config.quantization) return quantize_weights(std::move(weights), *served.quantization);
   return weights;
 }
 
-BeamWeights with_received_tensors(const BeamWeights& served, std::span<const HostTensor> received) {
+BeamWeights with_received_tensors(const BeamWeights& served, std::span<const HostTensor> received,
+                                  const std::function<bool(std::string_view)>& apply) {
   std::map<std::string, ExpectedTensor, std::less<>> expected;
   for (ExpectedTensor& tensor : expected_tensors(served.config)) expected.emplace(tensor.name, std::move(tensor));
   BeamWeights weights = served;
@@ -255,6 +277,7 @@ BeamWeights with_received_tensors(const BeamWeights& served, std::span<const Hos
   std::map<std::string, std::vector<TensorView*>, std::less<>> targets;
   for (const TensorView* view : weights.views()) targets[view->name].push_back(const_cast<TensorView*>(view));
   std::set<std::string, std::less<>> seen;
+  std::vector<TensorView> to_quantize;
   for (const HostTensor& tensor : received) {
     const TensorView& view = tensor.view;
     const auto found = expected.find(view.name);
@@ -269,17 +292,19 @@ BeamWeights with_received_tensors(const BeamWeights& served, std::span<const Hos
             "tensor \"{}\": {} bytes for {} {} elements", view.name, view.nbytes, view.numel(), dtype_name(view.dtype));
     const auto served_views = targets.find(view.name);
     require(served_views != targets.end(), "tensor \"{}\": the served model holds no such tensor", view.name);
+    if (apply && !apply(view.name)) continue;
+    // A projection served quantized (FP8, MXFP8, NVFP4) is quantized on arrival, below.
+    if (!is_float_dtype(served_views->second.front()->dtype)) {
+      to_quantize.push_back(view);
+      continue;
+    }
     const bool router = wanted.role == TensorRole::Router || wanted.role == TensorRole::RouterBias;
     // The router runs in FP32 whatever the trainer holds it in; widening BF16/F16 is exact.
     const HostTensor stored = router ? widened_to_f32(tensor) : tensor;
-    for (TensorView* target : served_views->second) {
-      require(is_float_dtype(target->dtype),
-              "tensor \"{}\": served quantized ({}); re-quantizing weights on arrival is not implemented", view.name,
-              dtype_name(target->dtype));
-      *target = stored.view;
-    }
+    for (TensorView* target : served_views->second) *target = stored.view;
     weights.slice_buffers.push_back(stored.bytes);
   }
+  weights = with_quantized_projections(std::move(weights), to_quantize);
   // The bytes of earlier updates whose tensors have all been replaced since are let go.
   std::vector<const std::byte*> in_use;
   for (const TensorView* view : weights.views()) in_use.push_back(view->data);

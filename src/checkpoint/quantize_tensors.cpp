@@ -191,11 +191,10 @@ std::vector<TensorSource> float_projection_sources(const BeamWeights& weights,
   return sources;
 }
 
-// A tensor's bytes in memory, filled on the thread pool. A source with fill granules (a quantized part) is filled in
+// A tensor's bytes filled into `bytes` (its nbytes()) on the thread pool. A source with fill granules (a quantized part) is filled in
 // tasks of whole granules, at least four per thread: a scales tensor of a few KiB stands for all of its weight's rows
 // and must spread over the pool too. Others in 1 MiB tasks (a small one, such as weight_scale_2, in one fill).
-std::vector<std::byte> materialise(const TensorSource& source) {
-  std::vector<std::byte> bytes(source.nbytes());
+void materialise(const TensorSource& source, std::span<std::byte> bytes) {
   ThreadPool& pool = ThreadPool::global();
   std::size_t task_bytes = kFillTaskBytes;
   if (source.fill_granule > 0) {
@@ -210,7 +209,40 @@ std::vector<std::byte> materialise(const TensorSource& source) {
       source.fill(from, std::span<std::byte>(bytes.data() + from, to - from));
     }
   });
-  return bytes;
+}
+
+// Quantizes `sources` (float projections named as `wanted`'s keys) as weights.config.quantization says and points
+// each projection of `wanted` at its quantized tensors. Each projection's codes and scales share one buffer of
+// weights.slice_buffers, which lives as long as some copy of the weights points into it (BeamModel keeps one).
+void store_quantized(BeamWeights& weights, const std::map<std::string, LinearWeight*, std::less<>>& wanted,
+                     std::vector<TensorSource> sources) {
+  constexpr std::size_t kAlign = 64;
+  std::map<std::string, std::vector<TensorSource>, std::less<>> parts_of;
+  for (TensorSource& part : quantized_sources(weights.config, std::move(sources), *weights.config.quantization)) {
+    const bool is_weight = part.name.ends_with(".weight");
+    std::string weight_name = is_weight ? part.name : part.name.substr(0, part.name.rfind(".weight_scale")) + ".weight";
+    parts_of[std::move(weight_name)].push_back(std::move(part));
+  }
+  for (const auto& [weight_name, parts] : parts_of) {
+    std::size_t size = 0;
+    std::vector<std::size_t> offsets;
+    for (const TensorSource& part : parts) {
+      offsets.push_back(size);
+      size += (part.nbytes() + kAlign - 1) / kAlign * kAlign;
+    }
+    auto buffer = std::make_shared<std::vector<std::byte>>(size);
+    LinearWeight& weight = *wanted.at(weight_name);
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const TensorSource& part = parts[p];
+      std::byte* at = buffer->data() + offsets[p];
+      materialise(part, std::span<std::byte>(at, part.nbytes()));
+      const TensorView view{part.name, part.dtype, part.shape, at, part.nbytes()};
+      if (part.name.ends_with(".weight")) weight.weight = view;
+      else if (part.name.ends_with(".weight_scale_2")) weight.scale_2 = view;
+      else weight.scale = view;
+    }
+    weights.slice_buffers.push_back(std::move(buffer));
+  }
 }
 
 }  // namespace
@@ -261,23 +293,32 @@ BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quan
     if (!ignored(quant, name)) wanted.emplace(name, weight);
   weights.config.quantization = quant;
   if (wanted.empty()) return weights;
+  store_quantized(weights, wanted, float_projection_sources(weights, wanted));
+  return weights;
+}
 
-  // The quantized bytes live as long as any copy of the weights (BeamModel keeps one).
-  auto storage = std::make_shared<std::map<std::string, std::vector<std::byte>>>();
-  std::vector<TensorSource> parts = quantized_sources(weights.config, float_projection_sources(weights, wanted), quant);
-  for (const TensorSource& part : parts) (*storage)[part.name] = materialise(part);
-  for (const TensorSource& part : parts) {
-    const std::vector<std::byte>& bytes = storage->at(part.name);
-    const TensorView view{part.name, part.dtype, part.shape, bytes.data(), bytes.size()};
-    const bool is_weight = part.name.ends_with(".weight");
-    const std::string weight_name =
-        is_weight ? part.name : part.name.substr(0, part.name.rfind(".weight_scale")) + ".weight";
-    LinearWeight& weight = *wanted.at(weight_name);
-    if (is_weight) weight.weight = view;
-    else if (part.name.ends_with(".weight_scale_2")) weight.scale_2 = view;
-    else weight.scale = view;
+BeamWeights with_quantized_projections(BeamWeights weights, std::span<const TensorView> float_projections) {
+  if (float_projections.empty()) return weights;
+  require(weights.config.quantization.has_value(), "quantize: the model is not served quantized (no quantization_config)");
+  const QuantScheme scheme = quant_scheme_of(*weights.config.quantization);
+  const std::map<std::string, LinearWeight*, std::less<>> all = projections(weights);
+  std::map<std::string, LinearWeight*, std::less<>> wanted;
+  std::vector<TensorSource> sources;
+  for (const TensorView& view : float_projections) {
+    const auto found = all.find(view.name);
+    require(found != all.end(), "quantize: tensor \"{}\" is not a projection of this model", view.name);
+    const TensorView& served = found->second->weight;
+    require(found->second->quantized(), "quantize: tensor \"{}\" is served unquantized", view.name);
+    require(view.shape.size() == 2 &&
+                quant_layout(scheme, view.shape[0], view.shape[1]).weight_shape == served.shape,
+            "quantize: tensor \"{}\": shape {} does not quantize to the served {} {}", view.name,
+            shape_string(view.shape), dtype_name(served.dtype), shape_string(served.shape));
+    require(wanted.emplace(view.name, found->second).second, "quantize: tensor \"{}\" is given twice", view.name);
+    sources.push_back(TensorSource{view.name, view.dtype, view.shape, [view](std::size_t offset, std::span<std::byte> out) {
+                                     std::memcpy(out.data(), view.data + offset, out.size());
+                                   }});
   }
-  weights.quantized_storage = std::move(storage);
+  store_quantized(weights, wanted, std::move(sources));
   return weights;
 }
 

@@ -4,6 +4,7 @@
 // (random weights), and `--quantization` at load (vLLM's online quantization of a float checkpoint, or
 // --load-format dummy): each turns float TensorSources into quantized ones with quantized_sources.
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,12 +35,18 @@ std::vector<TensorSource> quantized_sources(const ModelConfig& config, std::vect
                                             const QuantizationConfig& quant);
 
 // Float weights (a loaded unquantized checkpoint, or dummy_weights) with the projections that `quant` converts
-// quantized into memory the result owns, and config.quantization set: what --quantization does to a checkpoint
-// that has no quantization_config. Dummy weights are drawn on the host first (make-model --quantization's bytes).
-// With `shard` (a rank of a distributed run) only the projections it computes are quantized (its stage's layers,
-// its experts, the LM head on the last stage; the others stay float and are never loaded), each whole, with the bytes
-// one process would have: shard_weights then slices them (docs/parallel.md, Quantized weights).
+// quantized into memory the result owns (slice_buffers), and config.quantization set: what --quantization does to a
+// checkpoint that has no quantization_config. Dummy weights are drawn on the host first (make-model --quantization's
+// bytes). With `shard` (a rank of a distributed run) only the projections it computes are quantized (its stage's
+// layers, its experts, the LM head on the last stage; the others stay float and are never loaded), each whole, with
+// the bytes one process would have: shard_weights then slices them (docs/parallel.md, Quantized weights).
 BeamWeights quantize_weights(BeamWeights weights, const QuantizationConfig& quant,
                              const std::optional<ModelShard>& shard = std::nullopt);
+// Weight sync into a quantized server (docs/rl.md): `weights` (served quantized) with the projections named by
+// `float_projections` (float [out, in] tensors a trainer sent, each a projection served quantized) replaced by their
+// quantization under weights.config.quantization, computed by the same code as quantize_weights and `beamline
+// quantize`, so bit for bit what a server started from those float weights with --quantization would hold. The
+// quantized bytes are the result's (slice_buffers); `float_projections` need not outlive the call.
+BeamWeights with_quantized_projections(BeamWeights weights, std::span<const TensorView> float_projections);
 
 }  // namespace beamline

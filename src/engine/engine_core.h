@@ -62,6 +62,8 @@ class EngineCore {
   std::vector<std::string> settle();
   // Nothing cached is reused afterwards (after new weights, the cached KV is of the old ones).
   void reset_prefix_cache() { kv_.reset_prefix_cache(); }
+  // Every running sequence is computed again from its first token (between steps; the KV pool's contents are gone).
+  void preempt_all() { scheduler_.preempt_all(); }
 
   EngineStats stats() const;
   const kv::KvCacheManager& kv() const { return kv_; }

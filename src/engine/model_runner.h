@@ -131,6 +131,17 @@ class ModelRunner {
   }
   // The slot's adapter is no longer needed (no sequence uses it).
   virtual void unload_lora_adapter(int32_t slot) { (void)slot; }
+  // vLLM's sleep mode (/sleep, docs/rl.md), between steps: gives the device memory back (the weights, the KV pool and
+  // everything else the runner holds on the device); the KV cache's contents are lost, so the engine must recompute
+  // every sequence afterwards. Level 1 keeps the weights on the host, level 2 expects new ones (an update while
+  // asleep only replaces the host copy); either way wake_up() builds the model again from the host copy. Returns false,
+  // changing nothing, where the runner keeps its memory (it logs why).
+  virtual bool sleep(int32_t level) {
+    (void)level;
+    return false;
+  }
+  // After sleep() returned true: the device state again (an Error, still asleep, when it cannot be made).
+  virtual void wake_up() {}
   // /update_weights_from_distributed: replaces the named tensors (checkpoint names, host bytes received from a
   // trainer) and keeps the others, under the same rules: between steps, everything checked and built before the old
   // weights go, an Error naming the tensor otherwise.

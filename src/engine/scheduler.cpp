@@ -47,6 +47,12 @@ void Scheduler::preempt(Sequence* victim, StepPlan& plan, int32_t& budget) {
   plan.preempted.push_back(victim);
 }
 
+void Scheduler::preempt_all() {
+  StepPlan none;
+  int32_t budget = 0;
+  while (!running_.empty()) preempt(running_.back(), none, budget);
+}
+
 bool Scheduler::admissible(const Sequence& sequence) const {
   return sequence.prompt_leader == nullptr || sequence.prompt_leader->prompt_computed;
 }

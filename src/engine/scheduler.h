@@ -53,6 +53,8 @@ class Scheduler {
 
   void add(Sequence* sequence);     // joins the waiting queue (ids must increase with each call)
   void remove(Sequence* sequence);  // finished or aborted: leaves its queue and frees its blocks
+  // Every running sequence gives back its blocks and waits to be computed again (sleep mode drops the KV pool).
+  void preempt_all();
   // Chooses the step's work and allocates its blocks. An empty plan means nothing can run now.
   StepPlan schedule();
   // After the forward step: the scheduled tokens are in the cache (their full blocks get published).

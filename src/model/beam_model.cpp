@@ -249,7 +249,33 @@ Tensor BeamModel::forward_validated(const ForwardBatch& batch, KvCacheView cache
   StepInputs inputs = prepare(batch, cache.layout);
   upload(inputs);
   place_deferred_tokens(batch, token_source, inputs.tokens);
-  return logits_to_first_stage(run(inputs, cache, routed_experts), inputs.selected);
+  Tensor logits = run(inputs, cache, routed_experts);
+  routed_experts_to_first_stage(routed_experts);
+  return logits_to_first_stage(std::move(logits), inputs.selected);
+}
+
+int64_t BeamModel::moe_layers_before(int64_t layer) const {
+  return std::count_if(layers_.begin(), layers_.begin() + layer, [](const Layer& each) { return each.moe; });
+}
+
+void BeamModel::routed_experts_to_first_stage(const Tensor& routed_experts) const {
+  if (!routed_experts.defined() || groups_ == nullptr || groups_->config.pipeline == 1) return;
+  const int64_t rows = routed_experts.dim(1), top_k = routed_experts.dim(2);
+  // Stage p's MoE layers are one contiguous run of routed_experts' [moe_layers, rows, top_k].
+  auto stage_slices = [&](const ModelShard& stage) {
+    const int64_t first = moe_layers_before(stage.layer_begin), count = moe_layers_before(stage.layer_end) - first;
+    return count == 0 ? Tensor() : routed_experts.view(first * rows * top_k, {count, rows, top_k});
+  };
+  if (!groups_->first_stage()) {
+    if (const Tensor own = stage_slices(shard_); own.defined()) groups_->pipeline->send(own, 0);
+    return;
+  }
+  for (int32_t stage = 1; stage < groups_->config.pipeline; ++stage) {
+    RankCoordinates at = groups_->at;
+    at.pipeline = stage;
+    if (Tensor theirs = stage_slices(model_shard(weights_.config, groups_->config, at)); theirs.defined())
+      groups_->pipeline->recv(theirs, stage);
+  }
 }
 
 void BeamModel::place_deferred_tokens(const ForwardBatch& batch, const Tensor& token_source, Tensor& tokens) const {
@@ -359,6 +385,12 @@ AttentionParams BeamModel::attention_params(std::size_t layer, const KvCacheLayo
   return params;
 }
 
+std::set<std::string, std::less<>> BeamModel::loaded_tensor_names() const {
+  std::set<std::string, std::less<>> names;
+  for (const TensorView* view : used_views(weights_, shard_)) names.insert(view->name);
+  return names;
+}
+
 int64_t BeamModel::num_moe_layers() const {
   return std::count_if(layers_.begin(), layers_.end(), [](const Layer& layer) { return layer.moe; });
 }
@@ -390,11 +422,10 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
   Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   const bool first_stage = shard_.layer_begin == 0, last_stage = shard_.layer_end == config.num_hidden_layers;
   if (routed_experts.defined()) {
-    require(groups_ == nullptr, "routed experts: capturing them in a distributed model is not implemented");
     require_shape(routed_experts, {num_moe_layers(), rows, config.num_experts_per_tok}, "forward", "routed_experts");
     require_dtype(routed_experts, DType::I32, "forward", "routed_experts");
   }
-  int64_t moe_index = 0;
+  int64_t moe_index = moe_layers_before(shard_.layer_begin);  // this stage's first slice of routed_experts
 
   // embedding() over x with the rows' identity (inputs.capture_rows) copies the rows into the capture.
   if (!capture_layers_.empty())
@@ -490,6 +521,9 @@ std::vector<std::size_t> BeamModel::micro_batch_bounds(const ForwardBatch& batch
   std::vector<std::size_t> bounds{0, sequences};
   if (groups_ == nullptr || groups_->config.pipeline == 1 || groups_->config.micro_batches() < 2 || sequences < 2)
     return bounds;
+  // A step that captures the routing runs whole: routed_experts has one [rows, top_k] slab per MoE layer (every rank of
+  // the stage decides this alike, capturing or not).
+  if (batch.capture_routed_experts) return bounds;
   // Expert parallelism over data-parallel replicas pads every replica's rows per forward; micro-batches would have
   // to line up across replicas.
   if (groups_->expert && groups_->config.data > 1) return bounds;
@@ -610,18 +644,21 @@ void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& bran
     groups_->data->all_gather(h_rows, tokens);
     out = backend_.alloc(DType::F32, tokens.shape());
   }
+  const Tensor captured = expert_ids;  // this rank's rows, before keep_own_experts renumbers them
   expert_ids = backend_.alloc(DType::I32, {tokens.dim(0), top_k});
   Tensor expert_weights = backend_.alloc(DType::F32, {tokens.dim(0), top_k});
   backend_.route(tokens, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
-  keep_own_experts(expert_ids, expert_weights);
+  keep_own_experts(expert_ids, expert_weights, captured, groups_->at.data * h_rows.dim(0));
   backend_.moe(tokens, expert_ids, expert_weights, layer.experts, out);
   reduce_tensor_parallel(out);
   if (data > 1) groups_->data->reduce_scatter_sum(out, branch_rows);
 }
 
-void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const {
+void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights, Tensor captured,
+                                 int64_t captured_row) const {
   std::vector<int32_t> ids = backend_.download_i32(expert_ids);
   std::vector<float> weights = backend_.download_f32(expert_weights);
+  if (captured.defined()) backend_.copy_to(captured, ids.data() + captured_row * expert_ids.dim(1));
   for (std::size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] >= shard_.expert_begin && ids[i] < shard_.expert_end) {
       ids[i] -= static_cast<int32_t>(shard_.expert_begin);

@@ -1,6 +1,8 @@
 #pragma once
 // The Beam forward pass (docs/model-format.md §4), written once against the Backend op set.
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -40,8 +42,8 @@ class BeamModel {
   // cache holds); everything else is the model's.
   const ModelConfig& config() const { return config_; }
   const ModelShard& shard() const { return shard_; }
-  // What the model was built from (a new model with some tensors replaced starts from these).
-  const BeamWeights& weights() const { return weights_; }
+  // The checkpoint names of the tensors this rank loaded (its shard's; every one on one process).
+  std::set<std::string, std::less<>> loaded_tensor_names() const;
   Backend& backend() const { return backend_; }
 
   // One step over a varlen batch: writes the K/V of every new token into `cache` (through the batch's block
@@ -51,7 +53,11 @@ class BeamModel {
   // previous step's sampled tokens that batch.deferred_tokens read; a batch without them needs none.
   // `routed_experts` (routing replay, --enable-return-routed-experts), when defined: I32 [num_moe_layers(), rows,
   // top_k] on this backend, rows the step's token rows; the router writes each MoE layer's expert ids (its top-k, in
-  // order of selection) straight into that layer's slice, so capturing them costs no extra device work.
+  // order of selection) straight into that layer's slice, so capturing them costs no extra device work. Distributed:
+  // the router is replicated, so any rank of a stage sees its layers' routing of every row; the runner captures on
+  // tensor-parallel rank 0 of each stage (only), and the later stages send theirs to the first, whose tensor then
+  // holds every MoE layer (under expert parallelism the ids are copied out before they are renumbered, on the host
+  // path that renumbering already takes).
   Tensor forward(const ForwardBatch& batch, KvCacheView cache, const Tensor& token_source = {},
                  const Tensor& routed_experts = {});
   // forward() of a batch that validate() has passed.
@@ -196,7 +202,13 @@ class BeamModel {
   // forward() of a validated batch as micro-batches in flight through the stages; its logits in the batch's order.
   Tensor forward_micro_batches(const ForwardBatch& batch, const std::vector<std::size_t>& bounds, KvCacheView cache);
   // Keeps the choices of this rank's experts, renumbered from 0; the others get weight 0 (expert parallelism).
-  void keep_own_experts(Tensor& expert_ids, Tensor& expert_weights) const;
+  // `captured` (routing replay), when defined, first gets the router's ids of rows [captured_row, + its rows).
+  void keep_own_experts(Tensor& expert_ids, Tensor& expert_weights, Tensor captured, int64_t captured_row) const;
+  // The MoE layers among layers [0, layer).
+  int64_t moe_layers_before(int64_t layer) const;
+  // Pipeline parallelism, routing replay: each later stage sends its MoE layers' slices of forward()'s routed_experts
+  // to the first stage, which receives them into its own (before logits_to_first_stage, in stage order).
+  void routed_experts_to_first_stage(const Tensor& routed_experts) const;
   // tensor = its sum over the tensor-parallel group (row-parallel projections' partial sums).
   void reduce_tensor_parallel(Tensor& tensor) const;
 

@@ -56,8 +56,9 @@ struct BeamWeights {
   TensorView norm;                            // [H]
   LinearWeight lm_head;                       // [V,H] (embed_tokens when tie_word_embeddings)
   std::shared_ptr<const SafetensorsArchive> archive;  // keeps the mappings alive
-  std::shared_ptr<const void> quantized_storage;      // keeps projections quantized at load alive (--quantization)
-  // Tensor slices that checkpoint/shard_weights.h had to copy (columns, or a dummy tensor's slice drawn on the host).
+  // Host bytes the views point into besides the archive: slices checkpoint/shard_weights.h had to copy (columns, or a
+  // dummy tensor's slice drawn on the host), projections quantized at load or on arrival (checkpoint/quantize_tensors.h),
+  // tensors received from a trainer.
   std::vector<std::shared_ptr<const std::vector<std::byte>>> slice_buffers;
 
   // Every tensor the model is made of (quantization scales included), each once, for sizing.

@@ -3,6 +3,9 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
+#include <set>
+
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/drafter_checkpoint.h"
@@ -15,7 +18,7 @@
 namespace beamline {
 
 BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view device, const EngineConfig& config)
-    : backend_(create_backend(device)) {
+    : backend_(create_backend(device)), device_(device) {
   load(weights, config);
 }
 
@@ -23,6 +26,7 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
                                  MpiWorld& world, const ParallelConfig& parallel) {
   if (device != "cpu") world.use_local_gpu();
   backend_ = create_backend(device);
+  device_ = device;
   groups_ = make_parallel_groups(world, parallel, *backend_);
   load(weights, config);
   if (groups_->world_rank == 0 && parallel.data > 1)
@@ -42,14 +46,12 @@ BeamModelRunner::~BeamModelRunner() {
 
 void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& config) {
   config.validate();
+  config_ = config;
   backend_->set_compute_dtype(parse_compute_dtype(config.dtype, backend_->device()));
   const DType kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, backend_->compute_dtype());
-  if (groups_ != nullptr) {
-    const ModelShard shard = model_shard(weights.config, groups_->config, groups_->at);
-    model_ = std::make_unique<BeamModel>(shard_weights(weights, shard), *backend_, shard, groups_.get());
-  } else {
-    model_ = std::make_unique<BeamModel>(weights, *backend_);
-  }
+  kv_dtype_ = kv_dtype;
+  weights_ = weights;
+  model_ = build_model(weights);
   if (config.calculate_kv_scales) model_->calculate_kv_scales();
   const ModelConfig& model_config = model_->config();
   // Each op then reduces every row in one fixed order whatever the batch (docs/rl.md, docs/cuda-backend.md).
@@ -58,8 +60,9 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
           backend_->name());
   if (config.batch_invariant) spdlog::info("batch-invariant mode: a row's results do not depend on its batch");
   if (config.enable_return_routed_experts) {
-    require(groups_ == nullptr, "--enable-return-routed-experts: capturing the routing of a distributed model is not "
-            "implemented");
+    require(groups_ == nullptr || groups_->config.data == 1,
+            "--enable-return-routed-experts with --data-parallel-size {}: capturing the routing of data-parallel "
+            "replicas is not implemented (tensor, pipeline and expert parallelism are)", groups_ ? groups_->config.data : 1);
     require(model_->num_moe_layers() > 0, "--enable-return-routed-experts: the model has no MoE layer");
     require(model_config.n_routed_experts <= INT16_MAX,
             "--enable-return-routed-experts: {} experts do not fit the int16 ids it returns", model_config.n_routed_experts);
@@ -110,6 +113,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   cache_ = std::make_unique<KvCache>(*backend_, model_config,
                                      make_kv_cache_layout(model_config, block_size, static_cast<int32_t>(num_blocks)),
                                      kv_dtype);
+  kv_layout_ = cache_->layout();
   spdlog::info("KV budget {:.1f} MiB: {} blocks of {} tokens x {} layer slots ({} bytes each, {}) on {}; compute {}",
                static_cast<double>(budget) / (1 << 20), num_blocks, block_size, cache_->layout().slots_per_block,
                bytes_per_block_, dtype_name(kv_dtype), backend_->name(),
@@ -130,35 +134,193 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
 }
 
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
-  require_replaceable_weights(dir.string());
-  replace_weights(load_weight_update(dir, model_->config()), dir.string());
+  const std::string source = dir.string();
+  require_replaceable_weights(source);
+  // Checked here in full before any other rank hears of it.
+  const BeamWeights weights = load_weight_update(dir, weights_.config);
+  if (groups_ == nullptr) return replace_weights(weights, source);
+  collective([&] {
+    std::vector<std::byte> order = encode_weight_update_message({source, {}});
+    groups_->world->broadcast_bytes(order, 0);
+  });
+  replace_weights_everywhere([&] { return weights; }, source);
 }
 
 void BeamModelRunner::update_weights(std::span<const HostTensor> tensors) {
   const std::string source = fmt::format("{} received tensor(s)", tensors.size());
   require_replaceable_weights(source);
-  replace_weights(with_received_tensors(model_->weights(), tensors), source);
+  if (groups_ == nullptr) return replace_weights(with_received_tensors(weights_, tensors), source);
+  // Every tensor is checked here before any other rank hears of it; this rank keeps those its shard computes with.
+  const std::set<std::string, std::less<>> used = model_->loaded_tensor_names();
+  const BeamWeights weights =
+      with_received_tensors(weights_, tensors, [&](std::string_view name) { return used.contains(name); });
+  WeightUpdateOrder order;
+  for (const HostTensor& tensor : tensors)
+    order.tensors.push_back(TensorView{tensor.view.name, tensor.view.dtype, tensor.view.shape, nullptr, tensor.view.nbytes});
+  collective([&] {
+    std::vector<std::byte> message = encode_weight_update_message(order);
+    groups_->world->broadcast_bytes(message, 0);
+    for (const HostTensor& tensor : tensors) broadcast_weight_bytes(tensor.view.data, tensor.view.nbytes);
+  });
+  replace_weights_everywhere([&] { return weights; }, source);
+}
+
+void BeamModelRunner::follow_weight_update(const WeightUpdateOrder& order) {
+  if (!order.directory.empty())
+    return replace_weights_everywhere([&] { return load_weight_update(order.directory, weights_.config); },
+                                      order.directory);
+  const std::set<std::string, std::less<>> used = model_->loaded_tensor_names();
+  std::vector<HostTensor> kept;
+  collective([&] {
+    for (const TensorView& header : order.tensors) {
+      auto bytes = std::make_shared<std::vector<std::byte>>(broadcast_weight_bytes(nullptr, header.nbytes));
+      if (!used.contains(header.name)) continue;
+      TensorView view = header;
+      view.data = bytes->data();
+      kept.push_back({std::move(view), std::move(bytes)});
+    }
+  });
+  replace_weights_everywhere([&] { return with_received_tensors(weights_, kept); },
+                             fmt::format("{} received tensor(s)", order.tensors.size()));
+}
+
+std::vector<std::byte> BeamModelRunner::broadcast_weight_bytes(const std::byte* data, std::size_t nbytes) {
+  constexpr std::size_t kChunkBytes = std::size_t{1} << 30;  // MPI counts are int
+  const bool root = groups_->world_rank == 0;
+  std::vector<std::byte> all(root ? 0 : nbytes), chunk;
+  for (std::size_t at = 0; at < nbytes; at += kChunkBytes) {
+    const std::size_t size = std::min(kChunkBytes, nbytes - at);
+    if (root) chunk.assign(data + at, data + at + size);
+    groups_->world->broadcast_bytes(chunk, 0);
+    require(chunk.size() == size, "weight update: {} bytes broadcast where {} were due", chunk.size(), size);
+    if (!root) std::memcpy(all.data() + at, chunk.data(), size);
+  }
+  return all;
+}
+
+void BeamModelRunner::collective(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const std::exception& error) {
+    record_failure(error.what());
+    throw;
+  }
+}
+
+void BeamModelRunner::replace_weights_everywhere(const std::function<BeamWeights()>& make, const std::string& source) {
+  BeamWeights weights;
+  std::unique_ptr<BeamModel> model;
+  std::string cause;
+  try {
+    weights = make();
+    model = build_model(weights);
+  } catch (const std::exception& error) {
+    cause = error.what();
+  }
+  int64_t failed = -1;
+  collective([&] {
+    failed = groups_->world->all_reduce_max(cause.empty() ? -1 : groups_->world_rank);
+    if (failed < 0) return;
+    std::vector<std::byte> bytes(cause.size());
+    std::memcpy(bytes.data(), cause.data(), cause.size());
+    groups_->world->broadcast_bytes(bytes, static_cast<int32_t>(failed));
+    cause.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  });
+  require(failed < 0, "{}: rank {} could not take the new weights, so no rank did (all serve the old ones): {}", source,
+          failed, cause);
+  install_model(std::move(model), std::move(weights), source);
 }
 
 void BeamModelRunner::require_replaceable_weights(const std::string& source) const {
-  require(groups_ == nullptr, "{}: loading new weights into a distributed model is not implemented", source);
+  // Each replica's engine would order the update from its own thread, while the others' steps use the same channel.
+  require(groups_ == nullptr || groups_->config.data == 1,
+          "{}: loading new weights into a data-parallel server (--data-parallel-size {}) is not implemented (tensor, "
+          "pipeline and expert parallelism are)", source, data_parallel_size());
   require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
           "come from the served weights)", source);
 }
 
-void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
-  // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
-  auto model = std::make_unique<BeamModel>(weights, *backend_);
-  if (max_loras_ > 0) {  // the adapters served stay: they are loaded into the new model too
+std::unique_ptr<BeamModel> BeamModelRunner::build_model(const BeamWeights& weights) {
+  std::unique_ptr<BeamModel> model;
+  if (groups_ == nullptr) {
+    model = std::make_unique<BeamModel>(weights, *backend_);
+  } else {
+    const ModelShard shard = model_shard(weights.config, groups_->config, groups_->at);
+    model = std::make_unique<BeamModel>(shard_weights(weights, shard), *backend_, shard, groups_.get());
+  }
+  if (max_loras_ > 0) {  // the adapters served stay: they are loaded into new weights too
     model->enable_lora(max_loras_, max_lora_rank_);
     for (const auto& [slot, adapter] : lora_adapters_) model->load_lora(slot, adapter);
   }
+  return model;
+}
+
+void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::string& source) {
+  if (asleep_) {  // checked already; built by wake_up()
+    weights_ = weights;
+    spdlog::info("new weights from {} kept on the host until /wake_up", source);
+    return;
+  }
+  // The new model is built beside the old one, which serves on if this throws (e.g. out of device memory).
+  install_model(build_model(weights), weights, source);
+}
+
+bool BeamModelRunner::sleep(int32_t level) {
+  if (asleep_) return true;
+  if (groups_ != nullptr || drafter_ != nullptr) {
+    spdlog::warn("sleep (level {}): device memory is kept: {} (docs/rl.md)", level,
+                 groups_ != nullptr ? "a distributed model's communicators are made over its backend"
+                                    : "the dflash drafter's state lives on the device");
+    return false;
+  }
+  backend_->synchronize();
+  // Everything made on the backend goes before it.
+  graphs_.reset();
+  samplers_.clear();
+  last_captured_ = Tensor();
+  cache_.reset();
+  model_.reset();
+  backend_.reset();
+  asleep_ = true;
+  spdlog::info("sleeping (level {}): the model, KV pool and backend are released; the weights stay on the host", level);
+  return true;
+}
+
+void BeamModelRunner::wake_up() {
+  if (!asleep_) return;
+  std::unique_ptr<Backend> backend = create_backend(device_);
+  backend->set_compute_dtype(parse_compute_dtype(config_.dtype, backend->device()));
+  require(backend->set_batch_invariant(config_.batch_invariant), "wake_up: --batch-invariant on the {} backend",
+          backend->name());
+  backend_ = std::move(backend);
+  try {
+    model_ = build_model(weights_);
+    // The pool starts empty: scales calculated by the first step are calculated again.
+    if (config_.calculate_kv_scales) model_->calculate_kv_scales();
+    cache_ = std::make_unique<KvCache>(*backend_, model_->config(), kv_layout_, kv_dtype_);
+    if (graph_max_num_seqs_ > 0)
+      graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
+    samplers_.push_back(std::make_unique<StepSampler>(*backend_, vocab_size()));
+  } catch (...) {
+    samplers_.clear();
+    graphs_.reset();
+    cache_.reset();
+    model_.reset();
+    backend_.reset();
+    throw;
+  }
+  asleep_ = false;
+  spdlog::info("awake: model, KV pool ({} blocks) and graphs made again", kv_layout_.num_blocks);
+}
+
+void BeamModelRunner::install_model(std::unique_ptr<BeamModel> model, BeamWeights weights, const std::string& source) {
   // The cache holds codes written with the served scales (or the first step is still to calculate them): they stay.
   model->inherit_kv_scales(*model_);
   backend_->synchronize();
   // Recorded decode graphs read the old weights' buffers: they go first, and are recorded again over the new ones.
   graphs_.reset();
   model_ = std::move(model);
+  weights_ = std::move(weights);
   if (graph_max_num_seqs_ > 0)
     graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
   spdlog::info("loaded new weights from {}", source);
@@ -167,20 +329,25 @@ void BeamModelRunner::replace_weights(const BeamWeights& weights, const std::str
 void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::path& dir) {
   require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
   lora_adapters_.erase(slot);
-  LoraWeights adapter = load_peft_adapter(dir, model_->config(), max_lora_rank_);
-  model_->load_lora(slot, adapter);
+  LoraWeights adapter = load_peft_adapter(dir, weights_.config, max_lora_rank_);
+  if (!asleep_) model_->load_lora(slot, adapter);  // else wake_up() loads it with the model
   lora_adapters_.emplace(slot, std::move(adapter));
 }
 
 void BeamModelRunner::unload_lora_adapter(int32_t slot) { lora_adapters_.erase(slot); }
 
 std::unique_ptr<ModelStep> BeamModelRunner::launch(const ForwardBatch& batch) {
+  require(!asleep_, "the model is asleep (/sleep): /wake_up first");
   if (data_parallel_ != nullptr) return launch_replica(0, batch);
   StepSampler& sampler = *samplers_.front();
-  if (groups_ != nullptr) return sampler.step(launch_distributed(batch), batch.logit_rows.size());
-  const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler.deferred_source();
-  Tensor routed_experts;
-  std::unique_ptr<ModelStep> step = sampler.step(forward(batch, token_source, routed_experts), batch.logit_rows.size());
+  Tensor routed_experts, logits;
+  if (groups_ != nullptr) {
+    logits = launch_distributed(batch, routed_experts);
+  } else {
+    const Tensor token_source = batch.deferred_tokens.empty() ? Tensor() : sampler.deferred_source();
+    logits = forward(batch, token_source, routed_experts);
+  }
+  std::unique_ptr<ModelStep> step = sampler.step(logits, batch.logit_rows.size());
   if (!routed_experts.defined()) return step;
   return std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, routed_experts,
                                              static_cast<int64_t>(batch.tokens.size()));
@@ -213,17 +380,16 @@ void BeamModelRunner::record_failure(const std::string& cause) {
   if (failure_handler_) failure_handler_(failure_);
 }
 
-Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch) {
+Tensor BeamModelRunner::launch_distributed(const ForwardBatch& batch, Tensor& routed_experts) {
   const ReplicaBatches plan{plan_batch(batch, *samplers_.front())};
-  try {
+  // A batch refused before the broadcast (plan_batch) leaves the ranks in step; a failure from here on does not.
+  Tensor logits;
+  collective([&] {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    return run_plan(plan);
-  } catch (const std::exception& error) {
-    // A batch refused before the broadcast (plan_batch) leaves the ranks in step; a failure from here on does not.
-    record_failure(error.what());
-    throw;
-  }
+    logits = run_plan(plan, routed_experts);
+  });
+  return logits;
 }
 
 namespace {
@@ -278,7 +444,8 @@ std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
     std::vector<Tensor> logits(plan.size());
-    logits.front() = run_plan(plan);
+    Tensor no_routing;  // refused with data parallelism (load)
+    logits.front() = run_plan(plan, no_routing);
     // Rank 0 samples for every replica: the first rank of each other replica sends its logits (forward()'s rows).
     for (std::size_t r = 1; r < plan.size(); ++r) {
       if (!plan[r].has_value() || plan[r]->logit_rows.empty()) continue;
@@ -292,13 +459,12 @@ std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches
   }
 }
 
-Tensor BeamModelRunner::run_plan(const ReplicaBatches& plan) {
+Tensor BeamModelRunner::run_plan(const ReplicaBatches& plan, Tensor& routed_experts) {
   require(static_cast<int32_t>(plan.size()) == groups_->config.data,
           "step message: a plan for {} data-parallel replicas, and --data-parallel-size is {}", plan.size(),
           groups_->config.data);
   const std::optional<ForwardBatch>& batch = plan[static_cast<std::size_t>(groups_->at.data)];
-  Tensor no_routing;
-  if (batch.has_value()) return forward(*batch, {}, no_routing);
+  if (batch.has_value()) return forward(*batch, {}, routed_experts);
   if (groups_->expert && groups_->config.data > 1) model_->dummy_forward();
   return {};
 }
@@ -307,11 +473,21 @@ void BeamModelRunner::follow() {
   require(groups_ != nullptr && groups_->world_rank != 0, "follow() is for the ranks other than 0");
   const RankCoordinates at = groups_->at;
   for (;;) {
-    std::vector<std::byte> message;
-    groups_->world->broadcast_bytes(message, 0, /*wait_forever=*/true);
-    const std::optional<ReplicaBatches> plan = decode_step_message(message);
-    if (!plan) return;
-    const Tensor logits = run_plan(*plan);
+    std::vector<std::byte> bytes;
+    groups_->world->broadcast_bytes(bytes, 0, /*wait_forever=*/true);
+    const StepMessage message = decode_step_message(bytes);
+    if (message.kind == StepMessage::Kind::Stop) return;
+    if (message.kind == StepMessage::Kind::Weights) {
+      try {
+        follow_weight_update(message.weights);
+      } catch (const Error& error) {
+        if (!failure_.empty()) throw;  // the ranks are out of step
+        spdlog::warn("new weights refused, the old ones serve on: {}", error.what());
+      }
+      continue;
+    }
+    Tensor routed_experts;  // captured on the stages after the first, which sends them to rank 0
+    const Tensor logits = run_plan(message.plan, routed_experts);
     // Rank 0 samples for every data-parallel replica (run_data_parallel_step).
     if (at.data > 0 && at.pipeline == 0 && at.tensor == 0 && logits.defined()) groups_->data->send(logits, 0);
   }
@@ -323,7 +499,8 @@ Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_s
     for (const SequenceSlice& slice : batch.sequences)
       last_step_rows_.push_back({slice.token_begin, slice.token_end - slice.token_begin, slice.context_begin});
   }
-  const bool capture = capture_routed_experts_ && batch.capture_routed_experts;
+  // Distributed: tensor-parallel rank 0 of each stage (BeamModel::forward).
+  const bool capture = capture_routed_experts_ && batch.capture_routed_experts && (groups_ == nullptr || groups_->at.tensor == 0);
   // Eager steps route into a buffer of their own; a replayed graph into the graph's.
   auto eager_routing = [&] {
     if (capture)

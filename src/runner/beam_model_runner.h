@@ -44,7 +44,8 @@ class BeamModelRunner : public ModelRunner {
                   const ParallelConfig& parallel);
   ~BeamModelRunner() override;  // rank 0 of a distributed run tells the others to stop
 
-  // Ranks other than 0: runs the steps that rank 0 broadcasts until it stops. Throws Error when a step fails.
+  // Ranks other than 0: runs the steps that rank 0 broadcasts until it stops, and takes the new weights it sends
+  // (load_weights_from_disk, update_weights). Throws Error when a step fails.
   void follow();
   // Rank 0: called (on the engine thread) with the cause when a distributed step fails. After that the ranks are out
   // of step, every later launch fails at once, and the caller should stop.
@@ -58,16 +59,22 @@ class BeamModelRunner : public ModelRunner {
   // Replica `replica`'s engine waits for work: the other replicas' steps stop waiting for its batch.
   void replica_idle(int32_t replica);
 
-  int32_t vocab_size() const override { return static_cast<int32_t>(model_->config().vocab_size); }
-  const KvCacheLayout& kv_layout() const override { return cache_->layout(); }
-  int32_t sliding_window() const override { return static_cast<int32_t>(model_->config().sliding_window); }
-  int64_t max_position_embeddings() const override { return model_->config().max_position_embeddings; }
+  // From the whole model's config and the pool's layout, which stay while asleep.
+  int32_t vocab_size() const override { return static_cast<int32_t>(weights_.config.vocab_size); }
+  const KvCacheLayout& kv_layout() const override { return kv_layout_; }
+  int32_t sliding_window() const override { return static_cast<int32_t>(weights_.config.sliding_window); }
+  int64_t max_position_embeddings() const override { return weights_.config.max_position_embeddings; }
   int64_t kv_bytes_per_block() const override { return bytes_per_block_; }
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override;
   void load_weights_from_disk(const std::filesystem::path& dir) override;
   void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) override;
   void unload_lora_adapter(int32_t slot) override;
   void update_weights(std::span<const HostTensor> tensors) override;
+  // One process without a drafter: drops the backend itself (its caching allocator, weight arena, handles and
+  // streams), with the model, KV pool, graphs and samplers on it, so that the device keeps only the CUDA context.
+  // A distributed model (its communicators are made over the backend) or one with a drafter keeps its memory.
+  bool sleep(int32_t level) override;
+  void wake_up() override;
   bool has_drafter() const override { return drafter_ != nullptr; }
   int32_t drafter_window() const override {
     return drafter_ ? static_cast<int32_t>(drafter_->config().sliding_window) : 0;
@@ -89,10 +96,27 @@ class BeamModelRunner : public ModelRunner {
   // New weights for the served model (from disk or a trainer; `source` names them in messages): built beside the old
   // model, which serves on if that throws; then the old model goes and the decode graphs are recorded again.
   void replace_weights(const BeamWeights& weights, const std::string& source);
-  // Refuses new weights where replace_weights cannot build them (distributed, under a drafter).
+  // Refuses new weights where replace_weights cannot build them (under a drafter, with data-parallel replicas).
   void require_replaceable_weights(const std::string& source) const;
-  // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it.
-  Tensor launch_distributed(const ForwardBatch& batch);
+  // The model of `weights` (the whole model's; sharded here for this rank), with the served LoRA adapters.
+  std::unique_ptr<BeamModel> build_model(const BeamWeights& weights);
+  // Puts `model` (built from `weights`) in the old one's place, keeping the KV scales, and records the graphs again.
+  void install_model(std::unique_ptr<BeamModel> model, BeamWeights weights, const std::string& source);
+  // Distributed, every rank: builds the model of make() beside the old one; then either every rank installs its new
+  // model or, when some rank failed (make() or the build threw), none does and every rank throws an Error naming that
+  // rank and its cause (rank 0's caller gets it; the others log it and follow on).
+  void replace_weights_everywhere(const std::function<BeamWeights()>& make, const std::string& source);
+  // A rank other than 0: the weight update rank 0 ordered (the directory, or the tensors' bytes that follow the order:
+  // those this rank's shard computes with are kept).
+  void follow_weight_update(const WeightUpdateOrder& order);
+  // Rank 0's `nbytes` bytes at `data` to every rank, in broadcasts of at most 1 GiB; the other ranks get them back
+  // (rank 0 an empty vector).
+  std::vector<std::byte> broadcast_weight_bytes(const std::byte* data, std::size_t nbytes);
+  // Runs collectives: a failure leaves the ranks out of step (record_failure), and is rethrown.
+  void collective(const std::function<void()>& run);
+  // Rank 0 of a distributed run: broadcasts the step (its deferred tokens filled in from the device) and runs it;
+  // `routed_experts` as forward()'s.
+  Tensor launch_distributed(const ForwardBatch& batch, Tensor& routed_experts);
   // `batch` as the other ranks receive it: its deferred tokens read from `sampler`'s last step; validated. Refuses
   // after a failure.
   ForwardBatch plan_batch(const ForwardBatch& batch, StepSampler& sampler);
@@ -100,12 +124,15 @@ class BeamModelRunner : public ModelRunner {
   // first rank).
   std::vector<Tensor> run_data_parallel_step(const ReplicaBatches& plan);
   // Every rank: its replica's part of `plan` (its batch, or a dummy step when expert parallelism needs one); the
-  // logits forward() gives.
-  Tensor run_plan(const ReplicaBatches& plan);
+  // logits and routed experts forward() gives.
+  Tensor run_plan(const ReplicaBatches& plan, Tensor& routed_experts);
   // After a failure of a collective step: the ranks are out of step from here on.
   void record_failure(const std::string& cause);
 
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;        // null while asleep
+  std::string device_;
+  EngineConfig config_;                     // what load() was given, to make the device state again after sleep
+  bool asleep_ = false;
   std::unique_ptr<ParallelGroups> groups_;  // null on one process
   std::function<void(const std::string&)> failure_handler_;
   std::string failure_;                     // the first distributed failure, after which launch refuses
@@ -114,7 +141,12 @@ class BeamModelRunner : public ModelRunner {
   std::unique_ptr<DataParallelSteps> data_parallel_;
   std::mutex backend_mutex_;
   std::unique_ptr<BeamModel> model_;
+  // What model_ was built from: the whole model's weights (not this rank's shard), which a weight update starts from.
+  // A rank of a distributed model applies only the tensors its shard computes with: the others may be older here.
+  BeamWeights weights_;
   std::unique_ptr<KvCache> cache_;
+  KvCacheLayout kv_layout_;  // cache_'s
+  DType kv_dtype_ = DType::F32;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
   bool capture_routed_experts_ = false;   // --enable-return-routed-experts

@@ -88,13 +88,19 @@ Json RolloutControl::sleep(const ControlRequest& request) {
   if (level != "1" && level != "2") throw invalid_request("level", fmt::format("level: expected 1 or 2, got '{}'", level));
   std::lock_guard lock(mutex_);
   // Requests in flight are kept and continue after /wake_up; the KV cache's contents are dropped (vLLM: level 1
-  // and 2 both discard it), so nothing cached is reused.
+  // and 2 both discard it), so nothing cached is reused and the sequences in flight are computed again.
   context_.engine.pause(PauseMode::Keep);
+  bool released = true;  // by every engine's runner (data parallelism: one engine per replica)
+  context_.engine.run_between_steps([&](EngineCore& core, ModelRunner& runner) {
+    core.reset_prefix_cache();
+    const bool here = runner.sleep(std::stoi(level));
+    if (here) core.preempt_all();
+    released = released && here;
+  });
   context_.engine.reset_prefix_cache();
   asleep_ = kSleepTags;
   sleeping_ = true;
-  spdlog::info("sleeping (level {}); device memory is kept (see docs/rl.md)", level);
-  return Json{{"status", "sleeping"}, {"level", std::stoi(level)}};
+  return Json{{"status", "sleeping"}, {"level", std::stoi(level)}, {"device_memory_released", released}};
 }
 
 Json RolloutControl::wake_up(const ControlRequest& request) {
@@ -115,8 +121,16 @@ Json RolloutControl::wake_up(const ControlRequest& request) {
   }
   std::lock_guard lock(mutex_);
   const bool was_asleep = !asleep_.empty();
+  const std::set<std::string> before = asleep_;
   for (const std::string& tag : tags) asleep_.erase(tag);
   if (was_asleep && asleep_.empty()) {
+    // The device state is made again once everything is awake (an update while asleep went to the host copy).
+    try {
+      context_.engine.run_between_steps([](EngineCore&, ModelRunner& runner) { runner.wake_up(); });
+    } catch (const Error& failed) {
+      asleep_ = before;
+      throw invalid_request("tags", fmt::format("wake_up: {} (still asleep)", failed.what()));
+    }
     sleeping_ = false;
     context_.engine.resume();
   }

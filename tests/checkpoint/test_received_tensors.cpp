@@ -1,6 +1,6 @@
 // with_received_tensors (weight sync from a trainer, docs/rl.md): the served weights with the received tensors in
-// their place give the logits of the checkpoint those tensors came from, bit for bit; bad tensors are refused naming
-// them, and the served weights are never touched.
+// their place give the logits of the checkpoint those tensors came from, bit for bit (a quantized server: those of
+// that checkpoint quantized at load); bad tensors are refused naming them, and the served weights are never touched.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -9,7 +9,9 @@
 #include "backend/backend.h"
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
+#include "checkpoint/quantize_tensors.h"
 #include "checkpoint/safetensors.h"
 #include "model/beam_model.h"
 #include "../model/model_test_support.h"
@@ -71,6 +73,80 @@ TEST(ReceivedTensors, EveryTensorOfAnotherCheckpointGivesItsLogits) {
   // The served weights are untouched.
   const std::vector<float> again = prefill_logits(served);
   EXPECT_EQ(0, std::memcmp(again.data(), before.data(), before.size() * sizeof(float)));
+}
+
+// Weight sync into a server quantized at load (--quantization fp8 / mxfp8 / nvfp4, MXFP8 rollouts): the trainer's
+// BF16 tensors, quantized on arrival, give what a server started from them with the same --quantization holds, byte
+// for byte, and so its logits bit for bit.
+TEST(ReceivedTensors, AQuantizedServerQuantizesOnArrivalAsAtLoad) {
+  testing::TempDir first_dir("first"), next_dir("next");
+  const ModelConfig config = preset_config("tiny");
+  const BeamWeights first = testing::write_and_load(config, first_dir.path(), 8);
+  const BeamWeights next = testing::write_and_load(config, next_dir.path(), 9);
+  for (QuantScheme scheme : {QuantScheme::Fp8Block, QuantScheme::Mxfp8, QuantScheme::Nvfp4}) {
+    SCOPED_TRACE(std::string(quant_scheme_name(scheme)));
+    const QuantizationConfig quant = quantization_config_for(scheme, {"lm_head"});
+    const BeamWeights served = quantize_weights(first, quant);
+    const BeamWeights at_load = quantize_weights(next, quant);
+    std::vector<HostTensor> tensors;
+    for (const std::string& name : next.archive->tensor_names()) tensors.push_back(received(next.archive->at(name)));
+    const std::size_t half = tensors.size() / 2;  // two buckets, as a trainer sends them
+    BeamWeights updated = with_received_tensors(served, std::span(tensors).first(half));
+    updated = with_received_tensors(updated, std::span(tensors).subspan(half));
+    tensors.clear();
+    ASSERT_TRUE(updated.layers[0].q_proj.quantized());
+    ASSERT_FALSE(updated.lm_head.quantized());
+    const std::vector<const TensorView*> got = updated.views(), expected = at_load.views();
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i]->name, expected[i]->name);
+      ASSERT_EQ(got[i]->dtype, expected[i]->dtype) << got[i]->name;
+      ASSERT_EQ(got[i]->nbytes, expected[i]->nbytes) << got[i]->name;
+      ASSERT_EQ(0, std::memcmp(got[i]->data, expected[i]->data, got[i]->nbytes)) << got[i]->name;
+    }
+    if (scheme == QuantScheme::Nvfp4) {
+      const TensorView &got_2 = updated.layers[1].o_proj.scale_2, &expected_2 = at_load.layers[1].o_proj.scale_2;
+      ASSERT_NE(got_2.data, nullptr);
+      EXPECT_EQ(0, std::memcmp(got_2.data, expected_2.data, sizeof(float)));
+    }
+    const std::vector<float> want = prefill_logits(at_load), have = prefill_logits(updated);
+    ASSERT_EQ(have.size(), want.size());
+    EXPECT_EQ(0, std::memcmp(have.data(), want.data(), have.size() * sizeof(float)));
+    // Only the new quantized bytes and the received float tensors in use stay: the served model's go with it.
+    EXPECT_LE(updated.slice_buffers.size(), next.views().size());
+  }
+}
+
+// /update_weights_from_disk into a server quantized at load: a float directory is quantized as at load (the same
+// bytes); a directory of another scheme is refused naming both.
+TEST(ReceivedTensors, AQuantizedServerTakesAFloatDirectoryAsAtLoad) {
+  testing::TempDir first_dir("first"), next_dir("next"), other_dir("other");
+  const ModelConfig config = preset_config("tiny");
+  const BeamWeights first = testing::write_and_load(config, first_dir.path(), 8);
+  const BeamWeights next = testing::write_and_load(config, next_dir.path(), 9);
+  const QuantizationConfig quant = quantization_config_for(QuantScheme::Mxfp8, {"lm_head"});
+  const BeamWeights served = quantize_weights(first, quant);
+  const BeamWeights updated = load_weight_update(next_dir.path(), served.config);
+  const BeamWeights at_load = quantize_weights(next, quant);
+  ASSERT_TRUE(updated.config.quantization.has_value());
+  const std::vector<const TensorView*> got = updated.views(), expected = at_load.views();
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i]->name, expected[i]->name);
+    ASSERT_EQ(got[i]->nbytes, expected[i]->nbytes) << got[i]->name;
+    ASSERT_EQ(0, std::memcmp(got[i]->data, expected[i]->data, got[i]->nbytes)) << got[i]->name;
+  }
+  ModelConfig nvfp4 = config;
+  nvfp4.quantization = quantization_config_for(QuantScheme::Nvfp4, {"lm_head"});
+  write_model_files(nvfp4, other_dir.path());
+  write_safetensors_checkpoint(other_dir.path(), quantized_sources(nvfp4, random_checkpoint_tensors(config, 9, DType::BF16),
+                                                                   *nvfp4.quantization));
+  try {
+    (void)load_weight_update(other_dir.path(), served.config);
+    ADD_FAILURE() << "an nvfp4 directory was taken by an mxfp8 server";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("served quantized as mxfp8"), std::string::npos) << error.what();
+  }
 }
 
 TEST(ReceivedTensors, ARouterInBf16IsWidenedExactly) {

@@ -135,6 +135,30 @@ TEST(Scheduler, PreemptsTheLatestArrivalAndEveryoneFinishes) {
   EXPECT_EQ(h.kv.pool().num_free(), 24) << "every block is back";
 }
 
+// Sleep mode drops the KV pool: every running sequence gives its blocks back, waits in arrival order, is computed
+// again from its first token, and every sequence still finishes.
+TEST(Scheduler, PreemptAllFreesEveryBlockAndEveryoneFinishes) {
+  std::mt19937 rng(3);
+  Harness h(4096, 16, SchedulerConfig{8, 64}, /*caching=*/false);
+  for (int i = 0; i < 5; ++i) h.add(10 + 3 * i, 12, rng);
+  for (int i = 0; i < 3; ++i) h.step();
+  ASSERT_GT(h.scheduler.num_running(), 1);
+  ASSERT_GT(h.kv.usage(), 0.0);
+  h.scheduler.preempt_all();
+  EXPECT_EQ(h.scheduler.num_running(), 0);
+  EXPECT_EQ(h.scheduler.num_waiting(), 5);
+  EXPECT_EQ(h.kv.usage(), 0.0);
+  for (const auto& sequence : h.sequences) EXPECT_EQ(sequence->num_computed_tokens, 0) << sequence->id;
+  const StepPlan first = h.step();
+  ASSERT_FALSE(first.scheduled.empty());
+  EXPECT_EQ(first.scheduled.front().sequence->id, 0);  // arrival order kept
+  int steps = 0;
+  while (h.scheduler.has_work()) {
+    ASSERT_LT(++steps, 500);
+    h.step();
+  }
+}
+
 TEST(Scheduler, ParallelSamplesWaitForTheLeadersPromptAndShareItsBlocks) {
   std::mt19937 rng(4);
   Harness h(4096, 16, SchedulerConfig{8, 64});

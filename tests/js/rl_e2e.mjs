@@ -182,6 +182,17 @@ test('control endpoints: pause (keep, abort, wait), resume, sleep, wake_up, pref
     assert.deepEqual((await control(server, '/wake_up?tags=weights')).json, { status: 'sleeping' });
     assert.deepEqual((await control(server, '/wake_up?tags=kv_cache')).json, { status: 'awake' });
     assert.deepEqual(await greedy(server), before);
+    // A request in flight across a sleep: the KV pool goes (one process gives its device memory back), so it is
+    // computed again after /wake_up, and gets the tokens it gets alone.
+    const long_body = { prompt: prompts[1], max_tokens: 400, ignore_eos: true, temperature: 0, return_token_ids: true };
+    const alone = await completion(server, long_body);
+    const across = completion(server, long_body);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const slept = await control(server, '/sleep', { level: 1 });
+    assert.equal(slept.json.device_memory_released, true);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.deepEqual((await control(server, '/wake_up')).json, { status: 'awake' });
+    assert.deepEqual((await across).choices[0].token_ids, alone.choices[0].token_ids);
 
     for (const path of ['/reset_prefix_cache', '/flush_cache']) assert.equal((await control(server, path)).status, 200);
     for (const [path, param] of [['/sleep?level=3', 'level'], ['/pause?mode=later', 'mode'], ['/wake_up?tags=gpu', 'tags']]) {

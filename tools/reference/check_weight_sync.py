@@ -3,16 +3,19 @@
 /destroy_weights_update_group; docs/rl.md), as SkyRL or verl drive SGLang, with this script as the trainer (rank 0).
 
   python3 tools/reference/check_weight_sync.py [--beamline build/apps/beamline/beamline] [--device cpu]
+          [--extra-args "--tensor-parallel-size 2"]
 
 Serves a random tiny model (seed 1) and, beside it, a fresh server on a second one (seed 2). Checks that bad updates
 (unknown tensor, wrong shape or dtype, malformed announcements, a trainer that stops sending, one that dies
 mid-tensor, an unknown group) are refused with a message naming the cause, leave the served weights as they were
 (same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
-and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's.
+and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's. With a parallel layout
+in --extra-args both servers are distributed, and rank 0 forwards each update to the other ranks.
 """
 import json
 import os
 import re
+import shlex
 import socket
 import struct
 import sys
@@ -73,8 +76,10 @@ def expect_error(status, reply, param, pattern, what):
 
 def main():
     parser = check_parser(__doc__)
+    parser.add_argument("--extra-args", default="", help="more `beamline serve` flags (a parallel layout)")
     args = parser.parse_args()
-    extra = ["--served-model-name", "tiny", "--distributed-timeout-seconds", str(TIMEOUT_SECONDS)]
+    extra = ["--served-model-name", "tiny", "--distributed-timeout-seconds", str(TIMEOUT_SECONDS)] \
+        + shlex.split(args.extra_args)
     with tempfile.TemporaryDirectory() as scratch:
         models = {}
         for seed in (1, 2):
