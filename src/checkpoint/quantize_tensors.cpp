@@ -301,7 +301,7 @@ BeamWeights with_quantized_projections(BeamWeights weights, std::span<const Tens
   if (float_projections.empty()) return weights;
   require(weights.config.quantization.has_value(), "quantize: the model is not served quantized (no quantization_config)");
   const QuantScheme scheme = quant_scheme_of(*weights.config.quantization);
-  const std::map<std::string, LinearWeight*, std::less<>> all = projections(weights);
+  const std::map<std::string, LinearWeight*, std::less<>> all = projections(weights, ModelShard::whole(weights.config));
   std::map<std::string, LinearWeight*, std::less<>> wanted;
   std::vector<TensorSource> sources;
   for (const TensorView& view : float_projections) {
