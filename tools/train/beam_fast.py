@@ -1,0 +1,163 @@
+"""The training loss of a beam_torch.BeamForCausalLM, computed fast: the same parameters and the same math as
+the reference's forward (docs/model-format.md §4), rearranged for a GPU.
+
+  loss = fast_loss(model, tokens, loss_mask, valid)   # == train.py's reference loss within float32 rounding
+
+tokens [B, T] are right-padded conversations (positions 0..T-1, `valid` marks real tokens); the loss is the mean
+cross-entropy of the tokens loss_mask[:, 1:] marks. What differs from the reference, and why the result is the same:
+- attention goes through torch.nn.functional.scaled_dot_product_attention (flash attention for the causal full
+  layers, a boolean causal+window mask for the sliding ones); SSMax scales q before it, as the reference does;
+  RoPE's cos/sin are computed once per forward, from the same float64 angles;
+- each MoE layer routes only the real tokens (pads sit after them and no real token attends to a pad) with the
+  reference's router, then computes each expert on the tokens that chose it (token-expert pairs sorted by
+  expert), weighting by the same router weights in FP32;
+- the LM head runs only on the positions the loss reads.
+Pure elementwise pieces (RMSNorm and the residual add, RoPE, SwiGLU's gate) are compiled with torch.compile
+when `use_compile(True)` succeeds; train.py probes that once and falls back to eager on any failure.
+tools/train/test_beam_fast.py checks loss and every gradient against the reference on the CPU.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+_compiled = {}
+
+
+def _rms(x, weight, eps):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def _residual(x, a, weight, eps, scale):
+    """x + scale * rms_norm(a): the sandwich norm's residual add (FP32 stream)."""
+    return x + scale * _rms(a, weight, eps).float()
+
+
+def _rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    x32 = x.float()
+    x1, x2 = x32[..., :half], x32[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def _swiglu_gate(a, b):
+    return F.silu(a) * b
+
+
+_EAGER = {"rms": _rms, "residual": _residual, "rope": _rope, "swiglu_gate": _swiglu_gate}
+
+
+def use_compile(enabled):
+    """Compiles the elementwise pieces (dynamic shapes) or returns to eager; raises what torch.compile raises."""
+    _compiled.clear()
+    if enabled:
+        for name, fn in _EAGER.items():
+            _compiled[name] = torch.compile(fn, dynamic=True)
+
+
+def _op(name):
+    return _compiled.get(name, _EAGER[name])
+
+
+def sdpa(q, k, v, mask=None, causal=False):
+    """softmax(q kᵀ / sqrt(D) + mask) v; q, k, v [B, N, T, D]; mask a bool [T, T] of visible keys."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    # torch < 2.0 (the CPU smoke test): the same definition
+    T = q.shape[-2]
+    if causal:
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
+
+
+def _rope_tables(T, theta, head_dim, device):
+    """cos, sin [1, 1, T, D/2] of positions 0..T-1, computed as beam_torch.rope computes them."""
+    half = head_dim // 2
+    inv_freq = theta ** (-torch.arange(half, device=device, dtype=torch.float64) * 2.0 / head_dim)
+    angles = (torch.arange(T, device=device).double().unsqueeze(-1) * inv_freq).float()
+    return angles.cos()[None, None], angles.sin()[None, None]
+
+
+def _attention(attn, h, ctx):
+    B, T, _ = h.shape
+    c = attn.config
+    q = attn.q_proj(h).view(B, T, attn.heads, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(h).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(h).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    if attn.sliding:
+        q, k = _op("rope")(q, *ctx["rope"]), _op("rope")(k, *ctx["rope"])
+    else:
+        q = (q.float() * ctx["ssmax"]).to(q.dtype)
+    group = attn.heads // attn.kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if attn.sliding and T > c.sliding_window:
+        o = sdpa(q, k, v, mask=ctx["window"])
+    else:                                    # causal (a window at least T long hides nothing more)
+        o = sdpa(q, k, v, causal=True)
+    return attn.o_proj(o.transpose(1, 2).reshape(B, T, attn.heads * attn.head_dim))
+
+
+def _swiglu(mlp, h):
+    return mlp.down_proj(_op("swiglu_gate")(mlp.gate_proj(h), mlp.up_proj(h)))
+
+
+def _moe(moe, h, ctx):
+    """Routed experts on the real tokens only, each expert on the tokens that chose it."""
+    B, T, H = h.shape
+    rows = ctx["real_rows"]
+    x = h.reshape(B * T, H).index_select(0, rows)
+    dense, chosen = moe.gate(x)
+    selected = moe.gate.last_selected                                        # [N, k], reference's order
+    k = selected.shape[1]
+    moe.last_load = chosen.sum(0)
+    weights = dense.gather(1, selected).reshape(-1)                          # FP32
+    flat = selected.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = torch.div(order, k, rounding_mode="floor")
+    counts = torch.bincount(flat, minlength=len(moe.experts)).tolist()
+    xs = x.index_select(0, token)
+    outs = []
+    start = 0
+    for expert, count in zip(moe.experts, counts):
+        if count:
+            outs.append(_swiglu(expert, xs[start:start + count]))
+        start += count
+    y = torch.cat(outs).float() * weights.index_select(0, order).unsqueeze(-1)
+    out = torch.zeros(x.shape[0], H, dtype=torch.float32, device=h.device).index_add(0, token, y)
+    full = torch.zeros(B * T, H, dtype=h.dtype, device=h.device).index_copy(0, rows, out.to(h.dtype))
+    return full.view(B, T, H)
+
+
+def _context(model, tokens, valid):
+    c = model.config
+    B, T = tokens.shape
+    device = tokens.device
+    positions = torch.arange(T, device=device)
+    window = (positions[None, :] <= positions[:, None]) & (positions[:, None] - positions[None, :] < c.sliding_window)
+    ssmax = ((1.0 + positions.float() / c.ssmax_base) ** c.ssmax_exponent)[None, None, :, None]
+    return {"rope": _rope_tables(T, c.rope_theta, c.head_dim, device), "window": window, "ssmax": ssmax,
+            "real_rows": valid.reshape(-1).nonzero().squeeze(1)}
+
+
+def fast_loss(model, tokens, loss_mask, valid):
+    """Mean cross-entropy over the targets loss_mask[:, 1:] marks; sets each MoE layer's last_load (real tokens)."""
+    from beam_torch import MoE
+    ctx = _context(model, tokens, valid)
+    x = model.model.embed_tokens(tokens).float()
+    for layer in model.model.layers:
+        s, eps = layer.residual_scale, layer.input_layernorm.eps
+        a = _attention(layer.self_attn, _op("rms")(x, layer.input_layernorm.weight, eps), ctx)
+        x = _op("residual")(x, a, layer.post_attention_layernorm.weight, eps, s)
+        h = _op("rms")(x, layer.pre_feedforward_layernorm.weight, eps)
+        m = _moe(layer.mlp, h, ctx) if isinstance(layer.mlp, MoE) else _swiglu(layer.mlp, h)
+        x = _op("residual")(x, m, layer.post_feedforward_layernorm.weight, eps, s)
+    target_mask = loss_mask[:, 1:]
+    h = _op("rms")(x[:, :-1][target_mask], model.model.norm.weight, model.model.norm.eps)
+    with torch.autocast(device_type=tokens.device.type, enabled=False):
+        logits = F.linear(h.float(), model.lm_head.weight.float())
+    cap = model.config.final_logit_softcapping
+    logits = cap * torch.tanh(logits / cap)
+    return F.cross_entropy(logits, tokens[:, 1:][target_mask])

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""beam_fast.fast_loss against the reference (beam_torch's forward + train.py's loss), float32 on the CPU:
+the same loss and the same gradient of every parameter, and the same expert loads.
+
+  /usr/bin/python3 tools/train/test_beam_fast.py
+
+A small Beam (every feature: dense and MoE layers, group-limited routing, sliding RoPE and full SSMax layers,
+GQA) with random norm weights and router biases, on right-padded rows longer than the sliding window.
+On a GPU, train.py runs check_against_reference() before training (float32 there too).
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "reference"))
+import beam_fast  # noqa: E402
+from beam_config import BeamConfig  # noqa: E402
+from beam_torch import BeamForCausalLM, init_weights  # noqa: E402
+
+
+def small_config():
+    layers = 4
+    return {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": layers, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96, "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+            "topk_group": 2, "routed_scaling_factor": 2.5, "layer_types": ["sliding_attention", "full_attention",
+                                                                            "sliding_attention", "full_attention"],
+            "sliding_window": 16, "ssmax_base": 32.0, "ssmax_exponent": 0.1, "final_logit_softcapping": 30.0}
+
+
+def random_model(config, seed):
+    model = BeamForCausalLM(BeamConfig(config))
+    init_weights(model, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.endswith("norm.weight"):
+                tensor.copy_(1.0 + 0.3 * torch.randn(tensor.shape, generator=generator))
+            elif name.endswith("e_score_correction_bias"):
+                tensor.copy_(0.05 * torch.randn(tensor.shape, generator=generator))
+    return model
+
+
+def reference_loss(model, tokens, loss_mask, valid):
+    logits = model(tokens, valid=valid)
+    target_mask = loss_mask[:, 1:]
+    return F.cross_entropy(logits[:, :-1][target_mask].float(), tokens[:, 1:][target_mask])
+
+
+def loss_and_grads(model, fn, tokens, loss_mask, valid):
+    model.zero_grad(set_to_none=True)
+    loss = fn(model, tokens, loss_mask, valid)
+    loss.backward()
+    loads = [m.last_load.clone() for m in model.moe_layers()]
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, loads
+
+
+def check_against_reference(model, tokens, loss_mask, valid, tolerance=1e-4, log=print):
+    """Compares fast_loss with the reference loss (loss, every gradient, expert loads); returns True when
+    they agree within `tolerance` (relative). Run it in float32, outside autocast."""
+    ref_loss, ref_grads, ref_loads = loss_and_grads(model, reference_loss, tokens, loss_mask, valid)
+    fast, fast_grads, fast_loads = loss_and_grads(model, beam_fast.fast_loss, tokens, loss_mask, valid)
+    model.zero_grad(set_to_none=True)
+    ok = abs(fast - ref_loss) <= tolerance * abs(ref_loss)
+    worst, worst_name = 0.0, ""
+    for name, g in ref_grads.items():
+        other = fast_grads.get(name)
+        if other is None:
+            ok = False
+            log(f"fast path: no gradient for {name}")
+            continue
+        rel = float((other - g).norm() / g.norm().clamp(min=1e-30))
+        if rel > worst:
+            worst, worst_name = rel, name
+    ok = ok and worst <= tolerance and set(fast_grads) == set(ref_grads)
+    loads_equal = all(torch.equal(a, b) for a, b in zip(ref_loads, fast_loads))
+    ok = ok and loads_equal
+    log(f"fast path vs reference: loss {fast:.6f} vs {ref_loss:.6f}, worst gradient relative difference {worst:.2e}"
+        f" ({worst_name}), expert loads {'equal' if loads_equal else 'DIFFER'}: {'ok' if ok else 'MISMATCH'}")
+    return ok
+
+
+def batch(vocab, lengths, seed):
+    generator = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    tokens = torch.zeros(len(lengths), T, dtype=torch.long)
+    loss_mask = torch.zeros(len(lengths), T, dtype=torch.bool)
+    valid = torch.zeros(len(lengths), T, dtype=torch.bool)
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = torch.randint(0, vocab, (n,), generator=generator)
+        loss_mask[row, :n] = torch.rand(n, generator=generator) < 0.6
+        valid[row, :n] = True
+    return tokens, loss_mask, valid
+
+
+def main():
+    torch.manual_seed(0)
+    failures = 0
+    config = small_config()
+    for seed, lengths in [(1, [40, 33, 17, 40]), (2, [12, 9]), (3, [64, 50, 61])]:
+        model = random_model(config, seed)
+        failures += not check_against_reference(model, *batch(config["vocab_size"], lengths, seed))
+    print("FAILED" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
