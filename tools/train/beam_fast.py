@@ -161,3 +161,43 @@ def fast_loss(model, tokens, loss_mask, valid):
     cap = model.config.final_logit_softcapping
     logits = cap * torch.tanh(logits / cap)
     return F.cross_entropy(logits, tokens[:, 1:][target_mask])
+
+
+def reference_loss(model, tokens, loss_mask, valid):
+    """train.py's loss through beam_torch's own forward."""
+    logits = model(tokens, valid=valid)
+    target_mask = loss_mask[:, 1:]
+    return F.cross_entropy(logits[:, :-1][target_mask].float(), tokens[:, 1:][target_mask])
+
+
+def _loss_and_grads(model, fn, tokens, loss_mask, valid):
+    model.zero_grad(set_to_none=True)
+    loss = fn(model, tokens, loss_mask, valid)
+    loss.backward()
+    loads = [m.last_load.clone() for m in model.moe_layers()]
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, loads
+
+
+def check_against_reference(model, tokens, loss_mask, valid, tolerance=1e-4, log=print):
+    """Compares fast_loss with the reference loss (loss, every gradient, expert loads); returns True when
+    they agree within `tolerance` (relative). Run it in float32, outside autocast."""
+    ref_loss, ref_grads, ref_loads = _loss_and_grads(model, reference_loss, tokens, loss_mask, valid)
+    fast, fast_grads, fast_loads = _loss_and_grads(model, fast_loss, tokens, loss_mask, valid)
+    model.zero_grad(set_to_none=True)
+    ok = abs(fast - ref_loss) <= tolerance * abs(ref_loss)
+    worst, worst_name = 0.0, ""
+    for name, g in ref_grads.items():
+        other = fast_grads.get(name)
+        if other is None:
+            ok = False
+            log(f"fast path: no gradient for {name}")
+            continue
+        rel = float((other - g).norm() / g.norm().clamp(min=1e-30))
+        if rel > worst:
+            worst, worst_name = rel, name
+    ok = ok and worst <= tolerance and set(fast_grads) == set(ref_grads)
+    loads_equal = all(torch.equal(a, b) for a, b in zip(ref_loads, fast_loads))
+    ok = ok and loads_equal
+    log(f"fast path vs reference: loss {fast:.6f} vs {ref_loss:.6f}, worst gradient relative difference {worst:.2e}"
+        f" ({worst_name}), expert loads {'equal' if loads_equal else 'DIFFER'}: {'ok' if ok else 'MISMATCH'}")
+    return ok

@@ -6,13 +6,12 @@ the same loss and the same gradient of every parameter, and the same expert load
 
 A small Beam (every feature: dense and MoE layers, group-limited routing, sliding RoPE and full SSMax layers,
 GQA) with random norm weights and router biases, on right-padded rows longer than the sliding window.
-On a GPU, train.py runs check_against_reference() before training (float32 there too).
+On a GPU, train.py runs beam_fast.check_against_reference() before training (float32 there too).
 """
 import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -45,45 +44,6 @@ def random_model(config, seed):
     return model
 
 
-def reference_loss(model, tokens, loss_mask, valid):
-    logits = model(tokens, valid=valid)
-    target_mask = loss_mask[:, 1:]
-    return F.cross_entropy(logits[:, :-1][target_mask].float(), tokens[:, 1:][target_mask])
-
-
-def loss_and_grads(model, fn, tokens, loss_mask, valid):
-    model.zero_grad(set_to_none=True)
-    loss = fn(model, tokens, loss_mask, valid)
-    loss.backward()
-    loads = [m.last_load.clone() for m in model.moe_layers()]
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, loads
-
-
-def check_against_reference(model, tokens, loss_mask, valid, tolerance=1e-4, log=print):
-    """Compares fast_loss with the reference loss (loss, every gradient, expert loads); returns True when
-    they agree within `tolerance` (relative). Run it in float32, outside autocast."""
-    ref_loss, ref_grads, ref_loads = loss_and_grads(model, reference_loss, tokens, loss_mask, valid)
-    fast, fast_grads, fast_loads = loss_and_grads(model, beam_fast.fast_loss, tokens, loss_mask, valid)
-    model.zero_grad(set_to_none=True)
-    ok = abs(fast - ref_loss) <= tolerance * abs(ref_loss)
-    worst, worst_name = 0.0, ""
-    for name, g in ref_grads.items():
-        other = fast_grads.get(name)
-        if other is None:
-            ok = False
-            log(f"fast path: no gradient for {name}")
-            continue
-        rel = float((other - g).norm() / g.norm().clamp(min=1e-30))
-        if rel > worst:
-            worst, worst_name = rel, name
-    ok = ok and worst <= tolerance and set(fast_grads) == set(ref_grads)
-    loads_equal = all(torch.equal(a, b) for a, b in zip(ref_loads, fast_loads))
-    ok = ok and loads_equal
-    log(f"fast path vs reference: loss {fast:.6f} vs {ref_loss:.6f}, worst gradient relative difference {worst:.2e}"
-        f" ({worst_name}), expert loads {'equal' if loads_equal else 'DIFFER'}: {'ok' if ok else 'MISMATCH'}")
-    return ok
-
-
 def batch(vocab, lengths, seed):
     generator = torch.Generator().manual_seed(seed)
     T = max(lengths)
@@ -103,7 +63,7 @@ def main():
     config = small_config()
     for seed, lengths in [(1, [40, 33, 17, 40]), (2, [12, 9]), (3, [64, 50, 61])]:
         model = random_model(config, seed)
-        failures += not check_against_reference(model, *batch(config["vocab_size"], lengths, seed))
+        failures += not beam_fast.check_against_reference(model, *batch(config["vocab_size"], lengths, seed))
     print("FAILED" if failures else "all passed")
     return 1 if failures else 0
 
