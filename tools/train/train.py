@@ -177,6 +177,8 @@ def main():
     parser.add_argument("--heldout", type=int, default=1000)
     parser.add_argument("--ood", type=int, default=1000, help="conversations of held-out templates and tools")
     parser.add_argument("--seconds", type=float, default=240.0, help="training time budget (schedule follows it)")
+    parser.add_argument("--stop-by", type=float, help="end training by this many seconds after the start, data and "
+                        "checks included (the schedule shrinks to fit)")
     parser.add_argument("--max-steps", type=int, help="stop after this many steps (smoke tests)")
     parser.add_argument("--batch-tokens", type=int, default=48000)
     parser.add_argument("--lr", type=float, default=1.5e-3)
@@ -226,17 +228,19 @@ def main():
     rng = random.Random(args.seed)
     plan = batches(train, args.batch_tokens, rng)
     step, epoch, train_started = 0, 0, time.time()
+    budget = args.seconds if args.stop_by is None else min(args.seconds, args.stop_by - (train_started - started))
+    print(f"training for {budget:.0f} s", flush=True)
     seen_tokens, padded_tokens = 0, 0
     moe_layers = model.moe_layers()
     running = None
     while True:
         elapsed = time.time() - train_started
-        if elapsed >= args.seconds or (args.max_steps is not None and step >= args.max_steps):
+        if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
             break
         if not plan:
             epoch += 1
             plan = batches(train, args.batch_tokens, rng)
-        progress = elapsed / args.seconds
+        progress = elapsed / budget
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
         for group in optimizer.param_groups:
             group["lr"] = lr
