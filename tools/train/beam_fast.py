@@ -56,6 +56,10 @@ def use_compile(enabled):
             _compiled[name] = torch.compile(fn, dynamic=True)
 
 
+def compiled():
+    return bool(_compiled)
+
+
 def _op(name):
     return _compiled.get(name, _EAGER[name])
 
