@@ -11,7 +11,9 @@ cross-entropy of the tokens loss_mask[:, 1:] marks. What differs from the refere
 - each MoE layer routes only the real tokens (pads sit after them and no real token attends to a pad) with the
   reference's router, then computes each expert on the tokens that chose it (token-expert pairs sorted by
   expert), weighting by the same router weights in FP32;
-- the LM head runs only on the positions the loss reads.
+- the LM head runs only on the positions the loss reads;
+- a norm that feeds only linear layers is rounded to the autocast dtype in its own kernel (the value autocast's
+  linear would cast it to), once, rather than once per projection.
 Pure elementwise pieces (RMSNorm and the residual add, RoPE, SwiGLU's gate) are compiled with torch.compile
 when `use_compile(True)` succeeds; train.py probes that once and falls back to eager on any failure.
 tools/train/test_beam_fast.py checks loss and every gradient against the reference on the CPU.
@@ -27,6 +29,11 @@ _compiled = {}
 def _rms(x, weight, eps):
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def _rms_cast(x, weight, eps, dtype):
+    """rms_norm(x) rounded to `dtype` in the same kernel: what autocast's linear would cast it to anyway."""
+    return _rms(x, weight, eps).to(dtype)
 
 
 def _residual(x, a, weight, eps, scale):
@@ -45,7 +52,7 @@ def _swiglu_gate(a, b):
     return F.silu(a) * b
 
 
-_EAGER = {"rms": _rms, "residual": _residual, "rope": _rope, "swiglu_gate": _swiglu_gate}
+_EAGER = {"rms": _rms, "rms_cast": _rms_cast, "residual": _residual, "rope": _rope, "swiglu_gate": _swiglu_gate}
 
 
 def use_compile(enabled):
@@ -122,7 +129,7 @@ def _moe(moe, h, ctx):
     order = torch.argsort(flat, stable=True)
     token = torch.div(order, k, rounding_mode="floor")
     counts = torch.bincount(flat, minlength=len(moe.experts)).tolist()
-    xs = x.index_select(0, token)
+    xs = x.index_select(0, token).to(ctx["dtype"])                            # one cast for gate and up
     outs = []
     start = 0
     for expert, count in zip(moe.experts, counts):
@@ -142,8 +149,11 @@ def _context(model, tokens, valid):
     positions = torch.arange(T, device=device)
     window = (positions[None, :] <= positions[:, None]) & (positions[:, None] - positions[None, :] < c.sliding_window)
     ssmax = ((1.0 + positions.float() / c.ssmax_base) ** c.ssmax_exponent)[None, None, :, None]
+    autocast = torch.is_autocast_enabled() if device.type == "cuda" else torch.is_autocast_cpu_enabled()
+    dtype = (torch.get_autocast_gpu_dtype() if device.type == "cuda" else torch.get_autocast_cpu_dtype()) \
+        if autocast else torch.float32
     return {"rope": _rope_tables(T, c.rope_theta, c.head_dim, device), "window": window, "ssmax": ssmax,
-            "real_rows": valid.reshape(-1).nonzero().squeeze(1)}
+            "real_rows": valid.reshape(-1).nonzero().squeeze(1), "dtype": dtype}
 
 
 def fast_loss(model, tokens, loss_mask, valid):
@@ -153,10 +163,12 @@ def fast_loss(model, tokens, loss_mask, valid):
     x = model.model.embed_tokens(tokens).float()
     for layer in model.model.layers:
         s, eps = layer.residual_scale, layer.input_layernorm.eps
-        a = _attention(layer.self_attn, _op("rms")(x, layer.input_layernorm.weight, eps), ctx)
+        a = _attention(layer.self_attn, _op("rms_cast")(x, layer.input_layernorm.weight, eps, ctx["dtype"]), ctx)
         x = _op("residual")(x, a, layer.post_attention_layernorm.weight, eps, s)
-        h = _op("rms")(x, layer.pre_feedforward_layernorm.weight, eps)
-        m = _moe(layer.mlp, h, ctx) if isinstance(layer.mlp, MoE) else _swiglu(layer.mlp, h)
+        if isinstance(layer.mlp, MoE):     # the router reads the FP32 norm, the experts its autocast rounding
+            m = _moe(layer.mlp, _op("rms")(x, layer.pre_feedforward_layernorm.weight, eps), ctx)
+        else:
+            m = _swiglu(layer.mlp, _op("rms_cast")(x, layer.pre_feedforward_layernorm.weight, eps, ctx["dtype"]))
         x = _op("residual")(x, m, layer.post_feedforward_layernorm.weight, eps, s)
     target_mask = loss_mask[:, 1:]
     h = _op("rms")(x[:, :-1][target_mask], model.model.norm.weight, model.model.norm.eps)

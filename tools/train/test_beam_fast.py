@@ -4,7 +4,7 @@ the same loss and the same gradient of every parameter, and the same expert load
 
   /usr/bin/python3 tools/train/test_beam_fast.py
 
-A small Beam (every feature: dense and MoE layers, group-limited routing, sliding RoPE and full SSMax layers,
+Float32 within 1e-4 relative, and under bf16 autocast within 2e-2. A small Beam (every feature: dense and MoE layers, group-limited routing, sliding RoPE and full SSMax layers,
 GQA) with random norm weights and router biases, on right-padded rows longer than the sliding window.
 On a GPU, train.py runs beam_fast.check_against_reference() before training (float32 there too).
 """
@@ -64,6 +64,12 @@ def main():
     for seed, lengths in [(1, [40, 33, 17, 40]), (2, [12, 9]), (3, [64, 50, 61])]:
         model = random_model(config, seed)
         failures += not beam_fast.check_against_reference(model, *batch(config["vocab_size"], lengths, seed))
+    # bf16 autocast (as training runs): the same expert choices; the loss and gradients within bf16 rounding (the
+    # reference rounds attention scores to bf16, SDPA keeps them in float32)
+    model = random_model(config, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        failures += not beam_fast.check_against_reference(model, *batch(config["vocab_size"], [40, 33, 17, 40], 1),
+                                                          tolerance=2e-2)
     print("FAILED" if failures else "all passed")
     return 1 if failures else 0
 
