@@ -9,7 +9,7 @@
 #   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 360] [seconds for the whole call, default 560]
 # Training ends by 165 s before the end of the call whatever the data and checks took (train.py --stop-by):
 # the checkpoint's save and the held-out losses take about 15 s, the two greedy evaluations about 150.
-# CONFIG (v3; beam_config.CONFIGS) is the model shape, EXAMPLES (800000) the training conversations, generated on
+# CONFIG (v3; beam_config.CONFIGS) is the model shape, EXAMPLES (1000000) the training conversations, generated on
 # the machine's cores while train.py checks its fast loss against the reference on the GPU; EVAL_LIMIT (1000)
 # conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512) at a time. TRAIN_ARGS adds
 # train.py options (e.g. --no-compile).
@@ -24,7 +24,7 @@ cd "$(dirname "$0")/../.."
 seconds=${1:-360}
 budget=${2:-560}
 config=${CONFIG:-v3}
-examples=${EXAMPLES:-800000}
+examples=${EXAMPLES:-1000000}
 eval_limit=${EVAL_LIMIT:-1000}
 started=$SECONDS
 work=$(mktemp -d /tmp/beam-nano-run.XXXXXX)
