@@ -142,6 +142,15 @@ def _moe(moe, h, ctx):
     return full.view(B, T, H)
 
 
+def _autocast_dtype(device_type):
+    """The dtype autocast gives linear layers here, float32 outside autocast."""
+    if hasattr(torch, "get_autocast_dtype"):     # torch >= 2.4
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
+    if device_type == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else torch.float32
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else torch.float32
+
+
 def _context(model, tokens, valid):
     c = model.config
     B, T = tokens.shape
@@ -149,11 +158,8 @@ def _context(model, tokens, valid):
     positions = torch.arange(T, device=device)
     window = (positions[None, :] <= positions[:, None]) & (positions[:, None] - positions[None, :] < c.sliding_window)
     ssmax = ((1.0 + positions.float() / c.ssmax_base) ** c.ssmax_exponent)[None, None, :, None]
-    autocast = torch.is_autocast_enabled() if device.type == "cuda" else torch.is_autocast_cpu_enabled()
-    dtype = (torch.get_autocast_gpu_dtype() if device.type == "cuda" else torch.get_autocast_cpu_dtype()) \
-        if autocast else torch.float32
     return {"rope": _rope_tables(T, c.rope_theta, c.head_dim, device), "window": window, "ssmax": ssmax,
-            "real_rows": valid.reshape(-1).nonzero().squeeze(1), "dtype": dtype}
+            "real_rows": valid.reshape(-1).nonzero().squeeze(1), "dtype": _autocast_dtype(device.type)}
 
 
 def fast_loss(model, tokens, loss_mask, valid):

@@ -4,8 +4,9 @@ the same loss and the same gradient of every parameter, and the same expert load
 
   /usr/bin/python3 tools/train/test_beam_fast.py
 
-Float32 within 1e-4 relative, and under bf16 autocast within 2e-2. A small Beam (every feature: dense and MoE layers, group-limited routing, sliding RoPE and full SSMax layers,
-GQA) with random norm weights and router biases, on right-padded rows longer than the sliding window.
+Float32 within 1e-4 relative, and under bf16 autocast within 2e-2. A small Beam (every feature: dense and MoE
+layers, group-limited routing, sliding RoPE and full SSMax layers, GQA) with random norm weights and router biases,
+on right-padded rows longer and shorter than the sliding window.
 On a GPU, train.py runs beam_fast.check_against_reference() before training (float32 there too).
 """
 import os

@@ -28,6 +28,7 @@ import random
 import shutil
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -232,49 +233,53 @@ def main():
     seen_tokens, padded_tokens = 0, 0
     moe_layers = model.moe_layers()
     running = None
-    while True:
-        elapsed = time.time() - train_started
-        if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
-            break
-        if not plan:
-            epoch += 1
-            plan = batches(train, args.batch_tokens, rng)
-        progress = elapsed / budget
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        indices = plan.pop()
-        tokens, loss_mask, valid = collate(train, indices, device)
-        seen_tokens += sum(len(train[i][0]) for i in indices)
-        padded_tokens += tokens.numel()
-        optimizer.zero_grad(set_to_none=True)
-        try:
-            loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
-            loss.backward()
-        except Exception as error:  # noqa: BLE001 (a compiled piece failing on a new shape: go on eagerly)
-            if not beam_fast.compiled():
-                raise
-            print(f"step {step}: compiled loss failed ({type(error).__name__}: {error}); torch.compile off",
-                  flush=True)
-            beam_fast.use_compile(False)
+    try:
+        while True:
+            elapsed = time.time() - train_started
+            if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
+                break
+            if not plan:
+                epoch += 1
+                plan = batches(train, args.batch_tokens, rng)
+            progress = elapsed / budget
+            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            indices = plan.pop()
+            tokens, loss_mask, valid = collate(train, indices, device)
+            seen_tokens += sum(len(train[i][0]) for i in indices)
+            padded_tokens += tokens.numel()
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            for moe in moe_layers:
-                load = moe.last_load.float()
-                moe.gate.e_score_correction_bias += args.bias_rate * torch.sign(load.mean() - load)
-        step += 1
-        if step % 50 == 0 or args.max_steps is not None:
-            value = float(loss)
-            running = value if running is None else 0.9 * running + 0.1 * value
-        if step % 500 == 0 or args.max_steps is not None:
-            imbalance = max(float(m.last_load.max() / m.last_load.float().mean()) for m in moe_layers)
-            print(f"step {step} epoch {epoch} {elapsed:.0f}s lr {lr:.2e} train loss {running:.4f} "
-                  f"max expert load/mean {imbalance:.2f} {seen_tokens / (time.time() - train_started) / 1e6:.2f} M tokens/s",
-                  flush=True)
+            try:
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss.backward()
+            except Exception as error:  # noqa: BLE001 (a compiled piece failing on a new shape: go on eagerly)
+                if not beam_fast.compiled():
+                    raise
+                print(f"step {step}: compiled loss failed ({type(error).__name__}: {error}); torch.compile off",
+                      flush=True)
+                beam_fast.use_compile(False)
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            with torch.no_grad():
+                for moe in moe_layers:
+                    load = moe.last_load.float()
+                    moe.gate.e_score_correction_bias += args.bias_rate * torch.sign(load.mean() - load)
+            step += 1
+            if step % 50 == 0 or args.max_steps is not None:
+                value = float(loss)
+                running = value if running is None else 0.9 * running + 0.1 * value
+            if step % 500 == 0 or args.max_steps is not None:
+                imbalance = max(float(m.last_load.max() / m.last_load.float().mean()) for m in moe_layers)
+                rate = seen_tokens / (time.time() - train_started) / 1e6
+                print(f"step {step} epoch {epoch} {elapsed:.0f}s lr {lr:.2e} train loss {running:.4f} "
+                      f"max expert load/mean {imbalance:.2f} {rate:.2f} M tokens/s", flush=True)
+    except Exception:  # noqa: BLE001 (the one device call must still bring back what was trained)
+        traceback.print_exc()
+        print(f"ERROR: training stopped at step {step} by the error above; saving what was trained", flush=True)
     seconds = time.time() - train_started
     print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs, {seen_tokens / 1e6:.1f} M tokens, "
           f"{seen_tokens / seconds / 1e6:.2f} M tokens/s, padding {1 - seen_tokens / max(padded_tokens, 1):.1%})",
@@ -296,6 +301,7 @@ def main():
                 for _, _, line in examples:
                     f.write(line + "\n")
     model.to(device)
+    beam_fast.use_compile(False)   # a few batches without gradients: not worth compiling again
     print(f"held-out loss (assistant tokens): {heldout_loss(loss_fn, model, held, device, args.batch_tokens):.4f}; "
           f"out-of-distribution: {heldout_loss(loss_fn, model, ood, device, args.batch_tokens):.4f}", flush=True)
     print(f"wrote {args.out}; total {time.time() - started:.0f} s", flush=True)
