@@ -42,7 +42,7 @@ evaluate() {
   local allowed=$(( $(left) - reserve ))
   if (( allowed < 20 )); then echo "SKIPPED eval $name: ${allowed}s left"; return; fi
   timeout "$allowed" python3 tools/train/eval_torch.py --model "$model" --heldout "$heldout" --limit "$limit" \
-    --batch "${EVAL_BATCH:-512}" \
+    --batch "${EVAL_BATCH:-512}" --seconds $(( allowed - 10 )) \
     --summary "$small/eval-$name.json" --json "$work/eval-$name-turns.json" || echo "WARNING: eval $name failed or ran out of time"
   [[ -f "$work/eval-$name-turns.json" ]] && gzip -c "$work/eval-$name-turns.json" > "$small/eval-$name-turns.json.gz"
   pack
