@@ -95,9 +95,7 @@ def _rope_tables(T, theta, head_dim, device):
 def _attention(attn, h, ctx):
     B, T, _ = h.shape
     c = attn.config
-    q = attn.q_proj(h).view(B, T, attn.heads, attn.head_dim).transpose(1, 2)
-    k = attn.k_proj(h).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
-    v = attn.v_proj(h).view(B, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    q, k, v = attn.project(h)
     if attn.sliding:
         q, k = _op("rope")(q, *ctx["rope"]), _op("rope")(k, *ctx["rope"])
     else:

@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools", "reference"))
 import beam_fast  # noqa: E402
 from beam_config import BeamConfig  # noqa: E402
-from beam_torch import BeamForCausalLM, init_weights  # noqa: E402
+from beam_torch import BeamForCausalLM, init_weights, randomize_for_checks  # noqa: E402
 
 
 def small_config():
@@ -35,13 +35,7 @@ def small_config():
 def random_model(config, seed):
     model = BeamForCausalLM(BeamConfig(config))
     init_weights(model, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name.endswith("norm.weight"):
-                tensor.copy_(1.0 + 0.3 * torch.randn(tensor.shape, generator=generator))
-            elif name.endswith("e_score_correction_bias"):
-                tensor.copy_(0.05 * torch.randn(tensor.shape, generator=generator))
+    randomize_for_checks(model, seed + 1)
     return model
 
 
