@@ -31,15 +31,25 @@ def rms_norm(x, weight, eps):
     return (normed * weight.float()).to(x.dtype)
 
 
-def rope(x, positions, theta):
-    """NeoX rotate-half over the full head dim. x [B, heads, T, D], positions [B, T]."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float64) * 2.0 / x.shape[-1])
+def rope_tables(positions, theta, head_dim):
+    """cos, sin [B, 1, T, D/2] of positions [B, T] (angles in float64, then float32)."""
+    half = head_dim // 2
+    inv_freq = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float64) * 2.0 / head_dim)
     angles = (positions.double().unsqueeze(-1) * inv_freq).float()            # [B, T, D/2]
-    cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)          # [B, 1, T, D/2]
+    return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+
+
+def apply_rope(x, cos, sin):
+    """NeoX rotate-half over the full head dim, in FP32, returned in x's dtype."""
+    half = x.shape[-1] // 2
     x32 = x.float()
     x1, x2 = x32[..., :half], x32[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rope(x, positions, theta):
+    """NeoX rotate-half over the full head dim. x [B, heads, T, D], positions [B, T]."""
+    return apply_rope(x, *rope_tables(positions, theta, x.shape[-1]))
 
 
 def masked_gqa_attention(q, k, v, visible):

@@ -19,40 +19,34 @@ when `use_compile(True)` succeeds; train.py probes that once and falls back to e
 tools/train/test_beam_fast.py checks loss and every gradient against the reference on the CPU.
 """
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reference"))
+from beam_torch import MoE, apply_rope, rms_norm, rope_tables  # noqa: E402
+
 _compiled = {}
-
-
-def _rms(x, weight, eps):
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 def _rms_cast(x, weight, eps, dtype):
     """rms_norm(x) rounded to `dtype` in the same kernel: what autocast's linear would cast it to anyway."""
-    return _rms(x, weight, eps).to(dtype)
+    return rms_norm(x, weight, eps).to(dtype)
 
 
 def _residual(x, a, weight, eps, scale):
     """x + scale * rms_norm(a): the sandwich norm's residual add (FP32 stream)."""
-    return x + scale * _rms(a, weight, eps).float()
-
-
-def _rope(x, cos, sin):
-    half = x.shape[-1] // 2
-    x32 = x.float()
-    x1, x2 = x32[..., :half], x32[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return x + scale * rms_norm(a, weight, eps).float()
 
 
 def _swiglu_gate(a, b):
     return F.silu(a) * b
 
 
-_EAGER = {"rms": _rms, "rms_cast": _rms_cast, "residual": _residual, "rope": _rope, "swiglu_gate": _swiglu_gate}
+_EAGER = {"rms": rms_norm, "rms_cast": _rms_cast, "residual": _residual, "rope": apply_rope,
+          "swiglu_gate": _swiglu_gate}
 
 
 def use_compile(enabled):
@@ -82,14 +76,6 @@ def sdpa(q, k, v, mask=None, causal=False):
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(~mask, float("-inf"))
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
-
-
-def _rope_tables(T, theta, head_dim, device):
-    """cos, sin [1, 1, T, D/2] of positions 0..T-1, computed as beam_torch.rope computes them."""
-    half = head_dim // 2
-    inv_freq = theta ** (-torch.arange(half, device=device, dtype=torch.float64) * 2.0 / head_dim)
-    angles = (torch.arange(T, device=device).double().unsqueeze(-1) * inv_freq).float()
-    return angles.cos()[None, None], angles.sin()[None, None]
 
 
 def _attention(attn, h, ctx):
@@ -151,18 +137,17 @@ def _autocast_dtype(device_type):
 
 def _context(model, tokens, valid):
     c = model.config
-    B, T = tokens.shape
+    T = tokens.shape[1]
     device = tokens.device
     positions = torch.arange(T, device=device)
     window = (positions[None, :] <= positions[:, None]) & (positions[:, None] - positions[None, :] < c.sliding_window)
     ssmax = ((1.0 + positions.float() / c.ssmax_base) ** c.ssmax_exponent)[None, None, :, None]
-    return {"rope": _rope_tables(T, c.rope_theta, c.head_dim, device), "window": window, "ssmax": ssmax,
+    return {"rope": rope_tables(positions[None], c.rope_theta, c.head_dim), "window": window, "ssmax": ssmax,
             "real_rows": valid.reshape(-1).nonzero().squeeze(1), "dtype": _autocast_dtype(device.type)}
 
 
 def fast_loss(model, tokens, loss_mask, valid):
     """Mean cross-entropy over the targets loss_mask[:, 1:] marks; sets each MoE layer's last_load (real tokens)."""
-    from beam_torch import MoE
     ctx = _context(model, tokens, valid)
     x = model.model.embed_tokens(tokens).float()
     for layer in model.model.layers:
