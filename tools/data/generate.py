@@ -15,7 +15,8 @@ sees, see tool_families.py). One JSON object a line:
               {"type": "final_number", "answer": "632"[, "remainder": "3"]}
               {"type": "final_contains", "strings": [...]}   (every string appears in the final message)
             and every check lists "declared": the tool names the prompt declares, and "tools": their names and
-            parameters (a constrained eval's tools).
+            parameters (a constrained eval's tools); a tool request's checks add "family" (the requested tool's
+            family) and "unseen_family" (true for the OOD families training never sees).
 Held-out arithmetic operands are disjoint from training's (operand pairs whose hash is 0 mod 10).
 """
 import argparse
@@ -444,6 +445,11 @@ def answer_analysis(frame, fields, values, keys):
             "high": f"The tool returned {quoted}. Quote these values exactly."}[frame.effort]
 
 
+def origin(tool):
+    """The check's record of the requested tool's family: its name, and whether training never sees it."""
+    return {"family": tool.category, "unseen_family": tool.family in tf.OOD}
+
+
 def tool_exchange(rng, tool, split):
     """One request for `tool` and its answer: question, call arguments, result text, final answer, the strings the
     answer must quote (mentions), the drawn values, and the quoted fields with their text and result keys."""
@@ -488,9 +494,9 @@ def task_tool(rng, split):
                          ("final", exchange.final)])
     declared, tools = frame.declared(), frame.declared_tools()
     call_turn = {"prompt": prompt1, "check": {"type": "tool_call", "tool": tool.name, "parameters": tool.parameters,
-                                              "args": args, "declared": declared, "tools": tools}}
+                                              "args": args, "declared": declared, "tools": tools, **origin(tool)}}
     answer_turn = {"prompt": prompt2, "check": {"type": "final_contains", "strings": exchange.mentions,
-                                                  "declared": declared, "tools": tools}}
+                                                  "declared": declared, "tools": tools, **origin(tool)}}
     turns = ([] if resume else [call_turn]) + [answer_turn]
     kind = "tool"
     if family.follow and family.follow in tool.slots and rng.random() < 0.3:
@@ -529,9 +535,9 @@ def followup(rng, conv, frame, tool, split, values):
                          ("final", final)])
     declared, tools = frame.declared(), frame.declared_tools()
     return [{"prompt": prompt1, "check": {"type": "tool_call", "tool": tool.name, "parameters": tool.parameters,
-                                          "args": args, "declared": declared, "tools": tools}},
+                                          "args": args, "declared": declared, "tools": tools, **origin(tool)}},
             {"prompt": prompt2, "check": {"type": "final_contains", "strings": [str(field_values[f]) for f in mentioned],
-                                          "declared": declared, "tools": tools}}]
+                                          "declared": declared, "tools": tools, **origin(tool)}}]
 
 
 def _roles_in_args(tool, conv):

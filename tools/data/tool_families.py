@@ -666,7 +666,8 @@ def draw_values(rng, tool):
         else:
             raw = param.gen(rng)
             value = param.value_of(raw) if param.value_of else raw
-            phrase = " and ".join(raw) if isinstance(raw, list) else str(raw)
+            phrase = (", ".join(raw[:-1]) + " and " + raw[-1] if len(raw) > 1 else raw[0]) if isinstance(raw, list) \
+                else str(raw)
         values[role] = (phrase, value)
     return values
 
@@ -756,6 +757,7 @@ FREE_KEYS = ["genre", "color", "flavor", "brand", "model", "author", "artist", "
 FREE_VALUES = ["jazz", "red", "vanilla", "acme", "x200", "tolkien", "nova", "android", "blue line", "sales",
                "outdoor", "large", "oak", "advanced", "north", "east wing", "downtown", "premium", "summer", "pdf",
                "basic", "gold", "zone 3", "express", "classic", "mint", "silver", "kids", "weekend", "pro"]
+LIST_KEYS = ["tags", "items", "names", "options", "filters", "keywords", "colors", "extras", "labels", "codes"]
 ENUMS = [["small", "medium", "large"], ["low", "medium", "high"], ["standard", "express"],
          ["morning", "afternoon", "evening"], ["asc", "desc"], ["json", "text"], ["basic", "plus", "pro"]]
 STATUS = ["available", "confirmed", "open", "closed", "pending", "sold out", "in stock", "ready", "active"]
@@ -774,7 +776,10 @@ def synthetic_family(rng):
              f"{subject.capitalize()} {rng.choice(['service', 'API', 'lookup', 'tool'])}: {verb} {subject}s.",
              f"Use this to {verb} a {subject}."]
     params, phrases = [], []
-    kinds = rng.sample(["city", "date", "time", "count", "free", "code", "enum", "free2"], rng.randint(1, 3))
+    kinds = rng.sample(["city", "date", "time", "count", "free", "code", "enum", "free2", "list", "nested"],
+                       rng.randint(1, 3))
+    if "nested" in kinds:
+        kinds = [k for k in kinds if k not in ("city", "date")]
     for kind in kinds:
         required = rng.random() < 0.7 or not params
         if kind == "city":
@@ -803,6 +808,18 @@ def synthetic_family(rng):
             params.append(P("code", "string", ["id", "reference", "number", "code", snake + "_id"],
                             [None, f"The {subject} id"], lambda r: code(r, 2, 5), required=required))
             phrases.append(rng.choice(["number {code}", "with id {code}", "{code}", "ref {code}"]))
+        elif kind == "list":
+            key = rng.choice(LIST_KEYS)
+            params.append(P("items", "array", [key], [None, f"List of {key}"],
+                            lambda r: r.sample(FREE_VALUES, r.randint(1, 3)), required=required))
+            phrases.append(rng.choice([f"with {key} {{items}}", f"{key}: {{items}}", f"for the {key} {{items}}"]))
+        elif kind == "nested":
+            params.append(P("where", "object", ["location", "where", "filters", "place", "target"],
+                            [None, "Where and when"], required=required, flat_p=0.2,
+                            sub=[P("city", "string", CITY_KEYS, [None, "City name"], city),
+                                 P("date", "string", ["date", "day", "on"], [None, "YYYY-MM-DD"], date,
+                                   required=rng.random() < 0.5)]))
+            phrases.append(rng.choice(["in {city} on {date}", "for {city}, {date}", "on {date} in {city}"]))
         else:
             options = rng.choice(ENUMS)
             key = rng.choice(["option", "tier", "mode", "priority", "kind", "variant"])

@@ -79,17 +79,36 @@ class BeamConfig:
 def nano_config(vocab_size, bos_id, eos_ids, pad_id):
     """beam-nano (v2): every Beam feature, about 28 M parameters (57 MB in BF16)."""
     layers = 8
+    return _nano(vocab_size, bos_id, eos_ids, pad_id, layers, 1536, 192, (2, 5, 7))
+
+
+def nano3_config(vocab_size, bos_id, eos_ids, pad_id):
+    """beam-nano v3: v2 two layers deeper (10: 2 dense, 8 MoE of 8 experts x 144), full SSMax layers 3, 6, 9;
+    29.6 M parameters (59 MB in BF16: what one device call can bring back, 64 MiB in all), 17 M active per token."""
+    return _nano(vocab_size, bos_id, eos_ids, pad_id, 10, 1536, 144, (3, 6, 9))
+
+
+def smoke_config(vocab_size, bos_id, eos_ids, pad_id):
+    """The v3 layout shrunk for CPU smoke tests of the training pipeline (hidden 64, 4 layers, 0.6 M parameters)."""
+    return _nano(vocab_size, bos_id, eos_ids, pad_id, 4, 128, 32, (1, 3), hidden=64, heads=4, head_dim=16)
+
+
+CONFIGS = {"v2": nano_config, "v3": nano3_config, "smoke": smoke_config}
+
+
+def _nano(vocab_size, bos_id, eos_ids, pad_id, layers, intermediate, moe_intermediate, full_layers, hidden=512,
+          heads=8, head_dim=64):
     return {
         "architectures": ["BeamForCausalLM"],
         "model_type": "beam",
         "vocab_size": vocab_size,
-        "hidden_size": 512,
+        "hidden_size": hidden,
         "num_hidden_layers": layers,
-        "num_attention_heads": 8,
+        "num_attention_heads": heads,
         "num_key_value_heads": 2,
-        "head_dim": 64,
-        "intermediate_size": 1536,
-        "moe_intermediate_size": 192,
+        "head_dim": head_dim,
+        "intermediate_size": intermediate,
+        "moe_intermediate_size": moe_intermediate,
         "first_k_dense_replace": 2,
         "n_routed_experts": 8,
         "num_experts_per_tok": 2,
@@ -99,7 +118,7 @@ def nano_config(vocab_size, bos_id, eos_ids, pad_id):
         "routed_scaling_factor": 2.5,
         "scoring_func": "sigmoid",
         "topk_method": "noaux_tc",
-        "layer_types": ["full_attention" if i in (2, 5, 7) else "sliding_attention" for i in range(layers)],
+        "layer_types": ["full_attention" if i in full_layers else "sliding_attention" for i in range(layers)],
         "sliding_window": 128,
         "rope_theta": 10000.0,
         "ssmax_base": 512.0,

@@ -31,15 +31,25 @@ def rms_norm(x, weight, eps):
     return (normed * weight.float()).to(x.dtype)
 
 
-def rope(x, positions, theta):
-    """NeoX rotate-half over the full head dim. x [B, heads, T, D], positions [B, T]."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, device=x.device, dtype=torch.float64) * 2.0 / x.shape[-1])
+def rope_tables(positions, theta, head_dim):
+    """cos, sin [B, 1, T, D/2] of positions [B, T] (angles in float64, then float32)."""
+    half = head_dim // 2
+    inv_freq = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float64) * 2.0 / head_dim)
     angles = (positions.double().unsqueeze(-1) * inv_freq).float()            # [B, T, D/2]
-    cos, sin = angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)          # [B, 1, T, D/2]
+    return angles.cos().unsqueeze(1), angles.sin().unsqueeze(1)
+
+
+def apply_rope(x, cos, sin):
+    """NeoX rotate-half over the full head dim, in FP32, returned in x's dtype."""
+    half = x.shape[-1] // 2
     x32 = x.float()
     x1, x2 = x32[..., :half], x32[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rope(x, positions, theta):
+    """NeoX rotate-half over the full head dim. x [B, heads, T, D], positions [B, T]."""
+    return apply_rope(x, *rope_tables(positions, theta, x.shape[-1]))
 
 
 def masked_gqa_attention(q, k, v, visible):
@@ -77,13 +87,19 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=False)
 
+    def project(self, h):
+        """h [B, T, H] -> q [B, Nq, T, D], k and v [B, Nkv, T, D]."""
+        B, T, _ = h.shape
+        q = self.q_proj(h).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
     def forward(self, h, positions, cache=None):
         """h [B, T, H]; positions [B, T] (-1 for pads). cache: None or a dict {k, v, pos} this call extends."""
         B, T, _ = h.shape
         c = self.config
-        q = self.q_proj(h).view(B, T, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(h).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(h)
         if self.sliding:
             q, k = rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta)
         else:
@@ -258,6 +274,18 @@ def init_weights(model, seed=0):
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
                 std /= math.sqrt(2.0)
             tensor.copy_(torch.randn(tensor.shape, generator=generator) * std)
+
+
+def randomize_for_checks(model, seed):
+    """Norm weights 1 + 0.3 N(0, 1) and router biases 0.05 N(0, 1) (init_weights makes them 1 and 0), so that every
+    term of the math matters in a comparison."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.endswith("norm.weight"):
+                tensor.copy_(1.0 + 0.3 * torch.randn(tensor.shape, generator=generator))
+            elif name.endswith("e_score_correction_bias"):
+                tensor.copy_(0.05 * torch.randn(tensor.shape, generator=generator))
 
 
 def to_numpy_tensor(name, tensor):

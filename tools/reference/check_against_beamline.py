@@ -43,18 +43,11 @@ def torch_logits(model_dir, tokens):
 
 
 def write_random_nano(directory, seed):
-    import torch
     from beam_config import nano_config
-    from beam_torch import BeamForCausalLM, init_weights, save_checkpoint
+    from beam_torch import BeamForCausalLM, init_weights, randomize_for_checks, save_checkpoint
     model = BeamForCausalLM(BeamConfig(nano_config(4096, 4087, [4089, 4095], 4088)))
     init_weights(model, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name.endswith("norm.weight"):
-                tensor.copy_(1.0 + 0.3 * torch.randn(tensor.shape, generator=generator))
-            elif name.endswith("e_score_correction_bias"):
-                tensor.copy_(0.05 * torch.randn(tensor.shape, generator=generator))
+    randomize_for_checks(model, seed + 1)
     save_checkpoint(model, directory)
 
 

@@ -34,6 +34,8 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=400)
     parser.add_argument("--json", help="write per-turn results here")
     parser.add_argument("--summary", help="write the headline figures here ({name: [passed, total]})")
+    parser.add_argument("--seconds", type=float, help="start no batch that would end after this many seconds "
+                        "(the summary then covers the turns decoded, shortest prompts first, and says so)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_checkpoint(args.model, device)
@@ -50,7 +52,12 @@ def main():
     turns.sort(key=lambda t: len(t[1]))
     started = time.time()
     results = []
+    slowest = 0.0
     for begin in range(0, len(turns), args.batch):
+        if args.seconds is not None and time.time() - started + 1.5 * slowest > args.seconds:
+            print(f"out of time: {len(results)} of {len(turns)} turns decoded")
+            break
+        batch_started = time.time()
         chunk = turns[begin:begin + args.batch]
         prompts = [tokenizer.encode(prompt) for _, prompt, _ in chunk]
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
@@ -59,13 +66,15 @@ def main():
             completion = tokenizer.decode(output)
             results.append({"kind": kind, "check": check, "completion": completion,
                             **score(completion, check, prompt)})
+        slowest = max(slowest, time.time() - batch_started)
     seconds = time.time() - started
 
     print(f"{len(results)} turns decoded in {seconds:.0f} s")
     figures = summarize(results)
     if args.summary:
         with open(args.summary, "w") as f:
-            json.dump({"model": args.model, "heldout": args.heldout, "turns": len(results), "seconds": round(seconds),
+            json.dump({"model": args.model, "heldout": args.heldout, "turns": len(results),
+                       "turns_in_set": len(turns), "seconds": round(seconds),
                        "figures": figures}, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:

@@ -6,7 +6,13 @@
 # `cat model.safetensors.part-* > model.safetensors`) and results.tar.gz (config.json, generation_config.json,
 # harmony.json, eval-*.json headline figures, eval-*-turns.json.gz completions, log.txt), refreshed after
 # every step so that a run cut short still returns what it did.
-#   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 280] [seconds for the whole call, default 570]
+#   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 360] [seconds for the whole call, default 560]
+# Training ends by 165 s before the end of the call whatever the data and checks took (train.py --stop-by):
+# the checkpoint's save and the held-out losses take about 15 s, the two greedy evaluations about 150.
+# CONFIG (v3; beam_config.CONFIGS) is the model shape, EXAMPLES (1000000) the training conversations, generated on
+# the machine's cores while train.py checks its fast loss against the reference on the GPU; EVAL_LIMIT (1000)
+# conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512) at a time. TRAIN_ARGS adds
+# train.py options (e.g. --no-compile).
 # Optional: DRAFTER_SECONDS=N trains the speculative-decoding drafter for the new model (train_drafter.py, its
 # default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
 # another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
@@ -15,8 +21,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
-seconds=${1:-280}
-budget=${2:-570}
+seconds=${1:-360}
+budget=${2:-560}
+config=${CONFIG:-v3}
+examples=${EXAMPLES:-1000000}
+eval_limit=${EVAL_LIMIT:-1000}
 started=$SECONDS
 work=$(mktemp -d /tmp/beam-nano-run.XXXXXX)
 small="$work/results"
@@ -33,6 +42,7 @@ evaluate() {
   local allowed=$(( $(left) - reserve ))
   if (( allowed < 20 )); then echo "SKIPPED eval $name: ${allowed}s left"; return; fi
   timeout "$allowed" python3 tools/train/eval_torch.py --model "$model" --heldout "$heldout" --limit "$limit" \
+    --batch "${EVAL_BATCH:-512}" --seconds $(( allowed - 10 )) \
     --summary "$small/eval-$name.json" --json "$work/eval-$name-turns.json" || echo "WARNING: eval $name failed or ran out of time"
   [[ -f "$work/eval-$name-turns.json" ]] && gzip -c "$work/eval-$name-turns.json" > "$small/eval-$name-turns.json.gz"
   pack
@@ -40,8 +50,10 @@ evaluate() {
 
 {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  python3 -c "import torch; print('torch', torch.__version__)"
   python3 tools/train/train.py --tokenizer "$tokenizer" --out "$work/beam-nano" \
-    --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds"
+    --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds" --config "$config" \
+    --examples "$examples" --stop-by $(( budget - 165 - (SECONDS - started) )) ${TRAIN_ARGS:-}
   if [[ -f "$work/beam-nano/model.safetensors" ]]; then
     cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$small"/
     split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"
@@ -51,9 +63,9 @@ evaluate() {
   fi
   pack
   echo "after training: $(left) s left"
-  evaluate ood "$work/beam-nano" "$work/ood.jsonl" 1000 90
+  evaluate ood "$work/beam-nano" "$work/ood.jsonl" "$eval_limit" 75
   echo "after OOD eval: $(left) s left"
-  evaluate heldout "$work/beam-nano" "$work/heldout.jsonl" 1000 60
+  evaluate heldout "$work/beam-nano" "$work/heldout.jsonl" "$eval_limit" 15
   echo "after held-out eval: $(left) s left"
   if [[ -n "${DRAFTER_SECONDS:-}" ]]; then
     if (( $(left) > DRAFTER_SECONDS + 90 )); then

@@ -167,6 +167,11 @@ def summarize(results):
         "tool call: exactly the expected arguments": [sum(r.get("args_exact", False) for r in tool), len(tool)],
         "arithmetic answers correct": [sum(r["ok"] for r in arith), len(arith)],
     }
+    for label, unseen in (("unseen family", True), ("training family", False)):
+        some = [r for r in tool if r["check"].get("unseen_family") is unseen]
+        if some and any(r["check"].get("unseen_family") for r in tool):
+            figures[f"tool call, {label}: right function + schema-valid JSON args"] = [sum(r["ok"] for r in some),
+                                                                                       len(some)]
     for op in "+-*/":
         some = [r for r in arith if r["check"].get("op") == op]
         if some:
@@ -177,6 +182,10 @@ def summarize(results):
         "other checks (facts, tool results in answers)": [sum(r["ok"] for r in other), len(other)],
         "completions naming an undeclared tool": [sum(bool(r.get("undeclared")) for r in judged), len(judged)],
     })
+    unseen_quoting = [r for r in quoting if r["check"].get("unseen_family")]
+    if unseen_quoting:
+        figures["answers after an unseen family's result quote its values"] = [sum(r["ok"] for r in unseen_quoting),
+                                                                               len(unseen_quoting)]
     for name, (part, whole) in figures.items():
         print(f"{name + ':':52s} {pct(part, whole)}")
     for r in [r for r in results if not r["ok"]][:12]:

@@ -2,13 +2,19 @@
 """Trains beam-nano (a Beam-architecture model, every feature exercised) on synthetic Harmony conversations.
 
   python3 tools/train/train.py --tokenizer models/beam-nano/tokenizer.json --out OUT_DIR \
-      [--examples 300000] [--heldout 1000] [--ood 1000] [--seconds 240] [--seed 1]
+      [--config v3] [--examples 300000] [--heldout 1000] [--ood 1000] [--seconds 240] [--seed 1]
 
 Generates the data in-process (tools/data/generate.py, all CPU cores), tokenizes it with the given
 tokenizer.json, trains with the loss on assistant-produced tokens only, prints the held-out loss, and writes
 OUT_DIR/{config.json, model.safetensors (BF16, router F32), tokenizer.json, harmony.json,
 generation_config.json}; --heldout-out and --ood-out save the held-out conversations (the same files
 `generate.py --train 0 --heldout N --ood M --seed S` writes).
+
+Speed (on CUDA): the loss is beam_fast.fast_loss (SDPA attention, experts computed only on their tokens, LM head
+only where the loss reads, elementwise pieces compiled), bf16 autocast, fused AdamW; batches are conversations of
+about the same length (length-sorted, so padding is the rounding of each batch's length to 8). While the data is
+generated, the fast loss is checked against the reference's on the GPU (float32, loss and every gradient within
+1e-4 relative); a torch.compile failure falls back to eager, a mismatch to the reference's loss.
 
 Router balance: aux-loss-free (DeepSeek-V3): after every step each MoE layer's e_score_correction_bias moves
 by --bias-rate toward balance (up for experts that got fewer tokens than the mean, down for more).
@@ -22,17 +28,18 @@ import random
 import shutil
 import sys
 import time
+import traceback
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "tokenizer"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
+import beam_fast  # noqa: E402
 import generate  # noqa: E402
-from beam_config import BeamConfig, nano_config  # noqa: E402
+from beam_config import CONFIGS, BeamConfig  # noqa: E402
 from beam_torch import BeamForCausalLM, init_weights, save_checkpoint  # noqa: E402
 from bpe import Tokenizer  # noqa: E402
 
@@ -60,10 +67,13 @@ def _make_chunk(job):
     return out
 
 
-def build_split(tokenizer_path, split, count, seed, workers):
-    jobs = generate.split_jobs(split, count, seed)
-    with multiprocessing.Pool(workers, initializer=_worker_init, initargs=(tokenizer_path,)) as pool:
-        return [item for part in pool.imap(_make_chunk, jobs) for item in part]
+def start_split(pool, split, count, seed):
+    """Starts generating a split on the pool; the result's get() is its examples, in the seed's order."""
+    return pool.map_async(_make_chunk, generate.split_jobs(split, count, seed))
+
+
+def collect(pending):
+    return [item for part in pending.get() for item in part]
 
 
 def batches(examples, batch_tokens, rng):
@@ -84,7 +94,7 @@ def batches(examples, batch_tokens, rng):
 
 
 def collate(examples, indices, device):
-    longest = max(len(examples[i][0]) for i in indices)
+    longest = -(-max(len(examples[i][0]) for i in indices) // 8) * 8
     tokens = torch.zeros(len(indices), longest, dtype=torch.long)
     loss_mask = torch.zeros(len(indices), longest, dtype=torch.bool)
     valid = torch.zeros(len(indices), longest, dtype=torch.bool)
@@ -93,30 +103,67 @@ def collate(examples, indices, device):
         tokens[row, :len(ids)] = torch.from_numpy(ids.astype(np.int64))
         loss_mask[row, :len(ids)] = torch.from_numpy(mask)
         valid[row, :len(ids)] = True
-    return tokens.to(device, non_blocking=True), loss_mask.to(device), valid.to(device)
+    if device == "cuda":
+        return tuple(t.pin_memory().to(device, non_blocking=True) for t in (tokens, loss_mask, valid))
+    return tokens, loss_mask, valid
 
 
-def loss_on(model, tokens, loss_mask, valid):
+def loss_on(loss_fn, model, tokens, loss_mask, valid):
     device = tokens.device.type
     with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-        logits = model(tokens, valid=valid)
-    target_mask = loss_mask[:, 1:]
-    logits = logits[:, :-1][target_mask]
-    targets = tokens[:, 1:][target_mask]
-    return F.cross_entropy(logits.float(), targets)
+        return loss_fn(model, tokens, loss_mask, valid)
 
 
 @torch.no_grad()
-def heldout_loss(model, examples, device, batch_tokens):
+def heldout_loss(loss_fn, model, examples, device, batch_tokens):
     model.eval()
     total, count = 0.0, 0
     for indices in batches(examples, batch_tokens, random.Random(0)):
         tokens, loss_mask, valid = collate(examples, indices, device)
         n = int(loss_mask[:, 1:].sum())
-        total += float(loss_on(model, tokens, loss_mask, valid)) * n
+        total += float(loss_on(loss_fn, model, tokens, loss_mask, valid)) * n
         count += n
     model.train()
     return total / count
+
+
+def random_batch(vocab, rows, length, device, seed):
+    """Random tokens in right-padded rows (the last row shorter), for the checks before training."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (rows, length), generator=generator)
+    loss_mask = torch.rand(rows, length, generator=generator) < 0.5
+    valid = torch.ones(rows, length, dtype=torch.bool)
+    valid[-1, length // 2:] = False
+    loss_mask &= valid
+    return tokens.to(device), loss_mask.to(device), valid.to(device)
+
+
+def choose_loss(model, device, compile_wanted, seed):
+    """The fast loss when it matches the reference on this device (float32, random rows longer than the sliding
+    window), compiled when torch.compile works; else the reference's loss. Warms up the training step's kernels
+    (bf16 autocast on CUDA) too."""
+    check = random_batch(model.config.vocab_size, 3, 2 * model.config.sliding_window + 40, device, seed)
+    for compiled in ([True, False] if compile_wanted else [False]):
+        try:
+            beam_fast.use_compile(compiled)
+            torch.set_float32_matmul_precision("highest")      # the check compares float32 with float32
+            ok = beam_fast.check_against_reference(model, *check)
+            torch.set_float32_matmul_precision("high")
+            warm = random_batch(model.config.vocab_size, 8, 520, device, seed + 1)
+            loss_on(beam_fast.fast_loss, model, *warm).backward()
+            model.zero_grad(set_to_none=True)
+        except Exception as error:  # noqa: BLE001 (any compile failure falls back to eager)
+            torch.set_float32_matmul_precision("high")
+            model.zero_grad(set_to_none=True)
+            print(f"fast path with torch.compile={compiled} failed: {type(error).__name__}: {error}", flush=True)
+            continue
+        if ok:
+            print(f"loss: fast path, torch.compile {'on' if compiled else 'off'}", flush=True)
+            return beam_fast.fast_loss
+        print("WARNING: the fast path does not match the reference here", flush=True)
+    beam_fast.use_compile(False)
+    print("loss: the reference's (slow)", flush=True)
+    return beam_fast.reference_loss
 
 
 def main():
@@ -125,41 +172,52 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--heldout-out", help="write the held-out conversations here (JSONL, as generate.py)")
     parser.add_argument("--ood-out", help="write the out-of-distribution conversations here (JSONL, as generate.py)")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="v3", help="model shape (beam_config.py)")
     parser.add_argument("--examples", type=int, default=300000)
     parser.add_argument("--heldout", type=int, default=1000)
     parser.add_argument("--ood", type=int, default=1000, help="conversations of held-out templates and tools")
     parser.add_argument("--seconds", type=float, default=240.0, help="training time budget (schedule follows it)")
+    parser.add_argument("--stop-by", type=float, help="end training by this many seconds after the start, data and "
+                        "checks included (the schedule shrinks to fit)")
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps (smoke tests)")
     parser.add_argument("--batch-tokens", type=int, default=48000)
     parser.add_argument("--lr", type=float, default=1.5e-3)
     parser.add_argument("--warmup", type=int, default=150)
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     device = args.device
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")   # TF32 for the FP32 LM head, as before
     started = time.time()
     tokenizer = Tokenizer.load(args.tokenizer)
-    train = build_split(args.tokenizer, "train", args.examples, args.seed, args.workers)
-    held = build_split(args.tokenizer, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET,
-                       args.workers)
-    ood = build_split(args.tokenizer, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET, args.workers)
-    train_tokens = sum(len(e[0]) for e in train)
-    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out, "
-          f"{len(ood)} out-of-distribution; "
-          f"{time.time() - started:.0f} s", flush=True)
+    # the pool forks before CUDA starts; the data is generated while the model is built and checked
+    pool = multiprocessing.Pool(args.workers, initializer=_worker_init, initargs=(args.tokenizer,))
+    pending = [start_split(pool, "train", args.examples, args.seed),
+               start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
+               start_split(pool, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET)]
 
     eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
-    config_dict = nano_config(tokenizer.vocab_size(), tokenizer.token_id("<|startoftext|>"), eos,
-                              tokenizer.token_id("<|endoftext|>"))
+    config_dict = CONFIGS[args.config](tokenizer.vocab_size(), tokenizer.token_id("<|startoftext|>"), eos,
+                                       tokenizer.token_id("<|endoftext|>"))
     model = BeamForCausalLM(BeamConfig(config_dict))
     init_weights(model, args.seed)
     model.to(device)
     params = sum(p.numel() for p in model.parameters())
-    print(f"model: {params / 1e6:.2f} M parameters", flush=True)
+    print(f"model: {args.config}, {params / 1e6:.2f} M parameters", flush=True)
+    loss_fn = choose_loss(model, device, not args.no_compile, args.seed)
+    print(f"checks done: {time.time() - started:.0f} s", flush=True)
+
+    train, held, ood = (collect(p) for p in pending)
+    pool.close()
+    train_tokens = sum(len(e[0]) for e in train)
+    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out, "
+          f"{len(ood)} out-of-distribution; "
+          f"{time.time() - started:.0f} s", flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n and "gate.weight" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n
@@ -170,39 +228,62 @@ def main():
     rng = random.Random(args.seed)
     plan = batches(train, args.batch_tokens, rng)
     step, epoch, train_started = 0, 0, time.time()
+    budget = args.seconds if args.stop_by is None else min(args.seconds, args.stop_by - (train_started - started))
+    print(f"training for {budget:.0f} s", flush=True)
+    seen_tokens, padded_tokens = 0, 0
     moe_layers = model.moe_layers()
     running = None
-    while True:
-        elapsed = time.time() - train_started
-        if elapsed >= args.seconds:
-            break
-        if not plan:
-            epoch += 1
-            plan = batches(train, args.batch_tokens, rng)
-        progress = elapsed / args.seconds
-        lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        tokens, loss_mask, valid = collate(train, plan.pop(), device)
-        loss = loss_on(model, tokens, loss_mask, valid)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            for moe in moe_layers:
-                load = moe.last_load.float()
-                moe.gate.e_score_correction_bias += args.bias_rate * torch.sign(load.mean() - load)
-        step += 1
-        if step % 50 == 0:
-            value = float(loss)
-            running = value if running is None else 0.9 * running + 0.1 * value
-        if step % 500 == 0:
-            imbalance = max(float(m.last_load.max() / m.last_load.float().mean()) for m in moe_layers)
-            print(f"step {step} epoch {epoch} {elapsed:.0f}s lr {lr:.2e} train loss {running:.4f} "
-                  f"max expert load/mean {imbalance:.2f}", flush=True)
+    try:
+        while True:
+            elapsed = time.time() - train_started
+            if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
+                break
+            if not plan:
+                epoch += 1
+                plan = batches(train, args.batch_tokens, rng)
+            progress = elapsed / budget
+            lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            indices = plan.pop()
+            tokens, loss_mask, valid = collate(train, indices, device)
+            seen_tokens += sum(len(train[i][0]) for i in indices)
+            padded_tokens += tokens.numel()
+            optimizer.zero_grad(set_to_none=True)
+            try:
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss.backward()
+            except Exception as error:  # noqa: BLE001 (a compiled piece failing on a new shape: go on eagerly)
+                if not beam_fast.compiled():
+                    raise
+                print(f"step {step}: compiled loss failed ({type(error).__name__}: {error}); torch.compile off",
+                      flush=True)
+                beam_fast.use_compile(False)
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            with torch.no_grad():
+                for moe in moe_layers:
+                    load = moe.last_load.float()
+                    moe.gate.e_score_correction_bias += args.bias_rate * torch.sign(load.mean() - load)
+            step += 1
+            if step % 50 == 0 or args.max_steps is not None:
+                value = float(loss)
+                running = value if running is None else 0.9 * running + 0.1 * value
+            if step % 500 == 0 or args.max_steps is not None:
+                imbalance = max(float(m.last_load.max() / m.last_load.float().mean()) for m in moe_layers)
+                rate = seen_tokens / (time.time() - train_started) / 1e6
+                print(f"step {step} epoch {epoch} {elapsed:.0f}s lr {lr:.2e} train loss {running:.4f} "
+                      f"max expert load/mean {imbalance:.2f} {rate:.2f} M tokens/s", flush=True)
+    except Exception:  # noqa: BLE001 (the one device call must still bring back what was trained)
+        traceback.print_exc()
+        print(f"ERROR: training stopped at step {step} by the error above; saving what was trained", flush=True)
     seconds = time.time() - train_started
-    print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs)", flush=True)
+    print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs, {seen_tokens / 1e6:.1f} M tokens, "
+          f"{seen_tokens / seconds / 1e6:.2f} M tokens/s, padding {1 - seen_tokens / max(padded_tokens, 1):.1%})",
+          flush=True)
 
     # the checkpoint is written before anything else can fail
     harmony = {"channels": ["analysis", "commentary", "final"], "reasoning_channel": "analysis",
@@ -220,8 +301,9 @@ def main():
                 for _, _, line in examples:
                     f.write(line + "\n")
     model.to(device)
-    print(f"held-out loss (assistant tokens): {heldout_loss(model, held, device, args.batch_tokens):.4f}; "
-          f"out-of-distribution: {heldout_loss(model, ood, device, args.batch_tokens):.4f}", flush=True)
+    beam_fast.use_compile(False)   # a few batches without gradients: not worth compiling again
+    print(f"held-out loss (assistant tokens): {heldout_loss(loss_fn, model, held, device, args.batch_tokens):.4f}; "
+          f"out-of-distribution: {heldout_loss(loss_fn, model, ood, device, args.batch_tokens):.4f}", flush=True)
     print(f"wrote {args.out}; total {time.time() - started:.0f} s", flush=True)
 
 
