@@ -582,15 +582,26 @@ bool EngineCore::can_jump_forward(const SampleState& sample) const {
   return !sample.request->request.return_routed_experts && !needs_host(sample);
 }
 
+bool EngineCore::jump_forward_pays(std::size_t forced, int32_t decoding) const {
+  if (forced == 0) return false;
+  // Without async scheduling (or while speculating, which waits for every step anyway) a draft costs only its rows.
+  if (!config_.async_scheduling || config_.speculative.enabled()) return true;
+  // With it, waiting for a step's tokens exposes the host's work between steps, and a step whose sequences have
+  // drafts of different lengths replays no decode graph: the whole batch pays that for the forced rows' tokens. A
+  // minority of forced rows gains too little to be worth it: they decode one token per step instead.
+  return 2 * forced >= static_cast<std::size_t>(decoding);
+}
+
 bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
   if (!config_.jump_forward || tokenizer_ == nullptr) return false;
+  std::size_t forced = 0;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     if (step.plan.scheduled[i].num_draft_tokens > 0) return true;  // launch_ahead places one token per sequence
     SampleState* sample = live_sample(step.ids[i]);
     if (sample == nullptr || sample->grammar == nullptr || !can_jump_forward(*sample)) continue;
-    if (!sample->grammar->jump_forward_bytes().empty()) return true;
+    if (!sample->grammar->jump_forward_bytes().empty()) ++forced;
   }
-  return false;
+  return jump_forward_pays(forced, static_cast<int32_t>(step.producing.size()));
 }
 
 bool EngineCore::propose_drafts() {
@@ -603,6 +614,7 @@ bool EngineCore::propose_drafts() {
     int32_t max_tokens;
   };
   std::vector<Drafting> drafting;
+  std::vector<std::pair<Sequence*, std::vector<TokenId>>> forced_drafts;  // jump-forward's, by sequence
   int32_t decoding = 0;  // one-token decodes of the step, drafting or not (the step's size for its cost)
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
@@ -619,15 +631,21 @@ bool EngineCore::propose_drafts() {
       const std::vector<TokenId> forced = sample.grammar->jump_forward_tokens(
           *tokenizer_, static_cast<std::size_t>(std::min(room, kMaxJumpForwardTokens)));
       if (!forced.empty()) {
-        sequence->tokens.insert(sequence->tokens.end(), forced.begin(), forced.end());
-        sequence->num_draft_tokens = static_cast<int32_t>(forced.size());
-        sample.forced_draft = true;
-        counters_.jump_forward_draft_tokens_total += forced.size();
+        forced_drafts.emplace_back(sequence, std::move(forced));
         continue;
       }
     }
     const int32_t k = std::min(spec.num_speculative_tokens, room);
     if (spec.enabled() && k > 0) drafting.push_back({sequence, &sample, k});
+  }
+  // Otherwise this step can be launched ahead, its forced rows decoding one token each (same outputs).
+  if (jump_forward_pays(forced_drafts.size(), decoding)) {
+    for (auto& [sequence, forced] : forced_drafts) {
+      sequence->tokens.insert(sequence->tokens.end(), forced.begin(), forced.end());
+      sequence->num_draft_tokens = static_cast<int32_t>(forced.size());
+      samples_by_sequence_.at(sequence->id)->forced_draft = true;
+      counters_.jump_forward_draft_tokens_total += forced.size();
+    }
   }
   if (drafting.empty()) return false;
   if (adaptive_) {

@@ -14,8 +14,9 @@
 // Jump-forward (--jump-forward, structured outputs): where a constrained sequence's grammar forces the next bytes, their
 // tokens (GrammarMatcher::jump_forward_tokens) are its draft instead, verified the same way under the grammar's masks,
 // so the outputs are exactly those without it while a step can emit several tokens. With --async-scheduling the engine
-// waits for a step's tokens (no step launched ahead) when a constrained sequence is inside forced bytes, so that the
-// next step can carry the draft.
+// waits for a step's tokens (no step launched ahead) when at least half of the step's decoding sequences are inside
+// forced bytes, so that the next step can carry their drafts; with fewer, the forced rows decode one token per step
+// and the steps stay launched ahead (jump_forward_pays).
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -138,6 +139,8 @@ class EngineCore {
   // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
   // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)
   bool jump_forward_ahead(const InFlightStep& step) const;
+  // Whether `forced` of a step's `decoding` sequences should get their forced tokens as drafts (false when none).
+  bool jump_forward_pays(std::size_t forced, int32_t decoding) const;
   bool can_jump_forward(const SampleState& sample) const;
   // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
   // the target's hidden states of those positions only.
