@@ -160,10 +160,11 @@ void batch_step_host_path(const std::vector<std::unique_ptr<beamline::GrammarMat
         rows[r].assign(static_cast<std::size_t>(words), 0u);
         matchers[r]->fill_next_token_mask(rows[r]);
       }
-    });
+    }, std::max<std::size_t>(1, 65536 / static_cast<std::size_t>(words * 32)));  // the engine's chunks
     const double filled = micros_since(start);
     start = Clock::now();
     std::vector<uint32_t> gathered;
+    gathered.reserve(matchers.size() * static_cast<std::size_t>(words));
     for (const std::vector<uint32_t>& row : rows) gathered.insert(gathered.end(), row.begin(), row.end());
     const double gathered_us = micros_since(start);
     if (i < 3) continue;

@@ -10,9 +10,9 @@ rate over the first config's rate in the same round (the machine's drift cancels
 beamline:engine_steps_total over the run. At temperature 0 a trained model mostly writes the same turns with or
 without the constraint; the table says how many outputs (last round) equal the first config's, since a different
 output is a different amount of work, and a second table says why each one differs:
-  - "first invalid": the first config's output breaks the template (cut by max_tokens, text where a channel or call
-    belongs, a tool that is not declared, arguments that do not parse or break the tool's schema): the constraint
-    corrected it;
+  - "first invalid": the first config's output breaks the template (cut by max_tokens, special tokens left in the
+    text, a `<|call|>` with no recipient, a tool that is not declared, arguments that do not parse or break the
+    tool's schema): the constraint corrected it;
   - "first unstable": the first config itself wrote different outputs for that prompt (across rounds or across the
     copies of the prompt in one batch): its argmax sits on a near-tie that the batch's composition flips (BF16 on a
     GPU), so this config's differing output is numerics too;
@@ -145,6 +145,8 @@ def template_errors(output):
     errors = []
     if finish not in ("stop", "tool_calls"):
         errors.append(f"finish_reason {finish}")
+    if finish == "tool_calls" and not calls:
+        errors.append("<|call|> with no recipient (a message the parser could not make a call of)")
     for text in (content, reasoning):
         if text and "<|" in text:
             errors.append("a special token in the text")

@@ -818,7 +818,9 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
     if (r > 0 && step.sampled[first + r].producing == step.sampled[first + r - 1].producing) ++groups.back().second;
     else groups.emplace_back(r, 1);
   }
-  // In parallel over sequences: each reads only its own sample's matcher.
+  // In parallel over sequences: each reads only its own sample's matcher. A small vocabulary's masks take a few
+  // hundred ns each, less than waking a pool thread, so a chunk holds at least 64K tokens' worth of rows.
+  const std::size_t min_chunk = std::max<std::size_t>(1, 65536 / std::max<std::size_t>(1, mask_words * 32));
   ThreadPool::global().parallel_for(groups.size(), [&](std::size_t begin, std::size_t end) {
     for (std::size_t g = begin; g < end; ++g) {
       const auto [row, count] = groups[g];
@@ -836,7 +838,7 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
       }
       sample->grammar->rollback(static_cast<int32_t>(count - 1));
     }
-  });
+  }, min_chunk);
 }
 
 std::vector<std::vector<SampledToken>> EngineCore::sample_tokens(InFlightStep& step) {
