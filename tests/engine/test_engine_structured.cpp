@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
 #include "engine/generation_config.h"
 #include "runner/beam_model_runner.h"
 #include "structured/json_schema.h"
@@ -253,6 +254,52 @@ TEST_F(StructuredTinyModel, JumpForwardSavesStepsAndChangesNoOutput) {
                 static_cast<unsigned long long>(with.jump_forward_draft_tokens_total),
                 static_cast<unsigned long long>(with.jump_forward_accepted_tokens_total));
   }
+}
+
+// With async scheduling, jump-forward waits for a step's tokens only when at least half of its decoding sequences are
+// inside forced bytes: one constrained sequence among seven free ones (all decoding in step) keeps every step launched
+// ahead and decodes one token per step, with the outputs of the synchronous engine (which drafts); eight constrained
+// ones do draft.
+TEST_F(StructuredTinyModel, AsyncJumpForwardWaitsOnlyWhenMostRowsAreForced) {
+  const auto vocabulary = Vocabulary::from_tokenizer(**tokenizer_);
+  const auto grammar = CompiledGrammar::compile(json_schema_grammar(schema_cases()[2].schema), vocabulary, eos_);
+  auto run_core = [&](bool async_scheduling, int constrained) {
+    EngineConfig c;
+    c.async_scheduling = async_scheduling;
+    c.max_model_len = 256;
+    c.max_num_seqs = 16;
+    c.max_num_batched_tokens = 1024;  // every prompt in the first step, so the eight decode in lockstep
+    c.kv_cache_memory_bytes = 16 << 20;
+    BeamModelRunner runner(load_checkpoint(*dir_), "cpu", c);
+    EngineCore core(resolve_engine_config(c, runner), runner, tokenizer_->get(), eos_);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 8; ++i) {
+      GenerationRequest r;
+      r.request_id = fmt::format("m{}", i);
+      r.prompt = (*tokenizer_)->encode(fmt::format(R"(Reply in JSON ({}) like {{"color": "red"}}:)", i));
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 2000 + i;
+      r.sampling.max_tokens = 60;
+      // The free ones run to max_tokens, so the constrained one never decodes alone.
+      r.sampling.ignore_eos = i >= constrained;
+      if (i < constrained) r.grammar = grammar;
+      streams.push_back(std::make_shared<OutputStream>(r.request_id));
+      core.add_request(std::move(r), streams.back());
+    }
+    while (core.has_work()) core.step();
+    std::vector<std::vector<TokenId>> outputs;
+    for (auto& stream : streams) outputs.push_back(collect_output(*stream).samples.at(0).token_ids);
+    return std::make_pair(outputs, core.stats());
+  };
+  const auto [one_async, one_async_stats] = run_core(true, 1);
+  const auto [one_sync, one_sync_stats] = run_core(false, 1);
+  EXPECT_EQ(one_async, one_sync);
+  EXPECT_EQ(one_async_stats.jump_forward_draft_tokens_total, 0u);
+  EXPECT_GT(one_sync_stats.jump_forward_draft_tokens_total, 0u);
+  const auto [all_async, all_async_stats] = run_core(true, 8);
+  const auto [all_sync, all_sync_stats] = run_core(false, 8);
+  EXPECT_EQ(all_async, all_sync);
+  EXPECT_GT(all_async_stats.jump_forward_draft_tokens_total, 0u);
 }
 
 }  // namespace
