@@ -584,11 +584,12 @@ bool EngineCore::can_jump_forward(const SampleState& sample) const {
 
 bool EngineCore::jump_forward_pays(std::size_t forced, int32_t decoding) const {
   if (forced == 0) return false;
-  // Without async scheduling (or while speculating, which waits for every step anyway) a draft costs only its rows.
-  if (!config_.async_scheduling || config_.speculative.enabled()) return true;
-  // With it, waiting for a step's tokens exposes the host's work between steps, and a step whose sequences have
-  // drafts of different lengths replays no decode graph: the whole batch pays that for the forced rows' tokens. A
-  // minority of forced rows gains too little to be worth it: they decode one token per step instead.
+  // A step whose sequences have drafts of different lengths replays no decode graph, and with async scheduling (in
+  // effect only without speculative decoding) waiting for a step's tokens exposes the host's work between steps: the
+  // whole batch pays that for the forced rows' tokens. Where neither applies, a draft costs only its own rows.
+  const bool launches_ahead = config_.async_scheduling && !config_.speculative.enabled();
+  if (!launches_ahead && !runner_.replays_decode_graphs()) return true;
+  // A minority of forced rows gains too little for that: they decode one token per step instead.
   return 2 * forced >= static_cast<std::size_t>(decoding);
 }
 
@@ -614,7 +615,12 @@ bool EngineCore::propose_drafts() {
     int32_t max_tokens;
   };
   std::vector<Drafting> drafting;
-  std::vector<std::pair<Sequence*, std::vector<TokenId>>> forced_drafts;  // jump-forward's, by sequence
+  struct Forced {
+    Sequence* sequence;
+    std::vector<TokenId> tokens;
+    int32_t room;
+  };
+  std::vector<Forced> forced_drafts;  // jump-forward's
   int32_t decoding = 0;  // one-token decodes of the step, drafting or not (the step's size for its cost)
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
@@ -631,21 +637,27 @@ bool EngineCore::propose_drafts() {
       const std::vector<TokenId> forced = sample.grammar->jump_forward_tokens(
           *tokenizer_, static_cast<std::size_t>(std::min(room, kMaxJumpForwardTokens)));
       if (!forced.empty()) {
-        forced_drafts.emplace_back(sequence, std::move(forced));
+        forced_drafts.push_back({sequence, std::move(forced), room});
         continue;
       }
     }
     const int32_t k = std::min(spec.num_speculative_tokens, room);
     if (spec.enabled() && k > 0) drafting.push_back({sequence, &sample, k});
   }
-  // Otherwise this step can be launched ahead, its forced rows decoding one token each (same outputs).
-  if (jump_forward_pays(forced_drafts.size(), decoding)) {
-    for (auto& [sequence, forced] : forced_drafts) {
-      sequence->tokens.insert(sequence->tokens.end(), forced.begin(), forced.end());
-      sequence->num_draft_tokens = static_cast<int32_t>(forced.size());
-      samples_by_sequence_.at(sequence->id)->forced_draft = true;
-      counters_.jump_forward_draft_tokens_total += forced.size();
+  // Otherwise the forced rows are drafted for like the others (same outputs either way), and the step can replay a
+  // decode graph or be launched ahead.
+  const bool forced_pays = jump_forward_pays(forced_drafts.size(), decoding);
+  for (Forced& forced : forced_drafts) {
+    SampleState& sample = *samples_by_sequence_.at(forced.sequence->id);
+    if (!forced_pays) {
+      const int32_t k = std::min(spec.num_speculative_tokens, forced.room);
+      if (spec.enabled() && k > 0) drafting.push_back({forced.sequence, &sample, k});
+      continue;
     }
+    forced.sequence->tokens.insert(forced.sequence->tokens.end(), forced.tokens.begin(), forced.tokens.end());
+    forced.sequence->num_draft_tokens = static_cast<int32_t>(forced.tokens.size());
+    sample.forced_draft = true;
+    counters_.jump_forward_draft_tokens_total += forced.tokens.size();
   }
   if (drafting.empty()) return false;
   if (adaptive_) {

@@ -68,6 +68,7 @@ class BeamModelRunner : public ModelRunner {
   void load_lora_adapter(int32_t slot, const std::filesystem::path& dir) override;
   void unload_lora_adapter(int32_t slot) override;
   void update_weights(std::span<const HostTensor> tensors) override;
+  bool replays_decode_graphs() const override { return graphs_ != nullptr; }
   bool has_drafter() const override { return drafter_ != nullptr; }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
