@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 16's served check on the H200, in one call: `beamline serve` with CUDA (the defaults: bfloat16, async scheduling,
-# decode graphs) with the Harmony template constraint on (the default, with jump-forward) and off
+# Issue 16's served check on the H200, in one call: `beamline serve` with CUDA (the defaults: bfloat16, decode graphs,
+# beam-nano's dflash drafter with adaptive verification, so the engine runs synchronously) with the Harmony template constraint on (the default, with jump-forward) and off
 # (--no-harmony-constraint), side by side, and bench/structured_overhead.py's chat workload (two tools, temperature 0)
 # at batch 1 and 64: tokens/s of each, the constrained server's against the unconstrained one's (goal: within 5% at
 # batch 64). MODEL=beam-nano (default; its trained weights) or beam-1.0-8 (Beam-1.0's shapes cut to 8 layers,
@@ -9,10 +9,12 @@
 # so its batches have the unconstrained server's shape; the script's second table says why each output differs.
 # ROUNDS (default 25): batches of 64 take ~0.15-0.2 s each, so a 5% comparison needs many interleaved rounds; the
 # table gives the rates' 25th-75th percentiles and the per-round paired ratio.
+# SERVE_ARGS: more flags for every server, e.g. "--speculative-config none": beam-nano's default drafter (dflash, adaptive)
+# makes the engine run synchronously, so --async-scheduling is in effect only without it.
 # BATCH_INVARIANT=1 adds --batch-invariant to every server (outputs then depend on no batch shape); BATCH_INVARIANT=both
 # runs the comparison without it, then with it (twice the time).
 # Writes $OUT/table-MODEL.md (and table-MODEL-batch-invariant.md), the servers' machine and commit in $OUT/machine.txt.
-# Usage: [MODEL=beam-nano|beam-1.0-8] [CONFIGS=off,on,...] [ROUNDS=25] [BATCH_INVARIANT=1|both]
+# Usage: [MODEL=beam-nano|beam-1.0-8] [CONFIGS=off,on,...] [ROUNDS=25] [SERVE_ARGS=...] [BATCH_INVARIANT=1|both]
 #        bench/gpu_structured_batch64.sh CARRY_DIR   (CARRY_DIR from bench/make_carry.sh)
 set -euo pipefail
 carry=$(realpath "${1:?usage: gpu_structured_batch64.sh CARRY_DIR}")
@@ -27,10 +29,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 nproc >> "$out/machine.txt"
 echo "model: $model" >> "$out/machine.txt"
 
-serve_args="--device cuda"
+serve_args="--device cuda ${SERVE_ARGS:-}"
 if [ "$model" = beam-1.0-8 ]; then
   "$exe" make-model --preset beam-1.0 --layers 8 --no-weights --out /tmp/beam-1.0-8 > "$out/make-model.log" 2>&1
-  serve_args="--device cuda --model /tmp/beam-1.0-8 --load-format dummy"
+  serve_args="$serve_args --model /tmp/beam-1.0-8 --load-format dummy"
 fi
 case "${BATCH_INVARIANT:-}" in
   "") modes=plain ;;
@@ -43,7 +45,7 @@ for mode in $modes; do
   if [ "$mode" = batch-invariant ]; then
     args="$serve_args --batch-invariant" table="$out/table-$model-batch-invariant.md"
   fi
-  echo "## $model, $mode" | tee "$table"
+  echo "## $model, $mode; every server: $args" | tee "$table"
   python3 bench/structured_overhead.py "$exe" --batches 1,64 --rounds "${ROUNDS:-25}" --max-tokens 160 \
     --configs "${CONFIGS:-off,on,on-no-jump-forward}" --serve-args "$args" | tee -a "$table"
 done
