@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16's served check on the H200, in one call: `beamline serve` with CUDA (the defaults: bfloat16, decode graphs,
-# beam-nano's dflash drafter with adaptive verification, so the engine runs synchronously) with the Harmony template constraint on (the default, with jump-forward) and off
+# beam-nano's dflash drafter with adaptive verification, whose plain steps are launched ahead) with the Harmony template constraint on (the default, with jump-forward) and off
 # (--no-harmony-constraint), side by side, and bench/structured_overhead.py's chat workload (two tools, temperature 0)
 # at batch 1 and 64: tokens/s of each, the constrained server's against the unconstrained one's (goal: within 5% at
 # batch 64). MODEL=beam-nano (default; its trained weights) or beam-1.0-8 (Beam-1.0's shapes cut to 8 layers,
@@ -9,8 +9,8 @@
 # so its batches have the unconstrained server's shape; the script's second table says why each output differs.
 # ROUNDS (default 25): batches of 64 take ~0.15-0.2 s each, so a 5% comparison needs many interleaved rounds; the
 # table gives the rates' 25th-75th percentiles and the per-round paired ratio.
-# SERVE_ARGS: more flags for every server, e.g. "--speculative-config none": beam-nano's default drafter (dflash, adaptive)
-# makes the engine run synchronously, so --async-scheduling is in effect only without it.
+# SERVE_ARGS: more flags for every server, e.g. "--speculative-config none" (no drafter: every step may be launched
+# ahead; with the default drafter only adaptive verification's plain steps are).
 # BATCH_INVARIANT=1 adds --batch-invariant to every server (outputs then depend on no batch shape); BATCH_INVARIANT=both
 # runs the comparison without it, then with it (twice the time).
 # Writes $OUT/table-MODEL.md (and table-MODEL-batch-invariant.md), the servers' machine and commit in $OUT/machine.txt.

@@ -585,9 +585,10 @@ bool EngineCore::can_jump_forward(const SampleState& sample) const {
 bool EngineCore::jump_forward_pays(std::size_t forced, int32_t decoding) const {
   if (forced == 0) return false;
   // A step whose sequences have drafts of different lengths replays no decode graph, and with async scheduling (in
-  // effect only without speculative decoding) waiting for a step's tokens exposes the host's work between steps: the
-  // whole batch pays that for the forced rows' tokens. Where neither applies, a draft costs only its own rows.
-  const bool launches_ahead = config_.async_scheduling && !config_.speculative.enabled();
+  // effect without speculative decoding, and for adaptive verification's plain steps) waiting for a step's tokens
+  // exposes the host's work between steps: the whole batch pays that for the forced rows' tokens. Where neither
+  // applies, a draft costs only its own rows.
+  const bool launches_ahead = config_.async_scheduling && (!config_.speculative.enabled() || adaptive_ != nullptr);
   if (!launches_ahead && !runner_.replays_decode_graphs()) return true;
   // A minority of forced rows gains too little for that: they decode one token per step instead.
   return 2 * forced >= static_cast<std::size_t>(decoding);
