@@ -11,7 +11,10 @@
 // constrained outputs per schema that ended by the grammar, re-tokenized canonically by o200k and fed token by token
 // (a mask before each token and before the end), per schema and pooled over all schemas.
 // --only=NAME,NAME,... restricts both to those schemas of the file.
+// With a device and --tokenizer-json=FILE (models/beam-nano/tokenizer.json) the batch-64 step is timed on that
+// vocabulary too. Both batch-64 runs end with the rest of the step's host path (batch_step_host_path).
 // Usage: bench_structured <o200k_base.tiktoken> [passes] [device] [--schemas=FILE [--outputs=FILE] [--only=NAMES]]
+//        [--tokenizer-json=FILE]
 //        (scripts/test.sh writes build/testdata/o200k_base.tiktoken)
 #include <algorithm>
 #include <chrono>
@@ -132,8 +135,55 @@ double percentile(std::vector<double> values, double p) {
 // spread over a Harmony tool-call turn (in parallel over rows, as EngineCore::fill_grammar_masks does), the masks go
 // up in one upload and Backend::mask_logits applies them to [64, vocab] logits; Backend::sample on the same rows is
 // timed beside it as the step's own sampling cost. Medians of `iterations`, each ended by a synchronize.
+// The rest of a step's host work for 64 constrained rows (EngineCore, --jump-forward): which rows are inside forced
+// bytes (jump_forward_ahead), their forced tokens (propose_drafts), and each row's mask filled into a vector of its own
+// (fill_grammar_masks) and gathered into one upload buffer (StepSampler::apply_token_masks). Medians of `iterations`.
+void batch_step_host_path(const std::vector<std::unique_ptr<beamline::GrammarMatcher>>& matchers,
+                          const beamline::Tokenizer& tokenizer, int64_t words, int iterations) {
+  using namespace beamline;
+  std::vector<double> forced_us, tokens_us, fill_us, gather_us;
+  std::size_t forced_rows = 0, forced_tokens = 0;
+  for (int i = 0; i < iterations + 3; ++i) {
+    auto start = Clock::now();
+    std::vector<std::size_t> forced;
+    for (std::size_t r = 0; r < matchers.size(); ++r)
+      if (!matchers[r]->jump_forward_bytes().empty()) forced.push_back(r);
+    const double checked = micros_since(start);
+    start = Clock::now();
+    std::size_t drafted = 0;
+    for (const std::size_t r : forced) drafted += matchers[r]->jump_forward_tokens(tokenizer, 16).size();
+    const double tokenized = micros_since(start);
+    start = Clock::now();
+    std::vector<std::vector<uint32_t>> rows(matchers.size());
+    ThreadPool::global().parallel_for(matchers.size(), [&](std::size_t begin, std::size_t end) {
+      for (std::size_t r = begin; r < end; ++r) {
+        rows[r].assign(static_cast<std::size_t>(words), 0u);
+        matchers[r]->fill_next_token_mask(rows[r]);
+      }
+    }, std::max<std::size_t>(1, 65536 / static_cast<std::size_t>(words * 32)));  // the engine's chunks
+    const double filled = micros_since(start);
+    start = Clock::now();
+    std::vector<uint32_t> gathered;
+    gathered.reserve(matchers.size() * static_cast<std::size_t>(words));
+    for (const std::vector<uint32_t>& row : rows) gathered.insert(gathered.end(), row.begin(), row.end());
+    const double gathered_us = micros_since(start);
+    if (i < 3) continue;
+    forced_rows = forced.size();
+    forced_tokens = drafted;
+    forced_us.push_back(checked);
+    tokens_us.push_back(tokenized);
+    fill_us.push_back(filled);
+    gather_us.push_back(gathered_us);
+  }
+  std::printf("host path (CPU, %zu threads): forced-bytes check of %zu rows p50 %.1f µs; forced tokens of the %zu forced "
+              "rows (%zu tokens) p50 %.1f µs; masks into per-row vectors p50 %.1f µs, p99 %.1f µs; gathered for the "
+              "upload p50 %.1f µs\n",
+              ThreadPool::global().size(), matchers.size(), percentile(forced_us, 0.5), forced_rows, forced_tokens,
+              percentile(tokens_us, 0.5), percentile(fill_us, 0.5), percentile(fill_us, 0.99), percentile(gather_us, 0.5));
+}
+
 void batch_step_masks(const std::string& device, const std::shared_ptr<const beamline::CompiledGrammar>& grammar,
-                      const std::vector<beamline::TokenId>& turn, int iterations) {
+                      const std::vector<beamline::TokenId>& turn, int iterations, const beamline::Tokenizer& tokenizer) {
   using namespace beamline;
   constexpr int64_t kRows = 64;
   const int64_t vocab = grammar->vocabulary()->size(), words = grammar->vocabulary()->mask_words();
@@ -186,11 +236,14 @@ void batch_step_masks(const std::string& device, const std::shared_ptr<const bea
     apply_us.push_back(applied);
     sample_us.push_back(sampled);
   }
-  std::printf("\nbatch 64 on %s (%zu host threads): mask fill (host) p50 %.0f µs, p99 %.0f µs; upload %.2f MB p50 %.0f µs, "
-              "p99 %.0f µs; mask_logits p50 %.0f µs, p99 %.0f µs; sample (for scale) p50 %.0f µs\n",
-              device.c_str(), ThreadPool::global().size(), percentile(fill_us, 0.5), percentile(fill_us, 0.99),
-              kRows * words * 4 / 1e6, percentile(upload_us, 0.5), percentile(upload_us, 0.99), percentile(apply_us, 0.5),
-              percentile(apply_us, 0.99), percentile(sample_us, 0.5));
+  std::printf("\nbatch 64 on %s, %lld-token vocabulary (%zu host threads): mask fill (host) p50 %.0f µs, p99 %.0f µs; "
+              "upload %.2f MB p50 %.0f µs, p99 %.0f µs; mask_logits p50 %.0f µs, p99 %.0f µs; sample (for scale) p50 "
+              "%.0f µs\n",
+              device.c_str(), static_cast<long long>(vocab), ThreadPool::global().size(), percentile(fill_us, 0.5),
+              percentile(fill_us, 0.99), kRows * words * 4 / 1e6, percentile(upload_us, 0.5),
+              percentile(upload_us, 0.99), percentile(apply_us, 0.5), percentile(apply_us, 0.99),
+              percentile(sample_us, 0.5));
+  batch_step_host_path(matchers, tokenizer, words, iterations);
 }
 
 // Is the schema named `name` among `only` (comma-separated names; empty: every schema)?
@@ -312,10 +365,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s <o200k_base.tiktoken> [passes]\n", argv[0]);
     return 2;
   }
-  std::string schema_file, outputs_file, only;
+  std::string schema_file, outputs_file, only, small_tokenizer;
   for (; argc > 2; --argc) {
     const std::string last = argv[argc - 1];
     if (last.rfind("--schemas=", 0) == 0) schema_file = last.substr(10);
+    else if (last.rfind("--tokenizer-json=", 0) == 0) small_tokenizer = last.substr(17);
     else if (last.rfind("--outputs=", 0) == 0) outputs_file = last.substr(10);
     else if (last.rfind("--only=", 0) == 0) only = last.substr(7);
     else break;
@@ -398,7 +452,12 @@ int main(int argc, char** argv) {
   if (!device.empty()) {
     const Case& turn = kCases[4];  // the Harmony tool-call turn
     batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony, {}),
-                     tokenizer->encode(turn.output, true), 100);
+                     tokenizer->encode(turn.output, true), 100, *tokenizer);
+    if (!small_tokenizer.empty()) {  // the same on a small model's own vocabulary (beam-nano's 4,096 ids)
+      const auto small = Tokenizer::from_tokenizer_json(small_tokenizer);
+      batch_step_masks(device, CompiledGrammar::compile(harmony_case_grammar(turn.schema), harmony_vocabulary(*small), {}),
+                       small->encode(turn.output, true), 100, *small);
+    }
   }
   return 0;
 }

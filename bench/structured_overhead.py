@@ -5,9 +5,21 @@ Harmony template constraint on (the default, tool arguments held to their schema
 
 The three servers run side by side and the rounds interleave them (round r runs every server's batch before round
 r + 1), so the shared machine's load drifts over all three alike. Throughput = completion tokens of a batch over its
-wall time (median over rounds); steps = the server's beamline:engine_steps_total over the run. At temperature 0 a
-trained model mostly writes the same turns with or without the constraint; the table says how many outputs equal the
-unconstrained server's, since a different output is a different amount of work. Pure Python 3.
+wall time (median over rounds, with the 25th-75th percentiles); "paired" is the median over rounds of each round's
+rate over the first config's rate in the same round (the machine's drift cancels); steps = the server's
+beamline:engine_steps_total over the run. At temperature 0 a trained model mostly writes the same turns with or
+without the constraint; the table says how many outputs (last round) equal the first config's, since a different
+output is a different amount of work, and a second table says why each one differs:
+  - "first invalid": the first config's output breaks the template (cut by max_tokens, special tokens left in the
+    text, a `<|call|>` with no recipient, a tool that is not declared, arguments that do not parse or break the
+    tool's schema): the constraint corrected it;
+  - "first unstable": the first config itself wrote different outputs for that prompt (across rounds or across the
+    copies of the prompt in one batch): its argmax sits on a near-tie that the batch's composition flips (BF16 on a
+    GPU), so this config's differing output is numerics too;
+  - "first stable": the first config always wrote the same output, this one a different valid one: the batch shape
+    differs (jump-forward rows) and moved a near-tie, or a bug; --batch-invariant tells the two apart;
+  - "INVALID here": this config's own output breaks the template (a bug when the constraint is on).
+Pure Python 3.
 
   python3 bench/structured_overhead.py build/apps/beamline/beamline [--batches 1,16] [--rounds 5] [--max-tokens 160]
       [--configs off,on,on-no-jump-forward] [--serve-args "--device cuda --model DIR ..."]
@@ -93,9 +105,83 @@ def chat(port, prompt, max_tokens):
     body = {"model": MODEL[port], "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
             "temperature": 0, "max_tokens": max_tokens}
     reply = post(port, "/v1/chat/completions", body)
-    message = reply["choices"][0]["message"]
+    choice = reply["choices"][0]
+    message = choice["message"]
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-    return reply["usage"]["completion_tokens"], (message.get("content"), message.get("reasoning_content"), calls)
+    return reply["usage"]["completion_tokens"], (message.get("content"), message.get("reasoning_content"), calls,
+                                                  choice.get("finish_reason"))
+
+
+def schema_errors(schema, value):
+    """What breaks the subset of JSON Schema TOOLS use (type object/string, properties, required,
+    additionalProperties, enum, maxLength, pattern); empty when the value is valid."""
+    if schema.get("type") == "object":
+        if not isinstance(value, dict):
+            return ["not an object"]
+        errors = [f"missing {key}" for key in schema.get("required", []) if key not in value]
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                errors.append(f"undeclared {key}")
+            else:
+                errors += [f"{key}: {e}" for e in schema_errors(schema["properties"][key], item)]
+        return errors
+    if schema.get("type") == "string":
+        if not isinstance(value, str):
+            return ["not a string"]
+        errors = []
+        if "enum" in schema and value not in schema["enum"]:
+            errors.append(f"{value!r} not in enum")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"longer than {schema['maxLength']}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            errors.append(f"{value!r} does not match the pattern")
+        return errors
+    return [f"unchecked type {schema.get('type')}"]
+
+
+def template_errors(output):
+    """Why a chat output is not a complete Harmony turn whose calls hold to TOOLS (empty when it is one)."""
+    content, reasoning, calls, finish = output
+    errors = []
+    if finish not in ("stop", "tool_calls"):
+        errors.append(f"finish_reason {finish}")
+    if finish == "tool_calls" and not calls:
+        errors.append("<|call|> with no recipient (a message the parser could not make a call of)")
+    for text in (content, reasoning):
+        if text and "<|" in text:
+            errors.append("a special token in the text")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for name, arguments in calls:
+        if name not in schemas:
+            errors.append(f"undeclared tool {name}")
+            continue
+        try:
+            errors += [f"{name}: {e}" for e in schema_errors(schemas[name], json.loads(arguments))]
+        except json.JSONDecodeError:
+            errors.append(f"{name}: arguments are not JSON")
+    return errors
+
+
+def classify(rounds, base_rounds, batch):
+    """Why each output of the last round differs from the base config's (see the module's docstring)."""
+    counts = {"first invalid": 0, "first unstable": 0, "first stable": 0, "INVALID here": 0}
+    details = []
+    for i, (mine, base) in enumerate(zip(rounds[-1], base_rounds[-1])):
+        if mine == base:
+            continue
+        prompt = i % len(PROMPTS)
+        seen = {repr(r[j]) for r in base_rounds for j in range(prompt, batch, len(PROMPTS))}
+        if template_errors(mine):
+            kind = "INVALID here"
+        elif template_errors(base):
+            kind = "first invalid"
+        elif len(seen) > 1:
+            kind = "first unstable"
+        else:
+            kind = "first stable"
+        counts[kind] += 1
+        details.append((i, kind, template_errors(base) or template_errors(mine), len(seen)))
+    return counts, details
 
 
 def run_batch(port, batch, max_tokens):
@@ -126,14 +212,14 @@ def main():
         for _, _, port in servers:  # warm up: first requests compile the tool grammar (cached after)
             run_batch(port, 2, args.max_tokens)
         steps_before = {name: metric(port, "beamline:engine_steps_total") for name, _, port in servers}
-        results = {}  # (name, batch) -> [(seconds, tokens)], outputs of the last round
+        results = {}  # (name, batch) -> [(seconds, tokens)] and [outputs], one per round
         outputs = {}
         for _ in range(args.rounds):
             for batch in [int(b) for b in args.batches.split(",")]:
                 for name, _, port in servers:
                     seconds, tokens, texts = run_batch(port, batch, args.max_tokens)
                     results.setdefault((name, batch), []).append((seconds, tokens))
-                    outputs[(name, batch)] = texts
+                    outputs.setdefault((name, batch), []).append(texts)
         steps = {name: metric(port, "beamline:engine_steps_total") - steps_before[name] for name, _, port in servers}
         forced = {name: (metric(port, "beamline:jump_forward_draft_tokens_total"),
                          metric(port, "beamline:jump_forward_accepted_tokens_total")) for name, _, port in servers}
@@ -144,19 +230,44 @@ def main():
 
     off = configs[0][0]
     first = args.configs.split(",")[0]
-    print(f"| structured outputs | batch | completion tokens | wall s (median) | tokens/s (median) | vs {first} | "
-          f"outputs equal to {first}'s | engine steps (all rounds) | forced tokens drafted / accepted |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for batch in [int(b) for b in args.batches.split(",")]:
-        base = statistics.median(t / s for s, t in results[(off, batch)])
+    batches = [int(b) for b in args.batches.split(",")]
+
+    def quantile(values, q):
+        values = sorted(values)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    print(f"| structured outputs | batch | completion tokens | wall s (median) | tokens/s (median) | p25-p75 | vs {first} | "
+          f"paired vs {first} (median, min-max) | outputs equal to {first}'s | engine steps (all rounds) | "
+          f"forced tokens drafted / accepted |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for batch in batches:
+        base_rates = [t / s for s, t in results[(off, batch)]]
+        base = statistics.median(base_rates)
         for name, _ in configs:
             runs = results[(name, batch)]
-            rate = statistics.median(t / s for s, t in runs)
-            same = sum(a == b for a, b in zip(outputs[(name, batch)], outputs[(off, batch)]))
-            print(f"| {name} | {batch} | {runs[-1][1]} | {statistics.median(s for s, _ in runs):.3f} | {rate:.1f} | "
-                  f"{100 * (rate / base - 1):+.1f}% | {same} / {batch} | {steps[name]:.0f} | "
+            rates = [t / s for s, t in runs]
+            paired = [r / b - 1 for r, b in zip(rates, base_rates)]
+            same = sum(a == b for a, b in zip(outputs[(name, batch)][-1], outputs[(off, batch)][-1]))
+            print(f"| {name} | {batch} | {runs[-1][1]} | {statistics.median(s for s, _ in runs):.3f} | "
+                  f"{statistics.median(rates):.1f} | {quantile(rates, 0.25):.0f}-{quantile(rates, 0.75):.0f} | "
+                  f"{100 * (statistics.median(rates) / base - 1):+.1f}% | {100 * statistics.median(paired):+.1f}% "
+                  f"({100 * min(paired):+.1f}% to {100 * max(paired):+.1f}%) | {same} / {batch} | {steps[name]:.0f} | "
                   f"{forced[name][0]:.0f} / {forced[name][1]:.0f} |")
 
+    print(f"\nWhy outputs (last round) differ from {first}'s: {first} invalid (the constraint corrected it) / {first} "
+          f"unstable (near-tie numerics) / {first} stable (batch shape or a bug) / INVALID here")
+    print(f"\n| structured outputs | batch | differ | {first} invalid | {first} unstable | {first} stable | INVALID here |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    listed = []
+    for batch in batches:
+        for name, _ in configs:
+            counts, details = classify(outputs[(name, batch)], outputs[(off, batch)], batch)
+            print(f"| {name} | {batch} | {len(details)} | {counts['first invalid']} | {counts['first unstable']} | "
+                  f"{counts['first stable']} | {counts['INVALID here']} |")
+            listed += [(name, batch, *d) for d in details]
+    for name, batch, i, kind, errors, distinct in listed:
+        print(f"- {name}, batch {batch}, request {i} ({PROMPTS[i % len(PROMPTS)]!r}): {kind}; {first} wrote {distinct} "
+              f"distinct output(s) for this prompt over the rounds{'; ' + ', '.join(errors) if errors else ''}")
 
 if __name__ == "__main__":
     main()

@@ -614,15 +614,28 @@ bool EngineCore::can_jump_forward(const SampleState& sample) const {
   return !sample.request->request.return_routed_experts && !needs_host(sample);
 }
 
+bool EngineCore::jump_forward_pays(std::size_t forced, int32_t decoding) const {
+  if (forced == 0) return false;
+  // A step whose sequences have drafts of different lengths replays no decode graph, and with async scheduling (in
+  // effect without speculative decoding, and for adaptive verification's plain steps) waiting for a step's tokens
+  // exposes the host's work between steps: the whole batch pays that for the forced rows' tokens. Where neither
+  // applies, a draft costs only its own rows.
+  const bool launches_ahead = config_.async_scheduling && (!config_.speculative.enabled() || adaptive_ != nullptr);
+  if (!launches_ahead && !runner_.replays_decode_graphs()) return true;
+  // A minority of forced rows gains too little for that: they decode one token per step instead.
+  return 2 * forced >= static_cast<std::size_t>(decoding);
+}
+
 bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {
   if (!config_.jump_forward || tokenizer_ == nullptr) return false;
+  std::size_t forced = 0;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     if (step.plan.scheduled[i].num_draft_tokens > 0) return true;  // launch_ahead places one token per sequence
     SampleState* sample = live_sample(step.ids[i]);
     if (sample == nullptr || sample->grammar == nullptr || !can_jump_forward(*sample)) continue;
-    if (!sample->grammar->jump_forward_bytes().empty()) return true;
+    if (!sample->grammar->jump_forward_bytes().empty()) ++forced;
   }
-  return false;
+  return jump_forward_pays(forced, static_cast<int32_t>(step.producing.size()));
 }
 
 bool EngineCore::next_step_plain(const InFlightStep& step) {
@@ -658,6 +671,12 @@ bool EngineCore::propose_drafts() {
     int32_t max_tokens;
   };
   std::vector<Drafting> drafting;
+  struct Forced {
+    Sequence* sequence;
+    std::vector<TokenId> tokens;
+    int32_t room;
+  };
+  std::vector<Forced> forced_drafts;  // jump-forward's
   int32_t decoding = 0;  // one-token decodes of the step, drafting or not (the step's size for its cost)
   for (Sequence* sequence : scheduler_.running()) {
     if (sequence->num_computed_tokens + 1 != sequence->num_tokens()) continue;  // mid-prefill
@@ -674,15 +693,27 @@ bool EngineCore::propose_drafts() {
       const std::vector<TokenId> forced = sample.grammar->jump_forward_tokens(
           *tokenizer_, static_cast<std::size_t>(std::min(room, kMaxJumpForwardTokens)));
       if (!forced.empty()) {
-        sequence->tokens.insert(sequence->tokens.end(), forced.begin(), forced.end());
-        sequence->num_draft_tokens = static_cast<int32_t>(forced.size());
-        sample.forced_draft = true;
-        counters_.jump_forward_draft_tokens_total += forced.size();
+        forced_drafts.push_back({sequence, std::move(forced), room});
         continue;
       }
     }
     const int32_t k = std::min(spec.num_speculative_tokens, room);
     if (spec.enabled() && k > 0) drafting.push_back({sequence, &sample, k});
+  }
+  // Otherwise the forced rows are drafted for like the others (same outputs either way), and the step can replay a
+  // decode graph or be launched ahead.
+  const bool forced_pays = jump_forward_pays(forced_drafts.size(), decoding);
+  for (Forced& forced : forced_drafts) {
+    SampleState& sample = *samples_by_sequence_.at(forced.sequence->id);
+    if (!forced_pays) {
+      const int32_t k = std::min(spec.num_speculative_tokens, forced.room);
+      if (spec.enabled() && k > 0) drafting.push_back({forced.sequence, &sample, k});
+      continue;
+    }
+    forced.sequence->tokens.insert(forced.sequence->tokens.end(), forced.tokens.begin(), forced.tokens.end());
+    forced.sequence->num_draft_tokens = static_cast<int32_t>(forced.tokens.size());
+    sample.forced_draft = true;
+    counters_.jump_forward_draft_tokens_total += forced.tokens.size();
   }
   if (drafting.empty()) return false;
   if (adaptive_) {
@@ -860,7 +891,9 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
     return samples_by_sequence_.at(step.ids[step.producing[step.sampled[first + group.first].producing]])->grammar != nullptr;
   });
   if (!constrained) return;
-  // In parallel over sequences: each reads only its own sample's matcher.
+  // In parallel over sequences: each reads only its own sample's matcher. A small vocabulary's masks take a few
+  // hundred ns each, less than waking a pool thread, so a chunk holds at least 64K tokens' worth of rows.
+  const std::size_t min_chunk = std::max<std::size_t>(1, 65536 / std::max<std::size_t>(1, mask_words * 32));
   ThreadPool::global().parallel_for(groups.size(), [&](std::size_t begin, std::size_t end) {
     for (std::size_t g = begin; g < end; ++g) {
       const auto [row, count] = groups[g];
@@ -878,7 +911,7 @@ void EngineCore::fill_grammar_masks(const InFlightStep& step, std::vector<RowSam
       }
       sample->grammar->rollback(static_cast<int32_t>(count - 1));
     }
-  });
+  }, min_chunk);
 }
 
 std::vector<std::vector<SampledToken>> EngineCore::sample_tokens(InFlightStep& step) {

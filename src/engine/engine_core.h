@@ -13,9 +13,11 @@
 // greedy rows. A draft is proposed from tokens the host has, so speculating engines run synchronously.
 // Jump-forward (--jump-forward, structured outputs): where a constrained sequence's grammar forces the next bytes, their
 // tokens (GrammarMatcher::jump_forward_tokens) are its draft instead, verified the same way under the grammar's masks,
-// so the outputs are exactly those without it while a step can emit several tokens. With --async-scheduling the engine
-// waits for a step's tokens (no step launched ahead) when a constrained sequence is inside forced bytes, so that the
-// next step can carry the draft.
+// so the outputs are exactly those without it while a step can emit several tokens. Where a draft costs the whole batch (the
+// runner replays decode graphs, which a step with drafts of different lengths cannot; or --async-scheduling, whose
+// next step cannot be launched ahead of the tokens a draft follows) forced tokens are drafted only when at least half
+// of the step's decoding sequences are inside forced bytes (jump_forward_pays); then, with --async-scheduling, the
+// engine waits for the step's tokens so that the next step can carry the drafts.
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -147,6 +149,9 @@ class EngineCore {
   // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
   // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)
   bool jump_forward_ahead(const InFlightStep& step) const;
+  // Whether `forced` of a step's `decoding` sequences should get their forced tokens as drafts (false when none), by
+  // what a draft costs the rest of the batch.
+  bool jump_forward_pays(std::size_t forced, int32_t decoding) const;
   bool can_jump_forward(const SampleState& sample) const;
   // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
   // the target's hidden states of those positions only.

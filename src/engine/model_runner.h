@@ -97,6 +97,10 @@ class ModelRunner {
   // this one's.
   virtual void idle() {}
 
+  // Whether a decode step whose sequences all have one row (or all the same number) replays a recorded graph, so that
+  // a step with drafts of different lengths costs the whole batch its op-by-op launches (runner/decode_graphs.h).
+  virtual bool replays_decode_graphs() const { return false; }
+
   // A drafter model (dflash) that proposes drafts from the target's hidden states; the three functions below are
   // used only when this is true.
   virtual bool has_drafter() const { return false; }

@@ -75,6 +75,7 @@ class BeamModelRunner : public ModelRunner {
   // A distributed model (its communicators are made over the backend) or one with a drafter keeps its memory.
   bool sleep(int32_t level) override;
   void wake_up() override;
+  bool replays_decode_graphs() const override { return graphs_ != nullptr; }
   bool has_drafter() const override { return drafter_ != nullptr; }
   int32_t drafter_window() const override {
     return drafter_ ? static_cast<int32_t>(drafter_->config().sliding_window) : 0;

@@ -17,6 +17,7 @@ class ReplicaRunner : public ModelRunner {
     return runner_->launch_replica(replica_, batch);
   }
   void idle() override { runner_->replica_idle(replica_); }
+  bool replays_decode_graphs() const override { return runner_->replays_decode_graphs(); }
   void load_weights_from_disk(const std::filesystem::path& dir) override { runner_->load_weights_from_disk(dir); }
 
  private:

@@ -78,6 +78,9 @@ void StepSampler::Step::apply_token_masks(const std::vector<RowSampling>& rows) 
   const auto words = static_cast<std::size_t>((sampler_.vocab_size_ + 31) / 32);
   std::vector<int32_t> masked_rows;
   std::vector<uint32_t> allowed;
+  // Sized once: at batch 64 on a 201K-token vocabulary the masks are 1.6 MB, and growing the buffer copies them again.
+  allowed.reserve(words * static_cast<std::size_t>(std::count_if(
+                              rows.begin(), rows.end(), [](const RowSampling& row) { return !row.allowed_tokens.empty(); })));
   for (const RowSampling& row : rows) {
     if (row.allowed_tokens.empty()) continue;
     require(row.allowed_tokens.size() == words, "step sampling: a token mask of {} words for {} tokens",

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_core.h"
+#include "engine_stats_wait.h"
 #include "fake_model_runner.h"
 #include "fake_tokenizer.h"
 
@@ -55,18 +56,6 @@ GenerationRequest random_request(std::mt19937& rng, const std::string& id, int32
     request.sampling.seed = rng();
   }
   return request;
-}
-
-// Stats are snapshots the engine thread takes; wait until one shows `done` (or give up after 10 s).
-template <typename Predicate>
-EngineStats wait_for_stats(const Engine& engine, Predicate done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  EngineStats stats = engine.stats();
-  while (!done(stats) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    stats = engine.stats();
-  }
-  return stats;
 }
 
 using Results = std::map<std::string, RequestOutput>;

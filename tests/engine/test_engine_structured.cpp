@@ -17,6 +17,8 @@
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/presets.h"
 #include "engine/engine.h"
+#include "engine/engine_core.h"
+#include "engine_stats_wait.h"
 #include "engine/generation_config.h"
 #include "runner/beam_model_runner.h"
 #include "structured/json_schema.h"
@@ -241,7 +243,10 @@ TEST_F(StructuredTinyModel, JumpForwardSavesStepsAndChangesNoOutput) {
         EXPECT_TRUE(parses_and_validates(c, sync_outputs[i].text)) << sync_outputs[i].text;
       }
     }
-    const EngineStats without = plain->stats(), with = sync_jumping->stats(), ahead = async_jumping->stats();
+    // The last snapshots, taken once each engine is idle (8 requests finished).
+    auto finished = [](const EngineStats& s) { return s.requests_finished_total == 8; };
+    const EngineStats without = wait_for_stats(*plain, finished), with = wait_for_stats(*sync_jumping, finished),
+                      ahead = wait_for_stats(*async_jumping, finished);
     EXPECT_GT(with.jump_forward_accepted_tokens_total, 0u) << temperature;
     EXPECT_LT(with.steps_total, without.steps_total) << temperature;
     EXPECT_LT(ahead.steps_total, without.steps_total) << temperature;
@@ -252,6 +257,64 @@ TEST_F(StructuredTinyModel, JumpForwardSavesStepsAndChangesNoOutput) {
                 static_cast<unsigned long long>(with.steps_total), static_cast<unsigned long long>(ahead.steps_total),
                 static_cast<unsigned long long>(with.jump_forward_draft_tokens_total),
                 static_cast<unsigned long long>(with.jump_forward_accepted_tokens_total));
+  }
+}
+
+// A runner that says its decode steps replay graphs (the CUDA runner's case; the CPU backend records none).
+class GraphReplayingRunner : public BeamModelRunner {
+ public:
+  using BeamModelRunner::BeamModelRunner;
+  bool replays_decode_graphs() const override { return true; }
+};
+
+// Jump-forward drafts cost the whole batch where a step with drafts of different lengths loses something: its decode
+// graph, or with async scheduling the step launched ahead. There it drafts only when at least half of the step's
+// decoding sequences are inside forced bytes: one constrained sequence among seven free ones (all decoding in step)
+// decodes one token per step, with the outputs of the engine that drafts (synchronous, no graphs); eight constrained
+// ones do draft.
+TEST_F(StructuredTinyModel, JumpForwardDraftsOnlyWhenMostRowsAreForcedWhereDraftsCostTheBatch) {
+  const auto vocabulary = Vocabulary::from_tokenizer(**tokenizer_);
+  const auto grammar = CompiledGrammar::compile(json_schema_grammar(schema_cases()[2].schema), vocabulary, eos_);
+  enum class Mode { Sync, Async, SyncGraphs };
+  auto run_core = [&](Mode mode, int constrained) {
+    EngineConfig c;
+    c.async_scheduling = mode == Mode::Async;
+    c.max_model_len = 256;
+    c.max_num_seqs = 16;
+    c.max_num_batched_tokens = 1024;  // every prompt in the first step, so the eight decode in lockstep
+    c.kv_cache_memory_bytes = 16 << 20;
+    std::unique_ptr<BeamModelRunner> runner =
+        mode == Mode::SyncGraphs ? std::make_unique<GraphReplayingRunner>(load_checkpoint(*dir_), "cpu", c)
+                                 : std::make_unique<BeamModelRunner>(load_checkpoint(*dir_), "cpu", c);
+    EngineCore core(resolve_engine_config(c, *runner), *runner, tokenizer_->get(), eos_);
+    std::vector<std::shared_ptr<OutputStream>> streams;
+    for (int i = 0; i < 8; ++i) {
+      GenerationRequest r;
+      r.request_id = fmt::format("m{}", i);
+      r.prompt = (*tokenizer_)->encode(fmt::format(R"(Reply in JSON ({}) like {{"color": "red"}}:)", i));
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 2000 + i;
+      r.sampling.max_tokens = 60;
+      // The free ones run to max_tokens, so the constrained one never decodes alone.
+      r.sampling.ignore_eos = i >= constrained;
+      if (i < constrained) r.grammar = grammar;
+      streams.push_back(std::make_shared<OutputStream>(r.request_id));
+      core.add_request(std::move(r), streams.back());
+    }
+    while (core.has_work()) core.step();
+    std::vector<std::vector<TokenId>> outputs;
+    for (auto& stream : streams) outputs.push_back(collect_output(*stream).samples.at(0).token_ids);
+    return std::make_pair(outputs, core.stats().jump_forward_draft_tokens_total);
+  };
+  for (const int constrained : {1, 8}) {
+    const auto [expected, sync_drafts] = run_core(Mode::Sync, constrained);
+    EXPECT_GT(sync_drafts, 0u) << constrained;
+    for (const Mode mode : {Mode::Async, Mode::SyncGraphs}) {
+      const auto [outputs, drafts] = run_core(mode, constrained);
+      EXPECT_EQ(outputs, expected) << constrained;
+      if (constrained == 1) EXPECT_EQ(drafts, 0u);
+      else EXPECT_GT(drafts, 0u);
+    }
   }
 }
 
