@@ -622,8 +622,9 @@ bool EngineCore::jump_forward_pays(std::size_t forced, int32_t decoding) const {
   // applies, a draft costs only its own rows.
   const bool launches_ahead = config_.async_scheduling && (!config_.speculative.enabled() || adaptive_ != nullptr);
   if (!launches_ahead && !runner_.replays_decode_graphs()) return true;
-  // A minority of forced rows gains too little for that: they decode one token per step instead.
-  return 2 * forced >= static_cast<std::size_t>(decoding);
+  // Then drafts pay only when every decoding sequence has one: on the H200 at batch 64, drafting once half of them
+  // were forced still cost 20-27% of the unconstrained tokens/s (bench/results/2026-12-03-session8-final.md).
+  return forced >= static_cast<std::size_t>(decoding);
 }
 
 bool EngineCore::jump_forward_ahead(const InFlightStep& step) const {

@@ -15,8 +15,8 @@
 // tokens (GrammarMatcher::jump_forward_tokens) are its draft instead, verified the same way under the grammar's masks,
 // so the outputs are exactly those without it while a step can emit several tokens. Where a draft costs the whole batch (the
 // runner replays decode graphs, which a step with drafts of different lengths cannot; or --async-scheduling, whose
-// next step cannot be launched ahead of the tokens a draft follows) forced tokens are drafted only when at least half
-// of the step's decoding sequences are inside forced bytes (jump_forward_pays); then, with --async-scheduling, the
+// next step cannot be launched ahead of the tokens a draft follows) forced tokens are drafted only when every one of
+// the step's decoding sequences is inside forced bytes (jump_forward_pays); then, with --async-scheduling, the
 // engine waits for the step's tokens so that the next step can carry the drafts.
 #include <chrono>
 #include <cstdint>

@@ -268,11 +268,10 @@ class GraphReplayingRunner : public BeamModelRunner {
 };
 
 // Jump-forward drafts cost the whole batch where a step with drafts of different lengths loses something: its decode
-// graph, or with async scheduling the step launched ahead. There it drafts only when at least half of the step's
-// decoding sequences are inside forced bytes: one constrained sequence among seven free ones (all decoding in step)
-// decodes one token per step, with the outputs of the engine that drafts (synchronous, no graphs); eight constrained
-// ones do draft.
-TEST_F(StructuredTinyModel, JumpForwardDraftsOnlyWhenMostRowsAreForcedWhereDraftsCostTheBatch) {
+// graph, or with async scheduling the step launched ahead. There it drafts only when every one of the step's decoding
+// sequences is inside forced bytes: one constrained sequence among seven free ones (all decoding in step) decodes one
+// token per step, with the outputs of the engine that drafts (synchronous, no graphs); eight constrained ones do draft.
+TEST_F(StructuredTinyModel, JumpForwardDraftsOnlyWhenEveryRowIsForcedWhereDraftsCostTheBatch) {
   const auto vocabulary = Vocabulary::from_tokenizer(**tokenizer_);
   const auto grammar = CompiledGrammar::compile(json_schema_grammar(schema_cases()[2].schema), vocabulary, eos_);
   enum class Mode { Sync, Async, SyncGraphs };
