@@ -222,8 +222,9 @@ describe('beamline bench serve', () => {
     assert.equal(summaryValue(stdout, 'Successful requests:'), 3 * 3);
     const result = JSON.parse(readFileSync(join(resultDir, 'multi-turn.json'), 'utf8'));
     assert.equal(result.completed, 9);
-    // Turns 2 and 3 resend the conversation so far: most of their prompt is cached.
-    assert.ok(result.prefix_cache_hit_rate > 0.3, `hit rate ${result.prefix_cache_hit_rate}`);
+    // Turns 2 and 3 resend the conversation so far: much of their prompt is cached. The default model's block drafter
+    // recomputes its window (128 tokens) behind a cache hit (docs/speculative-decoding.md), so not most of it.
+    assert.ok(result.prefix_cache_hit_rate > 0.2, `hit rate ${result.prefix_cache_hit_rate}`);
     assert.equal(summaryValue(stdout, 'Prefix cache hit rate (%):').toFixed(2), (100 * result.prefix_cache_hit_rate).toFixed(2));
   });
 
