@@ -25,9 +25,6 @@ struct TensorSource {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   std::function<void(std::size_t byte_offset, std::span<std::byte> out)> fill;
-  // Fills that start and end on multiples of this many bytes compute nothing twice (a quantized part's whole bands of
-  // weight rows); 0 when any split is as cheap.
-  std::size_t fill_granule = 0;
 
   std::size_t nbytes() const;  // product of shape * dtype_size
 };

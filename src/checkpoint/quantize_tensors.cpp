@@ -123,10 +123,7 @@ TensorSource part_source(const std::shared_ptr<ProjectionQuantizer>& quantizer, 
       if (from < to) std::memcpy(out.data() + (from - begin), bytes.data() + (from - band_begin), static_cast<std::size_t>(to - from));
     }
   };
-  const int64_t stored_rows_per_granule =
-      std::max<int64_t>(1, quant_row_granularity(quantizer->scheme()) / rows_per_stored_row);
-  return TensorSource{std::move(name), dtype, std::move(shape), std::move(fill),
-                      static_cast<std::size_t>(stored_rows_per_granule * row_bytes)};
+  return TensorSource{std::move(name), dtype, std::move(shape), std::move(fill)};
 }
 
 std::vector<TensorSource> quantized_tensors(TensorSource source, QuantScheme scheme) {
@@ -191,57 +188,89 @@ std::vector<TensorSource> float_projection_sources(const BeamWeights& weights,
   return sources;
 }
 
-// A tensor's bytes filled into `bytes` (its nbytes()) on the thread pool. A source with fill granules (a quantized part) is filled in
-// tasks of whole granules, at least four per thread: a scales tensor of a few KiB stands for all of its weight's rows
-// and must spread over the pool too. Others in 1 MiB tasks (a small one, such as weight_scale_2, in one fill).
-void materialise(const TensorSource& source, std::span<std::byte> bytes) {
-  ThreadPool& pool = ThreadPool::global();
-  std::size_t task_bytes = kFillTaskBytes;
-  if (source.fill_granule > 0) {
-    const std::size_t granule = source.fill_granule, granules = (bytes.size() + granule - 1) / granule;
-    const std::size_t most_per_task = std::max<std::size_t>(1, kFillTaskBytes / granule);
-    task_bytes = granule * std::clamp<std::size_t>(granules / (4 * pool.size()), 1, most_per_task);
-  }
-  const std::size_t tasks = (bytes.size() + task_bytes - 1) / task_bytes;
-  pool.parallel_for(tasks, [&](std::size_t begin, std::size_t end) {
-    for (std::size_t task = begin; task < end; ++task) {
-      const std::size_t from = task * task_bytes, to = std::min(bytes.size(), from + task_bytes);
-      source.fill(from, std::span<std::byte>(bytes.data() + from, to - from));
-    }
-  });
+std::size_t shape_bytes(const std::vector<int64_t>& shape, DType dtype) {
+  std::size_t bytes = dtype_size(dtype);
+  for (int64_t dim : shape) bytes *= static_cast<std::size_t>(dim);
+  return bytes;
 }
 
 // Quantizes `sources` (float projections named as `wanted`'s keys) as weights.config.quantization says and points
 // each projection of `wanted` at its quantized tensors. Each projection's codes and scales share one buffer of
-// weights.slice_buffers, which lives as long as some copy of the weights points into it (BeamModel keeps one).
+// weights.slice_buffers, which lives as long as some copy of the weights points into it (BeamModel keeps one). Each
+// band of weight rows is drawn and quantized once, for its codes and its scales together (a fill per stored tensor,
+// as the streaming writer does, would do it twice), in tasks over every projection's bands at once, so that a model
+// of many small experts spreads over the pool as well as one large projection does.
 void store_quantized(BeamWeights& weights, const std::map<std::string, LinearWeight*, std::less<>>& wanted,
                      std::vector<TensorSource> sources) {
   constexpr std::size_t kAlign = 64;
-  std::map<std::string, std::vector<TensorSource>, std::less<>> parts_of;
-  for (TensorSource& part : quantized_sources(weights.config, std::move(sources), *weights.config.quantization)) {
-    const bool is_weight = part.name.ends_with(".weight");
-    std::string weight_name = is_weight ? part.name : part.name.substr(0, part.name.rfind(".weight_scale")) + ".weight";
-    parts_of[std::move(weight_name)].push_back(std::move(part));
-  }
-  for (const auto& [weight_name, parts] : parts_of) {
-    std::size_t size = 0;
-    std::vector<std::size_t> offsets;
-    for (const TensorSource& part : parts) {
-      offsets.push_back(size);
-      size += (part.nbytes() + kAlign - 1) / kAlign * kAlign;
-    }
-    auto buffer = std::make_shared<std::vector<std::byte>>(size);
-    LinearWeight& weight = *wanted.at(weight_name);
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-      const TensorSource& part = parts[p];
-      std::byte* at = buffer->data() + offsets[p];
-      materialise(part, std::span<std::byte>(at, part.nbytes()));
-      const TensorView view{part.name, part.dtype, part.shape, at, part.nbytes()};
-      if (part.name.ends_with(".weight")) weight.weight = view;
-      else if (part.name.ends_with(".weight_scale_2")) weight.scale_2 = view;
-      else weight.scale = view;
-    }
+  const QuantScheme scheme = quant_scheme_of(*weights.config.quantization);
+  const auto aligned = [](std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; };
+  struct Projection {
+    std::shared_ptr<ProjectionQuantizer> quantizer;
+    QuantLayout layout;
+    std::byte* codes = nullptr;
+    std::byte* scales = nullptr;
+    std::byte* scale_2 = nullptr;
+  };
+  struct Band {
+    Projection* projection;
+    int64_t first, count;
+  };
+  std::vector<Projection> projections;
+  projections.reserve(sources.size());
+  std::vector<Band> bands;
+  const int64_t granularity = quant_row_granularity(scheme);
+  for (TensorSource& source : sources) {
+    auto quantizer = std::make_shared<ProjectionQuantizer>(std::move(source), scheme);
+    const QuantLayout layout = quant_layout(scheme, quantizer->out(), quantizer->in());
+    const std::size_t code_bytes = shape_bytes(layout.weight_shape, layout.weight_dtype);
+    const std::size_t scale_bytes = shape_bytes(layout.scale_shape, layout.scale_dtype);
+    auto buffer = std::make_shared<std::vector<std::byte>>(aligned(code_bytes) + aligned(scale_bytes) +
+                                                           (layout.has_scale_2 ? sizeof(float) : 0));
+    Projection& projection = projections.emplace_back(Projection{quantizer, layout, buffer->data(),
+                                                                 buffer->data() + aligned(code_bytes), nullptr});
+    if (layout.has_scale_2) projection.scale_2 = projection.scales + aligned(scale_bytes);
     weights.slice_buffers.push_back(std::move(buffer));
+    const std::size_t granule_bytes = static_cast<std::size_t>(granularity) * code_bytes /
+                                      static_cast<std::size_t>(quantizer->out());
+    const int64_t rows = granularity * static_cast<int64_t>(
+        std::max<std::size_t>(1, kFillTaskBytes / std::max<std::size_t>(1, granule_bytes)));
+    for (int64_t first = 0; first < quantizer->out(); first += rows)
+      bands.push_back({&projection, first, std::min(rows, quantizer->out() - first)});
+  }
+  ThreadPool::global().parallel_for(bands.size(), [&](std::size_t begin, std::size_t end) {
+    for (std::size_t b = begin; b < end; ++b) {
+      const Band& band = bands[b];
+      const Projection& projection = *band.projection;
+      const QuantizedWeight quantized = projection.quantizer->quantize(band.first, band.count);
+      const int64_t out = projection.quantizer->out();
+      // Stored rows of codes follow weight rows one for one; fp8's scale rows cover 128 weight rows each.
+      const std::size_t code_row = shape_bytes(projection.layout.weight_shape, projection.layout.weight_dtype) /
+                                   static_cast<std::size_t>(out);
+      const std::size_t scale_row = shape_bytes(projection.layout.scale_shape, projection.layout.scale_dtype) /
+                                    static_cast<std::size_t>(projection.layout.scale_shape.at(0));
+      const int64_t rows_per_scale_row = scheme == QuantScheme::Fp8Block ? kFp8BlockSize : 1;
+      std::memcpy(projection.codes + static_cast<std::size_t>(band.first) * code_row, quantized.codes.data(),
+                  quantized.codes.size());
+      std::memcpy(projection.scales + static_cast<std::size_t>(band.first / rows_per_scale_row) * scale_row,
+                  quantized.scales.data(), quantized.scales.size());
+    }
+  });
+  for (Projection& projection : projections) {
+    const ProjectionQuantizer& quantizer = *projection.quantizer;
+    const std::string& name = quantizer.name();
+    const std::string prefix = name.substr(0, name.size() - std::string_view(".weight").size());
+    LinearWeight& weight = *wanted.at(name);
+    const QuantLayout& layout = projection.layout;
+    weight.weight = TensorView{name, layout.weight_dtype, layout.weight_shape, projection.codes,
+                               shape_bytes(layout.weight_shape, layout.weight_dtype)};
+    weight.scale = TensorView{prefix + "." + std::string(layout.scale_suffix), layout.scale_dtype, layout.scale_shape,
+                              projection.scales, shape_bytes(layout.scale_shape, layout.scale_dtype)};
+    if (layout.has_scale_2) {
+      const float scale_2 = nvfp4_scale_2(projection.quantizer->amax());
+      std::memcpy(projection.scale_2, &scale_2, sizeof scale_2);
+      weight.scale_2 = TensorView{prefix + ".weight_scale_2", DType::F32, {}, projection.scale_2, sizeof scale_2};
+    }
   }
 }
 

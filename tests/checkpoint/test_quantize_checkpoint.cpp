@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "backend/registry.h"
@@ -198,6 +199,57 @@ TEST(QuantizeAtLoad, ARankQuantizesOnlyItsShard) {
       EXPECT_EQ(bytes(down.scale), bytes(expected.scale));
       EXPECT_EQ(bytes(down.scale_2), bytes(expected.scale_2));
     }
+  }
+}
+
+// Quantize-at-load draws and quantizes each band of weight rows once for its codes and scales together; the writer
+// (quantized_sources, `beamline quantize`) fills each stored tensor on its own. Both give the same bytes, here with
+// projections of several bands (a dense MLP of 2,560 x 520: 1.3 MiB of FP8 codes, fp8's last scale column cut short)
+// and fp8's experts of 200 rows (the last scale row cut short).
+TEST(QuantizeAtLoad, EveryTensorHasTheWritersBytes) {
+  ModelConfig config = preset_config("tiny");
+  config.hidden_size = 520;
+  config.intermediate_size = 2560;
+  config.moe_intermediate_size = 200;
+  for (QuantScheme scheme : kSchemes) {
+    const std::string name(quant_scheme_name(scheme));
+    SCOPED_TRACE(name);
+    if (scheme != QuantScheme::Fp8Block) {  // mxfp8 and nvfp4 take whole groups of inputs
+      config.hidden_size = 512;
+      config.moe_intermediate_size = 224;
+    }
+    const QuantizationConfig quant = quantization_config_for(scheme, {"lm_head"});
+    std::map<std::string, std::vector<std::byte>> written;
+    for (const TensorSource& part : quantized_sources(config, random_checkpoint_tensors(config, 5, DType::BF16), quant)) {
+      std::vector<std::byte> bytes(part.nbytes());
+      part.fill(0, bytes);
+      written.emplace(part.name, std::move(bytes));
+    }
+    const BeamWeights loaded = quantize_weights(dummy_weights(config, 5, DType::BF16), quant);
+    const auto expect_written = [&](const TensorView& view) {
+      if (view.data == nullptr) return;
+      SCOPED_TRACE(view.name);
+      ASSERT_TRUE(written.contains(view.name));
+      EXPECT_EQ(std::vector<std::byte>(view.data, view.data + view.nbytes), written.at(view.name));
+    };
+    std::size_t checked = 0;
+    for (const LayerWeights& layer : loaded.layers) {
+      std::vector<const ExpertWeights*> mlps;
+      if (layer.mlp) mlps.push_back(&*layer.mlp);
+      for (const ExpertWeights& expert : layer.experts) mlps.push_back(&expert);
+      for (const LinearWeight* weight : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj}) {
+        ASSERT_TRUE(weight->quantized());
+        for (const TensorView* view : {&weight->weight, &weight->scale, &weight->scale_2}) expect_written(*view);
+        ++checked;
+      }
+      for (const ExpertWeights* mlp : mlps)
+        for (const LinearWeight* weight : {&mlp->gate_proj, &mlp->up_proj, &mlp->down_proj}) {
+          ASSERT_TRUE(weight->quantized());
+          for (const TensorView* view : {&weight->weight, &weight->scale, &weight->scale_2}) expect_written(*view);
+          ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0u);
   }
 }
 
