@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ struct BenchServeOptions {
   int port = 8000;
   std::string endpoint;
   std::string model;
+  std::vector<std::string> lora_modules;
   std::string dataset_name = "random";
   std::string dataset_path;
   int64_t num_prompts = 1000;
@@ -205,14 +207,20 @@ void run_bench_serve(BenchServeOptions options) {
     fail("--dataset-name: '{}' is not one of random, custom, multi-turn", options.dataset_name);
   }
 
+  // As vLLM's --lora-modules: each request (or session) names one of the adapters, drawn at random by --seed.
+  std::mt19937_64 lora_draw(options.seed);
+  const auto request_model = [&]() -> const std::string& {
+    if (options.lora_modules.empty()) return options.model;
+    return options.lora_modules[std::uniform_int_distribution<std::size_t>(0, options.lora_modules.size() - 1)(lora_draw)];
+  };
   std::vector<WorkItem> items;
   for (const BenchRequest& request : requests) {
-    items.push_back(single_request(endpoint, request_payload(endpoint.kind, options.model, request, options.ignore_eos,
+    items.push_back(single_request(endpoint, request_payload(endpoint.kind, request_model(), request, options.ignore_eos,
                                                              sampling),
                                    request.prompt_len));
   }
   for (const BenchSession& session : sessions) {
-    items.push_back(multi_turn_session(endpoint, options.model, session, options.ignore_eos, sampling));
+    items.push_back(multi_turn_session(endpoint, request_model(), session, options.ignore_eos, sampling));
   }
 
   // As vLLM does: one request first, so a wrong URL, model or payload fails at once with the server's answer. (A
@@ -282,6 +290,9 @@ const CommandRegistration registration([](CLI::App& app) {
   serve->add_option("--port", options->port, "server port")->capture_default_str();
   serve->add_option("--endpoint", options->endpoint, "API path (default: /v1/completions, /v1/chat/completions for openai-chat)");
   serve->add_option("--model", options->model, "model name in the requests (default: the server's first /v1/models entry)");
+  serve->add_option("--lora-modules", options->lora_modules,
+                    "adapter names the server was started with (--lora-modules there); each request names one of "
+                    "them, drawn at random (--seed), as vLLM's bench serve does");
   serve->add_option("--dataset-name", options->dataset_name, "random, custom, or multi-turn (sessions of growing conversations)")
       ->capture_default_str();
   serve->add_option("--dataset-path", options->dataset_path, "custom: a JSONL file of {\"prompt\": ...} lines");

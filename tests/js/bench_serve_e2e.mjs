@@ -115,6 +115,27 @@ test('against a stand-in server with known timings: TTFT, ITL, TPOT and E2EL as 
   }
 });
 
+test('--lora-modules: each request names one of the adapters, drawn by --seed', async () => {
+  const mock = await startMockServer();
+  try {
+    const args = ['bench', 'serve', '--base-url', `http://127.0.0.1:${mock.port}`, '--num-prompts', '24',
+      '--random-input-len', '4', '--random-output-len', String(TOKENS), '--lora-modules', 'sql', 'math', 'chat',
+      '--seed', '3'];
+    await run(BEAMLINE, args);
+    // The first body is the initial test request, which names the base model as vLLM's does.
+    const models = (bodies) => bodies.slice(1).map((body) => body.model);
+    const first = models(mock.seen.bodies);
+    assert.equal(mock.seen.bodies[0].model, 'mock-model');
+    assert.equal(first.length, 24);
+    assert.deepEqual([...new Set(first)].sort(), ['chat', 'math', 'sql']);
+    mock.seen.bodies.length = 0;
+    await run(BEAMLINE, args);
+    assert.deepEqual(models(mock.seen.bodies).sort(), [...first].sort(), 'the same draw for the same --seed');
+  } finally {
+    mock.server.close();
+  }
+});
+
 test('a --max-concurrency sweep: one run and one JSON per level, and the sweep table', async () => {
   const mock = await startMockServer();
   const dir = mkdtempSync(join(tmpdir(), 'beamline-bench-sweep-'));
