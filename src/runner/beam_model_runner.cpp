@@ -330,7 +330,11 @@ void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::pat
   require(max_loras_ > 0, "{}: LoRA adapters need --enable-lora", dir.string());
   lora_adapters_.erase(slot);
   LoraWeights adapter = load_peft_adapter(dir, weights_.config, max_lora_rank_);
-  if (!asleep_) model_->load_lora(slot, adapter);  // else wake_up() loads it with the model
+  if (!asleep_) {
+    model_->load_lora(slot, adapter);
+    spdlog::info("LoRA: {} in slot {}; the loaded adapters hold {:.1f} MiB on the backend", dir.string(), slot,
+                 static_cast<double>(model_->lora_bytes()) / (1 << 20));
+  }  // else wake_up() loads it with the model
   lora_adapters_.emplace(slot, std::move(adapter));
 }
 
