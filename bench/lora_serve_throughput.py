@@ -61,6 +61,8 @@ def bench(args, server, lora_names):
     if result.returncode != 0:
         sys.exit(f"bench serve failed:\n{result.stdout}\n{result.stderr}")
     value = re.search(r"^Output token throughput \(tok/s\):\s*([\d.]+)", result.stdout, re.M)
+    if value is None:
+        sys.exit(f"bench serve printed no 'Output token throughput' line:\n{result.stdout}")
     return float(value.group(1))
 
 
