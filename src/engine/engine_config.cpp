@@ -148,8 +148,9 @@ void add_engine_options(CLI::App& command, EngineConfig& config) {
           [&config](const std::string& text) { config.speculative = parse_speculative_config(text); },
           "Speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
           "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' drafts from the context and verifies them in the "
-          "target's step (outputs stay the target's exactly; speculating runs the engine synchronously); "
-          "\"dflash\" is not implemented yet; none (default) turns it off")
+          "target's step (outputs stay the target's exactly); '{\"method\": \"dflash\", \"model\": DIR, "
+          "\"num_speculative_tokens\": 7}' proposes a block from a block drafter (docs/speculative-decoding.md); none turns "
+          "it off (the default, except for the default model, which speculates with models/beam-nano-drafter)")
       ->type_name("JSON");
   command.add_flag("--enable-return-routed-experts", config.enable_return_routed_experts,
                    "Routing replay: capture the router's top-k expert ids of every MoE layer, returned to requests "
