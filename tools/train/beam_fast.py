@@ -81,9 +81,8 @@ def band_mask(window, device):
 def sliding_sdpa(q, k, v, window):
     """Causal attention within `window` keys (key <= query, query - key < W) for T > W; q, k, v [B, N, T, D]."""
     B, N, T, D = q.shape
-    pad = (-T) % window
-    q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))    # zero keys past T: in every real query's future
-    blocks = (T + pad) // window
+    blocks = (T + window - 1) // window
+    q, k, v = (F.pad(t, (0, 0, 0, blocks * window - T)) for t in (q, k, v))   # zero keys past T: in every query's future
     first = sdpa(q[:, :, :window], k[:, :, :window], v[:, :, :window], causal=True)
 
     def spans(t):   # [B, N, blocks - 1, 2W, D]: each block after the first with the block before it
@@ -194,6 +193,16 @@ def fast_loss(model, tokens, loss_mask, valid, targets=None):
             layer.mlp.last_load = load
     norm = model.model.norm
     return _op("head")(x, tokens, targets, norm.weight, norm.eps, model.lm_head.weight, c.final_logit_softcapping)
+
+
+def eager_loss(model, tokens, loss_mask, valid, targets=None):
+    """fast_loss without torch.compile, whatever use_compile set (what the compiled loss is checked against)."""
+    saved = dict(_compiled)
+    _compiled.clear()
+    try:
+        return fast_loss(model, tokens, loss_mask, valid, targets)
+    finally:
+        _compiled.update(saved)
 
 
 def reference_loss(model, tokens, loss_mask, valid, targets=None):
