@@ -82,7 +82,7 @@ def sliding_sdpa(q, k, v, window):
     """Causal attention within `window` keys (key <= query, query - key < W) for T > W; q, k, v [B, N, T, D]."""
     B, N, T, D = q.shape
     blocks = (T + window - 1) // window
-    q, k, v = (F.pad(t, (0, 0, 0, blocks * window - T)) for t in (q, k, v))   # zero keys past T: in every query's future
+    q, k, v = (F.pad(t, (0, 0, 0, blocks * window - T)) for t in (q, k, v))   # zero keys past T: every query's future
     first = sdpa(q[:, :, :window], k[:, :, :window], v[:, :, :window], causal=True)
 
     def spans(t):   # [B, N, blocks - 1, 2W, D]: each block after the first with the block before it
