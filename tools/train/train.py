@@ -79,9 +79,36 @@ def collect(pending):
     return [item for part in pending.get() for item in part]
 
 
-def batches(examples, batch_tokens, rng):
-    """Length-bucketed batches of (ids, mask) holding about batch_tokens tokens each, in random order."""
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
+class TrainData:
+    """The training conversations as the pool makes them (in the seed's order). Streaming, training draws batches from
+    the chunks made so far while the rest is made (the pool makes tokens faster than a step uses them); otherwise
+    take() waits for every chunk, and the batches depend only on the seed."""
+
+    def __init__(self, pool, count, seed, stream):
+        self.parts = pool.imap(_make_chunk, generate.split_jobs("train", count, seed))
+        self.examples, self.complete, self.stream = [], False, stream
+
+    def take(self):
+        """Takes in the chunks made by now (waiting for at least one; for all when not streaming); returns the index
+        of the first new conversation."""
+        first = len(self.examples)
+        while not self.complete:
+            waiting = not self.stream or len(self.examples) == first
+            try:
+                part = self.parts.next(timeout=None if waiting else 0)
+            except StopIteration:
+                self.complete = True
+            except multiprocessing.TimeoutError:
+                break
+            else:
+                self.examples.extend(part)
+        return first
+
+
+def batches(examples, batch_tokens, rng, first=0):
+    """Length-bucketed batches of examples[first:] (ids, mask) holding about batch_tokens tokens each, in random
+    order."""
+    order = sorted(range(first, len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
     out, current, longest = [], [], 0
     for index in order:
         length = len(examples[index][0])
@@ -251,6 +278,8 @@ def main():
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument("--stream-data", action="store_true", help="start training on the first conversations made "
+                        "while the pool makes the rest (the batches then depend on timing)")
     parser.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
     parser.add_argument("--compile-mode", help="torch.compile's mode (e.g. max-autotune-no-cudagraphs; default: its "
                         "default)")
@@ -268,8 +297,8 @@ def main():
     tokenizer = Tokenizer.load(args.tokenizer)
     # the pool forks before CUDA starts; the data is generated while the model is built and checked
     pool = multiprocessing.Pool(args.workers, initializer=_worker_init, initargs=(args.tokenizer,))
-    pending = [start_split(pool, "train", args.examples, args.seed),
-               start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
+    data = TrainData(pool, args.examples, args.seed, args.stream_data)
+    pending = [start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
                start_split(pool, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET)]
 
     eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
@@ -283,12 +312,12 @@ def main():
     loss_fn = choose_loss(model, device, not args.no_compile, args.seed, args.compile_mode)
     print(f"checks done: {time.time() - started:.0f} s", flush=True)
 
-    train, held, ood = (collect(p) for p in pending)
-    pool.close()
-    train_tokens = sum(len(e[0]) for e in train)
-    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out, "
-          f"{len(ood)} out-of-distribution; "
-          f"{time.time() - started:.0f} s", flush=True)
+    train = data.examples
+
+    def report_data():
+        tokens = sum(len(e[0]) for e in train)
+        print(f"data: {len(train)} of {args.examples} train conversations ({tokens / 1e6:.1f} M tokens) made; "
+              f"{time.time() - started:.0f} s", flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n and "gate.weight" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n
@@ -297,7 +326,8 @@ def main():
                                   lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                                   **({"fused": True} if device == "cuda" else {}))
     rng = random.Random(args.seed)
-    plan = batches(train, args.batch_tokens, rng)
+    plan = batches(train, args.batch_tokens, rng, data.take())
+    report_data()
     step, epoch, train_started = 0, 0, time.time()
     budget = args.seconds if args.stop_by is None else min(args.seconds, args.stop_by - (train_started - started))
     print(f"training for {budget:.0f} s", flush=True)
@@ -311,9 +341,14 @@ def main():
             elapsed = time.time() - train_started
             if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
                 break
-            if not plan:
-                epoch += 1
-                plan = batches(train, args.batch_tokens, rng)
+            while not plan:
+                if data.complete:
+                    epoch += 1
+                    plan = batches(train, args.batch_tokens, rng)
+                else:
+                    plan = batches(train, args.batch_tokens, rng, data.take())
+                    if data.complete:
+                        report_data()
             progress = elapsed / budget
             lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
             for group in optimizer.param_groups:
@@ -359,6 +394,10 @@ def main():
     print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs, {seen_tokens / 1e6:.1f} M tokens, "
           f"{seen_tokens / seconds / 1e6:.2f} M tokens/s, padding {1 - seen_tokens / max(padded_tokens, 1):.1%})",
           flush=True)
+
+    held, ood = (collect(p) for p in pending)
+    pool.close()
+    print(f"held-out: {len(held)} conversations, out-of-distribution: {len(ood)}", flush=True)
 
     # the checkpoint is written before anything else can fail
     harmony = {"channels": ["analysis", "commentary", "final"], "reasoning_channel": "analysis",
