@@ -42,6 +42,7 @@ def use_compile(enabled, mode=None):
     raises. `mode` is torch.compile's (None: its default)."""
     _compiled.clear()
     if enabled:
+        import torch._dynamo   # noqa: F401 (torch < 2.0 has none: the caller's fallback)
         config = torch._dynamo.config
         for name in ("recompile_limit", "cache_size_limit"):     # layer kinds x length branches, with room
             if hasattr(config, name):

@@ -10,10 +10,10 @@
 # Training ends by 165 s before the end of the call whatever the data and checks took (train.py --stop-by):
 # the checkpoint's save and the held-out losses take about 15 s, the two greedy evaluations about 150.
 # CONFIG (v3; beam_config.CONFIGS) is the model shape, EXAMPLES (1000000) the training conversations, generated on
-# the machine's cores while train.py checks its fast loss against the reference on the GPU; EVAL_LIMIT (1000)
-# conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512) at a time. TRAIN_ARGS adds
-# train.py options (e.g. --no-compile). PROFILE_STEPS (20; 0: none) training steps are profiled (torch.profiler,
-# from step 50) into profile.txt in results.tar.gz.
+# the machine's cores while train.py checks and compiles its fast loss on the GPU, then trains on them as they come
+# (--stream-data); EVAL_LIMIT (1000) conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512)
+# at a time. TRAIN_ARGS adds train.py options (e.g. --no-compile). PROFILE_STEPS (20; 0: none) training steps are
+# profiled (torch.profiler, from step 50) into profile.txt in results.tar.gz.
 # Optional: DRAFTER_SECONDS=N trains the speculative-decoding drafter for the new model (train_drafter.py, its
 # default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
 # another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
@@ -55,7 +55,7 @@ evaluate() {
   python3 tools/train/train.py --tokenizer "$tokenizer" --out "$work/beam-nano" \
     --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds" --config "$config" \
     --examples "$examples" --stop-by $(( budget - 165 - (SECONDS - started) )) \
-    --profile-steps "${PROFILE_STEPS:-20}" --profile-out "$small/profile.txt" ${TRAIN_ARGS:-}
+    --stream-data --profile-steps "${PROFILE_STEPS:-20}" --profile-out "$small/profile.txt" ${TRAIN_ARGS:-}
   if [[ -f "$work/beam-nano/model.safetensors" ]]; then
     cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$small"/
     split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"
