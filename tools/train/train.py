@@ -197,7 +197,7 @@ def choose_loss(model, device, compile_wanted, seed, compile_mode=None):
                 torch._logging.set_logs(recompiles=True, graph_breaks=True)
             with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
                 ok = beam_fast.check_against_reference(model, *check, tolerance=2e-2, reference=beam_fast.eager_loss,
-                                                       loads_exact=False, label="compiled vs eager fast path")
+                                                       exact_routing=False, label="compiled vs eager fast path")
             loss_on(beam_fast.fast_loss, model, *random_batch(model.config.vocab_size, 8, window - 8, device,
                                                               seed + 1)).backward()
             model.zero_grad(set_to_none=True)
