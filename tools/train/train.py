@@ -277,7 +277,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=150)
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                        help="data processes (default: all cores but two: the training loop and its copies)")
     parser.add_argument("--stream-data", action="store_true", help="start training on the first conversations made "
                         "while the pool makes the rest (the batches then depend on timing)")
     parser.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
