@@ -179,39 +179,51 @@ def choose_loss(model, device, compile_wanted, seed, compile_mode=None):
     compiles the branch of rows within the window, so that training starts without compiling."""
     window = model.config.sliding_window
     check = random_batch(model.config.vocab_size, 3, 2 * window + 40, device, seed)
-    started = time.time()
-    torch.set_float32_matmul_precision("highest")      # the check compares float32 with float32
-    try:
-        ok = beam_fast.check_against_reference(model, *check)
-    finally:
-        torch.set_float32_matmul_precision("high")
-    print(f"reference check: {time.time() - started:.1f} s", flush=True)
-    if not ok:
-        print("WARNING: the fast path does not match the reference here; loss: the reference's (slow)", flush=True)
-        return beam_fast.reference_loss
-    if compile_wanted:
+    short = random_batch(model.config.vocab_size, 8, window - 8, device, seed + 1)
+
+    def attempt(what, fn):
         started = time.time()
         try:
-            beam_fast.use_compile(True, compile_mode)
-            if hasattr(torch, "_logging"):
-                torch._logging.set_logs(recompiles=True, graph_breaks=True)
-            with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                ok = beam_fast.check_against_reference(model, *check, tolerance=2e-2, reference=beam_fast.eager_loss,
-                                                       exact_routing=False, label="compiled vs eager fast path")
-            loss_on(beam_fast.fast_loss, model, *random_batch(model.config.vocab_size, 8, window - 8, device,
-                                                              seed + 1)).backward()
+            return fn()
+        except Exception as error:  # noqa: BLE001 (any failure here falls back to a slower loss)
+            print(f"{what} failed: {type(error).__name__}: {error}", flush=True)
+            return False
+        finally:
             model.zero_grad(set_to_none=True)
-        except Exception as error:  # noqa: BLE001 (any compile failure falls back to eager)
-            model.zero_grad(set_to_none=True)
-            ok = False
-            print(f"torch.compile failed: {type(error).__name__}: {error}", flush=True)
-        print(f"compile and check: {time.time() - started:.1f} s", flush=True)
-        if ok:
-            print(f"loss: fast path, torch.compile on (mode {compile_mode or 'default'})", flush=True)
+            print(f"{what}: {time.time() - started:.1f} s", flush=True)
+
+    def reference_check():
+        torch.set_float32_matmul_precision("highest")      # the check compares float32 with float32
+        try:
+            return beam_fast.check_against_reference(model, *check)
+        finally:
+            torch.set_float32_matmul_precision("high")
+
+    def training_step(batch):
+        loss_on(beam_fast.fast_loss, model, *batch).backward()
+        return True
+
+    def compiled_check():
+        beam_fast.use_compile(True, compile_mode)
+        if hasattr(torch, "_logging"):
+            torch._logging.set_logs(recompiles=True, graph_breaks=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            ok = beam_fast.check_against_reference(model, *check, tolerance=2e-2, reference=beam_fast.eager_loss,
+                                                   exact_routing=False, label="compiled vs eager fast path")
+        return ok and training_step(short)
+
+    if attempt("reference check", reference_check):
+        if compile_wanted:
+            if attempt("compile and check", compiled_check):
+                print(f"loss: fast path, torch.compile on (mode {compile_mode or 'default'})", flush=True)
+                return beam_fast.fast_loss
+            beam_fast.use_compile(False)
+        if attempt("eager training step", lambda: training_step(short) and training_step(check)):
+            print("loss: fast path, torch.compile off", flush=True)
             return beam_fast.fast_loss
-        beam_fast.use_compile(False)
-    print("loss: fast path, torch.compile off", flush=True)
-    return beam_fast.fast_loss
+    print("WARNING: the fast path failed or does not match the reference here; loss: the reference's (slow)",
+          flush=True)
+    return beam_fast.reference_loss
 
 
 class StepProfiler:
