@@ -4,15 +4,16 @@
 # in-distribution held-out turns, and cross-checks it torch-vs-numpy. Leaves under $OUT (at most 8 files, as
 # the device tool returns): model.safetensors split into parts below 15 MB (rejoin with
 # `cat model.safetensors.part-* > model.safetensors`) and results.tar.gz (config.json, generation_config.json,
-# harmony.json, eval-*.json headline figures, eval-*-turns.json.gz completions, log.txt), refreshed after
+# harmony.json, eval-*.json headline figures, eval-*-turns.json.gz completions, log.txt, profile.txt), refreshed after
 # every step so that a run cut short still returns what it did.
 #   OUT=/some/dir tools/train/gpu_run.sh [training seconds, default 360] [seconds for the whole call, default 560]
 # Training ends by 165 s before the end of the call whatever the data and checks took (train.py --stop-by):
 # the checkpoint's save and the held-out losses take about 15 s, the two greedy evaluations about 150.
 # CONFIG (v3; beam_config.CONFIGS) is the model shape, EXAMPLES (1000000) the training conversations, generated on
-# the machine's cores while train.py checks its fast loss against the reference on the GPU; EVAL_LIMIT (1000)
-# conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512) at a time. TRAIN_ARGS adds
-# train.py options (e.g. --no-compile).
+# the machine's cores while train.py checks and compiles its fast loss on the GPU, then trains on them as they come
+# (--stream-data); EVAL_LIMIT (1000) conversations of each held-out set are decoded (OOD first), EVAL_BATCH (512)
+# at a time. TRAIN_ARGS adds train.py options (e.g. --no-compile). PROFILE_STEPS (20; 0: none) training steps are
+# profiled (torch.profiler, from step 50) into profile.txt in results.tar.gz.
 # Optional: DRAFTER_SECONDS=N trains the speculative-decoding drafter for the new model (train_drafter.py, its
 # default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
 # another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
@@ -53,7 +54,8 @@ evaluate() {
   python3 -c "import torch; print('torch', torch.__version__)"
   python3 tools/train/train.py --tokenizer "$tokenizer" --out "$work/beam-nano" \
     --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds" --config "$config" \
-    --examples "$examples" --stop-by $(( budget - 165 - (SECONDS - started) )) ${TRAIN_ARGS:-}
+    --examples "$examples" --stop-by $(( budget - 165 - (SECONDS - started) )) \
+    --stream-data --profile-steps "${PROFILE_STEPS:-20}" --profile-out "$small/profile.txt" ${TRAIN_ARGS:-}
   if [[ -f "$work/beam-nano/model.safetensors" ]]; then
     cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$small"/
     split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"

@@ -10,11 +10,14 @@ OUT_DIR/{config.json, model.safetensors (BF16, router F32), tokenizer.json, harm
 generation_config.json}; --heldout-out and --ood-out save the held-out conversations (the same files
 `generate.py --train 0 --heldout N --ood M --seed S` writes).
 
-Speed (on CUDA): the loss is beam_fast.fast_loss (SDPA attention, experts computed only on their tokens, LM head
-only where the loss reads, elementwise pieces compiled), bf16 autocast, fused AdamW; batches are conversations of
-about the same length (length-sorted, so padding is the rounding of each batch's length to 8). While the data is
-generated, the fast loss is checked against the reference's on the GPU (float32, loss and every gradient within
-1e-4 relative); a torch.compile failure falls back to eager, a mismatch to the reference's loss.
+Speed (on CUDA): the loss is beam_fast.fast_loss (SDPA attention, sliding layers in window-sized blocks, the
+experts as one wide SwiGLU, LM head only where the loss reads, no host sync in a step; each decoder layer and the
+head compiled with dynamic shapes), bf16 autocast, fused AdamW; batches are conversations of about the same length
+(length-sorted, so padding is the rounding of each batch's length to 8), collated on the host with the LM head's
+target positions. While the data is generated, the eager fast loss is checked against the reference's on the GPU
+(float32, loss and every gradient within 1e-4 relative), then the compiled one against the eager one under bf16
+autocast (the training step's graphs, so training starts compiled); a torch.compile failure falls back to eager, a
+mismatch to the reference's loss. --profile-steps N writes a torch.profiler table of N steps (profile.txt).
 
 Router balance: aux-loss-free (DeepSeek-V3): after every step each MoE layer's e_score_correction_bias moves
 by --bias-rate toward balance (up for experts that got fewer tokens than the mean, down for more).
@@ -76,9 +79,36 @@ def collect(pending):
     return [item for part in pending.get() for item in part]
 
 
-def batches(examples, batch_tokens, rng):
-    """Length-bucketed batches of (ids, mask) holding about batch_tokens tokens each, in random order."""
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
+class TrainData:
+    """The training conversations as the pool makes them (in the seed's order). Streaming, training draws batches from
+    the chunks made so far while the rest is made (the pool makes tokens faster than a step uses them); otherwise
+    take() waits for every chunk, and the batches depend only on the seed."""
+
+    def __init__(self, pool, count, seed, stream):
+        self.parts = pool.imap(_make_chunk, generate.split_jobs("train", count, seed))
+        self.examples, self.complete, self.stream = [], False, stream
+
+    def take(self):
+        """Takes in the chunks made by now (waiting for at least one; for all when not streaming); returns the index
+        of the first new conversation."""
+        first = len(self.examples)
+        while not self.complete:
+            waiting = not self.stream or len(self.examples) == first
+            try:
+                part = self.parts.next(timeout=None if waiting else 0)
+            except StopIteration:
+                self.complete = True
+            except multiprocessing.TimeoutError:
+                break
+            else:
+                self.examples.extend(part)
+        return first
+
+
+def batches(examples, batch_tokens, rng, first=0):
+    """Length-bucketed batches of examples[first:] (ids, mask) holding about batch_tokens tokens each, in random
+    order."""
+    order = sorted(range(first, len(examples)), key=lambda i: (len(examples[i][0]), rng.random()))
     out, current, longest = [], [], 0
     for index in order:
         length = len(examples[index][0])
@@ -94,24 +124,28 @@ def batches(examples, batch_tokens, rng):
 
 
 def collate(examples, indices, device):
+    """Right-padded tokens, loss mask and valid mask [B, T] (T rounded up to 8) and the LM head's target positions
+    (beam_fast.target_positions, computed here so that the device step has no sync)."""
     longest = -(-max(len(examples[i][0]) for i in indices) // 8) * 8
-    tokens = torch.zeros(len(indices), longest, dtype=torch.long)
-    loss_mask = torch.zeros(len(indices), longest, dtype=torch.bool)
-    valid = torch.zeros(len(indices), longest, dtype=torch.bool)
+    tokens = np.zeros((len(indices), longest), dtype=np.int64)
+    loss_mask = np.zeros((len(indices), longest), dtype=bool)
+    valid = np.zeros((len(indices), longest), dtype=bool)
     for row, i in enumerate(indices):
         ids, mask = examples[i][0], examples[i][1]
-        tokens[row, :len(ids)] = torch.from_numpy(ids.astype(np.int64))
-        loss_mask[row, :len(ids)] = torch.from_numpy(mask)
+        tokens[row, :len(ids)] = ids
+        loss_mask[row, :len(ids)] = mask
         valid[row, :len(ids)] = True
+    tensors = [torch.from_numpy(a) for a in (tokens, loss_mask, valid)]
+    tensors.append(beam_fast.target_positions(tensors[1]))
     if device == "cuda":
-        return tuple(t.pin_memory().to(device, non_blocking=True) for t in (tokens, loss_mask, valid))
-    return tokens, loss_mask, valid
+        return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+    return tuple(tensors)
 
 
-def loss_on(loss_fn, model, tokens, loss_mask, valid):
+def loss_on(loss_fn, model, tokens, loss_mask, valid, targets=None):
     device = tokens.device.type
     with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-        return loss_fn(model, tokens, loss_mask, valid)
+        return loss_fn(model, tokens, loss_mask, valid, targets)
 
 
 @torch.no_grad()
@@ -119,9 +153,9 @@ def heldout_loss(loss_fn, model, examples, device, batch_tokens):
     model.eval()
     total, count = 0.0, 0
     for indices in batches(examples, batch_tokens, random.Random(0)):
-        tokens, loss_mask, valid = collate(examples, indices, device)
-        n = int(loss_mask[:, 1:].sum())
-        total += float(loss_on(loss_fn, model, tokens, loss_mask, valid)) * n
+        tokens, loss_mask, valid, targets = collate(examples, indices, device)
+        n = len(targets)
+        total += float(loss_on(loss_fn, model, tokens, loss_mask, valid, targets)) * n
         count += n
     model.train()
     return total / count
@@ -138,32 +172,102 @@ def random_batch(vocab, rows, length, device, seed):
     return tokens.to(device), loss_mask.to(device), valid.to(device)
 
 
-def choose_loss(model, device, compile_wanted, seed):
-    """The fast loss when it matches the reference on this device (float32, random rows longer than the sliding
-    window), compiled when torch.compile works; else the reference's loss. Warms up the training step's kernels
-    (bf16 autocast on CUDA) too."""
-    check = random_batch(model.config.vocab_size, 3, 2 * model.config.sliding_window + 40, device, seed)
-    for compiled in ([True, False] if compile_wanted else [False]):
+def choose_loss(model, device, compile_wanted, seed, compile_mode=None):
+    """The fast loss when it matches the reference on this device (float32, eager, random rows longer than the
+    sliding window), compiled when torch.compile's loss matches the eager one as training runs it (bf16 autocast on
+    CUDA); else the reference's loss. The compiled check compiles the training step's graphs; a short batch then
+    compiles the branch of rows within the window, so that training starts without compiling."""
+    window = model.config.sliding_window
+    check = random_batch(model.config.vocab_size, 3, 2 * window + 40, device, seed)
+    short = random_batch(model.config.vocab_size, 8, window - 8, device, seed + 1)
+
+    def attempt(what, fn):
+        started = time.time()
         try:
-            beam_fast.use_compile(compiled)
-            torch.set_float32_matmul_precision("highest")      # the check compares float32 with float32
-            ok = beam_fast.check_against_reference(model, *check)
-            torch.set_float32_matmul_precision("high")
-            warm = random_batch(model.config.vocab_size, 8, 520, device, seed + 1)
-            loss_on(beam_fast.fast_loss, model, *warm).backward()
+            return fn()
+        except Exception as error:  # noqa: BLE001 (any failure here falls back to a slower loss)
+            print(f"{what} failed: {type(error).__name__}: {error}", flush=True)
+            return False
+        finally:
             model.zero_grad(set_to_none=True)
-        except Exception as error:  # noqa: BLE001 (any compile failure falls back to eager)
+            print(f"{what}: {time.time() - started:.1f} s", flush=True)
+
+    def reference_check():
+        torch.set_float32_matmul_precision("highest")      # the check compares float32 with float32
+        try:
+            return beam_fast.check_against_reference(model, *check)
+        finally:
             torch.set_float32_matmul_precision("high")
-            model.zero_grad(set_to_none=True)
-            print(f"fast path with torch.compile={compiled} failed: {type(error).__name__}: {error}", flush=True)
-            continue
-        if ok:
-            print(f"loss: fast path, torch.compile {'on' if compiled else 'off'}", flush=True)
+
+    def training_step(batch):
+        loss_on(beam_fast.fast_loss, model, *batch).backward()
+        return True
+
+    def compiled_check():
+        beam_fast.use_compile(True, compile_mode)
+        if hasattr(torch, "_logging"):
+            torch._logging.set_logs(recompiles=True, graph_breaks=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            ok = beam_fast.check_against_reference(model, *check, tolerance=2e-2, reference=beam_fast.eager_loss,
+                                                   exact_routing=False, label="compiled vs eager fast path")
+        return ok and training_step(short)
+
+    if attempt("reference check", reference_check):
+        if compile_wanted:
+            if attempt("compile and check", compiled_check):
+                print(f"loss: fast path, torch.compile on (mode {compile_mode or 'default'})", flush=True)
+                return beam_fast.fast_loss
+            beam_fast.use_compile(False)
+        if attempt("eager training step", lambda: training_step(short) and training_step(check)):
+            print("loss: fast path, torch.compile off", flush=True)
             return beam_fast.fast_loss
-        print("WARNING: the fast path does not match the reference here", flush=True)
-    beam_fast.use_compile(False)
-    print("loss: the reference's (slow)", flush=True)
+    print("WARNING: the fast path failed or does not match the reference here; loss: the reference's (slow)",
+          flush=True)
     return beam_fast.reference_loss
+
+
+class StepProfiler:
+    """--profile-steps: torch.profiler over N training steps from step `start` (compiled and warm by then); writes the
+    ops and kernels by device time (and by host time) to `path`, with the steps' wall time."""
+
+    def __init__(self, steps, start, path, device):
+        self.steps, self.start, self.path, self.device = steps, start, path, device
+        self.profiler, self.began = None, None
+
+    def _sync(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def step(self, step):
+        """Called before each training step."""
+        if self.steps and step == self.start:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._sync()
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+            self.began = time.time()
+        elif self.profiler is not None and step == self.start + self.steps:
+            self.finish(step)
+
+    def finish(self, step):
+        """Ends the profile (also when training ends inside it) and writes the table."""
+        if self.profiler is None:
+            return
+        self._sync()
+        seconds, steps = time.time() - self.began, max(step - self.start, 1)
+        self.profiler.__exit__(None, None, None)
+        events = self.profiler.key_averages()
+        self.profiler = None
+        by_device = next((key for key in ("self_device_time_total", "self_cuda_time_total")
+                          if self.device == "cuda" and len(events) and hasattr(events[0], key)), "self_cpu_time_total")
+        with open(self.path, "w") as f:
+            f.write(f"{steps} steps (from step {self.start}) in {seconds:.3f} s under the profiler: "
+                    f"{1000 * seconds / steps:.1f} ms a step\n\n")
+            f.write(f"by {by_device}:\n{events.table(sort_by=by_device, row_limit=60)}\n")
+            f.write(f"by cpu_time_total:\n{events.table(sort_by='cpu_time_total', row_limit=30)}\n")
+        print(f"profile of {steps} steps: {1000 * seconds / steps:.1f} ms a step; {self.path}", flush=True)
 
 
 def main():
@@ -185,8 +289,17 @@ def main():
     parser.add_argument("--warmup", type=int, default=150)
     parser.add_argument("--bias-rate", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) - 1))
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                        help="data processes (default: all cores but two: the training loop and its copies)")
+    parser.add_argument("--stream-data", action="store_true", help="start training on the first conversations made "
+                        "while the pool makes the rest (the batches then depend on timing)")
     parser.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
+    parser.add_argument("--compile-mode", help="torch.compile's mode (e.g. max-autotune-no-cudagraphs; default: its "
+                        "default)")
+    parser.add_argument("--profile-steps", type=int, default=0, help="profile this many training steps (after "
+                        "--profile-start) with torch.profiler into --profile-out")
+    parser.add_argument("--profile-start", type=int, default=50)
+    parser.add_argument("--profile-out", help="the profile's table (default: OUT/../profile.txt)")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
 
@@ -197,8 +310,8 @@ def main():
     tokenizer = Tokenizer.load(args.tokenizer)
     # the pool forks before CUDA starts; the data is generated while the model is built and checked
     pool = multiprocessing.Pool(args.workers, initializer=_worker_init, initargs=(args.tokenizer,))
-    pending = [start_split(pool, "train", args.examples, args.seed),
-               start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
+    data = TrainData(pool, args.examples, args.seed, args.stream_data)
+    pending = [start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
                start_split(pool, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET)]
 
     eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
@@ -209,15 +322,15 @@ def main():
     model.to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.config}, {params / 1e6:.2f} M parameters", flush=True)
-    loss_fn = choose_loss(model, device, not args.no_compile, args.seed)
+    loss_fn = choose_loss(model, device, not args.no_compile, args.seed, args.compile_mode)
     print(f"checks done: {time.time() - started:.0f} s", flush=True)
 
-    train, held, ood = (collect(p) for p in pending)
-    pool.close()
-    train_tokens = sum(len(e[0]) for e in train)
-    print(f"data: {len(train)} train conversations ({train_tokens / 1e6:.1f} M tokens), {len(held)} held-out, "
-          f"{len(ood)} out-of-distribution; "
-          f"{time.time() - started:.0f} s", flush=True)
+    train = data.examples
+
+    def report_data():
+        tokens = sum(len(e[0]) for e in train)
+        print(f"data: {len(train)} of {args.examples} train conversations ({tokens / 1e6:.1f} M tokens) made; "
+              f"{time.time() - started:.0f} s", flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n and "gate.weight" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embed" not in n
@@ -226,32 +339,41 @@ def main():
                                   lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                                   **({"fused": True} if device == "cuda" else {}))
     rng = random.Random(args.seed)
-    plan = batches(train, args.batch_tokens, rng)
+    plan = batches(train, args.batch_tokens, rng, data.take())
+    report_data()
     step, epoch, train_started = 0, 0, time.time()
     budget = args.seconds if args.stop_by is None else min(args.seconds, args.stop_by - (train_started - started))
     print(f"training for {budget:.0f} s", flush=True)
     seen_tokens, padded_tokens = 0, 0
     moe_layers = model.moe_layers()
     running = None
+    profiler = StepProfiler(args.profile_steps, args.profile_start, args.profile_out or
+                            os.path.join(os.path.dirname(os.path.abspath(args.out)), "profile.txt"), device)
     try:
         while True:
             elapsed = time.time() - train_started
             if elapsed >= budget or (args.max_steps is not None and step >= args.max_steps):
                 break
-            if not plan:
-                epoch += 1
-                plan = batches(train, args.batch_tokens, rng)
+            while not plan:
+                if data.complete:
+                    epoch += 1
+                    plan = batches(train, args.batch_tokens, rng)
+                else:
+                    plan = batches(train, args.batch_tokens, rng, data.take())
+                    if data.complete:
+                        report_data()
             progress = elapsed / budget
             lr = args.lr * min(1.0, (step + 1) / args.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            profiler.step(step)
             indices = plan.pop()
-            tokens, loss_mask, valid = collate(train, indices, device)
+            tokens, loss_mask, valid, targets = collate(train, indices, device)
             seen_tokens += sum(len(train[i][0]) for i in indices)
             padded_tokens += tokens.numel()
             optimizer.zero_grad(set_to_none=True)
             try:
-                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid, targets)
                 loss.backward()
             except Exception as error:  # noqa: BLE001 (a compiled piece failing on a new shape: go on eagerly)
                 if not beam_fast.compiled():
@@ -260,7 +382,7 @@ def main():
                       flush=True)
                 beam_fast.use_compile(False)
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_on(loss_fn, model, tokens, loss_mask, valid)
+                loss = loss_on(loss_fn, model, tokens, loss_mask, valid, targets)
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -280,10 +402,15 @@ def main():
     except Exception:  # noqa: BLE001 (the one device call must still bring back what was trained)
         traceback.print_exc()
         print(f"ERROR: training stopped at step {step} by the error above; saving what was trained", flush=True)
+    profiler.finish(step)
     seconds = time.time() - train_started
     print(f"trained {step} steps in {seconds:.0f} s ({epoch} full epochs, {seen_tokens / 1e6:.1f} M tokens, "
           f"{seen_tokens / seconds / 1e6:.2f} M tokens/s, padding {1 - seen_tokens / max(padded_tokens, 1):.1%})",
           flush=True)
+
+    held, ood = (collect(p) for p in pending)
+    pool.close()
+    print(f"held-out: {len(held)} conversations, out-of-distribution: {len(ood)}", flush=True)
 
     # the checkpoint is written before anything else can fail
     harmony = {"channels": ["analysis", "commentary", "final"], "reasoning_channel": "analysis",
