@@ -833,9 +833,14 @@ std::optional<SwigluLora> BeamModel::step_mlp_lora(const Layer& layer, const Ste
 
 void BeamModel::dense_mlp_lora(const Layer& layer, const Tensor& h, const SwigluLora& lora, Tensor& branch) {
   const int64_t rows = h.dim(0);
-  const Tensor expert = backend_.upload_i32(std::vector<int32_t>(static_cast<std::size_t>(rows), 0), {rows, 1});
-  const Tensor weight = backend_.upload_f32(std::vector<float>(static_cast<std::size_t>(rows), 1.0f), {rows, 1});
-  backend_.moe_lora(h, expert, weight, layer.lora.dense, lora, branch);
+  // Made once per row count, by the step that runs op by op before a graph records the same step (which must not
+  // upload).
+  auto [route, made] = dense_lora_routes_.try_emplace(rows);
+  if (made) {
+    route->second.expert = backend_.upload_i32(std::vector<int32_t>(static_cast<std::size_t>(rows), 0), {rows, 1});
+    route->second.weight = backend_.upload_f32(std::vector<float>(static_cast<std::size_t>(rows), 1.0f), {rows, 1});
+  }
+  backend_.moe_lora(h, route->second.expert, route->second.weight, layer.lora.dense, lora, branch);
 }
 
 }  // namespace beamline

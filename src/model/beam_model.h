@@ -1,5 +1,6 @@
 #pragma once
 // The Beam forward pass (docs/model-format.md §4), written once against the Backend op set.
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -223,6 +224,11 @@ class BeamModel {
   std::vector<int64_t> capture_layers_;
   int32_t max_loras_ = 0;
   int64_t max_lora_rank_ = 0;
+  // A dense MLP's LoRA routes every row to its one expert with weight 1: I32 / F32 [rows, 1] per row count.
+  struct DenseLoraRoute {
+    Tensor expert, weight;
+  };
+  std::map<int64_t, DenseLoraRoute> dense_lora_routes_;
   Tensor captured_;
   Tensor kv_scales_;
   bool calculate_kv_scales_ = false;

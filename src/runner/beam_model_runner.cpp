@@ -121,10 +121,10 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
   // Collectives are not recorded into graphs (yet): a distributed model runs op by op.
   // With a drafter the graphs also write the hidden states it reads; its steps with drafts (several rows per
   // sequence) run op by op, its plain decode steps (adaptive verification's choice when drafts do not pay) replay.
-  // LoRA steps read each row's adapter slot, which the recorded graphs' inputs do not carry yet.
-  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr && !config.enable_lora) {
-    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, config.max_num_seqs, capture_routed_experts_);
+  // LoRA steps read each row's adapter slot from the step's inputs, so one graph serves any mix of adapters.
+  if (backend_->supports_graphs() && !config.enforce_eager && groups_ == nullptr) {
     graph_max_num_seqs_ = config.max_num_seqs;
+    record_graphs_afresh();
     spdlog::info("decode steps of up to {} sequences replay recorded graphs (--enforce-eager to run them op by op)",
                  std::min(config.max_num_seqs, DecodeGraphs::kMaxBucket));
   }
@@ -298,8 +298,7 @@ void BeamModelRunner::wake_up() {
     // The pool starts empty: scales calculated by the first step are calculated again.
     if (config_.calculate_kv_scales) model_->calculate_kv_scales();
     cache_ = std::make_unique<KvCache>(*backend_, model_->config(), kv_layout_, kv_dtype_);
-    if (graph_max_num_seqs_ > 0)
-      graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
+    record_graphs_afresh();
     samplers_.push_back(std::make_unique<StepSampler>(*backend_, vocab_size()));
   } catch (...) {
     samplers_.clear();
@@ -321,8 +320,7 @@ void BeamModelRunner::install_model(std::unique_ptr<BeamModel> model, BeamWeight
   graphs_.reset();
   model_ = std::move(model);
   weights_ = std::move(weights);
-  if (graph_max_num_seqs_ > 0)
-    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
+  record_graphs_afresh();
   spdlog::info("loaded new weights from {}", source);
 }
 
@@ -332,10 +330,18 @@ void BeamModelRunner::load_lora_adapter(int32_t slot, const std::filesystem::pat
   LoraWeights adapter = load_peft_adapter(dir, weights_.config, max_lora_rank_);
   if (!asleep_) {
     model_->load_lora(slot, adapter);
+    // The graphs hold the adapters' buffers and ranks as they were when recorded.
+    record_graphs_afresh();
     spdlog::info("LoRA: {} in slot {}; the loaded adapters hold {:.1f} MiB on the backend", dir.string(), slot,
                  static_cast<double>(model_->lora_bytes()) / (1 << 20));
   }  // else wake_up() loads it with the model
   lora_adapters_.emplace(slot, std::move(adapter));
+}
+
+void BeamModelRunner::record_graphs_afresh() {
+  graphs_.reset();
+  if (graph_max_num_seqs_ > 0)
+    graphs_ = std::make_unique<DecodeGraphs>(*model_, *cache_, graph_max_num_seqs_, capture_routed_experts_);
 }
 
 void BeamModelRunner::unload_lora_adapter(int32_t slot) { lora_adapters_.erase(slot); }

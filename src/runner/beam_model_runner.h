@@ -150,6 +150,8 @@ class BeamModelRunner : public ModelRunner {
   DType kv_dtype_ = DType::F32;
   std::unique_ptr<DecodeGraphs> graphs_;  // null with --enforce-eager or a backend without graphs
   int32_t graph_max_num_seqs_ = 0;        // what graphs_ was recorded for, to record them again for new weights
+  // Drops the recorded graphs and starts new ones (none when graph_max_num_seqs_ is 0): after what they read changed.
+  void record_graphs_afresh();
   bool capture_routed_experts_ = false;   // --enable-return-routed-experts
   // One per data-parallel replica on rank 0 (each engine's deferred tokens are its own), else one.
   std::vector<std::unique_ptr<StepSampler>> samplers_;

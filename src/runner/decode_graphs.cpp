@@ -30,8 +30,9 @@ int32_t DecodeGraphs::bucket(int32_t sequences) const {
 
 std::optional<std::string> DecodeGraphs::key(const BeamModel::StepInputs& inputs) const {
   // Sequences and rows both: a verify step's rows (1 + k per sequence) can equal another bucket's.
-  std::string key = fmt::format("{}x{}|{}", inputs.attention.num_sequences(), inputs.rows,
-                                fmt::join(inputs.table_widths, ","));
+  // LoRA ops run only in steps where some row has an adapter (StepInputs::any_lora).
+  std::string key = fmt::format("{}x{}|{}{}", inputs.attention.num_sequences(), inputs.rows,
+                                fmt::join(inputs.table_widths, ","), inputs.any_lora ? "|lora" : "");
   std::set<int32_t> windows;
   for (std::size_t layer = 0; layer < model_.num_layers(); ++layer) {
     const AttentionParams params = model_.attention_params(layer, cache_.layout());
