@@ -364,7 +364,13 @@ constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16),
 static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
                   MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
               "the blocks per multiprocessor fit the shared memory");
-static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+// The warps' O in shared memory at the end, [warp][head][dim]: rows of kWarpAccStride floats and dims skewed by one
+// bank per 32, so that a warp's stores of one register (every kernel version's layout) spread over the banks.
+constexpr int kWarpAccStride = kFastHeadDim + 4;
+__device__ __forceinline__ int warp_acc_index(int warp, int head, int dim) {
+  return (warp * kMmaHeads + head) * kWarpAccStride + dim + dim / 32;
+}
+static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
                   std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
               "the warps' results are combined in the pipeline's shared memory");
 
@@ -475,7 +481,90 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    unit) instead of e4m3x4_to_half2's bit operations (~7 integer instructions, issued at half rate, per four
 //    codes), q's fragments following the pairs cvt makes: which of the integer and the conversion pipes binds is for
 //    the GPU to say.
-enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt };
+//  - QueryRows (E4M3 pools): as PerTileKeysCvt, with the operands' roles swapped: S = Q K^T and O = P V, q's hi and
+//    lo parts as rows g and g + 8 of one A operand (one MMA makes both products), K and V as B operands decoded from
+//    the same shared loads. The scores then come out in the layout P's A operand takes (lane (g, c): head g, keys
+//    2c, 2c + 1, 2c + 8, 2c + 9), so P needs no movmatrix, and a head's keys sit in 4 lanes: the tile's max takes 2
+//    shuffles instead of 6 (bench/results/2026-12-03-fp8kv.md). O's hi and lo rows are summed at the end (64
+//    accumulators a lane instead of 32).
+enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt, QueryRows };
+
+// One 16-key tile of an E4M3 pool, QueryRows version, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
+// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>), q_hi and q_lo q's split pairs of
+// k-step 4 h + j (dims 64 h + 16 c + 4 j + (0, 1) and + (2, 3), the pairs cvt makes of a K word), tile_first the
+// tile's first position and [first, last] the visible range. Updates the head's running max (base 2) and this lane's
+// partial sum and its O fragments.
+__device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
+                                                const uint32_t (&q_hi)[kDimSteps][2],
+                                                const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
+                                                int32_t tile_first, int32_t first, int32_t last, float& running_max,
+                                                float& partial_sum, float (&acc)[2 * kDimSteps][4]) {
+  const int lane = threadIdx.x % 32, fragment_row = lane / 4, fragment_pair = lane % 4;
+  uint4 value_rows[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + copied_value<E4m3, true>(value_row, fragment_row));
+  }
+  // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
+  // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's.
+  float products[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<E4m3>(fragment_row, 4 * h + fragment_pair));
+    const uint4 high = *reinterpret_cast<const uint4*>(k_tile + copied<E4m3>(fragment_row + 8, 4 * h + fragment_pair));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int s = 4 * h + j;
+      const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
+      const uint32_t low_word = word_of(low, j), high_word = word_of(high, j);
+      mma_f16(products[0], a, e4m3x2_to_half2(low_word), e4m3x2_to_half2(low_word >> 16));
+      mma_f16(products[1], a, e4m3x2_to_half2(high_word), e4m3x2_to_half2(high_word >> 16));
+    }
+  }
+  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g; the tile's max over the 4 lanes of the head.
+  float score[4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
+      score[2 * n + e] =
+          key >= first && key <= last ? (products[n][e] + products[n][2 + e]) * q_unscale : -INFINITY;
+    }
+  float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  if (__any_sync(0xffffffffu, tile_max > running_max)) {
+    if (tile_max > running_max) {
+      const float correction = exp2f(running_max - tile_max);  // 0 while the max was -inf
+      partial_sum *= correction;
+#pragma unroll
+      for (int t = 0; t < 2 * kDimSteps; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[t][j] *= correction;
+      running_max = tile_max;
+    }
+  }
+  float probability[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) probability[i] = score[i] == -INFINITY ? 0.0f : exp2f(score[i] - running_max);
+  partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
+  // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1, then
+  // at 2c + 8, 2c + 9.
+  uint32_t p[4];
+  split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
+  split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
+  // O += P V per n-tile t of 8 dims, column g being dim 16 g + t: value_fragment(i) gives, for dims 16 g + 2 i and
+  // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+#pragma unroll
+  for (int i = 0; i < kDimSteps; ++i) {
+    uint32_t v[4];
+    value_fragment(value_rows, i, v);
+    mma_f16(acc[2 * i], p, v[0], v[2]);
+    mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+  }
+}
 
 template <typename Pool, DecodeVersion kVersion>
 __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
@@ -486,7 +575,10 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
-  constexpr bool kKeysCvt = kE4m3 && kVersion == DecodeVersion::PerTileKeysCvt;
+  constexpr bool kQueryRows = kE4m3 && kVersion == DecodeVersion::QueryRows;
+  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kQueryRows);
+  // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
+  constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
   // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
   constexpr int kStages =
       MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
@@ -585,9 +677,11 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 
   // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
   // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
-  float acc[kDimSteps][4];
+  // kQueryRows: n-tile t holds dims 32 pair + t and 32 pair + 16 + t of head fragment_row, hi rows in [0], [1] and lo
+  // rows in [2], [3]; lane's running max and partial sum are its head's, in [0].
+  float acc[kAccTiles][4];
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int i = 0; i < kAccTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
   const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
 
@@ -657,6 +751,11 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     const unsigned char* k_tile = stages + use_stage * kStageBytes<Pool>;
     use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
     const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
+    if constexpr (kQueryRows) {
+      query_rows_tile(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
+                      last, running_max[0], partial_sum[0], acc);
+      continue;
+    }
 
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
     // (two dependency chains).
@@ -789,30 +888,52 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   }
   wait_copies<0>();  // the trailing empty groups, before the stages' memory is reused
 
+  // A head's partial sums: kQueryRows over the 4 lanes of head fragment_row, else over the 8 lanes of each head pair.
+  if constexpr (kQueryRows) {
 #pragma unroll
-  for (int offset = 4; offset < 32; offset <<= 1)
+    for (int offset = 1; offset < 4; offset <<= 1)
+      partial_sum[0] += __shfl_xor_sync(0xffffffffu, partial_sum[0], offset);
+  } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) partial_sum[h] += __shfl_xor_sync(0xffffffffu, partial_sum[h], offset);
+    for (int offset = 4; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) partial_sum[h] += __shfl_xor_sync(0xffffffffu, partial_sum[h], offset);
+  }
   __syncthreads();  // every warp is done with its stages
-  float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim]
-  float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kFastHeadDim;
+  float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim], warp_acc_index
+  float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kWarpAccStride;
   float* warp_sum = warp_max + kMmaWarps * kMmaHeads;
   // E4M3 pools: P's 2^14 taken out and v_scale applied (the sum of P times codes, times v_scale, is P times V).
   const float acc_scale = kE4m3 ? kv_scale(pool, 1) / kProbabilityScale : 1.0f;
+  if constexpr (kQueryRows) {
+    // n-tile t: dims 32 pair + t ([0] hi + [2] lo) and 32 pair + 16 + t ([1] + [3]) of head fragment_row.
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i)
+    for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
-      const int head = 2 * fragment_pair + (j & 1);
-      const int dim = kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
-      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j] * acc_scale;
+      for (int half = 0; half < 2; ++half)
+        warp_acc[warp_acc_index(warp, fragment_row, 32 * fragment_pair + 16 * half + t)] =
+            (acc[t][half] + acc[t][2 + half]) * acc_scale;
+    if (fragment_pair == 0) {
+      warp_max[warp * kMmaHeads + fragment_row] = running_max[0];
+      warp_sum[warp * kMmaHeads + fragment_row] = partial_sum[0];
     }
-  if (fragment_row == 0) {
+  } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      warp_max[warp * kMmaHeads + 2 * fragment_pair + h] = running_max[h];
-      warp_sum[warp * kMmaHeads + 2 * fragment_pair + h] = partial_sum[h];
+    for (int i = 0; i < kDimSteps; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
+        const int head = 2 * fragment_pair + (j & 1);
+        const int dim =
+            kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
+        warp_acc[warp_acc_index(warp, head, dim)] = acc[i][j] * acc_scale;
+      }
+    if (fragment_row == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        warp_max[warp * kMmaHeads + 2 * fragment_pair + h] = running_max[h];
+        warp_sum[warp * kMmaHeads + 2 * fragment_pair + h] = partial_sum[h];
+      }
     }
   }
   const bool poisoned = __syncthreads_or(missing) != 0;
@@ -829,7 +950,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         const float m = warp_max[w * kMmaHeads + h];
         const float weight = m == -INFINITY ? 0.0f : exp2f(m - block_max);
         sum += weight * warp_sum[w * kMmaHeads + h];
-        value += weight * warp_acc[(w * kMmaHeads + h) * kFastHeadDim + d];
+        value += weight * warp_acc[warp_acc_index(w, h, d)];
       }
     }
     const int32_t head = kv_head * group + h;
@@ -964,12 +1085,15 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt is PerTile for BF16 pools (nothing to decode).
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and query-rows are PerTile for BF16 pools (nothing to
+// decode).
 DecodeVersion decode_version() {
   static const DecodeVersion version = [] {
     const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
-    return name == "legacy" ? DecodeVersion::PerRow
-                            : name == "keys-cvt" ? DecodeVersion::PerTileKeysCvt : DecodeVersion::PerTile;
+    if (name == "legacy") return DecodeVersion::PerRow;
+    if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
+    if (name == "query-rows") return DecodeVersion::QueryRows;
+    return DecodeVersion::PerTile;
   }();
   return version;
 }
@@ -985,6 +1109,9 @@ cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t 
   if constexpr (sizeof(Pool) == 1) {
     if (version == DecodeVersion::PerTileKeysCvt)
       return launch_decode_mma_version<Pool, DecodeVersion::PerTileKeysCvt>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+    if (version == DecodeVersion::QueryRows)
+      return launch_decode_mma_version<Pool, DecodeVersion::QueryRows>(
           q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
   }
   return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
