@@ -424,6 +424,16 @@ __device__ __forceinline__ void value_fragment(const uint4 (&rows)[4], int i, ui
   a[3] = e4m3x2_to_half2(high >> 16);
 }
 
+// value_fragment's registers by bit operations (e4m3x4_to_half2: integer instructions and an F16 multiplication)
+// instead of cvt: the bytes paired as (key 2c at dim d, at d + 1, key 2c + 1 at d, at d + 1), so that the word's
+// codes (0, 2) are the pair at dim d and (1, 3) the pair at d + 1.
+__device__ __forceinline__ void value_fragment_bits(const uint4 (&rows)[4], int i, uint32_t (&a)[4]) {
+  const int w = i >> 1;
+  const uint32_t selector = (i & 1) != 0 ? 0x7632u : 0x5410u;  // bytes (2, 3, 6, 7) or (0, 1, 4, 5)
+  e4m3x4_to_half2(__byte_perm(word_of(rows[0], w), word_of(rows[1], w), selector), a[0], a[1]);
+  e4m3x4_to_half2(__byte_perm(word_of(rows[2], w), word_of(rows[3], w), selector), a[2], a[3]);
+}
+
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
 // columns (lane % 4) * 2 and + 1 of every matrix (the MMA's A fragment), or with `.trans` the same of every
 // matrix transposed.
@@ -486,14 +496,22 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    the same shared loads. The scores then come out in the layout P's A operand takes (lane (g, c): head g, keys
 //    2c, 2c + 1, 2c + 8, 2c + 9), so P needs no movmatrix, and a head's keys sit in 4 lanes: the tile's max takes 2
 //    shuffles instead of 6 (bench/results/2026-12-03-fp8kv.md). O's hi and lo rows are summed at the end (64
-//    accumulators a lane instead of 32).
-enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt, QueryRows };
+//    accumulators a lane instead of 32). Which pipe the 64 conversions a tile load most is for the GPU to say, so
+//    two more versions move half of them to integer instructions: QueryRowsKeysBits decodes K by e4m3x4_to_half2
+//    (q paired to match, as PerTile), QueryRowsValuesBits V by value_fragment_bits.
+enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt, QueryRows, QueryRowsKeysBits, QueryRowsValuesBits };
 
-// One 16-key tile of an E4M3 pool, QueryRows version, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
+constexpr bool query_rows(DecodeVersion version) {
+  return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
+         version == DecodeVersion::QueryRowsValuesBits;
+}
+
+// One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
 // k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>), q_hi and q_lo q's split pairs of
-// k-step 4 h + j (dims 64 h + 16 c + 4 j + (0, 1) and + (2, 3), the pairs cvt makes of a K word), tile_first the
-// tile's first position and [first, last] the visible range. Updates the head's running max (base 2) and this lane's
-// partial sum and its O fragments.
+// k-step 4 h + j (dims 64 h + 16 c + 4 j + (0, 1) and + (2, 3), the pairs cvt makes of a K word; kKeysBits: + (0, 2)
+// and + (1, 3), e4m3x4_to_half2's), tile_first the tile's first position and [first, last] the visible range.
+// Updates the head's running max (base 2) and this lane's partial sum and its O fragments.
+template <bool kKeysBits, bool kValuesBits>
 __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
                                                 const uint32_t (&q_hi)[kDimSteps][2],
                                                 const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
@@ -517,9 +535,18 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
     for (int j = 0; j < 4; ++j) {
       const int s = 4 * h + j;
       const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
-      const uint32_t low_word = word_of(low, j), high_word = word_of(high, j);
-      mma_f16(products[0], a, e4m3x2_to_half2(low_word), e4m3x2_to_half2(low_word >> 16));
-      mma_f16(products[1], a, e4m3x2_to_half2(high_word), e4m3x2_to_half2(high_word >> 16));
+      uint32_t b[2][2];  // n-tile n's B registers
+      if constexpr (kKeysBits) {
+        e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
+        e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
+      } else {
+        b[0][0] = e4m3x2_to_half2(word_of(low, j));
+        b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
+        b[1][0] = e4m3x2_to_half2(word_of(high, j));
+        b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+      }
+      mma_f16(products[0], a, b[0][0], b[0][1]);
+      mma_f16(products[1], a, b[1][0], b[1][1]);
     }
   }
   // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g; the tile's max over the 4 lanes of the head.
@@ -560,7 +587,10 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
 #pragma unroll
   for (int i = 0; i < kDimSteps; ++i) {
     uint32_t v[4];
-    value_fragment(value_rows, i, v);
+    if constexpr (kValuesBits)
+      value_fragment_bits(value_rows, i, v);
+    else
+      value_fragment(value_rows, i, v);
     mma_f16(acc[2 * i], p, v[0], v[2]);
     mma_f16(acc[2 * i + 1], p, v[1], v[3]);
   }
@@ -575,8 +605,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
-  constexpr bool kQueryRows = kE4m3 && kVersion == DecodeVersion::QueryRows;
-  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kQueryRows);
+  constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
+  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
+                                      kVersion == DecodeVersion::QueryRowsValuesBits);
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
   constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
   // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
@@ -685,9 +716,13 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
   const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
 
+  // The first tiles' table entries, loaded together before the first copy needs one (not one round trip each).
+  int32_t first_blocks[kStages];
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k, k, tile_block(k));
-  int32_t block_ahead = tile_block(kStages - 1);  // the next tile to issue: its table entry one iteration early
+  for (int k = 0; k < kStages; ++k) first_blocks[k] = tile_block(k);
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k, k, first_blocks[k]);
+  int32_t block_ahead = first_blocks[kStages - 1];  // the next tile to issue: its table entry one iteration early
   int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
@@ -752,7 +787,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
     const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
     if constexpr (kQueryRows) {
-      query_rows_tile(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
+      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits>(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
                       last, running_max[0], partial_sum[0], acc);
       continue;
     }
@@ -1085,14 +1120,16 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and query-rows are PerTile for BF16 pools (nothing to
-// decode).
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and the query-rows versions are PerTile for BF16 pools
+// (nothing to decode).
 DecodeVersion decode_version() {
   static const DecodeVersion version = [] {
     const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
     if (name == "legacy") return DecodeVersion::PerRow;
     if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
     if (name == "query-rows") return DecodeVersion::QueryRows;
+    if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
+    if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
     return DecodeVersion::PerTile;
   }();
   return version;
@@ -1112,6 +1149,12 @@ cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t 
           q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
     if (version == DecodeVersion::QueryRows)
       return launch_decode_mma_version<Pool, DecodeVersion::QueryRows>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+    if (version == DecodeVersion::QueryRowsKeysBits)
+      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsKeysBits>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+    if (version == DecodeVersion::QueryRowsValuesBits)
+      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsValuesBits>(
           q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
   }
   return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
