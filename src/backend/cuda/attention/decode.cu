@@ -525,8 +525,9 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
     value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + copied_value<E4m3, true>(value_row, fragment_row));
   }
   // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
-  // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's.
-  float products[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's. Even and
+  // odd k-steps accumulate apart (products[n][s % 2]): four chains of 4 dependent MMAs instead of two of 8.
+  float products[2][2][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<E4m3>(fragment_row, 4 * h + fragment_pair));
@@ -545,8 +546,8 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
         b[1][0] = e4m3x2_to_half2(word_of(high, j));
         b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
       }
-      mma_f16(products[0], a, b[0][0], b[0][1]);
-      mma_f16(products[1], a, b[1][0], b[1][1]);
+      mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
+      mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
     }
   }
   // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g; the tile's max over the 4 lanes of the head.
@@ -556,8 +557,8 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
-      score[2 * n + e] =
-          key >= first && key <= last ? (products[n][e] + products[n][2 + e]) * q_unscale : -INFINITY;
+      const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
+      score[2 * n + e] = key >= first && key <= last ? (hi + lo) * q_unscale : -INFINITY;
     }
   float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
