@@ -2,7 +2,7 @@
 # Branch fp8kv's decode attention versions over FP8 KV pools in one GPU call (issue 14: >= 85% of the bandwidth roof at
 # B=1 L=128K, B=32 L=8K, B=128 L=4K and the 1M-context decode; bench/results/2026-12-03-fp8kv.md). Each version of
 # the split-KV decode kernel (BEAMLINE_CUDA_DECODE_ATTENTION: legacy, unset = per-tile, keys-cvt, query-rows,
-# query-rows-keys-bits, query-rows-values-bits) first runs against the CPU reference (the harness's kv_decode group:
+# query-rows-keys-bits, query-rows-values-bits, query-rows-bulk) first runs against the CPU reference (the harness's kv_decode group:
 # attention's E4M3 decode-only cases, 32K rows included, and test_paged_attention's FP8 cases), then every version is
 # timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as bench/gpu_fp8dec.sh
 # timed them) and replayed as CUDA graphs (no host work per call, as in the decode step: what decides B=1 L=8K), with
@@ -34,7 +34,7 @@ limit_of() {  # requested seconds -> seconds granted (0: no time left)
   local left=$((budget - SECONDS))
   if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
 }
-versions=(legacy default keys-cvt query-rows query-rows-keys-bits query-rows-values-bits)
+versions=(legacy default keys-cvt query-rows query-rows-keys-bits query-rows-values-bits query-rows-bulk)
 with_version() {  # version, command...: the command under that decode attention version
   local version=$1
   shift

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/kernel_variant.h"
+#include "backend/cuda/common/mbarrier.cuh"
 #include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
@@ -499,19 +500,47 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    accumulators a lane instead of 32). Which pipe the 64 conversions a tile load most is for the GPU to say, so
 //    two more versions move half of them to integer instructions: QueryRowsKeysBits decodes K by e4m3x4_to_half2
 //    (q paired to match, as PerTile), QueryRowsValuesBits V by value_fragment_bits.
-enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt, QueryRows, QueryRowsKeysBits, QueryRowsValuesBits };
+//  - QueryRowsBulk (E4M3 pools): QueryRows with each 128-byte K or V row of a tile copied by one bulk copy (lane l:
+//    K row l, lane 16 + l: V row l; one instruction a lane and tile instead of 8 cp.async and their addresses),
+//    completing on the stage's mbarrier. A bulk copy cannot swizzle within a row, so rows lie kBulkRowBytes apart
+//    (bank-conflict-free for the V loads as they are and for the K loads when lane c takes chunks 2c and 2c + 1,
+//    q's dims following). Rows outside the visible range or in a missing block are zeroed by ordinary stores.
+enum class DecodeVersion {
+  PerRow,
+  PerTile,
+  PerTileKeysCvt,
+  QueryRows,
+  QueryRowsKeysBits,
+  QueryRowsValuesBits,
+  QueryRowsBulk
+};
 
 constexpr bool query_rows(DecodeVersion version) {
   return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
-         version == DecodeVersion::QueryRowsValuesBits;
+         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk;
 }
 
+// QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
+// 128-byte row and 16 bytes of padding), then the warps' stage barriers.
+constexpr int kBulkRowBytes = kFastHeadDim + 16;
+constexpr int kBulkTileBytes = kTileKeys * kBulkRowBytes;
+constexpr int kBulkStageBytes = 2 * kBulkTileBytes;
+constexpr int kBulkStages = MmaPool<E4m3>::kStages + 1;  // as many as the other per-tile versions of E4M3 pools
+constexpr int kBulkSharedBytes = kMmaWarps * kBulkStages * (kBulkStageBytes + static_cast<int>(sizeof(uint64_t)));
+static_assert(MmaPool<E4m3>::kBlocksPerSm * (kBulkSharedBytes + 1024) <= 227 * 1024,
+              "QueryRowsBulk keeps the blocks per multiprocessor");
+template <typename Pool, DecodeVersion kVersion>
+constexpr int kKernelSharedBytes =
+    sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsBulk ? kBulkSharedBytes : kMmaSharedBytes<Pool>;
+__device__ __forceinline__ int bulk_row(int row, int chunk) { return row * kBulkRowBytes + chunk * 16; }
+
 // One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
-// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>), q_hi and q_lo q's split pairs of
-// k-step 4 h + j (dims 64 h + 16 c + 4 j + (0, 1) and + (2, 3), the pairs cvt makes of a K word; kKeysBits: + (0, 2)
-// and + (1, 3), e4m3x4_to_half2's), tile_first the tile's first position and [first, last] the visible range.
-// Updates the head's running max (base 2) and this lane's partial sum and its O fragments.
-template <bool kKeysBits, bool kValuesBits>
+// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
+// q_lo q's split pairs of k-step 4 h + j (dims 16 x + 4 j + (0, 1) and + (2, 3) of the K chunk x = 4 h + c,
+// kBulkLayout: 2 c + h; the pairs cvt makes of a K word; kKeysBits: + (0, 2) and + (1, 3), e4m3x4_to_half2's),
+// tile_first the tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
+// and this lane's partial sum and its O fragments.
+template <bool kKeysBits, bool kValuesBits, bool kBulkLayout>
 __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
                                                 const uint32_t (&q_hi)[kDimSteps][2],
                                                 const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
@@ -522,7 +551,9 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
-    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + copied_value<E4m3, true>(value_row, fragment_row));
+    const int offset =
+        kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
+    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + offset);
   }
   // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
   // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's. Even and
@@ -530,8 +561,11 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
   float products[2][2][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint4 low = *reinterpret_cast<const uint4*>(k_tile + copied<E4m3>(fragment_row, 4 * h + fragment_pair));
-    const uint4 high = *reinterpret_cast<const uint4*>(k_tile + copied<E4m3>(fragment_row + 8, 4 * h + fragment_pair));
+    const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+    const uint4 low = *reinterpret_cast<const uint4*>(
+        k_tile + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
+    const uint4 high = *reinterpret_cast<const uint4*>(
+        k_tile + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int s = 4 * h + j;
@@ -607,14 +641,20 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
+  constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
   constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
-                                      kVersion == DecodeVersion::QueryRowsValuesBits);
+                                      kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
   constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
   // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
   constexpr int kStages =
       MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
   static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
+  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
+  // A stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all warps' stages).
+  constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  constexpr int kValueOffset = kBulk ? kBulkTileBytes : kStageBytes<Pool> / 2;
+  constexpr int kWarpStride = kBulk ? kBulkStages * kBulkStageBytes : kWarpBytes<Pool>;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
@@ -639,8 +679,18 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   const auto* v_pool = static_cast<const Pool*>(pool.v);
   constexpr int kChunkElements = 16 / sizeof(Pool);
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
-  unsigned char* stages = shared + warp * kWarpBytes<Pool>;
-  unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3: the warp's F16 V tile
+  unsigned char* stages = shared + warp * kWarpStride;
+  unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3 PerRow: the warp's F16 V tile
+  // kBulk: stage s of this warp has landed when barriers[s] completes its phase (one arrival, the tile's bytes).
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + kMmaWarps * kWarpStride) + warp * kStages;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) init_mbarrier(barriers + s, 1);
+      fence_mbarrier_init();
+    }
+    __syncwarp();
+  }
   bool missing = false;
 
   // Copies tile k of this warp into stage `stage`: 8 lanes per row, each 16 bytes of every 128 bytes of the K and the
@@ -666,9 +716,41 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
                : -1;
   };
   auto issue = [&](int32_t k, int stage_index, int32_t block) {
+    if constexpr (kBulk) {
+      if (k >= warp_tiles) return;  // no wait looks for tiles past the warp's
+      // Lane l: K row l % 16 (l < 16) or V row l % 16; one table entry for a tile inside the range and one block,
+      // else each row's own; rows not copied (outside the range, or a missing block) zeroed, so that keys masked to
+      // probability 0 meet finite values.
+      const int32_t tile_first = (split_begin + warp + k * kMmaWarps) * kTileKeys;
+      const int key_row = lane % kTileKeys;
+      const int32_t t = tile_first + key_row;
+      int32_t row_block = block;
+      if (tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
+        missing |= block < 0;
+      } else {
+        const bool visible = t >= first && t <= last;
+        row_block = visible ? key_rows_of_sequence.block_of(t) : -1;
+        missing |= visible && row_block < 0;
+      }
+      const bool copied_row = row_block >= 0;
+      unsigned char* target = stages + stage_index * kStageStride + (lane >= kTileKeys ? kBulkTileBytes : 0) +
+                              key_row * kBulkRowBytes;
+      if (!copied_row) {
+#pragma unroll
+        for (int chunk = 0; chunk < kFastHeadDim / 16; ++chunk)
+          reinterpret_cast<uint4*>(target)[chunk] = make_uint4(0u, 0u, 0u, 0u);
+        fence_shared_for_async_copies();  // before a later tile's bulk copy into this row
+      }
+      const uint32_t copied_rows = __popc(__ballot_sync(0xffffffffu, copied_row));
+      if (lane == 0) arrive_expecting_bytes(barriers + stage_index, copied_rows * kFastHeadDim);
+      if (copied_row)
+        copy_bulk(target, (lane >= kTileKeys ? v_pool : k_pool) + key_rows_of_sequence.offset(row_block, t),
+                  kFastHeadDim, barriers + stage_index);
+      return;
+    }
     if (k < warp_tiles) {
       const int32_t tile = split_begin + warp + k * kMmaWarps;
-      unsigned char* stage = stages + stage_index * kStageBytes<Pool>;
+      unsigned char* stage = stages + stage_index * kStageStride;
       const int32_t tile_first = tile * kTileKeys;
       if (kPerTileCopy && tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
         missing |= block < 0;
@@ -681,7 +763,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
           for (int half = 0; half < kChunksPerLane; ++half) {
             copy_async16(target + lane_target[r][half], k_source + lane_source[r][half], block >= 0);
-            copy_async16(target + kStageBytes<Pool> / 2 + lane_value_target[r][half],
+            copy_async16(target + kValueOffset + lane_value_target[r][half],
                          v_source + lane_source[r][half], block >= 0);
           }
         commit_copies();
@@ -699,7 +781,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         for (int half = 0; half < kChunksPerLane; ++half) {
           const int chunk = lane % 8 + 8 * half;
           copy_async16(stage + copied<Pool>(key_row, chunk), k_pool + offset + kChunkElements * chunk, block >= 0);
-          copy_async16(stage + kStageBytes<Pool> / 2 + copied_value<Pool, kValueRegisters>(key_row, chunk),
+          copy_async16(stage + kValueOffset + copied_value<Pool, kValueRegisters>(key_row, chunk),
                        v_pool + offset + kChunkElements * chunk, block >= 0);
         }
       }
@@ -727,8 +809,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
-  // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3), those the K words
-  // decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by 2^q_shift (one power of two for the warp).
+  // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3) (kBulk:
+  // 16 (2 pair + h) + 4 j + (0..3)), those the K words decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by
+  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_tile).
   uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
   float q_unscale = 1.0f;
   {
@@ -744,7 +827,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
         for (int i = 0; i < 16; i += 4) {
           float4 v{0.0f, 0.0f, 0.0f, 0.0f};
-          if (real_head) v = *reinterpret_cast<const float4*>(query + 64 * h + 16 * fragment_pair + i);
+          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_tile's layouts).
+          const int chunk = kBulk ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+          if (real_head) v = *reinterpret_cast<const float4*>(query + 16 * chunk + i);
           values[h][i] = v.x * q_scale;
           values[h][i + 1] = v.y * q_scale;
           values[h][i + 2] = v.z * q_scale;
@@ -782,13 +867,16 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     issue(k + kStages - 1, issue_stage, block_ahead);
     block_ahead = tile_block(k + kStages);
     issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
-    wait_copies<kStages - 1>();
+    if constexpr (kBulk)
+      wait_mbarrier(barriers + use_stage, (k / kStages) & 1);  // the stage's (k / kStages)-th phase: tile k
+    else
+      wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
-    const unsigned char* k_tile = stages + use_stage * kStageBytes<Pool>;
+    const unsigned char* k_tile = stages + use_stage * kStageStride;
     use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
-    const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
+    const unsigned char* v_tile = k_tile + kValueOffset;
     if constexpr (kQueryRows) {
-      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits>(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
+      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
                       last, running_max[0], partial_sum[0], acc);
       continue;
     }
@@ -1103,7 +1191,8 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
 template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
-      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
+      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      kKernelSharedBytes<Pool, kVersion>);
   return status;
 }
 
@@ -1115,7 +1204,7 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kKernelSharedBytes<Pool, kVersion>, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
@@ -1131,6 +1220,7 @@ DecodeVersion decode_version() {
     if (name == "query-rows") return DecodeVersion::QueryRows;
     if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
     if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
+    if (name == "query-rows-bulk") return DecodeVersion::QueryRowsBulk;
     return DecodeVersion::PerTile;
   }();
   return version;
@@ -1156,6 +1246,9 @@ cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t 
           q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
     if (version == DecodeVersion::QueryRowsValuesBits)
       return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsValuesBits>(
+          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+    if (version == DecodeVersion::QueryRowsBulk)
+      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsBulk>(
           q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
   }
   return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
