@@ -2,15 +2,15 @@
 # Branch fp8kv's decode attention versions over FP8 KV pools in one GPU call (issue 14: >= 85% of the bandwidth roof at
 # B=1 L=128K, B=32 L=8K, B=128 L=4K and the 1M-context decode; bench/results/2026-12-03-fp8kv.md). Each version of
 # the split-KV decode kernel (BEAMLINE_CUDA_DECODE_ATTENTION: legacy, unset = per-tile, keys-cvt, query-rows,
-# query-rows-keys-bits, query-rows-values-bits, query-rows-bulk) first runs against the CPU reference (the harness's kv_decode group:
-# attention's E4M3 decode-only cases, 32K rows included, and test_paged_attention's FP8 cases), then every version is
-# timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as bench/gpu_fp8dec.sh
+# query-rows-keys-bits, query-rows-values-bits, query-rows-bulk) first runs against the CPU reference (the harness's
+# kv_decode group: attention's E4M3 decode-only cases, 32K rows included, and test_paged_attention's FP8 cases), then
+# every version is timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as bench/gpu_fp8dec.sh
 # timed them) and replayed as CUDA graphs (no host work per call, as in the decode step: what decides B=1 L=8K), with
-# the BF16 pool's kernel for reference. Where Nsight Compute is installed, one profile of the default and the
-# query-rows kernels at B=32 L=8K (issue, pipes, stalls) goes to $OUT/ncu-*.txt.
+# the BF16 pool's kernel for reference. Where Nsight Compute is installed, one profile of the default, the query-rows
+# and the query-rows-bulk kernels at B=32 L=8K (issue, pipes, stalls) goes to $OUT/ncu-*.txt.
 # Usage: bench/gpu_fp8kv.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh --tests build CARRY_DIR`); writes
 #        $OUT/fp8kv.log (every command's whole output), $OUT/fp8kv-summary.md (ms and % of floor per version and shape,
-#        both timings), and exits 1 when a test failed or did not run, or a perf row is missing. At most 300 s once
+#        both timings), and exits 1 when a test failed or did not run, or a perf row is missing. At most 360 s once
 #        the machine is up (each step's limit is cut to what is left of that).
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_fp8kv.sh CARRY_DIR}
@@ -29,7 +29,7 @@ export BEAMLINE_REQUIRE_CUDA=1
 } | tee "$LOG"
 source bench/gpu_steps.sh
 problems=()
-budget=298
+budget=358
 limit_of() {  # requested seconds -> seconds granted (0: no time left)
   local left=$((budget - SECONDS))
   if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
@@ -64,7 +64,8 @@ done
 
 # Every decode global row (B=1 at 8K, 32K, 128K and 1M keys, B=32 L=8K, B=128 L=4K) per version and timing; each
 # table also goes to $OUT/perf-<timing>-<pool>-<version>.txt for the summary.
-rows='decode global B=1 L=8K;decode global B=1 L=128K;decode global B=1 L=1M;decode global B=32 L=8K;decode global B=128 L=4K'
+rows="decode global B=1 L=8K;decode global B=1 L=128K;decode global B=1 L=1M;decode global B=32 L=8K"
+rows+=";decode global B=128 L=4K"
 perf() {  # timing (calls|graph), pool dtype, version
   local timing=$1 dtype=$2 version=$3 limit row
   limit=$(limit_of 25)
@@ -90,7 +91,7 @@ done
 echo "=== Nsight Compute at B=32 L=8K (optional)"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
-  for version in default query-rows; do
+  for version in default query-rows query-rows-bulk; do
     limit=$(limit_of 60)
     [ "$limit" -le 0 ] && break
     with_version "$version" step "$limit" 'ERR|Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc A|No Eligible' \

@@ -642,8 +642,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
   constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
-  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
-                                      kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
+  constexpr bool kKeysCvt =
+      kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
+                kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
   constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
   // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
@@ -876,8 +877,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
     const unsigned char* v_tile = k_tile + kValueOffset;
     if constexpr (kQueryRows) {
-      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first,
-                      last, running_max[0], partial_sum[0], acc);
+      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
+          k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first, last,
+          running_max[0], partial_sum[0], acc);
       continue;
     }
 
