@@ -584,7 +584,9 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
       mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
     }
   }
-  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g; the tile's max over the 4 lanes of the head.
+  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch);
+  // the tile's max over the 4 lanes of the head.
+  const bool interior = tile_first >= first && tile_first + kTileKeys - 1 <= last;
   float score[4];
 #pragma unroll
   for (int n = 0; n < 2; ++n)
@@ -592,7 +594,7 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
     for (int e = 0; e < 2; ++e) {
       const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
       const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
-      score[2 * n + e] = key >= first && key <= last ? (hi + lo) * q_unscale : -INFINITY;
+      score[2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
     }
   float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -608,9 +610,12 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
       running_max = tile_max;
     }
   }
+  // Masked keys give exp2(-inf) = 0; while the max is still -inf (every key so far masked) 0 stands in for it, so that
+  // -inf - -inf makes no NaN: one select a tile instead of one a key.
+  const float reference = running_max == -INFINITY ? 0.0f : running_max;
   float probability[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) probability[i] = score[i] == -INFINITY ? 0.0f : exp2f(score[i] - running_max);
+  for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[i] - reference);
   partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
   // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1, then
   // at 2c + 8, 2c + 9.
