@@ -74,7 +74,7 @@ perf() {  # timing (calls|graph), pool dtype, version
   local -a flags=()
   [ "$timing" = graph ] && flags=(--graph)
   with_version "$version" step "$limit" '^\| decode' "$OPS" perf attention --kv-cache-dtype "$dtype" \
-    --filter "decode global" "${flags[@]}"
+    --filter "decode global" ${flags[@]+"${flags[@]}"}
   cp "$OUT/step.txt" "$OUT/perf-$timing-$dtype-$version.txt"
   local -a expected
   IFS=';' read -ra expected <<<"$rows"
