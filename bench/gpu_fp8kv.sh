@@ -4,10 +4,11 @@
 # the split-KV decode kernel (BEAMLINE_CUDA_DECODE_ATTENTION: legacy, unset = per-tile, keys-cvt, query-rows,
 # query-rows-keys-bits, query-rows-values-bits, query-rows-bulk) first runs against the CPU reference (the harness's
 # kv_decode group: attention's E4M3 decode-only cases, 32K rows included, and test_paged_attention's FP8 cases), then
-# every version is timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as bench/gpu_fp8dec.sh
-# timed them) and replayed as CUDA graphs (no host work per call, as in the decode step: what decides B=1 L=8K), with
-# the BF16 pool's kernel for reference. Where Nsight Compute is installed, one profile of the default, the query-rows
-# and the query-rows-bulk kernels at B=32 L=8K (issue, pipes, stalls) goes to $OUT/ncu-*.txt.
+# every version is timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as
+# bench/gpu_fp8dec.sh timed them) and replayed as CUDA graphs (no host work per call, as in the decode step: what
+# decides B=1 L=8K), with the BF16 pool's kernel for reference. Where Nsight Compute is installed, one profile of the
+# default, the query-rows and the query-rows-bulk kernels at B=32 L=8K (issue, pipes, stalls, memory) goes to
+# $OUT/ncu-*.txt.
 # Usage: bench/gpu_fp8kv.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh --tests build CARRY_DIR`); writes
 #        $OUT/fp8kv.log (every command's whole output), $OUT/fp8kv-summary.md (ms and % of floor per version and shape,
 #        both timings), and exits 1 when a test failed or did not run, or a perf row is missing. At most 360 s once
@@ -97,8 +98,8 @@ if [ -n "$ncu" ]; then
     with_version "$version" step "$limit" 'ERR|Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc A|No Eligible' \
       "$ncu" --kernel-name regex:decode_attention_mma --launch-skip 2 --launch-count 1 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section InstructionStats --section WarpStateStats --section Occupancy \
-      --section SchedulerStats "$OPS" perf attention --kv-cache-dtype fp8 --filter "decode global B=32 L=8K" \
-      --iterations 1 --repeats 1
+      --section SchedulerStats --section MemoryWorkloadAnalysis "$OPS" perf attention --kv-cache-dtype fp8 \
+      --filter "decode global B=32 L=8K" --iterations 1 --repeats 1
     cp "$OUT/step.txt" "$OUT/ncu-$version.txt"
   done
 else
