@@ -31,10 +31,6 @@ export BEAMLINE_REQUIRE_CUDA=1
 source bench/gpu_steps.sh
 problems=()
 budget=418
-limit_of() {  # requested seconds -> seconds granted (0: no time left)
-  local left=$((budget - SECONDS))
-  if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
-}
 versions=(legacy default keys-cvt query-rows query-rows-keys-bits query-rows-values-bits query-rows-bulk)
 with_version() {  # version, command...: the command under that decode attention version
   local version=$1

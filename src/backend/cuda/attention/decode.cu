@@ -1233,33 +1233,30 @@ DecodeVersion decode_version() {
   return version;
 }
 
+// Launches the version of the list that `version` names, the list's last one when it names none of them.
+template <typename Pool, DecodeVersion kFirst, DecodeVersion... kRest, typename... Args>
+cudaError_t launch_decode_mma_of(DecodeVersion version, Args... args) {
+  if constexpr (sizeof...(kRest) == 0) {
+    return launch_decode_mma_version<Pool, kFirst>(args...);
+  } else {
+    if (version == kFirst) return launch_decode_mma_version<Pool, kFirst>(args...);
+    return launch_decode_mma_of<Pool, kRest...>(version, args...);
+  }
+}
+
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
   const DecodeVersion version = decode_version();
-  if (version == DecodeVersion::PerRow)
-    return launch_decode_mma_version<Pool, DecodeVersion::PerRow>(q, pool, slot, batch, rows, count, splits, partials,
-                                                                  num_heads, scale, sliding_window, out, stream);
-  if constexpr (sizeof(Pool) == 1) {
-    if (version == DecodeVersion::PerTileKeysCvt)
-      return launch_decode_mma_version<Pool, DecodeVersion::PerTileKeysCvt>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-    if (version == DecodeVersion::QueryRows)
-      return launch_decode_mma_version<Pool, DecodeVersion::QueryRows>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-    if (version == DecodeVersion::QueryRowsKeysBits)
-      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsKeysBits>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-    if (version == DecodeVersion::QueryRowsValuesBits)
-      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsValuesBits>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-    if (version == DecodeVersion::QueryRowsBulk)
-      return launch_decode_mma_version<Pool, DecodeVersion::QueryRowsBulk>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-  }
-  return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
-                                                                 num_heads, scale, sliding_window, out, stream);
+  if constexpr (sizeof(Pool) == 1)
+    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
+                                DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+                                DecodeVersion::QueryRowsBulk, DecodeVersion::PerTile>(
+        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  else
+    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTile>(
+        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
 }
 
 template <typename P, int kGroup>
