@@ -28,10 +28,6 @@ source bench/gpu_steps.sh
 problems=()
 # The whole script stays within 150 s: each step gets its own limit or what is left of the budget, whichever is less.
 budget=148
-limit_of() {  # requested seconds -> seconds granted (0: no time left)
-  local left=$((budget - SECONDS))
-  if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
-}
 
 # A test step passes when the harness exits 0 within its limit and prints "N cases, 0 failed" with N > 0.
 tests() {  # label, seconds, harness arguments...

@@ -12,3 +12,9 @@ step() {  # seconds, pattern, command...
   grep -E "$pattern" "$OUT/step.txt" | tail -60
 }
 wanted() { [[ $STEPS == *",$1,"* ]]; }
+# Seconds granted to a step that asks for $1 within the script's whole `budget` (seconds since the script started): the
+# request, or what is left of the budget when that is less (0: nothing left).
+limit_of() {
+  local left=$((budget - SECONDS))
+  if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
+}

@@ -3,7 +3,8 @@
 // window edges of the CUDA kernels, in both compute dtypes, FP8 pools with per-tensor KV scales; a missing block must
 // poison its rows; amax_scale (the scales of --calculate-kv-scales). Perf (`perf
 // attention`): paged attention on the CUDA backend at Beam-1.0's shapes (48 query heads, 8 kv heads x 128, block
-// size 16) over a random BF16 KV pool drawn on the device: decode batches (global and sliding window) and prefill,
+// size 16) over a random BF16 KV pool drawn on the device: decode batches (global, 8K to 1M keys, and sliding window)
+// and prefill (--graph: each sample one CUDA graph of its calls, as the decode step runs them),
 // each next to its floor (KV bytes / 4.8 TB/s for decode, FLOPs / 758 TFLOP/s for prefill, PERF.md). --dtype picks
 // the backend's compute dtype (the prefill kernel's tensor-core operands: float32 = hi, lo and lo2 BF16 terms,
 // bfloat16 = one rounding). Prints a Markdown table; bench/torch_attention_peers.py prints the same for PyTorch.
@@ -226,7 +227,9 @@ void test_amax_scale(Harness& harness) {
     test_amax_scale_case(harness, "8K tokens x 1024", inputs.uniform(int64_t{8192} * 1024, 300.0f), 200.0f);
 }
 
-void test_attention(Harness& harness) {
+namespace {
+
+std::vector<AttentionCase> attention_cases(Harness& harness) {
   std::vector<AttentionCase> cases{
       {"decode", 48, 8, 128, 16, 0, DType::F32, {{0, 1}, {15, 1}, {16, 1}, {600, 1}}},
       {"decode", 48, 8, 128, 16, 512, DType::BF16, {{510, 1}, {511, 1}, {512, 1}, {1500, 1}}},
@@ -338,6 +341,13 @@ void test_attention(Harness& harness) {
       batch128.sequences.emplace_back(static_cast<int32_t>(harness.inputs().rng()() % 3000), 1);
     cases.push_back(batch128);
   }
+  return cases;
+}
+
+// The most query rows of a sequence that the CUDA split-KV decode kernel takes (cuda attention.h kDecodeMaxQueryRows).
+constexpr int32_t kDecodeRows = 4;
+
+void run_attention_cases(Harness& harness, const std::vector<AttentionCase>& cases) {
   // The CPU backend throws on a missing block instead of writing NaN: those cases are for device backends.
   const bool device_semantics = harness.device().device() != Device::Cpu;
   for (const AttentionCase& c : cases) {
@@ -348,6 +358,19 @@ void test_attention(Harness& harness) {
     if (std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > 1; }))
       test_attention_case(harness, c, ComputeDType::BFloat16);
   }
+}
+
+}  // namespace
+
+void test_attention(Harness& harness) { run_attention_cases(harness, attention_cases(harness)); }
+
+void test_kv_decode(Harness& harness) {
+  std::vector<AttentionCase> cases = attention_cases(harness);
+  std::erase_if(cases, [](const AttentionCase& c) {
+    return c.kv_dtype != DType::F8_E4M3 ||
+           std::any_of(c.sequences.begin(), c.sequences.end(), [](const auto& s) { return s.second > kDecodeRows; });
+  });
+  run_attention_cases(harness, cases);
 }
 
 
@@ -362,6 +385,9 @@ struct PerfOptions {
   std::string filter;
   std::string dtype = "float32";
   std::string kv_cache_dtype = "bfloat16";
+  // Each sample replays one CUDA graph of the back-to-back calls (the decode step's way), so that the host's work per
+  // call (the plan, the launches) is not timed.
+  bool graph = false;
 };
 
 #ifdef BEAMLINE_HAVE_CUDA
@@ -390,6 +416,7 @@ void run_perf(const PerfOptions& options) {
       {"decode global B=1 L=8K", 1, 8191, 1, 0},
       {"decode global B=1 L=32K", 1, 32767, 1, 0},
       {"decode global B=1 L=128K", 1, 131071, 1, 0},
+      {"decode global B=1 L=1M", 1, 1048575, 1, 0},
       {"decode global B=32 L=8K", 32, 8191, 1, 0},
       {"decode global B=128 L=4K", 128, 4095, 1, 0},
       {"decode window-512 B=1 L=8K", 1, 8191, 1, kWindow},
@@ -465,10 +492,20 @@ void run_perf(const PerfOptions& options) {
       backend.paged_attention(q, pool, tables[static_cast<std::size_t>(call++ % rotations)], batch, params, out);
     };
     for (int64_t i = 0; i < std::max<int64_t>(3, rotations); ++i) attend();
+    std::unique_ptr<OpGraph> graph;
+    if (options.graph) {
+      backend.begin_capture();
+      for (int64_t r = 0; r < options.repeats; ++r) attend();
+      graph = backend.end_capture();
+      backend.replay(*graph);
+    }
     std::vector<double> samples;
     for (int64_t i = 0; i < options.iterations; ++i) {
       check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
-      for (int64_t r = 0; r < options.repeats; ++r) attend();
+      if (graph != nullptr)
+        backend.replay(*graph);
+      else
+        for (int64_t r = 0; r < options.repeats; ++r) attend();
       check(cudaEventRecord(marks[1], backend.stream()), "cudaEventRecord");
       check(cudaEventSynchronize(marks[1]), "cudaEventSynchronize");
       float elapsed = 0.0f;
@@ -492,11 +529,11 @@ void run_perf(const PerfOptions& options) {
     std::fflush(stdout);
   }
   for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
-  std::printf("\ncompute dtype %s; median of %lld samples of %lld back-to-back calls each; decode floors count K and "
-              "V bytes read, prefill floors 4 x head_dim FLOPs per (query head, visible key) at dense BF16 GEMM "
+  std::printf("\ncompute dtype %s; median of %lld samples of %lld back-to-back calls each%s; decode floors count K "
+              "and V bytes read, prefill floors 4 x head_dim FLOPs per (query head, visible key) at dense BF16 GEMM "
               "speed\n",
               options.dtype.c_str(), static_cast<long long>(options.iterations),
-              static_cast<long long>(options.repeats));
+              static_cast<long long>(options.repeats), options.graph ? ", replayed as one CUDA graph" : "");
 }
 #endif
 
@@ -522,6 +559,8 @@ void add_attention_perf(CLI::App& perf) {
                    "the pool's dtype: bfloat16, or fp8 (E4M3; k_scale = v_scale = 1.0, read from the device)")
       ->check(CLI::IsMember({"bfloat16", "fp8"}))
       ->capture_default_str();
+  command->add_flag("--graph", options->graph,
+                    "time one CUDA graph of each sample's calls (no host work per call, as in the decode step)");
   command->callback([options] {
 #ifdef BEAMLINE_HAVE_CUDA
     run_perf(*options);

@@ -35,7 +35,7 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
     {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora},
     {"amax_scale", test_amax_scale}, {"all_reduce_norm", test_all_reduce_norm},
-    {"batch_invariance", test_batch_invariance}};
+    {"batch_invariance", test_batch_invariance}, {"kv_decode", test_kv_decode}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {

@@ -14,6 +14,7 @@
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/kernel_variant.h"
+#include "backend/cuda/common/mbarrier.cuh"
 #include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/attention/attention_common.cuh"
 
@@ -364,7 +365,13 @@ constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16),
 static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
                   MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
               "the blocks per multiprocessor fit the shared memory");
-static_assert(kMmaWarps * (kMmaHeads * kFastHeadDim + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+// The warps' O in shared memory at the end, [warp][head][dim]: rows of kWarpAccStride floats and dims skewed by one
+// bank per 32, so that a warp's stores of one register (every kernel version's layout) spread over the banks.
+constexpr int kWarpAccStride = kFastHeadDim + 4;
+__device__ __forceinline__ int warp_acc_index(int warp, int head, int dim) {
+  return (warp * kMmaHeads + head) * kWarpAccStride + dim + dim / 32;
+}
+static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
                   std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
               "the warps' results are combined in the pipeline's shared memory");
 
@@ -416,6 +423,16 @@ __device__ __forceinline__ void value_fragment(const uint4 (&rows)[4], int i, ui
   a[1] = e4m3x2_to_half2(low >> 16);
   a[2] = e4m3x2_to_half2(high);
   a[3] = e4m3x2_to_half2(high >> 16);
+}
+
+// value_fragment's registers by bit operations (e4m3x4_to_half2: integer instructions and an F16 multiplication)
+// instead of cvt: the bytes paired as (key 2c at dim d, at d + 1, key 2c + 1 at d, at d + 1), so that the word's
+// codes (0, 2) are the pair at dim d and (1, 3) the pair at d + 1.
+__device__ __forceinline__ void value_fragment_bits(const uint4 (&rows)[4], int i, uint32_t (&a)[4]) {
+  const int w = i >> 1;
+  const uint32_t selector = (i & 1) != 0 ? 0x7632u : 0x5410u;  // bytes (2, 3, 6, 7) or (0, 1, 4, 5)
+  e4m3x4_to_half2(__byte_perm(word_of(rows[0], w), word_of(rows[1], w), selector), a[0], a[1]);
+  e4m3x4_to_half2(__byte_perm(word_of(rows[2], w), word_of(rows[3], w), selector), a[2], a[3]);
 }
 
 // Four 8x8 BF16 matrices, lane l giving the address of row l % 8 of matrix l / 8: each lane gets row lane / 4,
@@ -475,7 +492,149 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    unit) instead of e4m3x4_to_half2's bit operations (~7 integer instructions, issued at half rate, per four
 //    codes), q's fragments following the pairs cvt makes: which of the integer and the conversion pipes binds is for
 //    the GPU to say.
-enum class DecodeVersion { PerRow, PerTile, PerTileKeysCvt };
+//  - QueryRows (E4M3 pools): as PerTileKeysCvt, with the operands' roles swapped: S = Q K^T and O = P V, q's hi and
+//    lo parts as rows g and g + 8 of one A operand (one MMA makes both products), K and V as B operands decoded from
+//    the same shared loads. The scores then come out in the layout P's A operand takes (lane (g, c): head g, keys
+//    2c, 2c + 1, 2c + 8, 2c + 9), so P needs no movmatrix, and a head's keys sit in 4 lanes: the tile's max takes 2
+//    shuffles instead of 6 (bench/results/2026-12-03-fp8kv.md). O's hi and lo rows are summed at the end (64
+//    accumulators a lane instead of 32). Which pipe the 64 conversions a tile load most is for the GPU to say, so
+//    two more versions move half of them to integer instructions: QueryRowsKeysBits decodes K by e4m3x4_to_half2
+//    (q paired to match, as PerTile), QueryRowsValuesBits V by value_fragment_bits.
+//  - QueryRowsBulk (E4M3 pools): QueryRows with each 128-byte K or V row of a tile copied by one bulk copy (lane l:
+//    K row l, lane 16 + l: V row l; one instruction a lane and tile instead of 8 cp.async and their addresses),
+//    completing on the stage's mbarrier. A bulk copy cannot swizzle within a row, so rows lie kBulkRowBytes apart
+//    (bank-conflict-free for the V loads as they are and for the K loads when lane c takes chunks 2c and 2c + 1,
+//    q's dims following). Rows outside the visible range or in a missing block are zeroed by ordinary stores.
+enum class DecodeVersion {
+  PerRow,
+  PerTile,
+  PerTileKeysCvt,
+  QueryRows,
+  QueryRowsKeysBits,
+  QueryRowsValuesBits,
+  QueryRowsBulk
+};
+
+constexpr bool query_rows(DecodeVersion version) {
+  return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
+         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk;
+}
+
+// QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
+// 128-byte row and 16 bytes of padding), then the warps' stage barriers.
+constexpr int kBulkRowBytes = kFastHeadDim + 16;
+constexpr int kBulkTileBytes = kTileKeys * kBulkRowBytes;
+constexpr int kBulkStageBytes = 2 * kBulkTileBytes;
+constexpr int kBulkStages = MmaPool<E4m3>::kStages + 1;  // as many as the other per-tile versions of E4M3 pools
+constexpr int kBulkSharedBytes = kMmaWarps * kBulkStages * (kBulkStageBytes + static_cast<int>(sizeof(uint64_t)));
+static_assert(MmaPool<E4m3>::kBlocksPerSm * (kBulkSharedBytes + 1024) <= 227 * 1024,
+              "QueryRowsBulk keeps the blocks per multiprocessor");
+template <typename Pool, DecodeVersion kVersion>
+constexpr int kKernelSharedBytes =
+    sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsBulk ? kBulkSharedBytes : kMmaSharedBytes<Pool>;
+__device__ __forceinline__ int bulk_row(int row, int chunk) { return row * kBulkRowBytes + chunk * 16; }
+
+// One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
+// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
+// q_lo q's split pairs of k-step 4 h + j (dims 16 x + 4 j + (0, 1) and + (2, 3) of the K chunk x = 4 h + c,
+// kBulkLayout: 2 c + h; the pairs cvt makes of a K word; kKeysBits: + (0, 2) and + (1, 3), e4m3x4_to_half2's),
+// tile_first the tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
+// and this lane's partial sum and its O fragments.
+template <bool kKeysBits, bool kValuesBits, bool kBulkLayout>
+__device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
+                                                const uint32_t (&q_hi)[kDimSteps][2],
+                                                const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
+                                                int32_t tile_first, int32_t first, int32_t last, float& running_max,
+                                                float& partial_sum, float (&acc)[2 * kDimSteps][4]) {
+  const int lane = threadIdx.x % 32, fragment_row = lane / 4, fragment_pair = lane % 4;
+  uint4 value_rows[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+    const int offset =
+        kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
+    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + offset);
+  }
+  // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
+  // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's. Even and
+  // odd k-steps accumulate apart (products[n][s % 2]): four chains of 4 dependent MMAs instead of two of 8.
+  float products[2][2][4] = {};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+    const uint4 low = *reinterpret_cast<const uint4*>(
+        k_tile + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
+    const uint4 high = *reinterpret_cast<const uint4*>(
+        k_tile + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int s = 4 * h + j;
+      const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
+      uint32_t b[2][2];  // n-tile n's B registers
+      if constexpr (kKeysBits) {
+        e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
+        e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
+      } else {
+        b[0][0] = e4m3x2_to_half2(word_of(low, j));
+        b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
+        b[1][0] = e4m3x2_to_half2(word_of(high, j));
+        b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+      }
+      mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
+      mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
+    }
+  }
+  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch);
+  // the tile's max over the 4 lanes of the head.
+  const bool interior = tile_first >= first && tile_first + kTileKeys - 1 <= last;
+  float score[4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
+      const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
+      score[2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
+    }
+  float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  if (__any_sync(0xffffffffu, tile_max > running_max)) {
+    if (tile_max > running_max) {
+      const float correction = exp2f(running_max - tile_max);  // 0 while the max was -inf
+      partial_sum *= correction;
+#pragma unroll
+      for (int t = 0; t < 2 * kDimSteps; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[t][j] *= correction;
+      running_max = tile_max;
+    }
+  }
+  // Masked keys give exp2(-inf) = 0; while the max is still -inf (every key so far masked) 0 stands in for it, so that
+  // -inf - -inf makes no NaN: one select a tile instead of one a key.
+  const float reference = running_max == -INFINITY ? 0.0f : running_max;
+  float probability[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[i] - reference);
+  partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
+  // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1, then
+  // at 2c + 8, 2c + 9.
+  uint32_t p[4];
+  split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
+  split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
+  // O += P V per n-tile t of 8 dims, column g being dim 16 g + t: value_fragment(i) gives, for dims 16 g + 2 i and
+  // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+#pragma unroll
+  for (int i = 0; i < kDimSteps; ++i) {
+    uint32_t v[4];
+    if constexpr (kValuesBits)
+      value_fragment_bits(value_rows, i, v);
+    else
+      value_fragment(value_rows, i, v);
+    mma_f16(acc[2 * i], p, v[0], v[2]);
+    mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+  }
+}
 
 template <typename Pool, DecodeVersion kVersion>
 __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
@@ -486,11 +645,22 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
   constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
-  constexpr bool kKeysCvt = kE4m3 && kVersion == DecodeVersion::PerTileKeysCvt;
+  constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
+  constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
+  constexpr bool kKeysCvt =
+      kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
+                kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
+  // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
+  constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
   // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
   constexpr int kStages =
       MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
   static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
+  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
+  // A stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all warps' stages).
+  constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  constexpr int kValueOffset = kBulk ? kBulkTileBytes : kStageBytes<Pool> / 2;
+  constexpr int kWarpStride = kBulk ? kBulkStages * kBulkStageBytes : kWarpBytes<Pool>;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
@@ -515,8 +685,18 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   const auto* v_pool = static_cast<const Pool*>(pool.v);
   constexpr int kChunkElements = 16 / sizeof(Pool);
   const KeyRows key_rows_of_sequence = key_rows(pool, batch, sequence, slot, kv_head);
-  unsigned char* stages = shared + warp * kWarpBytes<Pool>;
-  unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3: the warp's F16 V tile
+  unsigned char* stages = shared + warp * kWarpStride;
+  unsigned char* staging = stages + kStages * kStageBytes<Pool>;  // E4M3 PerRow: the warp's F16 V tile
+  // kBulk: stage s of this warp has landed when barriers[s] completes its phase (one arrival, the tile's bytes).
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + kMmaWarps * kWarpStride) + warp * kStages;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) init_mbarrier(barriers + s, 1);
+      fence_mbarrier_init();
+    }
+    __syncwarp();
+  }
   bool missing = false;
 
   // Copies tile k of this warp into stage `stage`: 8 lanes per row, each 16 bytes of every 128 bytes of the K and the
@@ -542,9 +722,41 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
                : -1;
   };
   auto issue = [&](int32_t k, int stage_index, int32_t block) {
+    if constexpr (kBulk) {
+      if (k >= warp_tiles) return;  // no wait looks for tiles past the warp's
+      // Lane l: K row l % 16 (l < 16) or V row l % 16; one table entry for a tile inside the range and one block,
+      // else each row's own; rows not copied (outside the range, or a missing block) zeroed, so that keys masked to
+      // probability 0 meet finite values.
+      const int32_t tile_first = (split_begin + warp + k * kMmaWarps) * kTileKeys;
+      const int key_row = lane % kTileKeys;
+      const int32_t t = tile_first + key_row;
+      int32_t row_block = block;
+      if (tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
+        missing |= block < 0;
+      } else {
+        const bool visible = t >= first && t <= last;
+        row_block = visible ? key_rows_of_sequence.block_of(t) : -1;
+        missing |= visible && row_block < 0;
+      }
+      const bool copied_row = row_block >= 0;
+      unsigned char* target = stages + stage_index * kStageStride + (lane >= kTileKeys ? kBulkTileBytes : 0) +
+                              key_row * kBulkRowBytes;
+      if (!copied_row) {
+#pragma unroll
+        for (int chunk = 0; chunk < kFastHeadDim / 16; ++chunk)
+          reinterpret_cast<uint4*>(target)[chunk] = make_uint4(0u, 0u, 0u, 0u);
+        fence_shared_for_async_copies();  // before a later tile's bulk copy into this row
+      }
+      const uint32_t copied_rows = __popc(__ballot_sync(0xffffffffu, copied_row));
+      if (lane == 0) arrive_expecting_bytes(barriers + stage_index, copied_rows * kFastHeadDim);
+      if (copied_row)
+        copy_bulk(target, (lane >= kTileKeys ? v_pool : k_pool) + key_rows_of_sequence.offset(row_block, t),
+                  kFastHeadDim, barriers + stage_index);
+      return;
+    }
     if (k < warp_tiles) {
       const int32_t tile = split_begin + warp + k * kMmaWarps;
-      unsigned char* stage = stages + stage_index * kStageBytes<Pool>;
+      unsigned char* stage = stages + stage_index * kStageStride;
       const int32_t tile_first = tile * kTileKeys;
       if (kPerTileCopy && tiles_in_blocks && tile_first >= first && tile_first + kTileKeys - 1 <= last) {
         missing |= block < 0;
@@ -557,7 +769,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
           for (int half = 0; half < kChunksPerLane; ++half) {
             copy_async16(target + lane_target[r][half], k_source + lane_source[r][half], block >= 0);
-            copy_async16(target + kStageBytes<Pool> / 2 + lane_value_target[r][half],
+            copy_async16(target + kValueOffset + lane_value_target[r][half],
                          v_source + lane_source[r][half], block >= 0);
           }
         commit_copies();
@@ -575,7 +787,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         for (int half = 0; half < kChunksPerLane; ++half) {
           const int chunk = lane % 8 + 8 * half;
           copy_async16(stage + copied<Pool>(key_row, chunk), k_pool + offset + kChunkElements * chunk, block >= 0);
-          copy_async16(stage + kStageBytes<Pool> / 2 + copied_value<Pool, kValueRegisters>(key_row, chunk),
+          copy_async16(stage + kValueOffset + copied_value<Pool, kValueRegisters>(key_row, chunk),
                        v_pool + offset + kChunkElements * chunk, block >= 0);
         }
       }
@@ -585,20 +797,27 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 
   // O^T fragments: m-tile i holds dims 16 i + fragment_row (+ 8) of heads 2 pair and 2 pair + 1. Each lane keeps
   // the running max of its two heads (the same in the 8 lanes sharing them) and a partial sum over its own keys.
-  float acc[kDimSteps][4];
+  // kQueryRows: n-tile t holds dims 32 pair + t and 32 pair + 16 + t of head fragment_row, hi rows in [0], [1] and lo
+  // rows in [2], [3]; lane's running max and partial sum are its head's, in [0].
+  float acc[kAccTiles][4];
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  for (int i = 0; i < kAccTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
   const int matrix = lane / 8, matrix_row = lane % 8;  // the ldmatrix address this lane gives
 
+  // The first tiles' table entries, loaded together before the first copy needs one (not one round trip each).
+  int32_t first_blocks[kStages];
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k, k, tile_block(k));
-  int32_t block_ahead = tile_block(kStages - 1);  // the next tile to issue: its table entry one iteration early
+  for (int k = 0; k < kStages; ++k) first_blocks[k] = tile_block(k);
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k, k, first_blocks[k]);
+  int32_t block_ahead = first_blocks[kStages - 1];  // the next tile to issue: its table entry one iteration early
   int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
-  // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3), those the K words
-  // decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by 2^q_shift (one power of two for the warp).
+  // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3) (kBulk:
+  // 16 (2 pair + h) + 4 j + (0..3)), those the K words decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by
+  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_tile).
   uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
   float q_unscale = 1.0f;
   {
@@ -614,7 +833,9 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
         for (int i = 0; i < 16; i += 4) {
           float4 v{0.0f, 0.0f, 0.0f, 0.0f};
-          if (real_head) v = *reinterpret_cast<const float4*>(query + 64 * h + 16 * fragment_pair + i);
+          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_tile's layouts).
+          const int chunk = kBulk ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+          if (real_head) v = *reinterpret_cast<const float4*>(query + 16 * chunk + i);
           values[h][i] = v.x * q_scale;
           values[h][i + 1] = v.y * q_scale;
           values[h][i + 2] = v.z * q_scale;
@@ -652,11 +873,20 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     issue(k + kStages - 1, issue_stage, block_ahead);
     block_ahead = tile_block(k + kStages);
     issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
-    wait_copies<kStages - 1>();
+    if constexpr (kBulk)
+      wait_mbarrier(barriers + use_stage, (k / kStages) & 1);  // the stage's (k / kStages)-th phase: tile k
+    else
+      wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
-    const unsigned char* k_tile = stages + use_stage * kStageBytes<Pool>;
+    const unsigned char* k_tile = stages + use_stage * kStageStride;
     use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
-    const unsigned char* v_tile = k_tile + kStageBytes<Pool> / 2;
+    const unsigned char* v_tile = k_tile + kValueOffset;
+    if constexpr (kQueryRows) {
+      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
+          k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first, last,
+          running_max[0], partial_sum[0], acc);
+      continue;
+    }
 
     // S^T: keys fragment_row and + 8 of the tile, heads 2 pair and + 1. hi and lo products in two accumulators
     // (two dependency chains).
@@ -789,30 +1019,52 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   }
   wait_copies<0>();  // the trailing empty groups, before the stages' memory is reused
 
+  // A head's partial sums: kQueryRows over the 4 lanes of head fragment_row, else over the 8 lanes of each head pair.
+  if constexpr (kQueryRows) {
 #pragma unroll
-  for (int offset = 4; offset < 32; offset <<= 1)
+    for (int offset = 1; offset < 4; offset <<= 1)
+      partial_sum[0] += __shfl_xor_sync(0xffffffffu, partial_sum[0], offset);
+  } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) partial_sum[h] += __shfl_xor_sync(0xffffffffu, partial_sum[h], offset);
+    for (int offset = 4; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) partial_sum[h] += __shfl_xor_sync(0xffffffffu, partial_sum[h], offset);
+  }
   __syncthreads();  // every warp is done with its stages
-  float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim]
-  float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kFastHeadDim;
+  float* warp_acc = reinterpret_cast<float*>(shared);  // [warp][head][dim], warp_acc_index
+  float* warp_max = warp_acc + kMmaWarps * kMmaHeads * kWarpAccStride;
   float* warp_sum = warp_max + kMmaWarps * kMmaHeads;
   // E4M3 pools: P's 2^14 taken out and v_scale applied (the sum of P times codes, times v_scale, is P times V).
   const float acc_scale = kE4m3 ? kv_scale(pool, 1) / kProbabilityScale : 1.0f;
+  if constexpr (kQueryRows) {
+    // n-tile t: dims 32 pair + t ([0] hi + [2] lo) and 32 pair + 16 + t ([1] + [3]) of head fragment_row.
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i)
+    for (int t = 0; t < kAccTiles; ++t)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
-      const int head = 2 * fragment_pair + (j & 1);
-      const int dim = kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
-      warp_acc[(warp * kMmaHeads + head) * kFastHeadDim + dim] = acc[i][j] * acc_scale;
+      for (int half = 0; half < 2; ++half)
+        warp_acc[warp_acc_index(warp, fragment_row, 32 * fragment_pair + 16 * half + t)] =
+            (acc[t][half] + acc[t][2 + half]) * acc_scale;
+    if (fragment_pair == 0) {
+      warp_max[warp * kMmaHeads + fragment_row] = running_max[0];
+      warp_sum[warp * kMmaHeads + fragment_row] = partial_sum[0];
     }
-  if (fragment_row == 0) {
+  } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      warp_max[warp * kMmaHeads + 2 * fragment_pair + h] = running_max[h];
-      warp_sum[warp * kMmaHeads + 2 * fragment_pair + h] = partial_sum[h];
+    for (int i = 0; i < kDimSteps; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // The m-tile's rows fragment_row and + 8: dims 16 i + row (kValueRegisters: 16 row + 2 i, value_fragment).
+        const int head = 2 * fragment_pair + (j & 1);
+        const int dim =
+            kValueRegisters ? 16 * fragment_row + 2 * i + (j >> 1) : 16 * i + fragment_row + 8 * (j >> 1);
+        warp_acc[warp_acc_index(warp, head, dim)] = acc[i][j] * acc_scale;
+      }
+    if (fragment_row == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        warp_max[warp * kMmaHeads + 2 * fragment_pair + h] = running_max[h];
+        warp_sum[warp * kMmaHeads + 2 * fragment_pair + h] = partial_sum[h];
+      }
     }
   }
   const bool poisoned = __syncthreads_or(missing) != 0;
@@ -829,7 +1081,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
         const float m = warp_max[w * kMmaHeads + h];
         const float weight = m == -INFINITY ? 0.0f : exp2f(m - block_max);
         sum += weight * warp_sum[w * kMmaHeads + h];
-        value += weight * warp_acc[(w * kMmaHeads + h) * kFastHeadDim + d];
+        value += weight * warp_acc[warp_acc_index(w, h, d)];
       }
     }
     const int32_t head = kv_head * group + h;
@@ -946,7 +1198,8 @@ cudaError_t launch_decode(const float* q, const PoolGeometry& pool, int32_t slot
 template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
-      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaSharedBytes<Pool>);
+      decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      kKernelSharedBytes<Pool, kVersion>);
   return status;
 }
 
@@ -958,20 +1211,37 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kMmaSharedBytes<Pool>, stream>>>(
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kKernelSharedBytes<Pool, kVersion>, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt is PerTile for BF16 pools (nothing to decode).
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and the query-rows versions are PerTile for BF16 pools
+// (nothing to decode).
 DecodeVersion decode_version() {
   static const DecodeVersion version = [] {
     const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
-    return name == "legacy" ? DecodeVersion::PerRow
-                            : name == "keys-cvt" ? DecodeVersion::PerTileKeysCvt : DecodeVersion::PerTile;
+    if (name == "legacy") return DecodeVersion::PerRow;
+    if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
+    if (name == "query-rows") return DecodeVersion::QueryRows;
+    if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
+    if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
+    if (name == "query-rows-bulk") return DecodeVersion::QueryRowsBulk;
+    return DecodeVersion::PerTile;
   }();
   return version;
+}
+
+// Launches the version of the list that `version` names, the list's last one when it names none of them.
+template <typename Pool, DecodeVersion kFirst, DecodeVersion... kRest, typename... Args>
+cudaError_t launch_decode_mma_of(DecodeVersion version, Args... args) {
+  if constexpr (sizeof...(kRest) == 0) {
+    return launch_decode_mma_version<Pool, kFirst>(args...);
+  } else {
+    if (version == kFirst) return launch_decode_mma_version<Pool, kFirst>(args...);
+    return launch_decode_mma_of<Pool, kRest...>(version, args...);
+  }
 }
 
 template <typename Pool>
@@ -979,16 +1249,14 @@ cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t 
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
   const DecodeVersion version = decode_version();
-  if (version == DecodeVersion::PerRow)
-    return launch_decode_mma_version<Pool, DecodeVersion::PerRow>(q, pool, slot, batch, rows, count, splits, partials,
-                                                                  num_heads, scale, sliding_window, out, stream);
-  if constexpr (sizeof(Pool) == 1) {
-    if (version == DecodeVersion::PerTileKeysCvt)
-      return launch_decode_mma_version<Pool, DecodeVersion::PerTileKeysCvt>(
-          q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-  }
-  return launch_decode_mma_version<Pool, DecodeVersion::PerTile>(q, pool, slot, batch, rows, count, splits, partials,
-                                                                 num_heads, scale, sliding_window, out, stream);
+  if constexpr (sizeof(Pool) == 1)
+    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
+                                DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+                                DecodeVersion::QueryRowsBulk, DecodeVersion::PerTile>(
+        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  else
+    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTile>(
+        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
 }
 
 template <typename P, int kGroup>

@@ -26,6 +26,31 @@ __device__ __forceinline__ void arrive_mbarrier_when_copied(uint64_t* barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
 }
 
+// Arrives on `barrier` and adds `bytes` to the bytes its phase waits for (copy_bulk's completions count them down).
+__device__ __forceinline__ void arrive_expecting_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the bulk copy engine,
+// counted down from `barrier`'s expected bytes when they have landed (sm_90).
+__device__ __forceinline__ void copy_bulk(void* shared, const void* global, uint32_t bytes, uint64_t* barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   shared_address(shared)),
+               "l"(global), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+}
+
+// Orders this thread's earlier ordinary shared-memory writes before later bulk copies (the async proxy) into them.
+__device__ __forceinline__ void fence_shared_for_async_copies() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Makes the barriers this thread initialised visible to the bulk copy engine, before the first copy signals one.
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // Until the barrier's phase of this parity has completed (a fresh barrier counts its phase before 0, parity 1, as
 // completed, so a producer's first pass over its stages does not wait). The retry loop is inside the asm, so the
 // compiler sees no divergent branch: warpgroup MMAs after the wait need not be serialized.
