@@ -28,8 +28,9 @@ void test_swiglu(Harness& harness);
 void test_lm_head(Harness& harness);
 void add_linear_perf(CLI::App& perf);
 
-// attention.cpp: write_kv and paged attention, and amax_scale (FP8 KV scales).
+// attention.cpp: write_kv and paged attention, the block drafter's block attention, and amax_scale (FP8 KV scales).
 void test_attention(Harness& harness);
+void test_block_attention(Harness& harness);
 void test_amax_scale(Harness& harness);
 void add_attention_perf(CLI::App& perf);
 

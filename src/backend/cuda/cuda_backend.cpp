@@ -1130,6 +1130,22 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
                "paged_attention");
 }
 
+void CudaBackend::block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                  const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) {
+  const auto timing = time_op("block_attention");
+  check_pool(pool, params.slot, "block_attention");
+  const int32_t block = check_block_attention_args(q, pool, block_table, blocks, params, out);
+  require(cuda::block_attention_supported(params.head_dim),
+          "block_attention: head_dim {} is not a multiple of 4 up to the cuda kernel's {}", params.head_dim,
+          cuda::kMaxAttentionHeadDim);
+  require_device(q, "block_attention", "q");
+  require_device(out, "block_attention", "out");
+  check_launch(cuda::block_attention(q.data<const float>(), pool_geometry(pool), params.slot,
+                                     batch_geometry(blocks, block_table, "block_attention"), block, params.num_heads,
+                                     params.scale, params.sliding_window, out.data<float>(), stream_),
+               "block_attention");
+}
+
 cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, const PagedKvPool& pool,
                                                const AttentionParams& params, bool aligned) const {
   // Batch-invariant: every row, prefill or decode, on the one-block-per-(row, kv head) kernel, its keys in tiles of 32
