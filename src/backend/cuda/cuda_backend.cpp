@@ -743,6 +743,9 @@ void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, 
 
 bool CudaBackend::project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
                                     std::span<float* const> ys, float softcap, int64_t max_rows) {
+  int64_t bytes = 0;
+  for (const Tensor* weight : weights) bytes += weight->nbytes();
+  if (bytes <= kSmallWeightBytes) max_rows = std::max(max_rows, kSmallStreamingMaxRows);
   if (rows > std::min(streaming_max_rows_, max_rows) || weights.empty() || weights.size() > cuda::kMaxProjectionWeights || !aligned16(x))
     return false;
   cuda::ProjectionBatch batch;
@@ -1536,11 +1539,15 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
     return;
   }
   if (swiglu_streaming(h, mlp, out)) return;
-  // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
+  // Three projections, each weight read once: streamed for few rows (gate and up in one launch), else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
-  project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
-  project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  const Tensor* const gate_up[] = {&mlp.gate.weight, &mlp.up.weight};
+  float* const gate_up_out[] = {gate.data<float>(), up.data<float>()};
+  if (!project_streaming(h.data<const float>(), rows, gate_up, gate_up_out, 0.0f, kStreamingSingleMaxRows)) {
+    project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
+    project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  }
   check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
   project(gate.data<const float>(), rows, mlp.down.weight, out.data<float>());
 }
