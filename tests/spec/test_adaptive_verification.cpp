@@ -86,6 +86,51 @@ TEST(AdaptiveVerification, ChoosesTheBestAllocationOfDrafts) {
   }
 }
 
+// Uniform (a runner with decode graphs): every sequence verifies the same k, or all its drafts when it has fewer, and
+// that k is the best of every k (brute force), even where unequal counts would score higher on the cost table.
+TEST(AdaptiveVerification, UniformVerifiesTheSameKEverywhereAndTheBestK) {
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> uniform(0.02f, 0.98f);
+  constexpr int32_t kK = 5, kSequences = 4;
+  for (int trial = 0; trial < 200; ++trial) {
+    AdaptiveVerification policy(kK, true);
+    std::vector<double> cost{1.0};
+    for (int32_t per = 1; per <= kK; ++per) cost.push_back(cost.back() + 0.05 + 0.6 * uniform(rng));
+    measure_all(policy, kSequences, kK, [&](int32_t per) { return cost[static_cast<std::size_t>(per)]; });
+    std::vector<std::vector<float>> confidence(kSequences);
+    std::vector<std::vector<double>> acceptance(kSequences);
+    std::vector<Candidate> candidates;
+    for (int32_t s = 0; s < kSequences; ++s) {
+      // Most sequences have room for all K; now and then one has less.
+      const auto room = rng() % 4 == 0 ? static_cast<int32_t>(rng() % (kK + 1)) : kK;
+      for (int32_t j = 0; j < room; ++j) confidence[static_cast<std::size_t>(s)].push_back(uniform(rng));
+      for (const float c : confidence[static_cast<std::size_t>(s)])
+        acceptance[static_cast<std::size_t>(s)].push_back(policy.acceptance(0, c));
+    }
+    for (int32_t s = 0; s < kSequences; ++s) {
+      const std::vector<float>& own = confidence[static_cast<std::size_t>(s)];
+      candidates.push_back({static_cast<int32_t>(own.size()), own});
+    }
+    const bool drafted = trial % 2 == 1;
+    const std::vector<int32_t> chosen = policy.choose(kSequences, candidates, drafted);
+    auto counts_of = [&](int32_t k) {
+      std::vector<int32_t> counts;
+      for (const std::vector<float>& own : confidence) counts.push_back(std::min(k, static_cast<int32_t>(own.size())));
+      return counts;
+    };
+    double best = 0;
+    int32_t best_k = 0;
+    for (int32_t k = drafted ? 1 : 0; k <= kK; ++k) {
+      const double rate = expected_tokens(acceptance, counts_of(k)) / cost[static_cast<std::size_t>(k)];
+      if (rate > best) {
+        best = rate;
+        best_k = k;
+      }
+    }
+    EXPECT_EQ(chosen, counts_of(best_k)) << "trial " << trial;
+  }
+}
+
 TEST(AdaptiveVerification, SkipsDraftsThatDoNotPayAndDraftsInFullWhereRowsAreFree) {
   const std::vector<float> sure(7, 0.95f);
   const std::vector<Candidate> sixteen(16, Candidate{7, {}});
