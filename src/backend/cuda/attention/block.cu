@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int d = 0; d < dim; ++d) dot += query[d] * key[d];
         score = scale * dot;
       }
-      poisoned[j] = poisoned[j] || __any_sync(0xffffffffu, visible && lane_missing);
+      const bool sees_missing = __any_sync(0xffffffffu, visible && lane_missing) != 0;
+      poisoned[j] = poisoned[j] || sees_missing;
       const float tile_max = warp_max(score);
       if (tile_max == -INFINITY) continue;  // no key of this tile is the pair's (the same for the whole warp)
       const float new_max = fmaxf(running_max[j], tile_max);
