@@ -48,6 +48,17 @@ struct AttentionCase {
   bool kv_scales = false;
 };
 
+AttentionParams attention_params(int32_t heads, int32_t kv_heads, int32_t dim, int32_t window, int32_t slot) {
+  AttentionParams params;
+  params.num_heads = heads;
+  params.num_kv_heads = kv_heads;
+  params.head_dim = dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  params.sliding_window = window;
+  params.slot = slot;
+  return params;
+}
+
 // The rows of the dropped sequence are all NaN, every other row is finite.
 void record_missing_block(Harness& harness, const std::string& shape, const Tensor& out,
                           const std::vector<int32_t>& query_start, int32_t dropped, double seconds) {
@@ -160,13 +171,7 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
     harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
   }
 
-  AttentionParams params;
-  params.num_heads = c.heads;
-  params.num_kv_heads = c.kv_heads;
-  params.head_dim = c.dim;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
-  params.sliding_window = c.window;
-  params.slot = slot;
+  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
   auto out = harness.poisoned(DType::F32, {rows, q_width});
   const ComputeDType harness_dtype = harness.device().compute_dtype();
   harness.device().set_compute_dtype(compute);
@@ -419,13 +424,7 @@ void test_block_attention_case(Harness& harness, const BlockAttentionCase& c) {
   const AttentionBatch reference_blocks = harness.reference().make_attention_batch(positions, query_start, c.seq_lens);
   const int64_t rows = int64_t{c.block} * sequences, q_width = int64_t{c.heads} * c.dim;
   auto q = harness.f32(harness.inputs().uniform(rows * q_width, 1.0f), {rows, q_width});
-  AttentionParams params;
-  params.num_heads = c.heads;
-  params.num_kv_heads = c.kv_heads;
-  params.head_dim = c.dim;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
-  params.sliding_window = c.window;
-  params.slot = slot;
+  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
   auto out = harness.poisoned(DType::F32, {rows, q_width});
   const std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} B {} S {} {}", c.what, c.heads, c.kv_heads, c.dim,
                                         c.pool_block_size, c.window, c.block, sequences, dtype_name(c.kv_dtype));
