@@ -275,6 +275,14 @@ class Backend {
   // pool.scales' k_scale and v_scale.
   virtual void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                                const AttentionBatch& batch, const AttentionParams& params, Tensor& out) = 0;
+  // The block drafter's attention (docs/model-format.md §6), all of a draft layer's block rows in one op. `blocks`
+  // describes S blocks as S sequences of one row each, at the block's last position (positions[s] = seq_lens[s] - 1;
+  // the block's B keys are positions seq_lens[s] - B .. seq_lens[s] - 1, already written). q and out are
+  // [B * S, num_heads * head_dim] block-row-major: row i * S + s is row i of block s, at position
+  // p = seq_lens[s] - B + i, and it sees key t iff t < seq_lens[s] and (sliding_window == 0 or p - t < window): the
+  // context within its window and every key of the block (bidirectional). Otherwise paged_attention's contract.
+  virtual void block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                               const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) = 0;
   // FP32 noaux_tc router (docs/model-format.md §4): score = sigmoid(h Wrᵀ); choose with score + bias, limited
   // to the topk_group best groups (group score = sum of its 2 best choices); weigh with score (renormalised if
   // norm_topk_prob) * routed_scaling_factor. Ties go to the lower index. h [T, H]; router [E, H] F32;

@@ -72,6 +72,36 @@ void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor
           batch.num_sequences());
 }
 
+int32_t check_block_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                   const AttentionBatch& blocks, const AttentionParams& params, const Tensor& out) {
+  constexpr std::string_view op = "block_attention";
+  check_kv_pool(pool, params.slot, op);
+  const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
+  require(kv_heads == pool.num_kv_heads() && dim == pool.head_dim(),
+          "{}: params ({} kv heads x {}) do not match the pool ({} x {})", op, kv_heads, dim, pool.num_kv_heads(),
+          pool.head_dim());
+  require(kv_heads > 0 && heads % kv_heads == 0, "{}: {} query heads for {} kv heads", op, heads, kv_heads);
+  const int32_t sequences = blocks.num_sequences();
+  require(sequences > 0 && blocks.num_rows() == sequences,
+          "{}: {} rows for {} blocks (one row per block, at its last position)", op, blocks.num_rows(), sequences);
+  require(q.rank() == 2 && q.dim(0) % sequences == 0 && q.dim(0) > 0,
+          "{}: q {} does not hold a whole block of rows for each of the {} blocks", op, describe(q), sequences);
+  const auto block = static_cast<int32_t>(q.dim(0) / sequences);
+  require_shape(q, {int64_t{block} * sequences, int64_t{heads} * dim}, op, "q");
+  require_shape(out, q.shape(), op, "out");
+  require(block_table.rank() == 2 && block_table.dim(0) == sequences,
+          "{}: block table {} does not have one row per block ({})", op, describe(block_table), sequences);
+  for (int32_t s = 0; s < sequences; ++s) {
+    require(blocks.host_query_start[s] == s && blocks.host_row_sequence[s] == s &&
+                blocks.host_positions[s] == blocks.host_seq_lens[s] - 1,
+            "{}: block {} is not one row at its last position (row {} of sequence {} at position {}, {} keys)", op, s,
+            blocks.host_query_start[s], blocks.host_row_sequence[s], blocks.host_positions[s], blocks.host_seq_lens[s]);
+    require(blocks.host_seq_lens[s] >= block, "{}: block {} has {} keys, fewer than its {} rows", op, s,
+            blocks.host_seq_lens[s], block);
+  }
+  return block;
+}
+
 void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                       const Tensor& expert_ids, const Tensor& expert_weights) {
   const int64_t rows = h.dim(0), hidden = h.dim(1), experts = router.dim(0);

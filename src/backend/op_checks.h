@@ -20,6 +20,10 @@ void check_amax_scale_args(const Tensor& x, float divisor, const Tensor& out);
 // paged_attention's q/out shapes, heads against the pool, one block-table row per sequence.
 void check_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                           const AttentionBatch& batch, const AttentionParams& params, const Tensor& out);
+// block_attention's: heads against the pool, one row per block at its last position (the host copies), q/out
+// [B * S, heads * head_dim] with every block's B rows inside its sequence. Returns B.
+int32_t check_block_attention_args(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                   const AttentionBatch& blocks, const AttentionParams& params, const Tensor& out);
 // route's router/bias dtypes and shapes, group parameters, output shapes and dtypes.
 void check_route_args(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
                       const Tensor& expert_ids, const Tensor& expert_weights);

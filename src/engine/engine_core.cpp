@@ -106,7 +106,9 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                                    ? fmt::format("n-gram drafts (prompt lookup {}..{})", spec.prompt_lookup_min,
                                                  spec.prompt_lookup_max)
                                    : fmt::format("block drafts of the dflash drafter {}", spec.model);
-  if (spec.adaptive_verification) adaptive_ = std::make_unique<AdaptiveVerification>(spec.num_speculative_tokens);
+  // With decode graphs, every sequence of a step verifies the same number of drafts, so that the step replays one.
+  if (spec.adaptive_verification)
+    adaptive_ = std::make_unique<AdaptiveVerification>(spec.num_speculative_tokens, runner_.replays_decode_graphs());
   spdlog::info("speculative decoding: {} of up to {} tokens, verified in the target's step{}; {}", proposer,
                spec.num_speculative_tokens,
                spec.adaptive_verification ? " as far as they pay (adaptive verification)" : "",

@@ -21,8 +21,9 @@ int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-AdaptiveVerification::AdaptiveVerification(int32_t max_draft_tokens)
+AdaptiveVerification::AdaptiveVerification(int32_t max_draft_tokens, bool uniform)
     : max_draft_tokens_(max_draft_tokens),
+      uniform_(uniform),
       by_position_(static_cast<std::size_t>(max_draft_tokens)),
       by_confidence_(kConfidenceBins) {
   require(max_draft_tokens >= 1, "adaptive verification: {} draft tokens", max_draft_tokens);
@@ -119,6 +120,23 @@ std::optional<std::pair<int32_t, double>> AdaptiveVerification::best(const Bucke
   return result;
 }
 
+std::optional<std::pair<int32_t, double>> AdaptiveVerification::best_uniform(
+    const Bucket& bucket, int32_t decoding, const std::vector<std::vector<double>>& per_candidate, int32_t min_k) const {
+  std::optional<std::pair<int32_t, double>> result;
+  double tokens = decoding;
+  for (int32_t k = 0; k <= max_draft_tokens_; ++k) {
+    if (k > 0)
+      for (const std::vector<double>& own : per_candidate)
+        if (static_cast<std::size_t>(k) <= own.size()) tokens += own[static_cast<std::size_t>(k - 1)];
+    if (k < min_k) continue;
+    const std::optional<double> seconds = estimate(bucket, k);
+    if (!seconds) return std::nullopt;
+    const double rate = tokens / std::max(*seconds, 1e-9);
+    if (!result || rate > result->second) result = std::make_pair(k, rate);
+  }
+  return result;
+}
+
 bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candidate> candidates) {
   if (candidates.empty()) return false;
   decoding = std::max(decoding, static_cast<int32_t>(candidates.size()));
@@ -131,8 +149,10 @@ bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candid
   } else if (!known(b.cost[0])) {
     draft = false;  // then plain ones
   } else {
-    const std::vector<double> g = gains(candidates, nullptr);
-    const std::optional<std::pair<int32_t, double>> choice = best(b, decoding, g, 0);
+    std::vector<std::vector<double>> own;
+    const std::vector<double> g = gains(candidates, &own);
+    const std::optional<std::pair<int32_t, double>> choice =
+        uniform_ ? best_uniform(b, decoding, own, 0) : best(b, decoding, g, 0);
     draft = choice && choice->first > 0;
     if (draft != b.last_drafted) b.interval = kFirstExploreInterval;  // the choice flipped: watch the other kind again
     b.last_drafted = draft;
@@ -155,8 +175,18 @@ std::vector<int32_t> AdaptiveVerification::choose(int32_t decoding, std::span<co
   if (sorted.empty()) return counts;
   decoding = std::max(decoding, static_cast<int32_t>(candidates.size()));
   const Bucket& b = bucket(decoding);
+  const bool measured = std::any_of(b.cost.begin() + 1, b.cost.end(), known);
+  if (uniform_) {
+    int32_t k = max_draft_tokens_;  // nothing drafted measured yet: verify everything
+    if (measured) {
+      if (const std::optional<std::pair<int32_t, double>> choice = best_uniform(b, decoding, own, drafted ? 1 : 0))
+        k = choice->first;
+    }
+    for (std::size_t i = 0; i < own.size(); ++i) counts[i] = std::min(k, static_cast<int32_t>(own[i].size()));
+    return counts;
+  }
   int32_t n = static_cast<int32_t>(sorted.size());  // nothing drafted measured yet: verify everything
-  if (std::any_of(b.cost.begin() + 1, b.cost.end(), known)) {
+  if (measured) {
     if (const std::optional<std::pair<int32_t, double>> choice = best(b, decoding, sorted, drafted ? 1 : 0))
       n = choice->first;
   }

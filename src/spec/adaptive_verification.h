@@ -18,7 +18,11 @@
 //   stalls), and entries are exponential moving averages.
 // - The choice: the marginal gains prod_{m<=j} a_m are non-increasing in j, so the best n drafts of the batch are the
 //   n largest gains; every n from 0 to the drafts on offer is scored (D + gains) / cost(D, ceil(n / D)) and the best
-//   taken. Before the drafter runs, the same rule with position rates decides whether the step drafts at all: a plain
+//   taken. Uniform (a runner that replays decode graphs): every sequence verifies the same k (or all it has, when
+//   fewer), each k in 0..K scored (D + the gains of each sequence's first k) / cost(D, k), because a verify step whose
+//   sequences carry drafts of different lengths cannot replay a graph and runs op by op: on the H200 at batch 64 the
+//   per-sequence allocation verified 6.2 drafts per sequence where fixed K verified 7 and was 21% slower
+//   (bench/results/2026-12-03-specblock.md). Before the drafter runs, the same rule with position rates decides whether the step drafts at all: a plain
 //   step skips the drafter pass and runs as without speculation.
 // - Exploration: a bucket measures full-K drafted steps and plain steps first (two each: the first sample of an entry
 //   is replaced by the second), then the losing kind is measured again after 16 steps, the interval doubling (to 1024)
@@ -35,7 +39,8 @@ namespace beamline {
 
 class AdaptiveVerification {
  public:
-  explicit AdaptiveVerification(int32_t max_draft_tokens);
+  // `uniform`: every sequence verifies the same number of drafts (the class comment).
+  explicit AdaptiveVerification(int32_t max_draft_tokens, bool uniform = false);
 
   // What a decoding sequence may verify: up to `room` drafts; `confidence` (one per proposed draft token, in [0, 1])
   // when the drafter gave one, else empty (position rates are used).
@@ -89,10 +94,15 @@ class AdaptiveVerification {
   // second; nullopt when a cost it needs is unmeasured.
   std::optional<std::pair<int32_t, double>> best(const Bucket& bucket, int32_t decoding, std::span<const double> gains,
                                                  int32_t min_n) const;
+  // Uniform: the best k in [min_k, K] (each candidate verifying min(k, its gains)) and its expected tokens per second.
+  std::optional<std::pair<int32_t, double>> best_uniform(const Bucket& bucket, int32_t decoding,
+                                                         const std::vector<std::vector<double>>& per_candidate,
+                                                         int32_t min_k) const;
   std::vector<double> gains(std::span<const Candidate> candidates, std::vector<std::vector<double>>* per_candidate) const;
   static void decay_and_add(Rate& rate, bool accepted);
 
   int32_t max_draft_tokens_;
+  bool uniform_;
   std::vector<Rate> by_position_;    // [K]: conditional acceptance of draft position j
   std::vector<Rate> by_confidence_;  // [kConfidenceBins]
   std::vector<Bucket> buckets_;

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/record_graph.h"
 #include "util/error.h"
@@ -113,7 +116,8 @@ BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int3
                  load_linear(backend_, archive, name("mlp.down_proj.weight"))};
     layers_.push_back(std::move(layer));
   }
-  const std::vector<int64_t> shape{max_sequences, c.num_hidden_layers, ring_.ring_size(), c.num_key_value_heads,
+  // One slot more than the ring hands out: the spare slot that padded passes write to (block_logits).
+  const std::vector<int64_t> shape{max_sequences + 1, c.num_hidden_layers, ring_.ring_size(), c.num_key_value_heads,
                                    c.head_dim};
   pool_.k = backend_.alloc(DType::F32, shape);
   pool_.v = backend_.alloc(DType::F32, shape);
@@ -121,6 +125,8 @@ BlockDrafter::BlockDrafter(DrafterCheckpoint checkpoint, BeamModel& target, int3
   backend_.fill_zero(pool_.v);
   target.capture_hidden_after(c.target_layer_ids);
   record_graphs_ = record_graphs && backend_.supports_graphs();
+  const char* attention = std::getenv("BEAMLINE_DRAFTER_ATTENTION");
+  row_attention_ = attention != nullptr && std::string_view(attention) == "rows";
 }
 
 int32_t BlockDrafter::attention_window(int32_t block_row) const {
@@ -246,16 +252,30 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
     }
   }
   if (drafting.empty()) return result;
-  const auto sequences = static_cast<int32_t>(drafting.size());
+  const auto drafting_count = static_cast<int32_t>(drafting.size());
+  // Recorded passes run for a power-of-two number of blocks, the rest drafting nothing at position 0 of the spare ring
+  // slot (their writes land there, their logits after the real ones), so that a batch whose drafting sequences vary
+  // records a handful of graphs instead of one per count.
+  const int32_t sequences =
+      record_graphs_ ? static_cast<int32_t>(std::bit_ceil(static_cast<uint32_t>(drafting_count))) : drafting_count;
+  const DraftAnchor padding{-1, 0, static_cast<int32_t>(c.mask_token_id)};
+  const RingWindow spare{ring_.max_sequences(), 0};
+  auto anchor_of = [&](int32_t s) -> const DraftAnchor& {
+    return s < drafting_count ? anchors[drafting[static_cast<std::size_t>(s)]] : padding;
+  };
+  auto window_of = [&](int32_t s) -> const RingWindow& {
+    return s < drafting_count ? windows[static_cast<std::size_t>(s)] : spare;
+  };
   const int64_t rows = int64_t{block} * sequences;
 
-  // Block-row-major: row i * S + s is block row i of drafting sequence s.
+  // Block-row-major: row i * S + s is block row i of drafting sequence s. The logits: the real sequences' rows first
+  // (row (i - 1) * drafting_count + s), then the padding's.
   std::vector<int32_t> tokens, positions, write_positions, write_starts{0}, write_lens, write_tables;
-  std::vector<int32_t> query_positions, query_starts{0}, query_lens, query_tables, logit_rows;
+  std::vector<int32_t> query_positions, query_starts{0}, query_lens, query_tables, logit_rows, padding_rows;
   for (int32_t i = 0; i < block; ++i) {
     for (int32_t s = 0; s < sequences; ++s) {
-      const DraftAnchor& anchor = anchors[drafting[static_cast<std::size_t>(s)]];
-      const RingWindow& window = windows[static_cast<std::size_t>(s)];
+      const DraftAnchor& anchor = anchor_of(s);
+      const RingWindow& window = window_of(s);
       const int64_t position = anchor.position + i;
       tokens.push_back(i == 0 ? anchor.token : static_cast<int32_t>(c.mask_token_id));
       positions.push_back(static_cast<int32_t>(position));
@@ -263,13 +283,14 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
       write_starts.push_back(static_cast<int32_t>(write_positions.size()));
       write_lens.push_back(static_cast<int32_t>(anchor.position + block - window.shift));
       write_tables.insert(write_tables.end(), {window.slot, window.slot});
-      if (i >= 1 && i <= num_tokens) logit_rows.push_back(i * sequences + s);
+      if (i >= 1 && i <= num_tokens) (s < drafting_count ? logit_rows : padding_rows).push_back(i * sequences + s);
     }
   }
+  logit_rows.insert(logit_rows.end(), padding_rows.begin(), padding_rows.end());
   // Every query of the block attends as the block's last position; the window (per block row) does the rest.
   for (int32_t s = 0; s < sequences; ++s) {
-    const DraftAnchor& anchor = anchors[drafting[static_cast<std::size_t>(s)]];
-    const RingWindow& window = windows[static_cast<std::size_t>(s)];
+    const DraftAnchor& anchor = anchor_of(s);
+    const RingWindow& window = window_of(s);
     query_positions.push_back(static_cast<int32_t>(anchor.position + block - 1 - window.shift));
     query_starts.push_back(s + 1);
     query_lens.push_back(static_cast<int32_t>(anchor.position + block - window.shift));
@@ -289,21 +310,26 @@ BlockDrafter::BlockLogits BlockDrafter::block_logits(std::span<const DraftAnchor
   pass.queries = Backend::describe_attention_batch(query_positions, query_starts, query_lens);
   pass.write_parts = pass.ints.add(pass.writes);
   pass.query_parts = pass.ints.add(pass.queries);
+  const int64_t real_logits = int64_t{num_tokens} * drafting_count;
   if (record_graphs_) {
     if (const std::optional<std::string> key = graph_key(pass)) {
-      result.logits = replay_or_record(pass, *key);
+      const Tensor logits = replay_or_record(pass, *key);
+      result.logits = logits.view(0, {real_logits, logits.dim(1)});
       return result;
     }
   }
   pass.ints.upload(backend_);
   pass.attach();
-  result.logits = run(pass);
+  const Tensor logits = run(pass);
+  result.logits = logits.view(0, {real_logits, logits.dim(1)});
   return result;
 }
 
 std::optional<std::string> BlockDrafter::graph_key(const Pass& pass) const {
-  // The shapes follow from the drafting sequences and the draft tokens; the attention plans from the queries' lengths.
+  // The shapes follow from the drafting sequences and the draft tokens; block_attention plans nothing on the host, the
+  // one-row calls' plans follow from the queries' lengths.
   std::string key = fmt::format("{}x{}", pass.sequences, pass.num_tokens);
+  if (!row_attention_) return key;
   for (int32_t i = 0; i < static_cast<int32_t>(checkpoint_.config.block_size); ++i) {
     const std::optional<std::string> plan = backend_.attention_signature(pass.queries, pool_, attention_params(0, attention_window(i)));
     if (!plan) return std::nullopt;
@@ -362,26 +388,38 @@ Tensor BlockDrafter::run(const Pass& pass) {
   Tensor k = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   Tensor v = backend_.alloc(DType::F32, {rows, kv_heads * head_dim});
   backend_.embedding(target_.embed_tokens(), ints.view(pass.tokens_part, {rows}), y);
+  backend_.rms_norm(y, layers_.front().input_norm, eps_, h);
   for (std::size_t j = 0; j < layers_.size(); ++j) {
     const Layer& layer = layers_[j];
     const auto slot = static_cast<int32_t>(j);
-    backend_.rms_norm(y, layer.input_norm, eps_, h);
     const std::array<const LinearTensors*, 3> weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> outputs{&q, &k, &v};
     backend_.linear_many(h, weights, outputs);
     backend_.rope(q, rope_positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
     backend_.rope(k, rope_positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
     backend_.write_kv(k, v, pool_, slot, write_table, pass.writes);
-    for (int32_t i = 0; i < block; ++i) {
-      const Tensor rows_q = q.view(int64_t{i} * sequences * q_width, {sequences, q_width});
-      Tensor rows_out = attention.view(int64_t{i} * sequences * q_width, {sequences, q_width});
-      backend_.paged_attention(rows_q, pool_, query_table, pass.queries, attention_params(slot, attention_window(i)), rows_out);
+    if (row_attention_) {
+      for (int32_t i = 0; i < block; ++i) {
+        const Tensor rows_q = q.view(int64_t{i} * sequences * q_width, {sequences, q_width});
+        Tensor rows_out = attention.view(int64_t{i} * sequences * q_width, {sequences, q_width});
+        backend_.paged_attention(rows_q, pool_, query_table, pass.queries, attention_params(slot, attention_window(i)),
+                                 rows_out);
+      }
+    } else {
+      backend_.block_attention(q, pool_, query_table, pass.queries,
+                               attention_params(slot, static_cast<int32_t>(c.sliding_window)), attention);
     }
     backend_.linear(attention, layer.o, branch);
-    backend_.add_rms_norm(y, branch, layer.post_attention_norm, eps_, residual_scale_);
-    backend_.rms_norm(y, layer.pre_feedforward_norm, eps_, h);
+    // Each residual add with the next sub-layer's input norm, one op where a next sub-layer exists.
+    backend_.add_rms_norm_then_norm(y, branch, layer.post_attention_norm, eps_, residual_scale_,
+                                    layer.pre_feedforward_norm, h);
     backend_.swiglu(h, layer.mlp, branch);
-    backend_.add_rms_norm(y, branch, layer.post_feedforward_norm, eps_, residual_scale_);
+    if (j + 1 < layers_.size()) {
+      backend_.add_rms_norm_then_norm(y, branch, layer.post_feedforward_norm, eps_, residual_scale_,
+                                      layers_[j + 1].input_norm, h);
+    } else {
+      backend_.add_rms_norm(y, branch, layer.post_feedforward_norm, eps_, residual_scale_);
+    }
   }
 
   // Block rows 1..K through the target's final norm, LM head and softcap; the draft is their argmax.

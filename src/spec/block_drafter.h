@@ -4,11 +4,13 @@
 // target's hidden states of the committed context through per-sequence context features (spec/context_features.h).
 // Written against the Backend op set, so the CPU and CUDA backends both run it.
 //
-// The attention of a draft layer (context keys within the window plus every key of the block) needs no op of its own:
-// the block's K/V are written into the sequence's ring after its context, and the block's row i is then a one-row
-// query at the block's last position with a window of W_d + B - 1 - i keys, which reaches back exactly to the oldest
-// context key row i may see (P + i - t < W_d) and forward over the whole block. Rows are laid out block-row-major
-// (row i of every sequence together), so each of the B attention calls per layer reads a contiguous slice.
+// The attention of a draft layer (context keys within the window plus every key of the block): the block's K/V are
+// written into the sequence's ring after its context, and one Backend::block_attention per layer serves every block
+// row of every drafting sequence (rows block-row-major: row i of every sequence together). The same attention is B
+// one-row paged_attention calls per layer, row i a query at the block's last position with a window of W_d + B - 1 - i
+// keys, which reaches back exactly to the oldest context key row i may see (P + i - t < W_d) and forward over the
+// whole block: BEAMLINE_DRAFTER_ATTENTION=rows runs those instead, to measure the op against them
+// (bench/gpu_specblock.sh).
 //
 // On a backend with graphs the pass is recorded once per shape (drafting sequences, draft tokens and the attention
 // plans of its B windows) and replayed after one upload of its index data: ~80 ops per pass that each cost the host
@@ -97,7 +99,7 @@ class BlockDrafter {
   };
 
   AttentionParams attention_params(int32_t layer, int32_t window) const;
-  // Block row i attends as the block's last position over W_d + B - 1 - i keys (the class comment).
+  // With row_attention_, block row i attends as the block's last position over W_d + B - 1 - i keys (the class comment).
   int32_t attention_window(int32_t block_row) const;
   Tensor run(const Pass& pass);
   std::optional<std::string> graph_key(const Pass& pass) const;
@@ -113,6 +115,7 @@ class BlockDrafter {
   ContextFeatureRing ring_;
   PagedKvPool pool_;  // [max_sequences, layers, R, kv_heads, head_dim] F32
   bool record_graphs_;
+  bool row_attention_ = false;  // BEAMLINE_DRAFTER_ATTENTION=rows: B paged_attention calls per layer
   std::map<std::string, Graph> graphs_;
   int64_t passes_ = 0, recorded_ = 0, replayed_ = 0;
 };

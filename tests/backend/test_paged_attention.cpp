@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backend_test_support.h"
+#include "kv/kv_cache_layout.h"
 #include "model/forward_batch.h"
 #include "quant/element_codes.h"
 #include "util/error.h"
@@ -373,6 +374,110 @@ TEST_P(AttentionTest, GivenBackBlocksOutsideTheWindowAreNeverRead) {
                                            out),
                  Error);
   }
+}
+
+// block_attention (the block drafter's): S blocks of B rows, block-row-major; block row i of sequence s, at
+// p = length - B + i, sees every key from its window's start to the sequence's last (the block's later keys too).
+// Against the naive softmax over those keys, and, as the drafter used to compute it, against B paged_attention calls
+// (row i a query at the block's last position with a window of W + B - 1 - i keys): bit for bit on the CPU, where both
+// ops share one computation.
+TEST_P(AttentionTest, BlockAttentionSeesTheWindowAndTheWholeBlock) {
+  Random random(21);
+  struct BlockCase {
+    Case keys;  // lengths: keys per sequence, the block its last `block`
+    int32_t block;
+  };
+  const std::vector<BlockCase> cases{
+      {{4, 2, 64, 16, 32, DType::F32, {8, 20, 23, 24, 60}, {}}, 8},  // window 16 edges, anchors 0.., blocks of 8
+      {{6, 3, 12, 5, 4, DType::F32, {9, 30}, {}}, 7},                // a window narrower than the block
+      {{4, 4, 8, 0, 2, DType::BF16, {3, 40}, {}}, 3},                // global, MHA, BF16 pool
+      {{8, 2, 16, 10, 8, DType::F32, {12}, {}}, 12},                 // one block that is all the sequence
+  };
+  for (std::size_t n = 0; n < cases.size(); ++n) {
+    const Case& c = cases[n].keys;
+    const int32_t block = cases[n].block;
+    const PoolSetup setup = write_sequences(backend(), random, c);
+    const auto sequences = static_cast<int32_t>(c.lengths.size());
+    std::vector<int32_t> last_positions, one_row{0};
+    for (int32_t length : c.lengths) {
+      last_positions.push_back(length - 1);
+      one_row.push_back(one_row.back() + 1);
+    }
+    const AttentionBatch blocks = backend().make_attention_batch(last_positions, one_row, c.lengths);
+    const int64_t rows = int64_t{block} * sequences, width = int64_t{c.heads} * c.dim;
+    const std::vector<float> q = random.normal(static_cast<std::size_t>(rows * width));
+    const Tensor q_tensor = backend().upload_f32(q, {rows, width});
+    Tensor out = backend().alloc(DType::F32, {rows, width});
+    backend().block_attention(q_tensor, setup.pool, setup.block_table, blocks, params_of(c), out);
+    const std::vector<float> got = backend().download_f32(out);
+
+    std::vector<double> expected;
+    const int32_t group = c.heads / c.kv_heads;
+    for (int64_t row = 0; row < rows; ++row) {
+      const auto s = static_cast<std::size_t>(row % sequences);
+      const int32_t length = c.lengths[s], p = length - block + static_cast<int32_t>(row / sequences);
+      for (int32_t h = 0; h < c.heads; ++h) {
+        const float* query = q.data() + (row * c.heads + h) * c.dim;
+        const int32_t kv = h / group;
+        std::vector<double> weights;
+        const auto first = static_cast<int32_t>(first_visible_position(p, c.window));
+        for (int32_t t = first; t < length; ++t) {
+          double dot = 0;
+          for (int32_t d = 0; d < c.dim; ++d) dot += double{query[d]} * setup.k[s][(int64_t{t} * c.kv_heads + kv) * c.dim + d];
+          weights.push_back(dot / std::sqrt(static_cast<double>(c.dim)));
+        }
+        const double max_score = *std::max_element(weights.begin(), weights.end());
+        double total = 0;
+        for (double& w : weights) total += (w = std::exp(w - max_score));
+        for (int32_t d = 0; d < c.dim; ++d) {
+          double sum = 0;
+          for (int32_t t = first; t < length; ++t)
+            sum += weights[static_cast<std::size_t>(t - first)] / total *
+                   setup.v[s][(int64_t{t} * c.kv_heads + kv) * c.dim + d];
+          expected.push_back(sum);
+        }
+      }
+    }
+    expect_close(got, expected, 1e-5, fmt::format("case {}", n));
+
+    Tensor by_rows = backend().alloc(DType::F32, {rows, width});
+    for (int32_t i = 0; i < block; ++i) {
+      AttentionParams params = params_of(c);
+      if (c.window > 0) params.sliding_window = c.window + block - 1 - i;
+      const Tensor rows_q = q_tensor.view(int64_t{i} * sequences * width, {sequences, width});
+      Tensor rows_out = by_rows.view(int64_t{i} * sequences * width, {sequences, width});
+      backend().paged_attention(rows_q, setup.pool, setup.block_table, blocks, params, rows_out);
+    }
+    const std::vector<float> rows_result = backend().download_f32(by_rows);
+    if (GetParam() == "cpu") {
+      EXPECT_EQ(got, rows_result) << "case " << n;
+    } else {
+      expect_close(got, std::vector<double>(rows_result.begin(), rows_result.end()), 1e-5, fmt::format("case {} rows", n));
+    }
+  }
+}
+
+// A bad call names the op and what is wrong.
+TEST_P(AttentionTest, BlockAttentionRefusesBlocksThatAreNotOneRowAtTheirEnd) {
+  Random random(22);
+  const Case c{4, 2, 8, 0, 4, DType::F32, {10, 12}, {}};
+  const PoolSetup setup = write_sequences(backend(), random, c);
+  const Tensor q = backend().alloc(DType::F32, {8, 32});
+  Tensor out = backend().alloc(DType::F32, {8, 32});
+  const AttentionBatch not_last = backend().make_attention_batch({8, 11}, {0, 1, 2}, {10, 12});
+  try {
+    backend().block_attention(q, setup.pool, setup.block_table, not_last, params_of(c), out);
+    FAIL() << "a block row before its sequence's end was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("block_attention: block 0 is not one row at its last position"),
+              std::string::npos)
+        << error.what();
+  }
+  const AttentionBatch blocks = backend().make_attention_batch({9, 11}, {0, 1, 2}, {10, 12});
+  const Tensor ragged = backend().alloc(DType::F32, {7, 32});
+  Tensor ragged_out = backend().alloc(DType::F32, {7, 32});
+  EXPECT_THROW(backend().block_attention(ragged, setup.pool, setup.block_table, blocks, params_of(c), ragged_out),
+               Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest, ::testing::ValuesIn(backend_names()));

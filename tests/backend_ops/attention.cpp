@@ -28,6 +28,7 @@
 #include "harness.h"
 #include "op_families.h"
 #include "perf.h"
+#include "kv/kv_cache_layout.h"
 #include "quant/element_codes.h"
 
 namespace beamline::backend_ops {
@@ -47,6 +48,17 @@ struct AttentionCase {
   // FP8 pools: per-tensor scales (vLLM's k_scale = max|k| / 200, v_scale = max|v| / 100 of all the K and V), else 1.0.
   bool kv_scales = false;
 };
+
+AttentionParams attention_params(int32_t heads, int32_t kv_heads, int32_t dim, int32_t window, int32_t slot) {
+  AttentionParams params;
+  params.num_heads = heads;
+  params.num_kv_heads = kv_heads;
+  params.head_dim = dim;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  params.sliding_window = window;
+  params.slot = slot;
+  return params;
+}
 
 // The rows of the dropped sequence are all NaN, every other row is finite.
 void record_missing_block(Harness& harness, const std::string& shape, const Tensor& out,
@@ -160,13 +172,7 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
     harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
   }
 
-  AttentionParams params;
-  params.num_heads = c.heads;
-  params.num_kv_heads = c.kv_heads;
-  params.head_dim = c.dim;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(c.dim));
-  params.sliding_window = c.window;
-  params.slot = slot;
+  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
   auto out = harness.poisoned(DType::F32, {rows, q_width});
   const ComputeDType harness_dtype = harness.device().compute_dtype();
   harness.device().set_compute_dtype(compute);
@@ -373,6 +379,125 @@ void test_kv_decode(Harness& harness) {
   run_attention_cases(harness, cases);
 }
 
+
+namespace {
+
+// block_attention over a random pool: S blocks of `block` rows, sequence s holding seq_lens[s] keys (its block the last
+// `block`), block-row-major rows.
+struct BlockAttentionCase {
+  std::string what;
+  int32_t heads, kv_heads, dim, pool_block_size, window, block;
+  DType kv_dtype;
+  std::vector<int32_t> seq_lens;
+  // >= 0: that sequence's last block (which every one of its rows sees) is given back; the device must write NaN
+  // for its rows and finite values elsewhere (no reference: the CPU backend throws).
+  int32_t drop_sequence = -1;
+};
+
+void test_block_attention_case(Harness& harness, const BlockAttentionCase& c) {
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t slots = 3, slot = 2;
+  const auto sequences = static_cast<int64_t>(c.seq_lens.size());
+  int32_t width = 1, total_blocks = 0;
+  for (int32_t length : c.seq_lens) {
+    width = std::max(width, (length + c.pool_block_size - 1) / c.pool_block_size);
+    total_blocks += (length + c.pool_block_size - 1) / c.pool_block_size;
+  }
+  const int32_t pool_blocks = total_blocks + 2;
+  std::vector<int32_t> order(static_cast<std::size_t>(pool_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), harness.inputs().rng());
+  // Blocks wholly before the first row's window are given back: the op must not need them.
+  std::vector<int32_t> table(static_cast<std::size_t>(sequences * width), -1);
+  std::size_t next = 0;
+  for (std::size_t s = 0; s < c.seq_lens.size(); ++s) {
+    const int32_t length = c.seq_lens[s], blocks = (length + c.pool_block_size - 1) / c.pool_block_size;
+    const auto first_visible = static_cast<int32_t>(first_visible_position(length - c.block, c.window));
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t block = order[next++];
+      const bool dropped = static_cast<int32_t>(s) == c.drop_sequence && b == blocks - 1;
+      if ((b + 1) * c.pool_block_size > first_visible && !dropped) table[s * static_cast<std::size_t>(width) + b] = block;
+    }
+  }
+  const std::vector<int64_t> pool_shape{pool_blocks, slots, c.pool_block_size, c.kv_heads, c.dim};
+  const int64_t pool_elements = int64_t{pool_blocks} * slots * c.pool_block_size * c.kv_heads * c.dim;
+  auto pool_tensor = [&](Backend& backend, const std::vector<float>& values) {
+    if (c.kv_dtype == DType::F32) return backend.upload_f32(values, pool_shape);
+    if (c.kv_dtype == DType::F8_E4M3) {
+      std::vector<uint8_t> codes(values.size());
+      for (std::size_t i = 0; i < values.size(); ++i) codes[i] = f32_to_e4m3(values[i]);
+      return backend.upload(codes.data(), DType::F8_E4M3, pool_shape);
+    }
+    std::vector<uint16_t> bits(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) bits[i] = f32_to_bf16(values[i]);
+    return backend.upload(bits.data(), DType::BF16, pool_shape);
+  };
+  const std::vector<float> k_pool = harness.inputs().uniform(pool_elements, 1.0f);
+  const std::vector<float> v_pool = harness.inputs().uniform(pool_elements, 1.0f);
+  const PagedKvPool device_pool{pool_tensor(harness.device(), k_pool), pool_tensor(harness.device(), v_pool)};
+  const PagedKvPool reference_pool{pool_tensor(harness.reference(), k_pool), pool_tensor(harness.reference(), v_pool)};
+  auto block_table = harness.i32(table, {sequences, width});
+  // One row per block, at its last position.
+  std::vector<int32_t> positions, query_start{0};
+  for (int32_t length : c.seq_lens) {
+    positions.push_back(length - 1);
+    query_start.push_back(query_start.back() + 1);
+  }
+  const AttentionBatch device_blocks = harness.device().make_attention_batch(positions, query_start, c.seq_lens);
+  const AttentionBatch reference_blocks = harness.reference().make_attention_batch(positions, query_start, c.seq_lens);
+  const int64_t rows = int64_t{c.block} * sequences, q_width = int64_t{c.heads} * c.dim;
+  auto q = harness.f32(harness.inputs().uniform(rows * q_width, 1.0f), {rows, q_width});
+  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
+  auto out = harness.poisoned(DType::F32, {rows, q_width});
+  const std::string shape = fmt::format("{} q{}/kv{}x{} bs {} win {} B {} S {} {}", c.what, c.heads, c.kv_heads, c.dim,
+                                        c.pool_block_size, c.window, c.block, sequences, dtype_name(c.kv_dtype));
+  harness.device().block_attention(q.device, device_pool, block_table.device, device_blocks, params, out.device);
+  if (c.drop_sequence >= 0) {
+    const std::vector<float> values = harness.device().download_f32(out.device);
+    int64_t wrong = 0;
+    for (int64_t row = 0; row < rows; ++row) {
+      const bool poisoned = row % sequences == c.drop_sequence;
+      for (int64_t i = 0; i < q_width; ++i) wrong += std::isnan(values[static_cast<std::size_t>(row * q_width + i)]) != poisoned;
+    }
+    harness.record_result({"block_attention", shape, static_cast<double>(wrong), 0.0,
+                           "missing block: its rows NaN, others finite (error = wrong elements)", wrong == 0,
+                           seconds_since(start)});
+    return;
+  }
+  harness.reference().block_attention(q.reference, reference_pool, block_table.reference, reference_blocks, params,
+                                      out.reference);
+  // CUDA cores in FP32 whatever the compute dtype: the F32 tolerance.
+  harness.record("block_attention", shape, out, kF32Tolerance, seconds_since(start));
+}
+
+}  // namespace
+
+void test_block_attention(Harness& harness) {
+  std::vector<BlockAttentionCase> cases{
+      // beam-nano's drafter: 4/2 heads of 64, a ring of 256 positions per block, window 128, blocks of 8; anchors at
+      // 0 (the block alone), inside the first window, at its edge and past it.
+      {"drafter", 4, 2, 64, 256, 128, 8, DType::F32, {8, 100, 135, 136, 137, 300, 511}},
+      {"drafter 1 block", 4, 2, 64, 256, 128, 8, DType::F32, {263}},
+      {"drafter 16 blocks", 4, 2, 64, 256, 128, 8, DType::F32,
+       {9, 40, 128, 129, 130, 131, 200, 255, 256, 257, 300, 383, 384, 400, 450, 511}},
+      // Beam-1.0's drafter shapes: 16-row blocks, groups of 8 (the pairs of a block span several thread blocks).
+      {"16 rows GQA 64/8", 64, 8, 128, 16, 600, 16, DType::F32, {16, 700, 650}},
+      {"16 rows GQA 32/4 bf16", 32, 4, 128, 16, 512, 16, DType::BF16, {600, 17, 528}},
+      {"global", 8, 2, 128, 16, 0, 8, DType::F32, {8, 333, 70}},
+      // A window narrower than the block, odd dims and block sizes, one head per kv head, FP8 codes.
+      {"window 5", 6, 3, 40, 4, 5, 8, DType::F32, {8, 9, 13, 50}},
+      {"odd dims", 6, 3, 40, 12, 30, 4, DType::BF16, {4, 29, 31, 100}},
+      {"MHA 4/4 dim 32", 4, 4, 32, 8, 20, 7, DType::F32, {7, 26, 27, 64}},
+      {"head_dim 256", 8, 2, 256, 16, 64, 8, DType::F32, {80, 8}},
+      {"fp8 kv", 4, 2, 64, 256, 128, 8, DType::F8_E4M3, {8, 200, 511}},
+      {"missing block", 4, 2, 64, 16, 128, 8, DType::F32, {300, 40, 150}, 1},
+  };
+  const bool device_semantics = harness.device().device() != Device::Cpu;
+  for (const BlockAttentionCase& c : cases) {
+    if (c.drop_sequence >= 0 && !device_semantics) continue;
+    test_block_attention_case(harness, c);
+  }
+}
 
 // ---- perf ----
 

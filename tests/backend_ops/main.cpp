@@ -35,7 +35,8 @@ const std::vector<std::pair<const char*, void (*)(Harness&)>> kTestGroups{
     {"sample", test_sample},             {"fp8", test_fp8},                 {"mxfp8", test_mxfp8},
     {"nvfp4", test_nvfp4},               {"lora", test_lora},               {"moe_lora", test_moe_lora},
     {"amax_scale", test_amax_scale}, {"all_reduce_norm", test_all_reduce_norm},
-    {"batch_invariance", test_batch_invariance}, {"kv_decode", test_kv_decode}};
+    {"block_attention", test_block_attention}, {"batch_invariance", test_batch_invariance},
+    {"kv_decode", test_kv_decode}};
 
 // A device that is required: BEAMLINE_REQUIRE_CUDA=1 marks the machine the device tests exist for.
 bool device_required() {
@@ -80,7 +81,7 @@ void add_test_mode(CLI::App& app, int& status) {
   command->add_option("--filter", options->filter,
                       "only the op groups whose name contains this, or one of a comma-separated list (place_tokens, "
                       "embedding, rms_norm, linear, linear_rows, linear_many, rope, attention, route, moe, swiglu, "
-                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale, all_reduce_norm, "
+                      "lm_head, sample, fp8, mxfp8, nvfp4, lora, moe_lora, amax_scale, all_reduce_norm, block_attention, "
                       "batch_invariance)");
   command
       ->add_option("--dtype", options->dtype,

@@ -28,10 +28,11 @@ void test_swiglu(Harness& harness);
 void test_lm_head(Harness& harness);
 void add_linear_perf(CLI::App& perf);
 
-// attention.cpp: write_kv and paged attention, and amax_scale (FP8 KV scales). kv_decode: attention's cases of E4M3
-// pools whose rows all take the split-KV decode kernel, so that each of its versions (BEAMLINE_CUDA_DECODE_ATTENTION)
-// is checked in seconds.
+// attention.cpp: write_kv and paged attention, the block drafter's block attention, and amax_scale (FP8 KV scales).
+// kv_decode: attention's cases of E4M3 pools whose rows all take the split-KV decode kernel, so that each of its
+// versions (BEAMLINE_CUDA_DECODE_ATTENTION) is checked in seconds.
 void test_attention(Harness& harness);
+void test_block_attention(Harness& harness);
 void test_kv_decode(Harness& harness);
 void test_amax_scale(Harness& harness);
 void add_attention_perf(CLI::App& perf);

@@ -37,29 +37,39 @@ double expected_tokens(const std::vector<std::vector<double>>& acceptance, const
   return tokens;
 }
 
+// A random step: a cost table measured into `policy` (1 plus a random convex-or-not increment per drafted token per
+// sequence) and per sequence `room(rng)` drafts with random confidences, their acceptances under the policy.
+struct RandomStep {
+  std::vector<double> cost{1.0};
+  std::vector<std::vector<float>> confidence;
+  std::vector<std::vector<double>> acceptance;
+  std::vector<Candidate> candidates;
+};
+RandomStep random_step(AdaptiveVerification& policy, std::mt19937& rng, int32_t sequences, int32_t k,
+                       const std::function<int32_t()>& room) {
+  std::uniform_real_distribution<float> uniform(0.02f, 0.98f);
+  RandomStep step;
+  for (int32_t per = 1; per <= k; ++per) step.cost.push_back(step.cost.back() + 0.05 + 0.6 * uniform(rng));
+  measure_all(policy, sequences, k, [&](int32_t per) { return step.cost[static_cast<std::size_t>(per)]; });
+  step.confidence.resize(static_cast<std::size_t>(sequences));
+  step.acceptance.resize(static_cast<std::size_t>(sequences));
+  for (std::size_t s = 0; s < step.confidence.size(); ++s) {
+    const int32_t drafts = room();
+    for (int32_t j = 0; j < drafts; ++j) step.confidence[s].push_back(uniform(rng));
+    for (const float c : step.confidence[s]) step.acceptance[s].push_back(policy.acceptance(0, c));
+  }
+  for (const std::vector<float>& own : step.confidence) step.candidates.push_back({static_cast<int32_t>(own.size()), own});
+  return step;
+}
+
 TEST(AdaptiveVerification, ChoosesTheBestAllocationOfDrafts) {
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(0.02f, 0.98f);
   constexpr int32_t kK = 3, kSequences = 3;
   for (int trial = 0; trial < 200; ++trial) {
     AdaptiveVerification policy(kK);
-    // A step costs 1 plus a random convex-or-not increment per drafted token per sequence.
-    std::vector<double> cost{1.0};
-    for (int32_t per = 1; per <= kK; ++per) cost.push_back(cost.back() + 0.05 + 0.6 * uniform(rng));
-    measure_all(policy, kSequences, kK, [&](int32_t per) { return cost[static_cast<std::size_t>(per)]; });
-    std::vector<std::vector<float>> confidence(kSequences);
-    std::vector<std::vector<double>> acceptance(kSequences);
-    std::vector<Candidate> candidates;
-    for (int32_t s = 0; s < kSequences; ++s) {
-      const auto room = static_cast<int32_t>(rng() % (kK + 1));
-      for (int32_t j = 0; j < room; ++j) confidence[static_cast<std::size_t>(s)].push_back(uniform(rng));
-      for (const float c : confidence[static_cast<std::size_t>(s)])
-        acceptance[static_cast<std::size_t>(s)].push_back(policy.acceptance(0, c));
-    }
-    for (int32_t s = 0; s < kSequences; ++s) {
-      const std::vector<float>& own = confidence[static_cast<std::size_t>(s)];
-      candidates.push_back({static_cast<int32_t>(own.size()), own});
-    }
+    const RandomStep step =
+        random_step(policy, rng, kSequences, kK, [&] { return static_cast<int32_t>(rng() % (kK + 1)); });
+    const auto& [cost, confidence, acceptance, candidates] = step;
     const std::vector<int32_t> chosen = policy.choose(kSequences, candidates, false);
     auto rate = [&](const std::vector<int32_t>& counts) {
       int32_t n = 0;
@@ -83,6 +93,38 @@ TEST(AdaptiveVerification, ChoosesTheBestAllocationOfDrafts) {
     for (int32_t s = 0; s < kSequences; ++s)
       ASSERT_LE(chosen[static_cast<std::size_t>(s)], static_cast<int32_t>(confidence[static_cast<std::size_t>(s)].size()));
     EXPECT_NEAR(rate(chosen), best, 1e-9 * best) << "trial " << trial;
+  }
+}
+
+// Uniform (a runner with decode graphs): every sequence verifies the same k, or all its drafts when it has fewer, and
+// that k is the best of every k (brute force), even where unequal counts would score higher on the cost table.
+TEST(AdaptiveVerification, UniformVerifiesTheSameKEverywhereAndTheBestK) {
+  std::mt19937 rng(8);
+  constexpr int32_t kK = 5, kSequences = 4;
+  for (int trial = 0; trial < 200; ++trial) {
+    AdaptiveVerification policy(kK, true);
+    // Most sequences have room for all K; now and then one has less.
+    const RandomStep step = random_step(policy, rng, kSequences, kK, [&] {
+      return rng() % 4 == 0 ? static_cast<int32_t>(rng() % (kK + 1)) : kK;
+    });
+    const auto& [cost, confidence, acceptance, candidates] = step;
+    const bool drafted = trial % 2 == 1;
+    const std::vector<int32_t> chosen = policy.choose(kSequences, candidates, drafted);
+    auto counts_of = [&](int32_t k) {
+      std::vector<int32_t> counts;
+      for (const std::vector<float>& own : confidence) counts.push_back(std::min(k, static_cast<int32_t>(own.size())));
+      return counts;
+    };
+    double best = 0;
+    int32_t best_k = 0;
+    for (int32_t k = drafted ? 1 : 0; k <= kK; ++k) {
+      const double rate = expected_tokens(acceptance, counts_of(k)) / cost[static_cast<std::size_t>(k)];
+      if (rate > best) {
+        best = rate;
+        best_k = k;
+      }
+    }
+    EXPECT_EQ(chosen, counts_of(best_k)) << "trial " << trial;
   }
 }
 

@@ -75,11 +75,20 @@ void CpuBackend::write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, i
   }
 }
 
-void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
-                                 const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
-  check_attention_args(q, pool, block_table, batch, params, out);
+namespace {
+
+// Where row r of an attention op reads: its sequence and the key positions [first, last] it sees.
+struct RowKeys {
+  int32_t sequence;
+  int64_t position, first, last;
+};
+
+// out[r, h] = softmax over row r's keys (RowKeys) of scale * q[r, h] · K, times V: paged_attention's math, shared
+// by every attention op so that they agree bit for bit where their key ranges do.
+template <typename KeysOf>
+void attend(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table, const AttentionParams& params,
+            int64_t rows, std::string_view op, KeysOf keys_of, Tensor& out) {
   const int32_t heads = params.num_heads, kv_heads = params.num_kv_heads, dim = params.head_dim;
-  const int64_t rows = batch.num_rows();
   const int32_t group = heads / kv_heads, block_size = pool.block_size();
   const bool convert = pool.k.dtype() != DType::F32;
   const auto [k_scale, v_scale] = kv_scales(pool);
@@ -92,19 +101,19 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
     for (std::size_t item = begin; item < end; ++item) {
       const auto r = static_cast<int64_t>(item / static_cast<std::size_t>(heads));
       const auto h = static_cast<int32_t>(item % static_cast<std::size_t>(heads));
-      const int32_t kv_head = h / group, sequence = batch.host_row_sequence[r];
-      const int64_t position = batch.host_positions[r];
-      const int64_t first = first_visible_position(position, params.sliding_window);
-      const int64_t last = std::min<int64_t>(position, int64_t{batch.host_seq_lens[sequence]} - 1);
+      const int32_t kv_head = h / group;
+      const RowKeys row = keys_of(r);
+      const int32_t sequence = row.sequence;
+      const int64_t first = row.first, last = row.last;
       const float* query = q.data<const float>() + (r * heads + h) * dim;
       float* result = out.data<float>() + (r * heads + h) * dim;
       const auto count = static_cast<std::size_t>(std::max<int64_t>(0, last - first + 1));
       scores.resize(count);
       auto locate = [&](int64_t t) {
-        const int32_t block = block_of(block_table, sequence, t, block_size, "paged_attention");
+        const int32_t block = block_of(block_table, sequence, t, block_size, op);
         require(block >= 0 && block < pool.num_blocks(),
-                "paged_attention: position {} of sequence {} is visible to position {} but its block is {}", t,
-                sequence, position, block);
+                "{}: position {} of sequence {} is visible to position {} but its block is {}", op, t, sequence,
+                row.position, block);
         return pool_offset(pool, block, params.slot, static_cast<int32_t>(t % block_size), kv_head);
       };
       float max_score = -std::numeric_limits<float>::infinity();
@@ -114,7 +123,7 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
         if (convert) {
           cpu::to_f32(pool.k.raw(), pool.k.dtype(), offset, dim, key.data());
           if (k_scale != 1.0f)
-            for (float& value : key) value *= k_scale;
+            for (float& element : key) element *= k_scale;
           k = key.data();
         }
         const float score = params.scale * cpu::dot(query, k, dim);
@@ -140,6 +149,30 @@ void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const
       for (int32_t d = 0; d < dim; ++d) result[d] = accumulator[d] * inverse;
     }
   });
+}
+
+}  // namespace
+
+void CpuBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                 const AttentionBatch& batch, const AttentionParams& params, Tensor& out) {
+  check_attention_args(q, pool, block_table, batch, params, out);
+  attend(q, pool, block_table, params, batch.num_rows(), "paged_attention", [&](int64_t r) {
+    const int32_t sequence = batch.host_row_sequence[r];
+    const int64_t position = batch.host_positions[r];
+    return RowKeys{sequence, position, first_visible_position(position, params.sliding_window),
+                   std::min<int64_t>(position, int64_t{batch.host_seq_lens[sequence]} - 1)};
+  }, out);
+}
+
+void CpuBackend::block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                 const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) {
+  const int32_t block = check_block_attention_args(q, pool, block_table, blocks, params, out);
+  const int64_t sequences = blocks.num_sequences();
+  attend(q, pool, block_table, params, q.dim(0), "block_attention", [&](int64_t r) {
+    const auto sequence = static_cast<int32_t>(r % sequences);
+    const int64_t end = blocks.host_seq_lens[sequence], position = end - block + r / sequences;
+    return RowKeys{sequence, position, first_visible_position(position, params.sliding_window), end - 1};
+  }, out);
 }
 
 }  // namespace beamline

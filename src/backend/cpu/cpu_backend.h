@@ -41,6 +41,8 @@ class CpuBackend final : public Backend {
                 const AttentionBatch& batch) override;
   void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                        const AttentionBatch& batch, const AttentionParams& params, Tensor& out) override;
+  void block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                       const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) override;
   void route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
              Tensor& expert_ids, Tensor& expert_weights) override;
   void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,

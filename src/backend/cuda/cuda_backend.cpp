@@ -743,6 +743,9 @@ void CudaBackend::gemm_wt(const void* x, DType dtype, int64_t rows, int64_t in, 
 
 bool CudaBackend::project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
                                     std::span<float* const> ys, float softcap, int64_t max_rows) {
+  int64_t bytes = 0;
+  for (const Tensor* weight : weights) bytes += weight->nbytes();
+  if (bytes <= kSmallWeightBytes) max_rows = std::max(max_rows, kSmallStreamingMaxRows);
   if (rows > std::min(streaming_max_rows_, max_rows) || weights.empty() || weights.size() > cuda::kMaxProjectionWeights || !aligned16(x))
     return false;
   cuda::ProjectionBatch batch;
@@ -1128,6 +1131,22 @@ void CudaBackend::paged_attention(const Tensor& q, const PagedKvPool& pool, cons
                                      plan.scratch_floats > 0 ? partials.data<float>() : nullptr, shadow, heads,
                                      params.scale, params.sliding_window, out.data<float>(), stream_),
                "paged_attention");
+}
+
+void CudaBackend::block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                                  const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) {
+  const auto timing = time_op("block_attention");
+  check_pool(pool, params.slot, "block_attention");
+  const int32_t block = check_block_attention_args(q, pool, block_table, blocks, params, out);
+  require(cuda::block_attention_supported(params.head_dim),
+          "block_attention: head_dim {} is not a multiple of 4 up to the cuda kernel's {}", params.head_dim,
+          cuda::kMaxAttentionHeadDim);
+  require_device(q, "block_attention", "q");
+  require_device(out, "block_attention", "out");
+  check_launch(cuda::block_attention(q.data<const float>(), pool_geometry(pool), params.slot,
+                                     batch_geometry(blocks, block_table, "block_attention"), block, params.num_heads,
+                                     params.scale, params.sliding_window, out.data<float>(), stream_),
+               "block_attention");
 }
 
 cuda::AttentionPlan CudaBackend::attention_plan(const AttentionBatch& batch, const PagedKvPool& pool,
@@ -1520,11 +1539,15 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
     return;
   }
   if (swiglu_streaming(h, mlp, out)) return;
-  // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
+  // Three projections, each weight read once: streamed for few rows (gate and up in one launch), else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
-  project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
-  project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  const Tensor* const gate_up[] = {&mlp.gate.weight, &mlp.up.weight};
+  float* const gate_up_out[] = {gate.data<float>(), up.data<float>()};
+  if (!project_streaming(h.data<const float>(), rows, gate_up, gate_up_out, 0.0f, kStreamingSingleMaxRows)) {
+    project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
+    project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  }
   check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
   project(gate.data<const float>(), rows, mlp.down.weight, out.data<float>());
 }

@@ -92,6 +92,8 @@ class CudaBackend final : public Backend {
                 const AttentionBatch& batch) override;
   void paged_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
                        const AttentionBatch& batch, const AttentionParams& params, Tensor& out) override;
+  void block_attention(const Tensor& q, const PagedKvPool& pool, const Tensor& block_table,
+                       const AttentionBatch& blocks, const AttentionParams& params, Tensor& out) override;
   void route(const Tensor& h, const Tensor& router, const Tensor& bias, const RouterParams& params,
              Tensor& expert_ids, Tensor& expert_weights) override;
   void moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
@@ -121,8 +123,14 @@ class CudaBackend final : public Backend {
   // -gpu-perf.md): q|k|v in one launch and the LM head stream up to 2 rows; a lone projection (o, the dense MLP's)
   // only 1, since at 2 rows cuBLAS reads o and the dense MLP faster.
   // The SwiGLU of one row streams through the experts' one-token kernels.
-  static constexpr int64_t kStreamingMaxRows = cuda::kMaxProjectionRows;
+  static constexpr int64_t kStreamingMaxRows = 2;
   static constexpr int64_t kStreamingSingleMaxRows = 1;
+  // Whatever the op, weights of at most kSmallWeightBytes in one call (a drafter's or a small model's, where a step is
+  // bound by launches and latency, not by bytes) stream up to kSmallStreamingMaxRows rows: one launch where cuBLAS
+  // takes two (the activations' rounding, the GEMM), so that a drafter pass at batch 1 (8 rows) or a verify step of
+  // 1 + 7 rows launches a kernel per projection.
+  static constexpr int64_t kSmallStreamingMaxRows = cuda::kMaxProjectionRows;
+  static constexpr int64_t kSmallWeightBytes = int64_t{4} << 20;
   static constexpr int64_t kStreamingSwigluMaxRows = 1;
   // FP8 block-128 weights stream (W8A16, quant/fp8.h) up to this many rows, in every op; more rows take the FP8
   // wgmma GEMMs (W8A8). The MoE streams one token (set_streaming_max_rows(0) sends it to wgmma too). One row: at two

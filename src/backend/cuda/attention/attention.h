@@ -1,6 +1,7 @@
 #pragma once
 // Paged KV writes and paged attention, with the host-side plan that picks the kernels (attention.cu dispatches to
-// decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu), and the KV scales' amax (kv_scales.cu).
+// decode.cu, prefill.cu, prefill_mma.cu, prefill_wgmma.cu), the block drafter's attention (block.cu), and the KV
+// scales' amax (kv_scales.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
 #include <cuda_runtime_api.h>
 
@@ -93,6 +94,13 @@ AttentionPlan plan_attention(const AttentionHostBatch& batch, const PoolGeometry
 cudaError_t paged_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                             const AttentionPlan& plan, const int32_t* work, float* scratch, const ShadowBuffers& shadow,
                             int32_t num_heads, float scale, int32_t sliding_window, float* out, cudaStream_t stream);
+// Backend::block_attention: `blocks` has one row per drafting sequence (seq_lens: the keys, the block the last
+// `block` of them), q and out [block * sequences, num_heads * head_dim] block-row-major; attention/block.cu.
+// head_dim must be a multiple of 4 up to kMaxAttentionHeadDim (block_attention_supported); any group.
+bool block_attention_supported(int32_t head_dim);
+cudaError_t block_attention(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& blocks,
+                            int32_t block, int32_t num_heads, float scale, int32_t sliding_window, float* out,
+                            cudaStream_t stream);
 constexpr int32_t kMaxAttentionHeadDim = 256;
 constexpr int32_t kMaxAttentionGroup = 32;  // query heads per kv head
 

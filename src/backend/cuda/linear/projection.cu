@@ -5,9 +5,11 @@
 // up to summation order, in one launch. Several weights of the same width (q, k and v) are one grid over their
 // stacked rows. When the rows are too few to fill the GPU (k or v alone), the warps of a block split each row's
 // chunks between them and sum their parts in a fixed order (deterministic, no atomics).
-// More activation rows do not pay on the CUDA cores: every row re-reads its activations from L1 for each weight
-// chunk, and at 4 rows that traffic, not HBM, sets the pace (bench/results/2026-12-01-linear.md), where cuBLAS's
-// tensor-core GEMMs read the weights at the same speed for 1 row as for 32.
+// More activation rows do not pay on the CUDA cores for large weights: every row re-reads its activations from L1 for
+// each weight chunk, and at 4 rows that traffic, not HBM, sets the pace (bench/results/2026-12-01-linear.md), where
+// cuBLAS's tensor-core GEMMs read the weights at the same speed for 1 row as for 32. Small weights (a drafter's, a
+// small model's) are bound by latency instead, and one launch beats cuBLAS's two (activation rounding, GEMM) up to 8
+// rows: the backend streams those (CudaBackend::kSmallStreamingMaxRows).
 #include <algorithm>
 #include <cmath>
 
@@ -219,8 +221,12 @@ cudaError_t project_rows(const float* x, int64_t rows, const ProjectionBatch& ba
     // One row's sums leave registers for four blocks per multiprocessor.
     if (rows == 1)
       status = launch<W, 1, 3, 4>(x, count, stacked, stream);
-    else
+    else if (rows == 2)
       status = launch<W, 2, 3, 3>(x, count, stacked, stream);
+    else if (rows <= 4)
+      status = launch<W, 4, 2, 2>(x, count, stacked, stream);
+    else
+      status = launch<W, 8, 2, 2>(x, count, stacked, stream);
   };
   if (batch.dtype == DType::BF16) dispatch(__nv_bfloat16{});
   if (batch.dtype == DType::F16) dispatch(__half{});

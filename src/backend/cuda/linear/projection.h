@@ -16,7 +16,7 @@ namespace beamline::cuda {
 // OperandPrecision (decode is bound by the weight bytes, not by arithmetic). softcap > 0 stores
 // softcap * tanh(y / softcap) instead. Supported for 1..kMaxProjectionRows rows and `in` a multiple of 8.
 constexpr int32_t kMaxProjectionWeights = 4;
-constexpr int64_t kMaxProjectionRows = 2;
+constexpr int64_t kMaxProjectionRows = 8;
 struct ProjectionBatch {
   const void* weight[kMaxProjectionWeights] = {};
   float* y[kMaxProjectionWeights] = {};
