@@ -12,16 +12,10 @@
 // `split`, `cut` with 192-row experts, whose halves fp8 cannot hold (the second starts inside a block and leaves it).
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"

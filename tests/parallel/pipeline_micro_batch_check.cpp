@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
