@@ -18,7 +18,7 @@
 # Not measured, because beamline has no way to time them: the NCCL all-reduce and all-to-all alone at decode sizes
 # (1-256 tokens x 5120) and prefill sizes (no collective case in backend_ops perf, and the NCCL communicator runs on
 # its own stream, outside BEAMLINE_CUDA_OP_TIMES), so NCCL's own figures (nccl-tests) are not beside them; the fused
-# all-reduce + RMSNorm (not written yet, docs/parallel.md). The official-client chat test under TP2 is CTest's
+# all-reduce + RMSNorm against NCCL (bench/gpu_tp_fused.sh does that). The official-client chat test under TP2 is CTest's
 # parallel_serve_e2e (node), not run here. The results file says so too.
 # Time on 2 x H200 (estimate): logits 16 runs ~130 s, serve ~60 s, timing 3 x ~60 s: ~400 s, inside one 600 s call.
 # If it does not fit, split into `logits,serve` and `timing` (two calls, each writing its own report).
@@ -132,7 +132,7 @@ fi
 
 info_row "NCCL all-reduce and all-to-all alone, decode sizes (1-256 x 5120) and prefill sizes" \
   "not measured: beamline has no way to time a collective alone (no collective case in backend_ops perf; the NCCL communicator runs on its own stream, outside BEAMLINE_CUDA_OP_TIMES), and nccl-tests are not carried"
-info_row "fused all-reduce + RMSNorm against NCCL + separate norm" "not measured: the fused kernel is not written (docs/parallel.md, Not yet)"
+info_row "fused all-reduce + RMSNorm against NCCL + separate norm" "not here: bench/gpu_tp_fused.sh checks and times it (TP2 here runs BEAMLINE_FUSED_ALLREDUCE_NORM=auto: fused up to 64 rows of 5,120)"
 info_row "official-client chat test against a TP2 server" "not run here: CTest's parallel_serve_e2e (node and the openai package)"
 info_section
 

@@ -402,7 +402,6 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
                 head_dim = config.head_dim;
   const auto eps = static_cast<float>(config.rms_norm_eps);
-  const auto residual_scale = static_cast<float>(config.residual_scale);
   const AttentionBatch& attention_batch = inputs.attention;
   const std::vector<Tensor>& block_tables = inputs.block_tables;
   const Tensor& tokens = inputs.tokens;
@@ -426,6 +425,10 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     require_dtype(routed_experts, DType::I32, "forward", "routed_experts");
   }
   int64_t moe_index = moe_layers_before(shard_.layer_begin);  // this stage's first slice of routed_experts
+  // Tensor parallelism: for decode-size steps the all-reduce after o_proj and after the MLP happens inside the sandwich
+  // norm's kernel, over the partials that the block writes into memory its peers map (parallel/fused_all_reduce_norm.h).
+  FusedAllReduceNorm* fused_norm = groups_ != nullptr ? groups_->fused_norm.get() : nullptr;
+  const bool fused = fused_norm != nullptr && fused_norm->fused(rows, hidden);
 
   // embedding() over x with the rows' identity (inputs.capture_rows) copies the rows into the capture.
   if (!capture_layers_.empty())
@@ -459,28 +462,28 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     PagedKvPool pool = layer_kv_pool(index, cache.pool, k, v);
     backend_.write_kv(k, v, pool, params.slot, table, attention_batch);
     backend_.paged_attention(q, pool, table, attention_batch, params, attention);
-    backend_.linear(attention, layer.o, branch);
-    apply_lora(layer.lora.o, attention, inputs, branch);
-    reduce_tensor_parallel(branch);
-    backend_.add_rms_norm_then_norm(x, branch, layer.post_attention_norm, eps, residual_scale,
-                                    layer.pre_feedforward_norm, h);
+    Tensor attention_out = fused ? fused_norm->partial(rows, hidden) : branch;
+    backend_.linear(attention, layer.o, attention_out);
+    apply_lora(layer.lora.o, attention, inputs, attention_out);
+    if (!fused) reduce_tensor_parallel(attention_out);
+    sandwich_norm(fused, attention_out, x, layer.post_attention_norm, &layer.pre_feedforward_norm, h);
+    // Expert parallelism over data-parallel replicas follows the MoE's all-reduce with a reduce-scatter: not fused.
+    const bool fused_mlp = fused && !(layer.moe && groups_->expert && groups_->config.data > 1);
+    Tensor mlp_out = fused_mlp ? fused_norm->partial(rows, hidden) : branch;
     const std::optional<SwigluLora> mlp_lora = step_mlp_lora(layer, inputs);
     if (layer.moe) {
-      moe_block(layer, h_rows, branch_rows, h, branch,
+      moe_block(layer, h_rows, branch_rows, h, mlp_out,
                 routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor(),
-                mlp_lora ? &*mlp_lora : nullptr);
+                mlp_lora ? &*mlp_lora : nullptr, !fused_mlp);
       ++moe_index;
     } else if (mlp_lora) {
-      dense_mlp_lora(layer, h, *mlp_lora, branch);
+      dense_mlp_lora(layer, h, *mlp_lora, mlp_out);
     } else {
-      backend_.swiglu(h, layer.mlp, branch);
-      reduce_tensor_parallel(branch);
+      backend_.swiglu(h, layer.mlp, mlp_out);
+      if (!fused_mlp) reduce_tensor_parallel(mlp_out);
     }
-    if (index + 1 < shard_.layer_end)
-      backend_.add_rms_norm_then_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale,
-                                      layers_[i + 1].input_norm, h);
-    else
-      backend_.add_rms_norm(x, branch, layer.post_feedforward_norm, eps, residual_scale);
+    sandwich_norm(fused_mlp, mlp_out, x, layer.post_feedforward_norm,
+                  index + 1 < shard_.layer_end ? &layers_[i + 1].input_norm : nullptr, h);
     for (std::size_t c = 0; c < capture_layers_.size(); ++c) {
       if (capture_layers_[c] != index) continue;
       Tensor slice = captured_.view(static_cast<int64_t>(c) * rows * hidden, {rows, hidden});
@@ -607,7 +610,7 @@ void BeamModel::dummy_forward() {
   for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
     const Layer& layer = layers_[static_cast<std::size_t>(index)];
     // Expert parallelism reads and writes only the padded rows (h and branch are for the other MoE paths).
-    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor(), nullptr);
+    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor(), nullptr, true);
   }
 }
 
@@ -620,7 +623,7 @@ void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {
 }
 
 void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,
-                          Tensor& branch, Tensor expert_ids, const SwigluLora* lora) {
+                          Tensor& branch, Tensor expert_ids, const SwigluLora* lora, bool reduce) {
   const RouterParams router = router_params(config_);
   const int64_t top_k = config_.num_experts_per_tok;
   if (groups_ == nullptr || !groups_->expert) {  // every expert here, whole or split by its intermediate
@@ -631,7 +634,7 @@ void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& bran
       backend_.moe_lora(h, expert_ids, expert_weights, layer.experts, *lora, branch);
     else
       backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
-    reduce_tensor_parallel(branch);
+    if (reduce) reduce_tensor_parallel(branch);
     return;
   }
   // Expert parallelism: this rank's experts over the rows of every data-parallel rank (all-gather), each rank's
@@ -650,7 +653,7 @@ void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& bran
   backend_.route(tokens, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
   keep_own_experts(expert_ids, expert_weights, captured, groups_->at.data * h_rows.dim(0));
   backend_.moe(tokens, expert_ids, expert_weights, layer.experts, out);
-  reduce_tensor_parallel(out);
+  if (reduce) reduce_tensor_parallel(out);
   if (data > 1) groups_->data->reduce_scatter_sum(out, branch_rows);
 }
 
@@ -673,6 +676,21 @@ void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights, Ten
 
 void BeamModel::reduce_tensor_parallel(Tensor& tensor) const {
   if (groups_ != nullptr && groups_->config.tensor > 1) groups_->tensor->all_reduce_sum(tensor);
+}
+
+void BeamModel::sandwich_norm(bool fused, const Tensor& branch, Tensor& x, const Tensor& weight,
+                              const Tensor* next_weight, Tensor& h) {
+  const auto eps = static_cast<float>(config_.rms_norm_eps);
+  const auto scale = static_cast<float>(config_.residual_scale);
+  if (fused) {
+    Tensor none;
+    groups_->fused_norm->add_rms_norm(x, weight, eps, scale, next_weight != nullptr ? *next_weight : none,
+                                      next_weight != nullptr ? h : none);
+  } else if (next_weight != nullptr) {
+    backend_.add_rms_norm_then_norm(x, branch, weight, eps, scale, *next_weight, h);
+  } else {
+    backend_.add_rms_norm(x, branch, weight, eps, scale);
+  }
 }
 
 void BeamModel::enable_lora(int32_t max_loras, int64_t max_rank) {

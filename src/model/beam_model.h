@@ -192,9 +192,10 @@ class BeamModel {
   // The MoE block of one layer: routed experts over h into branch, with the collectives of the parallel layout.
   // `h_rows`/`branch_rows` are h and branch padded to the largest batch of the data-parallel group.
   // `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or undefined.
-  // `lora`: the experts' adapters for this step (step_mlp_lora), or null.
+  // `lora`: the experts' adapters for this step (step_mlp_lora), or null. `reduce` false: branch is left as this
+  // rank's partial, for the fused all-reduce + norm (no data-parallel expert exchange then).
   void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch,
-                 Tensor expert_ids, const SwigluLora* lora);
+                 Tensor expert_ids, const SwigluLora* lora, bool reduce);
   // Pipeline parallelism: the last stage sends run()'s logits ([selected, vocab]) to the first, which samples; other
   // stages pass theirs (undefined) through.
   Tensor logits_to_first_stage(Tensor logits, int64_t selected) const;
@@ -212,6 +213,11 @@ class BeamModel {
   void routed_experts_to_first_stage(const Tensor& routed_experts) const;
   // tensor = its sum over the tensor-parallel group (row-parallel projections' partial sums).
   void reduce_tensor_parallel(Tensor& tensor) const;
+  // The sandwich norm after a block: x += residual_scale * rms(branch, weight), then (next_weight non-null)
+  // h = rms(x, next_weight). `fused`: branch is this rank's partial in the fused all-reduce's memory, summed over the
+  // tensor-parallel group inside the norm's kernel; otherwise branch is whole already.
+  void sandwich_norm(bool fused, const Tensor& branch, Tensor& x, const Tensor& weight, const Tensor* next_weight,
+                     Tensor& h);
 
   BeamWeights weights_;
   ModelConfig config_;

@@ -41,6 +41,7 @@ std::unique_ptr<ParallelGroups> make_parallel_groups(MpiWorld& world, const Para
                            timeout);
   if (config.expert)
     groups->expert = on_device(world.split("expert-parallel", at.pipeline, groups->expert_rank()), backend, timeout);
+  if (config.tensor > 1) groups->fused_norm = std::make_unique<FusedAllReduceNorm>(*groups->tensor, backend);
   return groups;
 }
 

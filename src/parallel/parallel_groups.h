@@ -2,11 +2,12 @@
 // The communicators of one rank: its tensor-parallel group, its pipeline (the same tensor-parallel rank of every
 // stage), its data-parallel group, and with --enable-expert-parallel its expert group (every data x tensor rank of
 // its stage), plus the whole world over host memory for step plans. On CUDA the tensor groups use NCCL, on the CPU
-// MPI.
+// MPI; a tensor-parallel group also has its fused all-reduce + norm (parallel/fused_all_reduce_norm.h).
 #include <memory>
 
 #include "backend/backend.h"
 #include "parallel/communicator.h"
+#include "parallel/fused_all_reduce_norm.h"
 #include "parallel/mpi_world.h"
 #include "parallel/parallel_config.h"
 
@@ -19,6 +20,8 @@ struct ParallelGroups {
   std::unique_ptr<Communicator> world;                       // host values only
   std::unique_ptr<Communicator> tensor, pipeline, data;      // ranks ordered by coordinate
   std::unique_ptr<Communicator> expert;                      // null without --enable-expert-parallel
+  // The sandwich norms' all-reduce (null at --tensor-parallel-size 1). Declared last: it goes before the groups.
+  std::unique_ptr<FusedAllReduceNorm> fused_norm;
 
   int32_t expert_rank() const { return at.data * config.tensor + at.tensor; }
   int32_t expert_size() const { return config.data * config.tensor; }

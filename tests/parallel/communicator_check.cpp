@@ -1,6 +1,7 @@
 // Run under mpirun (tests/parallel/CMakeLists.txt): the MPI communicator's collectives on host tensors against values
 // each rank can compute alone, and its failure paths:
-//   communicator_check collectives   every collective, twice, over all ranks and over a split group
+//   communicator_check collectives   every collective, twice, over all ranks, over a split group and through the
+//                                    staged communicator (parallel/staged_communicator.h) on the CPU backend
 //   communicator_check timeout       rank 1 skips an all-reduce: the others get an Error naming the deadline in time
 //   communicator_check failure       the last rank reports a failure: rank 0's wait raises it, naming that rank
 // The failure cases end the job with MPI_Abort after printing "... case passed".
@@ -17,6 +18,7 @@
 
 #include "backend/registry.h"
 #include "parallel/mpi_world.h"
+#include "parallel/staged_communicator.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -117,11 +119,16 @@ void collectives(MpiWorld& world) {
   const std::string expected_part = world.rank() < 2 ? "part group (world ranks 1, 0)" : "part group (world ranks ";
   expect(all->name().find("world ranks 0, 1, 2") != std::string::npos && part->name().find(expected_part) == 0,
          "group names list their world ranks: " + all->name() + " / " + part->name());
+  // The staged communicator (ranks sharing a GPU) over the CPU backend: the same collectives through its copies.
+  std::unique_ptr<Backend> cpu = create_backend("cpu");
+  std::unique_ptr<Communicator> staged = make_staged_communicator(world.split("staged", 0, world.rank()), *cpu);
   for (int round = 0; round < 2; ++round) {
     check_collectives(*all);
     check_collectives(*part);
+    check_collectives(*staged);
   }
-  spdlog::info("rank {}: collectives passed over {} and {}", world.rank(), all->name(), part->name());
+  spdlog::info("rank {}: collectives passed over {}, {} and {} (staged)", world.rank(), all->name(), part->name(),
+               staged->name());
 }
 
 void timeout(MpiWorld& world) {

@@ -12,16 +12,10 @@
 // `split`, `cut` with 192-row experts, whose halves fp8 cannot hold (the second starts inside a block and leaves it).
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
@@ -30,6 +24,7 @@
 #include "checkpoint/quantize_tensors.h"
 #include "checkpoint/shard_weights.h"
 #include "model/beam_model.h"
+#include "mpi_check.h"
 #include "parallel/mpi_world.h"
 #include "parallel/parallel_groups.h"
 #include "runner/sequence_runner.h"
@@ -64,24 +59,14 @@ ModelConfig test_config(const std::string& preset) {
 
 Options parse(int argc, char** argv) {
   Options options;
-  ParallelConfig& config = options.parallel;
-  config.timeout_seconds = 60;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto text = [&] {
-      require(i + 1 < argc, "{} needs a value", arg);
-      return std::string(argv[++i]);
-    };
-    if (arg == "--tp") config.tensor = std::stoi(text());
-    else if (arg == "--pp") config.pipeline = std::stoi(text());
-    else if (arg == "--dp") config.data = std::stoi(text());
-    else if (arg == "--ep") config.expert = true;
-    else if (arg == "--dummy") options.dummy = true;
-    else if (arg == "--at-load") options.at_load = true;
-    else if (arg == "--preset") options.preset = text();
-    else if (arg == "--quantization") options.quantization = text();
-    else fail("unknown argument {}", arg);
-  }
+  options.parallel = parse_check_args(argc, argv, 60, [&](const std::string& flag, const auto& value) {
+    if (flag == "--dummy") options.dummy = true;
+    else if (flag == "--at-load") options.at_load = true;
+    else if (flag == "--preset") options.preset = value();
+    else if (flag == "--quantization") options.quantization = value();
+    else return false;
+    return true;
+  });
   return options;
 }
 
@@ -140,11 +125,7 @@ int check(int argc, char** argv) {
   // Rank 0 writes the checkpoint; every rank maps it and takes its slices.
   std::filesystem::path dir;
   if (!options.dummy) {
-    std::string path = (std::filesystem::temp_directory_path() / ("beamline-parallel-" + std::to_string(getpid()))).string();
-    std::vector<std::byte> bytes(path.size());
-    std::memcpy(bytes.data(), path.data(), path.size());
-    groups->world->broadcast_bytes(bytes, 0);
-    dir = std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    dir = shared_scratch_path(*groups->world, "beamline-parallel");
     if (world.rank() == 0) write_checkpoint(config, options, dir);
     groups->world->barrier();
   }
@@ -163,30 +144,16 @@ int check(int argc, char** argv) {
   if (world.rank() == 0 && !options.dummy) std::filesystem::remove_all(dir);
 
   if (!groups->first_stage()) return 0;  // the logits come back on the first stage
-  require(actual.size() == expected.size(), "rank {}: {} logits, expected {}", world.rank(), actual.size(),
-          expected.size());
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    worst = std::max(worst, std::abs(double{actual[i]} - double{expected[i]}));
-    scale = std::max(scale, std::abs(double{expected[i]}));
-  }
-  const double relative = worst / scale;
+  const LogitsDifference difference = logits_difference(actual, expected, fmt::format("rank {}", world.rank()));
   spdlog::info("rank {} (data {}, stage {}, tensor {}): {} logits, max |difference| {:.3g} = {:.3g} of max |logit| {:.3g}",
-               world.rank(), groups->at.data, groups->at.pipeline, groups->at.tensor, actual.size(), worst, relative,
-               scale);
-  require(std::isfinite(relative) && relative <= kTolerance, "rank {}: relative difference {:.3g} exceeds {:.0e}",
-          world.rank(), relative, kTolerance);
+               world.rank(), groups->at.data, groups->at.pipeline, groups->at.tensor, actual.size(), difference.worst,
+               difference.relative(), difference.scale);
+  require(difference.within(kTolerance), "rank {}: relative difference {:.3g} exceeds {:.0e}", world.rank(),
+          difference.relative(), kTolerance);
   return 0;
 }
 
 }  // namespace
 }  // namespace beamline
 
-int main(int argc, char** argv) {
-  try {
-    return beamline::check(argc, argv);
-  } catch (const std::exception& error) {
-    spdlog::error("{}", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return beamline::run_check(beamline::check, argc, argv); }

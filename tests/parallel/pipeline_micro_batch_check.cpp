@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "checkpoint/presets.h"
 #include "checkpoint/shard_weights.h"
 #include "model/beam_model.h"
+#include "mpi_check.h"
 #include "parallel/mpi_world.h"
 #include "parallel/parallel_groups.h"
 #include "runner/kv_cache.h"
@@ -40,21 +39,16 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options options;
-  options.parallel.timeout_seconds = 120;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] {
-      require(i + 1 < argc, "{} needs a value", arg);
-      return std::string(argv[++i]);
-    };
-    if (arg == "--pp") options.parallel.pipeline = std::atoi(value().c_str());
-    else if (arg == "--tp") options.parallel.tensor = std::atoi(value().c_str());
-    else if (arg == "--sequences") options.sequences = std::atoi(value().c_str());
-    else if (arg == "--micro-batches") options.parallel.pipeline_micro_batches = std::atoi(value().c_str());
-    else if (arg == "--preset") options.preset = value();
-    else if (arg == "--time") options.rounds = std::atoi(value().c_str());
-    else fail("unknown argument {}", arg);
-  }
+  int32_t micro_batches = 0;
+  options.parallel = parse_check_args(argc, argv, 120, [&](const std::string& flag, const auto& value) {
+    if (flag == "--sequences") options.sequences = flag_int(flag, value());
+    else if (flag == "--micro-batches") micro_batches = flag_int(flag, value());
+    else if (flag == "--preset") options.preset = value();
+    else if (flag == "--time") options.rounds = flag_int(flag, value());
+    else return false;
+    return true;
+  });
+  options.parallel.pipeline_micro_batches = micro_batches;
   return options;
 }
 
@@ -159,18 +153,13 @@ int check(int argc, char** argv) {
     const std::vector<float> expected = run_steps(whole, *whole_backend, steps);
     const std::vector<float> actual = run_steps(sharded, *shard_backend, steps);
     if (!groups->first_stage()) return 0;
-    require(actual.size() == expected.size(), "rank {}: {} logits, expected {}", world.rank(), actual.size(),
-            expected.size());
-    double worst = 0, scale = 0;
-    for (std::size_t i = 0; i < actual.size(); ++i) {
-      worst = std::max(worst, std::abs(double{actual[i]} - double{expected[i]}));
-      scale = std::max(scale, std::abs(double{expected[i]}));
-    }
+    const LogitsDifference difference = logits_difference(actual, expected, fmt::format("rank {}", world.rank()));
     spdlog::info("rank {}: {} sequences in {} micro-batches over {} stages: {} logits, max |difference| {:.3g} of max "
                  "|logit| {:.3g}",
-                 world.rank(), options.sequences, micro_batches, options.parallel.pipeline, actual.size(), worst, scale);
-    require(std::isfinite(worst / scale) && worst / scale <= kTolerance, "rank {}: relative difference {:.3g} exceeds {:.0e}",
-            world.rank(), worst / scale, kTolerance);
+                 world.rank(), options.sequences, micro_batches, options.parallel.pipeline, actual.size(),
+                 difference.worst, difference.scale);
+    require(difference.within(kTolerance), "rank {}: relative difference {:.3g} exceeds {:.0e}", world.rank(),
+            difference.relative(), kTolerance);
     return 0;
   }
   const double overlapped = time_rounds(sharded, *shard_backend, steps, *groups, options.rounds);
@@ -188,11 +177,4 @@ int check(int argc, char** argv) {
 }  // namespace
 }  // namespace beamline
 
-int main(int argc, char** argv) {
-  try {
-    return beamline::check(argc, argv);
-  } catch (const std::exception& error) {
-    spdlog::error("{}", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return beamline::run_check(beamline::check, argc, argv); }

@@ -14,14 +14,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/checkpoint_writer.h"
@@ -29,6 +25,7 @@
 #include "checkpoint/quantize_tensors.h"
 #include "checkpoint/safetensors.h"
 #include "engine/engine_config.h"
+#include "mpi_check.h"
 #include "parallel/mpi_world.h"
 #include "runner/beam_model_runner.h"
 #include "runner/kv_cache.h"
@@ -46,19 +43,11 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options options;
-  options.parallel.timeout_seconds = 60;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&] {
-      require(i + 1 < argc, "{} needs a value", arg);
-      return std::string(argv[++i]);
-    };
-    if (arg == "--tp") options.parallel.tensor = std::atoi(value().c_str());
-    else if (arg == "--pp") options.parallel.pipeline = std::atoi(value().c_str());
-    else if (arg == "--ep") options.parallel.expert = true;
-    else if (arg == "--quantization") options.quantization = value();
-    else fail("unknown argument {}", arg);
-  }
+  options.parallel = parse_check_args(argc, argv, 60, [&](const std::string& flag, const auto& value) {
+    if (flag != "--quantization") return false;
+    options.quantization = value();
+    return true;
+  });
   return options;
 }
 
@@ -191,14 +180,10 @@ class Check {
     expect(same_bits(synced.logits, fresh.logits), "after the sync: the logits of a fresh distributed runner, bit for bit");
     expect(synced.routed == fresh.routed, "after the sync: the routed experts of a fresh distributed runner");
     expect(same_bits(from_disk.logits, fresh.logits), "from disk: the logits of a fresh distributed runner, bit for bit");
-    double worst = 0, scale = 0;
-    for (std::size_t i = 0; i < whole.logits.size() && i < synced.logits.size(); ++i) {
-      worst = std::max(worst, std::abs(double{synced.logits[i]} - double{whole.logits[i]}));
-      scale = std::max(scale, std::abs(double{whole.logits[i]}));
-    }
-    expect(whole.logits.size() == synced.logits.size() && worst <= kTolerance * scale,
+    const LogitsDifference difference = logits_difference(synced.logits, whole.logits, "after the sync");
+    expect(difference.within(kTolerance),
            fmt::format("one process's logits within float32 summation: max |difference| {:.3g} = {:.3g} of max |logit|",
-                       worst, worst / scale));
+                       difference.worst, difference.relative()));
     std::size_t differing = 0;
     for (std::size_t i = 0; i < std::min(whole.routed.size(), synced.routed.size()); ++i)
       differing += whole.routed[i] != synced.routed[i] ? 1 : 0;
@@ -219,11 +204,7 @@ int check(int argc, char** argv) {
   MpiWorld world(options.parallel.timeout_seconds);
   // Rank 0 writes both checkpoints; every rank maps them.
   std::unique_ptr<Communicator> everyone = world.split("test", 0, world.rank());
-  std::string path = (std::filesystem::temp_directory_path() / ("beamline-weight-sync-" + std::to_string(getpid()))).string();
-  std::vector<std::byte> bytes(path.size());
-  std::memcpy(bytes.data(), path.data(), path.size());
-  everyone->broadcast_bytes(bytes, 0);
-  const std::filesystem::path dir = std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::filesystem::path dir = shared_scratch_path(*everyone, "beamline-weight-sync");
   const ModelConfig config = preset_config("tiny");
   if (world.rank() == 0) {
     write_random_checkpoint(config, dir / "a", 11);
@@ -245,11 +226,4 @@ int check(int argc, char** argv) {
 }  // namespace
 }  // namespace beamline
 
-int main(int argc, char** argv) {
-  try {
-    return beamline::check(argc, argv);
-  } catch (const std::exception& error) {
-    spdlog::error("{}", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return beamline::run_check(beamline::check, argc, argv); }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/rows/all_reduce_norm.h"
+#include "backend/cuda/rows/peer_all_reduce.h"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/linear/row_invariant.h"
@@ -294,7 +295,9 @@ void check_linear(const Tensor& x, const LinearTensors& weight, const Tensor& y,
 
 struct Registration {
   Registration() {
-    register_backend("cuda", [] { return make_cuda_backend(); });
+    register_backend("cuda", [] { return make_cuda_backend(); }, [](Backend& backend) {
+      return make_cuda_peer_all_reduce(dynamic_cast<CudaBackend&>(backend));
+    });
   }
 } registration;
 

@@ -4,10 +4,16 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstring>
+#include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "parallel/staged_communicator.h"
 #include "util/error.h"
 
 namespace beamline {
@@ -246,10 +252,37 @@ class NcclCommunicator final : public Communicator {
   bool aborted_ = false;
 };
 
+// Whether two ranks of `host`'s group use one GPU (by UUID; each rank's current device). Collective over the group.
+bool ranks_share_a_gpu(Communicator& host) {
+  int device = 0;
+  cudaDeviceProp properties{};
+  require(cudaGetDevice(&device) == cudaSuccess &&
+              cudaGetDeviceProperties(&properties, device) == cudaSuccess,
+          "{}: rank {} cannot read its GPU's properties", host.name(), host.rank());
+  std::set<std::string> uuids;
+  for (int32_t root = 0; root < host.size(); ++root) {
+    std::vector<std::byte> bytes;
+    if (root == host.rank()) {
+      bytes.resize(sizeof properties.uuid);
+      std::memcpy(bytes.data(), &properties.uuid, sizeof properties.uuid);
+    }
+    host.broadcast_bytes(bytes, root);
+    uuids.emplace(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  return uuids.size() < static_cast<std::size_t>(host.size());
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host, Backend& backend,
                                                      double timeout_seconds) {
+  if (host->size() > 1 && ranks_share_a_gpu(*host)) {
+    if (host->rank() == 0)
+      spdlog::warn("{}: its ranks share a GPU, which NCCL refuses: its collectives go through host memory over MPI "
+                   "(for tests and measurements on one device, not a fast path)",
+                   host->name());
+    return make_staged_communicator(std::move(host), backend);
+  }
   ncclUniqueId id{};
   if (host->rank() == 0) {
     const ncclResult_t result = NcclLibrary::get().get_unique_id(&id);

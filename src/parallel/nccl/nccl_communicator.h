@@ -13,7 +13,8 @@
 namespace beamline {
 
 // Every op waits for `backend`'s queued work, runs on a stream of its own and is polled until
-// `timeout_seconds`; then the NCCL communicator is aborted and an Error names the rank and group.
+// `timeout_seconds`; then the NCCL communicator is aborted and an Error names the rank and group. A group whose ranks
+// share a GPU (NCCL refuses it) gets the staged communicator instead (parallel/staged_communicator.h), with a warning.
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host, Backend& backend,
                                                      double timeout_seconds);
 // The same with an ncclUniqueId made elsewhere (weight sync: the trainer, rank 0, hands it over TCP) and no host
