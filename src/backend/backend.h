@@ -240,6 +240,12 @@ class Backend {
   // Default: the two ops.
   virtual void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                                       const Tensor& next_weight, Tensor& out);
+  // add_rms_norm_then_norm(residual, y, weight, eps, scale, next_weight, out) then route(out, router, bias, params,
+  // expert_ids, expert_weights): the sandwich norm after attention, the MoE's input norm and its router as one op, so
+  // that a device backend can fold the one-row norms into the router's blocks at decode. Default: the two ops.
+  virtual void add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                                       const Tensor& next_weight, Tensor& out, const Tensor& router, const Tensor& bias,
+                                       const RouterParams& params, Tensor& expert_ids, Tensor& expert_weights);
   // The tensor-parallel all-reduce fused into the sandwich norm (issue 19): y = partials[0] + partials[1] + ... summed
   // left to right in rank order, so that every rank of the group computes the same bits, then add_rms_norm(residual,
   // y, weight, eps, scale); with next_weight defined, also out = rms(residual, next_weight) (add_rms_norm_then_norm;

@@ -2,6 +2,7 @@
 // residual add), RoPE and the SSMax query scale.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <tuple>

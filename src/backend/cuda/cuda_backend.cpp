@@ -19,7 +19,7 @@
 #include "backend/cuda/lora/lora.h"
 #include "backend/cuda/lora/moe_lora.h"
 #include "backend/cuda/moe/moe.h"
-#include "backend/cuda/moe/router_gemv.h"
+#include "backend/cuda/moe/router.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
@@ -58,6 +58,10 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+cuda::RouterChoice router_choice(const RouterParams& params) {
+  return {params.n_group, params.topk_group, params.top_k, params.norm_topk_prob, params.routed_scaling_factor};
+}
 
 void require_unquantized(const LinearTensors& weight, std::string_view op) {
   require(!weight.scale.defined(),
@@ -317,6 +321,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
   BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  route_arrivals_ = alloc(DType::I32, {1});
+  fill_zero(route_arrivals_);
   fp8_gemm_ = std::make_unique<cuda::fp8::BlockScaledGemm>(cublas_workspace_.raw(), kCublasWorkspaceBytes);
   if (const char* rows = std::getenv("BEAMLINE_CUDA_FP8_CUBLAS_ROWS")) fp8_cublas_min_rows_ = std::max(0, std::atoi(rows));
   // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
@@ -1202,17 +1208,67 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
           "route: --batch-invariant on cuda needs the router GEMV (hidden {} a multiple of 4 up to 16384, 16-byte "
           "aligned h and router)",
           hidden);
-  if (gemv && (rows <= cuda::kRouterGemvMaxRows || batch_invariant_))
+  const cuda::RouterChoice choice = router_choice(params);
+  if (gemv && rows <= cuda::kRouterGemvMaxRows) {  // decode: the logits and the top-k in one launch
+    check_launch(cuda::route_fused(h.data<const float>(), router.data<const float>(), bias.data<const float>(), rows,
+                                   hidden, static_cast<int32_t>(experts), choice, logits.data<float>(),
+                                   reinterpret_cast<uint32_t*>(route_arrivals_.data<int32_t>()),
+                                   expert_ids.data<int32_t>(), expert_weights.data<float>(), stream_),
+                 "route");
+    return;
+  }
+  if (gemv && batch_invariant_)
     check_launch(cuda::router_gemv(h.data<const float>(), router.data<const float>(), rows, hidden, experts,
                                    logits.data<float>(), stream_),
                  "route");
   else
     gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
   check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
-                                static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
-                                params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),
+                                static_cast<int32_t>(experts), choice, expert_ids.data<int32_t>(),
                                 expert_weights.data<float>(), stream_),
                "route");
+}
+
+void CudaBackend::add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps,
+                                          float scale, const Tensor& next_weight, Tensor& out, const Tensor& router,
+                                          const Tensor& bias, const RouterParams& params, Tensor& expert_ids,
+                                          Tensor& expert_weights) {
+  constexpr const char* op = "add_rms_norm_then_route";
+  require_device(residual, op, "residual");
+  require(residual.rank() == 2, "{}: residual must be [T, H], got {}", op, describe(residual));
+  const int64_t rows = residual.dim(0), hidden = residual.dim(1), experts = router.dim(0);
+  require_shape(y, residual.shape(), op, "y");
+  require_shape(out, residual.shape(), op, "out");
+  require_float_weight(weight, op, "weight");
+  require_shape(weight, {hidden}, op, "weight");
+  require_float_weight(next_weight, op, "next_weight");
+  require_shape(next_weight, {hidden}, op, "next_weight");
+  require_device(router, op, "router");
+  require_device(bias, op, "bias");
+  check_route_args(out, router, bias, params, expert_ids, expert_weights);
+  const cuda::RouterChoice choice = router_choice(params);
+  // One row, outside --batch-invariant (the folded norms sum a row in another order than add_rms_norm_then_norm's
+  // kernel, so a row would differ with the batch it is in).
+  const bool fold = rows == 1 && !batch_invariant_ && next_weight.dtype() == weight.dtype() &&
+                    experts <= cuda::kMaxRouterExperts &&
+                    cuda::add_rms_norm_then_route_supported(residual.data<const float>(), y.data<const float>(),
+                                                            out.data<const float>(), router.data<const float>(),
+                                                            weight.dtype(), hidden, static_cast<int32_t>(experts),
+                                                            choice);
+  if (!fold) {
+    Backend::add_rms_norm_then_route(residual, y, weight, eps, scale, next_weight, out, router, bias, params,
+                                     expert_ids, expert_weights);
+    return;
+  }
+  const auto timing = time_op(op);
+  Tensor logits = scratch(DType::F32, {rows, experts});
+  check_launch(cuda::add_rms_norm_then_route(residual.data<float>(), y.data<const float>(), weight.raw(),
+                                             next_weight.raw(), weight.dtype(), eps, scale, hidden, out.data<float>(),
+                                             router.data<const float>(), bias.data<const float>(),
+                                             static_cast<int32_t>(experts), choice, logits.data<float>(),
+                                             reinterpret_cast<uint32_t*>(route_arrivals_.data<int32_t>()),
+                                             expert_ids.data<int32_t>(), expert_weights.data<float>(), stream_),
+               op);
 }
 
 void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,

@@ -80,6 +80,9 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
   void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                               const Tensor& next_weight, Tensor& out) override;
+  void add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                               const Tensor& next_weight, Tensor& out, const Tensor& router, const Tensor& bias,
+                               const RouterParams& params, Tensor& expert_ids, Tensor& expert_weights) override;
   void all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight, float eps,
                                float scale, const Tensor& next_weight, Tensor& out) override;
   void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
@@ -211,6 +214,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PinnedStaging> staging_;
   cuda::PinnedReadbackPool readback_;
   Tensor cublas_workspace_;
+  Tensor route_arrivals_;  // cuda::route_fused's arrival count: 0 between launches
   std::unique_ptr<cuda::OpTimes> op_times_;  // null unless BEAMLINE_CUDA_OP_TIMES=1
   bool capturing_ = false;  // a graph is being recorded (its tensors come from the allocator's graph pool)
   int64_t weights_loaded_ = 0;

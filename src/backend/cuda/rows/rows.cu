@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   load_owned(weight, hidden, scales);
   load_owned(row, hidden, sums);
   load_owned(next_weight, hidden, next_scales);
-  const float inverse = inverse_rms_owned(values, hidden, eps);
-#pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) sums[k] += scale * (values[k] * inverse * scales[k]);
+  add_scaled_norm(sums, values, inverse_rms_owned(values, hidden, eps), scales, scale);
   const float next_inverse = inverse_rms_owned(sums, hidden, eps);
   float* destination = out + blockIdx.x * hidden;
 #pragma unroll
