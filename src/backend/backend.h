@@ -262,6 +262,10 @@ class Backend {
   // In place, NeoX rotate-half over the full head_dim: for each head, pairs (j, j + D/2) rotate by
   // angle positions[t] * theta^(-2j/D). x [T, num_heads * head_dim].
   virtual void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) = 0;
+  // rope(q, positions, num_heads, ...) and rope(k, positions, num_kv_heads, ...), one op (vLLM's rotary embedding
+  // takes query and key together) so that a device backend can rotate both in one launch. Default: the two ops.
+  virtual void rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+                       int32_t head_dim, float theta);
   // In place, SSMax: q[t] *= (1 + positions[t] / base) ^ exponent. q [T, any].
   virtual void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) = 0;
   // Stores row r's k and v ([T, num_kv_heads * head_dim]) at position positions[r] of its sequence, in layer

@@ -446,9 +446,8 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     apply_lora(layer.lora.k, h, inputs, k);
     apply_lora(layer.lora.v, h, inputs, v);
     if (layer.sliding) {
-      const auto theta = static_cast<float>(config.rope_theta);
-      backend_.rope(q, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
-      backend_.rope(k, attention_batch.positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
+      backend_.rope_qk(q, k, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(kv_heads),
+                       static_cast<int32_t>(head_dim), static_cast<float>(config.rope_theta));
     } else {
       backend_.ssmax_scale(q, attention_batch.positions, static_cast<float>(config.ssmax_base),
                            static_cast<float>(config.ssmax_exponent));

@@ -113,9 +113,8 @@ void run_perf(const PerfOptions& options) {
         const std::array<Tensor*, 3> qkv{&q, &k, &v};
         backend.linear_many(h, qkv_weights, qkv);
         if (sliding) {
-          backend.rope(q, attention_batch.positions, params.num_heads, params.head_dim, static_cast<float>(config.rope_theta));
-          backend.rope(k, attention_batch.positions, params.num_kv_heads, params.head_dim,
-                       static_cast<float>(config.rope_theta));
+          backend.rope_qk(q, k, attention_batch.positions, params.num_heads, params.num_kv_heads, params.head_dim,
+                          static_cast<float>(config.rope_theta));
         } else {
           backend.ssmax_scale(q, attention_batch.positions, static_cast<float>(config.ssmax_base),
                               static_cast<float>(config.ssmax_exponent));

@@ -1054,14 +1054,31 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
   const auto timing = time_op("rope");
-  require_device(x, "rope", "x");
-  const int64_t rows = x.dim(0);
-  require(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} is not even and positive", head_dim);
-  require_shape(x, {rows, int64_t{num_heads} * head_dim}, "rope", "x");
-  require_shape(positions, {rows}, "rope", "positions");
-  require_device(positions, "rope", "positions");
-  check_launch(cuda::rope(x.data<float>(), positions.data<const int32_t>(), rows, num_heads, head_dim, theta, stream_),
+  check_rope(x, positions, num_heads, head_dim, "rope", "x");
+  check_launch(cuda::rope(x.data<float>(), num_heads, nullptr, 0, positions.data<const int32_t>(), x.dim(0), head_dim,
+                          theta, stream_),
                "rope");
+}
+
+void CudaBackend::rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+                          int32_t head_dim, float theta) {
+  const auto timing = time_op("rope_qk");
+  check_rope(q, positions, num_heads, head_dim, "rope_qk", "q");
+  check_rope(k, positions, num_kv_heads, head_dim, "rope_qk", "k");
+  check_launch(cuda::rope(q.data<float>(), num_heads, k.data<float>(), num_kv_heads, positions.data<const int32_t>(),
+                          q.dim(0), head_dim, theta, stream_),
+               "rope_qk");
+}
+
+void CudaBackend::check_rope(const Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim,
+                             const char* op, const char* what) const {
+  require_device(x, op, what);
+  require(x.rank() == 2, "{}: {} must be [T, heads * head_dim], got {}", op, what, describe(x));
+  const int64_t rows = x.dim(0);
+  require(head_dim > 0 && head_dim % 2 == 0, "{}: head_dim {} is not even and positive", op, head_dim);
+  require_shape(x, {rows, int64_t{num_heads} * head_dim}, op, what);
+  require_shape(positions, {rows}, op, "positions");
+  require_device(positions, op, "positions");
 }
 
 void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) {

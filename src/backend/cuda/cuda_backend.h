@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   void linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
                    std::span<Tensor* const> ys) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
+  void rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+               int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
   void amax_scale(const Tensor& x, float divisor, Tensor& out) override;
   void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
@@ -192,6 +194,9 @@ class CudaBackend final : public Backend {
   }
 
   void require_not_capturing(std::string_view op) const;
+  // rope's and rope_qk's checks of one rotated tensor `what` [T, num_heads * head_dim] and its positions [T].
+  void check_rope(const Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, const char* op,
+                  const char* what) const;
   // Device time of the op that the returned scope spans, with BEAMLINE_CUDA_OP_TIMES=1 (cuda/op_times.h).
   cuda::OpTimes::Scope time_op(const char* op) {
     return cuda::OpTimes::Scope(capturing_ ? nullptr : op_times_.get(), op);
