@@ -113,7 +113,8 @@ def wait_for_server(server):
             with urllib.request.urlopen(f"http://127.0.0.1:{serve_throughput.PORT}/health", timeout=2):
                 return
         except OSError:
-            if server.poll() is not None or time.time() > deadline:
+            # `nsys launch` may return 0 once the server runs under the session; anything else is a failure.
+            if server.poll() not in (None, 0) or time.time() > deadline:
                 sys.exit("decode_step_profile: the server did not start")
             time.sleep(1)
 

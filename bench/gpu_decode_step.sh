@@ -5,7 +5,7 @@
 # (bench/decode_step_profile.py).
 # Usage: bench/gpu_decode_step.sh BASE_CARRY NEW_CARRY   (each made by bench/make_carry.sh from one build)
 #        BATCHES (default 1,16,64), PROMPT (8192), DECODE (64); PROFILE=0 skips the traces; TESTS (the harness
-#        families checked, default route,rms_norm).
+#        families checked, default rms_norm,rope,route,moe,batch_invariance).
 # Writes $OUT/decode_step.md (date, GPU, commits, commands, tables), $OUT/decode_step.log, and per build the traces
 # and kernel lists under $OUT/<base|new>/.
 set -uo pipefail
@@ -37,9 +37,10 @@ BATCHES=${BATCHES:-1,16,64} PROMPT=${PROMPT:-8192} DECODE=${DECODE:-64}
 } >"$REPORT"
 
 # Correctness first: a build whose fused ops disagree with the CPU is not worth timing.
+TESTS=${TESTS:-rms_norm,rope,route,moe,batch_invariance}
 printf '\n## Harness checks of the new build (cuda against cpu)\n\n`backend_ops test --device cuda --filter %s`\n\n' \
-  "${TESTS:-route,rms_norm}" >>"$REPORT"
-timeout 300 "$NEW/tests/backend_ops/backend_ops" test --device cuda --filter "${TESTS:-route,rms_norm}" >"$OUT/test.txt" 2>&1
+  "$TESTS" >>"$REPORT"
+timeout 300 "$NEW/tests/backend_ops/backend_ops" test --device cuda --filter "$TESTS" >"$OUT/test.txt" 2>&1
 echo "exit $?" >>"$REPORT"
 cat "$OUT/test.txt" >>"$LOG"
 grep -E "cases, .* failed|FAIL" "$OUT/test.txt" | head -40 >>"$REPORT"
