@@ -37,7 +37,8 @@ __device__ __forceinline__ void load_router_row(const float4* __restrict__ weigh
 // One barrier for all rows: each warp's sums go to shared memory, then the warps' are added in warp order (the same
 // bits for a row whatever the other rows: --batch-invariant).
 __device__ __forceinline__ void expert_logits(const float4* __restrict__ h, const float4 (&w)[kChunksPerThread],
-                                              int64_t rows, int64_t chunks, int64_t experts, float* __restrict__ logits) {
+                                              int64_t rows, int64_t chunks, int64_t experts,
+                                              float* __restrict__ logits) {
   __shared__ float partial[kRouterGemvMaxRows][kGemvWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
@@ -96,7 +97,8 @@ __host__ __device__ inline int64_t route_scratch_bytes(int32_t experts, const Ro
   return (bytes + 15) / 16 * 16;
 }
 
-__device__ inline RouteScratch warp_scratch(unsigned char* base, int warp, int32_t experts, const RouterChoice& choice) {
+__device__ inline RouteScratch warp_scratch(unsigned char* base, int warp, int32_t experts,
+                                            const RouterChoice& choice) {
   RouteScratch s;
   s.score = reinterpret_cast<float*>(base + warp * route_scratch_bytes(experts, choice));
   s.choice = s.score + experts;
@@ -279,12 +281,15 @@ __device__ __forceinline__ void load_chunked(const T* __restrict__ row, int64_t 
   }
 }
 
-__device__ __forceinline__ void store_chunked(const float (&values)[kFoldValues], int64_t chunks, float* __restrict__ row) {
+__device__ __forceinline__ void store_chunked(const float (&values)[kFoldValues], int64_t chunks,
+                                              float* __restrict__ row) {
 #pragma unroll
   for (int k = 0; k < kFoldChunks; ++k) {
     const int64_t c = threadIdx.x + int64_t{k} * blockDim.x;
-    if (c < chunks)
-      reinterpret_cast<float4*>(row)[c] = make_float4(values[4 * k], values[4 * k + 1], values[4 * k + 2], values[4 * k + 3]);
+    if (c < chunks) {
+      const float* v = values + 4 * k;
+      reinterpret_cast<float4*>(row)[c] = make_float4(v[0], v[1], v[2], v[3]);
+    }
   }
 }
 
@@ -315,8 +320,10 @@ __global__ void __maxnreg__(96)
     if (expert != blockIdx.x) load_router_row(router + expert * chunks, chunks, w);
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kFoldChunks; ++k)
-      sum += values[4 * k] * w[k].x + values[4 * k + 1] * w[k].y + values[4 * k + 2] * w[k].z + values[4 * k + 3] * w[k].w;
+    for (int k = 0; k < kFoldChunks; ++k) {
+      const float* v = values + 4 * k;
+      sum += v[0] * w[k].x + v[1] * w[k].y + v[2] * w[k].z + v[3] * w[k].w;
+    }
     sum = block_sum(sum);
     if (threadIdx.x == 0) logits[expert] = sum;
   }
@@ -359,8 +366,8 @@ cudaError_t router_gemv(const float* h, const float* router, int64_t rows, int64
   return cudaGetLastError();
 }
 
-cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, const RouterChoice& choice,
-                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts,
+                       const RouterChoice& choice, int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (!choice_supported(experts, choice)) return cudaErrorInvalidValue;
   const auto shared = static_cast<size_t>(route_scratch_bytes(experts, choice) * kRouteWarps);

@@ -32,19 +32,20 @@ cudaError_t router_gemv(const float* h, const float* router, int64_t rows, int64
                         float* logits, cudaStream_t stream);
 
 // Group-limited top-k over router logits [rows, experts] (computed beforehand).
-cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, const RouterChoice& choice,
-                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
+cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts,
+                       const RouterChoice& choice, int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
 
 // router_gemv then route_topk in one launch, for 1..kRouterGemvMaxRows rows: a block per expert writes its logits to
-// `logits` [rows, experts] (scratch) and counts itself in `arrivals`; the last block to arrive routes every row and sets
-// `arrivals` back to 0. The same logits and choices, bit for bit, as the two launches. `arrivals`: one device word,
-// zero before the first launch, used by one stream at a time.
+// `logits` [rows, experts] (scratch) and counts itself in `arrivals`; the last block to arrive routes every row and
+// sets `arrivals` back to 0. The same logits and choices, bit for bit, as the two launches. `arrivals`: one device
+// word, zero before the first launch, used by one stream at a time.
 cudaError_t route_fused(const float* h, const float* router, const float* bias, int64_t rows, int64_t hidden,
                         int32_t experts, const RouterChoice& choice, float* logits, uint32_t* arrivals,
                         int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
 
-// One row (decode): residual += scale * rms(y, weight); out = rms(residual, next_weight); then route_fused over out:
-// the residual add after attention, the MoE's input norm and the router in one launch (Backend::add_rms_norm_then_route).
+// One row (decode): residual += scale * rms(y, weight); out = rms(residual, next_weight); then route_fused over
+// out: the residual add after attention, the MoE's input norm and the router in one launch
+// (Backend::add_rms_norm_then_route).
 // Weights of one dtype, BF16 or F16 (F32 weights would not fit two blocks an SM: the caller takes the two ops); rows of
 // up to 8,192 values, a multiple of 4. `logits` [experts] scratch and `arrivals` as route_fused's.
 bool add_rms_norm_then_route_supported(const float* residual, const float* y, const float* out, const float* router,
