@@ -772,25 +772,33 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
   const Tensor* const weights[] = {&weight};
   float* const outputs[] = {y};
   if (project_streaming(x, rows, weights, outputs, 0.0f, kStreamingSingleMaxRows)) return;
-  const int64_t in = weight.dim(1), out = weight.dim(0);
-  const DType dtype = weight.dtype();
+  project_gemms(x, rows, weights, outputs);
+}
+
+void CudaBackend::project_gemms(const float* x, int64_t rows, std::span<const Tensor* const> weights,
+                                std::span<float* const> ys) {
+  const int64_t in = weights.front()->dim(1);
+  const DType dtype = weights.front()->dtype();
   if (dtype == DType::F32) {
-    gemm_wt(x, dtype, rows, in, weight, y);
+    for (std::size_t i = 0; i < weights.size(); ++i) gemm_wt(x, dtype, rows, in, *weights[i], ys[i]);
     return;
   }
-  if (operand_precision() == cuda::OperandPrecision::Bf16) {
-    Tensor rounded = scratch(dtype, {rows, in});
-    check_launch(cuda::split_f32(x, rows * in, rounded.raw(), 1, dtype, stream_), "linear");
-    gemm_wt(rounded.raw(), dtype, rows, in, weight, y);
-    return;
+  // Bf16: one rounding of x. Split: one GEMM over [hi; lo; lo2] per weight reads the weight once, as a plain BF16 GEMM
+  // would (decode is bound by those bytes), and add_terms sums the three products.
+  const bool rounded = operand_precision() == cuda::OperandPrecision::Bf16;
+  const int64_t terms = rounded ? 1 : cuda::kSplitTerms;
+  Tensor split = scratch(dtype, {terms * rows, in});
+  check_launch(cuda::split_f32(x, rows * in, split.raw(), static_cast<int>(terms), dtype, stream_), "linear");
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (rounded) {
+      gemm_wt(split.raw(), dtype, rows, in, *weights[i], ys[i]);
+      continue;
+    }
+    const int64_t out = weights[i]->dim(0);
+    Tensor partials = scratch(DType::F32, {terms * rows, out});
+    gemm_wt(split.raw(), dtype, terms * rows, in, *weights[i], partials.data<float>());
+    check_launch(cuda::add_terms(partials.data<const float>(), rows * out, ys[i], stream_), "linear");
   }
-  // One GEMM over [hi; lo; lo2] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
-  constexpr int64_t kTerms = cuda::kSplitTerms;
-  Tensor split = scratch(dtype, {kTerms * rows, in});
-  Tensor partials = scratch(DType::F32, {kTerms * rows, out});
-  check_launch(cuda::split_f32(x, rows * in, split.raw(), cuda::kSplitTerms, dtype, stream_), "linear");
-  gemm_wt(split.raw(), dtype, kTerms * rows, in, weight, partials.data<float>());
-  check_launch(cuda::add_terms(partials.data<const float>(), rows * out, y, stream_), "linear");
 }
 
 void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
@@ -1049,6 +1057,12 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
     return;
   }
   if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f, kStreamingMaxRows)) return;
+  const bool one_dtype = std::all_of(matrices.begin(), matrices.end(),
+                                     [&](const Tensor* matrix) { return matrix->dtype() == matrices.front()->dtype(); });
+  if (one_dtype) {  // x made into operands once for all of them
+    project_gemms(x.data<const float>(), x.dim(0), matrices, outputs);
+    return;
+  }
   for (std::size_t i = 0; i < weights.size(); ++i) project(x.data<const float>(), x.dim(0), *matrices[i], outputs[i]);
 }
 
@@ -1596,8 +1610,15 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   // Three projections, each weight read once: streamed for few rows, else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
-  project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
-  project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  if (mlp.gate.weight.dtype() == mlp.up.weight.dtype()) {  // h made into operands once for both
+    const Tensor* const weights[] = {&mlp.gate.weight, &mlp.up.weight};
+    float* const outputs[] = {gate.data<float>(), up.data<float>()};
+    if (!project_streaming(h.data<const float>(), rows, weights, outputs, 0.0f, kStreamingSingleMaxRows))
+      project_gemms(h.data<const float>(), rows, weights, outputs);
+  } else {
+    project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
+    project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
+  }
   check_launch(cuda::silu_mul(gate.data<float>(), up.data<const float>(), rows * intermediate, stream_), "swiglu");
   project(gate.data<const float>(), rows, mlp.down.weight, out.data<float>());
 }

@@ -151,6 +151,8 @@ class CudaBackend final : public Backend {
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo + lo2 (what FP32
   // arithmetic gives) or hi alone (OperandPrecision::Bf16).
   void project(const float* x, int64_t rows, const Tensor& weight, float* y);
+  // ys[i] = x weights[i]ᵀ on cuBLAS for weights of one dtype and width, x made into BF16/F16 operands once for all.
+  void project_gemms(const float* x, int64_t rows, std::span<const Tensor* const> weights, std::span<float* const> ys);
   // ys[i] = x weights[i]ᵀ (soft-capped when softcap > 0) in one weight-streaming launch, when the rows are few
   // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.
   bool project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
