@@ -222,26 +222,33 @@ __global__ void __launch_bounds__(kRouteWarps * 32)
 }
 
 // ---- both in one launch ----
+// The usual "last block" handshake over a grid's blocks: each block's global writes are fenced before its arrival is
+// counted, and the block that sees the full count fences again before it reads what the others wrote. True in the
+// last block only (every thread of it); the caller's last block sets *arrivals back to 0 for the next launch.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* arrivals) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 // A block per expert as router_gemv_kernel; the last block to finish its logits routes the rows (route_warps warps of
-// it, a row each in turn). The arrival count is the usual "last block" handshake: each block's logits are fenced
-// before its arrival is counted, and the last block fences after seeing the full count, before reading them.
+// it, a row each in turn).
 __global__ void __launch_bounds__(kGemvThreads)
     route_fused_kernel(const float4* __restrict__ h, const float4* __restrict__ router, const float* __restrict__ bias,
                        int64_t rows, int64_t chunks, int32_t experts, RouterChoice choice, int route_warps,
                        float* __restrict__ logits, uint32_t* __restrict__ arrivals, int32_t* __restrict__ expert_ids,
                        float* __restrict__ expert_weights) {
   extern __shared__ __align__(16) unsigned char route_shared[];
-  __shared__ bool last;
   const int64_t expert = blockIdx.x;
   float4 w[kChunksPerThread];
   load_router_row(router + expert * chunks, chunks, w);
   expert_logits(h, w, rows, chunks, experts, logits + expert);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_to_arrive(arrivals)) return;
   const int warp = threadIdx.x / 32;
   if (warp < route_warps) {
     const RouteScratch scratch = warp_scratch(route_shared, warp, experts, choice);
@@ -303,7 +310,6 @@ __global__ void __maxnreg__(96)
                           uint32_t* __restrict__ arrivals, int32_t* __restrict__ expert_ids,
                           float* __restrict__ expert_weights) {
   extern __shared__ __align__(16) unsigned char route_shared[];
-  __shared__ bool last;
   const int64_t chunks = hidden / 4;
   float4 w[kFoldChunks];
   load_router_row(router + int64_t{blockIdx.x} * chunks, chunks, w);  // in flight during the norms
@@ -327,12 +333,7 @@ __global__ void __maxnreg__(96)
     sum = block_sum(sum);
     if (threadIdx.x == 0) logits[expert] = sum;
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_to_arrive(arrivals)) return;
   store_chunked(sums, chunks, residual);
   store_chunked(values, chunks, out);
   if (threadIdx.x < 32)
