@@ -5,7 +5,7 @@
 # (bench/decode_step_profile.py).
 # Usage: bench/gpu_decode_step.sh BASE_CARRY NEW_CARRY   (each made by bench/make_carry.sh from one build)
 #        BATCHES (default 1,16,64), PROMPT (8192), DECODE (64); PROFILE=0 skips the traces; TESTS (the harness
-#        families checked, default rms_norm,rope,route,moe,batch_invariance).
+#        families checked in float32, default rms_norm,rope,route,moe,linear_many,swiglu).
 # Writes $OUT/decode_step.md (date, GPU, commits, commands, tables), $OUT/decode_step.log, and per build the traces
 # and kernel lists under $OUT/<base|new>/.
 set -uo pipefail
@@ -36,14 +36,20 @@ BATCHES=${BATCHES:-1,16,64} PROMPT=${PROMPT:-8192} DECODE=${DECODE:-64}
   echo "Step floor: the 8,292,925,440 bytes a batch-1 step must read, at 4.8 TB/s (1.73 ms)."
 } >"$REPORT"
 
-# Correctness first: a build whose fused ops disagree with the CPU is not worth timing.
-TESTS=${TESTS:-rms_norm,rope,route,moe,batch_invariance}
-printf '\n## Harness checks of the new build (cuda against cpu)\n\n`backend_ops test --device cuda --filter %s`\n\n' \
-  "$TESTS" >>"$REPORT"
-timeout 300 "$NEW/tests/backend_ops/backend_ops" test --device cuda --filter "$TESTS" >"$OUT/test.txt" 2>&1
-echo "exit $?" >>"$REPORT"
-cat "$OUT/test.txt" >>"$LOG"
-grep -E "cases, .* failed|FAIL" "$OUT/test.txt" | head -40 >>"$REPORT"
+# Correctness first: a build whose fused ops disagree with the CPU is not worth timing. The families in float32
+# (FP32-accurate tolerances), the projections and MLPs in bfloat16, and the batch-invariant mode's rows.
+TESTS=${TESTS:-rms_norm,rope,route,moe,linear_many,swiglu}
+printf '\n## Harness checks of the new build (cuda against cpu)\n\n' >>"$REPORT"
+for run in "float32|--filter $TESTS" "bfloat16|--filter linear_many,moe,swiglu,route" \
+           "bfloat16|--batch-invariant --filter batch_invariance"; do
+  dtype=${run%%|*} args=${run#*|}
+  timeout 300 "$NEW/tests/backend_ops/backend_ops" test --device cuda --reference cpu --dtype "$dtype" $args \
+    >"$OUT/test.txt" 2>&1
+  echo "\`backend_ops test --device cuda --reference cpu --dtype $dtype $args\`: exit $?" >>"$REPORT"
+  cat "$OUT/test.txt" >>"$LOG"
+  grep -E "cases, .* failed|\| fail" "$OUT/test.txt" | head -20 >>"$REPORT"
+  echo >>"$REPORT"
+done
 
 WORK=$(mktemp -d)
 "$NEW/apps/beamline/beamline" make-model --preset beam-1.0 --layers 8 --no-weights --out "$WORK/beam-1.0-8" >>"$LOG" 2>&1
