@@ -58,6 +58,19 @@ void Backend::add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Te
   rms_norm(residual, next_weight, eps, out);
 }
 
+void Backend::rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+                      int32_t head_dim, float theta) {
+  rope(q, positions, num_heads, head_dim, theta);
+  rope(k, positions, num_kv_heads, head_dim, theta);
+}
+
+void Backend::add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                                      const Tensor& next_weight, Tensor& out, const Tensor& router, const Tensor& bias,
+                                      const RouterParams& params, Tensor& expert_ids, Tensor& expert_weights) {
+  add_rms_norm_then_norm(residual, y, weight, eps, scale, next_weight, out);
+  route(out, router, bias, params, expert_ids, expert_weights);
+}
+
 void Backend::moe_lora(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
                        const SwigluLora& lora, Tensor& out) {
   (void)h, (void)expert_ids, (void)expert_weights, (void)moe, (void)lora, (void)out;

@@ -240,6 +240,12 @@ class Backend {
   // Default: the two ops.
   virtual void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                                       const Tensor& next_weight, Tensor& out);
+  // add_rms_norm_then_norm(residual, y, weight, eps, scale, next_weight, out) then route(out, router, bias, params,
+  // expert_ids, expert_weights): the sandwich norm after attention, the MoE's input norm and its router as one op, so
+  // that a device backend can fold the one-row norms into the router's blocks at decode. Default: the two ops.
+  virtual void add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                                       const Tensor& next_weight, Tensor& out, const Tensor& router, const Tensor& bias,
+                                       const RouterParams& params, Tensor& expert_ids, Tensor& expert_weights);
   // The tensor-parallel all-reduce fused into the sandwich norm (issue 19): y = partials[0] + partials[1] + ... summed
   // left to right in rank order, so that every rank of the group computes the same bits, then add_rms_norm(residual,
   // y, weight, eps, scale); with next_weight defined, also out = rms(residual, next_weight) (add_rms_norm_then_norm;
@@ -256,6 +262,10 @@ class Backend {
   // In place, NeoX rotate-half over the full head_dim: for each head, pairs (j, j + D/2) rotate by
   // angle positions[t] * theta^(-2j/D). x [T, num_heads * head_dim].
   virtual void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) = 0;
+  // rope(q, positions, num_heads, ...) and rope(k, positions, num_kv_heads, ...), one op (vLLM's rotary embedding
+  // takes query and key together) so that a device backend can rotate both in one launch. Default: the two ops.
+  virtual void rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+                       int32_t head_dim, float theta);
   // In place, SSMax: q[t] *= (1 + positions[t] / base) ^ exponent. q [T, any].
   virtual void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) = 0;
   // Stores row r's k and v ([T, num_kv_heads * head_dim]) at position positions[r] of its sequence, in layer

@@ -400,15 +400,14 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
   const KvCacheLayout& layout = cache.layout;
   const int64_t rows = inputs.rows;
   const int64_t hidden = config.hidden_size, heads = config.num_attention_heads, kv_heads = config.num_key_value_heads,
-                head_dim = config.head_dim;
+                head_dim = config.head_dim, top_k = config.num_experts_per_tok;
   const auto eps = static_cast<float>(config.rms_norm_eps);
   const AttentionBatch& attention_batch = inputs.attention;
   const std::vector<Tensor>& block_tables = inputs.block_tables;
   const Tensor& tokens = inputs.tokens;
   // The experts of data-parallel ranks see every rank's rows, each rank's padded to the longest batch.
   int64_t padded_rows = rows;
-  if (groups_ != nullptr && groups_->expert && groups_->config.data > 1)
-    padded_rows = groups_->data->all_reduce_max(rows);
+  if (expert_parallel() && groups_->config.data > 1) padded_rows = groups_->data->all_reduce_max(rows);
   Tensor x = backend_.alloc(DType::F32, {rows, hidden});
   Tensor h_rows = backend_.alloc(DType::F32, {padded_rows, hidden});
   Tensor branch_rows = backend_.alloc(DType::F32, {padded_rows, hidden});
@@ -450,9 +449,8 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     apply_lora(layer.lora.k, h, inputs, k);
     apply_lora(layer.lora.v, h, inputs, v);
     if (layer.sliding) {
-      const auto theta = static_cast<float>(config.rope_theta);
-      backend_.rope(q, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
-      backend_.rope(k, attention_batch.positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
+      backend_.rope_qk(q, k, attention_batch.positions, static_cast<int32_t>(heads), static_cast<int32_t>(kv_heads),
+                       static_cast<int32_t>(head_dim), static_cast<float>(config.rope_theta));
     } else {
       backend_.ssmax_scale(q, attention_batch.positions, static_cast<float>(config.ssmax_base),
                            static_cast<float>(config.ssmax_exponent));
@@ -466,15 +464,32 @@ Tensor BeamModel::run(const StepInputs& inputs, KvCacheView cache, const Tensor&
     backend_.linear(attention, layer.o, attention_out);
     apply_lora(layer.lora.o, attention, inputs, attention_out);
     if (!fused) reduce_tensor_parallel(attention_out);
-    sandwich_norm(fused, attention_out, x, layer.post_attention_norm, &layer.pre_feedforward_norm, h);
     // Expert parallelism over data-parallel replicas follows the MoE's all-reduce with a reduce-scatter: not fused.
     const bool fused_mlp = fused && !(layer.moe && groups_->expert && groups_->config.data > 1);
     Tensor mlp_out = fused_mlp ? fused_norm->partial(rows, hidden) : branch;
     const std::optional<SwigluLora> mlp_lora = step_mlp_lora(layer, inputs);
+    const Tensor captured_experts =
+        layer.moe && routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor();
+    if (layer.moe && !expert_parallel()) {  // the norms and the router as one op (a device folds them at decode)
+      Tensor expert_ids = captured_experts.defined() ? captured_experts : backend_.alloc(DType::I32, {rows, top_k});
+      Tensor expert_weights = backend_.alloc(DType::F32, {rows, top_k});
+      if (fused) {  // the fused all-reduce makes h, the router reads it
+        sandwich_norm(true, attention_out, x, layer.post_attention_norm, &layer.pre_feedforward_norm, h);
+        backend_.route(h, layer.experts.router, layer.experts.router_bias, router_params(config_), expert_ids,
+                       expert_weights);
+      } else {
+        backend_.add_rms_norm_then_route(x, attention_out, layer.post_attention_norm, eps,
+                                         static_cast<float>(config.residual_scale), layer.pre_feedforward_norm, h,
+                                         layer.experts.router, layer.experts.router_bias, router_params(config_),
+                                         expert_ids, expert_weights);
+      }
+      local_experts(layer, h, expert_ids, expert_weights, mlp_lora ? &*mlp_lora : nullptr, mlp_out, !fused_mlp);
+    } else {
+      sandwich_norm(fused, attention_out, x, layer.post_attention_norm, &layer.pre_feedforward_norm, h);
+    }
     if (layer.moe) {
-      moe_block(layer, h_rows, branch_rows, h, mlp_out,
-                routed_experts.defined() ? routed_experts.slice_first(moe_index) : Tensor(),
-                mlp_lora ? &*mlp_lora : nullptr, !fused_mlp);
+      if (expert_parallel())
+        moe_block(layer, h_rows, branch_rows, h, mlp_out, captured_experts, !fused_mlp);
       ++moe_index;
     } else if (mlp_lora) {
       dense_mlp_lora(layer, h, *mlp_lora, mlp_out);
@@ -610,7 +625,7 @@ void BeamModel::dummy_forward() {
   for (int64_t index = shard_.layer_begin; index < shard_.layer_end; ++index) {
     const Layer& layer = layers_[static_cast<std::size_t>(index)];
     // Expert parallelism reads and writes only the padded rows (h and branch are for the other MoE paths).
-    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor(), nullptr, true);
+    if (layer.moe) moe_block(layer, h_rows, branch_rows, h_rows, branch_rows, Tensor(), true);
   }
 }
 
@@ -623,20 +638,10 @@ void BeamModel::capture_hidden_after(std::vector<int64_t> layers) {
 }
 
 void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h,
-                          Tensor& branch, Tensor expert_ids, const SwigluLora* lora, bool reduce) {
+                          Tensor& branch, Tensor expert_ids, bool reduce) {
   const RouterParams router = router_params(config_);
   const int64_t top_k = config_.num_experts_per_tok;
-  if (groups_ == nullptr || !groups_->expert) {  // every expert here, whole or split by its intermediate
-    if (!expert_ids.defined()) expert_ids = backend_.alloc(DType::I32, {h.dim(0), top_k});
-    Tensor expert_weights = backend_.alloc(DType::F32, {h.dim(0), top_k});
-    backend_.route(h, layer.experts.router, layer.experts.router_bias, router, expert_ids, expert_weights);
-    if (lora != nullptr)
-      backend_.moe_lora(h, expert_ids, expert_weights, layer.experts, *lora, branch);
-    else
-      backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
-    if (reduce) reduce_tensor_parallel(branch);
-    return;
-  }
+  require(expert_parallel(), "model: moe_block is the expert-parallel MoE (local experts: local_experts)");
   // Expert parallelism: this rank's experts over the rows of every data-parallel rank (all-gather), each rank's
   // partial sums added up over the tensor-parallel group (all-reduce) and handed back by data-parallel rank
   // (reduce-scatter).
@@ -656,6 +661,17 @@ void BeamModel::moe_block(const Layer& layer, const Tensor& h_rows, Tensor& bran
   if (reduce) reduce_tensor_parallel(out);
   if (data > 1) groups_->data->reduce_scatter_sum(out, branch_rows);
 }
+
+void BeamModel::local_experts(const Layer& layer, const Tensor& h, const Tensor& expert_ids,
+                              const Tensor& expert_weights, const SwigluLora* lora, Tensor& branch, bool reduce) {
+  if (lora != nullptr)
+    backend_.moe_lora(h, expert_ids, expert_weights, layer.experts, *lora, branch);
+  else
+    backend_.moe(h, expert_ids, expert_weights, layer.experts, branch);
+  if (reduce) reduce_tensor_parallel(branch);
+}
+
+bool BeamModel::expert_parallel() const { return groups_ != nullptr && groups_->expert; }
 
 void BeamModel::keep_own_experts(Tensor& expert_ids, Tensor& expert_weights, Tensor captured,
                                  int64_t captured_row) const {

@@ -189,13 +189,19 @@ class BeamModel {
   // The layer's MLP adapters with the step's row slots, when a row of the step may need them; nullopt otherwise.
   std::optional<SwigluLora> step_mlp_lora(const Layer& layer, const StepInputs& inputs) const;
 
-  // The MoE block of one layer: routed experts over h into branch, with the collectives of the parallel layout.
-  // `h_rows`/`branch_rows` are h and branch padded to the largest batch of the data-parallel group.
-  // `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or undefined.
-  // `lora`: the experts' adapters for this step (step_mlp_lora), or null. `reduce` false: branch is left as this
-  // rank's partial, for the fused all-reduce + norm (no data-parallel expert exchange then).
+  // The MoE block of one layer under expert parallelism: the router and this rank's experts over h into branch, with
+  // the collectives of the layout. `h_rows`/`branch_rows` are h and branch padded to the largest batch of the
+  // data-parallel group. `expert_ids`: where the router's choices go (a slice of forward()'s routed_experts), or
+  // undefined. `reduce` false: branch is left as this rank's partial, for the fused all-reduce + norm (no
+  // data-parallel expert exchange then). (LoRA is refused on distributed models: enable_lora.)
   void moe_block(const Layer& layer, const Tensor& h_rows, Tensor& branch_rows, const Tensor& h, Tensor& branch,
-                 Tensor expert_ids, const SwigluLora* lora, bool reduce);
+                 Tensor expert_ids, bool reduce);
+  // Without expert parallelism (every expert here, whole or split by its intermediate): the experts of the router's
+  // choices over h into branch, summed over the tensor-parallel group unless `reduce` is false (the fused
+  // all-reduce + norm sums it); `lora`: the experts' adapters for this step (step_mlp_lora), or null.
+  void local_experts(const Layer& layer, const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights,
+                     const SwigluLora* lora, Tensor& branch, bool reduce);
+  bool expert_parallel() const;
   // Pipeline parallelism: the last stage sends run()'s logits ([selected, vocab]) to the first, which samples; other
   // stages pass theirs (undefined) through.
   Tensor logits_to_first_stage(Tensor logits, int64_t selected) const;

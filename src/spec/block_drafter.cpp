@@ -395,8 +395,8 @@ Tensor BlockDrafter::run(const Pass& pass) {
     const std::array<const LinearTensors*, 3> weights{&layer.q, &layer.k, &layer.v};
     const std::array<Tensor*, 3> outputs{&q, &k, &v};
     backend_.linear_many(h, weights, outputs);
-    backend_.rope(q, rope_positions, static_cast<int32_t>(heads), static_cast<int32_t>(head_dim), theta);
-    backend_.rope(k, rope_positions, static_cast<int32_t>(kv_heads), static_cast<int32_t>(head_dim), theta);
+    backend_.rope_qk(q, k, rope_positions, static_cast<int32_t>(heads), static_cast<int32_t>(kv_heads),
+                     static_cast<int32_t>(head_dim), theta);
     backend_.write_kv(k, v, pool_, slot, write_table, pass.writes);
     if (row_attention_) {
       for (int32_t i = 0; i < block; ++i) {

@@ -235,6 +235,42 @@ void mlp_cases(Harness& harness, std::vector<InvarianceCase>& cases) {
                      }
                      return joined;
                    }});
+
+  // The norms before the router and the router as one op (on cuda, one launch at one row outside this mode): the
+  // residual, the normed row, ids and weights of each row.
+  auto weight = harness.random_weight(DType::BF16, {router_hidden}, 1.0f);
+  auto next = harness.random_weight(DType::BF16, {router_hidden}, 1.0f);
+  const std::vector<float> residual = harness.inputs().uniform(pool_size() * router_hidden);
+  cases.push_back(
+      {"add_rms_norm_then_route", "E 64 H 512 BF16 norms", 2 * router_hidden + 2 * params.top_k, kF32Tolerance,
+       {1, 3, 9, 64},  // 1: the row that would be folded outside this mode
+       [&harness, router, bias, x, params, router_hidden, weight, next, residual](Backend& backend,
+                                                                                   const std::vector<int64_t>& batch) {
+         const auto rows = static_cast<int64_t>(batch.size());
+         const bool device = &backend == &harness.device();
+         Tensor r = backend.upload_f32(gather(residual, router_hidden, batch), {rows, router_hidden});
+         Tensor out = backend.alloc(DType::F32, {rows, router_hidden});
+         Tensor ids = backend.alloc(DType::I32, {rows, params.top_k});
+         Tensor weights = backend.alloc(DType::F32, {rows, params.top_k});
+         backend.add_rms_norm_then_route(r, backend.upload_f32(gather(x, router_hidden, batch), {rows, router_hidden}),
+                                         device ? weight.device : weight.reference, 1e-6f, 0.5f,
+                                         device ? next.device : next.reference, out,
+                                         device ? router.device : router.reference,
+                                         device ? bias.device : bias.reference, params, ids, weights);
+         const std::vector<float> sums = backend.download_f32(r), normed = backend.download_f32(out);
+         const std::vector<int32_t> id_values = backend.download_i32(ids);
+         const std::vector<float> weight_values = backend.download_f32(weights);
+         std::vector<float> joined;
+         for (int64_t i = 0; i < rows; ++i) {
+           joined.insert(joined.end(), sums.begin() + i * router_hidden, sums.begin() + (i + 1) * router_hidden);
+           joined.insert(joined.end(), normed.begin() + i * router_hidden, normed.begin() + (i + 1) * router_hidden);
+           for (int32_t j = 0; j < params.top_k; ++j)
+             joined.push_back(static_cast<float>(id_values[static_cast<std::size_t>(i * params.top_k + j)]));
+           joined.insert(joined.end(), weight_values.begin() + i * params.top_k,
+                         weight_values.begin() + (i + 1) * params.top_k);
+         }
+         return joined;
+       }});
 }
 
 void row_cases(Harness& harness, std::vector<InvarianceCase>& cases) {

@@ -76,8 +76,9 @@ void run_perf(const PerfOptions& options) {
 
   cudaEvent_t marks[4];
   for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
-  std::printf("\n| layer | batch | context | attention ms | MoE ms (route + experts) | layer ms | layer floor ms | "
-              "floor / layer | experts hit |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::printf("\n| layer | batch | context | attention ms (input norm to o) | MoE ms (add + norm + route, experts) | "
+              "layer ms | layer floor ms | floor / layer | experts hit |\n"
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const bool sliding : {true, false}) {
     for (const int64_t sequences : options.batches) {
       const int64_t batch = sequences * options.query_rows;  // rows
@@ -112,9 +113,8 @@ void run_perf(const PerfOptions& options) {
         const std::array<Tensor*, 3> qkv{&q, &k, &v};
         backend.linear_many(h, qkv_weights, qkv);
         if (sliding) {
-          backend.rope(q, attention_batch.positions, params.num_heads, params.head_dim, static_cast<float>(config.rope_theta));
-          backend.rope(k, attention_batch.positions, params.num_kv_heads, params.head_dim,
-                       static_cast<float>(config.rope_theta));
+          backend.rope_qk(q, k, attention_batch.positions, params.num_heads, params.num_kv_heads, params.head_dim,
+                          static_cast<float>(config.rope_theta));
         } else {
           backend.ssmax_scale(q, attention_batch.positions, static_cast<float>(config.ssmax_base),
                               static_cast<float>(config.ssmax_exponent));
@@ -122,9 +122,9 @@ void run_perf(const PerfOptions& options) {
         backend.write_kv(k, v, pool, 0, block_table, attention_batch);
         backend.paged_attention(q, pool, block_table, attention_batch, params, attention);
         backend.linear(attention, o_proj, branch);
-        backend.add_rms_norm_then_norm(x, branch, post_attention_norm, eps, residual_scale, pre_feedforward_norm, h);
         if (timed) check(cudaEventRecord(marks[1], backend.stream()), "cudaEventRecord");
-        backend.route(h, moe.router, moe.router_bias, router, ids, weights);
+        backend.add_rms_norm_then_route(x, branch, post_attention_norm, eps, residual_scale, pre_feedforward_norm, h,
+                                        moe.router, moe.router_bias, router, ids, weights);
         backend.moe(h, ids, weights, moe, branch);
         if (timed) check(cudaEventRecord(marks[2], backend.stream()), "cudaEventRecord");
         backend.add_rms_norm(x, branch, post_feedforward_norm, eps, residual_scale);

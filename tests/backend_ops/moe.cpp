@@ -28,6 +28,71 @@
 
 namespace beamline::backend_ops {
 
+// The picks of the device against the reference's, row by row: a different id is a different expert, not a rounding.
+void record_route_ids(Harness& harness, const Harness::Pair& ids, int64_t rows, int32_t top_k, const std::string& shape,
+                      std::chrono::steady_clock::time_point start) {
+  const std::vector<int32_t> device_ids = harness.device().download_i32(ids.device);
+  const std::vector<int32_t> reference_ids = harness.reference().download_i32(ids.reference);
+  int64_t mismatched = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    mismatched += !std::equal(device_ids.begin() + r * top_k, device_ids.begin() + (r + 1) * top_k,
+                              reference_ids.begin() + r * top_k);
+  Result result{"route ids", shape, static_cast<double>(mismatched), 0.0,
+                fmt::format("{} of {} rows differ", mismatched, rows), mismatched == 0, seconds_since(start)};
+  harness.record_result(std::move(result));
+}
+
+// The sandwich norm after attention, the MoE's input norm and the router as one op: on cuda one launch for one row with
+// BF16/F16 norm weights (the norms folded into the router's blocks), the two ops otherwise (F32 weights, more rows,
+// rows that are not a multiple of 4).
+void test_add_rms_norm_then_route(Harness& harness) {
+  struct Case {
+    int64_t rows, hidden;
+    int32_t experts;
+    RouterParams params;
+    DType norm_dtype;
+    const char* what;
+  };
+  const std::vector<Case> cases{{1, 5120, 256, {8, 4, 8, true, 2.5f}, DType::BF16, "beam-1.0 decode: folded"},
+                                {1, 5120, 256, {8, 4, 8, true, 2.5f}, DType::F16, "F16 norms: folded"},
+                                {1, 8192, 64, {4, 2, 6, false, 1.0f}, DType::BF16, "H 8192: folded, widest row"},
+                                {1, 96, 24, {3, 2, 5, false, 1.0f}, DType::BF16, "odd: folded"},
+                                {1, 5120, 256, {8, 4, 8, true, 2.5f}, DType::F32, "F32 norms: two ops"},
+                                {1, 98, 16, {4, 2, 3, true, 1.0f}, DType::BF16, "H not a multiple of 4: two ops"},
+                                {1, 9000, 32, {4, 2, 4, true, 1.0f}, DType::BF16, "H 9000: two ops"},
+                                {5, 5120, 256, {8, 4, 8, true, 2.5f}, DType::BF16, "5 rows: two ops"}};
+  for (const Case& c : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string shape = fmt::format("T {} H {} E {} groups {}/{} top {} {} ({})", c.rows, c.hidden, c.experts,
+                                          c.params.n_group, c.params.topk_group, c.params.top_k,
+                                          dtype_name(c.norm_dtype), c.what);
+    auto weight = harness.random_weight(c.norm_dtype, {c.hidden}, 1.0f);
+    auto next_weight = harness.random_weight(c.norm_dtype, {c.hidden}, 1.0f);
+    auto y = harness.f32(harness.inputs().uniform(c.rows * c.hidden, 3.0f), {c.rows, c.hidden});
+    auto residual = harness.f32(harness.inputs().uniform(c.rows * c.hidden), {c.rows, c.hidden});
+    auto router = harness.f32(harness.inputs().uniform(int64_t{c.experts} * c.hidden, 0.05f), {c.experts, c.hidden});
+    auto bias = harness.f32(harness.inputs().uniform(c.experts, 0.01f), {c.experts});
+    auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
+    auto ids = harness.poisoned(DType::I32, {c.rows, c.params.top_k});
+    auto weights = harness.poisoned(DType::F32, {c.rows, c.params.top_k});
+    // Twice on the device (the second launch must find the arrival count back at 0), once on the reference.
+    for (int round = 0; round < 2; ++round) {
+      if (round == 1)  // the residual as it was (the reference's is still untouched)
+        harness.device().copy_to(residual.device, harness.reference().download_f32(residual.reference).data());
+      harness.device().add_rms_norm_then_route(residual.device, y.device, weight.device, 1e-6f, 0.098f,
+                                               next_weight.device, out.device, router.device, bias.device, c.params,
+                                               ids.device, weights.device);
+    }
+    harness.reference().add_rms_norm_then_route(residual.reference, y.reference, weight.reference, 1e-6f, 0.098f,
+                                                 next_weight.reference, out.reference, router.reference,
+                                                 bias.reference, c.params, ids.reference, weights.reference);
+    harness.record("add_rms_norm_then_route residual", shape, residual, kF32Tolerance, seconds_since(start));
+    harness.record("add_rms_norm_then_route norm", shape, out, kF32Tolerance, seconds_since(start));
+    record_route_ids(harness, ids, c.rows, c.params.top_k, shape, start);
+    harness.record("add_rms_norm_then_route weights", shape, weights, kF32Tolerance, seconds_since(start));
+  }
+}
+
 void test_route(Harness& harness) {
   struct Case {
     int64_t rows, hidden;
@@ -39,6 +104,10 @@ void test_route(Harness& harness) {
   const std::vector<Case> cases{{1, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0 decode"},
                                 {5, 5120, 256, {8, 4, 8, true, 2.5f}, true, "beam-1.0 decode, 5 rows, exact ties"},
                                 {3, 98, 16, {4, 2, 3, true, 1.0f}, false, "decode rows, hidden not a multiple of 4"},
+                                {8, 5120, 256, {8, 4, 8, true, 2.5f}, true, "8 rows: the most of one fused launch"},
+                                {9, 5120, 256, {8, 4, 8, true, 2.5f}, false, "9 rows: router GEMM, then the top-k"},
+                                {2, 256, 1024, {8, 4, 8, false, 1.5f}, true, "fused, 1024 experts (2 routing warps)"},
+                                {4, 64, 32, {1, 1, 1, true, 1.0f}, false, "fused, one group, top 1"},
                                 {64, 5120, 256, {8, 4, 8, true, 2.5f}, false, "beam-1.0"},
                                 {33, 64, 8, {4, 2, 2, true, 2.5f}, false, "tiny"},
                                 {17, 96, 24, {3, 2, 5, false, 1.0f}, false, "odd, unnormalised"},
@@ -60,19 +129,12 @@ void test_route(Harness& harness) {
     harness.device().route(h.device, router_tensor.device, bias_tensor.device, c.params, ids.device, weights.device);
     harness.reference().route(h.reference, router_tensor.reference, bias_tensor.reference, c.params, ids.reference,
                               weights.reference);
-    const std::vector<int32_t> device_ids = harness.device().download_i32(ids.device);
-    const std::vector<int32_t> reference_ids = harness.reference().download_i32(ids.reference);
-    int64_t mismatched = 0;
-    for (int64_t r = 0; r < c.rows; ++r)
-      mismatched += !std::equal(device_ids.begin() + r * c.params.top_k, device_ids.begin() + (r + 1) * c.params.top_k,
-                                reference_ids.begin() + r * c.params.top_k);
     const std::string shape = fmt::format("T {} E {} H {} groups {}/{} top {} ({})", c.rows, c.experts, c.hidden,
                                           c.params.n_group, c.params.topk_group, c.params.top_k, c.what);
-    Result result{"route ids", shape, static_cast<double>(mismatched), 0.0,
-                  fmt::format("{} of {} rows differ", mismatched, c.rows), mismatched == 0, seconds_since(start)};
-    harness.record_result(std::move(result));
+    record_route_ids(harness, ids, c.rows, c.params.top_k, shape, start);
     harness.record("route weights", shape, weights, kF32Tolerance, seconds_since(start));
   }
+  test_add_rms_norm_then_route(harness);
 }
 
 

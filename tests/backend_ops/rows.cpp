@@ -2,6 +2,7 @@
 // residual add), RoPE and the SSMax query scale.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <tuple>
@@ -100,6 +101,16 @@ void test_rope_ssmax(Harness& harness) {
     harness.device().rope(x.device, pos.device, heads, dim, 10000.0f);
     harness.reference().rope(x.reference, pos.reference, heads, dim, 10000.0f);
     harness.record("rope", fmt::format("T {} {}x{} positions to 1e6", rows, heads, dim), x, kF32Tolerance,
+                   seconds_since(start));
+    // q and k in one op (one launch on cuda), k with its own head count.
+    const int32_t kv_heads = std::max(1, heads / 8);
+    auto q = harness.f32(harness.inputs().uniform(rows * heads * dim), {rows, int64_t{heads} * dim});
+    auto k = harness.f32(harness.inputs().uniform(rows * kv_heads * dim), {rows, int64_t{kv_heads} * dim});
+    harness.device().rope_qk(q.device, k.device, pos.device, heads, kv_heads, dim, 10000.0f);
+    harness.reference().rope_qk(q.reference, k.reference, pos.reference, heads, kv_heads, dim, 10000.0f);
+    harness.record("rope_qk", fmt::format("T {} q {}x{} positions to 1e6", rows, heads, dim), q, kF32Tolerance,
+                   seconds_since(start));
+    harness.record("rope_qk", fmt::format("T {} k {}x{} positions to 1e6", rows, kv_heads, dim), k, kF32Tolerance,
                    seconds_since(start));
     harness.device().ssmax_scale(x.device, pos.device, 2048.0f, 0.1f);
     harness.reference().ssmax_scale(x.reference, pos.reference, 2048.0f, 0.1f);

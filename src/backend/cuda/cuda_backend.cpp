@@ -20,7 +20,7 @@
 #include "backend/cuda/lora/lora.h"
 #include "backend/cuda/lora/moe_lora.h"
 #include "backend/cuda/moe/moe.h"
-#include "backend/cuda/moe/router_gemv.h"
+#include "backend/cuda/moe/router.h"
 #include "backend/cuda/sampling/sampling.h"
 #include "backend/cuda/sampling/token_mask.h"
 #include "backend/cuda/quant/fp8.h"
@@ -59,6 +59,10 @@ void require_float_weight(const Tensor& weight, std::string_view op, std::string
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+cuda::RouterChoice router_choice(const RouterParams& params) {
+  return {params.n_group, params.topk_group, params.top_k, params.norm_topk_prob, params.routed_scaling_factor};
+}
 
 void require_unquantized(const LinearTensors& weight, std::string_view op) {
   require(!weight.scale.defined(),
@@ -320,6 +324,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cublas_workspace_ = alloc(DType::U8, {static_cast<int64_t>(kCublasWorkspaceBytes)});
   BEAMLINE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.raw(), kCublasWorkspaceBytes));
   staging_ = std::make_unique<cuda::PinnedStaging>(stream_);
+  route_arrivals_ = alloc(DType::I32, {1});
+  fill_zero(route_arrivals_);
   fp8_gemm_ = std::make_unique<cuda::fp8::BlockScaledGemm>(cublas_workspace_.raw(), kCublasWorkspaceBytes);
   if (const char* rows = std::getenv("BEAMLINE_CUDA_FP8_CUBLAS_ROWS")) fp8_cublas_min_rows_ = std::max(0, std::atoi(rows));
   // An override of the streaming crossover (0: cuBLAS at every row count), for A/B runs of whole decode steps.
@@ -772,25 +778,33 @@ void CudaBackend::project(const float* x, int64_t rows, const Tensor& weight, fl
   const Tensor* const weights[] = {&weight};
   float* const outputs[] = {y};
   if (project_streaming(x, rows, weights, outputs, 0.0f, kStreamingSingleMaxRows)) return;
-  const int64_t in = weight.dim(1), out = weight.dim(0);
-  const DType dtype = weight.dtype();
+  project_gemms(x, rows, weights, outputs);
+}
+
+void CudaBackend::project_gemms(const float* x, int64_t rows, std::span<const Tensor* const> weights,
+                                std::span<float* const> ys) {
+  const int64_t in = weights.front()->dim(1);
+  const DType dtype = weights.front()->dtype();
   if (dtype == DType::F32) {
-    gemm_wt(x, dtype, rows, in, weight, y);
+    for (std::size_t i = 0; i < weights.size(); ++i) gemm_wt(x, dtype, rows, in, *weights[i], ys[i]);
     return;
   }
-  if (operand_precision() == cuda::OperandPrecision::Bf16) {
-    Tensor rounded = scratch(dtype, {rows, in});
-    check_launch(cuda::split_f32(x, rows * in, rounded.raw(), 1, dtype, stream_), "linear");
-    gemm_wt(rounded.raw(), dtype, rows, in, weight, y);
-    return;
+  // Bf16: one rounding of x. Split: one GEMM over [hi; lo; lo2] per weight reads the weight once, as a plain BF16 GEMM
+  // would (decode is bound by those bytes), and add_terms sums the three products.
+  const bool rounded = operand_precision() == cuda::OperandPrecision::Bf16;
+  const int64_t terms = rounded ? 1 : cuda::kSplitTerms;
+  Tensor split = scratch(dtype, {terms * rows, in});
+  check_launch(cuda::split_f32(x, rows * in, split.raw(), static_cast<int>(terms), dtype, stream_), "linear");
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (rounded) {
+      gemm_wt(split.raw(), dtype, rows, in, *weights[i], ys[i]);
+      continue;
+    }
+    const int64_t out = weights[i]->dim(0);
+    Tensor partials = scratch(DType::F32, {terms * rows, out});
+    gemm_wt(split.raw(), dtype, terms * rows, in, *weights[i], partials.data<float>());
+    check_launch(cuda::add_terms(partials.data<const float>(), rows * out, ys[i], stream_), "linear");
   }
-  // One GEMM over [hi; lo; lo2] reads the weight once, as a plain BF16 GEMM would (decode is bound by those bytes).
-  constexpr int64_t kTerms = cuda::kSplitTerms;
-  Tensor split = scratch(dtype, {kTerms * rows, in});
-  Tensor partials = scratch(DType::F32, {kTerms * rows, out});
-  check_launch(cuda::split_f32(x, rows * in, split.raw(), cuda::kSplitTerms, dtype, stream_), "linear");
-  gemm_wt(split.raw(), dtype, kTerms * rows, in, weight, partials.data<float>());
-  check_launch(cuda::add_terms(partials.data<const float>(), rows * out, y, stream_), "linear");
 }
 
 void CudaBackend::project_fp8(const float* x, int64_t rows, std::span<const LinearTensors* const> weights,
@@ -1049,19 +1063,42 @@ void CudaBackend::linear_many(const Tensor& x, std::span<const LinearTensors* co
     return;
   }
   if (project_streaming(x.data<const float>(), x.dim(0), matrices, outputs, 0.0f, kStreamingMaxRows)) return;
+  const bool one_dtype = std::all_of(matrices.begin(), matrices.end(),
+                                     [&](const Tensor* matrix) { return matrix->dtype() == matrices.front()->dtype(); });
+  if (one_dtype) {  // x made into operands once for all of them
+    project_gemms(x.data<const float>(), x.dim(0), matrices, outputs);
+    return;
+  }
   for (std::size_t i = 0; i < weights.size(); ++i) project(x.data<const float>(), x.dim(0), *matrices[i], outputs[i]);
 }
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) {
   const auto timing = time_op("rope");
-  require_device(x, "rope", "x");
-  const int64_t rows = x.dim(0);
-  require(head_dim > 0 && head_dim % 2 == 0, "rope: head_dim {} is not even and positive", head_dim);
-  require_shape(x, {rows, int64_t{num_heads} * head_dim}, "rope", "x");
-  require_shape(positions, {rows}, "rope", "positions");
-  require_device(positions, "rope", "positions");
-  check_launch(cuda::rope(x.data<float>(), positions.data<const int32_t>(), rows, num_heads, head_dim, theta, stream_),
+  check_rope(x, positions, num_heads, head_dim, "rope", "x");
+  check_launch(cuda::rope(x.data<float>(), num_heads, nullptr, 0, positions.data<const int32_t>(), x.dim(0), head_dim,
+                          theta, stream_),
                "rope");
+}
+
+void CudaBackend::rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+                          int32_t head_dim, float theta) {
+  const auto timing = time_op("rope_qk");
+  check_rope(q, positions, num_heads, head_dim, "rope_qk", "q");
+  check_rope(k, positions, num_kv_heads, head_dim, "rope_qk", "k");
+  check_launch(cuda::rope(q.data<float>(), num_heads, k.data<float>(), num_kv_heads, positions.data<const int32_t>(),
+                          q.dim(0), head_dim, theta, stream_),
+               "rope_qk");
+}
+
+void CudaBackend::check_rope(const Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim,
+                             const char* op, const char* what) const {
+  require_device(x, op, what);
+  require(x.rank() == 2, "{}: {} must be [T, heads * head_dim], got {}", op, what, describe(x));
+  const int64_t rows = x.dim(0);
+  require(head_dim > 0 && head_dim % 2 == 0, "{}: head_dim {} is not even and positive", op, head_dim);
+  require_shape(x, {rows, int64_t{num_heads} * head_dim}, op, what);
+  require_shape(positions, {rows}, op, "positions");
+  require_device(positions, op, "positions");
 }
 
 void CudaBackend::ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) {
@@ -1224,17 +1261,67 @@ void CudaBackend::route(const Tensor& h, const Tensor& router, const Tensor& bia
           "route: --batch-invariant on cuda needs the router GEMV (hidden {} a multiple of 4 up to 16384, 16-byte "
           "aligned h and router)",
           hidden);
-  if (gemv && (rows <= cuda::kRouterGemvMaxRows || batch_invariant_))
+  const cuda::RouterChoice choice = router_choice(params);
+  if (gemv && rows <= cuda::kRouterGemvMaxRows) {  // decode: the logits and the top-k in one launch
+    check_launch(cuda::route_fused(h.data<const float>(), router.data<const float>(), bias.data<const float>(), rows,
+                                   hidden, static_cast<int32_t>(experts), choice, logits.data<float>(),
+                                   reinterpret_cast<uint32_t*>(route_arrivals_.data<int32_t>()),
+                                   expert_ids.data<int32_t>(), expert_weights.data<float>(), stream_),
+                 "route");
+    return;
+  }
+  if (gemv && batch_invariant_)
     check_launch(cuda::router_gemv(h.data<const float>(), router.data<const float>(), rows, hidden, experts,
                                    logits.data<float>(), stream_),
                  "route");
   else
     gemm_wt(h.raw(), DType::F32, rows, hidden, router, logits.data<float>());
   check_launch(cuda::route_topk(logits.data<const float>(), bias.data<const float>(), rows,
-                                static_cast<int32_t>(experts), params.n_group, params.topk_group, params.top_k,
-                                params.norm_topk_prob, params.routed_scaling_factor, expert_ids.data<int32_t>(),
+                                static_cast<int32_t>(experts), choice, expert_ids.data<int32_t>(),
                                 expert_weights.data<float>(), stream_),
                "route");
+}
+
+void CudaBackend::add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps,
+                                          float scale, const Tensor& next_weight, Tensor& out, const Tensor& router,
+                                          const Tensor& bias, const RouterParams& params, Tensor& expert_ids,
+                                          Tensor& expert_weights) {
+  constexpr const char* op = "add_rms_norm_then_route";
+  require_device(residual, op, "residual");
+  require(residual.rank() == 2, "{}: residual must be [T, H], got {}", op, describe(residual));
+  const int64_t rows = residual.dim(0), hidden = residual.dim(1), experts = router.dim(0);
+  require_shape(y, residual.shape(), op, "y");
+  require_shape(out, residual.shape(), op, "out");
+  require_float_weight(weight, op, "weight");
+  require_shape(weight, {hidden}, op, "weight");
+  require_float_weight(next_weight, op, "next_weight");
+  require_shape(next_weight, {hidden}, op, "next_weight");
+  require_device(router, op, "router");
+  require_device(bias, op, "bias");
+  check_route_args(out, router, bias, params, expert_ids, expert_weights);
+  const cuda::RouterChoice choice = router_choice(params);
+  // One row, outside --batch-invariant (the folded norms sum a row in another order than add_rms_norm_then_norm's
+  // kernel, so a row would differ with the batch it is in).
+  const bool fold = rows == 1 && !batch_invariant_ && next_weight.dtype() == weight.dtype() &&
+                    experts <= cuda::kMaxRouterExperts &&
+                    cuda::add_rms_norm_then_route_supported(residual.data<const float>(), y.data<const float>(),
+                                                            out.data<const float>(), router.data<const float>(),
+                                                            weight.dtype(), hidden, static_cast<int32_t>(experts),
+                                                            choice);
+  if (!fold) {
+    Backend::add_rms_norm_then_route(residual, y, weight, eps, scale, next_weight, out, router, bias, params,
+                                     expert_ids, expert_weights);
+    return;
+  }
+  const auto timing = time_op(op);
+  Tensor logits = scratch(DType::F32, {rows, experts});
+  check_launch(cuda::add_rms_norm_then_route(residual.data<float>(), y.data<const float>(), weight.raw(),
+                                             next_weight.raw(), weight.dtype(), eps, scale, hidden, out.data<float>(),
+                                             router.data<const float>(), bias.data<const float>(),
+                                             static_cast<int32_t>(experts), choice, logits.data<float>(),
+                                             reinterpret_cast<uint32_t*>(route_arrivals_.data<int32_t>()),
+                                             expert_ids.data<int32_t>(), expert_weights.data<float>(), stream_),
+               op);
 }
 
 void CudaBackend::moe(const Tensor& h, const Tensor& expert_ids, const Tensor& expert_weights, const MoeTensors& moe,
@@ -1545,9 +1632,12 @@ void CudaBackend::swiglu(const Tensor& h, const SwigluTensors& mlp, Tensor& out)
   // Three projections, each weight read once: streamed for few rows (gate and up in one launch), else cuBLAS GEMMs.
   const int64_t intermediate = mlp.gate.weight.dim(0);
   Tensor gate = scratch(DType::F32, {rows, intermediate}), up = scratch(DType::F32, {rows, intermediate});
-  const Tensor* const gate_up[] = {&mlp.gate.weight, &mlp.up.weight};
-  float* const gate_up_out[] = {gate.data<float>(), up.data<float>()};
-  if (!project_streaming(h.data<const float>(), rows, gate_up, gate_up_out, 0.0f, kStreamingSingleMaxRows)) {
+  if (mlp.gate.weight.dtype() == mlp.up.weight.dtype()) {  // h made into operands once for both
+    const Tensor* const weights[] = {&mlp.gate.weight, &mlp.up.weight};
+    float* const outputs[] = {gate.data<float>(), up.data<float>()};
+    if (!project_streaming(h.data<const float>(), rows, weights, outputs, 0.0f, kStreamingSingleMaxRows))
+      project_gemms(h.data<const float>(), rows, weights, outputs);
+  } else {
     project(h.data<const float>(), rows, mlp.gate.weight, gate.data<float>());
     project(h.data<const float>(), rows, mlp.up.weight, up.data<float>());
   }

@@ -80,12 +80,17 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale) override;
   void add_rms_norm_then_norm(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
                               const Tensor& next_weight, Tensor& out) override;
+  void add_rms_norm_then_route(Tensor& residual, const Tensor& y, const Tensor& weight, float eps, float scale,
+                               const Tensor& next_weight, Tensor& out, const Tensor& router, const Tensor& bias,
+                               const RouterParams& params, Tensor& expert_ids, Tensor& expert_weights) override;
   void all_reduce_add_rms_norm(std::span<const Tensor> partials, Tensor& residual, const Tensor& weight, float eps,
                                float scale, const Tensor& next_weight, Tensor& out) override;
   void linear(const Tensor& x, const LinearTensors& weight, Tensor& y) override;
   void linear_many(const Tensor& x, std::span<const LinearTensors* const> weights,
                    std::span<Tensor* const> ys) override;
   void rope(Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, float theta) override;
+  void rope_qk(Tensor& q, Tensor& k, const Tensor& positions, int32_t num_heads, int32_t num_kv_heads,
+               int32_t head_dim, float theta) override;
   void ssmax_scale(Tensor& q, const Tensor& positions, float base, float exponent) override;
   void amax_scale(const Tensor& x, float divisor, Tensor& out) override;
   void write_kv(const Tensor& k, const Tensor& v, PagedKvPool& pool, int32_t slot, const Tensor& block_table,
@@ -154,6 +159,8 @@ class CudaBackend final : public Backend {
   // y[rows, out] = x[rows, in] W[out, in]ᵀ for F32 x: BF16/F16 weights through split_f32, hi + lo + lo2 (what FP32
   // arithmetic gives) or hi alone (OperandPrecision::Bf16).
   void project(const float* x, int64_t rows, const Tensor& weight, float* y);
+  // ys[i] = x weights[i]ᵀ on cuBLAS for weights of one dtype and width, x made into BF16/F16 operands once for all.
+  void project_gemms(const float* x, int64_t rows, std::span<const Tensor* const> weights, std::span<float* const> ys);
   // ys[i] = x weights[i]ᵀ (soft-capped when softcap > 0) in one weight-streaming launch, when the rows are few
   // enough and the weights suit cuda::project_rows; false (nothing done) otherwise.
   bool project_streaming(const float* x, int64_t rows, std::span<const Tensor* const> weights,
@@ -197,6 +204,9 @@ class CudaBackend final : public Backend {
   }
 
   void require_not_capturing(std::string_view op) const;
+  // rope's and rope_qk's checks of one rotated tensor `what` [T, num_heads * head_dim] and its positions [T].
+  void check_rope(const Tensor& x, const Tensor& positions, int32_t num_heads, int32_t head_dim, const char* op,
+                  const char* what) const;
   // Device time of the op that the returned scope spans, with BEAMLINE_CUDA_OP_TIMES=1 (cuda/op_times.h).
   cuda::OpTimes::Scope time_op(const char* op) {
     return cuda::OpTimes::Scope(capturing_ ? nullptr : op_times_.get(), op);
@@ -219,6 +229,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::PinnedStaging> staging_;
   cuda::PinnedReadbackPool readback_;
   Tensor cublas_workspace_;
+  Tensor route_arrivals_;  // cuda::route_fused's arrival count: 0 between launches
   std::unique_ptr<cuda::OpTimes> op_times_;  // null unless BEAMLINE_CUDA_OP_TIMES=1
   bool capturing_ = false;  // a graph is being recorded (its tensors come from the allocator's graph pool)
   int64_t weights_loaded_ = 0;

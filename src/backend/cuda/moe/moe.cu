@@ -1,6 +1,6 @@
-// The FP32 router's group-limited top-k, and the experts: rows permuted per expert (padded to the tile
-// height), grouped tensor-core GEMMs that read each tile's expert from device memory (so nothing waits for the
-// host), the SwiGLU fused into the gate|up GEMM, and the weighted combine in j order.
+// The routed experts: rows permuted per expert (padded to the tile height), grouped tensor-core GEMMs that read each
+// tile's expert from device memory (so nothing waits for the host), the SwiGLU fused into the gate|up GEMM, and the
+// weighted combine in j order.
 #include <mma.h>
 
 #include <algorithm>
@@ -13,132 +13,6 @@
 
 namespace beamline::cuda {
 namespace {
-
-// ---- router ----
-// One warp per row: nothing in the route needs more than a warp's shuffles, and a block-wide barrier per pick (what
-// a block per row would need) costs more than the picks themselves. Lane l owns experts l, l + 32, l + 64, ...; its
-// `taken` bit i marks expert l + 32 i.
-constexpr int kRouteWarps = 2;  // rows per block (34 KiB of shared memory)
-constexpr int kRouteThreads = kRouteWarps * 32;
-constexpr int kMaxExpertsPerLane = kMaxRouterExperts / 32;
-static_assert(kMaxExpertsPerLane <= 32, "a lane's taken experts are the bits of one word");
-
-// An expert candidate; `better` orders by value, then the lower index (the reference's tie rule).
-struct Candidate {
-  float value;
-  int32_t index;
-};
-
-// The comparisons below are written with bitwise operators and selects so that they compile to predicated code: the
-// lanes of a warp disagree at every comparison, and short-circuit branches there serialised the warp's paths
-// (24 us for one row's route, under ncu, before this).
-__device__ __forceinline__ bool better(const Candidate& a, const Candidate& b) {
-  return (a.value > b.value) | ((a.value == b.value) & (a.index < b.index));
-}
-
-// c in place of best when `allowed` and best is empty (index -1) or worse.
-__device__ __forceinline__ Candidate keep_better(const Candidate& best, const Candidate& c, bool allowed) {
-  const bool take = allowed & ((best.index < 0) | better(c, best));
-  return {take ? c.value : best.value, take ? c.index : best.index};
-}
-
-__device__ __forceinline__ Candidate warp_best(Candidate c) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const Candidate other{__shfl_xor_sync(0xffffffffu, c.value, offset), __shfl_xor_sync(0xffffffffu, c.index, offset)};
-    c = keep_better(c, other, other.index >= 0);
-  }
-  return c;
-}
-
-// The sum of the best two of values[begin, end) (the best alone when there is one), in one pass by one thread.
-__device__ float best_two_sum(const float* values, int32_t begin, int32_t end) {
-  Candidate first{-INFINITY, -1}, second{-INFINITY, -1};
-  for (int32_t i = begin; i < end; ++i) {
-    const Candidate c{values[i], i};
-    const bool beats_first = (first.index < 0) | better(c, first);
-    const Candidate runner_up = keep_better(second, c, true);
-    second = {beats_first ? first.value : runner_up.value, beats_first ? first.index : runner_up.index};
-    first = {beats_first ? c.value : first.value, beats_first ? c.index : first.index};
-  }
-  return second.index < 0 ? first.value : first.value + second.value;
-}
-
-// Global memory is touched only at the start (the row's logits and the bias, unrolled so that the loads overlap) and at
-// the end (the picks, written by all lanes at once): at decode, one row per launch, a dependent global access costs
-// more than the whole selection in shared memory.
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const float* __restrict__ logits,
-                                                              const float* __restrict__ bias, int64_t rows,
-                                                              int32_t experts, int32_t n_group, int32_t topk_group,
-                                                              int32_t top_k, bool norm_topk_prob,
-                                                              float routed_scaling_factor, int32_t* __restrict__ expert_ids,
-                                                              float* __restrict__ expert_weights) {
-  __shared__ float score_of[kRouteWarps][kMaxRouterExperts], choice_of[kRouteWarps][kMaxRouterExperts];
-  __shared__ float group_score_of[kRouteWarps][kMaxRouterExperts];
-  __shared__ bool group_taken_of[kRouteWarps][kMaxRouterExperts];
-  __shared__ int32_t picked_of[kRouteWarps][kMaxRouterExperts];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * kRouteWarps + warp;
-  if (row >= rows) return;
-  float* score = score_of[warp];
-  float* choice = choice_of[warp];
-  float* group_score = group_score_of[warp];
-  bool* group_taken = group_taken_of[warp];
-  int32_t* picked = picked_of[warp];
-#pragma unroll 8
-  for (int32_t e = lane; e < experts; e += 32) {
-    const float logit = logits[row * experts + e];
-    score[e] = 1.0f / (1.0f + expf(-logit));
-    choice[e] = score[e] + bias[e];
-  }
-  __syncwarp();
-  // Group score = the sum of its 2 best choices, one lane per group.
-  const int32_t group_size = experts / n_group;
-  for (int32_t g = lane; g < n_group; g += 32) {
-    group_score[g] = best_two_sum(choice, g * group_size, (g + 1) * group_size);
-    group_taken[g] = false;
-  }
-  __syncwarp();
-  if (lane == 0) {
-    for (int32_t pick = 0; pick < topk_group; ++pick) {
-      int32_t best = -1;
-      float best_score = -INFINITY;
-      for (int32_t g = 0; g < n_group; ++g) {
-        const float score_g = group_score[g];
-        const bool take = !group_taken[g] & ((best < 0) | (score_g > best_score));
-        best = take ? g : best;
-        best_score = take ? score_g : best_score;
-      }
-      group_taken[best] = true;
-    }
-  }
-  __syncwarp();
-  for (int32_t e = lane; e < experts; e += 32)
-    if (!group_taken[e / group_size]) choice[e] = -INFINITY;
-  __syncwarp();
-  // top_k rounds of a warp-wide argmax; the winner's owner marks it taken. Every lane holds the winner, so every lane
-  // sums the picked scores in j order (the reference's order).
-  uint32_t taken = 0;
-  float total = 0.0f;
-  for (int32_t j = 0; j < top_k; ++j) {
-    Candidate best{-INFINITY, -1};
-    for (int32_t i = 0, e = lane; e < experts; ++i, e += 32) {
-      best = keep_better(best, Candidate{choice[e], e}, !(taken >> i & 1u));
-    }
-    best = warp_best(best);
-    if (best.index % 32 == lane) taken |= 1u << (best.index / 32);
-    if (lane == 0) picked[j] = best.index;
-    total += score[best.index];
-  }
-  __syncwarp();
-  int32_t* ids = expert_ids + row * top_k;
-  float* weights = expert_weights + row * top_k;
-  for (int32_t j = lane; j < top_k; j += 32) {
-    const int32_t id = picked[j];
-    const float weight = norm_topk_prob ? score[id] / total : score[id];
-    ids[j] = id;
-    weights[j] = weight * routed_scaling_factor;
-  }
-}
 
 // ---- permutation ----
 __global__ void count_kernel(const int32_t* ids, int64_t assignments, int32_t experts, int32_t* counts) {
@@ -389,17 +263,6 @@ bool dispatch_tensor_core(DType dtype, Body&& body) {
 }
 
 }  // namespace
-
-cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
-                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
-                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  if (experts > kMaxRouterExperts) return cudaErrorInvalidValue;
-  route_kernel<<<blocks_for(rows, kRouteWarps), kRouteThreads, 0, stream>>>(
-      logits, bias, rows, experts, n_group, topk_group, top_k, norm_topk_prob, routed_scaling_factor, expert_ids,
-      expert_weights);
-  return cudaGetLastError();
-}
 
 int64_t moe_max_tiles(int64_t assignments, int32_t experts) {
   // Each expert pads its rows to whole tiles: at most one partial tile per expert on top of the full ones.

@@ -1,5 +1,6 @@
 #pragma once
-// The router top-k and the routed experts: grouped GEMMs on mma.sync and wgmma (moe_mma.cu), weight streaming for few tokens (moe_streaming.cu), the shared steps (moe.cu).
+// The routed experts (the router that picks them: router.h): grouped GEMMs on mma.sync and wgmma (moe_mma.cu), weight
+// streaming for few tokens (moe_streaming.cu), the shared steps (moe.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
 #include <cuda_runtime_api.h>
 
@@ -10,12 +11,6 @@
 #include "tensor/dtype.h"
 
 namespace beamline::cuda {
-
-// Group-limited top-k over router logits [rows, experts] (computed by a GEMM beforehand).
-cudaError_t route_topk(const float* logits, const float* bias, int64_t rows, int32_t experts, int32_t n_group,
-                       int32_t topk_group, int32_t top_k, bool norm_topk_prob, float routed_scaling_factor,
-                       int32_t* expert_ids, float* expert_weights, cudaStream_t stream);
-constexpr int32_t kMaxRouterExperts = 1024;
 
 // Rows of the grouped GEMMs are padded per expert to a multiple of this tile height.
 constexpr int32_t kGroupedTileRows = 64;

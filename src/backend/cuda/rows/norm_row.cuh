@@ -38,12 +38,23 @@ __device__ __forceinline__ void load_owned(const T* __restrict__ row, int64_t hi
   }
 }
 
-__device__ __forceinline__ float inverse_rms_owned(const float (&values)[kNormPerThread], int64_t hidden, float eps) {
+// 1 / sqrt(mean(x²) + eps) of a row whose values the block's threads hold (N each, 0 past the row's end).
+template <int N>
+__device__ __forceinline__ float inverse_rms_owned(const float (&values)[N], int64_t hidden, float eps) {
   float sum = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) sum += values[k] * values[k];
+  for (int k = 0; k < N; ++k) sum += values[k] * values[k];
   sum = block_sum(sum);
   return 1.0f / sqrtf(sum / static_cast<float>(hidden) + eps);
+}
+
+// The sandwich norm's residual add over a thread's values: sums += scale * rms(values, weights), with `inverse` from
+// inverse_rms_owned(values).
+template <int N>
+__device__ __forceinline__ void add_scaled_norm(float (&sums)[N], const float (&values)[N], float inverse,
+                                                const float (&scales)[N], float scale) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) sums[k] += scale * (values[k] * inverse * scales[k]);
 }
 
 }  // namespace beamline::cuda

@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   load_owned(weight, hidden, scales);
   load_owned(row, hidden, sums);
   load_owned(next_weight, hidden, next_scales);
-  const float inverse = inverse_rms_owned(values, hidden, eps);
-#pragma unroll
-  for (int k = 0; k < kNormPerThread; ++k) sums[k] += scale * (values[k] * inverse * scales[k]);
+  add_scaled_norm(sums, values, inverse_rms_owned(values, hidden, eps), scales, scale);
   const float next_inverse = inverse_rms_owned(sums, hidden, eps);
   float* destination = out + blockIdx.x * hidden;
 #pragma unroll
@@ -159,19 +157,21 @@ __global__ void gather_rms_norm_kernel(const float* x, int64_t x_rows, const int
     destination[i] = from_float<O>(row[i] * inverse * to_float(weight[i]));
 }
 
-// One thread per (row, head, pair j); the angle in double like the CPU reference, since positions reach 1e6.
-__global__ void rope_kernel(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, int32_t head_dim,
-                            double log_theta) {
-  const int32_t half = head_dim / 2;
+// One thread per (row, head, pair j) of q's heads then k's (k_heads 0: q alone), one launch for both; the angle in
+// double like the CPU reference, since positions reach 1e6.
+__global__ void rope_kernel(float* q, int32_t q_heads, float* k, int32_t k_heads, const int32_t* positions,
+                            int64_t rows, int32_t head_dim, double log_theta) {
+  const int32_t half = head_dim / 2, heads = q_heads + k_heads;
   const int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (index >= rows * num_heads * half) return;
+  if (index >= rows * heads * half) return;
   const int32_t j = static_cast<int32_t>(index % half);
   const int64_t head = index / half;
-  const int64_t row = head / num_heads;
+  const int64_t row = head / heads;
+  const int32_t h = static_cast<int32_t>(head % heads);
   const double inverse_frequency = exp(-2.0 * j / static_cast<double>(head_dim) * log_theta);
   const double angle = static_cast<double>(positions[row]) * inverse_frequency;
   const float c = static_cast<float>(cos(angle)), s = static_cast<float>(sin(angle));
-  float* base = x + head * head_dim;
+  float* base = h < q_heads ? q + (row * q_heads + h) * head_dim : k + (row * k_heads + (h - q_heads)) * head_dim;
   const float a = base[j], b = base[j + half];
   base[j] = a * c - b * s;
   base[j + half] = b * c + a * s;
@@ -329,12 +329,12 @@ cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows,
   return known ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, int32_t head_dim, float theta,
-                 cudaStream_t stream) {
-  const int64_t pairs = rows * num_heads * (head_dim / 2);
+cudaError_t rope(float* q, int32_t q_heads, float* k, int32_t k_heads, const int32_t* positions, int64_t rows,
+                 int32_t head_dim, float theta, cudaStream_t stream) {
+  const int64_t pairs = rows * (q_heads + k_heads) * (head_dim / 2);
   if (pairs == 0) return cudaSuccess;
   rope_kernel<<<blocks_for(pairs, kElementThreads), kElementThreads, 0, stream>>>(
-      x, positions, rows, num_heads, head_dim, std::log(static_cast<double>(theta)));
+      q, q_heads, k, k_heads, positions, rows, head_dim, std::log(static_cast<double>(theta)));
   return cudaGetLastError();
 }
 

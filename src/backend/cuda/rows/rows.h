@@ -30,8 +30,10 @@ cudaError_t add_rms_norm_then_norm(float* residual, const float* y, const void* 
 cudaError_t gather_rms_norm(const float* x, int64_t x_rows, const int32_t* rows, int64_t selected, const void* weight,
                             DType weight_dtype, float eps, int64_t hidden, void* out, DType out_dtype,
                             cudaStream_t stream);
-cudaError_t rope(float* x, const int32_t* positions, int64_t rows, int32_t num_heads, int32_t head_dim, float theta,
-                 cudaStream_t stream);
+// NeoX RoPE in place over q [rows, q_heads * head_dim] and k [rows, k_heads * head_dim] in one launch (k_heads 0: q
+// alone, k unused).
+cudaError_t rope(float* q, int32_t q_heads, float* k, int32_t k_heads, const int32_t* positions, int64_t rows,
+                 int32_t head_dim, float theta, cudaStream_t stream);
 cudaError_t ssmax_scale(float* q, const int32_t* positions, int64_t rows, int64_t width, float base, float exponent,
                         cudaStream_t stream);
 // F32 activations as `terms` tensor-core operand row sets in `dtype` (BF16 or F16), set t at out + t n: kSplitTerms
