@@ -185,18 +185,18 @@ void test_linear_ops(Harness& harness, QuantScheme scheme, const std::string& na
   }
 }
 
-// The CUDA backend's path for these widths (micro.h moe_tokens; scales are 4-byte aligned in the harness): one token
-// staged through shared memory (MXFP8 widths multiples of 128, NVFP4 of 64) unless BEAMLINE_CUDA_TOKEN_MOE names a
-// register version, else on the tensor cores from registers (NVFP4: multiples of 32, not `legacy`), else streamed
+// The CUDA backend's path for these widths (micro.h moe_tokens; scales are 4-byte aligned in the harness): staged
+// through shared memory (MXFP8 widths multiples of 128, NVFP4 of 64) unless BEAMLINE_CUDA_TOKEN_MOE names a register
+// version, else one token on the tensor cores from registers (NVFP4: multiples of 32, not `legacy`), else streamed
 // token by token.
 std::string cuda_moe_path(QuantScheme scheme, int64_t rows, int64_t hidden, int64_t intermediate) {
   const std::string_view version = cuda::kernel_variant("BEAMLINE_CUDA_TOKEN_MOE");
   const bool mxfp8 = scheme == QuantScheme::Mxfp8;
   const int64_t staged_unit = mxfp8 ? 128 : 64;
-  if (rows != 1) return "streamed per token";
   if (version != "legacy" && version != "ring" && hidden % staged_unit == 0 && intermediate % staged_unit == 0)
     return "staged";
-  if (mxfp8 || (version != "legacy" && hidden % 32 == 0 && intermediate % 32 == 0)) return "tensor cores";
+  if (rows == 1 && (mxfp8 || (version != "legacy" && hidden % 32 == 0 && intermediate % 32 == 0)))
+    return "tensor cores";
   return "streamed per token";
 }
 
@@ -242,7 +242,11 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
                                  // (a last combine unit cut) and 3.5 NVFP4 stages of 256; top 1 and top 3 combine
                                  // as soon as one or three blocks arrive.
                                  {1, 896, 384, 8, 3, 8, "one token: rows and stages cut"},
-                                 {1, 256, 128, 8, 1, 8, "one token, top 1"}};
+                                 {1, 256, 128, 8, 1, 8, "one token, top 1"},
+                                 // More tokens on the staged kernels: one call of 5 tokens (grid z), and 70 tokens
+                                 // in calls of 64 and 6.
+                                 {5, 384, 640, 8, 8, 8, "five tokens"},
+                                 {70, 256, 128, 8, 2, 8, "70 tokens: calls of 64 and 6"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();

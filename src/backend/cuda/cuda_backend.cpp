@@ -1431,14 +1431,11 @@ void CudaBackend::moe_micro(const Tensor& h, const Tensor& expert_ids, const Ten
   tables.intermediate = packed.intermediate;
   tables.scales_aligned = packed.scales_aligned;
   Tensor activated = scratch(DType::F32, {rows * top_k, packed.intermediate});
-  cuda::TokenMoeScratch token{activated.data<float>()};
-  Tensor partial, counters;  // one token's staged down pass
-  if (rows == 1) {
-    partial = scratch(DType::F32, {top_k, packed.hidden});
-    counters = scratch(DType::I32, {cuda::token_moe_counters(packed.hidden)});
-    token.partial = partial.data<float>();
-    token.counters = counters.data<int32_t>();
-  }
+  // The staged kernels' down pass, for the tokens of one of their calls.
+  const int64_t call_tokens = std::min(rows, cuda::kTokenMoeMaxTokens);
+  Tensor partial = scratch(DType::F32, {call_tokens * top_k, packed.hidden});
+  Tensor counters = scratch(DType::I32, {call_tokens * cuda::token_moe_counters(packed.hidden)});
+  const cuda::TokenMoeScratch token{activated.data<float>(), partial.data<float>(), counters.data<int32_t>()};
   check_launch(cuda::micro::moe_tokens(h.data<const float>(), expert_ids.data<const int32_t>(),
                                        expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), tables,
                                        token, out.data<float>(), stream_),

@@ -128,7 +128,7 @@ cudaError_t moe_token_staged(const float* h, const int32_t* ids, const float* we
   if (!moe_token_staged_supported(experts, top_k) || reinterpret_cast<uintptr_t>(h) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(scratch.activated) % 16 != 0)
     return cudaErrorInvalidValue;
-  return launch_staged_token_moe<Bf16Stage>(h, ids, weights, top_k, experts, scratch, out, stream);
+  return launch_staged_token_moe<Bf16Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
 }
 
 }  // namespace beamline::cuda

@@ -214,7 +214,7 @@ cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weigh
       return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
     case TokenMoeVersion::Staged:
       if (staged_token_moe_fits<Fp8Stage>(experts.hidden, experts.intermediate, top_k))
-        return launch_staged_token_moe<Fp8Stage>(h, ids, weights, top_k, experts, scratch, out, stream);
+        return launch_staged_token_moe<Fp8Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
       [[fallthrough]];
     case TokenMoeVersion::Ring:
       break;

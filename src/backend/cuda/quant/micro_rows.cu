@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
@@ -838,13 +839,27 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
   float* activated = scratch.activated;
   const bool one_token = rows == 1 && aligned(h, 16) && aligned(activated, 16);
   const TokenMoeVersion version = token_moe_version();
-  if (one_token && version == TokenMoeVersion::Staged && staged_widths(experts)) {
-    if (experts.format == Format::Mxfp8 &&
-        staged_token_moe_fits<Mxfp8Stage>(experts.hidden, experts.intermediate, top_k))
-      return launch_staged_token_moe<Mxfp8Stage>(h, ids, weights, top_k, experts, scratch, out, stream);
-    if (experts.format == Format::Nvfp4 &&
-        staged_token_moe_fits<Nvfp4Stage>(experts.hidden, experts.intermediate, top_k))
-      return launch_staged_token_moe<Nvfp4Stage>(h, ids, weights, top_k, experts, scratch, out, stream);
+  if (version == TokenMoeVersion::Staged && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
+      scratch.partial != nullptr) {
+    // Each token reads its experts' weights once, as the streaming kernels below do, but at the staged kernels'
+    // bandwidth: with few tokens most routed experts serve one token anyway (16 tokens: ~100 distinct of 128).
+    auto launch = [&](auto stage) -> cudaError_t {
+      using Stage = decltype(stage);
+      if (!staged_token_moe_fits<Stage>(experts.hidden, experts.intermediate, top_k)) return cudaErrorNotSupported;
+      for (int64_t first = 0; first < rows; first += kTokenMoeMaxTokens) {
+        const auto tokens = static_cast<int32_t>(std::min(kTokenMoeMaxTokens, rows - first));
+        TokenMoeScratch part = scratch;
+        part.activated = activated + first * top_k * experts.intermediate;
+        if (cudaError_t status =
+                launch_staged_token_moe<Stage>(h + first * experts.hidden, ids + first * top_k, weights + first * top_k,
+                                               tokens, top_k, experts, part, out + first * experts.hidden, stream);
+            status != cudaSuccess)
+          return status;
+      }
+      return cudaSuccess;
+    };
+    const cudaError_t status = experts.format == Format::Mxfp8 ? launch(Mxfp8Stage{}) : launch(Nvfp4Stage{});
+    if (status != cudaErrorNotSupported) return status;
   }
   const bool register_fits = one_token && token_moe_fits(experts.hidden, experts.intermediate, top_k);
   if (register_fits && experts.format == Format::Mxfp8)

@@ -11,9 +11,10 @@
 // their loads (the format's Reader does that and the dequantization), so the numerics are theirs.
 //
 // Grid: blocks of kStagedWarps = 5 warps, two blocks per multiprocessor (shared memory), so that Beam-1.0's 8 x 2560
-// gate|up rows and 8 x 5120 down rows are one wave each of 256 blocks on 132 multiprocessors.
-//  - gate|up: block (x, j) = 5 x 16 intermediate rows of gate and up of routed expert j, SwiGLU fused.
-//  - down: block (x, j) = 5 x 32 output rows of routed expert j (its own activation split only: the splits of all
+// gate|up rows and 8 x 5120 down rows of one token are one wave each of 256 blocks on 132 multiprocessors. More
+// tokens (MXFP8, NVFP4) are more waves along z, each token reading its own experts.
+//  - gate|up: block (x, j, t) = 5 x 16 intermediate rows of gate and up of token t's routed expert j, SwiGLU fused.
+//  - down: block (x, j, t) = 5 x 32 output rows of routed expert j (its own activation split only: the splits of all
 //    eight experts in every block took 82 KB and left room for one block); each writes its dots to `partial`, and the
 //    last of a row range's top_k blocks to arrive (an atomic counter) sums them in j order into out: the combine
 //    without a launch, in the order the other versions use.
@@ -139,22 +140,23 @@ __device__ __forceinline__ void staged_dot(const Reader& reader, const StagedCop
   reader.finish(total);
 }
 
-// activated[j, i] = silu(gate_e[i] · h) * (up_e[i] · h) for e = ids[j], j = blockIdx.y; also zeroes the down pass's
-// counters. An unknown expert reads expert 0 and writes zeros (the combine makes the token NaN).
+// activated[t, j, i] = silu(gate_e[i] · h[t]) * (up_e[i] · h[t]) for e = ids[t, j], j = blockIdx.y, token t =
+// blockIdx.z; also zeroes the down pass's counters. An unknown expert reads expert 0 and writes zeros (the combine
+// makes the token NaN).
 template <class Reader, class Experts>
 __global__ void __launch_bounds__(kStagedThreads, 2)
-    staged_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, Experts experts,
+    staged_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, int32_t top_k, Experts experts,
                           float* __restrict__ activated, int32_t* __restrict__ counters, int32_t counter_count) {
   extern __shared__ __align__(16) unsigned char token_shared[];
   // Everything before this kernel (the route writing ids, whatever wrote h) is complete past this point.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  if (blockIdx.x == 0 && blockIdx.y == 0)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
     for (int i = static_cast<int>(threadIdx.x); i < counter_count; i += kStagedThreads) counters[i] = 0;
   const int64_t hidden = experts.hidden, inter = experts.intermediate;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
-  const int j = static_cast<int>(blockIdx.y);
-  const int32_t id = ids[j];
+  const int64_t slot = int64_t{blockIdx.z} * top_k + blockIdx.y;
+  const int32_t id = ids[slot];
   const bool known = id >= 0 && id < experts.experts;
   const int64_t tile = (int64_t{blockIdx.x} * kStagedWarps + warp) * kTokenTileRows;
   const Reader reader = Reader::make(experts, known ? id : 0, {0, 1}, {tile, tile}, inter, hidden);
@@ -162,7 +164,7 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
   unsigned char* ring = token_shared + Reader::Operand::bytes(hidden) + warp * kTokenStages * stage_bytes<Reader>();
   if (tile < inter) staged_prologue(reader, copies, ring, lane);  // the stream starts before the split
   const auto operand = Reader::Operand::at(token_shared, hidden);
-  Reader::Operand::write(h, hidden, operand, warp, kStagedWarps, lane);
+  Reader::Operand::write(h + blockIdx.z * hidden, hidden, operand, warp, kStagedWarps, lane);
   __syncthreads();
   if (tile >= inter) return;
   float total[2][2] = {};
@@ -171,12 +173,13 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = tile + g + 8 * r;
-    if (row < inter) activated[j * inter + row] = known ? silu(total[0][r]) * total[1][r] : 0.0f;
+    if (row < inter) activated[slot * inter + row] = known ? silu(total[0][r]) * total[1][r] : 0.0f;
   }
 }
 
-// partial[j, n] = down_{ids[j]}[n] · activated[j] for the block's rows n; the last of the top_k blocks of a row range
-// then writes out[n] = sum over j in order of weights[j] * partial[j, n] (NaN when an id is out of range).
+// partial[t, j, n] = down_{ids[t, j]}[n] · activated[t, j] for the block's rows n (token t = blockIdx.z); the last of
+// the token's top_k blocks of a row range to arrive then writes out[t, n] = sum over j in order of
+// weights[t, j] * partial[t, j, n] (NaN when an id is out of range).
 template <class Reader, class Experts>
 __global__ void __launch_bounds__(kStagedThreads, 2)
     staged_down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids,
@@ -186,10 +189,12 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
   __shared__ bool last;
   const int64_t hidden = experts.hidden, inter = experts.intermediate;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
-  const int j = static_cast<int>(blockIdx.y);
+  const int64_t token = blockIdx.z, slot = token * top_k + blockIdx.y;
+  ids += token * top_k;
+  weights += token * top_k;
   // ids were complete before any gate|up block passed its wait, and every one had before this grid started; read
   // past L1 all the same.
-  const int32_t id = __ldcg(ids + j);
+  const int32_t id = __ldcg(ids + blockIdx.y);
   const int64_t first_row = (int64_t{blockIdx.x} * kStagedWarps + warp) * kStagedRows;
   const Reader reader = Reader::make(experts, id >= 0 && id < experts.experts ? id : 0, {2, 2},
                                      {first_row, first_row + kTokenTileRows}, hidden, inter);
@@ -198,7 +203,7 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
   if (first_row < hidden) staged_prologue(reader, copies, ring, lane);  // weights do not depend on gate|up
   asm volatile("griddepcontrol.wait;\n" ::: "memory");                  // the gate|up pass is done
   const auto operand = Reader::Operand::at(token_shared, inter);
-  Reader::Operand::write(activated + j * inter, inter, operand, warp, kStagedWarps, lane);
+  Reader::Operand::write(activated + slot * inter, inter, operand, warp, kStagedWarps, lane);
   __syncthreads();
   if (first_row < hidden) {
     float total[2][2] = {};
@@ -209,12 +214,12 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int64_t row = first_row + kTokenTileRows * t + g + 8 * r;
-          if (row < hidden) partial[j * hidden + row] = total[t][r];
+          if (row < hidden) partial[slot * hidden + row] = total[t][r];
         }
   }
   __threadfence();  // this block's partials are visible before its arrival counts
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1) == top_k - 1;
+  if (threadIdx.x == 0) last = atomicAdd(counters + token * gridDim.x + blockIdx.x, 1) == top_k - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -222,12 +227,12 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
   if (row >= hidden) return;
   float sum = 0.0f;
   bool valid = true;
-  for (int32_t slot = 0; slot < top_k; ++slot) {
-    const int32_t e = __ldcg(ids + slot);
+  for (int32_t k = 0; k < top_k; ++k) {
+    const int32_t e = __ldcg(ids + k);
     valid = valid && e >= 0 && e < experts.experts;
-    sum += __ldcg(weights + slot) * __ldcg(partial + slot * hidden + row);
+    sum += __ldcg(weights + k) * __ldcg(partial + (token * top_k + k) * hidden + row);
   }
-  out[row] = valid ? sum : __int_as_float(0x7fc00000);
+  out[token * hidden + row] = valid ? sum : __int_as_float(0x7fc00000);
 }
 
 // Whether the staged kernels take these widths: their shared memory within the per-block limit (the down pass's
@@ -239,11 +244,12 @@ bool staged_token_moe_fits(int64_t hidden, int64_t intermediate, int32_t top_k) 
          staged_shared_bytes<Reader>(intermediate) + kStagedDownStaticBytes <= kTokenMaxSharedBytes;
 }
 
-// The two launches, both programmatic dependents of what precedes them; staged_token_moe_fits checked by the caller,
-// h and scratch.activated 16-byte aligned.
+// The two launches for `tokens` tokens (at most kTokenMoeMaxTokens; one wave per pass and token), both programmatic
+// dependents of what precedes them; staged_token_moe_fits checked by the caller, h and scratch.activated 16-byte
+// aligned, scratch sized for `tokens` (token_moe.h).
 template <class Reader, class Experts>
-cudaError_t launch_staged_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
-                                    const Experts& experts, const TokenMoeScratch& scratch, float* out,
+cudaError_t launch_staged_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t tokens,
+                                    int32_t top_k, const Experts& experts, const TokenMoeScratch& scratch, float* out,
                                     cudaStream_t stream) {
   constexpr auto gate_up = staged_gate_up_kernel<Reader, Experts>;
   constexpr auto down = staged_down_kernel<Reader, Experts>;
@@ -263,14 +269,16 @@ cudaError_t launch_staged_token_moe(const float* h, const int32_t* ids, const fl
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = 1;
-  const auto counters = static_cast<int32_t>(token_moe_counters(experts.hidden));
-  config.gridDim = dim3(blocks_for(experts.intermediate, kStagedWarps * kTokenTileRows), static_cast<unsigned int>(top_k));
+  if (tokens < 1 || tokens > kTokenMoeMaxTokens) return cudaErrorInvalidValue;
+  const auto units = static_cast<unsigned int>(token_moe_counters(experts.hidden));
+  const auto slots = static_cast<unsigned int>(top_k), rows = static_cast<unsigned int>(tokens);
+  config.gridDim = dim3(blocks_for(experts.intermediate, kStagedWarps * kTokenTileRows), slots, rows);
   config.dynamicSmemBytes = static_cast<size_t>(staged_shared_bytes<Reader>(experts.hidden));
-  if (cudaError_t status =
-          cudaLaunchKernelEx(&config, gate_up, h, ids, experts, scratch.activated, scratch.counters, counters);
+  if (cudaError_t status = cudaLaunchKernelEx(&config, gate_up, h, ids, top_k, experts, scratch.activated,
+                                              scratch.counters, static_cast<int32_t>(units * rows));
       status != cudaSuccess)
     return status;
-  config.gridDim = dim3(static_cast<unsigned int>(counters), static_cast<unsigned int>(top_k));
+  config.gridDim = dim3(units, slots, rows);
   config.dynamicSmemBytes = static_cast<size_t>(staged_shared_bytes<Reader>(experts.intermediate));
   return cudaLaunchKernelEx(&config, down, static_cast<const float*>(scratch.activated), ids, weights, top_k, experts,
                             scratch.partial, scratch.counters, out);

@@ -9,12 +9,14 @@ constexpr int64_t kTokenMoeCombineRows = 160;
 constexpr int64_t token_moe_counters(int64_t hidden) {
   return (hidden + kTokenMoeCombineRows - 1) / kTokenMoeCombineRows;
 }
+// Tokens per launch pair of the staged kernels (grid z); callers cut more into calls of this many.
+constexpr int64_t kTokenMoeMaxTokens = 64;
 
-// Scratch of one call with one token and top_k routed experts (moe_tokens: activated also for more tokens).
+// Scratch of one call with `tokens` tokens and top_k routed experts each.
 struct TokenMoeScratch {
-  float* activated = nullptr;   // [top_k, I] (16-byte aligned): SwiGLU outputs
-  float* partial = nullptr;     // [top_k, H]: each routed expert's down output before the combine (staged kernels)
-  int32_t* counters = nullptr;  // [token_moe_counters(H)]: arrivals per combine unit, zeroed by the gate|up pass
+  float* activated = nullptr;   // [tokens * top_k, I] (16-byte aligned): SwiGLU outputs
+  float* partial = nullptr;     // [tokens * top_k, H]: each routed expert's down output before the combine (staged)
+  int32_t* counters = nullptr;  // [tokens * token_moe_counters(H)]: arrivals per combine unit, zeroed by gate|up
 };
 
 }  // namespace beamline::cuda
