@@ -32,6 +32,18 @@ constexpr int kStep = 64;   // k per step: four lanes x 16 codes
 constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded before the first is used
 static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_ring's halves");
 
+// d += one tile's 16 codes of rows g (`low`) and g + 8 (`high`), word q feeding mma q, times the split's B registers.
+__device__ __forceinline__ void fp8_chunk_mma(const uint32_t (&low)[4], const uint32_t (&high)[4],
+                                              const uint32_t (&b_regs)[8], float (&d)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+    e4m3x4_to_half2(low[q], a[0], a[2]);
+    e4m3x4_to_half2(high[q], a[1], a[3]);
+    mma_f16(d, a, b_regs[2 * q], b_regs[2 * q + 1]);
+  }
+}
+
 // Two tiles of 16 rows (rows[i][0] row g, rows[i][1] row g + 8) and their block-scale rows, dotted with the split.
 // kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): the batch's registers are a ring of two 128-wide
 // blocks, each reloaded with the next batch's block as soon as its MMAs have read it, so that a warp always has
@@ -93,13 +105,7 @@ struct Fp8Dot {
       for (int i = 0; i < 2; ++i) {
         const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
         const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-          e4m3x4_to_half2(low[q], a[0], a[2]);
-          e4m3x4_to_half2(high[q], a[1], a[3]);
-          mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-        }
+        fp8_chunk_mma(low, high, b_regs, d[i]);
       }
     };
     // A half is one 128-wide block: its sums promoted by the weight block's scale over the split's power of two.
@@ -174,13 +180,7 @@ struct Fp8Stage {
             *reinterpret_cast<const uint4*>(stage_codes + (kTokenTileRows * i + 8 + g) * kStageRowBytes + chunk);
         const uint32_t low[4] = {row_g.x, row_g.y, row_g.z, row_g.w};
         const uint32_t high[4] = {row_g8.x, row_g8.y, row_g8.z, row_g8.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-          e4m3x4_to_half2(low[q], a[0], a[2]);
-          e4m3x4_to_half2(high[q], a[1], a[3]);
-          mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-        }
+        fp8_chunk_mma(low, high, b_regs, d[i]);
       }
     }
     // The block's sums promoted by the weight block's scale over the split's power of two; column 0 is hi, column 1

@@ -453,6 +453,40 @@ __device__ __forceinline__ void e2m1x4_to_half2(uint32_t w, int half, uint32_t& 
   odd = __byte_perm(kLow, kHigh, quad & 0x7070u) | ((spread << 8) & 0x80008000u);
 }
 
+// d += one tile's chunk of 32 codes in rows g (`low`) and g + 8 (`high`), the words of quads 2w, 2w + 1 feeding mmas
+// 2w and 2w + 1, times the split from b_source at element `column` (lanes g < 2 load it; the others' columns are
+// zero); scale_pairs[r]: the chunk's two E4M3 group scales of row g + 8 r (the low byte first).
+__device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&low)[4], const uint32_t (&high)[4],
+                                                const uint32_t (&scale_pairs)[2], const uint32_t* b_source,
+                                                int64_t column, int g, float (&d)[4]) {
+  __half2 scale[2][2];  // [r][group]: the group's scale in both halves
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(scale_pairs[r]), __NV_E4M3);
+    const __half2 both = *reinterpret_cast<const __half2*>(&raw);
+    scale[r][0] = __low2half2(both);
+    scale[r][1] = __high2half2(both);
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
+    if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (column + 8 * w) / 2);
+    const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+      e2m1x4_to_half2(low[w], q, a[0], a[2]);
+      e2m1x4_to_half2(high[w], q, a[1], a[3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
+        a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+      }
+      mma_f16(d, a, b_regs[2 * q], b_regs[2 * q + 1]);
+    }
+  }
+}
+
 struct Nvfp4Dot {
   // Steps in flight: a ring of two halves of one step (4 KiB a warp); two steps a half spill at 128 registers.
   static constexpr int kBatch = 2;
@@ -507,38 +541,12 @@ struct Nvfp4Dot {
       float d[2][4] = {};
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        __half2 scale[2][2];  // [r][group]: the group's scale in both halves
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const __half2_raw raw =
-              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
-          const __half2 both = *reinterpret_cast<const __half2*>(&raw);
-          scale[r][0] = __low2half2(both);
-          scale[r][1] = __high2half2(both);
-        }
         const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
                                  batch.codes[u][i][0].w};
         const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
                                   batch.codes[u][i][1].w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
-          if (g < 2)
-            b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
-          const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-            e2m1x4_to_half2(low[w], q, a[0], a[2]);
-            e2m1x4_to_half2(high[w], q, a[1], a[3]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
-              a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
-            }
-            mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-          }
-        }
+        const uint32_t scale_pairs[2] = {batch.scales[u][i][0], batch.scales[u][i][1]};
+        nvfp4_chunk_mma(low, high, scale_pairs, b_source, int64_t{step} * kNvfp4Step + 32 * c, g, d[i]);
       }
       // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
 #pragma unroll
@@ -682,38 +690,15 @@ struct Nvfp4Stage : MicroRows {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int rows[2] = {kTokenTileRows * i + g, kTokenTileRows * i + 8 + g};
-        __half2 scale[2][2];  // [r][group]: the group's scale in both halves
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const auto pair = *reinterpret_cast<const unsigned short*>(stage_scales + 16 * rows[r] + 8 * u + 2 * c);
-          const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-          const __half2 both = *reinterpret_cast<const __half2*>(&raw);
-          scale[r][0] = __low2half2(both);
-          scale[r][1] = __high2half2(both);
-        }
         const uint4 row_g = *reinterpret_cast<const uint4*>(stage_codes + rows[0] * kStageRowBytes + chunk);
         const uint4 row_g8 = *reinterpret_cast<const uint4*>(stage_codes + rows[1] * kStageRowBytes + chunk);
         const uint32_t low[4] = {row_g.x, row_g.y, row_g.z, row_g.w};
         const uint32_t high[4] = {row_g8.x, row_g8.y, row_g8.z, row_g8.w};
+        uint32_t scale_pairs[2];  // the chunk's two scales at 8u + 2c of the row's 16 bytes in the stage
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
-          if (g < 2)
-            b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
-          const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-            e2m1x4_to_half2(low[w], q, a[0], a[2]);
-            e2m1x4_to_half2(high[w], q, a[1], a[3]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
-              a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
-            }
-            mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-          }
-        }
+        for (int r = 0; r < 2; ++r)
+          scale_pairs[r] = *reinterpret_cast<const unsigned short*>(stage_scales + 16 * rows[r] + 8 * u + 2 * c);
+        nvfp4_chunk_mma(low, high, scale_pairs, b_source, int64_t{step} * kNvfp4Step + 32 * c, g, d[i]);
       }
       // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
 #pragma unroll
