@@ -185,6 +185,21 @@ void test_linear_ops(Harness& harness, QuantScheme scheme, const std::string& na
   }
 }
 
+// The CUDA backend's path for these widths (micro.h moe_tokens; scales are 4-byte aligned in the harness): staged
+// through shared memory (MXFP8 widths multiples of 128, NVFP4 of 64) unless BEAMLINE_CUDA_TOKEN_MOE names a register
+// version, else one token on the tensor cores from registers (NVFP4: multiples of 32, not `legacy`), else streamed
+// token by token.
+std::string cuda_moe_path(QuantScheme scheme, int64_t rows, int64_t hidden, int64_t intermediate) {
+  const std::string_view version = cuda::kernel_variant("BEAMLINE_CUDA_TOKEN_MOE");
+  const bool mxfp8 = scheme == QuantScheme::Mxfp8;
+  const int64_t staged_unit = mxfp8 ? 128 : 64;
+  if (version != "legacy" && version != "ring" && hidden % staged_unit == 0 && intermediate % staged_unit == 0)
+    return "staged";
+  if (rows == 1 && (mxfp8 || (version != "legacy" && hidden % 32 == 0 && intermediate % 32 == 0)))
+    return "tensor cores";
+  return "streamed per token";
+}
+
 void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& name) {
   const Widths odd = odd_widths(scheme);
   struct SwigluCase {
@@ -222,7 +237,16 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
                                  {1, 1024, 704, 8, 8, 8, "one token, eight distinct experts"},
                                  // MXFP8's ring of two 4-step halves: 12 and 20 scale groups (packed scale words,
                                  // the last batch one half), 11 and 7 above (byte scales, a partial half).
-                                 {1, 384, 640, 8, 8, 8, "one token, a batch's last half"}};
+                                 {1, 384, 640, 8, 8, 8, "one token, a batch's last half"},
+                                 // The staged kernels (quant/staged_moe.cuh): H 896 is 5.6 down blocks of 160 rows
+                                 // (a last combine unit cut) and 3.5 NVFP4 stages of 256; top 1 and top 3 combine
+                                 // as soon as one or three blocks arrive.
+                                 {1, 896, 384, 8, 3, 8, "one token: rows and stages cut"},
+                                 {1, 256, 128, 8, 1, 8, "one token, top 1"},
+                                 // More tokens on the staged kernels: one call of 5 tokens (grid z), and 70 tokens
+                                 // in calls of 64 and 6.
+                                 {5, 384, 640, 8, 8, 8, "five tokens"},
+                                 {70, 256, 128, 8, 2, 8, "70 tokens: calls of 64 and 6"}};
   if (harness.small_only()) moe_cases.erase(moe_cases.begin(), moe_cases.begin() + 2);
   for (const MoeCase& c : moe_cases) {
     const auto start = std::chrono::steady_clock::now();
@@ -249,13 +273,9 @@ void test_swiglu_moe(Harness& harness, QuantScheme scheme, const std::string& na
     auto out = harness.poisoned(DType::F32, {c.rows, c.hidden});
     harness.device().moe(h.device, ids.device, routing.device, device_moe, out.device);
     harness.reference().moe(h.reference, ids.reference, routing.reference, reference_moe, out.reference);
-    // The CUDA backend's path: one token on the tensor cores (quant/token_moe.cuh; NVFP4 for widths that are
-    // multiples of 32), unless BEAMLINE_CUDA_TOKEN_MOE=legacy; else streamed token by token.
-    const bool tensor_cores = c.rows == 1 && !cuda::legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE") &&
-                              (scheme == QuantScheme::Mxfp8 || (c.hidden % 32 == 0 && c.intermediate % 32 == 0));
     harness.record(name + "_moe",
                    fmt::format("T {} H {} I {} E {} top {} ({}; {})", c.rows, c.hidden, c.intermediate, c.experts,
-                               c.top_k, c.what, tensor_cores ? "tensor cores" : "streamed per token"),
+                               c.top_k, c.what, cuda_moe_path(scheme, c.rows, c.hidden, c.intermediate)),
                    out, kF32Tolerance, seconds_since(start));
   }
 }

@@ -215,6 +215,7 @@ struct PackedExperts {
   Tensor scale_pointers;  // FP8, MXFP8, NVFP4: I64 [3, E], the scales of the same matrices
   Tensor scale_2_pointers;  // NVFP4: I64 [3, E], the per-tensor scale_2 of the same matrices
   std::optional<cuda::micro::Format> micro;  // MXFP8 or NVFP4 experts
+  bool scales_aligned = false;                // MXFP8, NVFP4: every scale tensor 4-byte aligned
   DType dtype = DType::BF16;
   int64_t hidden = 0, intermediate = 0;
 };
@@ -600,16 +601,19 @@ void CudaBackend::prepare_moe(MoeTensors& moe) {
             "prepare_moe: {} experts of H {} and I {} need widths that are multiples of {}", format_name(*format),
             hidden, packed->intermediate, cuda::micro::group_size(*format));
     std::vector<int64_t> scales(static_cast<std::size_t>(3 * experts)), scales_2(scales.size());
+    bool aligned = true;
     for (int64_t e = 0; e < experts; ++e) {
       const SwigluTensors& expert = moe.experts[static_cast<std::size_t>(e)];
       const LinearTensors* matrices[3] = {&expert.gate, &expert.up, &expert.down};
       for (int64_t m = 0; m < 3; ++m) {
         const cuda::micro::Weight weight = micro_weight(*matrices[m]);
         scales[static_cast<std::size_t>(m * experts + e)] = reinterpret_cast<int64_t>(weight.scales);
+        aligned = aligned && reinterpret_cast<uintptr_t>(weight.scales) % 4 == 0;
         scales_2[static_cast<std::size_t>(m * experts + e)] = reinterpret_cast<int64_t>(weight.scale_2);
       }
     }
     packed->scale_pointers = upload(scales.data(), DType::I64, {3, experts});
+    packed->scales_aligned = aligned;
     if (*format == cuda::micro::Format::Nvfp4) packed->scale_2_pointers = upload(scales_2.data(), DType::I64, {3, experts});
     moe.packed = std::move(packed);
     return;
@@ -1394,6 +1398,17 @@ void CudaBackend::moe_experts(const Tensor& h, const Tensor& expert_ids, const T
                  op);
     return;
   }
+  if (rows == 1 && deltas == nullptr && aligned16(h.raw()) &&
+      cuda::moe_token_staged_supported(pointers, static_cast<int32_t>(top_k))) {
+    Tensor activated = scratch(DType::F32, {top_k, pointers.intermediate}), partial = scratch(DType::F32, {top_k, hidden});
+    Tensor counters = scratch(DType::I32, {cuda::token_moe_counters(hidden)});
+    const cuda::TokenMoeScratch token{activated.data<float>(), partial.data<float>(), counters.data<int32_t>()};
+    check_launch(cuda::moe_token_staged(h.data<const float>(), expert_ids.data<const int32_t>(),
+                                        expert_weights.data<const float>(), static_cast<int32_t>(top_k), pointers,
+                                        token, out.data<float>(), stream_),
+                 "moe (bf16 one token)");
+    return;
+  }
   if (cuda::moe_streaming_supported(assignments, hidden, pointers.intermediate)) {
     Tensor activated = scratch(DType::F32, {assignments, pointers.intermediate});
     Tensor expert_out = scratch(DType::F32, {assignments, hidden});
@@ -1472,10 +1487,12 @@ void CudaBackend::moe_fp8(const Tensor& h, const Tensor& expert_ids, const Tenso
   // One token: the routed experts' weights streamed once with F32 activations (W8A16), two launches.
   if (rows == 1 && streaming_max_rows_ > 0 &&
       cuda::fp8::moe_one_token_supported(hidden, inter, static_cast<int32_t>(top_k))) {
-    Tensor activated = scratch(DType::F32, {top_k, inter});
+    Tensor activated = scratch(DType::F32, {top_k, inter}), partial = scratch(DType::F32, {top_k, hidden});
+    Tensor counters = scratch(DType::I32, {cuda::token_moe_counters(hidden)});
+    const cuda::TokenMoeScratch token{activated.data<float>(), partial.data<float>(), counters.data<int32_t>()};
     check_launch(cuda::fp8::moe_one_token(h.data<const float>(), expert_ids.data<const int32_t>(),
                                           expert_weights.data<const float>(), static_cast<int32_t>(top_k), tables,
-                                          activated.data<float>(), out.data<float>(), stream_),
+                                          token, out.data<float>(), stream_),
                  "moe (fp8 one token)");
     return;
   }
@@ -1521,10 +1538,16 @@ void CudaBackend::moe_micro(const Tensor& h, const Tensor& expert_ids, const Ten
   tables.experts = experts;
   tables.hidden = packed.hidden;
   tables.intermediate = packed.intermediate;
+  tables.scales_aligned = packed.scales_aligned;
   Tensor activated = scratch(DType::F32, {rows * top_k, packed.intermediate});
+  // The staged kernels' down pass, for the tokens of one of their calls.
+  const int64_t call_tokens = std::min(rows, cuda::kTokenMoeMaxTokens);
+  Tensor partial = scratch(DType::F32, {call_tokens * top_k, packed.hidden});
+  Tensor counters = scratch(DType::I32, {call_tokens * cuda::token_moe_counters(packed.hidden)});
+  const cuda::TokenMoeScratch token{activated.data<float>(), partial.data<float>(), counters.data<int32_t>()};
   check_launch(cuda::micro::moe_tokens(h.data<const float>(), expert_ids.data<const int32_t>(),
                                        expert_weights.data<const float>(), rows, static_cast<int32_t>(top_k), tables,
-                                       activated.data<float>(), out.data<float>(), stream_),
+                                       token, out.data<float>(), stream_),
                packed.micro == cuda::micro::Format::Mxfp8 ? "moe (mxfp8)" : "moe (nvfp4)");
 }
 

@@ -19,6 +19,12 @@ __device__ __forceinline__ void copy_async16(void* shared, const void* global, b
   copy_async16(shared_address(shared), global, valid);
 }
 
+// 4 bytes (4-byte aligned at both ends); zeros when !valid. Through L1 (.ca): .cg takes only 16-byte copies.
+__device__ __forceinline__ void copy_async4(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(shared)), "l"(global),
+               "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 
 // Until at most kPending of this thread's newest commit groups are still in flight.

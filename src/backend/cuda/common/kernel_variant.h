@@ -2,7 +2,7 @@
 // Kernels kept in more than one version until the GPU has ranked them: BEAMLINE_CUDA_<FAMILY>=NAME selects a version
 // of that family for the whole process (read once per family), so that one benchmark call can time each. `legacy` is
 // a family's previous version. Families: DECODE_ATTENTION (attention/decode.cu: legacy, keys-cvt), TOKEN_MOE
-// (quant/token_moe.cuh: legacy).
+// (quant/token_moe.cuh: legacy, ring; the default is quant/staged_moe.cuh's).
 #include <cstdlib>
 #include <string_view>
 

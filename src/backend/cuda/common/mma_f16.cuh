@@ -1,7 +1,8 @@
 #pragma once
 // F16 tensor-core operands made from exact data: E4M3 codes decoded to F16 by bit operations, F32 values split into
-// two F16 parts, and the mma.sync m16n8k16 F16 product with F32 accumulators. Shared by the one-token FP8 experts
-// (quant/fp8_token_moe.cu) and the decode attention over FP8 KV pools (attention/decode.cu).
+// two F16 parts, and the mma.sync m16n8k16 products (F16, BF16) with F32 accumulators. Shared by the one-token expert
+// kernels (quant/fp8_token_moe.cu, quant/micro_rows.cu, moe/moe_token.cu), the grouped MoE GEMMs (moe/moe_mma.cu)
+// and the decode attention over FP8 KV pools (attention/decode.cu).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -11,6 +12,14 @@ namespace beamline::cuda {
 // d += a (16 x 16, row-major) * b (16 x 8, column-major), F16 operands, FP32 accumulators.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same with BF16 operands.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

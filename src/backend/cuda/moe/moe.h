@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "backend/cuda/common/operand_precision.h"
+#include "backend/cuda/quant/token_moe.h"
 #include "tensor/dtype.h"
 
 namespace beamline::cuda {
@@ -90,6 +91,16 @@ bool moe_streaming_supported(int64_t assignments, int64_t hidden, int64_t interm
 cudaError_t moe_streaming(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
                           const ExpertPointers& experts, float* activated, float* expert_out, float* out,
                           cudaStream_t stream, bool row_invariant = false, const ExpertDeltas* deltas = nullptr);
+// One token of BF16 experts with top_k <= 8 on the tensor cores, the weights staged through shared memory
+// (moe_token.cu, quant/staged_moe.cuh): gate|up with the SwiGLU fused, then down with the combine fused (through
+// scratch.partial and scratch.counters), the F32 activations as three BF16 terms, so the dots equal the streaming
+// kernels' up to summation order. Supported for BF16 experts with H and I multiples of 8 whose shared memory fits,
+// unless BEAMLINE_CUDA_TOKEN_MOE names a previous version (then moe_streaming). h and scratch.activated 16-byte
+// aligned.
+bool moe_token_staged_supported(const ExpertPointers& experts, int32_t top_k);
+cudaError_t moe_token_staged(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
+                             const ExpertPointers& experts, const TokenMoeScratch& scratch, float* out,
+                             cudaStream_t stream);
 // out[t] = sum over j in order of expert_out[t * top_k + j] (the routing weights already applied); NaN for a token
 // with an expert id outside [0, experts).
 cudaError_t moe_combine(const float* expert_out, const int32_t* ids, int64_t rows, int32_t top_k, int32_t experts,

@@ -25,6 +25,7 @@
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/common/split_operand.cuh"
 #include "backend/cuda/rows/rows.h"
 #include "backend/cuda/moe/moe.h"
@@ -94,12 +95,6 @@ __device__ __forceinline__ void load_matrices(uint32_t (&b)[2], const __nv_bfloa
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(b[0]), "=r"(b[1]) : "r"(shared));
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Groups the slots by expert (each expert's slots contiguous in `grouped`, in no particular order: every token is
 // its own MMA column, so the order changes no result) and lists the tiles of up to kTokens slots per expert; the

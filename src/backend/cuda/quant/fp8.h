@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/quant/token_moe.h"
+
 namespace beamline::cuda::fp8 {
 
 constexpr int64_t kBlock = 128;  // the quantization block along k (activations and weights) and along weight rows
@@ -93,13 +95,14 @@ bool moe_supported(int32_t experts, int64_t hidden, int64_t intermediate);
 
 // One token (decode at batch 1) with top_k <= 8, W8A16 on the tensor cores (fp8_token_moe.cu: exact weights in F16,
 // the F32 activations split into two F16 parts, FP32 sums): gate|up of every routed expert in one launch with the
-// SwiGLU fused (activated [top_k, I] scratch, 16-byte aligned, as h), then down of every routed expert in a second with
-// the combine fused, in j order. Expert ids out of range make the output NaN. Supported when the activation splits fit
-// in shared memory (H up to ~58K; I up to ~7K at top_k 8).
+// SwiGLU fused (scratch.activated), then down of every routed expert in a second with the combine fused, in j order
+// (the staged version: through scratch.partial and scratch.counters, token_moe.h). Expert ids out of range make the
+// output NaN. h and scratch.activated 16-byte aligned. Supported when the activation splits fit in shared memory
+// (H up to ~58K; I up to ~7K at top_k 8).
 constexpr int32_t kMaxStreamTopK = 8;
 bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k);
 cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
-                          const Experts& experts, float* activated, float* out, cudaStream_t stream);
+                          const Experts& experts, const TokenMoeScratch& scratch, float* out, cudaStream_t stream);
 
 // Any number of tokens, W8A8 on wgmma: h quantized, the slots grouped by expert into tiles of moe_tile_tokens tokens,
 // gate|up with the SwiGLU fused (F32 out), that quantized, down with the routing weight fused, then the combine in

@@ -22,6 +22,7 @@
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/common/mma_f16.cuh"
 #include "backend/cuda/quant/fp8.h"
+#include "backend/cuda/quant/staged_moe.cuh"
 #include "backend/cuda/quant/token_moe.cuh"
 
 namespace beamline::cuda::fp8 {
@@ -30,6 +31,18 @@ namespace {
 constexpr int kStep = 64;   // k per step: four lanes x 16 codes
 constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded before the first is used
 static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_ring's halves");
+
+// d += one tile's 16 codes of rows g (`low`) and g + 8 (`high`), word q feeding mma q, times the split's B registers.
+__device__ __forceinline__ void fp8_chunk_mma(const uint32_t (&low)[4], const uint32_t (&high)[4],
+                                              const uint32_t (&b_regs)[8], float (&d)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+    e4m3x4_to_half2(low[q], a[0], a[2]);
+    e4m3x4_to_half2(high[q], a[1], a[3]);
+    mma_f16(d, a, b_regs[2 * q], b_regs[2 * q + 1]);
+  }
+}
 
 // Two tiles of 16 rows (rows[i][0] row g, rows[i][1] row g + 8) and their block-scale rows, dotted with the split.
 // kRing (the default; BEAMLINE_CUDA_TOKEN_MOE=legacy: false): the batch's registers are a ring of two 128-wide
@@ -92,13 +105,7 @@ struct Fp8Dot {
       for (int i = 0; i < 2; ++i) {
         const uint32_t low[4] = {bits[u][i][0].x, bits[u][i][0].y, bits[u][i][0].z, bits[u][i][0].w};
         const uint32_t high[4] = {bits[u][i][1].x, bits[u][i][1].y, bits[u][i][1].z, bits[u][i][1].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-          e4m3x4_to_half2(low[q], a[0], a[2]);
-          e4m3x4_to_half2(high[q], a[1], a[3]);
-          mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-        }
+        fp8_chunk_mma(low, high, b_regs, d[i]);
       }
     };
     // A half is one 128-wide block: its sums promoted by the weight block's scale over the split's power of two.
@@ -119,6 +126,76 @@ struct Fp8Dot {
   }
 };
 
+// The same products with the weights staged through shared memory (quant/staged_moe.cuh): a stage is one 128-wide k
+// block, two of Fp8Dot's 64-wide steps, lane (g, c) reading chunk 4u + c of its rows for step u (Fp8Dot's codes), and
+// the stage holding the two tiles' block scales.
+struct Fp8Stage {
+  using Operand = SplitOperand;
+  static constexpr int kStageK = static_cast<int>(kBlock);
+  static constexpr int kScaleBytes = 16;  // two F32 block scales, padded
+  const uint8_t* codes[2];
+  const float* scales[2];  // the tiles' block-scale rows
+  int64_t first_row[2];
+  int64_t row_count, k;
+
+  static __device__ Fp8Stage make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                  const int64_t (&first)[2], int64_t rows, int64_t k) {
+    Fp8Stage stage;
+    stage.row_count = rows;
+    stage.k = k;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      stage.codes[i] = static_cast<const uint8_t*>(experts.weight[matrix[i]][e]);
+      stage.first_row[i] = first[i];
+      stage.scales[i] = experts.scale[matrix[i]][e] + (min(first[i], rows - 1) / kBlock) * blocks_of(k);
+    }
+    return stage;
+  }
+  __device__ int64_t row_bytes() const { return k; }
+  __device__ const uint8_t* row_codes(int i, int t) const { return codes[i] + min(first_row[i] + t, row_count - 1) * k; }
+  __device__ void copy_scales(int stage, unsigned char* target, int lane) const {
+    if (lane < 2) copy_async4(target + 4 * lane, (lane == 0 ? scales[0] : scales[1]) + stage, true);
+  }
+
+  __device__ __forceinline__ void consume(const unsigned char* stage_codes, const unsigned char* stage_scales, int s,
+                                          const Split& split, int lane, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4, swizzle = stage_swizzle(g);
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    float d[2][4] = {};
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      uint4 b_words[2] = {};
+      if (g < 2) {
+        const uint4* source = reinterpret_cast<const uint4*>(b_source + (int64_t{s} * kStageK + kStep * u + 16 * c) / 2);
+        b_words[0] = source[0];
+        b_words[1] = source[1];
+      }
+      const uint32_t b_regs[8] = {b_words[0].x, b_words[0].y, b_words[0].z, b_words[0].w,
+                                  b_words[1].x, b_words[1].y, b_words[1].z, b_words[1].w};
+      const int chunk = 16 * ((4 * u + c) ^ swizzle);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 row_g = *reinterpret_cast<const uint4*>(stage_codes + (kTokenTileRows * i + g) * kStageRowBytes + chunk);
+        const uint4 row_g8 =
+            *reinterpret_cast<const uint4*>(stage_codes + (kTokenTileRows * i + 8 + g) * kStageRowBytes + chunk);
+        const uint32_t low[4] = {row_g.x, row_g.y, row_g.z, row_g.w};
+        const uint32_t high[4] = {row_g8.x, row_g8.y, row_g8.z, row_g8.w};
+        fp8_chunk_mma(low, high, b_regs, d[i]);
+      }
+    }
+    // The block's sums promoted by the weight block's scale over the split's power of two; column 0 is hi, column 1
+    // lo (lanes c = 0).
+    const float* block_scale = reinterpret_cast<const float*>(stage_scales);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float promote = block_scale[i] * split.unscale[s];
+      total[i][0] += (d[i][0] + d[i][1]) * promote;
+      total[i][1] += (d[i][2] + d[i][3]) * promote;
+    }
+  }
+  __device__ void finish(float (&)[2][2]) const {}
+};
+
 }  // namespace
 
 bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k) {
@@ -127,13 +204,22 @@ bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k
 }
 
 cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
-                          const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+                          const Experts& experts, const TokenMoeScratch& scratch, float* out, cudaStream_t stream) {
   if (!moe_supported(experts.experts, experts.hidden, experts.intermediate) ||
       !moe_one_token_supported(experts.hidden, experts.intermediate, top_k) ||
-      reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(activated) % 16 != 0)
+      reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch.activated) % 16 != 0)
     return cudaErrorInvalidValue;
-  if (token_moe_legacy()) return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream);
-  return launch_token_moe<Fp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
+  switch (token_moe_version()) {
+    case TokenMoeVersion::Legacy:
+      return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
+    case TokenMoeVersion::Staged:
+      if (staged_token_moe_fits<Fp8Stage>(experts.hidden, experts.intermediate, top_k))
+        return launch_staged_token_moe<Fp8Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
+      [[fallthrough]];
+    case TokenMoeVersion::Ring:
+      break;
+  }
+  return launch_token_moe<Fp8Dot<true>, true>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
 }
 
 }  // namespace beamline::cuda::fp8

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/quant/token_moe.h"
+
 namespace beamline::cuda::micro {
 
 enum class Format : int32_t { Mxfp8, Nvfp4 };
@@ -65,6 +67,7 @@ struct Experts {
   const float* const* scale_2[3] = {};  // null tables for MXFP8
   int32_t experts = 0;
   int64_t hidden = 0, intermediate = 0;
+  bool scales_aligned = false;  // every scale tensor 4-byte aligned (the staged one-token kernels copy scale words)
 };
 constexpr int32_t kMaxTopK = 8;
 bool moe_supported(Format format, int64_t hidden, int64_t intermediate);
@@ -72,9 +75,12 @@ bool moe_supported(Format format, int64_t hidden, int64_t intermediate);
 // out[t] = sum over j in order of weights[t, j] * down_e activated[t, j]. Each token streams its experts' weights
 // (one token: every routed weight byte read once), all its experts in one launch per pass (the down pass: a warp per
 // routed expert, the combine in j order). One token of MXFP8, and of NVFP4 with widths that are multiples of 32, runs
-// on the tensor cores (token_moe.cuh) unless BEAMLINE_CUDA_TOKEN_MOE=legacy. An expert id out of range makes its
-// token's output NaN.
+// on the tensor cores (token_moe.cuh) unless BEAMLINE_CUDA_TOKEN_MOE=legacy. By default, MXFP8 widths that are
+// multiples of 128 and NVFP4 ones of 64 take the staged kernels (staged_moe.cuh) at every row count, in calls of
+// kTokenMoeMaxTokens tokens: each token still reads its experts, at their bandwidth. An expert id out of range makes its
+// token's output NaN. scratch.activated [rows * top_k, I]; scratch.partial and scratch.counters for
+// min(rows, kTokenMoeMaxTokens) tokens (token_moe.h; null partial: no staged kernels).
 cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                       const Experts& experts, float* activated, float* out, cudaStream_t stream);
+                       const Experts& experts, const TokenMoeScratch& scratch, float* out, cudaStream_t stream);
 
 }  // namespace beamline::cuda::micro

@@ -3,11 +3,13 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/quant/e4m3_unpack.cuh"
 #include "backend/cuda/quant/micro.h"
+#include "backend/cuda/quant/staged_moe.cuh"
 #include "backend/cuda/quant/token_moe.cuh"
 
 namespace beamline::cuda::micro {
@@ -451,6 +453,40 @@ __device__ __forceinline__ void e2m1x4_to_half2(uint32_t w, int half, uint32_t& 
   odd = __byte_perm(kLow, kHigh, quad & 0x7070u) | ((spread << 8) & 0x80008000u);
 }
 
+// d += one tile's chunk of 32 codes in rows g (`low`) and g + 8 (`high`), the words of quads 2w, 2w + 1 feeding mmas
+// 2w and 2w + 1, times the split from b_source at element `column` (lanes g < 2 load it; the others' columns are
+// zero); scale_pairs[r]: the chunk's two E4M3 group scales of row g + 8 r (the low byte first).
+__device__ __forceinline__ void nvfp4_chunk_mma(const uint32_t (&low)[4], const uint32_t (&high)[4],
+                                                const uint32_t (&scale_pairs)[2], const uint32_t* b_source,
+                                                int64_t column, int g, float (&d)[4]) {
+  __half2 scale[2][2];  // [r][group]: the group's scale in both halves
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(scale_pairs[r]), __NV_E4M3);
+    const __half2 both = *reinterpret_cast<const __half2*>(&raw);
+    scale[r][0] = __low2half2(both);
+    scale[r][1] = __high2half2(both);
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
+    if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (column + 8 * w) / 2);
+    const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+      e2m1x4_to_half2(low[w], q, a[0], a[2]);
+      e2m1x4_to_half2(high[w], q, a[1], a[3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
+        a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
+      }
+      mma_f16(d, a, b_regs[2 * q], b_regs[2 * q + 1]);
+    }
+  }
+}
+
 struct Nvfp4Dot {
   // Steps in flight: a ring of two halves of one step (4 KiB a warp); two steps a half spill at 128 registers.
   static constexpr int kBatch = 2;
@@ -505,38 +541,12 @@ struct Nvfp4Dot {
       float d[2][4] = {};
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        __half2 scale[2][2];  // [r][group]: the group's scale in both halves
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const __half2_raw raw =
-              __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(batch.scales[u][i][r]), __NV_E4M3);
-          const __half2 both = *reinterpret_cast<const __half2*>(&raw);
-          scale[r][0] = __low2half2(both);
-          scale[r][1] = __high2half2(both);
-        }
         const uint32_t low[4] = {batch.codes[u][i][0].x, batch.codes[u][i][0].y, batch.codes[u][i][0].z,
                                  batch.codes[u][i][0].w};
         const uint32_t high[4] = {batch.codes[u][i][1].x, batch.codes[u][i][1].y, batch.codes[u][i][1].z,
                                   batch.codes[u][i][1].w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint4 b{};  // the split's words of elements 8w..8w+7 of the chunk: quads 2w, 2w + 1
-          if (g < 2)
-            b = *reinterpret_cast<const uint4*>(b_source + (int64_t{step} * kNvfp4Step + 32 * c + 8 * w) / 2);
-          const uint32_t b_regs[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-            e2m1x4_to_half2(low[w], q, a[0], a[2]);
-            e2m1x4_to_half2(high[w], q, a[1], a[3]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const __half2 scaled = __hmul2(*reinterpret_cast<const __half2*>(&a[j]), scale[j & 1][w / 2]);
-              a[j] = *reinterpret_cast<const uint32_t*>(&scaled);
-            }
-            mma_f16(d[i], a, b_regs[2 * q], b_regs[2 * q + 1]);
-          }
-        }
+        const uint32_t scale_pairs[2] = {batch.scales[u][i][0], batch.scales[u][i][1]};
+        nvfp4_chunk_mma(low, high, scale_pairs, b_source, int64_t{step} * kNvfp4Step + 32 * c, g, d[i]);
       }
       // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
 #pragma unroll
@@ -555,6 +565,163 @@ struct Nvfp4Dot {
 };
 
 bool nvfp4_token_supported(int64_t hidden, int64_t intermediate) { return hidden % 32 == 0 && intermediate % 32 == 0; }
+
+// ---- the same products with the weights staged through shared memory (quant/staged_moe.cuh) ----
+// What the MXFP8 and NVFP4 stages share: codes and scale rows of the two tiles, rows clamped to the last.
+struct MicroRows {
+  const uint8_t* codes[2];
+  const uint8_t* scales[2];
+  int64_t first_row[2];
+  int64_t row_count, k;
+
+  __device__ void set(const Experts& experts, int32_t e, const int (&matrix)[2], const int64_t (&first)[2],
+                      int64_t rows, int64_t width) {
+    row_count = rows;
+    k = width;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      codes[i] = experts.codes[matrix[i]][e];
+      scales[i] = experts.scales[matrix[i]][e];
+      first_row[i] = first[i];
+    }
+  }
+  __device__ int64_t row(int i, int t) const { return min(first_row[i] + t, row_count - 1); }
+};
+
+// MXFP8: a stage is 128 codes of each row (four of Mxfp8Dot's 32-wide steps, one 128-wide block of the split) and the
+// row's four E8M0 scales of them, one 4-byte copy per row (k a multiple of 128, scale tensors 4-byte aligned). Lane
+// (g, c) reads for step v the 8 codes at 32 v + 8 c of its rows, as Mxfp8Dot does.
+struct Mxfp8Stage : MicroRows {
+  using Operand = SplitOperand;
+  static constexpr int kStageK = 128;
+  static constexpr int kScaleBytes = kStagedRows * 4;
+
+  static __device__ Mxfp8Stage make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                    const int64_t (&first)[2], int64_t rows, int64_t k) {
+    Mxfp8Stage stage;
+    stage.set(experts, e, matrix, first, rows, k);
+    return stage;
+  }
+  __device__ int64_t row_bytes() const { return k; }
+  __device__ const uint8_t* row_codes(int i, int t) const { return codes[i] + row(i, t) * k; }
+  __device__ void copy_scales(int stage, unsigned char* target, int lane) const {
+    const int t = lane % kTokenTileRows;  // row `lane` of the stage: row t of tile lane / 16, picked by selects
+    const bool first = lane < kTokenTileRows;
+    const uint8_t* base = first ? scales[0] : scales[1];
+    const int64_t r = first ? row(0, t) : row(1, t);
+    copy_async4(target + 4 * lane, base + r * (k / Mxfp8Chunk::kGroup) + 4 * stage, true);
+  }
+
+  __device__ __forceinline__ void consume(const unsigned char* stage_codes, const unsigned char* stage_scales, int s,
+                                          const Split& split, int lane, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4, swizzle = stage_swizzle(g);
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+    const float unscale = split.unscale[s];
+#pragma unroll
+    for (int v = 0; v < kStageK / kTokenStep; ++v) {
+      uint4 b{};
+      if (g < 2) b = *reinterpret_cast<const uint4*>(b_source + (int64_t{s} * kStageK + kTokenStep * v + 8 * c) / 2);
+      const int offset = 16 * ((2 * v + c / 2) ^ swizzle) + 8 * (c % 2);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row_g = kTokenTileRows * i + g, row_g8 = row_g + 8;
+        const uint2 low = *reinterpret_cast<const uint2*>(stage_codes + row_g * kStageRowBytes + offset);
+        const uint2 high = *reinterpret_cast<const uint2*>(stage_codes + row_g8 * kStageRowBytes + offset);
+        float d[4] = {};
+        uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
+        e4m3x4_to_half2(low.x, a[0], a[2]);
+        e4m3x4_to_half2(high.x, a[1], a[3]);
+        mma_f16(d, a, b.x, b.y);
+        e4m3x4_to_half2(low.y, a[0], a[2]);
+        e4m3x4_to_half2(high.y, a[1], a[3]);
+        mma_f16(d, a, b.z, b.w);
+        // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+        total[i][0] += (d[0] + d[1]) * (e8m0_to_float(stage_scales[4 * row_g + v]) * unscale);
+        total[i][1] += (d[2] + d[3]) * (e8m0_to_float(stage_scales[4 * row_g8 + v]) * unscale);
+      }
+    }
+  }
+  __device__ void finish(float (&)[2][2]) const {}
+};
+
+// NVFP4: a stage is 256 codes of each row (two of Nvfp4Dot's 128-wide steps) and their 16 E4M3 scales, four 4-byte
+// copies per row (k a multiple of 64, scale tensors 4-byte aligned). Lane (g, c) reads for step u the 32 codes at
+// 128 u + 32 c of its rows (chunk 4u + c) and their two scales, as Nvfp4Dot does; steps past k are skipped (the
+// split ends with the last 128-wide block).
+struct Nvfp4Stage : MicroRows {
+  using Operand = SplitOperand;
+  static constexpr int kStageK = 2 * kNvfp4Step;
+  static constexpr int kScaleBytes = kStagedRows * kStageK / 16;
+  float scale_2[2];
+
+  static __device__ Nvfp4Stage make(const Experts& experts, int32_t e, const int (&matrix)[2],
+                                    const int64_t (&first)[2], int64_t rows, int64_t k) {
+    Nvfp4Stage stage;
+    stage.set(experts, e, matrix, first, rows, k);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      stage.scale_2[i] = experts.scale_2[matrix[i]] != nullptr ? *experts.scale_2[matrix[i]][e] : 1.0f;
+    return stage;
+  }
+  __device__ int64_t row_bytes() const { return k / 2; }
+  __device__ const uint8_t* row_codes(int i, int t) const { return codes[i] + row(i, t) * (k / 2); }
+  __device__ void copy_scales(int stage, unsigned char* target, int lane) const {
+    const int w = lane % 4;  // the word of 4 scales (64 codes) at 4 w in the row's 16 bytes of the stage
+    const bool valid = int64_t{stage} * kStageK + 64 * w < k;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int t = lane / 4 + 8 * m;  // row t % 16 of tile m / 2
+      copy_async4(target + 16 * t + 4 * w,
+                  scales[m / 2] + row(m / 2, t % kTokenTileRows) * (k / 16) + 16 * int64_t{stage} + 4 * w, valid);
+    }
+  }
+
+  __device__ __forceinline__ void consume(const unsigned char* stage_codes, const unsigned char* stage_scales, int s,
+                                          const Split& split, int lane, float (&total)[2][2]) const {
+    const int g = lane / 4, c = lane % 4, swizzle = stage_swizzle(g);
+    const uint32_t* b_source = g == 0 ? split.hi : split.lo;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int step = 2 * s + u;
+      if (int64_t{step} * kNvfp4Step >= k) break;
+      const float unscale = split.unscale[step];  // a step is one 128-wide block of the split
+      const int chunk = 16 * ((4 * u + c) ^ swizzle);
+      float d[2][4] = {};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int rows[2] = {kTokenTileRows * i + g, kTokenTileRows * i + 8 + g};
+        const uint4 row_g = *reinterpret_cast<const uint4*>(stage_codes + rows[0] * kStageRowBytes + chunk);
+        const uint4 row_g8 = *reinterpret_cast<const uint4*>(stage_codes + rows[1] * kStageRowBytes + chunk);
+        const uint32_t low[4] = {row_g.x, row_g.y, row_g.z, row_g.w};
+        const uint32_t high[4] = {row_g8.x, row_g8.y, row_g8.z, row_g8.w};
+        uint32_t scale_pairs[2];  // the chunk's two scales at 8u + 2c of the row's 16 bytes in the stage
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          scale_pairs[r] = *reinterpret_cast<const unsigned short*>(stage_scales + 16 * rows[r] + 8 * u + 2 * c);
+        nvfp4_chunk_mma(low, high, scale_pairs, b_source, int64_t{step} * kNvfp4Step + 32 * c, g, d[i]);
+      }
+      // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        total[i][0] += (d[i][0] + d[i][1]) * unscale;
+        total[i][1] += (d[i][2] + d[i][3]) * unscale;
+      }
+    }
+  }
+  __device__ void finish(float (&total)[2][2]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      total[i][0] *= scale_2[i];
+      total[i][1] *= scale_2[i];
+    }
+  }
+};
+
+// The staged kernels take MXFP8 rows of multiples of 128 and NVFP4 rows of multiples of 64, scales 4-byte aligned.
+bool staged_widths(const Experts& experts) {
+  const int64_t unit = experts.format == Format::Mxfp8 ? 128 : 64;
+  return experts.scales_aligned && experts.hidden % unit == 0 && experts.intermediate % unit == 0;
+}
 
 // ---- BF16 decode: one thread per 16 elements of a row ----
 __global__ void decode_kernel(Format format, Weight weight, int64_t out_rows, int64_t in, __nv_bfloat16* decoded) {
@@ -649,19 +816,43 @@ bool moe_supported(Format format, int64_t hidden, int64_t intermediate) {
 }
 
 cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights, int64_t rows, int32_t top_k,
-                       const Experts& experts, float* activated, float* out, cudaStream_t stream) {
+                       const Experts& experts, const TokenMoeScratch& scratch, float* out, cudaStream_t stream) {
   if (top_k < 1 || top_k > kMaxTopK || rows * top_k > 0x7fffffff ||
       !moe_supported(experts.format, experts.hidden, experts.intermediate))
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  if (rows == 1 && experts.format == Format::Mxfp8 && token_moe_fits(experts.hidden, experts.intermediate, top_k) &&
-      aligned(h, 16) && aligned(activated, 16))
-    return token_moe_legacy()
+  float* activated = scratch.activated;
+  const bool one_token = rows == 1 && aligned(h, 16) && aligned(activated, 16);
+  const TokenMoeVersion version = token_moe_version();
+  if (version == TokenMoeVersion::Staged && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
+      scratch.partial != nullptr) {
+    // Each token reads its experts' weights once, as the streaming kernels below do, but at the staged kernels'
+    // bandwidth: with few tokens most routed experts serve one token anyway (16 tokens: ~100 distinct of 128).
+    auto launch = [&](auto stage) -> cudaError_t {
+      using Stage = decltype(stage);
+      if (!staged_token_moe_fits<Stage>(experts.hidden, experts.intermediate, top_k)) return cudaErrorNotSupported;
+      for (int64_t first = 0; first < rows; first += kTokenMoeMaxTokens) {
+        const auto tokens = static_cast<int32_t>(std::min(kTokenMoeMaxTokens, rows - first));
+        TokenMoeScratch part = scratch;
+        part.activated = activated + first * top_k * experts.intermediate;
+        if (cudaError_t status =
+                launch_staged_token_moe<Stage>(h + first * experts.hidden, ids + first * top_k, weights + first * top_k,
+                                               tokens, top_k, experts, part, out + first * experts.hidden, stream);
+            status != cudaSuccess)
+          return status;
+      }
+      return cudaSuccess;
+    };
+    const cudaError_t status = experts.format == Format::Mxfp8 ? launch(Mxfp8Stage{}) : launch(Nvfp4Stage{});
+    if (status != cudaErrorNotSupported) return status;
+  }
+  const bool register_fits = one_token && token_moe_fits(experts.hidden, experts.intermediate, top_k);
+  if (register_fits && experts.format == Format::Mxfp8)
+    return version == TokenMoeVersion::Legacy
                ? launch_token_moe<Mxfp8Dot<false>, false>(h, ids, weights, top_k, experts, activated, out, stream)
                : launch_token_moe<Mxfp8Dot<true>, true>(h, ids, weights, top_k, experts, activated, out, stream);
-  if (rows == 1 && experts.format == Format::Nvfp4 && !token_moe_legacy() &&
-      nvfp4_token_supported(experts.hidden, experts.intermediate) &&
-      token_moe_fits(experts.hidden, experts.intermediate, top_k) && aligned(h, 16) && aligned(activated, 16))
+  if (register_fits && experts.format == Format::Nvfp4 && version != TokenMoeVersion::Legacy &&
+      nvfp4_token_supported(experts.hidden, experts.intermediate))
     return launch_token_moe<Nvfp4Dot, true>(h, ids, weights, top_k, experts, activated, out, stream);
   // Slots and tokens along x (2^31 - 1 blocks), weight rows along y.
   const dim3 up_grid(static_cast<unsigned int>(rows * top_k),

@@ -58,16 +58,23 @@ __device__ __forceinline__ void stream_ring(const Dot& dot, int steps, int c, Ba
   }
 }
 
-// Two versions (BEAMLINE_CUDA_TOKEN_MOE=legacy picks the first; common/kernel_variant.h):
+// Three versions (BEAMLINE_CUDA_TOKEN_MOE=NAME; common/kernel_variant.h):
 //  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
 //    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
-//  - overlapped (default): gate|up blocks of 4 warps (320 blocks, at most 3 where the average is 2.4), and the down
-//    pass a programmatic dependent of the gate|up pass: its blocks start while gate|up still runs, load their first
-//    batch of weights (which do not depend on it) and only then wait for the activations (griddepcontrol.wait).
-inline bool token_moe_legacy() {
-  static const bool legacy = legacy_kernel_selected("BEAMLINE_CUDA_TOKEN_MOE");
-  return legacy;
+//  - ring: gate|up blocks of 4 warps (320 blocks, at most 3 where the average is 2.4), and the down pass a
+//    programmatic dependent of the gate|up pass: its blocks start while gate|up still runs, load their first batch
+//    of weights (which do not depend on it) and only then wait for the activations (griddepcontrol.wait).
+//  - staged (default): the weights through shared memory (quant/staged_moe.cuh), for the formats and widths it takes;
+//    the others run `ring`.
+enum class TokenMoeVersion { Legacy, Ring, Staged };
+inline TokenMoeVersion token_moe_version() {
+  static const TokenMoeVersion version = [] {
+    const std::string_view name = kernel_variant("BEAMLINE_CUDA_TOKEN_MOE");
+    return name == "legacy" ? TokenMoeVersion::Legacy : name == "ring" ? TokenMoeVersion::Ring : TokenMoeVersion::Staged;
+  }();
+  return version;
 }
+inline bool token_moe_legacy() { return token_moe_version() == TokenMoeVersion::Legacy; }
 template <bool kOverlapped>
 constexpr int kTokenGateUpWarps = kOverlapped ? 4 : 8;
 

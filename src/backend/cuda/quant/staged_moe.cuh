@@ -1,0 +1,287 @@
+#pragma once
+// One token's routed experts with the weights staged through shared memory (decode at batch 1; the default version
+// of token_moe.cuh's family, BEAMLINE_CUDA_TOKEN_MOE=ring and =legacy select the register versions there).
+//
+// Why: the register versions hold their loads in flight in registers, 4-8 KiB a warp, and a single wave of 1,280
+// warps (~10 per multiprocessor) leaves ~40-80 KiB in flight per multiprocessor: 2.6-2.8 TB/s measured. Here each warp
+// streams its 32 weight rows (two tiles of 16) through a ring of kTokenStages stages in shared memory with cp.async:
+// a stage is 128 bytes of every row (4 KiB), three stages are in flight while the fourth is read (12 KiB a warp, ~120
+// KiB a multiprocessor, registers free of loads), and one warp copy instruction reads 4 rows x 128 contiguous bytes.
+// The warp's lanes then read their mma fragments out of the stage exactly as the register versions took them from
+// their loads (the format's Reader does that and the dequantization), so the numerics are theirs.
+//
+// Grid: blocks of kStagedWarps = 5 warps, two blocks per multiprocessor (shared memory), so that Beam-1.0's 8 x 2560
+// gate|up rows and 8 x 5120 down rows of one token are one wave each of 256 blocks on 132 multiprocessors. More
+// tokens (MXFP8, NVFP4) are more waves along z, each token reading its own experts.
+//  - gate|up: block (x, j, t) = 5 x 16 intermediate rows of gate and up of token t's routed expert j, SwiGLU fused.
+//  - down: block (x, j, t) = 5 x 32 output rows of routed expert j (its own activation split only: the splits of all
+//    eight experts in every block took 82 KB and left room for one block); each writes its dots to `partial`, and the
+//    last of a row range's top_k blocks to arrive (an atomic counter) sums them in j order into out: the combine
+//    without a launch, in the order the other versions use.
+//  - both passes are launched as programmatic dependents (PDL): gate|up's blocks are resident while the route
+//    finishes (they wait before reading anything), and down's blocks copy their first stages of weights before they
+//    wait for gate|up.
+//
+// A Reader (quant/fp8_token_moe.cu, quant/micro_rows.cu) has:
+//   using Operand;                          the activation operand: bytes(k), at(base, k) -> View, write(...)
+//   static constexpr int kStageK;           k columns in a stage (128 bytes of a row)
+//   static constexpr int kScaleBytes;       scale bytes a stage holds for the warp's 32 rows (a multiple of 16)
+//   static Reader make(experts, e, matrix[2], first_row[2], rows, k)
+//   int64_t row_bytes() const;              bytes of one weight row
+//   const uint8_t* row_codes(i, t) const;   row first_row[i] + t of tile i (clamped to the last row)
+//   void copy_scales(stage, target, lane)   issues the stage's scale copies (cp.async) into target
+//   void consume(codes, scales, stage, view, lane, total)
+//                                           adds the stage's products: total[i][0] row g, [i][1] row g + 8 of tile i,
+//                                           in lanes c = 0; row t of the stage at codes + 128 t, its 16-byte chunk q
+//                                           at position q ^ stage_swizzle(t)
+//   void finish(total) const;               per-tensor factors (NVFP4's scale_2)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/async_copy.cuh"
+#include "backend/cuda/common/device_common.cuh"
+#include "backend/cuda/quant/activation_split.cuh"
+#include "backend/cuda/quant/token_moe.cuh"
+#include "backend/cuda/quant/token_moe.h"
+
+namespace beamline::cuda {
+
+constexpr int kStageRowBytes = 128;
+constexpr int kStagedRows = 2 * kTokenTileRows;                  // weight rows per warp: two mma tiles
+constexpr int kStageCodeBytes = kStagedRows * kStageRowBytes;    // 4 KiB
+constexpr int kStageCopies = kStageCodeBytes / 16 / 32;          // 16-byte copies per lane and stage
+constexpr int kTokenStages = 4;
+constexpr int kStagedWarps = 5;
+constexpr int kStagedThreads = kStagedWarps * 32;
+static_assert(kStagedWarps * kStagedRows == kTokenMoeCombineRows, "a down block is one combine unit");
+static_assert(kStagedThreads == kTokenMoeCombineRows, "the last block combines one row per thread");
+
+// The stage position of row t's 16-byte chunk q is q ^ stage_swizzle(t): the lanes of one shared load then hit
+// distinct banks, for 16-byte reads (lanes g, g + 1 read chunks 4u..4u+3) and 8-byte ones (g..g+3 read 2v, 2v + 1).
+__host__ __device__ constexpr int stage_swizzle(int t) { return ((t & 1) << 2) | (t & 2); }
+
+// The F16 split of the activations (activation_split.cuh): the operand of the FP8, MXFP8 and NVFP4 readers.
+struct SplitOperand {
+  using View = Split;
+  static __host__ __device__ int64_t bytes(int64_t k) { return split_bytes(k); }
+  static __device__ View at(void* base, int64_t k) { return split_at(base, k); }
+  static __device__ void write(const float* x, int64_t k, const View& view, int first, int stride, int lane) {
+    split_activations(x, k, view, first, stride, lane);
+  }
+};
+
+template <class Reader>
+constexpr int stage_bytes() {
+  static_assert(Reader::kScaleBytes % 16 == 0, "stages stay 16-byte aligned");
+  return kStageCodeBytes + Reader::kScaleBytes;
+}
+template <class Reader>
+constexpr int64_t staged_shared_bytes(int64_t operand_k) {
+  return Reader::Operand::bytes(operand_k) + int64_t{kStagedWarps} * kTokenStages * stage_bytes<Reader>();
+}
+
+// One lane's share of the copies: 16-byte chunk lane % 8 of rows lane / 8 + 4m (m < 8), for every stage.
+template <class Reader>
+struct StagedCopies {
+  const uint8_t* source[kStageCopies];
+  uint32_t target[kStageCopies];
+  int64_t row_bytes;
+  int stages;
+
+  __device__ StagedCopies(const Reader& reader, int64_t k, int lane) {
+    row_bytes = reader.row_bytes();
+    stages = static_cast<int>((k + Reader::kStageK - 1) / Reader::kStageK);
+#pragma unroll
+    for (int m = 0; m < kStageCopies; ++m) {
+      const int t = lane / 8 + 4 * m;  // row t % 16 of tile m / 4 (a constant: tiles are picked without an index)
+      source[m] = reader.row_codes(m / 4, t % kTokenTileRows) + 16 * (lane % 8);
+      target[m] = static_cast<uint32_t>(t * kStageRowBytes + 16 * ((lane % 8) ^ stage_swizzle(t)));
+    }
+  }
+
+  // Stage `stage` into `slot`, one commit group (empty past the last stage).
+  __device__ __forceinline__ void copy(const Reader& reader, int stage, unsigned char* slot, int lane) const {
+    if (stage < stages) {
+      const int64_t offset = int64_t{stage} * kStageRowBytes;
+      const bool valid = offset + 16 * (lane % 8) < row_bytes;  // chunks past the row: zeros
+#pragma unroll
+      for (int m = 0; m < kStageCopies; ++m) copy_async16(slot + target[m], source[m] + offset, valid);
+      reader.copy_scales(stage, slot + kStageCodeBytes, lane);
+    }
+    commit_copies();
+  }
+};
+
+template <class Reader>
+__device__ __forceinline__ void staged_prologue(const Reader& reader, const StagedCopies<Reader>& copies,
+                                                unsigned char* ring, int lane) {
+#pragma unroll
+  for (int p = 0; p < kTokenStages - 1; ++p) copies.copy(reader, p, ring + p * stage_bytes<Reader>(), lane);
+}
+
+// The warp's dots over every stage, after staged_prologue: stage s + kTokenStages - 1 is issued into the slot read at
+// s - 1, then stage s is awaited and read.
+template <class Reader>
+__device__ __forceinline__ void staged_dot(const Reader& reader, const StagedCopies<Reader>& copies,
+                                           unsigned char* ring, const typename Reader::Operand::View& operand,
+                                           int lane, float (&total)[2][2]) {
+  constexpr int kBytes = stage_bytes<Reader>();
+  int slot = 0, refill = kTokenStages - 1;
+  for (int s = 0; s < copies.stages; ++s) {
+    __syncwarp();  // every lane has read the slot about to be refilled
+    copies.copy(reader, s + kTokenStages - 1, ring + refill * kBytes, lane);
+    wait_copies<kTokenStages - 1>();
+    __syncwarp();  // and every lane's copies of stage s have landed
+    reader.consume(ring + slot * kBytes, ring + slot * kBytes + kStageCodeBytes, s, operand, lane, total);
+    slot = slot + 1 == kTokenStages ? 0 : slot + 1;
+    refill = refill + 1 == kTokenStages ? 0 : refill + 1;
+  }
+  reader.finish(total);
+}
+
+// activated[t, j, i] = silu(gate_e[i] · h[t]) * (up_e[i] · h[t]) for e = ids[t, j], j = blockIdx.y, token t =
+// blockIdx.z; also zeroes the down pass's counters. An unknown expert reads expert 0 and writes zeros (the combine
+// makes the token NaN).
+template <class Reader, class Experts>
+__global__ void __launch_bounds__(kStagedThreads, 2)
+    staged_gate_up_kernel(const float* __restrict__ h, const int32_t* __restrict__ ids, int32_t top_k, Experts experts,
+                          float* __restrict__ activated, int32_t* __restrict__ counters, int32_t counter_count) {
+  extern __shared__ __align__(16) unsigned char token_shared[];
+  // Everything before this kernel (the route writing ids, whatever wrote h) is complete past this point.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    for (int i = static_cast<int>(threadIdx.x); i < counter_count; i += kStagedThreads) counters[i] = 0;
+  const int64_t hidden = experts.hidden, inter = experts.intermediate;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
+  const int64_t slot = int64_t{blockIdx.z} * top_k + blockIdx.y;
+  const int32_t id = ids[slot];
+  const bool known = id >= 0 && id < experts.experts;
+  const int64_t tile = (int64_t{blockIdx.x} * kStagedWarps + warp) * kTokenTileRows;
+  const Reader reader = Reader::make(experts, known ? id : 0, {0, 1}, {tile, tile}, inter, hidden);
+  const StagedCopies<Reader> copies(reader, hidden, lane);
+  unsigned char* ring = token_shared + Reader::Operand::bytes(hidden) + warp * kTokenStages * stage_bytes<Reader>();
+  if (tile < inter) staged_prologue(reader, copies, ring, lane);  // the stream starts before the split
+  const auto operand = Reader::Operand::at(token_shared, hidden);
+  Reader::Operand::write(h + blockIdx.z * hidden, hidden, operand, warp, kStagedWarps, lane);
+  __syncthreads();
+  if (tile >= inter) return;
+  float total[2][2] = {};
+  staged_dot(reader, copies, ring, operand, lane, total);
+  if (lane % 4 != 0) return;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = tile + g + 8 * r;
+    if (row < inter) activated[slot * inter + row] = known ? silu(total[0][r]) * total[1][r] : 0.0f;
+  }
+}
+
+// partial[t, j, n] = down_{ids[t, j]}[n] · activated[t, j] for the block's rows n (token t = blockIdx.z); the last of
+// the token's top_k blocks of a row range to arrive then writes out[t, n] = sum over j in order of
+// weights[t, j] * partial[t, j, n] (NaN when an id is out of range).
+template <class Reader, class Experts>
+__global__ void __launch_bounds__(kStagedThreads, 2)
+    staged_down_kernel(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                       const float* __restrict__ weights, int32_t top_k, Experts experts, float* __restrict__ partial,
+                       int32_t* __restrict__ counters, float* __restrict__ out) {
+  extern __shared__ __align__(16) unsigned char token_shared[];
+  __shared__ bool last;
+  const int64_t hidden = experts.hidden, inter = experts.intermediate;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32), g = lane / 4;
+  const int64_t token = blockIdx.z, slot = token * top_k + blockIdx.y;
+  ids += token * top_k;
+  weights += token * top_k;
+  // ids were complete before any gate|up block passed its wait, and every one had before this grid started; read
+  // past L1 all the same.
+  const int32_t id = __ldcg(ids + blockIdx.y);
+  const int64_t first_row = (int64_t{blockIdx.x} * kStagedWarps + warp) * kStagedRows;
+  const Reader reader = Reader::make(experts, id >= 0 && id < experts.experts ? id : 0, {2, 2},
+                                     {first_row, first_row + kTokenTileRows}, hidden, inter);
+  const StagedCopies<Reader> copies(reader, inter, lane);
+  unsigned char* ring = token_shared + Reader::Operand::bytes(inter) + warp * kTokenStages * stage_bytes<Reader>();
+  if (first_row < hidden) staged_prologue(reader, copies, ring, lane);  // weights do not depend on gate|up
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");                  // the gate|up pass is done
+  const auto operand = Reader::Operand::at(token_shared, inter);
+  Reader::Operand::write(activated + slot * inter, inter, operand, warp, kStagedWarps, lane);
+  __syncthreads();
+  if (first_row < hidden) {
+    float total[2][2] = {};
+    staged_dot(reader, copies, ring, operand, lane, total);
+    if (lane % 4 == 0)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = first_row + kTokenTileRows * t + g + 8 * r;
+          if (row < hidden) partial[slot * hidden + row] = total[t][r];
+        }
+  }
+  __threadfence();  // this block's partials are visible before its arrival counts
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counters + token * gridDim.x + blockIdx.x, 1) == top_k - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t row = int64_t{blockIdx.x} * kTokenMoeCombineRows + threadIdx.x;
+  if (row >= hidden) return;
+  float sum = 0.0f;
+  bool valid = true;
+  for (int32_t k = 0; k < top_k; ++k) {
+    const int32_t e = __ldcg(ids + k);
+    valid = valid && e >= 0 && e < experts.experts;
+    sum += __ldcg(weights + k) * __ldcg(partial + (token * top_k + k) * hidden + row);
+  }
+  out[token * hidden + row] = valid ? sum : __int_as_float(0x7fc00000);
+}
+
+// Whether the staged kernels take these widths: their shared memory within the per-block limit (the down pass's
+// beside its static flag).
+constexpr int kStagedDownStaticBytes = 16;
+template <class Reader>
+bool staged_token_moe_fits(int64_t hidden, int64_t intermediate, int32_t top_k) {
+  return top_k >= 1 && top_k <= kTokenMaxTopK && staged_shared_bytes<Reader>(hidden) <= kTokenMaxSharedBytes &&
+         staged_shared_bytes<Reader>(intermediate) + kStagedDownStaticBytes <= kTokenMaxSharedBytes;
+}
+
+// The two launches for `tokens` tokens (at most kTokenMoeMaxTokens; one wave per pass and token), both programmatic
+// dependents of what precedes them; staged_token_moe_fits checked by the caller, h and scratch.activated 16-byte
+// aligned, scratch sized for `tokens` (token_moe.h).
+template <class Reader, class Experts>
+cudaError_t launch_staged_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t tokens,
+                                    int32_t top_k, const Experts& experts, const TokenMoeScratch& scratch, float* out,
+                                    cudaStream_t stream) {
+  constexpr auto gate_up = staged_gate_up_kernel<Reader, Experts>;
+  constexpr auto down = staged_down_kernel<Reader, Experts>;
+  static const cudaError_t allowed = [] {
+    const cudaError_t status =
+        cudaFuncSetAttribute(gate_up, cudaFuncAttributeMaxDynamicSharedMemorySize, kTokenMaxSharedBytes);
+    return status != cudaSuccess ? status
+                                 : cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        kTokenMaxSharedBytes - kStagedDownStaticBytes);
+  }();
+  if (allowed != cudaSuccess) return allowed;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kStagedThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  if (tokens < 1 || tokens > kTokenMoeMaxTokens) return cudaErrorInvalidValue;
+  const auto units = static_cast<unsigned int>(token_moe_counters(experts.hidden));
+  const auto slots = static_cast<unsigned int>(top_k), rows = static_cast<unsigned int>(tokens);
+  config.gridDim = dim3(blocks_for(experts.intermediate, kStagedWarps * kTokenTileRows), slots, rows);
+  config.dynamicSmemBytes = static_cast<size_t>(staged_shared_bytes<Reader>(experts.hidden));
+  if (cudaError_t status = cudaLaunchKernelEx(&config, gate_up, h, ids, top_k, experts, scratch.activated,
+                                              scratch.counters, static_cast<int32_t>(units * rows));
+      status != cudaSuccess)
+    return status;
+  config.gridDim = dim3(units, slots, rows);
+  config.dynamicSmemBytes = static_cast<size_t>(staged_shared_bytes<Reader>(experts.intermediate));
+  return cudaLaunchKernelEx(&config, down, static_cast<const float*>(scratch.activated), ids, weights, top_k, experts,
+                            scratch.partial, scratch.counters, out);
+}
+
+}  // namespace beamline::cuda
