@@ -1,6 +1,7 @@
 #pragma once
 // The router top-k and the routed experts: grouped GEMMs on mma.sync and wgmma (moe_mma.cu), weight streaming for few tokens (moe_streaming.cu), the shared steps (moe.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -39,7 +40,7 @@ struct ExpertPointers {
 // F32 value), set t at terms + t * term_stride elements; row s, or slot_row[s] when set (moe's padded rows).
 struct SwigluRows {
   const float* f32 = nullptr;
-  const void* terms = nullptr;
+  const __nv_bfloat16* terms = nullptr;
   int32_t term_count = 0;
   int64_t term_stride = 0;
   const int32_t* slot_row = nullptr;
