@@ -222,6 +222,17 @@ struct GroupedOperands {
   const int32_t* row_slot = nullptr;
 };
 
+// f(m, i, j) for each of a warp's accumulator fragments: matrix m of kMatrices, 16 x 16 tile (i, j) of its 32 x 32.
+template <int kMatrices, typename F>
+__device__ __forceinline__ void for_each_fragment(F&& f) {
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) f(m, i, j);
+}
+
 // kDual: C = silu(A B0ᵀ + dg) * (A B1ᵀ + du) (gate|up with the SwiGLU fused); else C = A B0ᵀ + d; the deltas of
 // operands.delta, zero without.
 template <typename W, bool kDual, int kTerms>
@@ -257,15 +268,10 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   // FP32 accumulation never chains more than one tile of MMAs (moe_mma.cu does the same per stage).
   constexpr bool kPromote = kTerms == kSplitTerms;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2], total[kMatrices][2][2];
-#pragma unroll
-  for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wmma::fill_fragment(accumulator[m][i][j], 0.0f);
-        if constexpr (kPromote) wmma::fill_fragment(total[m][i][j], 0.0f);
-      }
+  for_each_fragment<kMatrices>([&](int m, int i, int j) {
+    wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+    if constexpr (kPromote) wmma::fill_fragment(total[m][i][j], 0.0f);
+  });
 
   const W zero = from_float<W>(0.0f);
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
@@ -311,30 +317,22 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
         }
     }
     if constexpr (kPromote) {
+      for_each_fragment<kMatrices>([&](int m, int i, int j) {
 #pragma unroll
-      for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < total[m][i][j].num_elements; ++e) {
-              total[m][i][j].x[e] += accumulator[m][i][j].x[e];
-              accumulator[m][i][j].x[e] = 0.0f;
-            }
+        for (int e = 0; e < total[m][i][j].num_elements; ++e) {
+          total[m][i][j].x[e] += accumulator[m][i][j].x[e];
+          accumulator[m][i][j].x[e] = 0.0f;
+        }
+      });
     }
   }
   __syncthreads();
 
-#pragma unroll
-  for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(
-            c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
-            kPromote ? total[m][i][j] : accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  for_each_fragment<kMatrices>([&](int m, int i, int j) {
+    wmma::store_matrix_sync(
+        c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
+        kPromote ? total[m][i][j] : accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  });
   __syncthreads();
   for (int i = threadIdx.x; i < kGroupedTileRows * kTileN; i += kGemmThreads) {
     const int r = i / kTileN, col = i % kTileN;
