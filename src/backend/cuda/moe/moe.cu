@@ -354,22 +354,32 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   }
 }
 
+// The gate|up GEMM (SwiGLU fused) into workspace.activated, the down delta's hook, then the down GEMM into
+// workspace.expert_out, over the padded rows that the permutation laid out in `workspace`.
 template <typename W, int kTerms>
-cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
-                             const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
-                             float* activated, float* out, const ExpertDeltas* deltas, const int32_t* slot_row,
-                             cudaStream_t stream) {
-  const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
-  grouped_gemm_kernel<W, true, kTerms>
-      <<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
+cudaError_t run_swiglu_gemms(const float* h, const ExpertPointers& experts, const MoeWorkspace& workspace,
+                             const ExpertDeltas* deltas, cudaStream_t stream) {
+  GroupedOperands up_operands, down_operands;
+  up_operands.b0_table = experts.gate;
+  up_operands.b1_table = experts.up;
+  down_operands.b0_table = experts.down;
+  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
+  up_operands.row_source = workspace.row_token;
+  up_operands.rows_limit = down_operands.rows_limit = workspace.max_tiles * kGroupedTileRows;
+  up_operands.delta = gate_up_delta(deltas);
+  down_operands.delta = down_delta(deltas);
+  up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
+  const int64_t hidden = experts.hidden, intermediate = experts.intermediate;
+  const auto tiles = static_cast<unsigned int>(workspace.max_tiles);
+  grouped_gemm_kernel<W, true, kTerms><<<dim3(tiles, blocks_for(intermediate, kTileN)), kGemmThreads, 0, stream>>>(
+      h, up_operands, intermediate, hidden, workspace.activated);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   SwigluRows swiglu;
-  swiglu.f32 = activated;
-  swiglu.slot_row = slot_row;
+  swiglu.f32 = workspace.activated;
+  swiglu.slot_row = workspace.slot_row;
   if (const cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
-  const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
-  grouped_gemm_kernel<W, false, kTerms>
-      <<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden, intermediate, out);
+  grouped_gemm_kernel<W, false, kTerms><<<dim3(tiles, blocks_for(hidden, kTileN)), kGemmThreads, 0, stream>>>(
+      workspace.activated, down_operands, hidden, intermediate, workspace.expert_out);
   return cudaGetLastError();
 }
 
@@ -435,26 +445,12 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
                                                                    workspace.row_slot);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
 
-  GroupedOperands up_operands, down_operands;
-  up_operands.b0_table = experts.gate;
-  up_operands.b1_table = experts.up;
-  down_operands.b0_table = experts.down;
-  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
-  up_operands.row_source = workspace.row_token;
-  up_operands.rows_limit = down_operands.rows_limit = padded_rows;
-  up_operands.delta = gate_up_delta(deltas);
-  down_operands.delta = down_delta(deltas);
-  up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
     using W = decltype(tag);
     status = precision == OperandPrecision::Split
-                 ? run_swiglu_gemms<W, kSplitTerms>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                                    experts.intermediate, workspace.activated, workspace.expert_out,
-                                                    deltas, workspace.slot_row, stream)
-                 : run_swiglu_gemms<W, 2>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                          experts.intermediate, workspace.activated, workspace.expert_out, deltas,
-                                          workspace.slot_row, stream);
+                 ? run_swiglu_gemms<W, kSplitTerms>(h, experts, workspace, deltas, stream)
+                 : run_swiglu_gemms<W, 2>(h, experts, workspace, deltas, stream);
   });
   if (status != cudaSuccess) return status;
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,
