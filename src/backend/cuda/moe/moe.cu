@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/common/split_operand.cuh"
@@ -354,6 +355,31 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   }
 }
 
+// Counts, pads and maps the rows per expert into `workspace`: offsets, tile_expert, slot_row, row_token and (when set)
+// row_slot, through which the grouped GEMMs read h and the deltas instead of copied rows.
+cudaError_t map_rows(const int32_t* ids, int64_t assignments, int32_t top_k, int32_t experts,
+                     const MoeWorkspace& workspace, cudaStream_t stream) {
+  // `count` int32s of `data` with every byte `byte` (0: zeros; 0xff: -1); nothing for null (row_slot without deltas).
+  const auto fill = [stream](int32_t* data, int byte, int64_t count) {
+    return data != nullptr ? cudaMemsetAsync(data, byte, sizeof(int32_t) * count, stream) : cudaSuccess;
+  };
+  for (int32_t* counter : {workspace.counts, workspace.cursor})
+    if (cudaError_t status = fill(counter, 0, experts); status != cudaSuccess) return status;
+  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts, workspace.counts);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts, workspace.max_tiles, workspace.offsets,
+                                      workspace.tile_expert);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  // -1 for the padding rows, which no slot claims.
+  for (int32_t* row_map : {workspace.row_token, workspace.row_slot})
+    if (cudaError_t status = fill(row_map, 0xff, workspace.max_tiles * kGroupedTileRows); status != cudaSuccess)
+      return status;
+  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts, workspace.offsets,
+                                                                   workspace.cursor, workspace.slot_row,
+                                                                   workspace.row_token, workspace.row_slot);
+  return cudaGetLastError();
+}
+
 // The gate|up GEMM (SwiGLU fused) into workspace.activated, the down delta's hook, then the down GEMM into
 // workspace.expert_out, over the padded rows that the permutation laid out in `workspace`.
 template <typename W, int kTerms>
@@ -420,31 +446,8 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   if (rows == 0) return cudaSuccess;
   if (deltas != nullptr && workspace.row_slot == nullptr) return cudaErrorInvalidValue;
   const int64_t assignments = rows * top_k;
-  const size_t count_bytes = sizeof(int32_t) * static_cast<size_t>(experts.experts);
-  if (cudaError_t status = cudaMemsetAsync(workspace.counts, 0, count_bytes, stream); status != cudaSuccess)
+  if (cudaError_t status = map_rows(ids, assignments, top_k, experts.experts, workspace, stream); status != cudaSuccess)
     return status;
-  if (cudaError_t status = cudaMemsetAsync(workspace.cursor, 0, count_bytes, stream); status != cudaSuccess)
-    return status;
-  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts.experts, workspace.counts);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts.experts, workspace.max_tiles, workspace.offsets,
-                                      workspace.tile_expert);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-
-  const int64_t padded_rows = workspace.max_tiles * kGroupedTileRows;
-  if (cudaError_t status = cudaMemsetAsync(workspace.row_token, 0xff, sizeof(int32_t) * padded_rows, stream);
-      status != cudaSuccess)
-    return status;
-  if (workspace.row_slot != nullptr)
-    if (cudaError_t status = cudaMemsetAsync(workspace.row_slot, 0xff, sizeof(int32_t) * padded_rows, stream);
-        status != cudaSuccess)
-      return status;
-  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts.experts,
-                                                                   workspace.offsets, workspace.cursor,
-                                                                   workspace.slot_row, workspace.row_token,
-                                                                   workspace.row_slot);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
     using W = decltype(tag);
