@@ -21,7 +21,6 @@ struct ParallelGroups {
   std::unique_ptr<Communicator> expert;                      // null without --enable-expert-parallel
 
   int32_t expert_rank() const { return at.data * config.tensor + at.tensor; }
-  int32_t expert_size() const { return config.data * config.tensor; }
   bool first_stage() const { return at.pipeline == 0; }
   bool last_stage() const { return at.pipeline == config.pipeline - 1; }
 };
