@@ -60,7 +60,7 @@ inline cudaError_t compute_down_delta(const ExpertDeltas* deltas, const SwigluRo
   return deltas != nullptr && deltas->compute_down ? deltas->compute_down(rows) : cudaSuccess;
 }
 
-// Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
+// Scratch of one MoE call for (rows * top_k) assignments, max_tiles from moe_max_tiles.
 struct MoeWorkspace {
   int32_t* counts = nullptr;       // [E]
   int32_t* cursor = nullptr;       // [E]
