@@ -21,12 +21,8 @@ LOG=$OUT/batch_invariant.log
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(cat "$CARRY/apps/beamline/COMMIT" | tr '\n' ' ')"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG"
 source bench/gpu_steps.sh
+log_header
 if wanted ops; then
   step 240 'FAIL|cases' "$OPS" test --device cuda --dtype bfloat16 --batch-invariant --filter batch_invariance --seed 3
   step 300 'FAIL|cases' "$OPS" test --device cuda --dtype bfloat16 --batch-invariant \

@@ -19,12 +19,8 @@ STEPS=,all,
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG"
 source bench/gpu_steps.sh
+log_header
 problems=()
 # The whole script stays within 150 s: each step gets its own limit or what is left of the budget, whichever is less.
 budget=148

@@ -19,12 +19,8 @@ MODEL=models/beam-nano
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(cat "$CARRY/apps/beamline/COMMIT" | tr '\n' ' ')"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG"
 source bench/gpu_steps.sh
+log_header
 
 if wanted attention; then
   step 60 'fp8|FAIL|cases|passed|failed' "$OPS" test --filter attention --seed 5

@@ -19,12 +19,8 @@ LOG=$OUT/quant3.log
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(cat "$CARRY/apps/beamline/COMMIT" | tr '\n' ' ')"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG"
 source bench/gpu_steps.sh
+log_header
 small=()
 [ "${SMALL:-0}" = 1 ] && small=(--small)
 if wanted probe; then step 15 '^\||cuBLASLt' "$CARRY/cublaslt_probe"; fi

@@ -1,4 +1,5 @@
-# Sourced by the GPU scripts that run a list of named steps, with LOG, OUT and STEPS (",a,b,") set.
+# Sourced by the GPU scripts that run a list of named steps, with LOG, OUT and STEPS (",a,b,") set (CARRY too for
+# log_header).
 # step runs a command with a time limit, its whole output to the log; it prints the lines matching the pattern and the
 # exit status, so one device call's reply shows what matters while the log keeps everything.
 step() {  # seconds, pattern, command...
@@ -17,4 +18,12 @@ wanted() { [[ $STEPS == *",$1,"* ]]; }
 limit_of() {
   local left=$((budget - SECONDS))
   if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
+}
+# Starts the log with the date, the carry's commit and the GPU (with its clocks), and prints them.
+log_header() {
+  {
+    date -u '+%Y-%m-%d %H:%M UTC'
+    echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  } | tee "$LOG"
 }

@@ -23,8 +23,4 @@ RankCoordinates rank_coordinates(const ParallelConfig& config, int32_t world_ran
   return coordinates;
 }
 
-int32_t world_rank_of(const ParallelConfig& config, RankCoordinates coordinates) {
-  return (coordinates.data * config.pipeline + coordinates.pipeline) * config.tensor + coordinates.tensor;
-}
-
 }  // namespace beamline

@@ -35,6 +35,5 @@ struct RankCoordinates {
 };
 
 RankCoordinates rank_coordinates(const ParallelConfig& config, int32_t world_rank);
-int32_t world_rank_of(const ParallelConfig& config, RankCoordinates coordinates);
 
 }  // namespace beamline

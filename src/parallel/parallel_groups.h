@@ -24,7 +24,6 @@ struct ParallelGroups {
   std::unique_ptr<FusedAllReduceNorm> fused_norm;
 
   int32_t expert_rank() const { return at.data * config.tensor + at.tensor; }
-  int32_t expert_size() const { return config.data * config.tensor; }
   bool first_stage() const { return at.pipeline == 0; }
   bool last_stage() const { return at.pipeline == config.pipeline - 1; }
 };

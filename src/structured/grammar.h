@@ -107,7 +107,6 @@ struct Automaton {
   int32_t add_state();
   int32_t step(int32_t state, uint8_t byte) const { return next[static_cast<size_t>(state) * 256 + byte]; }
   bool has_calls() const;
-  bool empty_language() const { return num_states == 0; }
   bool matches(std::string_view bytes) const;  // call-free automata only
 };
 

@@ -96,7 +96,6 @@ class ConfigurationSpace {
   int32_t state_of(int32_t node) const { return nodes_[node].state; }
   int32_t count_of(int32_t node) const { return nodes_[node].count; }
   int32_t parent_of(int32_t node) const { return nodes_[node].parent; }
-  size_t num_configurations() const { return configs_.size(); }
 
  private:
   static constexpr int32_t kUnknown = -2;

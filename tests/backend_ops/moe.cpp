@@ -231,8 +231,6 @@ struct PerfOptions {
 
 #ifdef BEAMLINE_HAVE_CUDA
 
-void check(cudaError_t status, const char* what) { check_cuda(status, "moe", what); }
-
 // One row of the table: the layer for `tokens` tokens of activations drawn from `h_seed`.
 void bench_tokens(CudaBackend& backend, const MoeTensors& moe, const RouterParams& router, const std::string& dtype,
                   int64_t tokens, uint64_t h_seed, const PerfOptions& options) {
@@ -249,30 +247,12 @@ void bench_tokens(CudaBackend& backend, const MoeTensors& moe, const RouterParam
   for (int i = 0; i < 3; ++i) layer();
   backend.synchronize();
 
-  std::vector<cudaEvent_t> marks(static_cast<std::size_t>(options.iterations) + 1);
-  for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
-  auto time_runs = [&](auto&& run) {
-    check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
-    for (std::size_t i = 1; i < marks.size(); ++i) {
-      run();
-      check(cudaEventRecord(marks[i], backend.stream()), "cudaEventRecord");
-    }
-    check(cudaEventSynchronize(marks.back()), "cudaEventSynchronize");
-    std::vector<double> ms;
-    for (std::size_t i = 1; i < marks.size(); ++i) {
-      float elapsed = 0;
-      check(cudaEventElapsedTime(&elapsed, marks[i - 1], marks[i]), "cudaEventElapsedTime");
-      ms.push_back(elapsed);
-    }
-    return median(ms);
-  };
-  const double eager_ms = time_runs(layer);
+  const double eager_ms = time_back_to_back(backend, layer, options.iterations, "moe");
 
   const double graph_ms = time_graph(backend, layer, options.iterations, "moe");
   // The router alone (its logits and the group-limited top-k), the layer's fixed cost at few tokens.
   const double route_ms = time_graph(
       backend, [&] { backend.route(h, moe.router, moe.router_bias, router, ids, weights); }, options.iterations, "moe");
-  for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
 
   const std::vector<int32_t> routed = backend.download_i32(ids);
   const std::set<int32_t> hit(routed.begin(), routed.end());

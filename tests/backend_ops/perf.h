@@ -39,6 +39,29 @@ inline void check_cuda(cudaError_t status, std::string_view family, std::string_
   require(status == cudaSuccess, "backend_ops perf {}: {} failed: {}", family, what, cudaGetErrorString(status));
 }
 
+// Median milliseconds of one call of `run` over `iterations` calls launched back to back, an event recorded on the
+// backend's stream between every two.
+inline double time_back_to_back(CudaBackend& backend, const std::function<void()>& run, int64_t iterations,
+                                std::string_view family) {
+  auto check = [family](cudaError_t status, const char* what) { check_cuda(status, family, what); };
+  std::vector<cudaEvent_t> marks(static_cast<std::size_t>(iterations) + 1);
+  for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
+  check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
+  for (std::size_t i = 1; i < marks.size(); ++i) {
+    run();
+    check(cudaEventRecord(marks[i], backend.stream()), "cudaEventRecord");
+  }
+  check(cudaEventSynchronize(marks.back()), "cudaEventSynchronize");
+  std::vector<double> ms;
+  for (std::size_t i = 1; i < marks.size(); ++i) {
+    float elapsed = 0;
+    check(cudaEventElapsedTime(&elapsed, marks[i - 1], marks[i]), "cudaEventElapsedTime");
+    ms.push_back(elapsed);
+  }
+  for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
+  return median(ms);
+}
+
 // Median milliseconds of one replay of a CUDA graph of `body`, after `body` ran once eagerly (the allocator's cache,
 // cuBLAS plans, one-time tables) and the graph once untimed.
 inline double time_graph(CudaBackend& backend, const std::function<void()>& body, int64_t iterations,
@@ -52,25 +75,12 @@ inline double time_graph(CudaBackend& backend, const std::function<void()>& body
   body();
   check(cudaStreamEndCapture(backend.stream(), &graph), "cudaStreamEndCapture");
   check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  std::vector<cudaEvent_t> marks(static_cast<std::size_t>(iterations) + 1);
-  for (cudaEvent_t& mark : marks) check(cudaEventCreate(&mark), "cudaEventCreate");
-  check(cudaGraphLaunch(exec, backend.stream()), "cudaGraphLaunch");
-  check(cudaEventRecord(marks[0], backend.stream()), "cudaEventRecord");
-  for (std::size_t i = 1; i < marks.size(); ++i) {
-    check(cudaGraphLaunch(exec, backend.stream()), "cudaGraphLaunch");
-    check(cudaEventRecord(marks[i], backend.stream()), "cudaEventRecord");
-  }
-  check(cudaEventSynchronize(marks.back()), "cudaEventSynchronize");
-  std::vector<double> ms;
-  for (std::size_t i = 1; i < marks.size(); ++i) {
-    float elapsed = 0;
-    check(cudaEventElapsedTime(&elapsed, marks[i - 1], marks[i]), "cudaEventElapsedTime");
-    ms.push_back(elapsed);
-  }
-  for (cudaEvent_t mark : marks) cudaEventDestroy(mark);
+  auto replay = [&] { check(cudaGraphLaunch(exec, backend.stream()), "cudaGraphLaunch"); };
+  replay();
+  const double ms = time_back_to_back(backend, replay, iterations, family);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return median(ms);
+  return ms;
 }
 
 // One MoE layer of `config` drawn on the device (fan-in scaled BF16 experts, F32 router), prepared for the moe op.

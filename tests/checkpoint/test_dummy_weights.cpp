@@ -11,31 +11,22 @@
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/model_source.h"
 #include "checkpoint/presets.h"
-#include "model/beam_model.h"
 #include "../model/model_test_support.h"
-#include "runner/sequence_runner.h"
 #include "util/error.h"
 
 namespace beamline {
 namespace {
 
-std::vector<float> prefill_logits(const BeamWeights& weights, std::span<const int32_t> tokens) {
-  std::unique_ptr<Backend> backend = create_backend("cpu");
-  BeamModel model(weights, *backend);
-  const auto count = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, count, count);
-  return runner.step(tokens, true);
-}
-
 TEST(DummyWeights, EqualTheCheckpointOfTheSameSeed) {
   testing::TempDir dir("dummy");
   const ModelConfig config = preset_config("tiny");
   const std::vector<int32_t> tokens{3, 17, 250, 4, 99, 12, 7, 300};
-  const std::vector<float> from_checkpoint = prefill_logits(testing::write_and_load(config, dir.path(), 7), tokens);
-  const std::vector<float> from_dummy = prefill_logits(dummy_weights(config, 7), tokens);
+  const std::vector<float> from_checkpoint =
+      testing::cpu_prefill_logits(testing::write_and_load(config, dir.path(), 7), tokens);
+  const std::vector<float> from_dummy = testing::cpu_prefill_logits(dummy_weights(config, 7), tokens);
   ASSERT_EQ(from_checkpoint.size(), from_dummy.size());
   EXPECT_EQ(0, std::memcmp(from_checkpoint.data(), from_dummy.data(), from_dummy.size() * sizeof(float)));
-  const std::vector<float> other_seed = prefill_logits(dummy_weights(config, 8), tokens);
+  const std::vector<float> other_seed = testing::cpu_prefill_logits(dummy_weights(config, 8), tokens);
   EXPECT_NE(0, std::memcmp(other_seed.data(), from_dummy.data(), from_dummy.size() * sizeof(float)));
 }
 

@@ -268,20 +268,23 @@ std::map<std::string, DryRunTensor> parse_dry_run(const std::string& output, std
   return tensors;
 }
 
+// The dry run lists `name` with this dtype and shape.
+void expect_tensor(const std::map<std::string, DryRunTensor>& tensors, const std::string& name,
+                   const std::string& dtype, const std::string& shape) {
+  const auto it = tensors.find(name);
+  ASSERT_NE(it, tensors.end()) << name;
+  EXPECT_EQ(it->second.dtype, dtype) << name;
+  EXPECT_EQ(it->second.shape, shape) << name;
+}
+
 TEST_F(MakeModelTest, Beam10DryRunHasTheDocumentedTensors) {
   const RunResult result = run_beamline("make-model --preset beam-1.0 --dry-run");
   ASSERT_EQ(result.exit_code, 0) << result.output.substr(0, 2000);
   std::map<std::string, uint64_t> totals;
   const auto tensors = parse_dry_run(result.output, totals);
-  const auto expect = [&](const std::string& name, const std::string& dtype, const std::string& shape) {
-    const auto it = tensors.find(name);
-    ASSERT_NE(it, tensors.end()) << name;
-    EXPECT_EQ(it->second.dtype, dtype) << name;
-    EXPECT_EQ(it->second.shape, shape) << name;
-  };
-  expect("model.embed_tokens.weight", "BF16", "[201088, 5120]");
-  expect("lm_head.weight", "BF16", "[201088, 5120]");
-  expect("model.norm.weight", "BF16", "[5120]");
+  expect_tensor(tensors, "model.embed_tokens.weight", "BF16", "[201088, 5120]");
+  expect_tensor(tensors, "lm_head.weight", "BF16", "[201088, 5120]");
+  expect_tensor(tensors, "model.norm.weight", "BF16", "[5120]");
   std::set<int> layers, dense_layers, moe_layers;
   std::map<int, std::set<int>> experts;
   const std::string layer_prefix = "model.layers.", expert_infix = "mlp.experts.";
@@ -306,23 +309,23 @@ TEST_F(MakeModelTest, Beam10DryRunHasTheDocumentedTensors) {
   }
   for (int layer : {0, 17, 51}) {
     const std::string p = fmt::format("model.layers.{}.", layer);
-    expect(p + "input_layernorm.weight", "BF16", "[5120]");
-    expect(p + "post_attention_layernorm.weight", "BF16", "[5120]");
-    expect(p + "pre_feedforward_layernorm.weight", "BF16", "[5120]");
-    expect(p + "post_feedforward_layernorm.weight", "BF16", "[5120]");
-    expect(p + "self_attn.q_proj.weight", "BF16", "[6144, 5120]");
-    expect(p + "self_attn.k_proj.weight", "BF16", "[1024, 5120]");
-    expect(p + "self_attn.v_proj.weight", "BF16", "[1024, 5120]");
-    expect(p + "self_attn.o_proj.weight", "BF16", "[5120, 6144]");
+    expect_tensor(tensors, p + "input_layernorm.weight", "BF16", "[5120]");
+    expect_tensor(tensors, p + "post_attention_layernorm.weight", "BF16", "[5120]");
+    expect_tensor(tensors, p + "pre_feedforward_layernorm.weight", "BF16", "[5120]");
+    expect_tensor(tensors, p + "post_feedforward_layernorm.weight", "BF16", "[5120]");
+    expect_tensor(tensors, p + "self_attn.q_proj.weight", "BF16", "[6144, 5120]");
+    expect_tensor(tensors, p + "self_attn.k_proj.weight", "BF16", "[1024, 5120]");
+    expect_tensor(tensors, p + "self_attn.v_proj.weight", "BF16", "[1024, 5120]");
+    expect_tensor(tensors, p + "self_attn.o_proj.weight", "BF16", "[5120, 6144]");
   }
-  expect("model.layers.2.mlp.gate_proj.weight", "BF16", "[20480, 5120]");
-  expect("model.layers.2.mlp.up_proj.weight", "BF16", "[20480, 5120]");
-  expect("model.layers.2.mlp.down_proj.weight", "BF16", "[5120, 20480]");
-  expect("model.layers.3.mlp.gate.weight", "F32", "[256, 5120]");
-  expect("model.layers.3.mlp.gate.e_score_correction_bias", "F32", "[256]");
-  expect("model.layers.51.mlp.experts.255.gate_proj.weight", "BF16", "[2560, 5120]");
-  expect("model.layers.51.mlp.experts.255.up_proj.weight", "BF16", "[2560, 5120]");
-  expect("model.layers.51.mlp.experts.255.down_proj.weight", "BF16", "[5120, 2560]");
+  expect_tensor(tensors, "model.layers.2.mlp.gate_proj.weight", "BF16", "[20480, 5120]");
+  expect_tensor(tensors, "model.layers.2.mlp.up_proj.weight", "BF16", "[20480, 5120]");
+  expect_tensor(tensors, "model.layers.2.mlp.down_proj.weight", "BF16", "[5120, 20480]");
+  expect_tensor(tensors, "model.layers.3.mlp.gate.weight", "F32", "[256, 5120]");
+  expect_tensor(tensors, "model.layers.3.mlp.gate.e_score_correction_bias", "F32", "[256]");
+  expect_tensor(tensors, "model.layers.51.mlp.experts.255.gate_proj.weight", "BF16", "[2560, 5120]");
+  expect_tensor(tensors, "model.layers.51.mlp.experts.255.up_proj.weight", "BF16", "[2560, 5120]");
+  expect_tensor(tensors, "model.layers.51.mlp.experts.255.down_proj.weight", "BF16", "[5120, 2560]");
   EXPECT_EQ(tensors.size(), 1 + 52 * 8 + 3 * 3 + 49 * (2 + 256 * 3) + 2u);
   EXPECT_EQ(totals["tensors"], tensors.size());
   // docs/model-format.md: 500.1 B parameters, 22.3 B active per token.
@@ -341,24 +344,18 @@ TEST_F(MakeModelTest, Beam10DryRunQuantized) {
     ASSERT_EQ(result.exit_code, 0) << result.output.substr(0, 2000);
     std::map<std::string, uint64_t> totals;
     const auto tensors = parse_dry_run(result.output, totals);
-    const auto expect = [&](const std::string& name, const std::string& dtype, const std::string& shape) {
-      const auto it = tensors.find(name);
-      ASSERT_NE(it, tensors.end()) << name;
-      EXPECT_EQ(it->second.dtype, dtype) << name;
-      EXPECT_EQ(it->second.shape, shape) << name;
-    };
-    expect("lm_head.weight", "BF16", "[201088, 5120]");
-    expect("model.embed_tokens.weight", "BF16", "[201088, 5120]");
-    expect("model.layers.3.mlp.gate.weight", "F32", "[256, 5120]");
-    expect("model.layers.0.input_layernorm.weight", "BF16", "[5120]");
+    expect_tensor(tensors, "lm_head.weight", "BF16", "[201088, 5120]");
+    expect_tensor(tensors, "model.embed_tokens.weight", "BF16", "[201088, 5120]");
+    expect_tensor(tensors, "model.layers.3.mlp.gate.weight", "F32", "[256, 5120]");
+    expect_tensor(tensors, "model.layers.0.input_layernorm.weight", "BF16", "[5120]");
     if (format == "fp8") {
-      expect("model.layers.0.self_attn.q_proj.weight", "F8_E4M3", "[6144, 5120]");
-      expect("model.layers.0.self_attn.q_proj.weight_scale_inv", "F32", "[48, 40]");
-      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale_inv", "F32", "[40, 20]");
+      expect_tensor(tensors, "model.layers.0.self_attn.q_proj.weight", "F8_E4M3", "[6144, 5120]");
+      expect_tensor(tensors, "model.layers.0.self_attn.q_proj.weight_scale_inv", "F32", "[48, 40]");
+      expect_tensor(tensors, "model.layers.9.mlp.experts.7.down_proj.weight_scale_inv", "F32", "[40, 20]");
     } else {
-      expect("model.layers.9.mlp.experts.7.down_proj.weight", "U8", "[5120, 1280]");
-      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale", "F8_E4M3", "[5120, 160]");
-      expect("model.layers.9.mlp.experts.7.down_proj.weight_scale_2", "F32", "[]");
+      expect_tensor(tensors, "model.layers.9.mlp.experts.7.down_proj.weight", "U8", "[5120, 1280]");
+      expect_tensor(tensors, "model.layers.9.mlp.experts.7.down_proj.weight_scale", "F8_E4M3", "[5120, 160]");
+      expect_tensor(tensors, "model.layers.9.mlp.experts.7.down_proj.weight_scale_2", "F32", "[]");
     }
     EXPECT_EQ(totals["parameters"], bf16_totals["parameters"]);
     // fp8: one byte a weight plus 4 bytes per 128x128 block; nvfp4: 4.5 bits a weight; the BF16 embeddings and

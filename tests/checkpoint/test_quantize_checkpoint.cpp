@@ -8,15 +8,12 @@
 #include <map>
 #include <random>
 
-#include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/model_source.h"
 #include "checkpoint/presets.h"
 #include "checkpoint/quantize_tensors.h"
-#include "model/beam_model.h"
 #include "quant/quantize.h"
-#include "runner/sequence_runner.h"
 #include "util/error.h"
 #include "../model/model_test_support.h"
 
@@ -36,14 +33,6 @@ const TensorSource& find(const std::vector<TensorSource>& tensors, const std::st
   for (const TensorSource& tensor : tensors)
     if (tensor.name == name) return tensor;
   throw std::runtime_error("no tensor " + name);
-}
-
-std::vector<float> prefill_logits(const BeamWeights& weights, std::span<const int32_t> tokens) {
-  std::unique_ptr<Backend> backend = create_backend("cpu");
-  BeamModel model(weights, *backend);
-  const auto count = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, count, count);
-  return runner.step(tokens, true);
 }
 
 void write_checkpoint(const ModelConfig& config, const std::filesystem::path& dir, std::vector<TensorSource> tensors) {
@@ -127,7 +116,7 @@ TEST(QuantizeAtLoad, CheckpointOnlineAndDummyAgree) {
   const std::vector<int32_t> tokens{3, 17, 250, 4, 99, 12, 7, 300};
   testing::TempDir bf16_dir("bf16"), quantized_dir("quantized");
   write_random_checkpoint(config, bf16_dir.path(), 11, DType::BF16);
-  const std::vector<float> reference = prefill_logits(load_checkpoint(bf16_dir.path()), tokens);
+  const std::vector<float> reference = testing::cpu_prefill_logits(load_checkpoint(bf16_dir.path()), tokens);
   for (QuantScheme scheme : kSchemes) {
     const std::string name(quant_scheme_name(scheme));
     SCOPED_TRACE(name);
@@ -139,23 +128,23 @@ TEST(QuantizeAtLoad, CheckpointOnlineAndDummyAgree) {
     const BeamWeights written = load_checkpoint(quantized_dir.path());
     EXPECT_TRUE(written.layers[0].q_proj.quantized());
     EXPECT_FALSE(written.lm_head.quantized());
-    const std::vector<float> from_checkpoint = prefill_logits(written, tokens);
+    const std::vector<float> from_checkpoint = testing::cpu_prefill_logits(written, tokens);
 
     ModelSource online{bf16_dir.path().string()};
     online.quantization = name;
     const BeamWeights online_weights = online.load();
     ASSERT_TRUE(online_weights.config.quantization);
     EXPECT_EQ(online_weights.config.quantization->quant_method, written.config.quantization->quant_method);
-    EXPECT_EQ(prefill_logits(online_weights, tokens), from_checkpoint);
+    EXPECT_EQ(testing::cpu_prefill_logits(online_weights, tokens), from_checkpoint);
 
     ModelSource dummy_from_bf16{bf16_dir.path().string(), "dummy"};
     dummy_from_bf16.dummy_seed = 11;
     dummy_from_bf16.quantization = name;
-    EXPECT_EQ(prefill_logits(dummy_from_bf16.load(), tokens), from_checkpoint);
+    EXPECT_EQ(testing::cpu_prefill_logits(dummy_from_bf16.load(), tokens), from_checkpoint);
     // A config that already says `scheme` (make-model --no-weights --quantization): drawn, then quantized as it says.
     ModelSource dummy_from_config{quantized_dir.path().string(), "dummy"};
     dummy_from_config.dummy_seed = 11;
-    EXPECT_EQ(prefill_logits(dummy_from_config.load(), tokens), from_checkpoint);
+    EXPECT_EQ(testing::cpu_prefill_logits(dummy_from_config.load(), tokens), from_checkpoint);
 
     double largest = 0.0;
     for (std::size_t i = 0; i < reference.size(); ++i)

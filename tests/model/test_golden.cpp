@@ -7,13 +7,9 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "backend/backend.h"
-#include "backend/registry.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/presets.h"
-#include "model/beam_model.h"
 #include "model_test_support.h"
-#include "runner/sequence_runner.h"
 #include "util/npy.h"
 #include "test_paths.h"
 
@@ -36,15 +32,6 @@ nlohmann::json load_cases() {
 ModelConfig config_of(const nlohmann::json& golden_case) {
   if (golden_case.contains("preset")) return preset_config(golden_case["preset"].get<std::string>());
   return ModelConfig::load(kGolden / golden_case["config"].get<std::string>());
-}
-
-std::vector<float> beamline_logits(const std::filesystem::path& dir, const std::vector<int32_t>& tokens) {
-  const BeamWeights weights = load_checkpoint(dir);
-  const std::unique_ptr<Backend> backend = create_backend("cpu");
-  BeamModel model(weights, *backend);
-  const auto n = static_cast<int64_t>(tokens.size());
-  SequenceRunner runner(model, n, n);
-  return runner.step(tokens, true);
 }
 
 // Max |diff| <= 1e-3 and the same argmax at every position.
@@ -79,8 +66,8 @@ TEST(Golden, CommittedReferenceLogits) {
                             dtype_of(golden_case["dtype"].get<std::string>()));
     const std::vector<int32_t> tokens = golden_case["tokens"].get<std::vector<int32_t>>();
     const NpyArray reference = read_npy(kGolden / (name + ".npy"));
-    expect_matches_reference(beamline_logits(dir.path(), tokens), reference, static_cast<int64_t>(tokens.size()),
-                             config.vocab_size, name);
+    expect_matches_reference(cpu_prefill_logits(load_checkpoint(dir.path()), tokens), reference,
+                             static_cast<int64_t>(tokens.size()), config.vocab_size, name);
   }
 }
 

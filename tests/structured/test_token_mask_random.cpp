@@ -104,46 +104,6 @@ class SchemaGenerator {
   std::mt19937 rng_;
 };
 
-// Random walks through the masks; every token of the vocabulary is checked against the byte-level matcher.
-void check_walks(const Grammar& grammar, const std::shared_ptr<const Vocabulary>& vocabulary,
-                 std::vector<TokenId> stops, int walks, uint32_t seed, const std::string& what) {
-  const auto compiled = CompiledGrammar::compile(grammar, vocabulary, stops);
-  const auto bytes_only = CompiledGrammar::compile(grammar, nullptr, {});  // no token classes at all
-  const Vocabulary& v = *vocabulary;
-  std::mt19937 rng(seed);
-  std::vector<uint32_t> mask(v.mask_words());
-  for (int walk = 0; walk < walks; ++walk) {
-    GrammarMatcher by_tokens(compiled);
-    GrammarMatcher by_bytes(bytes_only);
-    std::string text;
-    for (int step = 0; step < 120 && !by_tokens.completed(); ++step) {
-      by_tokens.fill_next_token_mask(mask);
-      std::vector<TokenId> allowed;
-      for (TokenId t = 0; t < v.size(); ++t) {
-        const bool bit = (mask[t >> 5] >> (t & 31)) & 1;
-        bool viable;
-        if (v.is_special(t)) {
-          viable = by_bytes.can_end() && std::find(stops.begin(), stops.end(), t) != stops.end();
-        } else {
-          viable = !v.bytes(t).empty() && by_bytes.accept_bytes(v.bytes(t));
-          if (viable) by_bytes.rollback(1);
-        }
-        ASSERT_EQ(bit, viable) << what << ": token " << t << " '" << v.bytes(t) << "' after '" << text << "'";
-        if (bit) allowed.push_back(t);
-      }
-      ASSERT_FALSE(allowed.empty()) << what << ": a dead end after '" << text << "'";
-      const TokenId chosen = allowed[rng() % allowed.size()];
-      ASSERT_TRUE(by_tokens.accept_token(chosen)) << what;
-      if (v.is_special(chosen)) break;
-      ASSERT_TRUE(by_bytes.accept_bytes(v.bytes(chosen)));
-      text += v.bytes(chosen);
-    }
-    if (by_tokens.completed()) {
-      EXPECT_TRUE(GrammarMatcher::matches(*compiled, text)) << what << ": '" << text << "'";
-    }
-  }
-}
-
 // Every token's mask bit against the byte matcher's verdict at the current position.
 void check_mask_here(GrammarMatcher& by_tokens, GrammarMatcher& by_bytes, const Vocabulary& v,
                      const std::vector<TokenId>& stops, std::vector<uint32_t>& mask, const std::string& what,
@@ -159,6 +119,37 @@ void check_mask_here(GrammarMatcher& by_tokens, GrammarMatcher& by_bytes, const 
       if (viable) by_bytes.rollback(1);
     }
     ASSERT_EQ(bit, viable) << what << ": token " << t << " '" << v.bytes(t) << "' after '" << text << "'";
+  }
+}
+
+// Random walks through the masks; every token of the vocabulary is checked against the byte-level matcher.
+void check_walks(const Grammar& grammar, const std::shared_ptr<const Vocabulary>& vocabulary,
+                 std::vector<TokenId> stops, int walks, uint32_t seed, const std::string& what) {
+  const auto compiled = CompiledGrammar::compile(grammar, vocabulary, stops);
+  const auto bytes_only = CompiledGrammar::compile(grammar, nullptr, {});  // no token classes at all
+  const Vocabulary& v = *vocabulary;
+  std::mt19937 rng(seed);
+  std::vector<uint32_t> mask(v.mask_words());
+  for (int walk = 0; walk < walks; ++walk) {
+    GrammarMatcher by_tokens(compiled);
+    GrammarMatcher by_bytes(bytes_only);
+    std::string text;
+    for (int step = 0; step < 120 && !by_tokens.completed(); ++step) {
+      check_mask_here(by_tokens, by_bytes, v, stops, mask, what, text);
+      if (::testing::Test::HasFatalFailure()) return;
+      std::vector<TokenId> allowed;
+      for (TokenId t = 0; t < v.size(); ++t)
+        if ((mask[t >> 5] >> (t & 31)) & 1) allowed.push_back(t);
+      ASSERT_FALSE(allowed.empty()) << what << ": a dead end after '" << text << "'";
+      const TokenId chosen = allowed[rng() % allowed.size()];
+      ASSERT_TRUE(by_tokens.accept_token(chosen)) << what;
+      if (v.is_special(chosen)) break;
+      ASSERT_TRUE(by_bytes.accept_bytes(v.bytes(chosen)));
+      text += v.bytes(chosen);
+    }
+    if (by_tokens.completed()) {
+      EXPECT_TRUE(GrammarMatcher::matches(*compiled, text)) << what << ": '" << text << "'";
+    }
   }
 }
 

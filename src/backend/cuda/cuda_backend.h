@@ -123,7 +123,6 @@ class CudaBackend final : public Backend {
   // cuBLAS. 0 sends everything to cuBLAS (the benchmarks' comparison; BEAMLINE_CUDA_STREAMING_ROWS sets it at
   // start, for A/B runs of whole decode steps).
   void set_streaming_max_rows(int64_t rows) { streaming_max_rows_ = rows; }
-  int64_t streaming_max_rows() const { return streaming_max_rows_; }
   // The crossovers with the cuBLAS GEMMs measured by `backend_ops perf linear` (bench/results/2026-12-01-linear.md and
   // -gpu-perf.md): q|k|v in one launch and the LM head stream up to 2 rows; a lone projection (o, the dense MLP's)
   // only 1, since at 2 rows cuBLAS reads o and the dense MLP faster.

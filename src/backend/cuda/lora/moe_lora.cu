@@ -39,15 +39,11 @@ __device__ __forceinline__ bool aligned16(const void* address) {
   return reinterpret_cast<uintptr_t>(address) % 16 == 0;
 }
 
-// The shrink's input row x_s of slot s: F32 rows (h, or the SwiGLU output) or the BF16 operand row sets of the
-// tensor-core kernels (the SwiGLU output: hi, or hi, lo and lo2, whose sum is the F32 value exactly; set t at
-// terms + t * term_stride), row slot_row[s], or s / divisor without slot_row.
+// The shrink's input row x_s of slot s, `width` wide: rows as moe hands the SwiGLU output to the down delta (F32, or
+// the tensor-core kernels' BF16 row sets; moe/moe.h), or h as F32 rows; row rows.slot_row[s], or s / divisor
+// without slot_row.
 struct ShrinkInput {
-  const float* f32 = nullptr;
-  const __nv_bfloat16* terms = nullptr;
-  int32_t term_count = 0;
-  int64_t term_stride = 0;
-  const int32_t* slot_row = nullptr;
+  SwigluRows rows;
   int32_t divisor = 1;
   int64_t width = 0;
 };
@@ -57,29 +53,30 @@ template <bool kBf16>
 __device__ __forceinline__ float4 load4(const ShrinkInput& x, int64_t offset) {
   if constexpr (kBf16) {
     auto term = [&](int32_t t) {
-      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(x.terms + t * x.term_stride + offset);
+      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(x.rows.terms + t * x.rows.term_stride + offset);
       const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
       return float4{a.x, a.y, b.x, b.y};
     };
     float4 value = term(0);
-    for (int32_t t = 1; t < x.term_count; ++t) {
+    for (int32_t t = 1; t < x.rows.term_count; ++t) {
       const float4 next = term(t);
       value = {value.x + next.x, value.y + next.y, value.z + next.z, value.w + next.w};
     }
     return value;
   } else {
-    return *reinterpret_cast<const float4*>(x.f32 + offset);
+    return *reinterpret_cast<const float4*>(x.rows.f32 + offset);
   }
 }
 
 template <bool kBf16>
 __device__ __forceinline__ float load1(const ShrinkInput& x, int64_t offset) {
   if constexpr (kBf16) {
-    float value = __bfloat162float(x.terms[offset]);
-    for (int32_t t = 1; t < x.term_count; ++t) value += __bfloat162float(x.terms[t * x.term_stride + offset]);
+    float value = __bfloat162float(x.rows.terms[offset]);
+    for (int32_t t = 1; t < x.rows.term_count; ++t)
+      value += __bfloat162float(x.rows.terms[t * x.rows.term_stride + offset]);
     return value;
   } else {
-    return x.f32[offset];
+    return x.rows.f32[offset];
   }
 }
 
@@ -99,12 +96,12 @@ __global__ void __launch_bounds__(kShrinkThreads)
   const bool used[2] = {entry[0] != nullptr && r < entry[0][2], entry[1] != nullptr && r < entry[1][2]};
   if (!used[0] && !used[1]) return;  // the same for the whole block
   const int64_t in = x.width;
-  const int64_t base = (x.slot_row != nullptr ? int64_t{x.slot_row[s]} : int64_t{s / x.divisor}) * in;
+  const int64_t base = (x.rows.slot_row != nullptr ? int64_t{x.rows.slot_row[s]} : int64_t{s / x.divisor}) * in;
   const float* a[2];
 #pragma unroll
   for (int q = 0; q < 2; ++q) a[q] = used[q] ? reinterpret_cast<const float*>(entry[q][0]) + r * in : nullptr;
   float sum[2] = {0.0f, 0.0f};
-  if (in % 4 == 0 && aligned16(a[0]) && aligned16(a[1]) && (kBf16 || aligned16(x.f32))) {
+  if (in % 4 == 0 && aligned16(a[0]) && aligned16(a[1]) && (kBf16 || aligned16(x.rows.f32))) {
 #pragma unroll 4
     for (int64_t k = int64_t{threadIdx.x} * 4; k < in; k += kShrinkThreads * 4) {
       const float4 v = load4<kBf16>(x, base + k);
@@ -208,7 +205,7 @@ cudaError_t moe_lora_deltas(const MoeLoraArgs& args, const MoeLoraWorkspace& wor
   }
   if (args.gate.entries != nullptr || args.up.entries != nullptr) {
     ShrinkInput h;
-    h.f32 = args.h;
+    h.rows.f32 = args.h;
     h.divisor = args.top_k;
     h.width = args.hidden;
     if (cudaError_t status = shrink_expand(args, workspace.grouped, h, false, args.gate, workspace.shrunk_gate,
@@ -222,11 +219,7 @@ cudaError_t moe_lora_deltas(const MoeLoraArgs& args, const MoeLoraWorkspace& wor
     deltas.down = workspace.down;
     deltas.compute_down = [args, workspace, stream](const SwigluRows& rows) {
       ShrinkInput x;
-      x.f32 = rows.f32;
-      x.terms = static_cast<const __nv_bfloat16*>(rows.terms);
-      x.term_count = rows.term_count;
-      x.term_stride = rows.term_stride;
-      x.slot_row = rows.slot_row;
+      x.rows = rows;
       x.width = args.intermediate;
       return shrink_expand(args, workspace.grouped, x, rows.f32 == nullptr, args.down, workspace.shrunk_down,
                            LoraTableView{}, nullptr, 1, args.hidden, workspace.down, stream);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "backend/cuda/common/device_common.cuh"
 #include "backend/cuda/common/split_operand.cuh"
@@ -96,6 +97,17 @@ struct GroupedOperands {
   const int32_t* row_slot = nullptr;
 };
 
+// f(m, i, j) for each of a warp's accumulator fragments: matrix m of kMatrices, 16 x 16 tile (i, j) of its 32 x 32.
+template <int kMatrices, typename F>
+__device__ __forceinline__ void for_each_fragment(F&& f) {
+#pragma unroll
+  for (int m = 0; m < kMatrices; ++m)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) f(m, i, j);
+}
+
 // kDual: C = silu(A B0ᵀ + dg) * (A B1ᵀ + du) (gate|up with the SwiGLU fused); else C = A B0ᵀ + d; the deltas of
 // operands.delta, zero without.
 template <typename W, bool kDual, int kTerms>
@@ -131,15 +143,10 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   // FP32 accumulation never chains more than one tile of MMAs (moe_mma.cu does the same per stage).
   constexpr bool kPromote = kTerms == kSplitTerms;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> accumulator[kMatrices][2][2], total[kMatrices][2][2];
-#pragma unroll
-  for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        wmma::fill_fragment(accumulator[m][i][j], 0.0f);
-        if constexpr (kPromote) wmma::fill_fragment(total[m][i][j], 0.0f);
-      }
+  for_each_fragment<kMatrices>([&](int m, int i, int j) {
+    wmma::fill_fragment(accumulator[m][i][j], 0.0f);
+    if constexpr (kPromote) wmma::fill_fragment(total[m][i][j], 0.0f);
+  });
 
   const W zero = from_float<W>(0.0f);
   for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
@@ -185,30 +192,22 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
         }
     }
     if constexpr (kPromote) {
+      for_each_fragment<kMatrices>([&](int m, int i, int j) {
 #pragma unroll
-      for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int e = 0; e < total[m][i][j].num_elements; ++e) {
-              total[m][i][j].x[e] += accumulator[m][i][j].x[e];
-              accumulator[m][i][j].x[e] = 0.0f;
-            }
+        for (int e = 0; e < total[m][i][j].num_elements; ++e) {
+          total[m][i][j].x[e] += accumulator[m][i][j].x[e];
+          accumulator[m][i][j].x[e] = 0.0f;
+        }
+      });
     }
   }
   __syncthreads();
 
-#pragma unroll
-  for (int m = 0; m < kMatrices; ++m)
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        wmma::store_matrix_sync(
-            c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
-            kPromote ? total[m][i][j] : accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  for_each_fragment<kMatrices>([&](int m, int i, int j) {
+    wmma::store_matrix_sync(
+        c_tiles + (m * kGroupedTileRows + warp_m * 32 + i * 16) * kStoreStride + warp_n * 32 + j * 16,
+        kPromote ? total[m][i][j] : accumulator[m][i][j], kStoreStride, wmma::mem_row_major);
+  });
   __syncthreads();
   for (int i = threadIdx.x; i < kGroupedTileRows * kTileN; i += kGemmThreads) {
     const int r = i / kTileN, col = i % kTileN;
@@ -230,22 +229,57 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_gemm_kernel(const float*
   }
 }
 
+// Counts, pads and maps the rows per expert into `workspace`: offsets, tile_expert, slot_row, row_token and (when set)
+// row_slot, through which the grouped GEMMs read h and the deltas instead of copied rows.
+cudaError_t map_rows(const int32_t* ids, int64_t assignments, int32_t top_k, int32_t experts,
+                     const MoeWorkspace& workspace, cudaStream_t stream) {
+  // `count` int32s of `data` with every byte `byte` (0: zeros; 0xff: -1); nothing for null (row_slot without deltas).
+  const auto fill = [stream](int32_t* data, int byte, int64_t count) {
+    return data != nullptr ? cudaMemsetAsync(data, byte, sizeof(int32_t) * count, stream) : cudaSuccess;
+  };
+  for (int32_t* counter : {workspace.counts, workspace.cursor})
+    if (cudaError_t status = fill(counter, 0, experts); status != cudaSuccess) return status;
+  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts, workspace.counts);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts, workspace.max_tiles, workspace.offsets,
+                                      workspace.tile_expert);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  // -1 for the padding rows, which no slot claims.
+  for (int32_t* row_map : {workspace.row_token, workspace.row_slot})
+    if (cudaError_t status = fill(row_map, 0xff, workspace.max_tiles * kGroupedTileRows); status != cudaSuccess)
+      return status;
+  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts, workspace.offsets,
+                                                                   workspace.cursor, workspace.slot_row,
+                                                                   workspace.row_token, workspace.row_slot);
+  return cudaGetLastError();
+}
+
+// The gate|up GEMM (SwiGLU fused) into workspace.activated, the down delta's hook, then the down GEMM into
+// workspace.expert_out, over the padded rows that the permutation laid out in `workspace`.
 template <typename W, int kTerms>
-cudaError_t run_swiglu_gemms(const float* h, int64_t tiles, const GroupedOperands& up_operands,
-                             const GroupedOperands& down_operands, int64_t hidden, int64_t intermediate,
-                             float* activated, float* out, const ExpertDeltas* deltas, const int32_t* slot_row,
-                             cudaStream_t stream) {
-  const dim3 up_grid(static_cast<unsigned int>(tiles), blocks_for(intermediate, kTileN));
-  grouped_gemm_kernel<W, true, kTerms>
-      <<<up_grid, kGemmThreads, 0, stream>>>(h, up_operands, intermediate, hidden, activated);
+cudaError_t run_swiglu_gemms(const float* h, const ExpertPointers& experts, const MoeWorkspace& workspace,
+                             const ExpertDeltas* deltas, cudaStream_t stream) {
+  GroupedOperands up_operands, down_operands;
+  up_operands.b0_table = experts.gate;
+  up_operands.b1_table = experts.up;
+  down_operands.b0_table = experts.down;
+  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
+  up_operands.row_source = workspace.row_token;
+  up_operands.rows_limit = down_operands.rows_limit = workspace.max_tiles * kGroupedTileRows;
+  up_operands.delta = gate_up_delta(deltas);
+  down_operands.delta = down_delta(deltas);
+  up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
+  const int64_t hidden = experts.hidden, intermediate = experts.intermediate;
+  const auto tiles = static_cast<unsigned int>(workspace.max_tiles);
+  grouped_gemm_kernel<W, true, kTerms><<<dim3(tiles, blocks_for(intermediate, kTileN)), kGemmThreads, 0, stream>>>(
+      h, up_operands, intermediate, hidden, workspace.activated);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   SwigluRows swiglu;
-  swiglu.f32 = activated;
-  swiglu.slot_row = slot_row;
+  swiglu.f32 = workspace.activated;
+  swiglu.slot_row = workspace.slot_row;
   if (const cudaError_t status = compute_down_delta(deltas, swiglu); status != cudaSuccess) return status;
-  const dim3 down_grid(static_cast<unsigned int>(tiles), blocks_for(hidden, kTileN));
-  grouped_gemm_kernel<W, false, kTerms>
-      <<<down_grid, kGemmThreads, 0, stream>>>(activated, down_operands, hidden, intermediate, out);
+  grouped_gemm_kernel<W, false, kTerms><<<dim3(tiles, blocks_for(hidden, kTileN)), kGemmThreads, 0, stream>>>(
+      workspace.activated, down_operands, hidden, intermediate, workspace.expert_out);
   return cudaGetLastError();
 }
 
@@ -275,51 +309,14 @@ cudaError_t moe(const float* h, const int32_t* ids, const float* weights, int64_
   if (rows == 0) return cudaSuccess;
   if (deltas != nullptr && workspace.row_slot == nullptr) return cudaErrorInvalidValue;
   const int64_t assignments = rows * top_k;
-  const size_t count_bytes = sizeof(int32_t) * static_cast<size_t>(experts.experts);
-  if (cudaError_t status = cudaMemsetAsync(workspace.counts, 0, count_bytes, stream); status != cudaSuccess)
+  if (cudaError_t status = map_rows(ids, assignments, top_k, experts.experts, workspace, stream); status != cudaSuccess)
     return status;
-  if (cudaError_t status = cudaMemsetAsync(workspace.cursor, 0, count_bytes, stream); status != cudaSuccess)
-    return status;
-  count_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, experts.experts, workspace.counts);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  plan_kernel<<<1, 1024, 0, stream>>>(workspace.counts, experts.experts, workspace.max_tiles, workspace.offsets,
-                                      workspace.tile_expert);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-
-  const int64_t padded_rows = workspace.max_tiles * kGroupedTileRows;
-  if (cudaError_t status = cudaMemsetAsync(workspace.row_token, 0xff, sizeof(int32_t) * padded_rows, stream);
-      status != cudaSuccess)
-    return status;
-  if (workspace.row_slot != nullptr)
-    if (cudaError_t status = cudaMemsetAsync(workspace.row_slot, 0xff, sizeof(int32_t) * padded_rows, stream);
-        status != cudaSuccess)
-      return status;
-  scatter_kernel<<<blocks_for(assignments, 256), 256, 0, stream>>>(ids, assignments, top_k, experts.experts,
-                                                                   workspace.offsets, workspace.cursor,
-                                                                   workspace.slot_row, workspace.row_token,
-                                                                   workspace.row_slot);
-  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-
-  GroupedOperands up_operands, down_operands;
-  up_operands.b0_table = experts.gate;
-  up_operands.b1_table = experts.up;
-  down_operands.b0_table = experts.down;
-  up_operands.tile_expert = down_operands.tile_expert = workspace.tile_expert;
-  up_operands.row_source = workspace.row_token;
-  up_operands.rows_limit = down_operands.rows_limit = padded_rows;
-  up_operands.delta = gate_up_delta(deltas);
-  down_operands.delta = down_delta(deltas);
-  up_operands.row_slot = down_operands.row_slot = workspace.row_slot;
   cudaError_t status = cudaErrorInvalidValue;
   dispatch_tensor_core(experts.dtype, [&](auto tag) {
     using W = decltype(tag);
     status = precision == OperandPrecision::Split
-                 ? run_swiglu_gemms<W, kSplitTerms>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                                    experts.intermediate, workspace.activated, workspace.expert_out,
-                                                    deltas, workspace.slot_row, stream)
-                 : run_swiglu_gemms<W, 2>(h, workspace.max_tiles, up_operands, down_operands, experts.hidden,
-                                          experts.intermediate, workspace.activated, workspace.expert_out, deltas,
-                                          workspace.slot_row, stream);
+                 ? run_swiglu_gemms<W, kSplitTerms>(h, experts, workspace, deltas, stream)
+                 : run_swiglu_gemms<W, 2>(h, experts, workspace, deltas, stream);
   });
   if (status != cudaSuccess) return status;
   combine_kernel<<<static_cast<unsigned int>(rows), 256, 0, stream>>>(workspace.expert_out, workspace.slot_row,

@@ -2,6 +2,7 @@
 // The routed experts (the router that picks them: router.h): grouped GEMMs on mma.sync and wgmma (moe_mma.cu), weight
 // streaming for few tokens (moe_streaming.cu), the shared steps (moe.cu).
 // Conventions: backend/cuda/common/operand_precision.h.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -35,7 +36,7 @@ struct ExpertPointers {
 // F32 value), set t at terms + t * term_stride elements; row s, or slot_row[s] when set (moe's padded rows).
 struct SwigluRows {
   const float* f32 = nullptr;
-  const void* terms = nullptr;
+  const __nv_bfloat16* terms = nullptr;
   int32_t term_count = 0;
   int64_t term_stride = 0;
   const int32_t* slot_row = nullptr;
@@ -55,7 +56,7 @@ inline cudaError_t compute_down_delta(const ExpertDeltas* deltas, const SwigluRo
   return deltas != nullptr && deltas->compute_down ? deltas->compute_down(rows) : cudaSuccess;
 }
 
-// Scratch of one MoE call, sized by moe_workspace_bytes for (rows * top_k) assignments.
+// Scratch of one MoE call for (rows * top_k) assignments, max_tiles from moe_max_tiles.
 struct MoeWorkspace {
   int32_t* counts = nullptr;       // [E]
   int32_t* cursor = nullptr;       // [E]
