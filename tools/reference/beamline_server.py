@@ -46,6 +46,22 @@ def post(base, path, body, stream=False):
     return status, events
 
 
+def finished_by_engine(base, expected_total, wait_seconds=5.0):
+    """{engine label: requests finished} from /metrics (vllm:request_success_total, summed over finish reasons), read
+    again until they add up to `expected_total` (an engine's stats are a snapshot up to ~50 ms old while it is busy)
+    or `wait_seconds` pass."""
+    deadline = time.time() + wait_seconds
+    while True:
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        counts = {}
+        for match in re.finditer(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} ([\d.e+]+)$', text, re.M):
+            counts[match.group(1)] = counts.get(match.group(1), 0) + int(float(match.group(2)))
+        if sum(counts.values()) >= expected_total or time.time() > deadline:
+            return counts
+        time.sleep(0.1)
+
+
 class Server:
     """Serves `model` on a free port (read from the start-up log) until stop()."""
 
