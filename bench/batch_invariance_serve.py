@@ -86,10 +86,15 @@ def main():
             started = time.time()
             alone, answers = invariance_answers(server, name, prompt, args.completions, args.seed, args.max_tokens,
                                                 args.workers, vocab=min(vocab, 3000))
+            ids = [json.loads(a)["ids"] for a in answers]
+            alone_ids = json.loads(alone)["ids"]
             results[mode].update(identical=sum(a == alone for a in answers), distinct=len(set([alone] + answers)),
+                                 same_tokens=sum(i == alone_ids for i in ids),
+                                 distinct_tokens=len({tuple(i) for i in ids + [alone_ids]}),
                                  seconds=time.time() - started)
-            print(f"{mode}: {results[mode]['identical']} of {len(answers)} copies identical to the batch-1 answer, "
-                  f"{results[mode]['distinct']} distinct ({results[mode]['seconds']:.0f} s)", flush=True)
+            print(f"{mode}: {results[mode]['identical']} of {len(answers)} copies identical to the batch-1 answer "
+                  f"({results[mode]['same_tokens']} with its tokens), {results[mode]['distinct']} distinct "
+                  f"({results[mode]['distinct_tokens']} token sequences) ({results[mode]['seconds']:.0f} s)", flush=True)
         finally:
             server.stop()
     for _ in range(args.rounds):
@@ -110,12 +115,14 @@ def main():
         f"per copy, half the copies with their own cache_salt), `--max-num-seqs {args.max_num_seqs} "
         f"--max-num-batched-tokens {args.max_num_batched_tokens} --speculative-config none`",
         "",
-        "| mode | identical to batch 1 | distinct answers | throughput, output tok/s (median of runs) | runs |",
-        "| --- | --- | --- | --- | --- |",
+        "| mode | identical to batch 1 (tokens and logprobs) | its tokens only | distinct answers (token sequences) "
+        "| throughput, output tok/s (median of runs) | runs |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for mode in MODES:
         r = results[mode]
-        lines.append(f"| {mode} | {r['identical']} / {args.completions} | {r['distinct']} | "
+        lines.append(f"| {mode} | {r['identical']} / {args.completions} | {r['same_tokens']} / {args.completions} | "
+                     f"{r['distinct']} ({r['distinct_tokens']}) | "
                      f"{r['median_tokens_per_s']:.1f} | {', '.join(f'{v:.1f}' for v in r['tokens_per_s'])} |")
     lines += ["",
               f"Throughput: `beamline bench serve`, {args.prompts} random prompts of {args.input_len} ids, "
