@@ -16,33 +16,16 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
-from beamline_server import Server  # noqa: E402
+from beamline_server import Server, bench_serve_throughput  # noqa: E402
 from check_batch_invariance import invariance_answers  # noqa: E402
 
 MODES = {"batch-invariant": ["--batch-invariant"], "default": []}
-
-
-def throughput(args, server):
-    """Output tokens/s of one `beamline bench serve` run of random prompts at --concurrency."""
-    command = [args.beamline, "bench", "serve", "--base-url", server.base, "--num-prompts", str(args.prompts),
-               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-               "--random-token-id-range", "100-3000", "--ignore-eos", "--max-concurrency", str(args.concurrency),
-               "--seed", "1"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    if result.returncode != 0:
-        sys.exit(f"bench serve failed:\n{result.stdout}\n{result.stderr}")
-    value = re.search(r"^Output token throughput \(tok/s\):\s*([\d.]+)", result.stdout, re.M)
-    if value is None:
-        sys.exit(f"bench serve printed no 'Output token throughput' line:\n{result.stdout}")
-    return float(value.group(1))
 
 
 def serve(args, mode):
@@ -101,7 +84,9 @@ def main():
         for mode in MODES:
             server = serve(args, mode)
             try:
-                results[mode]["tokens_per_s"].append(throughput(args, server))
+                results[mode]["tokens_per_s"].append(bench_serve_throughput(
+                    args.beamline, server.base, args.prompts, args.input_len, args.output_len, args.concurrency,
+                    args.timeout))
             finally:
                 server.stop()
     for mode in MODES:
