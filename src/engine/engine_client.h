@@ -39,7 +39,8 @@ class EngineClient {
   // before any of them steps again. The data-parallel replicas' runners are views of one model
   // (runner/data_parallel_runner.h), so no replica steps on the new weights with the old cache, or the other way round.
   // Rethrows what `task` threw (then `after` does not run); an engine that is shutting down makes it an Error.
-  void run_on_model(const std::function<void(ModelRunner& runner)>& task, const std::function<void(EngineCore& core)>& after);
+  void run_on_model(const std::function<void(ModelRunner& runner)>& task,
+                    const std::function<void(EngineCore& core)>& after);
   // Empties every engine's prefix cache (between steps) and what the router remembers of them.
   void reset_prefix_cache();
   // The routing in use, after the fallback above.

@@ -467,8 +467,9 @@ std::vector<ReplicaStepOutput> BeamModelRunner::run_data_parallel_step(const Rep
         groups_->data->recv(output.logits, static_cast<int32_t>(r));
       }
       if (captures_routed_experts(batch)) {
-        output.routed_experts = backend_->alloc(DType::I32, {model_->num_moe_layers(), static_cast<int64_t>(batch.tokens.size()),
-                                                             model_->config().num_experts_per_tok});
+        output.routed_experts = backend_->alloc(
+            DType::I32, {model_->num_moe_layers(), static_cast<int64_t>(batch.tokens.size()),
+                         model_->config().num_experts_per_tok});
         groups_->data->recv(output.routed_experts, static_cast<int32_t>(r));
       }
     }

@@ -31,7 +31,8 @@ struct ReplicaStepOutput {
 class DataParallelSteps {
  public:
   // Runs one combined step: a batch or none per replica in, each replica's output out.
-  using RunStep = std::function<std::vector<ReplicaStepOutput>(const std::vector<std::optional<ForwardBatch>>& batches)>;
+  using RunStep =
+      std::function<std::vector<ReplicaStepOutput>(const std::vector<std::optional<ForwardBatch>>& batches)>;
   // How long a step waits for a busy replica's batch: an engine between two steps (stop checks, detokenizing,
   // scheduling) hands in its next batch within a millisecond or two; one that is paused with work, or runs a
   // between-steps task, is not waited for longer than this.

@@ -9,9 +9,9 @@
 //     tensor-parallel partial sums are added in another order), and the routed experts equal one process's capture
 //     at every token and MoE layer.
 // With --quantization fp8|mxfp8|nvfp4 A is quantized at load and B's BF16 tensors on arrival: the sync then equals a
-// fresh runner on B quantized at load, bit for bit. With --dp M the sequence runs on every data-parallel replica in turn
-// (launch_replica, as each replica's engine drives it): one update reaches them all, and each replica's logits and
-// routed experts are checked as above.
+// fresh runner on B quantized at load, bit for bit. With --dp M the sequence runs on every data-parallel replica in
+// turn (launch_replica, as each replica's engine drives it): one update reaches them all, and each replica's logits
+// and routed experts are checked as above.
 //   weight_sync_check --tp N --pp N --dp M [--ep] [--quantization fp8]
 #include <spdlog/spdlog.h>
 
@@ -74,7 +74,8 @@ struct Outputs {
 };
 
 // `launch` starts a step of `runner` (or of one of its data-parallel replicas).
-Outputs run_sequence(const ModelRunner& runner, const std::function<std::unique_ptr<ModelStep>(const ForwardBatch&)>& launch) {
+Outputs run_sequence(const ModelRunner& runner,
+                     const std::function<std::unique_ptr<ModelStep>(const ForwardBatch&)>& launch) {
   std::vector<int32_t> tokens;
   uint32_t state = 12345u;
   for (int i = 0; i < 14; ++i) {
