@@ -8,7 +8,9 @@
 #        apps/beamline/beamline). DEVICE=cpu runs it on the cpu backend (smaller defaults). ROUNDS, ROLLOUTS,
 #        REPLAY_ROLLOUTS, MAX_TOKENS override the sizes; PYTHON the interpreter with torch and numpy (python3);
 #        REPLAY_QUANTIZATION=mxfp8 (or fp8, nvfp4) serves the bfloat16 server's weights quantized, each update
-#        quantized on arrival (MXFP8 rollouts with routing replay).
+#        quantized on arrival (MXFP8 rollouts with routing replay). LIMIT_S bounds the loop's seconds (default 560 on
+#        cuda, inside one device call; 3600 on the cpu backend, where a round takes minutes on a loaded 2-core VM); at
+#        the limit it stops and reports the rounds done so far.
 #        Writes $OUT/rollout.log, $OUT/rollout.md, $OUT/rollout.json; prints the tables; exits non-zero when a
 #        check fails or does not run.
 set -uo pipefail
@@ -42,7 +44,9 @@ print("torch", torch.__version__, "cuda", torch.cuda.is_available(), "numpy", nu
 start=$SECONDS
 quantized=()
 [ -n "${REPLAY_QUANTIZATION:-}" ] && quantized=(--replay-quantization "$REPLAY_QUANTIZATION")
-timeout 560 "$PYTHON" bench/rollout_loop.py --beamline "$BIN" --device "$DEVICE" --out "$OUT" "${sizes[@]}" \
+limit=${LIMIT_S:-560}
+[ "$DEVICE" = cuda ] || limit=${LIMIT_S:-3600}
+timeout "$limit" "$PYTHON" bench/rollout_loop.py --beamline "$BIN" --device "$DEVICE" --out "$OUT" "${sizes[@]}" \
   "${quantized[@]}" >>"$LOG" 2>&1
 status=$?
 echo "rollout_loop.py exit $status in $((SECONDS - start)) s"

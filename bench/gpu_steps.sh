@@ -19,11 +19,17 @@ limit_of() {
   local left=$((budget - SECONDS))
   if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
 }
-# Starts the log with the date, the carry's commit and the GPU (with its clocks), and prints them.
+# Starts the log with the date, the carry's commit (or the build folder's) and the GPU with its clocks (or the CPU
+# cores), and prints them.
 log_header() {
   {
     date -u '+%Y-%m-%d %H:%M UTC'
-    echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+    if [ -s "$CARRY/apps/beamline/COMMIT" ]; then
+      echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
+    else
+      echo "binary of the build folder $CARRY; scripts at $(git rev-parse --short HEAD)"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null ||
+      echo "$(nproc) CPU cores"
   } | tee "$LOG"
 }

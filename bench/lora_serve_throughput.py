@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
@@ -23,7 +22,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 import safetensors_io  # noqa: E402
-from beamline_server import Server  # noqa: E402
+from beamline_server import Server, bench_serve_throughput  # noqa: E402
 from check_lora import write_adapter  # noqa: E402
 
 ADAPTERS = 8
@@ -51,19 +50,9 @@ def padded_copy(source, target, adapter, rank):
 
 
 def bench(args, server, lora_names):
-    command = [args.beamline, "bench", "serve", "--base-url", server.base, "--num-prompts", str(args.prompts),
-               "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-               "--random-token-id-range", "100-3000", "--ignore-eos", "--max-concurrency", str(args.concurrency),
-               "--seed", "1"]
-    if lora_names:
-        command += ["--lora-modules", *lora_names]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    if result.returncode != 0:
-        sys.exit(f"bench serve failed:\n{result.stdout}\n{result.stderr}")
-    value = re.search(r"^Output token throughput \(tok/s\):\s*([\d.]+)", result.stdout, re.M)
-    if value is None:
-        sys.exit(f"bench serve printed no 'Output token throughput' line:\n{result.stdout}")
-    return float(value.group(1))
+    extra = ["--lora-modules", *lora_names] if lora_names else []
+    return bench_serve_throughput(args.beamline, server.base, args.prompts, args.input_len, args.output_len,
+                                  args.concurrency, args.timeout, extra)
 
 
 def adapter_mib(log):

@@ -406,6 +406,9 @@ def verdicts(rows, args, cpu, error):
            error is None and len(rows) == args.rounds)
     if not rows:
         return [ran]
+    passed = sum(round_passes(r, args) for r in rows)
+    every = ("every round passed (a)-(d) with new weights (each round's noise moved them)",
+             f"{passed} of {len(rows)}", str(len(rows)), passed == len(rows))
     equal = sum(r["a_sequences_equal"] for r in rows)
     sequences = sum(r["a_sequences"] for r in rows)
     decode = max(r["b_decode_max"] for r in rows)
@@ -425,6 +428,7 @@ def verdicts(rows, args, cpu, error):
     values = sum(r["a_values"] for r in rows)
     return [
         ran,
+        every,
         ("(a) float32 server after sync vs a fresh server on the saved checkpoint, prompt_logprobs (token + top 5)",
          f"{equal}/{sequences} sequences bit-identical ({values} values)" + (f"; first: {first_a}" if first_a else ""),
          "all", equal == sequences),
@@ -443,24 +447,34 @@ def verdicts(rows, args, cpu, error):
     ]
 
 
-def markdown(rows, checks):
+def round_passes(r, args):
+    """Whether round `r` passed (a) to (d) and its noise moved the weights: each round is held to every goal."""
+    goal = QUANTIZED_REPLAY_GOAL if args.replay_quantization else REPLAY_GOAL
+    return (r["a_sequences_equal"] == r["a_sequences"] and r["b_decode_max"] <= args.tolerance
+            and r["b_prefill_max"] <= args.tolerance and r["c_rows_differ"] == 0 and r["d_gap_replay"] <= goal
+            and r["moved_mean"] > args.tolerance)
+
+
+def markdown(rows, checks, args):
     lines = []
     if rows:
         lines += ["| round | sync (2 servers) | (a) bit-identical | (b) decode / prefill max | (c) rows differ | "
-                  "(d) gap replay / none | B routing != ref | moved |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |", *(round_row(r) for r in rows), ""]
+                  "(d) gap replay / none | B routing != ref | moved | round passes |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+                  *(round_row(r, args) for r in rows), ""]
     lines += ["| check | result | goal | pass |", "| --- | --- | --- | --- |"]
     lines += [f"| {c} | {result} | {goal} | {'yes' if ok else '**NO**'} |" for c, result, goal, ok in checks]
     return "\n".join(lines)
 
 
-def round_row(r):
+def round_row(r, args):
     return (f"| {r['weight_version']} | {r['broadcast_s']:.2f} s, {r['broadcast_bytes'] / 2**20:.1f} MiB, "
             f"{r['tensors']} tensors | {r['a_sequences_equal']}/{r['a_sequences']} | "
             f"{r['b_decode_max']:.2e} / {r['b_prefill_max']:.2e} ({r['tokens_sampled']} / "
             f"{r['tokens_scored']} tokens) | {r['c_rows_differ']}/{r['c_rows']} | "
             f"{r['d_gap_replay']:.2e} / {r['d_gap_no_replay']:.2e} ({r['d_tokens']} tokens) | "
-            f"{100 * r['d_routing_differs']:.2f}% | {r['moved_mean']:.2e} |")
+            f"{100 * r['d_routing_differs']:.2f}% | {r['moved_mean']:.2e} | "
+            f"{'yes' if round_passes(r, args) else '**NO**'} |")
 
 
 def main():
@@ -501,7 +515,7 @@ def main():
         if scratch is not None:
             shutil.rmtree(scratch)
     checks = verdicts(rows, args, args.device == "cpu", error)
-    table = markdown(rows, checks)
+    table = markdown(rows, checks, args)
     print(table)
     with open(os.path.join(args.out, "rollout.md"), "w") as f:
         f.write(table + "\n")

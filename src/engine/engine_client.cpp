@@ -1,5 +1,7 @@
 #include "engine/engine_client.h"
 
+#include <condition_variable>
+#include <exception>
 #include <future>
 
 #include "engine/engine_core.h"
@@ -55,6 +57,61 @@ void EngineClient::resume() {
 
 void EngineClient::run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task) {
   for (const auto& engine : engines_) engine->run_between_steps(task);
+}
+
+void EngineClient::run_on_model(const std::function<void(ModelRunner& runner)>& task,
+                                const std::function<void(EngineCore& core)>& after) {
+  if (engines_.size() == 1) {
+    engines_.front()->run_between_steps([&](EngineCore& core, ModelRunner& runner) {
+      task(runner);
+      after(core);
+    });
+    return;
+  }
+  // Every engine thread stops in a task of its own; once all are there, engine 0's runs `task` and lets them go on.
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::size_t arrived = 0;
+  bool done = false, cancelled = false;
+  std::exception_ptr failed;
+  auto rendezvous = [&](std::size_t e, EngineCore& core, ModelRunner& runner) {
+    runner.idle();  // the other replicas' steps no longer wait for this engine's batch
+    std::unique_lock lock(mutex);
+    ++arrived;
+    changed.notify_all();
+    if (e == 0) {
+      changed.wait(lock, [&] { return arrived == engines_.size() || cancelled; });
+      if (!cancelled) {
+        lock.unlock();
+        try {
+          task(runner);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        lock.lock();
+      }
+      done = true;
+      changed.notify_all();
+    } else {
+      changed.wait(lock, [&] { return done || cancelled; });
+    }
+    if (!failed && !cancelled) after(core);
+  };
+  std::vector<std::future<void>> parked;
+  for (std::size_t e = 0; e < engines_.size(); ++e) {
+    parked.push_back(std::async(std::launch::async, [&, e] {
+      try {
+        engines_[e]->run_between_steps([&, e](EngineCore& core, ModelRunner& runner) { rendezvous(e, core, runner); });
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        if (arrived < engines_.size()) cancelled = true;  // it never arrived (shutting down): nobody waits for it
+        changed.notify_all();
+        throw;
+      }
+    }));
+  }
+  for (std::future<void>& each : parked) each.get();
+  if (failed) std::rethrow_exception(failed);
 }
 
 void EngineClient::reset_prefix_cache() {

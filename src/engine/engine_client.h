@@ -34,6 +34,13 @@ class EngineClient {
   bool paused() const { return engines_.front()->paused(); }
   // On every engine in turn (each between two of its steps).
   void run_between_steps(const std::function<void(EngineCore& core, ModelRunner& runner)>& task);
+  // A change of the model the engines serve (new weights): `task` runs once, on engine 0's runner, while every engine
+  // is stopped between two of its steps, and then `after` on every engine (each core, e.g. emptying its prefix cache)
+  // before any of them steps again. The data-parallel replicas' runners are views of one model
+  // (runner/data_parallel_runner.h), so no replica steps on the new weights with the old cache, or the other way round.
+  // Rethrows what `task` threw (then `after` does not run); an engine that is shutting down makes it an Error.
+  void run_on_model(const std::function<void(ModelRunner& runner)>& task,
+                    const std::function<void(EngineCore& core)>& after);
   // Empties every engine's prefix cache (between steps) and what the router remembers of them.
   void reset_prefix_cache();
   // The routing in use, after the fallback above.

@@ -60,9 +60,6 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
           backend_->name());
   if (config.batch_invariant) spdlog::info("batch-invariant mode: a row's results do not depend on its batch");
   if (config.enable_return_routed_experts) {
-    require(groups_ == nullptr || groups_->config.data == 1,
-            "--enable-return-routed-experts with --data-parallel-size {}: capturing the routing of data-parallel "
-            "replicas is not implemented (tensor, pipeline and expert parallelism are)", groups_ ? groups_->config.data : 1);
     require(model_->num_moe_layers() > 0, "--enable-return-routed-experts: the model has no MoE layer");
     require(model_config.n_routed_experts <= INT16_MAX,
             "--enable-return-routed-experts: {} experts do not fit the int16 ids it returns", model_config.n_routed_experts);
@@ -136,6 +133,7 @@ void BeamModelRunner::load(const BeamWeights& weights, const EngineConfig& confi
 void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
   const std::string source = dir.string();
   require_replaceable_weights(source);
+  std::unique_lock lock = lock_steps();
   // Checked here in full before any other rank hears of it.
   const BeamWeights weights = load_weight_update(dir, weights_.config);
   if (groups_ == nullptr) return replace_weights(weights, source);
@@ -149,6 +147,7 @@ void BeamModelRunner::load_weights_from_disk(const std::filesystem::path& dir) {
 void BeamModelRunner::update_weights(std::span<const HostTensor> tensors) {
   const std::string source = fmt::format("{} received tensor(s)", tensors.size());
   require_replaceable_weights(source);
+  std::unique_lock lock = lock_steps();
   if (groups_ == nullptr) return replace_weights(with_received_tensors(weights_, tensors), source);
   // Every tensor is checked here before any other rank hears of it; this rank keeps those its shard computes with.
   const std::set<std::string, std::less<>> used = model_->loaded_tensor_names();
@@ -231,11 +230,11 @@ void BeamModelRunner::replace_weights_everywhere(const std::function<BeamWeights
   install_model(std::move(model), std::move(weights), source);
 }
 
+std::unique_lock<std::mutex> BeamModelRunner::lock_steps() {
+  return data_parallel_ != nullptr ? std::unique_lock(backend_mutex_) : std::unique_lock<std::mutex>();
+}
+
 void BeamModelRunner::require_replaceable_weights(const std::string& source) const {
-  // Each replica's engine would order the update from its own thread, while the others' steps use the same channel.
-  require(groups_ == nullptr || groups_->config.data == 1,
-          "{}: loading new weights into a data-parallel server (--data-parallel-size {}) is not implemented (tensor, "
-          "pipeline and expert parallelism are)", source, data_parallel_size());
   require(drafter_ == nullptr, "{}: loading new weights under a dflash drafter is not implemented (its context features "
           "come from the served weights)", source);
 }
@@ -417,6 +416,10 @@ class SerializedStep : public ModelStep {
     std::lock_guard lock(mutex_);
     return step_->tokens();
   }
+  RoutedExperts routed_experts() override {
+    std::lock_guard lock(mutex_);
+    return step_->routed_experts();
+  }
   std::vector<float> raw_logits(std::span<const int32_t> rows) override {
     std::lock_guard lock(mutex_);
     return step_->raw_logits(rows);
@@ -438,31 +441,45 @@ std::unique_ptr<ModelStep> BeamModelRunner::launch_replica(int32_t replica, cons
     std::lock_guard lock(backend_mutex_);
     plan = plan_batch(batch, sampler);
   }
-  const Tensor logits = data_parallel_->launch(replica, std::move(plan));
+  const ReplicaStepOutput output = data_parallel_->launch(replica, std::move(plan));
   std::lock_guard lock(backend_mutex_);
-  return std::make_unique<SerializedStep>(sampler.step(logits, batch.logit_rows.size()), backend_mutex_);
+  std::unique_ptr<ModelStep> step = sampler.step(output.logits, batch.logit_rows.size());
+  if (output.routed_experts.defined())
+    step = std::make_unique<RoutedExpertsStep>(std::move(step), *backend_, output.routed_experts,
+                                               static_cast<int64_t>(batch.tokens.size()));
+  return std::make_unique<SerializedStep>(std::move(step), backend_mutex_);
 }
 
 void BeamModelRunner::replica_idle(int32_t replica) {
   if (data_parallel_ != nullptr) data_parallel_->idle(replica);
 }
 
-std::vector<Tensor> BeamModelRunner::run_data_parallel_step(const ReplicaBatches& plan) {
+std::vector<ReplicaStepOutput> BeamModelRunner::run_data_parallel_step(const ReplicaBatches& plan) {
   std::lock_guard lock(backend_mutex_);
   require(failure_.empty(), "the distributed model stopped after an earlier failure: {}", failure_);
   try {
     std::vector<std::byte> message = encode_step_message(&plan);
     groups_->world->broadcast_bytes(message, 0);
-    std::vector<Tensor> logits(plan.size());
-    Tensor no_routing;  // refused with data parallelism (load)
-    logits.front() = run_plan(plan, no_routing);
-    // Rank 0 samples for every replica: the first rank of each other replica sends its logits (forward()'s rows).
+    std::vector<ReplicaStepOutput> outputs(plan.size());
+    outputs.front().logits = run_plan(plan, outputs.front().routed_experts);
+    // Rank 0 samples for every replica: the first rank of each other replica sends its logits (forward()'s rows), then
+    // the routing it captured (follow()).
     for (std::size_t r = 1; r < plan.size(); ++r) {
-      if (!plan[r].has_value() || plan[r]->logit_rows.empty()) continue;
-      logits[r] = backend_->alloc(DType::F32, {static_cast<int64_t>(plan[r]->logit_rows.size()), vocab_size()});
-      groups_->data->recv(logits[r], static_cast<int32_t>(r));
+      if (!plan[r].has_value()) continue;
+      const ForwardBatch& batch = *plan[r];
+      ReplicaStepOutput& output = outputs[r];
+      if (!batch.logit_rows.empty()) {
+        output.logits = backend_->alloc(DType::F32, {static_cast<int64_t>(batch.logit_rows.size()), vocab_size()});
+        groups_->data->recv(output.logits, static_cast<int32_t>(r));
+      }
+      if (captures_routed_experts(batch)) {
+        output.routed_experts = backend_->alloc(
+            DType::I32, {model_->num_moe_layers(), static_cast<int64_t>(batch.tokens.size()),
+                         model_->config().num_experts_per_tok});
+        groups_->data->recv(output.routed_experts, static_cast<int32_t>(r));
+      }
     }
-    return logits;
+    return outputs;
   } catch (const std::exception& error) {
     record_failure(error.what());
     throw;
@@ -496,10 +513,13 @@ void BeamModelRunner::follow() {
       }
       continue;
     }
-    Tensor routed_experts;  // captured on the stages after the first, which sends them to rank 0
+    Tensor routed_experts;  // the stages after the first send theirs to the first (BeamModel::forward)
     const Tensor logits = run_plan(message.plan, routed_experts);
-    // Rank 0 samples for every data-parallel replica (run_data_parallel_step).
-    if (at.data > 0 && at.pipeline == 0 && at.tensor == 0 && logits.defined()) groups_->data->send(logits, 0);
+    // Rank 0 samples for every data-parallel replica and hands out its routing (run_data_parallel_step).
+    if (at.data > 0 && at.pipeline == 0 && at.tensor == 0) {
+      if (logits.defined()) groups_->data->send(logits, 0);
+      if (routed_experts.defined()) groups_->data->send(routed_experts, 0);
+    }
   }
 }
 
@@ -510,7 +530,7 @@ Tensor BeamModelRunner::forward(const ForwardBatch& batch, const Tensor& token_s
       last_step_rows_.push_back({slice.token_begin, slice.token_end - slice.token_begin, slice.context_begin});
   }
   // Distributed: tensor-parallel rank 0 of each stage (BeamModel::forward).
-  const bool capture = capture_routed_experts_ && batch.capture_routed_experts && (groups_ == nullptr || groups_->at.tensor == 0);
+  const bool capture = captures_routed_experts(batch) && (groups_ == nullptr || groups_->at.tensor == 0);
   // Eager steps route into a buffer of their own; a replayed graph into the graph's.
   auto eager_routing = [&] {
     if (capture)

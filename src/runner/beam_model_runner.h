@@ -97,8 +97,15 @@ class BeamModelRunner : public ModelRunner {
   // New weights for the served model (from disk or a trainer; `source` names them in messages): built beside the old
   // model, which serves on if that throws; then the old model goes and the decode graphs are recorded again.
   void replace_weights(const BeamWeights& weights, const std::string& source);
-  // Refuses new weights where replace_weights cannot build them (under a drafter, with data-parallel replicas).
+  // Refuses new weights where replace_weights cannot build them (under a drafter).
   void require_replaceable_weights(const std::string& source) const;
+  // Rank 0 with data parallelism: backend_mutex_, so that a weight update goes between two combined steps on the step
+  // channel (EngineClient::run_on_model has every engine between steps then); else nothing to lock.
+  std::unique_lock<std::mutex> lock_steps();
+  // Whether the forward pass of `batch` captures its routing (--enable-return-routed-experts and the batch asks).
+  bool captures_routed_experts(const ForwardBatch& batch) const {
+    return capture_routed_experts_ && batch.capture_routed_experts;
+  }
   // The model of `weights` (the whole model's; sharded here for this rank), with the served LoRA adapters.
   std::unique_ptr<BeamModel> build_model(const BeamWeights& weights);
   // Puts `model` (built from `weights`) in the old one's place, keeping the KV scales, and records the graphs again.
@@ -121,9 +128,9 @@ class BeamModelRunner : public ModelRunner {
   // `batch` as the other ranks receive it: its deferred tokens read from `sampler`'s last step; validated. Refuses
   // after a failure.
   ForwardBatch plan_batch(const ForwardBatch& batch, StepSampler& sampler);
-  // Rank 0, data parallelism: broadcasts `plan` and runs it; every replica's logits (the others' received from their
-  // first rank).
-  std::vector<Tensor> run_data_parallel_step(const ReplicaBatches& plan);
+  // Rank 0, data parallelism: broadcasts `plan` and runs it; every replica's logits and routed experts (the others'
+  // received from their first rank).
+  std::vector<ReplicaStepOutput> run_data_parallel_step(const ReplicaBatches& plan);
   // Every rank: its replica's part of `plan` (its batch, or a dummy step when expert parallelism needs one); the
   // logits and routed experts forward() gives.
   Tensor run_plan(const ReplicaBatches& plan, Tensor& routed_experts);

@@ -18,7 +18,9 @@ class ReplicaRunner : public ModelRunner {
   }
   void idle() override { runner_->replica_idle(replica_); }
   bool replays_decode_graphs() const override { return runner_->replays_decode_graphs(); }
+  // The replicas' model is one: new weights through any replica's runner reach all of them.
   void load_weights_from_disk(const std::filesystem::path& dir) override { runner_->load_weights_from_disk(dir); }
+  void update_weights(std::span<const HostTensor> tensors) override { runner_->update_weights(tensors); }
 
  private:
   std::shared_ptr<BeamModelRunner> runner_;

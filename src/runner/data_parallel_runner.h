@@ -1,7 +1,9 @@
 #pragma once
 // --data-parallel-size on rank 0: one ModelRunner per data-parallel replica, for one engine each (its own scheduler and
 // KV block manager, as vLLM's data-parallel engine cores), over the one distributed BeamModelRunner that steps them
-// together (BeamModelRunner::launch_replica). The runners share it; the last one to go stops the other ranks.
+// together (BeamModelRunner::launch_replica). The runners share it; the last one to go stops the other ranks. New
+// weights given to any of them reach every replica at once: EngineClient::run_on_model gives them to one runner, with
+// every engine between steps.
 #include <memory>
 #include <vector>
 

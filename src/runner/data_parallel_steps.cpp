@@ -17,7 +17,7 @@ bool DataParallelSteps::complete(const Step& step) const {
   return true;
 }
 
-Tensor DataParallelSteps::launch(int32_t replica, ForwardBatch batch) {
+ReplicaStepOutput DataParallelSteps::launch(int32_t replica, ForwardBatch batch) {
   require(replica >= 0 && replica < replicas_, "data-parallel steps: replica {} of {}", replica, replicas_);
   const auto at = static_cast<std::size_t>(replica);
   std::unique_lock lock(mutex_);
@@ -39,9 +39,9 @@ Tensor DataParallelSteps::launch(int32_t replica, ForwardBatch batch) {
       running_ = true;
       lock.unlock();
       try {
-        step->logits = run_step_(step->batches);
-        require(step->logits.size() == step->batches.size(), "data-parallel steps: {} logits for {} replicas",
-                step->logits.size(), step->batches.size());
+        step->outputs = run_step_(step->batches);
+        require(step->outputs.size() == step->batches.size(), "data-parallel steps: {} outputs for {} replicas",
+                step->outputs.size(), step->batches.size());
       } catch (...) {
         step->error = std::current_exception();
       }
@@ -57,7 +57,7 @@ Tensor DataParallelSteps::launch(int32_t replica, ForwardBatch batch) {
       changed_.wait(lock);
   }
   if (step->error) std::rethrow_exception(step->error);
-  return step->logits[at];
+  return step->outputs[at];
 }
 
 void DataParallelSteps::idle(int32_t replica) {

@@ -21,10 +21,18 @@
 
 namespace beamline {
 
+// What a combined step gives one replica: the logits of its batch's logit rows, and with routing replay the expert ids
+// of its rows (BeamModelRunner::forward's); either undefined when the batch asks for none.
+struct ReplicaStepOutput {
+  Tensor logits;
+  Tensor routed_experts;
+};
+
 class DataParallelSteps {
  public:
-  // Runs one combined step: a batch or none per replica in, each replica's logits (undefined for none) out.
-  using RunStep = std::function<std::vector<Tensor>(const std::vector<std::optional<ForwardBatch>>& batches)>;
+  // Runs one combined step: a batch or none per replica in, each replica's output out.
+  using RunStep =
+      std::function<std::vector<ReplicaStepOutput>(const std::vector<std::optional<ForwardBatch>>& batches)>;
   // How long a step waits for a busy replica's batch: an engine between two steps (stop checks, detokenizing,
   // scheduling) hands in its next batch within a millisecond or two; one that is paused with work, or runs a
   // between-steps task, is not waited for longer than this.
@@ -32,9 +40,9 @@ class DataParallelSteps {
 
   DataParallelSteps(int32_t replicas, RunStep run_step);
 
-  // On `replica`'s engine thread: returns when the step holding `batch` has run, with that replica's logits (undefined
-  // when the batch asks for none); rethrows what the step threw.
-  Tensor launch(int32_t replica, ForwardBatch batch);
+  // On `replica`'s engine thread: returns when the step holding `batch` has run, with that replica's output; rethrows
+  // what the step threw.
+  ReplicaStepOutput launch(int32_t replica, ForwardBatch batch);
   // `replica`'s engine waits for new work: steps no longer wait for its batch (until its next launch).
   void idle(int32_t replica);
 
@@ -42,7 +50,7 @@ class DataParallelSteps {
   struct Step {
     std::vector<std::optional<ForwardBatch>> batches;
     std::chrono::steady_clock::time_point first_batch;
-    std::vector<Tensor> logits;
+    std::vector<ReplicaStepOutput> outputs;
     std::exception_ptr error;
     bool done = false;
   };

@@ -191,9 +191,9 @@ Json RolloutControl::apply_weight_update(const ControlRequest& request, const st
   const bool pause = !context_.engine.paused() && (abort_all || wait_for_in_flight);
   if (pause) context_.engine.pause(abort_all ? PauseMode::Abort : PauseMode::Wait);
   try {
-    // Between two steps: no step runs with a mix of old and new weights. The cached KV was computed with the old ones.
-    context_.engine.run_between_steps([&](EngineCore& core, ModelRunner& runner) {
-      load(runner);
+    // Between two steps (of every engine: data-parallel replicas switch together): no step runs with a mix of old and
+    // new weights. The cached KV was computed with the old ones.
+    context_.engine.run_on_model(load, [&](EngineCore& core) {
       if (flush_cache) core.reset_prefix_cache();
     });
     if (flush_cache) context_.engine.reset_prefix_cache();  // the data-parallel router's memory of the caches too

@@ -1,12 +1,16 @@
-// Engine::pause / resume (vLLM's /pause modes) and run_between_steps, on the deterministic fake model.
+// Engine::pause / resume (vLLM's /pause modes), run_between_steps and EngineClient::run_on_model, on the deterministic
+// fake model.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/engine_client.h"
 #include "engine/engine_core.h"
 #include "fake_model_runner.h"
 
@@ -15,9 +19,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<Engine> make_engine() {
+// `runner`, when given, is set to the engine's fake runner.
+std::unique_ptr<Engine> make_engine(testing::FakeModelRunner** runner_out = nullptr) {
   auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(4, 400, 1, 2), 12, 64, 512);
   runner->step_delay = 1ms;
+  if (runner_out != nullptr) *runner_out = runner.get();
   EngineConfig config;
   config.max_num_seqs = 6;
   config.max_num_batched_tokens = 24;
@@ -132,6 +138,45 @@ TEST(EnginePause, RunBetweenStepsRunsOnTheEngineThreadAndRethrows) {
   EXPECT_THROW(engine->run_between_steps([](EngineCore&, ModelRunner& runner) { runner.load_weights_from_disk("/x"); }),
                Error);  // the fake runner cannot load weights: the error reaches the caller
   EXPECT_EQ(collect_output(*stream).samples.at(0).token_ids, reference_tokens("a", 40));
+}
+
+// Two engines as data-parallel replicas: a model change runs once, on engine 0's runner, while neither engine steps;
+// then the per-engine part on both. A task that throws reaches the caller, without the per-engine part, and both
+// engines serve on.
+TEST(EnginePause, RunOnModelRunsOnceWhileEveryEngineIsBetweenSteps) {
+  std::array<testing::FakeModelRunner*, 2> runners{};
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (testing::FakeModelRunner*& runner : runners) engines.push_back(make_engine(&runner));
+  EngineClient client(std::move(engines));
+  std::vector<std::shared_ptr<OutputStream>> streams;
+  for (const char* id : {"a", "b", "c", "d"}) streams.push_back(client.add_request(request(id, 60)));
+  std::this_thread::sleep_for(20ms);  // both engines are stepping
+  int tasks = 0;
+  bool quiet = false;
+  std::atomic<int> afters = 0;
+  client.run_on_model(
+      [&](ModelRunner& runner) {
+        ++tasks;
+        EXPECT_EQ(&runner, runners[0]);
+        const std::array<int64_t, 2> before{runners[0]->forward_calls, runners[1]->forward_calls};
+        std::this_thread::sleep_for(30ms);  // some 30 steps, were an engine stepping
+        quiet = before == std::array<int64_t, 2>{runners[0]->forward_calls, runners[1]->forward_calls};
+      },
+      [&](EngineCore& core) {
+        core.reset_prefix_cache();
+        ++afters;
+      });
+  EXPECT_EQ(tasks, 1);
+  EXPECT_TRUE(quiet) << "an engine stepped while the model changed";
+  EXPECT_EQ(afters.load(), 2);
+  EXPECT_THROW(client.run_on_model([](ModelRunner& runner) { runner.load_weights_from_disk("/x"); },
+                                   [&](EngineCore&) { ++afters; }),
+               Error);
+  EXPECT_EQ(afters.load(), 2);
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    const std::string id(1, static_cast<char>('a' + i));
+    EXPECT_EQ(collect_output(*streams[i]).samples.at(0).token_ids, reference_tokens(id, 60)) << id;
+  }
 }
 
 TEST(EnginePause, ShutdownEndsAPause) {

@@ -2,7 +2,8 @@
 // CPU backend gives the official client one process's greedy answers, with and without expert parallelism (where a
 // replica without work joins the other's expert collectives with dummy steps); uneven load is spread over both engines
 // (per-engine metrics, vLLM's engine label); prefix-aware routing keeps a conversation's turns on the engine that caches
-// them (more prefix-cache hits than least-loaded routing); /pause holds the requests of every engine until /resume; a replica that dies stops the server, which exits naming its rank.
+// them (more prefix-cache hits than least-loaded routing); /pause holds the requests of every engine until /resume, and
+// /sleep until /wake_up; a replica that dies stops the server, which exits naming its rank.
 // Run: BEAMLINE_EXE=... node --test.
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -106,6 +107,16 @@ describe('serve --data-parallel-size 2', () => {
         assert.equal(done, 0, 'requests sent while paused are held');
         assert.equal((await postJson(server.base, '/resume', {})).status, 200);
         assertSameAnswers(await held, expectedUneven, 'after /resume');
+        // Asleep: the same on every engine (a distributed model keeps its device memory, and says so) until /wake_up.
+        const slept = await postJson(server.base, '/sleep?level=1', {});
+        assert.equal(slept.status, 200, slept.text);
+        assert.equal(slept.json.device_memory_released, false);
+        let woken = 0;
+        const heldAsleep = unevenAnswers(server).then((reply) => { woken = 1; return reply; });
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        assert.equal(woken, 0, 'requests sent while asleep are held');
+        assert.equal((await postJson(server.base, '/wake_up', {})).status, 200);
+        assertSameAnswers(await heldAsleep, expectedUneven, 'after /wake_up');
       } finally {
         await server.stop();
       }

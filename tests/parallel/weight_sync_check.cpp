@@ -9,13 +9,16 @@
 //     tensor-parallel partial sums are added in another order), and the routed experts equal one process's capture
 //     at every token and MoE layer.
 // With --quantization fp8|mxfp8|nvfp4 A is quantized at load and B's BF16 tensors on arrival: the sync then equals a
-// fresh runner on B quantized at load, bit for bit.
-//   weight_sync_check --tp N --pp N [--ep] [--quantization fp8]
+// fresh runner on B quantized at load, bit for bit. With --dp M the sequence runs on every data-parallel replica in
+// turn (launch_replica, as each replica's engine drives it): one update reaches them all, and each replica's logits
+// and routed experts are checked as above.
+//   weight_sync_check --tp N --pp N --dp M [--ep] [--quantization fp8]
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,7 +61,9 @@ struct Outputs {
   std::vector<int16_t> routed;
 };
 
-Outputs run_sequence(BeamModelRunner& runner) {
+// `launch` starts a step of `runner` (or of one of its data-parallel replicas).
+Outputs run_sequence(const ModelRunner& runner,
+                     const std::function<std::unique_ptr<ModelStep>(const ForwardBatch&)>& launch) {
   std::vector<int32_t> tokens;
   uint32_t state = 12345u;
   for (int i = 0; i < 14; ++i) {
@@ -83,7 +88,7 @@ Outputs run_sequence(BeamModelRunner& runner) {
       rows.push_back(std::move(row));
     }
     batch.capture_routed_experts = true;
-    std::unique_ptr<ModelStep> step = runner.launch(batch);
+    std::unique_ptr<ModelStep> step = launch(batch);
     step->sample(std::move(rows));
     (void)step->tokens();
     const std::vector<float> logits = step->raw_logits(logit_rows);
@@ -95,6 +100,21 @@ Outputs run_sequence(BeamModelRunner& runner) {
     at += count;
   }
   return outputs;
+}
+
+// The sequence on one process, or on each data-parallel replica in turn (their outputs one after the other).
+Outputs run_sequence(BeamModelRunner& runner) {
+  if (runner.data_parallel_size() == 1)
+    return run_sequence(runner, [&](const ForwardBatch& batch) { return runner.launch(batch); });
+  Outputs all;
+  for (int32_t replica = 0; replica < runner.data_parallel_size(); ++replica) {
+    const Outputs one =
+        run_sequence(runner, [&](const ForwardBatch& batch) { return runner.launch_replica(replica, batch); });
+    runner.replica_idle(replica);  // the next replica's steps do not wait for this one's
+    all.logits.insert(all.logits.end(), one.logits.begin(), one.logits.end());
+    all.routed.insert(all.routed.end(), one.routed.begin(), one.routed.end());
+  }
+  return all;
 }
 
 // A checkpoint's tensors as a trainer sends them: bytes of their own.
@@ -163,7 +183,12 @@ class Check {
     if (world_.rank() != 0) return 0;
 
     BeamModelRunner one_process(weights("b"), "cpu", config_);
-    const Outputs whole = run_sequence(one_process);
+    Outputs whole;
+    for (int32_t replica = 0; replica < options_.parallel.data; ++replica) {  // what every replica must give
+      const Outputs one = run_sequence(one_process);
+      whole.logits.insert(whole.logits.end(), one.logits.begin(), one.logits.end());
+      whole.routed.insert(whole.routed.end(), one.routed.begin(), one.routed.end());
+    }
 
     int failures = 0;
     const auto expect = [&](bool ok, const std::string& what) {

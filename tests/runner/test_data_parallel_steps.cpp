@@ -16,7 +16,7 @@ ForwardBatch batch_of(int32_t token) {
   return batch;
 }
 
-// Records each step's replicas (their batch's token, -1 for none); the "logits" are left undefined.
+// Records each step's replicas (their batch's token, -1 for none); the outputs are left undefined.
 struct Recorder {
   std::mutex mutex;
   std::vector<std::vector<int32_t>> steps;
@@ -26,7 +26,7 @@ struct Recorder {
       for (const auto& batch : batches) tokens.push_back(batch ? batch->tokens.front() : -1);
       std::lock_guard lock(mutex);
       steps.push_back(tokens);
-      return std::vector<Tensor>(batches.size());
+      return std::vector<ReplicaStepOutput>(batches.size());
     };
   }
 };
@@ -76,7 +76,7 @@ TEST(DataParallelSteps, ABusyReplicaThatStaysAwayIsWaitedForAtMostTheGatherWait)
 }
 
 TEST(DataParallelSteps, AFailedStepFailsItsReplicas) {
-  DataParallelSteps steps(2, [](const std::vector<std::optional<ForwardBatch>>&) -> std::vector<Tensor> {
+  DataParallelSteps steps(2, [](const std::vector<std::optional<ForwardBatch>>&) -> std::vector<ReplicaStepOutput> {
     fail("rank 1: the collective timed out");
   });
   EXPECT_THROW(steps.launch(0, batch_of(1)), Error);

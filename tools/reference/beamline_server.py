@@ -46,6 +46,39 @@ def post(base, path, body, stream=False):
     return status, events
 
 
+def bench_serve_throughput(beamline, base, prompts, input_len, output_len, concurrency, timeout, extra=()):
+    """Output tokens/s of one `beamline bench serve` run against the server at `base`: `prompts` random prompts of
+    `input_len` ids (100-3000), `output_len` tokens each (eos ignored), at most `concurrency` in flight; `extra` more
+    bench serve flags. Exits naming what went wrong when the run fails or prints no throughput."""
+    command = [beamline, "bench", "serve", "--base-url", base, "--num-prompts", str(prompts),
+               "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+               "--random-token-id-range", "100-3000", "--ignore-eos", "--max-concurrency", str(concurrency),
+               "--seed", "1", *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        sys.exit(f"bench serve failed:\n{result.stdout}\n{result.stderr}")
+    value = re.search(r"^Output token throughput \(tok/s\):\s*([\d.]+)", result.stdout, re.M)
+    if value is None:
+        sys.exit(f"bench serve printed no 'Output token throughput' line:\n{result.stdout}")
+    return float(value.group(1))
+
+
+def finished_by_engine(base, expected_total, wait_seconds=5.0):
+    """{engine label: requests finished} from /metrics (vllm:request_success_total, summed over finish reasons), read
+    again until they add up to `expected_total` (an engine's stats are a snapshot up to ~50 ms old while it is busy)
+    or `wait_seconds` pass."""
+    deadline = time.time() + wait_seconds
+    while True:
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+            text = response.read().decode()
+        counts = {}
+        for match in re.finditer(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} ([\d.e+]+)$', text, re.M):
+            counts[match.group(1)] = counts.get(match.group(1), 0) + int(float(match.group(2)))
+        if sum(counts.values()) >= expected_total or time.time() > deadline:
+            return counts
+        time.sleep(0.1)
+
+
 class Server:
     """Serves `model` on a free port (read from the start-up log) until stop()."""
 

@@ -11,7 +11,8 @@ and a few requests run at once: /generate (SGLang's meta_info.routed_experts, a 
 /v1/completions (a batch of prompts; and streamed: the chunks' rows concatenated). Each answer's routing must have
 prompt + output - 1 rows (the last output token is never computed) of [moe_layers, top_k] ids, equal to the
 reference's, which computes the whole token sequence at once in float64 with the router in float32.
-A request without the field gets none; return_routed_experts on a server without the flag is a 400 naming it.
+A request without the field gets none; return_routed_experts on a server without the flag is a 400 naming it. With
+--data-parallel-size in --extra-args, every replica's engine must have served some of the requests.
 Exits 1 on the first difference, naming request, token and layer.
 """
 import base64
@@ -26,7 +27,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import beam_numpy  # noqa: E402
-from beamline_server import Server, check_parser, make_tiny_model, post  # noqa: E402
+from beamline_server import Server, check_parser, finished_by_engine, make_tiny_model, post  # noqa: E402
 
 
 def decode(field, layers, top_k):
@@ -105,6 +106,12 @@ def main():
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 for result in pool.map(lambda f: f(), [generate, completion_stream, completion, plain]):
                     answers += result
+            if "--data-parallel-size" in args.extra_args:
+                # at least one engine request per prompt: /generate's 2, the stream, the batch of 2, the plain one
+                engines = finished_by_engine(server.base, 6)
+                if len([e for e, n in engines.items() if n > 0]) < 2:
+                    sys.exit(f"the requests did not reach every data-parallel replica: finished by engine {engines}")
+                print(f"finished by engine: {engines}")
         finally:
             server.stop()
 

@@ -9,8 +9,10 @@ Serves a random tiny model (seed 1) and, beside it, a fresh server on a second o
 (unknown tensor, wrong shape or dtype, malformed announcements, a trainer that stops sending, one that dies
 mid-tensor, an unknown group) are refused with a message naming the cause, leave the served weights as they were
 (same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
-and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's. With a parallel layout
-in --extra-args both servers are distributed, and rank 0 forwards each update to the other ranks.
+and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's, twice (with
+data-parallel replicas under least-loaded routing the prompts then go to the other replica), and that the first
+checkpoint from disk (/update_weights_from_disk) brings back the first answers. With a parallel layout in --extra-args
+both servers are distributed, and rank 0 forwards each update to the other ranks (and replicas).
 """
 import json
 import os
@@ -94,7 +96,7 @@ def main():
             expected = greedy(fresh)
         finally:
             fresh.stop()
-        server = Server(args.beamline, models[1], args.device, extra)
+        server = Server(args.beamline, models[1], args.device, extra + ["--weight-update-dir", scratch])
         trainer = Trainer()
         try:
             before = greedy(server)
@@ -231,8 +233,9 @@ def main():
                 "a request in flight during an update mixed two versions of the weights"
             print(f"  an update waited for the request in flight ({long_ended - long_started:.2f} s, "
                   f"update answered {updated - update_started:.2f} s after it was sent)")
-            after = greedy(server)
-            assert after == expected, f"after the update:\n{after}\nexpected (a server started on it):\n{expected}"
+            for _ in range(2):  # with data-parallel replicas (least-loaded routing) each prompt reaches both
+                after = greedy(server)
+                assert after == expected, f"after the update:\n{after}\nexpected (a server started on it):\n{expected}"
             status, reply = post(base, "/v1/completions", {"model": "tiny", "prompt": [1], "max_tokens": 1})
             assert reply["weight_version"] == "step-2", reply
             print(f"  {len(new_tensors)} tensors sent in two updates: greedy answers equal a fresh server's")
@@ -242,6 +245,13 @@ def main():
             bf16 = struct.pack(f"<{len(bits)}H", *[b >> 16 for b in bits])
             status, reply = update_weights(base, trainer, [(router[0], "bfloat16", router[2], bf16)], group_name="g")
             assert status == 200, reply
+
+            # The first checkpoint again, from disk: its answers come back.
+            status, reply = post(base, "/update_weights_from_disk", {"model_path": models[1], "weight_version": "disk"})
+            assert status == 200 and reply["success"] and reply["weight_version"] == "disk", reply
+            for _ in range(2):
+                assert greedy(server) == before, "after /update_weights_from_disk of the first checkpoint"
+            print("  the first checkpoint from disk gives its answers again")
 
             status, reply = post(base, "/destroy_weights_update_group", {"group_name": "g"})
             assert status == 200 and reply["success"], reply
