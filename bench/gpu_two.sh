@@ -132,7 +132,7 @@ fi
 
 info_row "NCCL all-reduce and all-to-all alone, decode sizes (1-256 x 5120) and prefill sizes" \
   "not measured: beamline has no way to time a collective alone (no collective case in backend_ops perf; the NCCL communicator runs on its own stream, outside BEAMLINE_CUDA_OP_TIMES), and nccl-tests are not carried"
-info_row "fused all-reduce + RMSNorm against NCCL + separate norm" "not here: bench/gpu_tp_fused.sh checks and times it (TP2 here runs BEAMLINE_FUSED_ALLREDUCE_NORM=auto: fused up to 64 rows of 5,120)"
+info_row "fused all-reduce + RMSNorm against NCCL + separate norm" "not here: bench/gpu_tp_fused.sh checks and times it (TP2 here takes the default, BEAMLINE_FUSED_ALLREDUCE_NORM=never: NCCL, then the norm)"
 info_row "official-client chat test against a TP2 server" "not run here: CTest's parallel_serve_e2e (node and the openai package)"
 info_section
 

@@ -15,9 +15,9 @@ namespace beamline {
 FusedAllReduceMode fused_all_reduce_mode() {
   const char* value = std::getenv("BEAMLINE_FUSED_ALLREDUCE_NORM");
   const std::string_view mode = value != nullptr ? value : "";
-  if (mode.empty() || mode == "auto") return FusedAllReduceMode::Auto;
+  if (mode == "auto") return FusedAllReduceMode::Auto;
   if (mode == "always") return FusedAllReduceMode::Always;
-  if (mode == "never") return FusedAllReduceMode::Never;
+  if (mode.empty() || mode == "never") return FusedAllReduceMode::Never;
   fail("BEAMLINE_FUSED_ALLREDUCE_NORM={}: expected auto, always or never", mode);
 }
 

@@ -9,10 +9,12 @@
 // The fused path takes decode-size messages, up to kFusedAllReduceMaxBytes; larger ones, the CPU backend, and runs
 // whose ranks cannot map each other's memory take the unfused path.
 //
-// BEAMLINE_FUSED_ALLREDUCE_NORM forces a path (for measurement and tests; every rank must see the same value):
-//   auto    (default) fused up to kFusedAllReduceMaxBytes
+// BEAMLINE_FUSED_ALLREDUCE_NORM picks a path (every rank must see the same value):
+//   never   (default) the all-reduce and the separate norm only (as vLLM's --disable-custom-all-reduce for its own
+//           kernel): the fused path is opt-in until it has run across GPUs; its two-processes-on-one-GPU test traps
+//           on the H200 (bench/results/2026-12-03-session9-final.md)
+//   auto    fused up to kFusedAllReduceMaxBytes
 //   always  fused whenever the kernel can: up to PeerAllReduce::max_rows() rows of at most max_hidden() values
-//   never   the all-reduce and the separate norm only (as vLLM's --disable-custom-all-reduce for its own kernel)
 #include <cstdint>
 #include <memory>
 
@@ -31,7 +33,7 @@ namespace beamline {
 constexpr int64_t kFusedAllReduceMaxBytes = int64_t{64} * 5120 * 4;
 
 enum class FusedAllReduceMode : int32_t { Auto = 0, Always = 1, Never = 2 };
-// BEAMLINE_FUSED_ALLREDUCE_NORM (auto when unset or empty); an Error naming the variable for another value.
+// BEAMLINE_FUSED_ALLREDUCE_NORM (never when unset or empty); an Error naming the variable for another value.
 FusedAllReduceMode fused_all_reduce_mode();
 
 class FusedAllReduceNorm {

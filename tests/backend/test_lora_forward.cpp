@@ -76,12 +76,16 @@ TEST_P(LoraForwardTest, DecodeGraphsCarryEachRowsAdapter) {
   DecodeGraphs graphs(model, graph_cache, 4);
 
   constexpr int32_t kSequences = 3, kPrompt = 6;
-  // Sequence s holds blocks s * groups + g; `slots[s]` its adapter; `count` tokens each from position `at`.
+  // Sequence s holds two blocks per group, 2 (s * groups + g) and the next (its 12 positions span two of the tiny
+  // preset's blocks); `slots[s]` its adapter; `count` tokens each from position `at`.
   auto batch = [&](const std::vector<int32_t>& slots, int32_t at, int32_t count) {
     ForwardBatch step;
     for (int32_t s = 0; s < kSequences; ++s) {
       SequenceSlice slice{s * count, (s + 1) * count, at, {}};
-      for (int32_t g = 0; g < layout.num_groups(); ++g) slice.block_tables.push_back({s * layout.num_groups() + g});
+      for (int32_t g = 0; g < layout.num_groups(); ++g) {
+        const int32_t first = 2 * (s * layout.num_groups() + g);
+        slice.block_tables.push_back({first, first + 1});
+      }
       slice.lora_slot = slots[static_cast<std::size_t>(s)];
       step.sequences.push_back(slice);
       for (int32_t r = 0; r < count; ++r) step.tokens.push_back((s * 131 + (at + r) * 17 + 5) % 500);

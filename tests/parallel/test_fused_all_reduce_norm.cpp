@@ -50,8 +50,8 @@ class FusedAllReduceNormTest : public ::testing::Test {
 
 TEST_F(FusedAllReduceNormTest, ModeFromTheEnvironment) {
   unsetenv("BEAMLINE_FUSED_ALLREDUCE_NORM");
-  EXPECT_EQ(fused_all_reduce_mode(), FusedAllReduceMode::Auto);
-  for (const auto& [value, mode] : {std::pair{"", FusedAllReduceMode::Auto}, {"auto", FusedAllReduceMode::Auto},
+  EXPECT_EQ(fused_all_reduce_mode(), FusedAllReduceMode::Never);
+  for (const auto& [value, mode] : {std::pair{"", FusedAllReduceMode::Never}, {"auto", FusedAllReduceMode::Auto},
                                     {"always", FusedAllReduceMode::Always}, {"never", FusedAllReduceMode::Never}}) {
     setenv("BEAMLINE_FUSED_ALLREDUCE_NORM", value, 1);
     EXPECT_EQ(fused_all_reduce_mode(), mode) << value;
