@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Branch fp8kv's decode attention versions over FP8 KV pools in one GPU call (issue 14: >= 85% of the bandwidth roof at
 # B=1 L=128K, B=32 L=8K, B=128 L=4K and the 1M-context decode; bench/results/2026-12-03-fp8kv.md). Each version of
-# the split-KV decode kernel (BEAMLINE_CUDA_DECODE_ATTENTION: legacy, unset = per-tile, keys-cvt, query-rows,
+# the split-KV decode kernel (BEAMLINE_CUDA_DECODE_ATTENTION: legacy, per-tile, keys-cvt, unset = query-rows,
 # query-rows-keys-bits, query-rows-values-bits, query-rows-bulk) first runs against the CPU reference (the harness's
 # kv_decode group: attention's E4M3 decode-only cases, 32K rows included, and test_paged_attention's FP8 cases), then
 # every version is timed in the same call next to the floor (K and V bytes / 4.8 TB/s): as back-to-back calls (as
@@ -31,7 +31,7 @@ export BEAMLINE_REQUIRE_CUDA=1
 source bench/gpu_steps.sh
 problems=()
 budget=418
-versions=(legacy default keys-cvt query-rows query-rows-keys-bits query-rows-values-bits query-rows-bulk)
+versions=(legacy per-tile keys-cvt default query-rows-keys-bits query-rows-values-bits query-rows-bulk)
 with_version() {  # version, command...: the command under that decode attention version
   local version=$1
   shift
@@ -94,7 +94,7 @@ done
 echo "=== Nsight Compute at B=32 L=8K (optional)"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu" ]; then
-  for version in default query-rows query-rows-bulk; do
+  for version in per-tile default query-rows-bulk; do
     limit=$(limit_of 60)
     [ "$limit" -le 0 ] && break
     with_version "$version" step "$limit" 'ERR|Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc A|No Eligible' \

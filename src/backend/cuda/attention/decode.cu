@@ -479,7 +479,9 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
 
-// The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt):
+// The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset QueryRows over E4M3 pools and PerTile over BF16 ones,
+// `per-tile` PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt, `query-rows-keys-bits`, `query-rows-values-bits`,
+// `query-rows-bulk`):
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
@@ -1224,11 +1226,13 @@ DecodeVersion decode_version() {
     const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
     if (name == "legacy") return DecodeVersion::PerRow;
     if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
-    if (name == "query-rows") return DecodeVersion::QueryRows;
+    if (name == "per-tile") return DecodeVersion::PerTile;
     if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
     if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
     if (name == "query-rows-bulk") return DecodeVersion::QueryRowsBulk;
-    return DecodeVersion::PerTile;
+    // The fastest version over E4M3 pools on the H200 (74-78% of the roof against PerTile's 71%; session9-final);
+    // BF16 pools have no QueryRows and take their list's last, PerTile.
+    return DecodeVersion::QueryRows;
   }();
   return version;
 }

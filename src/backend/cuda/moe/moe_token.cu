@@ -118,7 +118,7 @@ struct Bf16Stage {
 
 bool moe_token_staged_supported(const ExpertPointers& experts, int32_t top_k) {
   return experts.dtype == DType::BF16 && experts.hidden % 8 == 0 && experts.intermediate % 8 == 0 &&
-         token_moe_version() == TokenMoeVersion::Staged &&
+         token_moe_bf16_staged() &&
          staged_token_moe_fits<Bf16Stage>(experts.hidden, experts.intermediate, top_k);
 }
 
