@@ -23,12 +23,8 @@ STEPS=,all,
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG"
 source bench/gpu_steps.sh
+log_header
 problems=()
 budget=418
 versions=(legacy per-tile keys-cvt default query-rows-keys-bits query-rows-values-bits query-rows-bulk)

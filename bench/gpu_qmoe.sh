@@ -19,19 +19,11 @@ STEPS=,all,
 source bench/open_carry.sh
 source bench/cuda_env.sh
 export BEAMLINE_REQUIRE_CUDA=1
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  echo "commit $(tr '\n' ' ' <"$CARRY/apps/beamline/COMMIT")"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-} | tee "$LOG" "$PERF"
 source bench/gpu_steps.sh
+log_header
+cp "$LOG" "$PERF"
 problems=()
 budget=298
-limit_of() {  # requested seconds -> seconds granted (0: no time left)
-  local left=$((budget - SECONDS))
-  if [ "$left" -lt "$1" ]; then echo $((left > 0 ? left : 0)); else echo "$1"; fi
-}
-
 # A test step passes when the harness exits 0 within its limit and prints "N cases, 0 failed" with N > 0.
 tests() {  # label, seconds, harness arguments...
   local label=$1 limit
