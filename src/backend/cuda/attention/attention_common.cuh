@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the paged-attention kernels (kernels_attention*.cu): pool addressing and the launchers of each path.
+// Shared by the paged-attention kernels (attention/*.cu): pool addressing and the launchers of each path.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 

@@ -104,9 +104,9 @@ bool moe_one_token_supported(int64_t hidden, int64_t intermediate, int32_t top_k
 cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weights, int32_t top_k,
                           const Experts& experts, const TokenMoeScratch& scratch, float* out, cudaStream_t stream);
 
-// Any number of tokens, W8A8 on wgmma: h quantized, the slots grouped by expert into tiles of moe_tile_tokens tokens,
+// Any number of tokens, W8A8 on wgmma: h quantized, the slots grouped by expert into tiles of tile_tokens tokens,
 // gate|up with the SwiGLU fused (F32 out), that quantized, down with the routing weight fused, then the combine in
-// j order (kernels.h moe_combine). Scratch sizes for `assignments` = rows * top_k slots:
+// j order (moe/moe.h moe_combine). Scratch sizes for `assignments` = rows * top_k slots:
 struct MoeWorkspace {
   uint8_t* h_q = nullptr;         // [rows, H]
   float* h_scale = nullptr;       // [rows, ceil(H/128)]

@@ -1,7 +1,7 @@
 // FP8 block-128 GEMMs on Hopper's warpgroup MMAs (W8A8, fp8.h): the dense projections of many rows, the dense
 // SwiGLU's gate|up, and the routed experts from two tokens on.
 //
-// Every GEMM is "swapped" like the BF16 experts' (kernels_moe_mma.cu): C^T = W · X^T with the weight rows as the
+// Every GEMM is "swapped" like the BF16 experts' (moe/moe_mma.cu): C^T = W · X^T with the weight rows as the
 // MMA's M (streamed by TMA, boxes of 64 rows x 128 k in the 128-byte swizzle, rows and k past the ends zero-filled)
 // and a tile of kTokens tokens as N (gathered by cp.async through the tile's slot list into the same swizzle). One
 // stage is one 128-wide k block: 128 bytes of every row, so a stage's four k32 MMAs make exactly the partial sum of
