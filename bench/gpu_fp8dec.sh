@@ -25,37 +25,14 @@ problems=()
 # The whole script stays within 150 s: each step gets its own limit or what is left of the budget, whichever is less.
 budget=148
 
-# A test step passes when the harness exits 0 within its limit and prints "N cases, 0 failed" with N > 0.
-tests() {  # label, seconds, harness arguments...
-  local label=$1 limit
-  limit=$(limit_of "$2")
-  shift 2
-  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the 150 s budget was spent)"); return; fi
-  step "$limit" 'FAIL|cases,|fp8 kv decode (tile edges|1 row 8K|bs 4)|one token' "$OPS" test "$@"
-  if ! grep -qE '^[1-9][0-9]* cases, 0 failed$' "$OUT/step.txt"; then problems+=("$label: failed or did not run"); fi
-}
-# A perf step passes when every expected row came out.
-perf() {  # label, seconds, rows (regexes, one per expected row, separated by ;), harness arguments...
-  local label=$1 limit rows=$3
-  limit=$(limit_of "$2")
-  shift 3
-  echo "--- $label"
-  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the 150 s budget was spent)"); return; fi
-  step "$limit" '^\| ' "$OPS" perf "$@"
-  local row
-  local -a expected
-  IFS=';' read -ra expected <<<"$rows"
-  for row in "${expected[@]}"; do
-    grep -qE "$row" "$OUT/step.txt" || problems+=("$label: no row '$row'")
-  done
-}
+TEST_LINES='FAIL|cases,|fp8 kv decode (tile edges|1 row 8K|bs 4)|one token'
 
 echo "=== correctness, new kernels (default) against the CPU reference"
-tests "attention" 45 --small --filter attention --seed 21
-tests "fp8, mxfp8, nvfp4" 25 --small --filter fp8,mxfp8,nvfp4 --seed 22
+harness_tests "attention" 45 --small --filter attention --seed 21
+harness_tests "fp8, mxfp8, nvfp4" 25 --small --filter fp8,mxfp8,nvfp4 --seed 22
 echo "=== correctness, legacy kernels (what BEAMLINE_CUDA_*=legacy still selects)"
 BEAMLINE_CUDA_TOKEN_MOE=legacy BEAMLINE_CUDA_DECODE_ATTENTION=legacy \
-  tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
+  harness_tests "legacy fp8, mxfp8, nvfp4" 15 --small --filter fp8,mxfp8,nvfp4 --seed 23
 
 echo "=== correctness, decode attention versions keys-cvt (K by cvt, not the default) and legacy, and the default"
 # test_paged_attention's FP8 cases (decode rows of 300 keys at head_dim 128: interior tiles) on both backends.
@@ -77,17 +54,17 @@ fi
 # In order of the goals: FP8 decode attention, the one-token MoE of each format, then BF16 decode (no regression).
 attention_rows='decode global B=1 L=128K;decode global B=32 L=8K'
 attention_perf() {  # label, pool dtype (the version comes from BEAMLINE_CUDA_DECODE_ATTENTION)
-  perf "decode attention, $2 pool, $1" 12 "$attention_rows" attention --kv-cache-dtype "$2" --filter "decode global"
+  harness_perf "decode attention, $2 pool, $1" 12 "$attention_rows" attention --kv-cache-dtype "$2" --filter "decode global"
 }
-attention_perf "per-tile copies, V in registers (new)" fp8
+BEAMLINE_CUDA_DECODE_ATTENTION=per-tile attention_perf "per-tile copies, V in registers (new)" fp8
 BEAMLINE_CUDA_DECODE_ATTENTION=legacy attention_perf "per-row copies (legacy)" fp8
 BEAMLINE_CUDA_DECODE_ATTENTION=keys-cvt attention_perf "per-tile copies, V in registers, K by cvt (keys-cvt)" fp8
 fp8_rows='^\| 1 \|;^\| 16 \|;^\| 64 \|'
-perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --iterations 20
-BEAMLINE_CUDA_TOKEN_MOE=legacy perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20
+harness_perf "FP8 MoE layer (new)" 20 "$fp8_rows" fp8 --no-linear --tokens 1,16,64 --iterations 20
+BEAMLINE_CUDA_TOKEN_MOE=legacy harness_perf "FP8 MoE layer (legacy)" 15 '^\| 1 \|' fp8 --no-linear --tokens 1 --iterations 20
 micro_rows='^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|'
-perf "MXFP8 and NVFP4 MoE layer (new)" 25 "$micro_rows;^\| mxfp8 \| 64 \|;^\| nvfp4 \| 64 \|" micro --tokens 1,16,64 --iterations 20
-BEAMLINE_CUDA_TOKEN_MOE=legacy perf "MXFP8 and NVFP4 MoE layer (legacy)" 15 "$micro_rows" \
+harness_perf "MXFP8 and NVFP4 MoE layer (new)" 25 "$micro_rows;^\| mxfp8 \| 64 \|;^\| nvfp4 \| 64 \|" micro --tokens 1,16,64 --iterations 20
+BEAMLINE_CUDA_TOKEN_MOE=legacy harness_perf "MXFP8 and NVFP4 MoE layer (legacy)" 15 "$micro_rows" \
   micro --tokens 1 --iterations 20
 attention_perf "per-tile copies (new)" bfloat16
 BEAMLINE_CUDA_DECODE_ATTENTION=legacy attention_perf "per-row copies (legacy)" bfloat16

@@ -24,39 +24,13 @@ log_header
 cp "$LOG" "$PERF"
 problems=()
 budget=298
-# A test step passes when the harness exits 0 within its limit and prints "N cases, 0 failed" with N > 0.
-tests() {  # label, seconds, harness arguments...
-  local label=$1 limit
-  limit=$(limit_of "$2")
-  shift 2
-  echo "--- tests: $label"
-  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the budget was spent)"); return; fi
-  step "$limit" 'FAIL|cases,|T 1 ' "$OPS" test "$@"
-  if ! grep -qE '^[1-9][0-9]* cases, 0 failed$' "$OUT/step.txt"; then problems+=("$label: failed or did not run"); fi
-}
-# A perf step passes when every expected row came out; its table goes to $PERF under the label.
-perf() {  # label, seconds, rows (regexes, one per expected row, separated by ;), harness arguments...
-  local label=$1 limit rows=$3
-  limit=$(limit_of "$2")
-  shift 3
-  echo "--- $label"
-  printf '\n### %s\n' "$label" >>"$PERF"
-  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the budget was spent)"); return; fi
-  step "$limit" '^\| ' "$OPS" perf "$@"
-  grep -E '^\| ' "$OUT/step.txt" >>"$PERF"
-  local row
-  local -a expected
-  IFS=';' read -ra expected <<<"$rows"
-  for row in "${expected[@]}"; do
-    grep -qE "$row" "$OUT/step.txt" || problems+=("$label: no row '$row'")
-  done
-}
+TEST_LINES='FAIL|cases,|T 1 '
 
 echo "=== correctness against the CPU reference, small widths, every version"
-tests "staged (default), small: fp8, mxfp8, nvfp4, moe" 20 --small --filter fp8,mxfp8,nvfp4,moe --seed 31
-tests "staged (default), small, bfloat16: moe" 15 --small --filter moe --dtype bfloat16 --seed 32
+harness_tests "staged (default), small: fp8, mxfp8, nvfp4, moe" 20 --small --filter fp8,mxfp8,nvfp4,moe --seed 31
+harness_tests "staged (default), small, bfloat16: moe" 15 --small --filter moe --dtype bfloat16 --seed 32
 for version in ring legacy; do
-  BEAMLINE_CUDA_TOKEN_MOE=$version tests "$version, small: fp8, mxfp8, nvfp4, moe" 20 --small \
+  BEAMLINE_CUDA_TOKEN_MOE=$version harness_tests "$version, small: fp8, mxfp8, nvfp4, moe" 20 --small \
     --filter fp8,mxfp8,nvfp4,moe --seed 33
 done
 
@@ -69,20 +43,20 @@ for version in staged ring legacy; do
   [ $version = staged ] || tokens=1  # FP8 and BF16 take the same kernels from 2 tokens on under every version
   rows() { [ $version = staged ] && echo "$1" || echo "${1%%;*}"; }
   export BEAMLINE_CUDA_TOKEN_MOE=$([ $version = staged ] || echo $version)
-  perf "FP8 block-128 ($version)" 20 "$(rows "$quant_rows")" fp8 --no-linear --tokens $tokens --iterations 50
+  harness_perf "FP8 block-128 ($version)" 20 "$(rows "$quant_rows")" fp8 --no-linear --tokens $tokens --iterations 50
   # MXFP8 and NVFP4 take the staged kernels at every token count: ring re-times the streaming kernels at 4 and 16.
   if [ $version = legacy ]; then
-    perf "MXFP8 and NVFP4 ($version)" 15 '^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|' micro --tokens 1 --iterations 50
+    harness_perf "MXFP8 and NVFP4 ($version)" 15 '^\| mxfp8 \| 1 \|;^\| nvfp4 \| 1 \|' micro --tokens 1 --iterations 50
   else
-    perf "MXFP8 and NVFP4 ($version)" 30 "$micro_rows" micro --tokens 1,4,16 --iterations 50
+    harness_perf "MXFP8 and NVFP4 ($version)" 30 "$micro_rows" micro --tokens 1,4,16 --iterations 50
   fi
-  perf "BF16 ($version)" 20 "$(rows "$bf16_rows")" moe --dtype bfloat16 --tokens $tokens --iterations 50
+  harness_perf "BF16 ($version)" 20 "$(rows "$bf16_rows")" moe --dtype bfloat16 --tokens $tokens --iterations 50
 done
 unset BEAMLINE_CUDA_TOKEN_MOE
 
 echo "=== correctness against the CPU reference at Beam-1.0's widths (one token of each format), with what is left"
-tests "staged (default), full widths: fp8, mxfp8, nvfp4" 90 --filter fp8,mxfp8,nvfp4 --seed 34
-tests "staged (default), full widths: moe (BF16 experts)" 60 --filter moe --seed 35
+harness_tests "staged (default), full widths: fp8, mxfp8, nvfp4" 90 --filter fp8,mxfp8,nvfp4 --seed 34
+harness_tests "staged (default), full widths: moe (BF16 experts)" 60 --filter moe --seed 35
 rm -f "$OUT/step.txt"
 
 cat <<'EOF' | tee -a "$PERF"

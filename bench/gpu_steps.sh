@@ -33,3 +33,33 @@ log_header() {
       echo "$(nproc) CPU cores"
   } | tee "$LOG"
 }
+# The op harness ($OPS) under the script's `budget`, each failure added to `problems`. harness_tests LABEL SECONDS
+# ARGS...: passes when the harness prints "N cases, 0 failed" with N > 0 within its limit; TEST_LINES (a regex) picks
+# the lines shown besides the counts.
+harness_tests() {
+  local label=$1 limit
+  limit=$(limit_of "$2")
+  shift 2
+  echo "--- tests: $label"
+  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the budget was spent)"); return; fi
+  step "$limit" "${TEST_LINES:-FAIL|cases,}" "$OPS" test "$@"
+  grep -qE '^[1-9][0-9]* cases, 0 failed$' "$OUT/step.txt" || problems+=("$label: failed or did not run")
+}
+# harness_perf LABEL SECONDS ROWS ARGS...: passes when every expected row came out (ROWS: regexes separated by ;);
+# with PERF set, the table also goes there under the label.
+harness_perf() {
+  local label=$1 limit rows=$3
+  limit=$(limit_of "$2")
+  shift 3
+  echo "--- $label"
+  [ -z "${PERF:-}" ] || printf '\n### %s\n' "$label" >>"$PERF"
+  if [ "$limit" -le 0 ]; then problems+=("$label: not run (the budget was spent)"); return; fi
+  step "$limit" '^\| ' "$OPS" perf "$@"
+  [ -z "${PERF:-}" ] || grep -E '^\| ' "$OUT/step.txt" >>"$PERF"
+  local row
+  local -a expected
+  IFS=';' read -ra expected <<<"$rows"
+  for row in "${expected[@]}"; do
+    grep -qE "$row" "$OUT/step.txt" || problems+=("$label: no row '$row'")
+  done
+}
