@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <map>
 
@@ -867,14 +868,17 @@ std::optional<SwigluLora> BeamModel::step_mlp_lora(const Layer& layer, const Ste
 
 void BeamModel::dense_mlp_lora(const Layer& layer, const Tensor& h, const SwigluLora& lora, Tensor& branch) {
   const int64_t rows = h.dim(0);
-  // Made once per row count, by the step that runs op by op before a graph records the same step (which must not
-  // upload).
-  auto [route, made] = dense_lora_routes_.try_emplace(rows);
-  if (made) {
-    route->second.expert = backend_.upload_i32(std::vector<int32_t>(static_cast<std::size_t>(rows), 0), {rows, 1});
-    route->second.weight = backend_.upload_f32(std::vector<float>(static_cast<std::size_t>(rows), 1.0f), {rows, 1});
+  // Made by the step that runs op by op before a graph records the same step (which must not upload): a power of two
+  // of rows at least this step's, the earlier ones kept, since recorded graphs read them.
+  if (dense_lora_routes_.empty() || dense_lora_routes_.back().expert.dim(0) < rows) {
+    const auto capacity = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(rows)));
+    const auto n = static_cast<std::size_t>(capacity);
+    dense_lora_routes_.push_back({backend_.upload_i32(std::vector<int32_t>(n, 0), {capacity, 1}),
+                                  backend_.upload_f32(std::vector<float>(n, 1.0f), {capacity, 1})});
   }
-  backend_.moe_lora(h, route->second.expert, route->second.weight, layer.lora.dense, lora, branch);
+  const DenseLoraRoute& route = dense_lora_routes_.back();
+  backend_.moe_lora(h, route.expert.view(0, {rows, 1}), route.weight.view(0, {rows, 1}), layer.lora.dense, lora,
+                    branch);
 }
 
 }  // namespace beamline

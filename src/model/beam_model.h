@@ -1,6 +1,5 @@
 #pragma once
 // The Beam forward pass (docs/model-format.md §4), written once against the Backend op set.
-#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -236,11 +235,12 @@ class BeamModel {
   std::vector<int64_t> capture_layers_;
   int32_t max_loras_ = 0;
   int64_t max_lora_rank_ = 0;
-  // A dense MLP's LoRA routes every row to its one expert with weight 1: I32 / F32 [rows, 1] per row count.
+  // A dense MLP's LoRA routes every row to its one expert with weight 1: I32 / F32 [capacity, 1], capacities doubling
+  // (dense_mlp_lora reads the first rows of the last).
   struct DenseLoraRoute {
     Tensor expert, weight;
   };
-  std::map<int64_t, DenseLoraRoute> dense_lora_routes_;
+  std::vector<DenseLoraRoute> dense_lora_routes_;
   Tensor captured_;
   Tensor kv_scales_;
   bool calculate_kv_scales_ = false;

@@ -77,7 +77,10 @@ inline TokenMoeVersion token_moe_version() {
 inline bool token_moe_legacy() { return token_moe_version() == TokenMoeVersion::Legacy; }
 // BF16 experts take the staged kernels only when BEAMLINE_CUDA_TOKEN_MOE=staged names them: on the H200 one token's
 // BF16 MoE layer took 0.200 ms staged against 0.172 ms streamed (bench/results/2026-12-03-session9-final.md).
-inline bool token_moe_bf16_staged() { return kernel_variant("BEAMLINE_CUDA_TOKEN_MOE") == "staged"; }
+inline bool token_moe_bf16_staged() {
+  static const bool staged = kernel_variant("BEAMLINE_CUDA_TOKEN_MOE") == "staged";
+  return staged;
+}
 template <bool kOverlapped>
 constexpr int kTokenGateUpWarps = kOverlapped ? 4 : 8;
 
