@@ -7,6 +7,9 @@
 # Attention: 48/8 = 6 query heads and 8/8 = 1 KV head; dense MLP 20480/8; LM head 201088/8 rows (vocabulary-parallel).
 # The collectives between ranks are not in these timings: docs/parallel.md's projection adds them.
 # Usage: bench/tp8_rank_step.sh BINARY [BATCHES]    (writes Markdown to stdout; needs the GPU)
+#        QUANTIZATION=fp8 (or mxfp8, nvfp4) serves the rank's projections quantized (`--quantization`, dummy weights);
+#        SPLITS (default tp8,ep8-k1,ep8-k3) picks the splits; PROFILE_DIR=DIR adds each split's per-kernel device time
+#        of one batch-1 decode step (bench/decode_step_profile.py, needs Nsight Systems), traces under DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$1
@@ -41,17 +44,24 @@ json.dump(generation, open(generation_path, "w"), indent=2)
 EOF
 }
 
-# Bytes one decode step of a rank must read at batch 1 (BF16 weights, F32 router): its floor at 4.8 TB/s.
+QUANTIZATION=${QUANTIZATION:-}
+SERVE_ARGS=${QUANTIZATION:+--quantization $QUANTIZATION}
+
+# Bytes one decode step of a rank must read at batch 1 (F32 router, BF16 LM head; projections in BF16 or in
+# QUANTIZATION's bytes per weight with its scales): its floor at 4.8 TB/s.
 floor_bytes() {
-  python3 - "$1" <<'EOF'
+  python3 - "$1" "$QUANTIZATION" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
+# Bytes per weight of a projection, scales included: fp8 one F32 scale per 128x128 block, mxfp8 one E8M0 byte per
+# 32 weights, nvfp4 half a byte plus one E4M3 byte per 16 weights.
+per_weight = {"": 2.0, "fp8": 1.0 + 4.0 / (128 * 128), "mxfp8": 1.0 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16}[sys.argv[2]]
 h, d = c["hidden_size"], c["head_dim"]
-attention = h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d * 2 + c["num_attention_heads"] * d * h * 2
-dense = 3 * h * c["intermediate_size"] * 2
-moe = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] * 2 + c["n_routed_experts"] * h * 4
+attention = (h * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * d + c["num_attention_heads"] * d * h) * per_weight
+dense = 3 * h * c["intermediate_size"] * per_weight
+moe = c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"] * per_weight + c["n_routed_experts"] * h * 4
 layers, dense_layers = c["num_hidden_layers"], c["first_k_dense_replace"]
-print(layers * attention + dense_layers * dense + (layers - dense_layers) * moe + c["vocab_size"] * h * 2)
+print(int(layers * attention + dense_layers * dense + (layers - dense_layers) * moe + c["vocab_size"] * h * 2))
 EOF
 }
 
@@ -62,13 +72,22 @@ echo "| --- | --- |"
 echo "| date | $(date -u '+%Y-%m-%d %H:%M UTC') |"
 echo "| GPU | $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1) |"
 echo "| commit | $(cat "$(dirname "$BIN")/COMMIT" 2>/dev/null | tr '\n' ' ') |"
-echo "| command | \`bench/tp8_rank_step.sh BIN $BATCHES\` |"
+echo "| command | \`QUANTIZATION=$QUANTIZATION bench/tp8_rank_step.sh BIN $BATCHES\` |"
+SPLITS=,${SPLITS:-tp8,ep8-k1,ep8-k3},
 for split in "tp8 256 320 8 8 4" "ep8-k1 32 2560 1 1 1" "ep8-k3 32 2560 3 1 1"; do
   set -- $split
+  [[ $SPLITS == *,$1,* ]] || continue
   rank_config "$@"
   echo
-  echo "## $1 (experts $2, moe_intermediate_size $3, routed per token $4)"
+  echo "## $1 (experts $2, moe_intermediate_size $3, routed per token $4${QUANTIZATION:+, $QUANTIZATION})"
   echo
   python3 bench/serve_throughput.py "$BIN" "$WORK/$1" --batches "$BATCHES" --prompt 512 --decode 64 \
-    --floor-bytes "$(floor_bytes "$WORK/$1/config.json")" | grep -E '^[|`]'
+    --floor-bytes "$(floor_bytes "$WORK/$1/config.json")" --serve-args="$SERVE_ARGS" | grep -E '^[|`]'
+  if [ -n "${PROFILE_DIR:-}" ]; then
+    echo
+    echo "### $1: device time per kernel of one batch-1 decode step"
+    echo
+    python3 bench/decode_step_profile.py "$BIN" "$WORK/$1" --out "$PROFILE_DIR/$1" --batches 1 --prompt 512 \
+      --decode 64 --serve-args "$SERVE_ARGS" | grep -E '^[|`]'
+  fi
 done
