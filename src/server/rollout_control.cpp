@@ -328,16 +328,21 @@ Announcement announced_tensors(const Json& body) {
 }
 
 // The group a call is for: its group_name; without one, the only group there is (SkyRL names its group when it makes
-// it, not in the calls that follow), else SGLang's default name.
+// it, not in the calls that follow), or among several the one of SGLang's default name.
 template <typename Groups>
 std::string group_of(const ControlRequest& request, const Groups& groups) {
   if (std::optional<std::string> name = parameter(request, "group_name")) return *name;
+  if (groups.size() == 1) return groups.begin()->first;
+  if (groups.contains(kDefaultGroupName)) return kDefaultGroupName;
   if (groups.empty()) {
     throw invalid_request("group_name", "group_name: there is no weight update group (make one with "
                                         "/init_weights_update_group or /init_weight_update_communicator; a failed "
                                         "transfer closes its group)");
   }
-  return groups.size() == 1 ? groups.begin()->first : kDefaultGroupName;
+  std::string names;
+  for (const auto& [name, group] : groups) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", name);
+  throw invalid_request("group_name", fmt::format("group_name: missing, and there are {} weight update groups ({}): "
+                                                  "name one", groups.size(), names));
 }
 
 }  // namespace

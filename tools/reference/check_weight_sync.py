@@ -124,6 +124,15 @@ def check_skyrl(server, trainer, engine_backend, models, before, expected, new_t
         trainer.close_servers()
         return join_group(base, trainer, endpoints["init"], skyrl_init_body(trainer, engine_backend, **changes))
 
+    if engine_backend == "sglang":
+        # Among several groups, a call that names none is refused, naming them.
+        for name in ("a", "b"):
+            assert init_group(base, trainer, group_name=name)[0] == 200
+        status, reply = update([norm], send=lambda trainer, tensors: None)
+        expect_error(status, reply, "group_name", r"missing, and there are 2 weight update groups \('a', 'b'\)",
+                     "two groups, none named")
+        for name in ("a", "b"):
+            assert post(base, "/destroy_weights_update_group", {"group_name": name})[0] == 200
     status, reply = join()
     assert status == 200 and reply["success"], reply
     lora = ("model.layers.0.self_attn.q_proj.lora_A.weight", "bfloat16", [4, 64], bytes(512))
