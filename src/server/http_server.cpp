@@ -106,6 +106,7 @@ void ApiServer::add_routes() {
 void ApiServer::add_control_routes() {
   const auto control_request = [](const HttpRequest& request) {
     ControlRequest control;
+    control.endpoint = request.path.substr(1);
     control.query = request.query;
     if (!request.body.empty()) control.body = parse_body(request.body);
     return control;
@@ -131,10 +132,13 @@ void ApiServer::add_control_routes() {
   get("/flush_cache", [this] { return control_.reset_prefix_cache(); });
   post("/update_weights_from_disk",
        [this](const ControlRequest& request) { return control_.update_weights_from_disk(request); });
-  post("/init_weights_update_group",
-       [this](const ControlRequest& request) { return control_.init_weights_update_group(request); });
-  post("/update_weights_from_distributed",
-       [this](const ControlRequest& request) { return control_.update_weights_from_distributed(request); });
+  // Weight sync from a trainer under SGLang's names and, the same handlers, those SkyRL's remote engine calls on vLLM.
+  for (const char* path : {"/init_weights_update_group", "/init_weight_update_communicator"}) {
+    post(path, [this](const ControlRequest& request) { return control_.init_weights_update_group(request); });
+  }
+  for (const char* path : {"/update_weights_from_distributed", "/update_weights"}) {
+    post(path, [this](const ControlRequest& request) { return control_.update_weights_from_distributed(request); });
+  }
   post("/destroy_weights_update_group",
        [this](const ControlRequest& request) { return control_.destroy_weights_update_group(request); });
 }

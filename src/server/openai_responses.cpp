@@ -327,7 +327,8 @@ class OutputItemBuilder {
   std::string finish_reason_;
 };
 
-// The response object: the request's echoed fields, then status, output and usage.
+// The response object: the request's echoed fields, then status, output and usage (and the served weights' version,
+// as every generation answer carries it: docs/rl.md).
 Json response_json(const std::string& id, const ServingContext& context, const ResponsesPlan& plan, int64_t created,
                    const std::string& status, Json output, Json usage, Json incomplete_details, Json error) {
   Json response = {{"id", id},
@@ -338,7 +339,8 @@ Json response_json(const std::string& id, const ServingContext& context, const R
                    {"incomplete_details", std::move(incomplete_details)},
                    {"model", context.model_name},
                    {"output", std::move(output)},
-                   {"usage", std::move(usage)}};
+                   {"usage", std::move(usage)},
+                   {kWeightVersionField, context.engine.weight_version()}};
   for (const auto& [key, value] : plan.echo.items()) response[key] = value;
   return response;
 }

@@ -2,8 +2,9 @@
 // The control endpoints an RL framework drives between rollouts, with vLLM's and SGLang's names and payloads
 // (docs/rl.md): /pause, /resume, /is_paused, /sleep, /wake_up, /is_sleeping, /reset_prefix_cache (SGLang:
 // /flush_cache), /update_weights_from_disk, and weight sync from a trainer: /init_weights_update_group,
-// /update_weights_from_distributed, /destroy_weights_update_group. Parameters come from the query string (vLLM's)
-// or a JSON body.
+// /update_weights_from_distributed, /destroy_weights_update_group (SGLang's names), or as SkyRL's remote engine calls a
+// vLLM server, /init_weight_update_communicator and /update_weights (the same handlers). Parameters come from the query
+// string (vLLM's) or a JSON body.
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -22,6 +23,7 @@ namespace beamline::server {
 
 // A control request: its query parameters and its body (an object; empty when none was sent).
 struct ControlRequest {
+  std::string endpoint;  // the name it was called by (its path without the '/'), for messages
   std::map<std::string, std::string> query;
   Json body = Json::object();
 };
@@ -48,12 +50,12 @@ class RolloutControl {
 
  private:
   // Runs `load` between two steps (then resets the prefix cache when `flush_cache`) and sets the weight version; a
-  // failure is a 400 naming `endpoint` and `param`, the weights unchanged. Unless generation is paused already, the
+  // failure is a 400 naming the request's endpoint and `param`, the weights unchanged. Unless generation is paused already, the
   // requests in flight are aborted first with `abort_all_requests`, or with `wait_for_in_flight` waited for (new ones
   // held until the update is in).
-  Json apply_weight_update(const ControlRequest& request, const std::string& endpoint, const std::string& param,
-                           bool flush_cache, bool wait_for_in_flight,
-                           const std::function<void(ModelRunner&)>& load, const std::string& message);
+  Json apply_weight_update(const ControlRequest& request, const std::string& param, bool flush_cache,
+                           bool wait_for_in_flight, const std::function<void(ModelRunner&)>& load,
+                           const std::string& message);
   // The model_path of an update, checked: a directory at or below --weight-update-dir.
   std::filesystem::path checked_model_path(const ControlRequest& request) const;
 

@@ -1,8 +1,9 @@
 #pragma once
 // The server's end of a trainer's weight-update group (SGLang's /init_weights_update_group,
-// /update_weights_from_distributed, /destroy_weights_update_group; docs/rl.md). The trainer is rank 0 and the root of
-// every broadcast; the server joins as rank `rank_offset` of `world_size` by connecting to the trainer's
-// master_address:master_port. Protocol version 1, every integer little-endian, strings as u32 length + bytes:
+// /update_weights_from_distributed, /destroy_weights_update_group, or SkyRL's vLLM names for them; docs/rl.md). The
+// trainer is rank 0 and the root of every broadcast; the server joins as rank `rank_offset` of `world_size` by
+// connecting to the trainer's master_address:master_port. Protocol version 1, every integer little-endian, strings as
+// u32 length + bytes:
 //
 //   server -> trainer   "BLWS" u32 version  i32 rank  i32 world_size  string group_name  string backend
 //   trainer -> server   "BLWS" u32 status (0: accepted)  string message (why not, when refused)

@@ -235,6 +235,17 @@ test('update_weights_from_disk: new weights equal a fresh server on them; bad up
     assert.deepEqual(updated, await greedy(fresh), 'the same tokens and logprobs as a server started on the new weights');
     assert.notDeepEqual(updated, before);
     assert.equal((await completion(server, { prompt: [1], max_tokens: 1 })).weight_version, 'step-1');
+    // Every generation endpoint reports it.
+    const asked = { model: 'tiny', max_tokens: 1 };
+    for (const [path, body, version] of [
+      ['/v1/chat/completions', { ...asked, messages: [{ role: 'user', content: 'hi' }] }, (json) => json.weight_version],
+      ['/v1/responses', { model: 'tiny', input: 'hi', max_output_tokens: 1 }, (json) => json.weight_version],
+      ['/generate', { input_ids: [1, 2], sampling_params: { max_new_tokens: 1 } }, (json) => json.meta_info.weight_version],
+    ]) {
+      const answer = await postJson(server.base, path, body);
+      assert.equal(answer.status, 200, answer.text);
+      assert.equal(version(answer.json), 'step-1', path);
+    }
     // Without a weight_version, the count of updates.
     assert.equal((await control(server, '/update_weights_from_disk', { model_path: step1 })).json.weight_version, '2');
   } finally {

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Weight sync from a trainer over TCP (/init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group; docs/rl.md), as SkyRL or verl drive SGLang, with this script as the trainer (rank 0).
+/destroy_weights_update_group; docs/rl.md), as SkyRL or verl drive SGLang, with this script as the trainer (rank 0);
+then SkyRL's remote-engine calls exactly as it makes them to an SGLang server and to its vLLM server
+(/init_weight_update_communicator, /update_weights).
 
   python3 tools/reference/check_weight_sync.py [--beamline build/apps/beamline/beamline] [--device cpu]
           [--extra-args "--tensor-parallel-size 2"]
@@ -11,8 +13,11 @@ mid-tensor, an unknown group) are refused with a message naming the cause, leave
 (same greedy tokens and logprobs) and the server serving, during a stalled transfer too; then sends the second checkpoint's tensors in two buckets
 and checks that the greedy answers (token ids and logprobs, exactly) equal the fresh server's, twice (with
 data-parallel replicas under least-loaded routing the prompts then go to the other replica), and that the first
-checkpoint from disk (/update_weights_from_disk) brings back the first answers. With a parallel layout in --extra-args
-both servers are distributed, and rank 0 forwards each update to the other ranks (and replicas).
+checkpoint from disk (/update_weights_from_disk) brings back the first answers. Then, for each of SkyRL's two remote
+engine backends (sglang, vllm), its payloads: the group made under SkyRL's name, one tensor a call with no group_name,
+bad calls refused naming the field with the old answers kept, the second checkpoint tensor by tensor giving the fresh
+server's answers, and the group destroyed by a call with no body. With a parallel layout in --extra-args both servers
+are distributed, and rank 0 forwards each update to the other ranks (and replicas).
 """
 import json
 import os
@@ -29,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from beamline_server import Server, check_parser, make_tiny_model  # noqa: E402
 from safetensors_io import load_checkpoint_tensors  # noqa: E402
-from weight_sync_trainer import Trainer, in_thread, init_group, post, update_weights  # noqa: E402
+from weight_sync_trainer import Trainer, in_thread, init_group, join_group, post, update_weights  # noqa: E402
 
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 TIMEOUT_SECONDS = 10  # the servers' --distributed-timeout-seconds: a greedy answer must fit in it on a loaded CI machine
@@ -74,6 +79,121 @@ def expect_error(status, reply, param, pattern, what):
     assert error["param"] == param, f"{what}: param {error['param']!r}, expected {param!r} ({error['message']})"
     assert re.search(pattern, error["message"]), f"{what}: {error['message']!r} does not match {pattern!r}"
     print(f"  refused as expected ({what}): {error['message']}")
+
+
+# SkyRL's remote engine (skyrl_train/inference_engines/remote_inference_engine.py): the endpoints it calls on each
+# backend's server.
+SKYRL_ENDPOINTS = {
+    "sglang": {"init": "/init_weights_update_group", "update": "/update_weights_from_distributed",
+               "reset": "/flush_cache"},
+    "vllm": {"init": "/init_weight_update_communicator", "update": "/update_weights", "reset": "/reset_prefix_cache"},
+}
+
+
+def skyrl_init_body(trainer, engine_backend, **changes):
+    """What SkyRL posts to make the group: SGLang's fields, or to its vLLM server its whole BroadcastInitInfo."""
+    if engine_backend == "sglang":
+        body = {"master_address": trainer.host, "master_port": trainer.port, "rank_offset": 1, "world_size": 2,
+                "group_name": "skyrl", "backend": "tcp"}
+    else:
+        body = {"override_existing_receiver": True, "master_addr": trainer.host, "master_port": trainer.port,
+                "rank_offset": 1, "world_size": 2, "group_name": "skyrl", "backend": "tcp",
+                "model_dtype_str": "torch.bfloat16"}
+    return {key: value for key, value in {**body, **changes}.items() if value is not None}
+
+
+def check_skyrl(server, trainer, engine_backend, models, before, expected, new_tensors, greedy_of):
+    """SkyRL's weight-sync calls to an `engine_backend` server; the served weights are the first checkpoint's before
+    and after."""
+    print(f"SkyRL's remote engine, engine_backend {engine_backend}:")
+    base = server.base
+    endpoints = SKYRL_ENDPOINTS[engine_backend]
+    norm = next(t for t in new_tensors if t[0].endswith("input_layernorm.weight"))
+
+    def unchanged(what):
+        assert greedy_of(server) == before, f"{engine_backend}: the served weights changed after {what}"
+
+    def update(tensors, form="one", send=None):
+        # SkyRL sends one tensor a call, as name/dtype/shape; its vLLM server's newer payload is the request's lists
+        # (and sizes, null unless packed).
+        fields = {} if form == "one" else {"sizes": None}
+        return update_weights(base, trainer, tensors, send=send, path=endpoints["update"], one_tensor=form == "one",
+                              **fields)
+
+    def join(**changes):
+        trainer.close_servers()
+        return join_group(base, trainer, endpoints["init"], skyrl_init_body(trainer, engine_backend, **changes))
+
+    if engine_backend == "sglang":
+        # Among several groups, a call that names none is refused, naming them.
+        for name in ("a", "b"):
+            assert init_group(base, trainer, group_name=name)[0] == 200
+        status, reply = update([norm], send=lambda trainer, tensors: None)
+        expect_error(status, reply, "group_name", r"missing, and there are 2 weight update groups \('a', 'b'\)",
+                     "two groups, none named")
+        for name in ("a", "b"):
+            assert post(base, "/destroy_weights_update_group", {"group_name": name})[0] == 200
+    status, reply = join()
+    assert status == 200 and reply["success"], reply
+    lora = ("model.layers.0.self_attn.q_proj.lora_A.weight", "bfloat16", [4, 64], bytes(512))
+    status, reply = update([lora])
+    expect_error(status, reply, "name", r"lora_A.weight\" is not a tensor of this model", "unknown tensor (one)")
+    unchanged("an unknown tensor")
+    status, reply = update([(norm[0], norm[1], [norm[2][0] + 1], norm[3] + norm[3][:2])])
+    expect_error(status, reply, "name", r"expected shape \[64\], got \[65\]", "wrong shape (one)")
+    unchanged("a wrong shape")
+    if engine_backend == "vllm":
+        status, reply = update([norm, (norm[0] + "x", *norm[1:])], form="lists")
+        expect_error(status, reply, "names", r"weightx\" is not a tensor of this model", "a later unknown (lists)")
+        unchanged("an update whose second tensor is unknown")
+        # Joining again: refused unless SkyRL asks to override the group, then the old connection is closed.
+        status, reply = post(base, endpoints["init"], skyrl_init_body(trainer, engine_backend,
+                                                                       override_existing_receiver=False))
+        expect_error(status, reply, "group_name", r"'skyrl' exists.*override_existing_receiver true", "group exists")
+        for changes, param, pattern in [
+                ({"master_addr": None}, "master_address", r"master_address: missing"),
+                ({"model_dtype_str": "torch.float64"}, "model_dtype_str", r"model_dtype_str: 'torch.float64' is not"),
+                ({"master_port": 0}, "master_port", r"master_port: expected an integer in \[1, 65535\]")]:
+            status, reply = post(base, endpoints["init"], skyrl_init_body(trainer, engine_backend, **changes))
+            expect_error(status, reply, param, pattern, f"init with {changes}")
+        assert join()[0] == 200
+        # A packed bucket (SkyRL's `sizes`) is another wire format: refused, and the group closed as for any
+        # announcement the server cannot read (the trainer is sending already).
+        status, reply = update_weights(base, trainer, [norm], send=lambda trainer, tensors: None,
+                                       path=endpoints["update"], sizes=[len(norm[3])])
+        expect_error(status, reply, "sizes", r"sizes: packed buckets", "a packed bucket")
+        unchanged("a packed bucket")
+        status, reply = update([norm], send=lambda trainer, tensors: None)
+        expect_error(status, reply, "group_name", r"there is no weight update group", "group closed after a bad call")
+        assert join()[0] == 200
+    status, reply = update([(norm[0], "float64", norm[2], b"")], send=lambda trainer, tensors: None)
+    expect_error(status, reply, "dtype", r"dtype: 'float64' is not", "unknown dtype (one)")
+    unchanged("an unreadable announcement")
+    assert join()[0] == 200
+
+    # The second checkpoint as SkyRL sends it, one tensor a call (to vLLM every other call in the list form), then
+    # the prefix cache reset: the fresh server's answers.
+    started = time.time()
+    for i, tensor in enumerate(new_tensors):
+        status, reply = update([tensor], form="lists" if engine_backend == "vllm" and i % 2 else "one")
+        assert status == 200 and reply["success"], reply
+    seconds = time.time() - started
+    status, reply = post(base, endpoints["reset"], None)
+    assert status == 200, reply
+    for _ in range(2):  # with data-parallel replicas (least-loaded routing) each prompt reaches both
+        after = greedy_of(server)
+        assert after == expected, f"{engine_backend}: after SkyRL's sync:\n{after}\nexpected:\n{expected}"
+    print(f"  {len(new_tensors)} calls of one tensor each ({seconds:.1f} s): greedy answers equal a fresh server's")
+
+    status, reply = post(base, "/update_weights_from_disk", {"model_path": models[1]})
+    assert status == 200 and reply["success"], reply
+    unchanged("the first checkpoint from disk")
+    # SkyRL's teardown names no group.
+    status, reply = post(base, "/destroy_weights_update_group", None)
+    assert status == 200 and reply["success"] and "'skyrl'" in reply["message"], reply
+    status, reply = post(base, "/destroy_weights_update_group", None)
+    expect_error(status, reply, "group_name", r"there is no weight update group", "destroyed twice")
+    trainer.close_servers()
 
 
 def main():
@@ -257,6 +377,9 @@ def main():
             assert status == 200 and reply["success"], reply
             status, reply = post(base, "/destroy_weights_update_group", {"group_name": "g"})
             expect_error(status, reply, "group_name", r"no weight update group 'g'", "destroyed twice")
+
+            for engine_backend in SKYRL_ENDPOINTS:
+                check_skyrl(server, trainer, engine_backend, models, before, expected, new_tensors, greedy)
         finally:
             trainer.close()
             server.stop()

@@ -1,8 +1,9 @@
 """The trainer's end of beamline's weight sync over TCP (backend "tcp"), Python stdlib only.
 
 The wire protocol is src/weight_sync/weight_update_group.h's: the trainer is rank 0 and listens; each server rank
-connects when asked by /init_weights_update_group and says hello; for every /update_weights_from_distributed the
-trainer writes the announced tensors, in order, to every server's connection. Usage:
+connects when asked by /init_weights_update_group (or /init_weight_update_communicator) and says hello; for every
+/update_weights_from_distributed (or /update_weights) the trainer writes the announced tensors, in order, to every
+server's connection. Usage:
 
     trainer = Trainer()                                   # listens on 127.0.0.1, a free port
     init_group(base, trainer, group_name="g")             # POST /init_weights_update_group + accept the server
@@ -21,9 +22,9 @@ PROTOCOL_VERSION = 1
 
 
 def post(base, path, body, timeout=300):
-    """(status, JSON answer) of a POST."""
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    """(status, JSON answer) of a POST; `body` None sends none (as SkyRL's destroy call)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read().decode())
@@ -114,20 +115,32 @@ def init_group(base, trainer, group_name="weight_update_group", rank_offset=1, w
     """POST /init_weights_update_group while accepting the server's connection: (status, JSON answer)."""
     body = {"master_address": trainer.host, "master_port": trainer.port, "rank_offset": rank_offset,
             "world_size": world_size, "group_name": group_name, "backend": backend}
-    answer = in_thread(lambda: post(base, "/init_weights_update_group", body))
+    return join_group(base, trainer, "/init_weights_update_group", body, accept)
+
+
+def join_group(base, trainer, path, body, accept=True):
+    """POST `body` to `path` (an init endpoint) while accepting the server's connection: (status, JSON answer)."""
+    answer = in_thread(lambda: post(base, path, body))
     if accept:
         hello = trainer.accept()
-        assert hello == {"version": PROTOCOL_VERSION, "rank": rank_offset, "world_size": world_size,
-                         "group_name": group_name, "backend": backend}, hello
+        expected = {"version": PROTOCOL_VERSION, "rank": body["rank_offset"], "world_size": body["world_size"],
+                    "group_name": body["group_name"], "backend": body["backend"]}
+        assert hello == expected, hello
     return answer()
 
 
-def update_weights(base, trainer, tensors, send=None, **fields):
-    """POST /update_weights_from_distributed announcing `tensors` ((name, dtype, shape, bytes) each) while sending
-    them; `send(trainer, tensors)` replaces the sending (to send something else). (status, JSON answer)."""
-    body = {"names": [t[0] for t in tensors], "dtypes": [t[1] for t in tensors],
-            "shapes": [list(t[2]) for t in tensors], **fields}
-    answer = in_thread(lambda: post(base, "/update_weights_from_distributed", body))
+def update_weights(base, trainer, tensors, send=None, path="/update_weights_from_distributed", one_tensor=False,
+                   **fields):
+    """POST /update_weights_from_distributed (or `path`) announcing `tensors` ((name, dtype, shape, bytes) each) while
+    sending them; `send(trainer, tensors)` replaces the sending (to send something else). `one_tensor`: the announcement
+    as `name`, `dtype`, `shape` of the only tensor (SkyRL's remote engine) rather than lists. (status, JSON answer)."""
+    if one_tensor:
+        (name, dtype, shape, _), = tensors
+        body = {"name": name, "dtype": dtype, "shape": list(shape), **fields}
+    else:
+        body = {"names": [t[0] for t in tensors], "dtypes": [t[1] for t in tensors],
+                "shapes": [list(t[2]) for t in tensors], **fields}
+    answer = in_thread(lambda: post(base, path, body))
     if send is None:
         for name, _, _, data in tensors:
             trainer.send_tensor(name, data)
