@@ -5,7 +5,8 @@
 # goal, met or short by how much, the peer, and the measured limit. Steps (STEPS, comma-separated):
 #   roof             `backend_ops perf roof`: the best streaming read per byte count, cuBLAS BF16 GEMMs on the FLOPs
 #                    of the MoE layer at 1,024 and 8,192 tokens and of an 8K prefill step (~10 s)
-#   moe              `backend_ops perf moe`, bfloat16, 1-8,192 tokens: route + experts as a CUDA graph, route alone (~25 s)
+#   moe              `backend_ops perf moe`, bfloat16, 1-8,192 tokens: route + experts as a CUDA graph, route alone
+#                    (~25 s)
 #   moe-peers        bench/torch_moe_peers.py at the same token counts (~40 s)
 #   attention        `backend_ops perf attention --dtype bfloat16 --graph`: paged decode and prefill (~15 s)
 #   attention-peers  bench/torch_attention_peers.py: SDPA, flex_attention for the sliding window only (~45 s)
@@ -31,7 +32,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 CARRY=${1:-build-cuda-carry}
 STEPS=,${2:-roof,moe,moe-peers,attention,attention-peers,serve,op-times,profile},
-[ "${PEERS:-1}" = 1 ] || STEPS=${STEPS//,moe-peers,/,} STEPS=${STEPS//,attention-peers,/,} STEPS=${STEPS//,linear-peers,/,}
+if [ "${PEERS:-1}" = 0 ]; then
+  for peers in moe-peers attention-peers linear-peers; do STEPS=${STEPS//,$peers,/,}; done
+fi
 OUT=${OUT:-$(mktemp -d)}
 BIN=$PWD/$CARRY/apps/beamline/beamline
 OPS=$PWD/$CARRY/tests/backend_ops/backend_ops
@@ -50,7 +53,8 @@ if [ "${SMALL:-0}" = 1 ]; then
   preset=(--preset tiny) serve_batches=${SERVE_BATCHES:-1,2} serve_prompt=${SERVE_PROMPT:-256} decode=16
 else
   source bench/cuda_env.sh
-  preset=(--preset beam-1.0 --layers 8) serve_batches=${SERVE_BATCHES:-1,16} serve_prompt=${SERVE_PROMPT:-8192} decode=64
+  preset=(--preset beam-1.0 --layers 8) serve_batches=${SERVE_BATCHES:-1,16} serve_prompt=${SERVE_PROMPT:-8192}
+  decode=64
 fi
 header=$(log_header)  # date, commit, GPU (or CPU cores); also the log's first lines
 moe_tokens=1,16,64,256,1024,8192
@@ -118,7 +122,7 @@ wanted sync && run_step sync 150 "The same with --no-async-scheduling" \
   "${serve[@]}" --batches "$serve_batches" --serve-args=--no-async-scheduling
 if wanted op-times; then
   run_step op-times-serve 60 \
-    "Device time per op, serve at batch 1 (decode steps as graph replays, the prefill op by op; BEAMLINE_CUDA_OP_TIMES=1)" \
+    "Device time per op, serve at batch 1 (decode steps as graph replays, prefill op by op; BEAMLINE_CUDA_OP_TIMES=1)" \
     env BEAMLINE_CUDA_OP_TIMES=1 "${serve[@]}" --batches 1
   run_step op-times-decode 60 \
     "Device time per op, decode op by op (\`generate\`, 16-token prompt, 256 tokens; BEAMLINE_CUDA_OP_TIMES=1)" \
@@ -152,7 +156,8 @@ goals_status=$?
   echo "| date | $(sed -n 1p <<<"$header") |"
   echo "| machine | $(sed -n 3p <<<"$header") |"
   echo "| commit | $(sed -n 2p <<<"$header") |"
-  echo "| command | \`bench/gpu_perf.sh $CARRY ${STEPS:1:-1}\` (BUDGET=$budget$([ "$DEVICE" = cuda ] || echo ", DEVICE=$DEVICE SMALL=${SMALL:-0}: a dry run")) |"
+  dry=$([ "$DEVICE" = cuda ] || echo ", DEVICE=$DEVICE SMALL=${SMALL:-0}: a dry run")
+  echo "| command | \`bench/gpu_perf.sh $CARRY ${STEPS:1:-1}\` (BUDGET=$budget$dry) |"
   echo "| seconds | $SECONDS |"
   echo
   echo "Floors: bytes that must be read / 4.8 TB/s, FLOPs / 758 TFLOP/s (PERF.md). \"Measured limit\": what bounds the"

@@ -257,7 +257,7 @@ class Goals:
             serve = self.steps["serve"]
             ms = number(serve.row("batch", "1")["ms per decode step"])
             self.at_most("8-layer Beam-1.0 decode step, batch 1, 8K context", ms, 2.08, "≤ 2.08 ms",
-                         "— (vLLM does not run on the device)", self.decode_step_limit())
+                         "— (vLLM is not on the GPU machine)", self.decode_step_limit())
         self.row_or_not_run("8-layer Beam-1.0 decode step, batch 1, 8K context", "≤ 2.08 ms", decode_step)
 
         def prefill():
@@ -282,7 +282,8 @@ class Goals:
 
         def roof():
             tbs, mb = self.roof(STEP_FLOOR_BYTES)
-            return f"the step's bytes at the read roof ({tbs:.2f} TB/s at {mb:.0f} MB): {STEP_FLOOR_BYTES / tbs / 1e9:.2f} ms"
+            return (f"the step's bytes at the read roof ({tbs:.2f} TB/s at {mb:.0f} MB): "
+                    f"{STEP_FLOOR_BYTES / tbs / 1e9:.2f} ms")
 
         def eager():
             ops, gaps = self.op_shares("op-times-decode")
@@ -294,7 +295,8 @@ class Goals:
             span, busy, gap = (float(g) for g in match.groups())
             top = self.steps["profile"].table("µs per step")[:3]
             names = ", ".join(f"{r['kernel']} {number(r['µs per step']):.0f} µs" for r in top)
-            return f"kernels {busy:.0f} µs of a {span:.0f} µs step span ({100 * gap / span:.0f}% between kernels): {names}"
+            return (f"kernels {busy:.0f} µs of a {span:.0f} µs step span ({100 * gap / span:.0f}% between kernels): "
+                    f"{names}")
 
         return "; ".join(attempt(part) for part in (replay, roof, eager, kernels))
 

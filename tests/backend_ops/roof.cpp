@@ -113,8 +113,8 @@ void read_roof(CudaBackend& backend, const PerfOptions& options) {
   check(cudaFree(sink), "cudaFree");
 
   const double largest_bytes = static_cast<double>(largest_mb * 1000000 / 16 * 16);
-  std::printf("\nEvery configuration of the streaming read at %.0f MB:\n\n| threads | blocks per SM | loads in flight | "
-              "load | ms | TB/s | share of 4.8 TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+  std::printf("\nEvery configuration of the streaming read at %.0f MB:\n\n| threads | blocks per SM | loads in "
+              "flight | load | ms | TB/s | share of 4.8 TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n",
               largest_bytes / 1e6);
   for (const ReadResult& r : largest) {
     const double tbs = largest_bytes / (r.ms * 1e-3) / 1e12;
