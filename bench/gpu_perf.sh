@@ -8,7 +8,8 @@
 #   moe              `backend_ops perf moe`, bfloat16, 1-8,192 tokens: route + experts as a CUDA graph, route alone
 #                    (~25 s)
 #   moe-peers        bench/torch_moe_peers.py at the same token counts (~40 s)
-#   attention        `backend_ops perf attention --dtype bfloat16 --graph`: paged decode and prefill (~15 s)
+#   attention        `backend_ops perf attention --dtype bfloat16`: paged decode (global, B=1 8K-1M, B=32, B=128) as
+#                    CUDA graphs, prefill (causal 8K, window-512 32K) as back-to-back calls (~20 s)
 #   attention-peers  bench/torch_attention_peers.py: SDPA, flex_attention for the sliding window only (~45 s)
 #   serve            bench/serve_throughput.py on Beam-1.0 cut to 8 layers, 8K prompts, batches SERVE_BATCHES (1,16;
 #                    add 64 for that row, ~30 s more): the decode step and prefill tokens/s (~30 s)
@@ -98,9 +99,13 @@ wanted moe && run_step moe 60 "MoE layer, bfloat16: ours (route + experts as a C
   "$OPS" perf moe --dtype bfloat16 --tokens "$moe_tokens" --iterations 30
 wanted moe-peers && run_step moe-peers 120 "MoE layer: PyTorch (route + torch._grouped_mm, eager)" \
   python3 bench/torch_moe_peers.py --tokens "$moe_tokens" --iterations 20
-wanted attention && run_step attention 60 \
-  "Paged attention, bfloat16: ours (one CUDA graph of each sample's back-to-back calls)" \
-  "$OPS" perf attention --dtype bfloat16 --graph
+if wanted attention; then
+  run_step attention-decode 40 \
+    "Paged decode attention, bfloat16: ours (one CUDA graph of each sample's back-to-back calls, as in a decode step)" \
+    "$OPS" perf attention --dtype bfloat16 --graph --filter "decode global"
+  run_step attention-prefill 40 "Paged prefill attention, bfloat16: ours (back-to-back calls)" \
+    "$OPS" perf attention --dtype bfloat16 --filter prefill
+fi
 wanted attention-peers && run_step attention-peers 150 \
   "Attention: PyTorch (SDPA on contiguous KV; flex_attention for the sliding window)" \
   python3 bench/torch_attention_peers.py --flex-filter window

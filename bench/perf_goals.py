@@ -2,11 +2,11 @@
 """Issue 21's goal table from one bench/gpu_perf.sh call: one row per goal, measured, goal, met or short by how much,
 the peer measured in the same call, and what (measured in the same call) limits the row.
 
-Reads the steps' outputs that gpu_perf.sh leaves in its perf/ folder (roof.txt, moe.txt, moe-peers.txt, attention.txt,
-attention-peers.txt, serve.txt, op-times-serve.txt, op-times-decode.txt, profile.txt and steps.tsv: each step's exit
-status and seconds) and prints the Markdown table. A row whose measurement, peer or limit did not run says "not run"
-and why (the step's exit status, or the row missing from its output); the exit status is then 1, after the table and
-the JSON are written. --dry-run (gpu_perf.sh's run without a GPU) marks every row "not run".
+Reads the steps' outputs that gpu_perf.sh leaves in its perf/ folder (roof.txt, moe.txt, moe-peers.txt,
+attention-decode.txt, attention-prefill.txt, attention-peers.txt, serve.txt, op-times-serve.txt, op-times-decode.txt,
+profile.txt, and steps.tsv: each step's exit status and seconds) and prints the Markdown table. A row whose
+measurement, peer or limit did not run says "not run" and why (the step's exit status, or the row missing from its
+output); the exit status is then 1, after the table and the JSON are written. --dry-run (gpu_perf.sh's run without a GPU) marks every row "not run".
 
 Usage: python3 bench/perf_goals.py PERF_DIR [--json FILE] [--dry-run]
 """
@@ -108,9 +108,9 @@ class Goals:
                 fields = line.rstrip("\n").split("\t")
                 if len(fields) >= 2:
                     statuses[fields[0]] = fields[1]
-        self.steps = {name: Step(folder, name, statuses)
-                      for name in ("roof", "moe", "moe-peers", "attention", "attention-peers", "serve",
-                                   "op-times-serve", "op-times-decode", "profile")}
+        names = ("roof", "moe", "moe-peers", "attention-decode", "attention-prefill", "attention-peers", "serve",
+                 "op-times-serve", "op-times-decode", "profile")
+        self.steps = {name: Step(folder, name, statuses) for name in names}
         self.rows = []
 
     # ---- the measured limits ----
@@ -228,7 +228,7 @@ class Goals:
             return attempt(compute)
 
         def prefill_attention(work, case, peer_name, factor):
-            ours = number(self.steps["attention"].row("case", case)["achieved"])
+            ours = number(self.steps["attention-prefill"].row("case", case)["achieved"])
             peer = number(self.steps["attention-peers"].row("case", f"{case} ({peer_name})")["achieved"])
             goal_text = f"≥ {'' if factor == 1 else f'{factor:g} × '}{peer_name} ({factor * peer:.0f} TFLOP/s)"
             self.at_least(work, ours, factor * peer, f"{ours:.0f} TFLOP/s",
@@ -242,7 +242,7 @@ class Goals:
 
         for case in ("decode global B=1 L=128K", "decode global B=32 L=8K", "decode global B=128 L=4K"):
             def decode_attention(case=case):
-                row = self.steps["attention"].row("case", case)
+                row = self.steps["attention-decode"].row("case", case)
                 ratio = number(row["% of floor"]) / 100
                 tbs, kv_bytes = number(row["achieved"]), number(row["bytes or FLOPs"]) * 1e6
                 peer = attempt(lambda: "SDPA (unpaged) {:.2f} of floor".format(

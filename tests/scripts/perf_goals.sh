@@ -38,7 +38,7 @@ expect '0 of 13 goals met; 0 row(s) with something not run'
 
 # A row at its goal: B=128 L=4K at 93% of its floor.
 cp -r "$root/tests/data/perf_goals" "$work/met"
-sed -i 's/^| decode global B=128 L=4K | \(.*\) | 91% |$/| decode global B=128 L=4K | \1 | 93% |/' "$work/met/attention.txt"
+sed -i 's/^| decode global B=128 L=4K | \(.*\) | 91% |$/| decode global B=128 L=4K | \1 | 93% |/' "$work/met/attention-decode.txt"
 goals "$work/met"
 expect_status 0
 expect '| paged decode attention B=128 L=4K | 0.93 of floor (0.4893 ms) | ≥ 0.92 of floor | **met** |'
