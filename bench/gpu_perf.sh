@@ -136,7 +136,11 @@ if wanted op-times; then
 fi
 if wanted profile; then
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [ -n "$NSYS" ] && [ "$DEVICE" = cuda ]; then
+  # A traced serve needs a minute and a half at least (start, two 8K prefills, the trace's export); less is not run.
+  if [ -n "$NSYS" ] && [ "$DEVICE" = cuda ] && [ "$(limit_of 150)" -lt 90 ]; then
+    printf '\n## Each kernel of a batch-1 decode step\n\nnot run: less than 90 s of the budget left\n' >>"$BODY"
+    printf 'profile\tbudget\t0\t0\n' >>"$RAW/steps.tsv"
+  elif [ -n "$NSYS" ] && [ "$DEVICE" = cuda ]; then
     run_step profile 150 "Each kernel of a batch-1 decode step (Nsight Systems, decode graphs traced node by node)" \
       python3 bench/decode_step_profile.py "$BIN" "$MODEL" --out "$RAW/profile" --nsys "$NSYS" --batches 1 \
       --prompt "$serve_prompt" --decode "$decode"

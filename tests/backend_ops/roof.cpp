@@ -1,7 +1,7 @@
 // The roofs of this GPU in perf mode (`perf roof`), measured in the same call as the rows they bound (issue 21: a
 // goal that is missed says what, measured, limits it):
-//   read  the best HBM read bandwidth any kernel gets here: roof_read.cu's plain streaming read, every configuration
-//         (threads, loads in flight, load kind) at each byte count the timed rows read (decode attention, a one-token
+//   read  the best HBM read bandwidth a plain kernel gets here: roof_read.cu's streaming read, every configuration
+//         (threads, loads per iteration, load kind) at each byte count the timed rows read (decode attention, a one-token
 //         MoE layer, a decode step), the best per count;
 //   GEMM  what cuBLAS's dense BF16 GEMM (FP32 accumulation, BF16 out) reaches on the same FLOPs as a row: 8192^3 (the
 //         FLOP floor's own definition), the MoE layer's expert work at 1,024 and 8,192 tokens as dense GEMMs (tokens x
@@ -55,9 +55,12 @@ struct ReadResult {
   double ms;
 };
 
+const char* load_name(RoofLoad load) {
+  return load == RoofLoad::ReadOnly ? "ld.global.nc" : "ld.global.nc.L1::no_allocate.L2::256B";
+}
+
 std::string config_name(const RoofReadConfig& config) {
-  return fmt::format("{} threads x {} loads, {}", config.threads, config.unroll,
-                     config.load == RoofLoad::Plain ? "ld.global" : "ld.global.nc.L1::no_allocate");
+  return fmt::format("{} threads x {} loads, {}", config.threads, config.unroll, load_name(config.load));
 }
 
 // Median ms of reading `bytes` at `config`, each launch at the next offset of the buffer (so that L2 holds none of it).
@@ -84,13 +87,13 @@ void read_roof(CudaBackend& backend, const PerfOptions& options) {
   }
   // At least 4 distinct offsets for every count that is not the largest.
   buffer_bytes = std::max(buffer_bytes, 4 * (options.megabytes.front() * 1000000 / 16 * 16));
-  std::byte* buffer = nullptr;
-  unsigned* sink = nullptr;
-  check(cudaMalloc(&buffer, static_cast<std::size_t>(buffer_bytes)), "cudaMalloc of the read buffer");
-  check(cudaMalloc(&sink, sizeof(unsigned)), "cudaMalloc");
-  check(cudaMemset(buffer, 0, static_cast<std::size_t>(buffer_bytes)), "cudaMemset");
+  Tensor buffer_tensor = backend.alloc(DType::U8, {buffer_bytes});
+  backend.fill_zero(buffer_tensor);
+  const Tensor sink_tensor = backend.alloc(DType::I32, {1});
+  const std::byte* buffer = buffer_tensor.raw();
+  auto* sink = sink_tensor.data<unsigned>();
   std::vector<RoofReadConfig> configs;
-  for (const RoofLoad load : {RoofLoad::Plain, RoofLoad::NonCoherent})
+  for (const RoofLoad load : {RoofLoad::ReadOnly, RoofLoad::NoAllocate})
     for (const int threads : {256, 512, 1024})
       for (const int unroll : {4, 8, 16}) configs.push_back({threads, unroll, load});
 
@@ -109,17 +112,15 @@ void read_roof(CudaBackend& backend, const PerfOptions& options) {
     }
     best.push_back(top);
   }
-  check(cudaFree(buffer), "cudaFree");
-  check(cudaFree(sink), "cudaFree");
 
   const double largest_bytes = static_cast<double>(largest_mb * 1000000 / 16 * 16);
-  std::printf("\nEvery configuration of the streaming read at %.0f MB:\n\n| threads | blocks per SM | loads in "
-              "flight | load | ms | TB/s | share of 4.8 TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+  std::printf("\nEvery configuration of the streaming read at %.0f MB:\n\n| threads | blocks per SM | loads per "
+              "iteration | load | ms | TB/s | share of 4.8 TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n",
               largest_bytes / 1e6);
   for (const ReadResult& r : largest) {
     const double tbs = largest_bytes / (r.ms * 1e-3) / 1e12;
     std::printf("| %d | %d | %d | %s | %.4f | %.2f | %.2f |\n", r.config.threads, r.blocks_per_sm, r.config.unroll,
-                r.config.load == RoofLoad::Plain ? "ld.global" : "ld.global.nc.L1::no_allocate", r.ms, tbs,
+                load_name(r.config.load), r.ms, tbs,
                 tbs * 1e12 / kHbmBytesPerSecond);
   }
   std::printf("\n| read roof: bytes read | best configuration | ms | TB/s | share of 4.8 TB/s |\n"

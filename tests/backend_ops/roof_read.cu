@@ -8,7 +8,7 @@ constexpr unsigned kNeverFolded = 0x9e3779b9u;
 
 template <RoofLoad kLoad>
 __device__ __forceinline__ uint4 load16(const uint4* address) {
-  if constexpr (kLoad == RoofLoad::Plain) {
+  if constexpr (kLoad == RoofLoad::ReadOnly) {
     return *address;
   } else {
     uint4 v;
@@ -44,11 +44,11 @@ const void* kernel_of() {
 }
 
 const void* kernel_for(const RoofReadConfig& config) {
-  const bool plain = config.load == RoofLoad::Plain;
+  const bool plain = config.load == RoofLoad::ReadOnly;
   switch (config.unroll) {
-    case 4: return plain ? kernel_of<4, RoofLoad::Plain>() : kernel_of<4, RoofLoad::NonCoherent>();
-    case 8: return plain ? kernel_of<8, RoofLoad::Plain>() : kernel_of<8, RoofLoad::NonCoherent>();
-    case 16: return plain ? kernel_of<16, RoofLoad::Plain>() : kernel_of<16, RoofLoad::NonCoherent>();
+    case 4: return plain ? kernel_of<4, RoofLoad::ReadOnly>() : kernel_of<4, RoofLoad::NoAllocate>();
+    case 8: return plain ? kernel_of<8, RoofLoad::ReadOnly>() : kernel_of<8, RoofLoad::NoAllocate>();
+    case 16: return plain ? kernel_of<16, RoofLoad::ReadOnly>() : kernel_of<16, RoofLoad::NoAllocate>();
     default: return nullptr;
   }
 }

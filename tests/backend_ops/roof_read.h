@@ -1,7 +1,8 @@
 #pragma once
 // The read-bandwidth roof's kernel (`backend_ops perf roof`, roof.cpp): a plain streaming read of a buffer, 16 bytes a
-// thread per load, `unroll` loads in flight, grid-stride over the buffer, the values folded into one word that is
-// stored only if it equals a constant (so that no load is optimised away). Not a backend kernel: it does no work of
+// thread per load, `unroll` loads issued per iteration of a grid-stride loop (how many stay in flight is ptxas's
+// schedule: it keeps 32 registers, full occupancy), the values folded into one word that is stored only if it equals
+// a constant (so that no load is optimised away). Not a backend kernel: it does no work of
 // the model, it measures how fast this GPU lets any kernel read HBM.
 #include <cuda_runtime_api.h>
 
@@ -10,13 +11,13 @@
 namespace beamline::backend_ops {
 
 enum class RoofLoad : uint8_t {
-  Plain,       // ld.global
-  NonCoherent  // ld.global.nc.L1::no_allocate with a 256-byte L2 prefetch (what weight-streaming kernels issue)
+  ReadOnly,   // a plain load of a const __restrict__ pointer: ld.global.nc
+  NoAllocate  // ld.global.nc.L1::no_allocate with a 256-byte L2 prefetch (what weight-streaming kernels issue)
 };
 
 struct RoofReadConfig {
   int threads;  // per block
-  int unroll;   // 16-byte loads in flight per thread: 4, 8 or 16
+  int unroll;   // 16-byte loads per thread per iteration: 4, 8 or 16
   RoofLoad load;
 };
 
