@@ -51,7 +51,7 @@ source bench/open_carry.sh
 source bench/gpu_steps.sh
 DEVICE=${DEVICE:-cuda}
 if [ "${SMALL:-0}" = 1 ]; then
-  preset=(--preset tiny) serve_batches=${SERVE_BATCHES:-1,2} serve_prompt=${SERVE_PROMPT:-256} decode=16
+  preset=(--preset tiny) serve_batches=${SERVE_BATCHES:-1,2} serve_prompt=${SERVE_PROMPT:-256} decode=48
 else
   source bench/cuda_env.sh
   preset=(--preset beam-1.0 --layers 8) serve_batches=${SERVE_BATCHES:-1,16} serve_prompt=${SERVE_PROMPT:-8192}
@@ -68,7 +68,9 @@ run_step() {
   local name=$1 limit title=$3 start=$SECONDS status
   limit=$(limit_of "$2")
   shift 3
-  printf '\n## %s\n\n`%s`\n\n' "$title" "${*//$PWD\//}" >>"$BODY"
+  local shown
+  shown=$(printf '%q ' "$@")
+  printf '\n## %s\n\n`%s`\n\n' "$title" "${shown//$PWD\//}" >>"$BODY"
   if [ "$limit" -le 0 ]; then
     echo "not run: the budget of $budget s was spent" >>"$BODY"
     printf '%s\tbudget\t0\t0\n' "$name" >>"$RAW/steps.tsv"
@@ -121,7 +123,7 @@ wait "$maker" || { echo "make-model failed:"; tail -5 "$WORK/make-model.log"; }
 serve=(python3 bench/serve_throughput.py "$BIN" "$MODEL" --device "$DEVICE" --prompt "$serve_prompt" --decode "$decode"
        --floor-bytes "$floor_bytes")
 wanted serve && run_step serve 150 \
-  "Serving, $(basename "$MODEL") of ${preset[*]} (\`serve --load-format dummy\`, defaults): decode step and prefill" \
+  "Serving, make-model ${preset[*]} (\`serve --load-format dummy\`, defaults): decode step and prefill" \
   "${serve[@]}" --batches "$serve_batches"
 wanted sync && run_step sync 150 "The same with --no-async-scheduling" \
   "${serve[@]}" --batches "$serve_batches" --serve-args=--no-async-scheduling
@@ -147,7 +149,7 @@ if wanted profile; then
     rm -f "$RAW/profile"/*.sqlite "$RAW/profile"/*.nsys-rep  # the kernel CSVs stay; the traces are large
   else
     printf '\n## Each kernel of a batch-1 decode step\n\nnot run: no Nsight Systems (nsys) on this machine\n' >>"$BODY"
-    printf 'profile\tno nsys\t0\t0\n' >>"$RAW/steps.tsv"
+    printf 'profile\tskipped: no nsys on this machine\t0\t0\n' >>"$RAW/steps.tsv"
   fi
 fi
 rm -rf "$WORK"

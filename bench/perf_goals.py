@@ -8,7 +8,7 @@ profile.txt, and steps.tsv: each step's exit status and seconds) and prints the 
 measurement, peer or limit did not run says "not run" and why (the step's exit status, or the row missing from its
 output); the exit status is then 1, after the table and the JSON are written. --dry-run (gpu_perf.sh's run without a GPU) marks every row "not run".
 
-Usage: python3 bench/perf_goals.py PERF_DIR [--json FILE] [--dry-run]
+Usage: python3 bench/perf_goals.py PERF_DIR [--json FILE] [--dry-run]   (exit 2: an output it cannot read)
 """
 import argparse
 import json
@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import traceback
 
 HBM = 4.8e12  # bytes per second: the floors' bandwidth
 PREFILL_FLOOR_MS = 67.1  # GEMM FLOPs of an 8,192-token prefill step of the 8-layer model / 758 TFLOP/s
@@ -63,6 +64,8 @@ class Step:
             return f"step {self.name} was not in this call"
         if self.status == "budget":
             return f"step {self.name}: the budget was spent"
+        if self.status.startswith("skipped"):
+            return f"step {self.name} {self.status}"
         if self.status != "0":
             return f"step {self.name} exited {self.status}"
         return f"step {self.name} ran without this row"
@@ -262,6 +265,8 @@ class Goals:
 
         def prefill():
             rows = self.steps["serve"].table("prefill tokens/s")
+            if not rows:
+                raise self.steps["serve"].missing("no batch")
             best = max(rows, key=lambda r: number(r["prefill tokens/s"]))
             rate = number(best["prefill tokens/s"])
             floor_rate = 8192 / (PREFILL_FLOOR_MS * 1e-3)
@@ -320,10 +325,17 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="a run without a GPU: every row is not run")
     args = parser.parse_args()
     goals = Goals(args.folder)
-    goals.build()
+    try:
+        goals.build()
+    except Exception as error:  # a format this script does not know: say so, apart from "not run" (exit 1)
+        traceback.print_exc()
+        print(f"perf_goals: cannot read the steps' outputs in {args.folder}: {error!r}", file=sys.stderr)
+        return 2
     if args.dry_run:
         for row in goals.rows:
             row["verdict"] = f"{NOT_RUN} (dry run without a GPU)"
+            if NOT_RUN not in row["measured"]:
+                row["measured"] += " (dry run: not the H200's figure)"
     print("## Goals (issue 21)\n")
     print("| work | measured | goal | met? | peer, same call | measured limit |")
     print("| --- | --- | --- | --- | --- | --- |")
