@@ -295,6 +295,9 @@ class Goals:
             return f"op by op (16-token context): {ops}; gaps between ops {gaps}%"
 
         def kernels():
+            # Optional: the GPU machine may have no Nsight Systems (gpu_perf.sh then skips the step, saying so).
+            if (self.steps["profile"].status or "").startswith("skipped"):
+                return f"no per-kernel profile ({self.steps['profile'].status})"
             match = self.steps["profile"].search(r"^batch 1: .*?per step \(median\) ([\d.]+) µs .*?, ([\d.]+) µs in "
                                                  r"kernels, ([\d.]+) µs between them")
             span, busy, gap = (float(g) for g in match.groups())
