@@ -6,21 +6,23 @@
 #   roof             `backend_ops perf roof`: the best streaming read per byte count, cuBLAS BF16 GEMMs on the FLOPs
 #                    of the MoE layer at 1,024 and 8,192 tokens and of an 8K prefill step (~10 s)
 #   moe              `backend_ops perf moe`, bfloat16, 1-8,192 tokens: route + experts as a CUDA graph, route alone
-#                    (~25 s)
-#   moe-peers        bench/torch_moe_peers.py at the same token counts (~40 s)
+#                    (~20 s)
+#   moe-peers        bench/torch_moe_peers.py at the same token counts (~25 s)
 #   attention        `backend_ops perf attention --dtype bfloat16`: paged decode (global, B=1 8K-1M, B=32, B=128) as
 #                    CUDA graphs, prefill (causal 8K, window-512 32K) as back-to-back calls (~20 s)
-#   attention-peers  bench/torch_attention_peers.py: SDPA, flex_attention for the sliding window only (~45 s)
+#   attention-peers  bench/torch_attention_peers.py: SDPA, flex_attention for the sliding window only (~50 s:
+#                    one torch.compile)
 #   serve            bench/serve_throughput.py on Beam-1.0 cut to 8 layers, 8K prompts, batches SERVE_BATCHES (1,16;
-#                    add 64 for that row, ~30 s more): the decode step and prefill tokens/s (~30 s)
+#                    add 64 for that row, ~30 s more): the decode step and prefill tokens/s (~20 s)
 #   op-times         BEAMLINE_CUDA_OP_TIMES=1: serve at batch 1 with an 8K prompt (each decode step's graph replay,
-#                    the prefill op by op) and `generate` op by op (each op of a decode step, 16-token context) (~40 s)
+#                    the prefill op by op) and `generate` op by op (each op of a decode step, 16-token context) (~25 s)
 #   profile          bench/decode_step_profile.py at batch 1 where Nsight Systems is installed: each kernel of a decode
-#                    step and the time between kernels (~60 s)
+#                    step and the time between kernels (~70 s)
 #   extras (not in the default): attention-f32 (prefill in float32), linear and linear-peers (the decode step's dense
 #   weights), layer (one full-width layer), sync (serve again with --no-async-scheduling).
 # Usage: bench/gpu_perf.sh [CARRY_DIR] [STEPS]   (default build-cuda-carry, from bench/make_carry.sh; STEPS default
-#        roof,moe,moe-peers,attention,attention-peers,serve,op-times,profile: about 300 s on one H200)
+#        roof,moe,moe-peers,attention,attention-peers,serve,op-times,profile: an estimated 170 s on one H200, 240 s with
+#        the Nsight Systems profile; not yet timed there)
 #        BUDGET (default 420 s): each step gets its own limit or what is left of the budget, a step past it is not
 #        run (and its goal rows say so); PEERS=0 drops the PyTorch steps; SERVE_BATCHES (1,16), SERVE_PROMPT (8192).
 #        DEVICE=cpu SMALL=1 bench/gpu_perf.sh BUILD_DIR [STEPS]: the dry run here, without a GPU: every step runs (the
