@@ -53,7 +53,7 @@ source bench/open_carry.sh
 source bench/gpu_steps.sh
 DEVICE=${DEVICE:-cuda}
 if [ "${SMALL:-0}" = 1 ]; then
-  preset=(--preset tiny) serve_batches=${SERVE_BATCHES:-1,2} serve_prompt=${SERVE_PROMPT:-256} decode=48
+  preset=(--preset tiny) serve_batches=${SERVE_BATCHES:-1,2} serve_prompt=${SERVE_PROMPT:-256} decode=256
 else
   source bench/cuda_env.sh
   preset=(--preset beam-1.0 --layers 8) serve_batches=${SERVE_BATCHES:-1,16} serve_prompt=${SERVE_PROMPT:-8192}
