@@ -6,7 +6,8 @@ Reads the steps' outputs that gpu_perf.sh leaves in its perf/ folder (roof.txt, 
 attention-decode.txt, attention-prefill.txt, attention-peers.txt, serve.txt, op-times-serve.txt, op-times-decode.txt,
 profile.txt, and steps.tsv: each step's exit status and seconds) and prints the Markdown table. A row whose
 measurement, peer or limit did not run says "not run" and why (the step's exit status, or the row missing from its
-output); the exit status is then 1, after the table and the JSON are written. --dry-run (gpu_perf.sh's run without a GPU) marks every row "not run".
+output); the exit status is then 1, after the table and the JSON are written. --dry-run (gpu_perf.sh's run without
+a GPU) marks every row "not run".
 
 Usage: python3 bench/perf_goals.py PERF_DIR [--json FILE] [--dry-run]   (exit 2: an output it cannot read)
 """
@@ -257,14 +258,14 @@ class Goals:
                                 decode_attention)
 
         def decode_step():
-            serve = self.steps["serve"]
+            serve = self.eight_k_serve()
             ms = number(serve.row("batch", "1")["ms per decode step"])
             self.at_most("8-layer Beam-1.0 decode step, batch 1, 8K context", ms, 2.08, "≤ 2.08 ms",
                          "— (vLLM is not on the GPU machine)", self.decode_step_limit())
         self.row_or_not_run("8-layer Beam-1.0 decode step, batch 1, 8K context", "≤ 2.08 ms", decode_step)
 
         def prefill():
-            rows = self.steps["serve"].table("prefill tokens/s")
+            rows = self.eight_k_serve().table("prefill tokens/s")
             if not rows:
                 raise self.steps["serve"].missing("no batch")
             best = max(rows, key=lambda r: number(r["prefill tokens/s"]))
@@ -274,6 +275,14 @@ class Goals:
                           f"{rate / floor_rate:.2f} of floor ({rate:,.0f} tokens/s, batch {best['batch']})",
                           "≥ 0.60 of the GEMM-FLOP floor", "—", self.prefill_limit(rate))
         self.row_or_not_run("prefill throughput, 8K prompts", "≥ 0.60 of the GEMM-FLOP floor", prefill)
+
+    def eight_k_serve(self):
+        """The serve step, which the goals need with 8,192-token prompts (SERVE_PROMPT changes them)."""
+        serve = self.steps["serve"]
+        prompt = int(serve.search(r"; prompt (\d+) tokens").group(1))
+        if prompt != 8192:
+            raise Missing(f"step serve ran with {prompt}-token prompts, not 8192")
+        return serve
 
     def decode_step_limit(self):
         def replay():
@@ -337,8 +346,6 @@ def main():
     if args.dry_run:
         for row in goals.rows:
             row["verdict"] = f"{NOT_RUN} (dry run without a GPU)"
-            if NOT_RUN not in row["measured"]:
-                row["measured"] += " (dry run: not the H200's figure)"
     print("## Goals (issue 21)\n")
     print("| work | measured | goal | met? | peer, same call | measured limit |")
     print("| --- | --- | --- | --- | --- | --- |")
