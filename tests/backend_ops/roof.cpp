@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -77,16 +78,17 @@ double time_read(CudaBackend& backend, const std::byte* buffer, int64_t buffer_b
   return time_back_to_back(backend, read, iterations, "roof");
 }
 
+// MB (1e6 bytes) as a byte count the kernel reads: a multiple of its 16-byte loads.
+int64_t read_bytes(int64_t megabytes) { return megabytes * 1000000 / 16 * 16; }
+
 void read_roof(CudaBackend& backend, const PerfOptions& options) {
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
-  int64_t buffer_bytes = 0;
-  for (const int64_t mb : options.megabytes) {
-    require(mb >= 1, "perf roof: --megabytes must be >= 1");
-    buffer_bytes = std::max(buffer_bytes, mb * 1000000 / 16 * 16);
-  }
-  // At least 4 distinct offsets for every count that is not the largest.
-  buffer_bytes = std::max(buffer_bytes, 4 * (options.megabytes.front() * 1000000 / 16 * 16));
+  for (const int64_t mb : options.megabytes) require(mb >= 1, "perf roof: --megabytes must be >= 1");
+  const int64_t largest_mb = *std::max_element(options.megabytes.begin(), options.megabytes.end());
+  const int64_t smallest_mb = *std::min_element(options.megabytes.begin(), options.megabytes.end());
+  // The largest count, and at least 4 distinct offsets for the smallest.
+  const int64_t buffer_bytes = std::max(read_bytes(largest_mb), 4 * read_bytes(smallest_mb));
   Tensor buffer_tensor = backend.alloc(DType::U8, {buffer_bytes});
   backend.fill_zero(buffer_tensor);
   const Tensor sink_tensor = backend.alloc(DType::I32, {1});
@@ -98,10 +100,9 @@ void read_roof(CudaBackend& backend, const PerfOptions& options) {
       for (const int unroll : {4, 8, 16}) configs.push_back({threads, unroll, load});
 
   std::vector<ReadResult> best;
-  std::vector<ReadResult> largest;
-  const int64_t largest_mb = *std::max_element(options.megabytes.begin(), options.megabytes.end());
+  std::vector<ReadResult> largest;  // every configuration at the largest count
   for (const int64_t mb : options.megabytes) {
-    const int64_t bytes = mb * 1000000 / 16 * 16;
+    const int64_t bytes = read_bytes(mb);
     ReadResult top{configs.front(), 0, 0.0};
     for (const RoofReadConfig& config : configs) {
       const int per_sm = roof_read_blocks_per_sm(config);
@@ -113,20 +114,19 @@ void read_roof(CudaBackend& backend, const PerfOptions& options) {
     best.push_back(top);
   }
 
-  const double largest_bytes = static_cast<double>(largest_mb * 1000000 / 16 * 16);
+  const auto largest_bytes = static_cast<double>(read_bytes(largest_mb));
   std::printf("\nEvery configuration of the streaming read at %.0f MB:\n\n| threads | blocks per SM | loads per "
               "iteration | load | ms | TB/s | share of 4.8 TB/s |\n| --- | --- | --- | --- | --- | --- | --- |\n",
               largest_bytes / 1e6);
   for (const ReadResult& r : largest) {
     const double tbs = largest_bytes / (r.ms * 1e-3) / 1e12;
     std::printf("| %d | %d | %d | %s | %.4f | %.2f | %.2f |\n", r.config.threads, r.blocks_per_sm, r.config.unroll,
-                load_name(r.config.load), r.ms, tbs,
-                tbs * 1e12 / kHbmBytesPerSecond);
+                load_name(r.config.load), r.ms, tbs, tbs * 1e12 / kHbmBytesPerSecond);
   }
   std::printf("\n| read roof: bytes read | best configuration | ms | TB/s | share of 4.8 TB/s |\n"
               "| --- | --- | --- | --- | --- |\n");
   for (std::size_t i = 0; i < best.size(); ++i) {
-    const double bytes = static_cast<double>(options.megabytes[i] * 1000000 / 16 * 16);
+    const auto bytes = static_cast<double>(read_bytes(options.megabytes[i]));
     const double tbs = bytes / (best[i].ms * 1e-3) / 1e12;
     std::printf("| %.0f MB | %s | %.4f | %.2f | %.2f |\n", bytes / 1e6, config_name(best[i].config).c_str(), best[i].ms,
                 tbs, tbs * 1e12 / kHbmBytesPerSecond);
