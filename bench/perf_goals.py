@@ -38,16 +38,26 @@ def number(cell):
 
 
 def tables(text):
-    """Every Markdown table of `text`, as (header cells, list of row dicts)."""
-    found, block = [], []
+    """Every Markdown table of `text`, as (header cells, list of row dicts). A log line (a server's, on stderr, in the
+    same output) between two rows does not end a table; a header row (one followed by its --- row) starts one."""
+    runs, run = [], []
     for line in text.splitlines() + [""]:
         if line.startswith("|"):
-            block.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-            continue
-        if len(block) >= 2 and all(set(cell) <= set("-: ") for cell in block[1]):
-            header = block[0]
-            found.append((header, [dict(zip(header, row)) for row in block[2:] if len(row) == len(header)]))
-        block = []
+            run.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif not (run and re.match(r"\[\d{4}-\d\d-\d\d ", line)):
+            runs.append(run)
+            run = []
+
+    def separator(cells):
+        return all(set(cell) <= set("-: ") for cell in cells)
+
+    found = []
+    for run in runs:
+        starts = [i for i in range(len(run) - 1) if separator(run[i + 1]) and not separator(run[i])]
+        for start, end in zip(starts, starts[1:] + [len(run)]):
+            header = run[start]
+            rows = [dict(zip(header, row)) for row in run[start + 2:end] if len(row) == len(header)]
+            found.append((header, rows))
     return found
 
 

@@ -37,6 +37,13 @@ expect '0 of 13 goals met; 0 row(s) with something not run'
 "$python" -c 'import json, sys; rows = json.load(open(sys.argv[1]))["rows"]; assert len(rows) == 13, rows' \
   "$work/goals.json"
 
+# A server's log line between two rows of the serve table (its stderr shares the step's output) ends nothing.
+cp -r "$root/tests/data/perf_goals" "$work/logged"
+sed -i '/^| 1 | 0.26 |/a [2026-12-03 17:47:53.000] [warning] a log line between two rows' "$work/logged/serve.txt"
+goals "$work/logged"
+expect_status 0
+expect '| prefill throughput, 8K prompts | 0.32 of floor (39,279 tokens/s, batch 16) |'
+
 # A row at its goal: B=128 L=4K at 93% of its floor.
 cp -r "$root/tests/data/perf_goals" "$work/met"
 sed -i 's/^| decode global B=128 L=4K | \(.*\) | 91% |$/| decode global B=128 L=4K | \1 | 93% |/' "$work/met/attention-decode.txt"
