@@ -19,6 +19,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -143,6 +144,8 @@ def main():
              "--max-num-batched-tokens", str(step_tokens)] + args.serve_args.split()
     server = subprocess.Popen([args.nsys, "launch", f"--session-new={SESSION}", "--trace=cuda",
                                "--cuda-graph-trace=node", *serve], stdout=sys.stderr, stderr=sys.stderr)
+    # A SIGTERM (a caller's timeout) ends this script through the finally below, so that the session and server go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("decode_step_profile: terminated"))
     reports = {}
     try:
         wait_for_server(server)

@@ -3,7 +3,7 @@
 GQA 48/8 x 128) and, for the prefill rows, flex_attention (compiled, causal or sliding-window block mask).
 Prints the same Markdown table (ms, bytes or FLOPs, achieved, floor, % of floor). Runs on the GPU machine.
 
-Usage: python3 bench/torch_attention_peers.py [--iterations N] [--repeats R] [--no-flex]
+Usage: python3 bench/torch_attention_peers.py [--iterations N] [--repeats R] [--no-flex] [--flex-filter TEXT]
 """
 import argparse
 import math
@@ -66,6 +66,8 @@ def main():
     parser.add_argument("--iterations", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles per shape)")
+    parser.add_argument("--flex-filter", default="",
+                        help="flex_attention only for the prefill cases whose name contains this (each compiles)")
     args = parser.parse_args()
     torch.manual_seed(1)
     device = torch.device("cuda")
@@ -99,7 +101,7 @@ def main():
             ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                          args.iterations, args.repeats)
             print(row(f"{name} (SDPA)", ms, False, kv_bytes, flops), flush=True)
-        if args.no_flex:
+        if args.no_flex or args.flex_filter not in name:
             continue
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

@@ -3,7 +3,8 @@
 //     every op group of the table below against the reference backend; prints a results table, exits 1 on a failure
 //   backend_ops perf FAMILY [options]
 //     times a family's ops on the GPU, each figure next to its floor (bytes / 4.8 TB/s, FLOPs / 758 TFLOP/s BF16 or
-//     1,341 FP8); FAMILY is attention, linear, moe, sample, fp8, micro (MXFP8/NVFP4), layer or all_reduce_norm
+//     1,341 FP8); FAMILY is attention, linear, moe, sample, fp8, micro (MXFP8/NVFP4), layer, all_reduce_norm or roof
+//     (this GPU's measured roofs: streaming-read bandwidth, cuBLAS BF16 GEMM)
 // The cases of each family live in its file (op_families.h).
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
   CLI::App* perf = app.add_subcommand("perf", "Time a family of ops on the GPU, each figure next to its floor");
   perf->require_subcommand(1);
   for (auto add : {add_attention_perf, add_linear_perf, add_moe_perf, add_sample_perf, add_fp8_perf, add_micro_perf, add_lora_perf, add_moe_lora_perf, add_layer_perf,
-                   add_all_reduce_norm_perf})
+                   add_all_reduce_norm_perf, add_roof_perf})
     add(*perf);
   try {
     app.parse(argc, argv);

@@ -69,4 +69,8 @@ void test_batch_invariance(Harness& harness);
 // layer.cpp: one full decoder layer, composed of the ops above (perf only).
 void add_layer_perf(CLI::App& perf);
 
+// roof.cpp (its kernel in roof_read.cu): this GPU's roofs, the best streaming read and cuBLAS's dense BF16 GEMM on the
+// timed rows' byte counts and FLOPs (perf only: a measure, not an op).
+void add_roof_perf(CLI::App& perf);
+
 }  // namespace beamline::backend_ops
