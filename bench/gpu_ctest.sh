@@ -24,10 +24,9 @@ mkdir -p "$OUT/ctest"
 TESTS=$(mktemp -d)
 tar -xJf "$CARRY/tests.tar.xz" -C "$TESTS" || { echo "gpu_ctest: cannot unpack $CARRY/tests.tar.xz" >&2; exit 1; }
 
-# One program: its log, its XML, and its exit status in <program>.status.
+# One program: its log, its XML, and its exit status in <name>.status (NAME defaults to the program's).
 run_one() {
-  local program=$1 name
-  name=$(basename "$program")
+  local program=$1 name=${2:-$(basename "$1")}
   timeout "${TEST_TIMEOUT:-240}" "$program" --gtest_output="xml:$OUT/ctest/$name.xml" >"$OUT/ctest/$name.log" 2>&1
   echo $? >"$OUT/ctest/$name.status"
 }
@@ -42,6 +41,17 @@ while IFS=$'\t' read -r name arguments; do
   timeout "${TEST_TIMEOUT:-240}" "$CARRY/tests/backend_ops/backend_ops" $arguments >"$OUT/ctest/$name.log" 2>&1
   echo $? >"$OUT/ctest/$name.status"
 done <"$CARRY/tests/HARNESS_TESTS"
+# Two processes' kernels share one GPU side by side only under MPS: the first run of test_peer_all_reduce checked
+# that its ranks refuse to share the GPU without it; under MPS (where the machine has it) the same test must compute.
+mps=$(command -v nvidia-cuda-mps-control || true)
+if [ -n "$mps" ] && [ -x "$TESTS/tests/test_peer_all_reduce" ]; then
+  (
+    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY BEAMLINE_EXPECT_MPS=1
+    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d) CUDA_MPS_LOG_DIRECTORY=$(mktemp -d)
+    "$mps" -d && run_one "$TESTS/tests/test_peer_all_reduce" test_peer_all_reduce_under_mps
+    echo quit | "$mps"
+  )
+fi
 elapsed=$((SECONDS - start))
 
 python3 - "$OUT/ctest" "$CARRY" "$elapsed" >"$OUT/gpu_ctest.md" <<'PY'

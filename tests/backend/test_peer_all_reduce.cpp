@@ -3,8 +3,11 @@
 // socket, map each other's and run add_rms_norm with the kernel's handshake for several rounds of new partials. Both
 // ranks' residuals and next norms must be bit for bit alike and equal the CPU's all_reduce_add_rms_norm within F32
 // rounding. Each case runs 3 rounds (the handshake's epochs advance), at 1 and 64 rows (the kernel's limit) of Beam's
-// 5,120 and at 5 rows of 1,000. The CPU backend has no peer memory. The GPU part skips without a device (a failure
-// with BEAMLINE_REQUIRE_CUDA=1).
+// 5,120 and at 5 rows of 1,000. Two processes' kernels share one GPU only under MPS (without it the GPU time-slices
+// them and each rank's kernel waits for one that cannot start): without MPS both ranks must refuse to connect, naming
+// the shared GPU, which is what sends a tensor-parallel group down the unfused path; under MPS they must compute.
+// bench/gpu_ctest.sh runs this program again under MPS where the machine has it. The CPU backend has no peer memory.
+// The GPU part skips without a device (a failure with BEAMLINE_REQUIRE_CUDA=1).
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,6 +15,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,7 @@ namespace {
 
 constexpr int kRounds = 3;
 constexpr int kSkipped = 77;  // a child that found no CUDA device
+constexpr int kRefused = 78;  // a child whose connect() refused a peer on its own GPU without MPS
 constexpr float kEps = 1e-6f, kScale = 0.7f;
 
 struct Case {
@@ -93,7 +98,12 @@ int run_rank(int rank, int peer_socket, int results) {
       return 4;
     theirs.resize(their_size);
     if (!read_all(peer_socket, theirs.data(), their_size)) return 4;
-    peer->connect(handles, rank);
+    try {
+      peer->connect(handles, rank);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, error.what());
+      return std::string(error.what()).find("share one GPU without MPS") != std::string::npos ? kRefused : 1;
+    }
     for (std::size_t c = 0; c < kCases.size(); ++c) {
       const auto [rows, hidden] = kCases[c];
       Tensor residual = backend->upload_f32(values(input_stream(c, 0), rows * hidden), {rows, hidden});
@@ -124,7 +134,7 @@ TEST(PeerAllReduce, CpuBackendHasNone) {
   EXPECT_EQ(make_peer_all_reduce(*cpu), nullptr);
 }
 
-TEST(PeerAllReduce, TwoProcessesOnOneGpuSumInRankOrderThenNorm) {
+TEST(PeerAllReduce, TwoProcessesOnOneGpuSumInRankOrderUnderMpsElseRefuse) {
   // CUDA must not start in this process before the fork: each rank starts it in its own.
   int sockets[2], pipes[2][2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sockets), 0);
@@ -165,6 +175,13 @@ TEST(PeerAllReduce, TwoProcessesOnOneGpuSumInRankOrderThenNorm) {
   if (codes[0] == kSkipped || codes[1] == kSkipped) {
     if (device_required()) FAIL() << "backend cuda required but unavailable in the ranks' processes";
     GTEST_SKIP() << "backend cuda unavailable";
+  }
+  if (codes[0] == kRefused || codes[1] == kRefused) {
+    if (std::getenv("BEAMLINE_EXPECT_MPS") != nullptr) FAIL() << "a rank refused to share the GPU under MPS";
+    EXPECT_EQ(codes[0], kRefused) << "rank 1 refused the shared GPU, rank 0 did not";
+    EXPECT_EQ(codes[1], kRefused) << "rank 0 refused the shared GPU, rank 1 did not";
+    std::printf("both ranks refused to share one GPU without MPS: the fused kernel's math is checked under MPS\n");
+    return;
   }
   ASSERT_EQ(codes[0], 0) << "rank 0's process (its error is on stderr)";
   ASSERT_EQ(codes[1], 0) << "rank 1's process (its error is on stderr)";

@@ -16,6 +16,15 @@ namespace {
 constexpr std::size_t kPartialOffset = (sizeof(cuda::AllReduceSignal) + 255) / 256 * 256;
 constexpr std::size_t kPartialBytes = sizeof(float) * cuda::kAllReduceMaxRows * cuda::kAllReduceMaxHidden;
 
+// What a rank's handle carries: its memory's IPC handle, then the identity of its GPU. Two ranks on one GPU must not
+// spin on each other's flags unless MPS runs their kernels side by side: without it, the GPU time-slices the two
+// processes and each kernel waits for one that cannot start (the kernel traps after its timeout).
+struct PeerHandle {
+  cudaIpcMemHandle_t memory;
+  char gpu_uuid[16];
+  int32_t mps;  // cudaDevAttrMpsEnabled of this rank's GPU
+};
+
 void check_cuda(cudaError_t status, const char* what) {
   require(status == cudaSuccess, "peer all-reduce: {} failed: {} ({})", what, cudaGetErrorName(status),
           cudaGetErrorString(status));
@@ -41,8 +50,11 @@ class CudaPeerAllReduce final : public PeerAllReduce {
   int64_t max_hidden() const override { return cuda::kAllReduceMaxHidden; }
 
   std::vector<std::byte> handle() const override {
-    cudaIpcMemHandle_t handle{};
-    check_cuda(cudaIpcGetMemHandle(&handle, memory_), "cudaIpcGetMemHandle");
+    PeerHandle handle{};
+    check_cuda(cudaIpcGetMemHandle(&handle.memory, memory_), "cudaIpcGetMemHandle");
+    const GpuIdentity gpu = gpu_identity();
+    std::memcpy(handle.gpu_uuid, gpu.uuid, sizeof handle.gpu_uuid);
+    handle.mps = gpu.mps;
     std::vector<std::byte> bytes(sizeof handle);
     std::memcpy(bytes.data(), &handle, sizeof handle);
     return bytes;
@@ -52,19 +64,29 @@ class CudaPeerAllReduce final : public PeerAllReduce {
     const auto ranks = static_cast<int32_t>(handles.size());
     require(ranks >= 1 && ranks <= cuda::kAllReduceMaxRanks && rank >= 0 && rank < ranks,
             "peer all-reduce: rank {} of {} (1 to {} ranks)", rank, ranks, cuda::kAllReduceMaxRanks);
+    const GpuIdentity gpu = gpu_identity();
+    std::vector<PeerHandle> peer_handles(handles.size());
+    for (int32_t p = 0; p < ranks; ++p) {
+      if (p == rank) continue;
+      const std::vector<std::byte>& bytes = handles[static_cast<std::size_t>(p)];
+      PeerHandle& handle = peer_handles[static_cast<std::size_t>(p)];
+      require(bytes.size() == sizeof handle, "peer all-reduce: rank {}'s handle has {} bytes, expected {}", p,
+              bytes.size(), sizeof handle);
+      std::memcpy(&handle, bytes.data(), sizeof handle);
+      require(std::memcmp(handle.gpu_uuid, gpu.uuid, sizeof gpu.uuid) != 0 || (handle.mps != 0 && gpu.mps != 0),
+              "peer all-reduce: ranks {} and {} share one GPU without MPS: the fused kernel needs a GPU per rank "
+              "(or MPS, which runs both ranks' kernels at once)",
+              rank, p);
+    }
     peers_ = {};
     peers_.ranks = ranks;
     peers_.rank = rank;
     for (int32_t p = 0; p < ranks; ++p) {
       std::byte* base = static_cast<std::byte*>(memory_);
       if (p != rank) {
-        cudaIpcMemHandle_t handle{};
-        const std::vector<std::byte>& bytes = handles[static_cast<std::size_t>(p)];
-        require(bytes.size() == sizeof handle, "peer all-reduce: rank {}'s handle has {} bytes, expected {}", p,
-                bytes.size(), sizeof handle);
-        std::memcpy(&handle, bytes.data(), sizeof handle);
         void* mapped = nullptr;
-        const cudaError_t status = cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess);
+        const cudaError_t status =
+            cudaIpcOpenMemHandle(&mapped, peer_handles[static_cast<std::size_t>(p)].memory, cudaIpcMemLazyEnablePeerAccess);
         require(status == cudaSuccess, "peer all-reduce: rank {} cannot map rank {}'s memory: cudaIpcOpenMemHandle: {} ({})",
                 rank, p, cudaGetErrorName(status), cudaGetErrorString(status));
         mapped_.push_back(mapped);
@@ -100,6 +122,21 @@ class CudaPeerAllReduce final : public PeerAllReduce {
   }
 
  private:
+  struct GpuIdentity {
+    char uuid[16];
+    int32_t mps;
+  };
+  static GpuIdentity gpu_identity() {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    cudaDeviceProp properties{};
+    check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+    GpuIdentity gpu{};
+    std::memcpy(gpu.uuid, properties.uuid.bytes, sizeof gpu.uuid);
+    check_cuda(cudaDeviceGetAttribute(&gpu.mps, cudaDevAttrMpsEnabled, device), "cudaDeviceGetAttribute(MpsEnabled)");
+    return gpu;
+  }
+
   CudaBackend& backend_;
   void* memory_ = nullptr;           // this rank's signal, then its partial rows
   std::vector<void*> mapped_;        // the peers' memory, mapped
