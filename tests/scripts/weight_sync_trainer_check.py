@@ -95,8 +95,8 @@ class StandInRoot:
     def broadcast(self, name, data):
         self.calls.append(("broadcast", name, bytes(data)))
 
-    def close(self):
-        self.calls.append(("close",))
+    def close(self, abort=False):
+        self.calls.append(("abort" if abort else "close",))
         self.world_size = None
 
 
@@ -178,6 +178,8 @@ def check_nccl_handshake():
         raises(lambda: connections[0].recv(1), socket.timeout, "timed out")  # nothing travels on the connections
         trainer.close_servers()
         assert root.calls[-1] == ("close",) and all(c.recv(1) == b"" for c in connections), root.calls
+        trainer.close_servers(abort=True)  # after a failure: the servers are gone
+        assert root.calls[-1] == ("abort",), root.calls
     finally:
         trainer.close()
     raises(lambda: Trainer(backend="gloo"), ValueError, "backend: 'gloo' is not tcp or nccl")

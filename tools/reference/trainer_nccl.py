@@ -6,7 +6,8 @@ broadcast; weight_sync_trainer.Trainer(backend="nccl") drives it:
     root.unique_id()                         # the 128-byte ncclUniqueId every server gets in the trainer's answer
     root.join(world_size)                    # ncclCommInitRank(world_size, id, 0), once every server has the id
     root.broadcast(name, tensor)             # ncclBroadcast of the tensor's bytes (ncclUint8) from rank 0, waited for
-    root.close()                             # ncclCommDestroy, while the servers destroy theirs (a collective)
+    root.close()                             # ncclCommDestroy, while the servers destroy theirs (a collective);
+                                             # close(abort=True): ncclCommAbort, when they are gone
 
 NcclLibrary is the C API alone (no PyTorch): it loads the library, declares each function's C types as nccl.h has
 them, and turns a failed call into NcclError naming the call and what it was for.
@@ -237,13 +238,13 @@ class NcclRoot:
             time.sleep(1e-4)
 
     def abort(self):
-        comm, self.comm, self._unique_id = self.comm, None, None
-        in_thread(lambda: self.library.abort(comm, "aborting the trainer's NCCL group"))(
-            timeout=self.timeout, what="ncclCommAbort")
+        self.close(abort=True)
 
-    def close(self):
-        """Destroys the group (the servers must destroy theirs meanwhile: within a node it is a collective)."""
+    def close(self, abort=False):
+        """Destroys the group, which the servers must destroy meanwhile (within a node it is a collective); `abort`:
+        ncclCommAbort instead, for a group whose servers are gone or stopped receiving."""
         comm, self.comm, self._unique_id, self.world_size = self.comm, None, None, None
-        if comm is not None:
-            in_thread(lambda: self.library.destroy(comm, "closing the trainer's NCCL group"))(
-                timeout=self.timeout, what="ncclCommDestroy")
+        if comm is None:
+            return
+        end, call = (self.library.abort, "ncclCommAbort") if abort else (self.library.destroy, "ncclCommDestroy")
+        in_thread(lambda: end(comm, "closing the trainer's NCCL group"))(timeout=self.timeout, what=call)

@@ -159,17 +159,18 @@ class Trainer:
             conn.sendall(_string(name) + struct.pack("<Q", len(data)))
             conn.sendall(data)
 
-    def close_servers(self):
-        """Closes the connections and (nccl) destroys the group: the servers must destroy theirs meanwhile."""
+    def close_servers(self, abort=False):
+        """Closes the connections and (nccl) destroys the group, which the servers must destroy meanwhile; `abort`:
+        the servers are gone (a failure), so the group is aborted instead."""
         for conn in self.servers:
             conn.close()
         self.servers = []
         self.world_size = None
         if self.nccl is not None:
-            self.nccl.close()
+            self.nccl.close(abort)
 
-    def close(self):
-        self.close_servers()
+    def close(self, abort=False):
+        self.close_servers(abort)
         self.listener.close()
 
 
