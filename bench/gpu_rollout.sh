@@ -24,10 +24,12 @@ WEIGHT_SYNC=${WEIGHT_SYNC:-tcp}
 case $WEIGHT_SYNC in
   tcp) ;;
   nccl)
-    [ "$DEVICE" = cuda ] || { echo "gpu_rollout: WEIGHT_SYNC=nccl runs on cuda (the servers are NCCL ranks)" >&2; exit 1; }
+    [ "$DEVICE" = cuda ] || {
+      echo "gpu_rollout: WEIGHT_SYNC=nccl runs on cuda (the servers are NCCL ranks)" >&2; exit 1; }
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-    [ "$gpus" -ge 2 ] || { echo "gpu_rollout: WEIGHT_SYNC=nccl needs two GPUs (nvidia-h200-x2): NCCL refuses two ranks" \
-      "on one GPU, so the trainer cannot share the servers'; this machine has $gpus" >&2; exit 1; }
+    [ "$gpus" -ge 2 ] || {
+      echo "gpu_rollout: WEIGHT_SYNC=nccl needs two GPUs (nvidia-h200-x2): NCCL refuses two ranks on one GPU, so" \
+        "the trainer cannot share the servers'; this machine has $gpus" >&2; exit 1; }
     # NVLink multicast stays off (the device machines' rule); NCCL's warnings go to the log.
     export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=${NCCL_DEBUG:-WARN} ;;
   *) echo "gpu_rollout: WEIGHT_SYNC=$WEIGHT_SYNC is not tcp or nccl" >&2; exit 1 ;;

@@ -118,21 +118,31 @@ def check_frames_refused():
     print("frames whose bytes differ from their dtype and shape are refused before anything is posted")
 
 
+def refused(trainer, message, **fields):
+    """A hello (`fields` as hello()'s) that the trainer must refuse with `message`."""
+    conn, status, got, accepted = hello(trainer, **fields)
+    assert (status, got) == (1, message), (status, got)
+    conn.close()
+    accepted()
+
+
+def joined(trainer, id_bytes=None, **fields):
+    """A hello the trainer must accept (followed by `id_bytes`, the group's ncclUniqueId, with nccl): the
+    connection, and the hello as the trainer read it."""
+    conn, status, message, accepted = hello(trainer, **fields)
+    assert (status, message) == (0, ""), (status, message)
+    if id_bytes is not None:
+        assert read_exact(conn, len(id_bytes)) == id_bytes
+    return conn, accepted()
+
+
 def check_tcp_handshake():
     trainer = Trainer()
     try:
-        conn, status, message, accepted = hello(trainer, backend="nccl")
-        assert status == 1 and message == "backend 'nccl': this trainer's group is 'tcp'", (status, message)
-        conn.close()
-        accepted()
-        conn, status, message, accepted = hello(trainer, version=2)
-        assert status == 1 and message == f"protocol version 2: this trainer speaks version {PROTOCOL_VERSION}", \
-            message
-        conn.close()
-        accepted()
-        conn, status, message, accepted = hello(trainer)
-        assert (status, message) == (0, ""), (status, message)
-        assert accepted() == {"version": 1, "rank": 1, "world_size": 2, "group_name": "g", "backend": "tcp"}
+        refused(trainer, "backend 'nccl': this trainer's group is 'tcp'", backend="nccl")
+        refused(trainer, f"protocol version 2: this trainer speaks version {PROTOCOL_VERSION}", version=2)
+        conn, seen = joined(trainer)
+        assert seen == {"version": 1, "rank": 1, "world_size": 2, "group_name": "g", "backend": "tcp"}, seen
         trainer.send_tensor("x", b"\x01\x02\x03")
         assert read_frame(conn) == ("x", b"\x01\x02\x03")
         if torch is not None:
@@ -151,33 +161,20 @@ def check_tcp_handshake():
 def check_nccl_handshake():
     root = StandInRoot()
     trainer = Trainer(backend="nccl", nccl=root)
-    connections = []
     try:
-        conn, status, message, accepted = hello(trainer, rank=1, world_size=3, backend="tcp")
-        assert status == 1 and message == "backend 'tcp': this trainer's group is 'nccl'", message
-        accepted()
-        conn, status, message, accepted = hello(trainer, rank=1, world_size=3, backend="nccl")
-        assert status == 0 and read_exact(conn, 128) == root.id
-        accepted()
-        connections.append(conn)
+        refused(trainer, "backend 'tcp': this trainer's group is 'nccl'", world_size=3, backend="tcp")
+        first, _ = joined(trainer, root.id, rank=1, world_size=3, backend="nccl")
         assert root.calls == [], "the group was joined before its last server rank had the id"
-        conn, status, message, accepted = hello(trainer, rank=2, world_size=4, backend="nccl")
-        assert status == 1 and message == "world_size 4: the servers that joined before said 3", message
-        accepted()
-        conn, status, message, accepted = hello(trainer, rank=2, world_size=3, backend="nccl")
-        assert status == 0 and read_exact(conn, 128) == root.id
-        accepted()
-        connections.append(conn)
+        refused(trainer, "world_size 4: the servers that joined before said 3", rank=2, world_size=4, backend="nccl")
+        second, _ = joined(trainer, root.id, rank=2, world_size=3, backend="nccl")
         assert root.calls == [("join", 3)], root.calls
-        conn, status, message, accepted = hello(trainer, rank=3, world_size=3, backend="nccl")
-        assert status == 1 and message == "this trainer's NCCL group of 3 ranks is complete", message
-        accepted()
+        refused(trainer, "this trainer's NCCL group of 3 ranks is complete", rank=3, world_size=3, backend="nccl")
         trainer.send_tensor("w", b"abc")
         assert root.calls[-1] == ("broadcast", "w", b"abc"), root.calls
-        connections[0].settimeout(0.2)
-        raises(lambda: connections[0].recv(1), socket.timeout, "timed out")  # nothing travels on the connections
+        first.settimeout(0.2)
+        raises(lambda: first.recv(1), socket.timeout, "timed out")  # nothing travels on the connections
         trainer.close_servers()
-        assert root.calls[-1] == ("close",) and all(c.recv(1) == b"" for c in connections), root.calls
+        assert root.calls[-1] == ("close",) and first.recv(1) == second.recv(1) == b"", root.calls
         trainer.close_servers(abort=True)  # after a failure: the servers are gone
         assert root.calls[-1] == ("abort",), root.calls
     finally:
