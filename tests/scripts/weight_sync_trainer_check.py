@@ -8,18 +8,21 @@ trainer_nccl.py; the server's side is CTest weight_sync_tcp, the NCCL path on tw
     the group joined once the last server rank has it, a world_size that differs and a server too many refused,
     every tensor broadcast, the group closed with the connections (through a stand-in for the NCCL rank);
   - trainer_nccl.NcclLibrary's ctypes calls against --fake-nccl (tests/scripts/fake_nccl.cpp, built on nccl.h's
-    prototypes): the id passed by value intact, the broadcast's arguments, failures named; and the real libnccl.so.2
-    when one loads;
+    prototypes): the id passed by value intact, the broadcast's arguments, failures named; NcclRoot's joining,
+    broadcasting, aborting and closing against it, PyTorch's CUDA calls stood in for (with PyTorch); and the real
+    libnccl.so.2 when one loads;
   - backend nccl refused with a clear message where PyTorch has no CUDA.
 
   python3 tests/scripts/weight_sync_trainer_check.py [--fake-nccl build/tests/scripts/libfake_nccl.so]
 """
 import argparse
+import contextlib
 import ctypes
 import os
 import socket
 import struct
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "reference"))
 import trainer_nccl  # noqa: E402
@@ -231,6 +234,71 @@ def check_fake_library(path):
           f"pointer, 8 GiB count, ncclUint8, root 0 and stream as given, failures named")
 
 
+def check_root(path):
+    """NcclRoot's own logic (trainer_nccl.py) against the stand-in library, with PyTorch's CUDA calls replaced by
+    stand-ins (a stream whose handle is 0x5EED, events done on every third query): the join, a broadcast of a tensor
+    and of bytes, a group whose peer failed and one that stops receiving (both aborted, naming the tensor), the close,
+    and the devices it refuses."""
+    fake = ctypes.CDLL(path)
+    fake.fake_nccl_set_async_error(0)
+    queries = {"count": 0, "done": True}
+
+    class Event:
+        def record(self, stream):
+            assert stream.cuda_stream == 0x5EED
+
+        def query(self):
+            queries["count"] += 1
+            return queries["done"] and queries["count"] % 3 == 0
+
+    stream = type("Stream", (), {"cuda_stream": 0x5EED})()
+    stand_ins = {"is_available": lambda: True, "device_count": lambda: 2, "current_device": lambda: 0,
+                 "init": lambda: None, "set_device": lambda device: None, "current_stream": lambda device=None: stream,
+                 "device": lambda device: contextlib.nullcontext(), "Event": Event}
+    with mock.patch.multiple(torch.cuda, **stand_ins):
+        raises(lambda: trainer_nccl.NcclRoot("cuda:2", library=trainer_nccl.NcclLibrary(path)), ValueError,
+               "device: cuda:2 is not among the 2 CUDA devices PyTorch sees")
+        raises(lambda: trainer_nccl.NcclRoot("cpu", library=trainer_nccl.NcclLibrary(path)), ValueError,
+               "device: 'cpu' is not a CUDA device")
+        root = trainer_nccl.NcclRoot("cuda:1", timeout=0.5, library=trainer_nccl.NcclLibrary(path))
+        assert root.describe() == f"rank 0 on cuda:1, NCCL 2.19.3 ({path})", root.describe()
+        root.device = torch.device("cpu")  # the tensors stay on the CPU: the stand-in library never reads them
+        raises(lambda: root.broadcast("x", b"ab"), trainer_nccl.NcclError,
+               'broadcasting "x" from cpu: the NCCL group is not made')
+        root.join(2)
+        sent = torch.arange(6, dtype=torch.bfloat16)
+        pointers = []
+        for data, count in ((sent, 12), (b"abcdefgh", 8)):
+            root.broadcast("x", data)
+            pointer, count_seen, stream_seen = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_void_p()
+            fake.fake_nccl_last_broadcast(ctypes.byref(pointer), ctypes.byref(ctypes.c_void_p()),
+                                          ctypes.byref(count_seen), ctypes.byref(ctypes.c_int()),
+                                          ctypes.byref(ctypes.c_int()), ctypes.byref(ctypes.c_void_p()),
+                                          ctypes.byref(stream_seen))
+            assert (count_seen.value, stream_seen.value) == (count, 0x5EED), (count_seen.value, stream_seen.value)
+            pointers.append(pointer.value)
+        # The tensor is broadcast in place from its own memory; bytes from a tensor made of them.
+        assert pointers[0] == sent.data_ptr() and pointers[1] not in (None, sent.data_ptr()), pointers
+        fake.fake_nccl_set_async_error(6)
+        queries["done"] = False
+        raises(lambda: root.broadcast("y", sent), trainer_nccl.NcclError,
+               'broadcasting "y" from cpu: some error (fake); the group is aborted')
+        assert root.comm is None
+        fake.fake_nccl_set_async_error(0)
+        root.join(2)
+        raises(lambda: root.broadcast("z", sent), trainer_nccl.NcclError,
+               'broadcasting "z" from cpu: not done after 0.5 s (a server rank stopped receiving); the group is '
+               'aborted')
+        root.join(2)
+        root.close()
+        assert root.comm is None and root.world_size is None
+    destroyed, aborted = ctypes.c_int(), ctypes.c_int()
+    fake.fake_nccl_ends(ctypes.byref(destroyed), ctypes.byref(aborted))
+    assert (destroyed.value, aborted.value) == (2, 3), (destroyed.value, aborted.value)
+    print("NcclRoot (PyTorch's CUDA calls stood in for): join, broadcasts of a tensor and of bytes on the current "
+          "stream, a failed peer and a stalled broadcast abort the group naming the tensor, close destroys it")
+
+
 def check_real_library():
     try:
         library = trainer_nccl.NcclLibrary()
@@ -269,6 +337,10 @@ def main():
     check_nccl_handshake()
     if args.fake_nccl:
         check_fake_library(os.path.abspath(args.fake_nccl))
+        if torch is not None:
+            check_root(os.path.abspath(args.fake_nccl))
+        else:
+            print("NcclRoot: no PyTorch here, not checked")
     else:
         print("the ctypes calls: no --fake-nccl (a build without CUDA has no nccl.h), not checked")
     check_real_library()
