@@ -4,13 +4,19 @@
 # least-loaded routing, so that requests reach both replicas), tools/reference/check_weight_sync.py (a
 # trainer's updates over tcp into the distributed server: every refusal leaves the old answers, then greedy tokens and
 # logprobs equal a fresh distributed server's exactly) and tools/reference/check_routed_experts.py (every routed id of
-# concurrent, batched and streamed requests equals the NumPy reference's routing of the same tokens).
-# Usage: bench/gpu_parallel_rl.sh CARRY_DIR   (CARRY_DIR from bench/make_carry.sh). DEVICE=cpu: the same on the cpu
-#        backend (ranks as processes; what CTest's weight_sync_tcp_{tp2,dp2} and
-#        routed_experts_vs_reference_{tp2,pp2,dp2,dp2_ep2} run). PYTHON: an interpreter with numpy (python3). Exit status
-#        0 only when all eight checks pass.
+# concurrent, batched and streamed requests equals the NumPy reference's routing of the same tokens). Then issue 20's
+# rollout loop with the trainer's weights broadcast over NCCL: `WEIGHT_SYNC=nccl ROUNDS=3 bench/gpu_rollout.sh`, the
+# PyTorch trainer on the second GPU, a float32 and a bfloat16 server on the first, checks (a)-(d) every round.
+# Usage: bench/gpu_parallel_rl.sh CARRY_DIR [STEPS]   (CARRY_DIR from bench/make_carry.sh). STEPS, comma-separated
+#        (default checks,rollout): checks (the eight above), rollout (the NCCL rollout loop; its tables and files in
+#        $OUT as gpu_rollout.sh writes them; LIMIT_S bounds it, default 560 s: give it a device call of its own when
+#        the checks take long). DEVICE=cpu: the checks on the cpu backend (ranks as processes; what CTest's
+#        weight_sync_tcp_{tp2,dp2} and routed_experts_vs_reference_{tp2,pp2,dp2,dp2_ep2} run); the rollout step is
+#        skipped there (NCCL). PYTHON: an interpreter with numpy (python3; with PyTorch for the rollout). Exit status
+#        0 only when every check of the steps run passes.
 set -uo pipefail
-CARRY=$(realpath "${1:?usage: bench/gpu_parallel_rl.sh CARRY_DIR}")
+CARRY=$(realpath "${1:?usage: bench/gpu_parallel_rl.sh CARRY_DIR [STEPS]}")
+STEPS=,${2:-checks,rollout},
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}  # with numpy
@@ -28,9 +34,11 @@ else
 fi
 echo "commit $(cat "$CARRY/apps/beamline/COMMIT" 2>/dev/null || git rev-parse --short HEAD), device $DEVICE"
 status=0
-for layout in "--tensor-parallel-size 2" "--pipeline-parallel-size 2" \
-    "--data-parallel-size 2 --data-parallel-routing least-loaded" \
-    "--data-parallel-size 2 --enable-expert-parallel --data-parallel-routing least-loaded"; do
+layouts=("--tensor-parallel-size 2" "--pipeline-parallel-size 2"
+         "--data-parallel-size 2 --data-parallel-routing least-loaded"
+         "--data-parallel-size 2 --enable-expert-parallel --data-parallel-routing least-loaded")
+[[ $STEPS == *,checks,* ]] || layouts=()
+for layout in "${layouts[@]}"; do
   for check in check_weight_sync check_routed_experts; do
     start=$SECONDS
     if "$PYTHON" "tools/reference/$check.py" --beamline "$BIN" --device "$DEVICE" --extra-args "$layout --dtype float32" \
@@ -43,4 +51,17 @@ for layout in "--tensor-parallel-size 2" "--pipeline-parallel-size 2" \
     fi
   done
 done
+if [[ $STEPS == *,rollout,* ]]; then
+  if [ "$DEVICE" = cuda ]; then
+    start=$SECONDS
+    if WEIGHT_SYNC=nccl ROUNDS=3 PYTHON=$PYTHON bench/gpu_rollout.sh "$CARRY"; then
+      echo "pass: rollout loop over NCCL, 3 rounds ($((SECONDS - start)) s)"
+    else
+      echo "FAIL: rollout loop over NCCL, 3 rounds ($((SECONDS - start)) s); the tables and the log's end are above"
+      status=1
+    fi
+  else
+    echo "skipped: rollout loop over NCCL (the trainer and the servers are NCCL ranks on two GPUs; DEVICE=cpu)"
+  fi
+fi
 exit $status

@@ -4,15 +4,20 @@ tools/reference/beam_torch.py) driving running `beamline serve` processes as its
 SGLang: change the weights, push them by the weight-sync protocol (docs/rl.md), sample, check, K times.
 
   python3 bench/rollout_loop.py --beamline BIN [--device cpu|cuda] [--model models/beam-nano] [--rounds 3]
-          [--rollouts 16] [--replay-rollouts 64] [--max-tokens 96] [--out DIR]
+          [--rollouts 16] [--replay-rollouts 64] [--max-tokens 96] [--weight-sync tcp|nccl] [--out DIR]
 
-Two servers are started on --model and stay up: A serves --dtype float32, B --dtype bfloat16; both join one weight
-update group (the trainer rank 0, A rank 1, B rank 2; each tensor frame goes to both). Each round the trainer
+Two servers are started on --model and stay up: A serves --dtype float32, B --dtype bfloat16. With --weight-sync tcp
+(the default) both join one weight update group (the trainer rank 0, A rank 1, B rank 2; each tensor frame goes to
+both). With --weight-sync nccl the trainer's tensors live on a second GPU (--trainer-device, cuda:1) and the servers
+run on the first (CUDA_VISIBLE_DEVICES), and each server joins a group of its own (the trainer rank 0, the server
+rank 1): NCCL refuses two ranks of one communicator on one GPU, and both servers share GPU 0; the trainer broadcasts
+every tensor once per group (tools/reference/trainer_nccl.py: libnccl.so.2 through ctypes, the one PyTorch loaded,
+which the servers are then given too). Each round the trainer
   1. adds noise (--noise times each tensor's RMS) to every trained tensor of its FP32 master weights, and takes as the
      policy the master rounded to BF16 (the router, weight and bias, stays FP32: the server requires it), which is what
      it sends (bfloat16 frames, float32 router) and saves (config.json + model.safetensors, --checkpoints/step-K);
-  2. broadcasts the policy into A and B (/pause, /update_weights_from_distributed with one bucket and weight_version
-     step-K, /resume);
+  2. sends the policy to A and B (/pause, /update_weights_from_distributed with one bucket and weight_version
+     step-K, /resume), over tcp frames or NCCL broadcasts;
   3. samples --rollouts completions from A (/v1/completions, token ids in and out, temperature 1, logprobs,
      return_routed_experts; Harmony prompts of tools/data/generate.py's held-out split) and --replay-rollouts from B;
 and checks
@@ -33,9 +38,9 @@ and checks
 Also reported: how far the round's noise moved the reference's logprobs of A's rollouts (so (a)-(c) can tell the
 weights apart), the broadcast's seconds and bytes, B's routing against the reference's own.
 
-The backend is `tcp`: on one GPU the server and a PyTorch trainer cannot both be NCCL ranks (NCCL refuses two ranks
-on one device), and a trainer on the CPU cannot be an NCCL rank at all. On the cpu backend --dtype bfloat16 still
-computes in FP32 (the cpu backend always does), so (d) measures BF16 serving only on cuda.
+`nccl` needs two GPUs (nvidia-h200-x2) and is refused, saying so, with fewer; on one GPU and on the cpu backend the
+loop uses `tcp`. On the cpu backend --dtype bfloat16 still computes in FP32 (the cpu backend always does), so (d)
+measures BF16 serving only on cuda.
 
 Writes --out/rollout.json and --out/rollout.md (the tables it prints); exits 1 when any check fails or did not run.
 """
@@ -65,10 +70,10 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
 import beam_torch  # noqa: E402
 import generate  # noqa: E402
 from beamline_server import DEFAULT_BEAMLINE, Server  # noqa: E402
-from check_weight_sync import TORCH_DTYPES  # noqa: E402
-from weight_sync_trainer import Trainer, in_thread, post  # noqa: E402
+from weight_sync_trainer import Trainer, byte_count, check_frames, in_thread, post  # noqa: E402
 
 GROUP = "rollout"
+TIMEOUT_SECONDS = 120          # the servers' --distributed-timeout-seconds and the trainer's NCCL waits
 PROMPT_LOGPROBS = 5
 REPLAY_GOAL = 0.008            # SkyRL's published gap with routing replay, BF16 rollouts
 QUANTIZED_REPLAY_GOAL = 0.03   # the same for MXFP8 rollouts
@@ -79,8 +84,14 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--beamline", default=DEFAULT_BEAMLINE)
     parser.add_argument("--device", default="cpu", help="the servers' --device (cpu or cuda)")
-    parser.add_argument("--reference-device", help="torch device of the reference (default: cuda if the servers "
-                                                   "run there and torch sees one, else cpu)")
+    parser.add_argument("--reference-device", help="torch device of the reference (default: --trainer-device with "
+                                                   "nccl; else cuda if the servers run there and torch sees one, "
+                                                   "else cpu)")
+    parser.add_argument("--weight-sync", choices=["tcp", "nccl"], default="tcp",
+                        help="the weight update groups' backend; nccl needs two GPUs (the trainer on "
+                             "--trainer-device, the servers on the first one visible)")
+    parser.add_argument("--trainer-device", default="cuda:1", help="with nccl: the GPU the trainer's tensors live on "
+                                                                   "and broadcast from (not the servers')")
     parser.add_argument("--model", default=os.path.join(ROOT, "models", "beam-nano"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rollouts", type=int, default=16, help="rollouts from the float32 server per round")
@@ -108,11 +119,11 @@ def parse_args():
 def start_server(args, model, dtype, quantization=None):
     extra = ["--dtype", dtype, "--served-model-name", "policy", "--enable-return-routed-experts",
              "--speculative-config", "none", "--seed", "0", "--max-logprobs", str(PROMPT_LOGPROBS),
-             "--distributed-timeout-seconds", "120"] + args.extra_args.split()
+             "--distributed-timeout-seconds", str(TIMEOUT_SECONDS)] + args.extra_args.split()
     if quantization:
         extra += ["--quantization", quantization]
     return Server(args.beamline, model, args.device, extra, max_model_len=args.max_model_len,
-                  kv_cache_memory=args.kv_cache_memory)
+                  kv_cache_memory=args.kv_cache_memory, env=args.server_env)
 
 
 def completions(server, body):
@@ -201,12 +212,14 @@ def policy_of(master, device):
 
 
 def weight_frames(policy):
-    """(name, torch dtype, shape, bytes) per tensor, in the order save_checkpoint writes them: exactly its bytes."""
+    """(name, torch dtype, shape, tensor) per tensor, in the order save_checkpoint writes them, on the policy's device
+    and in the dtype it saves (beam_torch.to_numpy_tensor: the router FP32, the rest BF16): exactly its bytes."""
     state = policy.state_dict()
     frames = []
     for name in sorted(state, key=lambda n: (not is_router(n), n)):
-        tensor = beam_torch.to_numpy_tensor(name, state[name])
-        frames.append((name, TORCH_DTYPES[tensor.dtype], list(tensor.array.shape), tensor.array.tobytes()))
+        dtype = torch.float32 if is_router(name) else torch.bfloat16
+        tensor = state[name].detach().to(dtype).contiguous()
+        frames.append((name, str(dtype).removeprefix("torch."), list(tensor.shape), tensor))
     return frames
 
 
@@ -218,12 +231,57 @@ def save_policy(policy, source, directory):
             shutil.copy(os.path.join(source, name), directory)
 
 
+def prepare_nccl(args):
+    """With --weight-sync nccl: exits, saying why, without two GPUs or with the trainer on the servers' GPU; the
+    servers get the first visible GPU (CUDA_VISIBLE_DEVICES), the reference the trainer's by default."""
+    if args.device != "cuda":
+        sys.exit("--weight-sync nccl: the servers are NCCL ranks on a GPU, so --device must be cuda")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count < 2:
+        sys.exit(f"--weight-sync nccl needs two GPUs (nvidia-h200-x2): NCCL refuses two ranks on one GPU, so the "
+                 f"trainer (rank 0) cannot share the servers' GPU; PyTorch sees {count}")
+    trainer = torch.device(args.trainer_device)
+    if trainer.type != "cuda" or trainer.index in (None, 0) or trainer.index >= count:
+        sys.exit(f"--trainer-device {args.trainer_device}: expected one of cuda:1 .. cuda:{count - 1} (cuda:0 is the "
+                 f"servers' GPU)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    args.server_env = {"CUDA_VISIBLE_DEVICES": visible.split(",")[0] if visible else "0"}
+    if args.reference_device is None:
+        args.reference_device = args.trainer_device
+
+
+def make_trainers(args):
+    """Rank 0 of each weight update group: tcp, one trainer for both servers; nccl, one per server (both servers are
+    on one GPU, and NCCL refuses two ranks of one communicator on one GPU). With nccl the servers are given the
+    libnccl the trainer loaded (NCCL ranks of different versions may not talk), and args.weight_sync_detail says
+    what was used."""
+    if args.weight_sync == "tcp":
+        args.weight_sync_detail = "tcp: one group, the trainer writes every frame to both servers"
+        return [Trainer()]
+    trainers = [Trainer(backend="nccl", device=args.trainer_device, timeout=TIMEOUT_SECONDS) for _ in range(2)]
+    library = trainers[0].nccl.library.path
+    if os.path.isabs(library):
+        paths = [os.path.dirname(library)] + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        args.server_env["LD_LIBRARY_PATH"] = ":".join(paths)
+    args.weight_sync_detail = (f"nccl: {trainers[0].nccl.describe()}; servers on GPU "
+                               f"{args.server_env['CUDA_VISIBLE_DEVICES']}, a group of two ranks each")
+    return trainers
+
+
+def groups_of(trainers, servers):
+    """[(trainer, the servers of its group)]: one trainer takes every server, else each server its own."""
+    if len(trainers) == 1:
+        return [(trainers[0], servers)]
+    return [(trainer, [server]) for trainer, server in zip(trainers, servers)]
+
+
 def join_group(trainer, servers):
-    """One weight update group: the trainer rank 0, server i rank i + 1."""
+    """One weight update group: the trainer rank 0, server i rank i + 1 (nccl: the trainer joins the NCCL group once
+    the last server has its id, while the servers' calls wait)."""
     world = len(servers) + 1
     answers = [in_thread(lambda s=server, rank=rank: post(s.base, "/init_weights_update_group", {
         "master_address": trainer.host, "master_port": trainer.port, "rank_offset": rank, "world_size": world,
-        "group_name": GROUP, "backend": "tcp"})) for rank, server in enumerate(servers, 1)]
+        "group_name": GROUP, "backend": trainer.backend})) for rank, server in enumerate(servers, 1)]
     ranks = sorted(trainer.accept()["rank"] for _ in servers)
     assert ranks == list(range(1, world)), ranks
     for answer in answers:
@@ -232,23 +290,39 @@ def join_group(trainer, servers):
             raise RuntimeError(f"/init_weights_update_group answered {status}: {reply}")
 
 
+def destroy_groups(groups):
+    """/destroy_weights_update_group on every server while each trainer closes its end (with nccl, destroying a
+    communicator is a collective within a node: the trainer's and the servers' must overlap)."""
+    answers = [in_thread(lambda s=server: post(s.base, "/destroy_weights_update_group", {"group_name": GROUP}))
+               for _, servers in groups for server in servers]
+    for trainer, _ in groups:
+        trainer.close_servers()
+    for answer in answers:
+        status, reply = answer()
+        if status != 200:
+            raise RuntimeError(f"/destroy_weights_update_group answered {status}: {reply}")
+
+
 def control(server, path, body):
     status, reply = post(server.base, path, body)
     if status != 200:
         raise RuntimeError(f"{path} answered {status}: {reply}")
 
 
-def broadcast(trainer, servers, frames, version):
-    """As SkyRL syncs: /pause (mode wait) every server, /update_weights_from_distributed on each while the trainer
-    writes each frame to each, /resume; the seconds taken."""
+def broadcast(groups, frames, version):
+    """As SkyRL syncs: /pause (mode wait) every server, /update_weights_from_distributed on each while each group's
+    trainer sends every frame (tcp: to each of its servers; nccl: one broadcast), /resume; the seconds taken."""
+    check_frames(frames)
     body = {"group_name": GROUP, "weight_version": version, "names": [f[0] for f in frames],
             "dtypes": [f[1] for f in frames], "shapes": [f[2] for f in frames], "flush_cache": True}
+    servers = [server for _, members in groups for server in members]
     started = time.time()
     for server in servers:
         control(server, "/pause", {"mode": "wait"})
     answers = [in_thread(lambda s=server: post(s.base, "/update_weights_from_distributed", body)) for server in servers]
-    for name, _, _, data in frames:
-        trainer.send_tensor(name, data)
+    for trainer, _ in groups:
+        for name, _, _, data in frames:
+            trainer.send_tensor(name, data)
     for answer in answers:
         status, reply = answer()
         if status != 200 or reply.get("weight_version") != version:
@@ -363,7 +437,7 @@ def routing_mismatch(rollouts, refs):
     return ordered, unordered, total, first, ties
 
 
-def run_round(args, index, master, previous, servers, trainer, rng, generator, config):
+def run_round(args, index, master, previous, servers, groups, rng, generator, config):
     version = f"step-{index}"
     moe_layers = config.num_hidden_layers - config.first_k_dense_replace
     top_k = config.num_experts_per_tok
@@ -372,9 +446,9 @@ def run_round(args, index, master, previous, servers, trainer, rng, generator, c
     frames = weight_frames(policy)
     checkpoint = os.path.join(args.checkpoints, version)
     save_policy(policy, args.model, checkpoint)
-    seconds = broadcast(trainer, [servers["float32"], servers["bfloat16"]], frames, version)
+    seconds = broadcast(groups, frames, version)
     row = {"round": index, "weight_version": version, "broadcast_s": seconds,
-           "broadcast_bytes": sum(len(f[3]) for f in frames), "tensors": len(frames)}
+           "broadcast_bytes": sum(byte_count(f[3]) for f in frames), "tensors": len(frames)}
 
     prompt_limit = min(args.max_prompt_tokens, args.max_model_len - args.max_tokens - 1)
     a = servers["float32"]
@@ -429,8 +503,9 @@ def verdicts(rows, args, cpu, error):
     """(check, result, goal, passed) over all rounds; a loop that stopped early fails."""
     ran = ("every round ran", f"{len(rows)} of {args.rounds}" + (f": {error}" if error else ""), str(args.rounds),
            error is None and len(rows) == args.rounds)
+    transport = ("weight sync", getattr(args, "weight_sync_detail", args.weight_sync), "reported", True)
     if not rows:
-        return [ran]
+        return [ran, transport]
     passed = sum(round_passes(r, args) for r in rows)
     every = ("every round passed (a)-(d) with new weights (each round's noise moved them)",
              f"{passed} of {len(rows)}", str(len(rows)), passed == len(rows))
@@ -456,6 +531,7 @@ def verdicts(rows, args, cpu, error):
     values = sum(r["a_values"] for r in rows)
     return [
         ran,
+        transport,
         every,
         ("(a) float32 server after sync vs a fresh server on the saved checkpoint, prompt_logprobs (token + top 5)",
          f"{equal}/{sequences} sequences bit-identical ({values} values)" + (f"; first: {first_a}" if first_a else ""),
@@ -508,10 +584,17 @@ def round_row(r, args):
             f"{'yes' if round_passes(r, args) else '**NO**'} |")
 
 
+def describe_failure(failure):
+    return f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
+
+
 def main():
     args = parse_args()
     # A time limit's SIGTERM unwinds like a failure: the servers are stopped and the rounds done so far reported.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated (SIGTERM)"))
+    args.server_env = None
+    if args.weight_sync == "nccl":
+        prepare_nccl(args)
     if args.reference_device is None:
         args.reference_device = "cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu"
     torch.set_float32_matmul_precision("highest")   # no TF32 in the float32 reference
@@ -525,24 +608,31 @@ def main():
     generator = torch.Generator().manual_seed(args.seed)
     master = beam_torch.load_checkpoint(args.model)
     previous = policy_of(master, args.reference_device)
-    servers, trainer, rows, error = {}, Trainer(), [], None
+    servers, trainers, rows, error = {}, [], [], None
     try:
+        trainers = make_trainers(args)
         servers["float32"] = start_server(args, args.model, "float32")
         servers["bfloat16"] = start_server(args, args.model, "bfloat16", args.replay_quantization)
-        join_group(trainer, [servers["float32"], servers["bfloat16"]])
+        groups = groups_of(trainers, [servers["float32"], servers["bfloat16"]])
+        for trainer, members in groups:
+            join_group(trainer, members)
         for index in range(1, args.rounds + 1):
-            row, previous = run_round(args, index, master, previous, servers, trainer, rng, generator, master.config)
+            row, previous = run_round(args, index, master, previous, servers, groups, rng, generator, master.config)
             rows.append(row)
             print(json.dumps(row), flush=True)
-        for server in servers.values():
-            control(server, "/destroy_weights_update_group", {"group_name": GROUP})
+        destroy_groups(groups)
     except (Exception, SystemExit) as failure:  # reported as a failed check, with the rounds done so far
         traceback.print_exc()
-        error = f"{type(failure).__name__}: {failure}".replace("|", "/").replace("\n", " ")[:300]
+        error = describe_failure(failure)
     finally:
-        trainer.close()
         for server in servers.values():
             server.stop()
+        for trainer in trainers:  # after a failure the servers are gone: abort rather than destroy with them
+            try:
+                trainer.close(abort=error is not None)
+            except Exception as failure:  # noqa: BLE001 (the report is still written)
+                traceback.print_exc()
+                error = error or describe_failure(failure)
         if scratch is not None:
             shutil.rmtree(scratch)
     checks = verdicts(rows, args, args.device == "cpu", error)

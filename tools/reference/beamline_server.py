@@ -80,12 +80,14 @@ def finished_by_engine(base, expected_total, wait_seconds=5.0):
 
 
 class Server:
-    """Serves `model` on a free port (read from the start-up log) until stop()."""
+    """Serves `model` on a free port (read from the start-up log) until stop(); `env`: environment variables to set
+    for it (e.g. CUDA_VISIBLE_DEVICES)."""
 
-    def __init__(self, beamline, model, device, extra, max_model_len=512, kv_cache_memory="64M"):
+    def __init__(self, beamline, model, device, extra, max_model_len=512, kv_cache_memory="64M", env=None):
         args = [beamline, "serve", "--model", model, "--device", device, "--port", "0", "--max-model-len",
                 str(max_model_len), "--kv-cache-memory", kv_cache_memory, "--block-size", "8"] + extra
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **env} if env else None)
         self.log = ""
         deadline = time.time() + 120
         while time.time() < deadline:
