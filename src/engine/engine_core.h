@@ -139,12 +139,14 @@ class EngineCore {
   // verification has it run plain: drafts need the tokens. Asked after `step` was launched, for the step after it; a
   // "draft" answer stands for that step (propose_drafts does not ask again).
   bool next_step_plain(const InFlightStep& step);
-  // Adaptive verification: a step without prompt rows, by its decoding sequences and drafts (nullopt for others),
-  // and the wall time of such a step from `started` to now.
+  // A step by its decoding sequences (one token, or one and its draft) and their drafts, and whether it also carries
+  // prompt rows (a chunk, or a preempted sequence's recomputation: the step runs op by op on a runner with decode
+  // graphs); adaptive verification's cost tables take the wall time of such a step from `started` to now.
   struct DecodeShape {
     int32_t decoding = 0, draft_tokens = 0;
+    bool prompt_rows = false;
   };
-  static std::optional<DecodeShape> decode_shape(const InFlightStep& step);
+  static DecodeShape decode_shape(const InFlightStep& step);
   void record_step_cost(const DecodeShape& shape, bool drafted, Clock::time_point started);
   // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
   // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)

@@ -67,15 +67,12 @@ int32_t tokens_to_compute(const Sequence& sequence) {
 
 bool Scheduler::holds_prompts() const {
   if (held_steps_ >= config_.max_prompt_hold_steps || waiting_.empty()) return false;
-  // Only a step that would otherwise replay a graph: some sequence decodes and none computes a prompt chunk.
-  bool decoding = false;
-  for (const Sequence* sequence : running_) {
-    const int32_t remaining = tokens_to_compute(*sequence);
-    if (remaining > 1) return false;
-    decoding = decoding || remaining == 1;
-  }
+  // Only a step that would otherwise replay a graph: every running sequence decodes, none computes a prompt chunk.
+  // (Between a step and its tokens, as the engine asks about the step after, a decoding sequence has none left.)
+  if (std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return tokens_to_compute(*s) > 1; }))
+    return false;
   const int32_t admittable = std::min(num_waiting(), config_.max_num_seqs - num_running());
-  return decoding && admittable > 0 && 4 * admittable < num_running();
+  return admittable > 0 && 4 * admittable < num_running();
 }
 
 bool Scheduler::next_step_has_prompt_rows() const {

@@ -17,7 +17,14 @@ class StepPhases {
  public:
   enum class Phase { Propose, Schedule, Launch, Wait, Emit, Commit };
   static constexpr std::size_t kPhases = 6;
-  enum class Kind { Plain, Drafted };
+  // Drafted: the step verifies drafts. "With prompt rows": it also carries a prompt chunk (or a recomputation), so on
+  // a runner with decode graphs it ran op by op.
+  enum class Kind { Plain, PlainWithPromptRows, Drafted, DraftedWithPromptRows };
+  static constexpr std::size_t kKinds = 4;
+  static Kind kind(bool drafted, bool prompt_rows) {
+    if (drafted) return prompt_rows ? Kind::DraftedWithPromptRows : Kind::Drafted;
+    return prompt_rows ? Kind::PlainWithPromptRows : Kind::Plain;
+  }
 
   // Null unless BEAMLINE_STEP_PHASES=1.
   static std::unique_ptr<StepPhases> from_environment();
@@ -38,7 +45,7 @@ class StepPhases {
   };
   Clock::time_point last_;
   std::array<double, kPhases> step_{};
-  std::array<Totals, 2> kinds_{};
+  std::array<Totals, kKinds> kinds_{};
 };
 
 }  // namespace beamline

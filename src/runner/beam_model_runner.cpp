@@ -35,6 +35,11 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
 }
 
 BeamModelRunner::~BeamModelRunner() {
+  // How often a step ran op by op to record a graph against how often one replayed (each recording also captures and
+  // instantiates: bench/dflash_throughput.py reports these lines).
+  if (graphs_) spdlog::info("decode graphs: {} recorded, {} replayed", graphs_->recorded(), graphs_->replayed());
+  if (drafter_ && (drafter_->recorded() > 0 || drafter_->replayed() > 0))
+    spdlog::info("drafter passes: {} recorded, {} replayed", drafter_->recorded(), drafter_->replayed());
   if (groups_ == nullptr || groups_->world_rank != 0 || !failure_.empty()) return;
   try {
     std::vector<std::byte> stop = encode_step_message(nullptr);

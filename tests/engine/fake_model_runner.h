@@ -58,13 +58,34 @@ class FakeModelRunner : public ModelRunner {
   float logit_scale = 1.0f;  // below 1 flattens every distribution (logits in [-4, 4] times this)
 
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override {
+    count_verify_steps(batch);
     return sampler_.step(forward(batch), batch.logit_rows.size());
   }
+
+  // Says it replays decode graphs (as BeamModelRunner on a GPU), for the engine's rules that depend on it.
+  bool replays_graphs = false;
+  bool replays_decode_graphs() const override { return replays_graphs; }
+  // Steps with a verify sequence (several rows, every one a logit row), and those of them that also carried prompt
+  // rows (rows without logits): on a runner with decode graphs those ran op by op.
+  int64_t verify_steps = 0, verify_steps_with_prompt_rows = 0;
 
  private:
   struct Cell {
     int32_t token = -1, position = -1, group = -1;
   };
+
+  void count_verify_steps(const ForwardBatch& batch) {
+    std::vector<bool> logit(batch.tokens.size(), false);
+    for (const int32_t row : batch.logit_rows) logit.at(static_cast<std::size_t>(row)) = true;
+    bool verifies = false;
+    for (const SequenceSlice& slice : batch.sequences)
+      verifies = verifies || (slice.token_end - slice.token_begin > 1 &&
+                              std::all_of(logit.begin() + slice.token_begin, logit.begin() + slice.token_end,
+                                          [](bool row) { return row; }));
+    if (!verifies) return;
+    ++verify_steps;
+    if (std::find(logit.begin(), logit.end(), false) != logit.end()) ++verify_steps_with_prompt_rows;
+  }
 
   Tensor forward(const ForwardBatch& batch) {
     ++forward_calls;

@@ -218,6 +218,38 @@ TEST(SpeculativeDecoding, AdaptiveVerificationKeepsGreedyOutputsAndFollowsTheCos
   }
 }
 
+// On a runner that replays decode graphs (where a step with prompt rows runs op by op) new prompts wait a few steps
+// while sequences decode and enter together (SchedulerConfig::max_prompt_hold_steps): fewer verify steps carry prompt
+// rows, and the greedy outputs stay those without speculation, with fixed K and with adaptive verification.
+TEST(SpeculativeDecoding, OnAGraphRunnerNewPromptsWaitAndOutputsStay) {
+  const auto requests = repetitive_requests(5, 80);
+  const Results reference = run_without_speculation(requests);
+  for (const bool adaptive : {false, true}) {
+    SCOPED_TRACE(adaptive ? "adaptive" : "fixed K");
+    int64_t mixed[2] = {0, 0}, verify[2] = {0, 0};
+    for (const bool graphs : {false, true}) {
+      auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, 4000, 1, 2), kWindow,
+                                                               kVocab, 512);
+      runner->replays_graphs = graphs;
+      const testing::FakeModelRunner& counts = *runner;
+      EngineConfig config = engine_config(adaptive ? adaptive_ngram(4, 1.0, 0.01, 0.005) : ngram(4), true);
+      config.max_num_seqs = 16;
+      config.max_num_batched_tokens = 256;  // the prompts fit a step: no chunk makes a step op by op anyway
+      Engine engine(config, std::move(runner), nullptr, std::vector<TokenId>{0});
+      const Results results = run_batched(engine, requests);
+      engine.shutdown(ShutdownMode::Drain);
+      expect_same_outputs(results, reference);
+      mixed[graphs] = counts.verify_steps_with_prompt_rows;
+      verify[graphs] = counts.verify_steps;
+      std::printf("%s, decode graphs %d: %lld verify steps, %lld of them with prompt rows\n",
+                  adaptive ? "adaptive" : "fixed K", graphs, static_cast<long long>(verify[graphs]),
+                  static_cast<long long>(mixed[graphs]));
+    }
+    EXPECT_GT(verify[1], 0);
+    EXPECT_LT(2 * mixed[1], mixed[0]) << "holding new prompts should halve the verify steps that carry prompt rows";
+  }
+}
+
 TEST(SpeculativeDecoding, StopStringsAndMaxTokensAreNeverPassed) {
   // Token i decodes to the letter 'a' + i, so the text is the token sequence.
   std::vector<std::string> pieces;
