@@ -239,6 +239,7 @@ TEST(SpeculativeDecoding, OnAGraphRunnerNewPromptsWaitAndOutputsStay) {
       const Results results = run_batched(engine, requests);
       engine.shutdown(ShutdownMode::Drain);
       expect_same_outputs(results, reference);
+      EXPECT_EQ(engine.stats().kv_blocks_free, engine.stats().kv_blocks_total);
       mixed[graphs] = counts.verify_steps_with_prompt_rows;
       verify[graphs] = counts.verify_steps;
       std::printf("%s, decode graphs %d: %lld verify steps, %lld of them with prompt rows\n",
@@ -247,6 +248,18 @@ TEST(SpeculativeDecoding, OnAGraphRunnerNewPromptsWaitAndOutputsStay) {
     }
     EXPECT_GT(verify[1], 0);
     EXPECT_LT(2 * mixed[1], mixed[0]) << "holding new prompts should halve the verify steps that carry prompt rows";
+    // Under preemption (60 blocks of 4 tokens: a few sequences at a time) the held prompts still give the outputs.
+    auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, 60, 1, 2), kWindow,
+                                                             kVocab, 512);
+    runner->replays_graphs = true;
+    EngineConfig config = engine_config(adaptive ? adaptive_ngram(4, 1.0, 0.01, 0.005) : ngram(4), true);
+    config.max_num_seqs = 16;
+    Engine engine(config, std::move(runner), nullptr, std::vector<TokenId>{0});
+    const Results results = run_batched(engine, requests);
+    engine.shutdown(ShutdownMode::Drain);
+    expect_same_outputs(results, reference);
+    EXPECT_GT(engine.stats().preemptions_total, 0u);
+    EXPECT_EQ(engine.stats().kv_blocks_free, engine.stats().kv_blocks_total);
   }
 }
 
