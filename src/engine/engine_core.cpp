@@ -319,14 +319,9 @@ std::vector<std::string> EngineCore::step() {
   }
   std::unique_ptr<InFlightStep> next;
   // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before a drafted step;
-  // a plain one (adaptive verification's choice) it launches ahead, its context committed first (the runner keeps
-  // only the latest step's hidden states).
+  // a plain one (adaptive verification's choice) it launches ahead (its context was committed at its launch).
   if (config_.async_scheduling && in_flight_->sampled_at_launch && !jump_forward_ahead(*in_flight_) &&
       (!config_.speculative.enabled() || next_step_plain(*in_flight_))) {
-    if (config_.speculative.enabled()) {
-      commit_draft_context(*in_flight_);
-      in_flight_->context_committed = true;
-    }
     next = launch_ahead(*in_flight_, ended);
   }
   mark(StepPhases::Phase::Launch);
@@ -440,6 +435,9 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
       sample_rows(*step, all);
       step->sampled_at_launch = true;
     }
+    mark(StepPhases::Phase::Launch);
+    commit_draft_context(*step);
+    mark(StepPhases::Phase::Commit);
   } catch (const std::exception& error) {
     fail_step(*step, error.what(), ended);
     return nullptr;
@@ -540,7 +538,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
   }
   for (RequestState* request : touched) flush(*request, ended);
   mark(StepPhases::Phase::Emit);
-  if (!step.context_committed) commit_draft_context(step);
+  truncate_draft_context(step);
   mark(StepPhases::Phase::Commit);
 }
 
@@ -808,13 +806,21 @@ void EngineCore::record_step_cost(const DecodeShape& shape, bool drafted, Clock:
 
 void EngineCore::commit_draft_context(const InFlightStep& step) {
   if (!runner_.has_drafter()) return;
-  std::vector<StepVerified> verified;
+  std::vector<StepVerified> rows;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const SequenceSlice& slice = step.plan.batch.sequences[i];
+    rows.push_back({step.ids[i], static_cast<int32_t>(i), slice.context_begin + (slice.token_end - slice.token_begin)});
+  }
+  runner_.commit_draft_context(rows);
+}
+
+void EngineCore::truncate_draft_context(const InFlightStep& step) {
+  if (!runner_.has_drafter()) return;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     const SampleState* sample = live_sample(step.ids[i]);
-    if (sample != nullptr)
-      verified.push_back({step.ids[i], static_cast<int32_t>(i), sample->sequence.num_computed_tokens});
+    if (sample != nullptr && step.plan.scheduled[i].num_draft_tokens > 0)
+      runner_.truncate_draft_context(step.ids[i], sample->sequence.num_computed_tokens);
   }
-  runner_.commit_draft_context(verified);
 }
 
 void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts,

@@ -126,8 +126,6 @@ class EngineCore {
     std::vector<SampledRow> sampled;     // in the order of model->sample's rows; empty until they are sampled
     // Every producing row was sampled on the device at launch (the next step may read the tokens there).
     bool sampled_at_launch = false;
-    // Its rows' drafter context was committed before the next step was launched ahead of its tokens.
-    bool context_committed = false;
   };
 
   // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
@@ -155,9 +153,12 @@ class EngineCore {
   // what a draft costs the rest of the batch.
   bool jump_forward_pays(std::size_t forced, int32_t decoding) const;
   bool can_jump_forward(const SampleState& sample) const;
-  // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
-  // the target's hidden states of those positions only.
+  // With a block drafter, right after `step` is launched: has the runner keep the target's hidden states of every row
+  // of it as drafter context (its host work then overlaps the step's forward pass on the device: after the step's
+  // tokens it was ~0.4-0.8 ms of host time per drafted step with the device idle, bench/results/2026-12-03-spec15.md);
+  // once the step is settled, truncate_draft_context drops the rejected drafts' positions.
   void commit_draft_context(const InFlightStep& step);
+  void truncate_draft_context(const InFlightStep& step);
   // The rows of a producing sequence with `num_drafts` draft tokens (logit rows from `logit_row`): the target's
   // settings for each, and for sampled (not greedy) rows before the last the draft's verification rule on the host.
   void add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts, std::vector<RowSampling>& rows);

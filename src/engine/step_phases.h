@@ -2,9 +2,10 @@
 // Host wall time per phase of the engine's steps, by kind of step, for BEAMLINE_STEP_PHASES=1: what a step with drafts
 // costs against a plain one, phase by phase (docs/speculative-decoding.md, "Cost of a drafted step"). The table goes
 // to the log when the engine closes. A phase that waits for the device (proposing with a drafter: its pass; waiting
-// for the sampled tokens: the forward) counts the device's time as well; BEAMLINE_CUDA_OP_TIMES splits that by op. With
-// --async-scheduling the next step is launched before this one is finished: its launch (and, in a speculating engine,
-// this plain step's drafter-context commit made before it) counts as this step's "launch".
+// for the sampled tokens: the forward) counts the device's time as well; BEAMLINE_CUDA_OP_TIMES splits that by op. The
+// drafter-context commit is enqueued right after the step's launch (while the device runs the forward) and counts as
+// "commit", with the rejected drafts' truncation after the tokens. With --async-scheduling the next step is launched
+// before this one is finished: its launch and commit count as this step's.
 #include <array>
 #include <chrono>
 #include <cstdint>

@@ -583,6 +583,10 @@ void BeamModelRunner::commit_draft_context(std::span<const StepVerified> sequenc
   drafter_->commit(rows, last_captured_);
 }
 
+void BeamModelRunner::truncate_draft_context(int64_t sequence_id, int64_t verified_length) {
+  drafter_->truncate(sequence_id, verified_length);
+}
+
 std::vector<DraftProposal> BeamModelRunner::propose_drafts(std::span<const DraftRequest> requests,
                                                           int32_t num_tokens) {
   std::vector<DraftAnchor> anchors;
