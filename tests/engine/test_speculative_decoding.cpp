@@ -261,6 +261,41 @@ TEST(SpeculativeDecoding, OnAGraphRunnerNewPromptsWaitAndOutputsStay) {
   }
 }
 
+// A drafter's context is committed right after each step's launch, every row of it (drafts included, so that the
+// host's work overlaps the forward), and cut back to the verified positions once the drafts are settled: each next
+// commit starts exactly where the run ends, so the context never holds a rejected draft and never has a gap. With fixed
+// K and adaptive verification (whose plain steps are launched ahead); under preemption the outputs stay.
+TEST(SpeculativeDecoding, DrafterContextIsCommittedAtLaunchAndCutToWhatWasVerified) {
+  const auto requests = repetitive_requests(6, 40);
+  const Results reference = run_without_speculation(requests);
+  for (const bool adaptive : {false, true}) {
+    for (const int32_t blocks : {4000, 60}) {
+      SCOPED_TRACE(fmt::format("{}, {} blocks", adaptive ? "adaptive" : "fixed K", blocks));
+      auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, blocks, 1, 2), kWindow,
+                                                               kVocab, 512);
+      runner->drafter_context = true;
+      const testing::FakeModelRunner& fake = *runner;
+      Engine engine(engine_config(adaptive ? adaptive_ngram(4, 1.0, 0.01, 0.005) : ngram(4), true), std::move(runner),
+                    nullptr, std::vector<TokenId>{0});
+      const Results results = run_batched(engine, requests);
+      engine.shutdown(ShutdownMode::Drain);
+      expect_same_outputs(results, reference);
+      const EngineStats stats = engine.stats();
+      EXPECT_GT(stats.spec_decode_num_draft_tokens_total, stats.spec_decode_num_accepted_tokens_total)
+          << "no draft was rejected: the truncation would not be exercised";
+      EXPECT_GT(fake.context_truncations, 0);
+      EXPECT_GE(fake.context_commits, static_cast<int64_t>(stats.steps_total));
+      // A preempted sequence is recomputed from its start or a prefix hit: there the run restarts (as the ring does).
+      if (blocks >= 100) {
+        EXPECT_EQ(fake.context_gaps, 0);
+      } else {
+        EXPECT_GT(stats.preemptions_total, 0u);
+      }
+      EXPECT_TRUE(fake.context_end.empty()) << "every finished sequence's context is forgotten";
+    }
+  }
+}
+
 TEST(SpeculativeDecoding, StopStringsAndMaxTokensAreNeverPassed) {
   // Token i decodes to the letter 'a' + i, so the text is the token sequence.
   std::vector<std::string> pieces;
