@@ -116,7 +116,7 @@ StepPlan Scheduler::schedule() {
     }
   }
 
-  held_steps_ = hold ? held_steps_ + 1 : 0;
+  if (hold) ++held_steps_;
   if (plan.preempted.empty() && !hold) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
       Sequence* sequence = waiting_.front();
@@ -141,6 +141,9 @@ StepPlan Scheduler::schedule() {
       plan.scheduled.push_back({sequence, num_new, -1});
       budget -= num_new;
     }
+    // Prompts left waiting for the budget or blocks (not for slots) are not held again: they enter as soon as they
+    // fit. Those left for slots wait for sequences to end, and are held like new arrivals as slots free up.
+    held_steps_ = waiting_.empty() || num_running() >= config_.max_num_seqs ? 0 : config_.max_prompt_hold_steps;
   }
   // Drafts live for one step: a running sequence left out of this one loses them.
   for (Sequence* sequence : running_) {

@@ -30,7 +30,9 @@ struct SchedulerConfig {
   // graphs hold decode and verify rows only), several times a replayed step's host time, so admitting each new prompt
   // into the next step made most steps of a busy batch op by op (bench/results/2026-12-03-spec15.md). While sequences
   // decode and none is mid-prefill, new prompts then wait, for at most this many steps or until they number a quarter
-  // of the running sequences, and are admitted together into one step. 0: admitted at once.
+  // of the running sequences, and are admitted together into one step (what does not fit its budget is not held
+  // again).
+  // 0: admitted at once.
   int32_t max_prompt_hold_steps = 0;
 };
 
@@ -92,7 +94,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // by id (arrival)
   std::deque<Sequence*> waiting_;   // by id (arrival); preempted sequences come back to the front
   uint64_t num_preemptions_ = 0;
-  int32_t held_steps_ = 0;  // consecutive steps that kept new prompts waiting
+  int32_t held_steps_ = 0;  // steps that kept the waiting prompts waiting (max_prompt_hold_steps: hold no more)
 };
 
 }  // namespace beamline

@@ -269,6 +269,20 @@ TEST(Scheduler, NewPromptsWaitWhileSequencesDecodeThenEnterTogether) {
   EXPECT_EQ(together.scheduled.size(), 12u);
   for (const Sequence* arrival : arrivals) EXPECT_EQ(arrival->num_output_tokens(), 1);
 
+  // Admitted together but not all fitting the budget (8 decodes + 2 prompts of 16 in 40 tokens): the third enters the
+  // next step, not held again.
+  Harness budget(4096, 16, SchedulerConfig{16, 40, 1, 3});
+  for (int i = 0; i < 8; ++i) budget.add(1, 100, rng);
+  budget.step();
+  std::vector<Sequence*> three;
+  for (int i = 0; i < 3; ++i) three.push_back(budget.add(16, 100, rng));
+  budget.step();
+  EXPECT_EQ(three[1]->num_output_tokens(), 1);
+  EXPECT_EQ(three[2]->num_computed_tokens, 0) << "the budget ran out";
+  EXPECT_TRUE(budget.scheduler.next_step_has_prompt_rows());
+  budget.step();
+  EXPECT_EQ(three[2]->num_output_tokens(), 1);
+
   // A prompt chunk in the step anyway (a 60-token prompt in chunks of 16 beside 8 decodes): a new prompt is not held
   // on top of it, but enters as soon as the budget has room.
   Harness chunked(4096, 16, SchedulerConfig{16, 24, 1, 3});
