@@ -10,17 +10,23 @@ first 300 held-out conversations of the v1 data generator (tools/data/generate.p
 1000 --seed 1`), the distribution models/beam-nano and models/beam-nano-drafter were trained on; today's generator
 (v2) gives prompts on which the drafter accepts far less (bench/results/2026-12-02-spec2-adaptive-h200.md).
 `--heldout none` sends a short text prompt and D output tokens (ignore_eos) instead, text the drafter was not
-trained on. Output tokens per second = output tokens / wall time of the batch (prefills included). The spec-decode
+trained on. A prompt sent again (more requests than prompts) carries a cache_salt of its pass, so that it does not
+hit the prefix cache of its earlier copy (a hit would recompute only the last token without a drafter and the
+drafter's window with one, which favoured no speculation). Before each batch is measured, --warmup-rounds rounds of it
+(other prompts) run unmeasured: the batch's decode graphs are recorded and adaptive verification's cost tables filled,
+as in a server that has run a while. Output tokens per second = output tokens / wall time of the batch (prefills
+included). The spec-decode
 counters of /metrics (drafts, draft tokens, accepted) are read before and after each batch, so that each row shows its
 mean tokens per drafted step (1 + accepted / drafts) and its acceptance rate. Prints a Markdown table.
 
 With --phases every (configuration, batch) row gets a server of its own, run with BEAMLINE_STEP_PHASES=1, and the
 engine's table of host wall time per step phase, plain steps against drafted ones (src/engine/step_phases.h), is
-printed after the throughput table (each server's log is in --log-dir when given).
+printed after the throughput table, with the runner's counts of recorded and replayed decode graphs and drafter
+passes (each server's log is in --log-dir when given).
 
 Usage: python3 bench/dflash_throughput.py BINARY --model DIR --drafter DIR [--k 7] [--batches 1,16] [--decode 256]
-                                          [--heldout FILE|none] [--rounds R] [--phases] [--log-dir DIR]
-                                          [--device cuda] [--serve-args '...']
+                                          [--heldout FILE|none] [--rounds R|R1,R2,..] [--warmup-rounds W]
+                                          [--phases] [--log-dir DIR] [--device cuda] [--serve-args '...']
 """
 import argparse
 import concurrent.futures
@@ -59,11 +65,12 @@ def counters():
 
 # `batch` requests in flight at a time, `rounds` each in turn (different prompts), so that short answers still time
 # many steps.
-def run_batch(batch, decode, name, heldout=None, rounds=1):
+# `first`: the index of the first request's prompt (warm-up rounds take the prompts after the measured ones).
+def run_batch(batch, decode, name, heldout=None, rounds=1, first=0):
     count = batch * rounds
     if heldout:
-        bodies = [{"model": name, "prompt": heldout[i % len(heldout)], "max_tokens": decode, "temperature": 0}
-                  for i in range(count)]
+        bodies = [{"model": name, "prompt": heldout[i % len(heldout)], "max_tokens": decode, "temperature": 0,
+                   "cache_salt": f"pass{i // len(heldout)}"} for i in range(first, first + count)]
     else:
         bodies = [{"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": decode, "temperature": 0,
                    "ignore_eos": True} for i in range(count)]
@@ -112,10 +119,31 @@ def phase_table(log_path):
     return lines
 
 
+def log_path_of(args, label, batch):
+    return os.path.join(args.log_dir_used, f"serve-{label.split()[0]}-{label.split()[-1]}-b{batch}.log")
+
+
+# The runner's "decode graphs: R recorded, P replayed" and "drafter passes: ..." lines from a server log.
+def graph_counts(log_path):
+    found = []
+    with open(log_path) as f:
+        for line in f:
+            for what in ("decode graphs: ", "drafter passes: "):
+                if what in line and "recorded," in line:
+                    found.append(what + line.split(what, 1)[1].strip())
+    return found or ["(no graph counts in the server log)"]
+
+
 def measure(args, label, batch, name, heldout):
+    rounds = args.rounds_of[batch]
+    try:
+        if args.warmup_rounds > 0:
+            run_batch(batch, args.decode, name, heldout, args.warmup_rounds, first=batch * rounds)
+    except OSError as error:
+        print(f"{label}, batch {batch}, warm-up: {error}", file=sys.stderr)
     before = counters()
     try:
-        elapsed, produced = run_batch(batch, args.decode, name, heldout, args.rounds)
+        elapsed, produced = run_batch(batch, args.decode, name, heldout, rounds)
     except OSError as error:  # a failed request: say so in the table, measure the other rows
         print(f"{label}, batch {batch}: {error}", file=sys.stderr)
         return (label + " (FAILED)", batch, 0, float("nan"), 0.0, 0.0, 0.0)
@@ -147,7 +175,10 @@ def main():
     parser.add_argument("--decode", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--serve-args", default="")
-    parser.add_argument("--rounds", type=int, default=1, help="requests per concurrent slot, one after another")
+    parser.add_argument("--rounds", default="1",
+                        help="requests per concurrent slot, one after another: one count, or one per batch size")
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="unmeasured rounds of each batch (other prompts) before it is measured")
     parser.add_argument("--heldout", default=V1_HELDOUT,
                         help="held-out conversations (jsonl with turns[].prompt): their prompts; 'none': text prompts "
                              "(default: the v1 generator's, which beam-nano and its drafter were trained on)")
@@ -156,6 +187,12 @@ def main():
     parser.add_argument("--log-dir", help="with --phases: keep each server's log here")
     args = parser.parse_args()
     args.batch_sizes = [int(b) for b in args.batches.split(",")]
+    rounds = [int(r) for r in args.rounds.split(",")]
+    if len(rounds) == 1:
+        rounds *= len(args.batch_sizes)
+    if len(rounds) != len(args.batch_sizes):
+        sys.exit(f"--rounds: {len(rounds)} counts for {len(args.batch_sizes)} batch sizes")
+    args.rounds_of = dict(zip(args.batch_sizes, rounds))
     if args.heldout == "none":
         args.heldout = None
     heldout = None
@@ -164,7 +201,7 @@ def main():
         with open(args.heldout) as f:
             for line in f:
                 prompts += [turn["prompt"] for turn in json.loads(line)["turns"]]
-                if len(prompts) >= max(args.batch_sizes) * args.rounds:
+                if len(prompts) >= max(b * (args.rounds_of[b] + args.warmup_rounds) for b in args.batch_sizes):
                     break
         encoded = subprocess.run([args.binary, "tokenize", "--model", args.model, "--allow-special", "--jsonl"],
                                  input="".join(json.dumps(p) + "\n" for p in prompts), capture_output=True, text=True,
@@ -177,16 +214,17 @@ def main():
                         json.dumps({"method": "dflash", "model": args.drafter, "num_speculative_tokens": args.k,
                                     "adaptive_verification": adaptive})))
     rows, phases = [], []
-    log_dir = args.log_dir or (os.environ.get("TMPDIR", "/tmp") if args.phases else None)
+    args.log_dir_used = args.log_dir or (os.environ.get("TMPDIR", "/tmp") if args.phases else None)
     for label, speculative in configs:
         if not args.phases:
             rows += run_server(args, label, speculative, args.batch_sizes, name, heldout)
             continue
         for batch in args.batch_sizes:
-            log_path = os.path.join(log_dir, f"serve-{label.split()[0]}-{label.split()[-1]}-b{batch}.log")
+            log_path = log_path_of(args, label, batch)
             rows += run_server(args, label, speculative, [batch], name, heldout, log_path)
             phases.append((label, batch, phase_table(log_path)))
-    what = f"{args.rounds} requests per slot, "
+    what = (f"requests per slot: {', '.join(f'{args.rounds_of[b]} at batch {b}' for b in args.batch_sizes)} "
+            f"(after {args.warmup_rounds} unmeasured), ")
     what += f"held-out prompts of {args.heldout}, up to {args.decode}" if heldout else f"text prompts, {args.decode}"
     print(f"\nmodel {args.model}, drafter {args.drafter}, greedy, {what} output tokens per request, "
           f"device {args.device}\n")
@@ -203,8 +241,9 @@ def main():
               f"| {drafts:.0f} | {per_draft} | {per_step} | {rate} |")
     for label, batch, table in phases:
         print(f"\nstep phases, {label}, batch {batch} (host wall ms per step, server with BEAMLINE_STEP_PHASES=1; "
-              "the warm-up request included)\n")
+              "the warm-up requests included)\n")
         print("\n".join(table) if table else "(no table in the server log)")
+        print("\n" + "; ".join(graph_counts(log_path_of(args, label, batch))))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <utility>
 
@@ -25,6 +26,18 @@ std::size_t allowed_prefix(GrammarMatcher& matcher, std::span<const TokenId> tok
 
 // A forced run longer than this is drafted over several steps (a long draft costs its rows even where rejected).
 constexpr int32_t kMaxJumpForwardTokens = 16;
+
+// A speculating engine on a runner with decode graphs keeps new prompts out of decode steps for at most this many
+// steps (SchedulerConfig::max_prompt_hold_steps). With ~1.6 arrivals per drafted step at batch 16, a held prompt
+// idles its slot ~1-2 steps of ~2.5 ms while each op-by-op step it avoids costs ~3 ms more than a replayed one: about
+// 4 steps balance the two (bench/results/2026-12-03-spec15.md). BEAMLINE_PROMPT_HOLD_STEPS=N sets it (0: off), for
+// measuring the rule against admitting at once.
+int32_t prompt_hold_steps(const EngineConfig& config, const ModelRunner& runner) {
+  constexpr int32_t kPromptHoldSteps = 4;
+  if (!config.speculative.enabled() || !runner.replays_decode_graphs()) return 0;
+  const char* value = std::getenv("BEAMLINE_PROMPT_HOLD_STEPS");
+  return value != nullptr && *value != '\0' ? std::max(0, std::atoi(value)) : kPromptHoldSteps;
+}
 
 double seconds_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -93,7 +106,8 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.speculative.method == SpeculativeMethod::DFlash
                                      ? std::max(1, runner.drafter_window())
-                                     : 1},
+                                     : 1,
+                                 prompt_hold_steps(config, runner)},
                  kv_),
       seeds_(config.seed) {
   const SpeculativeConfig& spec = config.speculative;
@@ -116,6 +130,9 @@ EngineCore::EngineCore(const EngineConfig& config, ModelRunner& runner, const To
                : spec.adaptive_verification
                    ? "steps without drafts are scheduled ahead (--async-scheduling), steps with drafts wait for the tokens"
                    : "the engine runs synchronously (--async-scheduling does not apply: every step may draft)");
+  if (const int32_t hold = prompt_hold_steps(config, runner_); hold > 0)
+    spdlog::info("speculative decoding with decode graphs: new prompts wait up to {} steps while sequences decode, "
+                 "then enter together (BEAMLINE_PROMPT_HOLD_STEPS)", hold);
 }
 
 EngineCore::~EngineCore() {
@@ -302,14 +319,9 @@ std::vector<std::string> EngineCore::step() {
   }
   std::unique_ptr<InFlightStep> next;
   // Drafts come from the host's tokens, so a speculating engine waits for each step's tokens before a drafted step;
-  // a plain one (adaptive verification's choice) it launches ahead, its context committed first (the runner keeps
-  // only the latest step's hidden states).
+  // a plain one (adaptive verification's choice) it launches ahead (its context was committed at its launch).
   if (config_.async_scheduling && in_flight_->sampled_at_launch && !jump_forward_ahead(*in_flight_) &&
       (!config_.speculative.enabled() || next_step_plain(*in_flight_))) {
-    if (config_.speculative.enabled()) {
-      commit_draft_context(*in_flight_);
-      in_flight_->context_committed = true;
-    }
     next = launch_ahead(*in_flight_, ended);
   }
   mark(StepPhases::Phase::Launch);
@@ -317,9 +329,9 @@ std::vector<std::string> EngineCore::step() {
   const bool verifies_drafts = std::any_of(current->plan.scheduled.begin(), current->plan.scheduled.end(),
                                            [](const ScheduledSequence& s) { return s.num_draft_tokens > 0; });
   // Taken before finish(): a sequence that ends in it goes.
-  const std::optional<DecodeShape> shape = adaptive_ ? decode_shape(*current) : std::nullopt;
+  const DecodeShape shape = decode_shape(*current);
   finish(*current, ended);
-  if (shape) record_step_cost(*shape, drafted, started);
+  if (adaptive_) record_step_cost(shape, drafted, started);
   if (next && !next->sampled_at_launch && !sample_waiting_rows(*next, ended)) next.reset();
   if (next) {
     // Its placeholders now hold the sampled tokens, so the blocks it fills hash what they store.
@@ -328,7 +340,7 @@ std::vector<std::string> EngineCore::step() {
   }
   if (phases_) {
     mark(StepPhases::Phase::Launch);
-    phases_->end_step(verifies_drafts ? StepPhases::Kind::Drafted : StepPhases::Kind::Plain,
+    phases_->end_step(StepPhases::kind(verifies_drafts, shape.prompt_rows),
                       static_cast<int64_t>(counters_.generation_tokens_total - tokens_before));
   }
   return ended;
@@ -423,6 +435,9 @@ std::unique_ptr<EngineCore::InFlightStep> EngineCore::launch(StepPlan plan, std:
       sample_rows(*step, all);
       step->sampled_at_launch = true;
     }
+    mark(StepPhases::Phase::Launch);
+    commit_draft_context(*step);
+    mark(StepPhases::Phase::Commit);
   } catch (const std::exception& error) {
     fail_step(*step, error.what(), ended);
     return nullptr;
@@ -523,7 +538,7 @@ void EngineCore::finish(InFlightStep& step, std::vector<std::string>& ended) {
   }
   for (RequestState* request : touched) flush(*request, ended);
   mark(StepPhases::Phase::Emit);
-  if (!step.context_committed) commit_draft_context(step);
+  truncate_draft_context(step);
   mark(StepPhases::Phase::Commit);
 }
 
@@ -658,7 +673,7 @@ bool EngineCore::next_step_plain(const InFlightStep& step) {
     if (room > 0) candidates.push_back({std::min(config_.speculative.num_speculative_tokens, room), {}});
   }
   if (candidates.empty()) return true;
-  if (!adaptive_->should_draft(decoding, candidates)) return true;
+  if (!adaptive_->should_draft(decoding, candidates, scheduler_.next_step_has_prompt_rows())) return true;
   draft_decided_ = true;
   return false;
 }
@@ -719,10 +734,12 @@ bool EngineCore::propose_drafts() {
     counters_.jump_forward_draft_tokens_total += forced.tokens.size();
   }
   if (drafting.empty()) return false;
+  // What the step will cost depends on whether it runs op by op anyway (prompt rows) or can replay a graph.
+  const bool prompt_rows = adaptive_ && scheduler_.next_step_has_prompt_rows();
   if (adaptive_) {
     std::vector<AdaptiveVerification::Candidate> candidates;
     for (const Drafting& d : drafting) candidates.push_back({d.max_tokens, {}});
-    if (!decided && !adaptive_->should_draft(decoding, candidates)) return false;
+    if (!decided && !adaptive_->should_draft(decoding, candidates, prompt_rows)) return false;
   }
   std::vector<DraftProposal> drafts;
   if (spec.method == SpeculativeMethod::DFlash) {
@@ -748,7 +765,7 @@ bool EngineCore::propose_drafts() {
     std::vector<AdaptiveVerification::Candidate> candidates;
     for (const DraftProposal& draft : drafts)
       candidates.push_back({static_cast<int32_t>(draft.tokens.size()), draft.confidence});
-    const std::vector<int32_t> verify = adaptive_->choose(decoding, candidates, true);
+    const std::vector<int32_t> verify = adaptive_->choose(decoding, candidates, true, prompt_rows);
     for (std::size_t i = 0; i < drafts.size(); ++i) {
       drafts[i].tokens.resize(static_cast<std::size_t>(verify[i]));
       if (drafts[i].confidence.size() > drafts[i].tokens.size()) drafts[i].confidence.resize(drafts[i].tokens.size());
@@ -764,14 +781,15 @@ bool EngineCore::propose_drafts() {
   return true;
 }
 
-std::optional<EngineCore::DecodeShape> EngineCore::decode_shape(const InFlightStep& step) {
+EngineCore::DecodeShape EngineCore::decode_shape(const InFlightStep& step) {
   DecodeShape shape;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     const ScheduledSequence& scheduled = step.plan.scheduled[i];
-    // A prompt row (a chunk, or a preempted sequence's recomputation) makes the step's time not a decode step's.
     if (scheduled.num_new_tokens != 1 + scheduled.num_draft_tokens || scheduled.logit_index < 0 ||
-        step.plan.batch.sequences[i].context_begin < scheduled.sequence->num_prompt_tokens)
-      return std::nullopt;
+        step.plan.batch.sequences[i].context_begin < scheduled.sequence->num_prompt_tokens) {
+      shape.prompt_rows = true;
+      continue;
+    }
     ++shape.decoding;
     shape.draft_tokens += scheduled.num_draft_tokens;
   }
@@ -783,18 +801,26 @@ void EngineCore::record_step_cost(const DecodeShape& shape, bool drafted, Clock:
   const double seconds = spec.step_seconds_for_testing
                              ? spec.step_seconds_for_testing(shape.decoding, shape.draft_tokens, drafted)
                              : seconds_between(started, Clock::now());
-  adaptive_->record_step(shape.decoding, shape.draft_tokens, drafted, seconds);
+  adaptive_->record_step(shape.decoding, shape.draft_tokens, drafted, seconds, shape.prompt_rows);
 }
 
 void EngineCore::commit_draft_context(const InFlightStep& step) {
   if (!runner_.has_drafter()) return;
-  std::vector<StepVerified> verified;
+  std::vector<StepVerified> rows;
+  for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
+    const SequenceSlice& slice = step.plan.batch.sequences[i];
+    rows.push_back({step.ids[i], static_cast<int32_t>(i), slice.context_begin + (slice.token_end - slice.token_begin)});
+  }
+  runner_.commit_draft_context(rows);
+}
+
+void EngineCore::truncate_draft_context(const InFlightStep& step) {
+  if (!runner_.has_drafter()) return;
   for (std::size_t i = 0; i < step.plan.scheduled.size(); ++i) {
     const SampleState* sample = live_sample(step.ids[i]);
-    if (sample != nullptr)
-      verified.push_back({step.ids[i], static_cast<int32_t>(i), sample->sequence.num_computed_tokens});
+    if (sample != nullptr && step.plan.scheduled[i].num_draft_tokens > 0)
+      runner_.truncate_draft_context(step.ids[i], sample->sequence.num_computed_tokens);
   }
-  runner_.commit_draft_context(verified);
 }
 
 void EngineCore::add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts,

@@ -126,8 +126,6 @@ class EngineCore {
     std::vector<SampledRow> sampled;     // in the order of model->sample's rows; empty until they are sampled
     // Every producing row was sampled on the device at launch (the next step may read the tokens there).
     bool sampled_at_launch = false;
-    // Its rows' drafter context was committed before the next step was launched ahead of its tokens.
-    bool context_committed = false;
   };
 
   // With speculative decoding: appends a draft to every decoding sequence that may speculate (n-gram lookup, or one
@@ -139,12 +137,14 @@ class EngineCore {
   // verification has it run plain: drafts need the tokens. Asked after `step` was launched, for the step after it; a
   // "draft" answer stands for that step (propose_drafts does not ask again).
   bool next_step_plain(const InFlightStep& step);
-  // Adaptive verification: a step without prompt rows, by its decoding sequences and drafts (nullopt for others),
-  // and the wall time of such a step from `started` to now.
+  // A step by its decoding sequences (one token, or one and its draft) and their drafts, and whether it also carries
+  // prompt rows (a chunk, or a preempted sequence's recomputation: the step runs op by op on a runner with decode
+  // graphs); adaptive verification's cost tables take the wall time of such a step from `started` to now.
   struct DecodeShape {
     int32_t decoding = 0, draft_tokens = 0;
+    bool prompt_rows = false;
   };
-  static std::optional<DecodeShape> decode_shape(const InFlightStep& step);
+  static DecodeShape decode_shape(const InFlightStep& step);
   void record_step_cost(const DecodeShape& shape, bool drafted, Clock::time_point started);
   // With jump-forward and async scheduling: should the engine wait for `step`'s tokens before the next step, so that
   // a constrained sequence inside forced bytes gets its draft? (Its matcher is before the step's token.)
@@ -153,9 +153,12 @@ class EngineCore {
   // what a draft costs the rest of the batch.
   bool jump_forward_pays(std::size_t forced, int32_t decoding) const;
   bool can_jump_forward(const SampleState& sample) const;
-  // With a block drafter: tells the runner how far each sequence of the finished step is verified, so that it keeps
-  // the target's hidden states of those positions only.
+  // With a block drafter, right after `step` is launched: has the runner keep the target's hidden states of every row
+  // of it as drafter context (its host work then overlaps the step's forward pass on the device: after the step's
+  // tokens it was ~0.4-0.8 ms of host time per drafted step with the device idle, bench/results/2026-12-03-spec15.md);
+  // once the step is settled, truncate_draft_context drops the rejected drafts' positions.
   void commit_draft_context(const InFlightStep& step);
+  void truncate_draft_context(const InFlightStep& step);
   // The rows of a producing sequence with `num_drafts` draft tokens (logit rows from `logit_row`): the target's
   // settings for each, and for sampled (not greedy) rows before the last the draft's verification rule on the host.
   void add_draft_rows(SampleState& sample, int32_t logit_row, int32_t num_drafts, std::vector<RowSampling>& rows);

@@ -106,10 +106,16 @@ class ModelRunner {
   virtual bool has_drafter() const { return false; }
   // The positions before a draft whose target hidden states the drafter reads (its sliding window); 0 without one.
   virtual int32_t drafter_window() const { return 0; }
-  // After each step's tokens are settled (and before the next step is launched): the sequences of the last launched
-  // step that are still there, with what of them is verified. The drafter keeps the target's hidden states of the
-  // verified positions only.
+  // Right after a step is launched (before the next one is): the sequences of that step, with how far each would be
+  // verified if every row of it is (its draft rows included). The drafter writes the target's hidden states of those
+  // positions; the host's work overlaps the step's forward pass on the device.
   virtual void commit_draft_context(std::span<const StepVerified> sequences) { (void)sequences; }
+  // Once the step's drafts are settled: the sequence's positions from `verified_length` on were rejected drafts, which
+  // the drafter must not read as context (the next commit writes over them).
+  virtual void truncate_draft_context(int64_t sequence_id, int64_t verified_length) {
+    (void)sequence_id;
+    (void)verified_length;
+  }
   // Up to `num_tokens` draft tokens per request (none where the drafter has too little context yet).
   virtual std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) {
     (void)num_tokens;

@@ -57,9 +57,34 @@ bool Scheduler::admissible(const Sequence& sequence) const {
   return sequence.prompt_leader == nullptr || sequence.prompt_leader->prompt_computed;
 }
 
+// A sequence with more than one token to compute besides its drafts is mid-prefill (or recomputing after a
+// preemption); one with exactly one decodes.
+namespace {
+int32_t tokens_to_compute(const Sequence& sequence) {
+  return sequence.num_tokens() - sequence.num_computed_tokens - sequence.num_draft_tokens;
+}
+}  // namespace
+
+bool Scheduler::holds_prompts() const {
+  if (held_steps_ >= config_.max_prompt_hold_steps || waiting_.empty()) return false;
+  // Only a step that would otherwise replay a graph: every running sequence decodes, none computes a prompt chunk.
+  // (Between a step and its tokens, as the engine asks about the step after, a decoding sequence has none left.)
+  if (std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return tokens_to_compute(*s) > 1; }))
+    return false;
+  const int32_t admittable = std::min(num_waiting(), config_.max_num_seqs - num_running());
+  return admittable > 0 && 4 * admittable < num_running();
+}
+
+bool Scheduler::next_step_has_prompt_rows() const {
+  if (std::any_of(running_.begin(), running_.end(), [](const Sequence* s) { return tokens_to_compute(*s) > 1; }))
+    return true;
+  return !waiting_.empty() && num_running() < config_.max_num_seqs && admissible(*waiting_.front()) && !holds_prompts();
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = config_.max_num_batched_tokens;
+  const bool hold = holds_prompts();
 
   // Decoding sequences first, then prefill chunks of running ones, each pass in arrival order.
   for (const bool decode_pass : {true, false}) {
@@ -91,7 +116,8 @@ StepPlan Scheduler::schedule() {
     }
   }
 
-  if (plan.preempted.empty()) {
+  if (hold) ++held_steps_;
+  if (plan.preempted.empty() && !hold) {
     while (!waiting_.empty() && budget > 0 && num_running() < config_.max_num_seqs) {
       Sequence* sequence = waiting_.front();
       if (!admissible(*sequence)) break;
@@ -115,6 +141,9 @@ StepPlan Scheduler::schedule() {
       plan.scheduled.push_back({sequence, num_new, -1});
       budget -= num_new;
     }
+    // Prompts left waiting for the budget or blocks (not for slots) are not held again: they enter as soon as they
+    // fit. Those left for slots wait for sequences to end, and are held like new arrivals as slots free up.
+    held_steps_ = waiting_.empty() || num_running() >= config_.max_num_seqs ? 0 : config_.max_prompt_hold_steps;
   }
   // Drafts live for one step: a running sequence left out of this one loses them.
   for (Sequence* sequence : running_) {

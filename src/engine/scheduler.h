@@ -26,6 +26,14 @@ struct SchedulerConfig {
   // the drafter reads the target's hidden states of the W_d positions before a draft, which a hit skips, so a
   // shorter recomputation would leave the sequence without drafts until it had decoded a window itself.
   int32_t min_computed_tokens = 1;
+  // Speculative decoding on a runner that replays decode graphs: a step that carries prompt rows runs op by op (the
+  // graphs hold decode and verify rows only), several times a replayed step's host time, so admitting each new prompt
+  // into the next step made most steps of a busy batch op by op (bench/results/2026-12-03-spec15.md). While sequences
+  // decode and none is mid-prefill, new prompts then wait, for at most this many steps or until they number a quarter
+  // of the running sequences, and are admitted together into one step (what does not fit its budget is not held
+  // again).
+  // 0: admitted at once.
+  int32_t max_prompt_hold_steps = 0;
 };
 
 struct ScheduledSequence {
@@ -69,11 +77,16 @@ class Scheduler {
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   const std::vector<Sequence*>& running() const { return running_; }
   uint64_t num_preemptions() const { return num_preemptions_; }
+  // Whether the next schedule() would carry prompt rows (a running sequence mid-prefill, or new prompts it would
+  // admit), for what the step will cost: such a step runs op by op. The drafts of decoding sequences are not counted.
+  bool next_step_has_prompt_rows() const;
 
  private:
   void preempt(Sequence* victim, StepPlan& plan, int32_t& budget);
   static void drop_drafts(Sequence& sequence, int32_t count);  // the last `count` drafts
   bool admissible(const Sequence& sequence) const;
+  // SchedulerConfig::max_prompt_hold_steps: the next step keeps new prompts waiting.
+  bool holds_prompts() const;
   void build_batch(StepPlan& plan) const;
 
   SchedulerConfig config_;
@@ -81,6 +94,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // by id (arrival)
   std::deque<Sequence*> waiting_;   // by id (arrival); preempted sequences come back to the front
   uint64_t num_preemptions_ = 0;
+  int32_t held_steps_ = 0;  // steps that kept the waiting prompts waiting (max_prompt_hold_steps: hold no more)
 };
 
 }  // namespace beamline

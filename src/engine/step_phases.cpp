@@ -41,7 +41,9 @@ std::string StepPhases::table() const {
     const Totals& totals = kinds_[k];
     if (totals.steps == 0) continue;
     const auto steps = static_cast<double>(totals.steps);
-    out += fmt::format("| {} | {} | {:.2f} |", k == 0 ? "plain" : "drafted", totals.steps,
+    static constexpr std::array<const char*, kKinds> kNames = {"plain", "plain, prompt rows", "drafted",
+                                                               "drafted, prompt rows"};
+    out += fmt::format("| {} | {} | {:.2f} |", kNames[k], totals.steps,
                        static_cast<double>(totals.tokens) / steps);
     double all = 0.0;
     for (const double seconds : totals.seconds) {

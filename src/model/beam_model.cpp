@@ -289,13 +289,14 @@ void BeamModel::place_deferred_tokens(const ForwardBatch& batch, const Tensor& t
 }
 
 BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences,
-                                         const std::vector<int64_t>& table_widths) const {
+                                         const std::vector<int64_t>& table_widths, int32_t pad_rows) const {
+  require(pad_rows >= 1, "step inputs: padding sequences of {} rows", pad_rows);
   const auto real_sequences = static_cast<int32_t>(batch.sequences.size());
   const int32_t sequences = std::max(real_sequences, pad_sequences);
   const int32_t padding = sequences - real_sequences;
   const auto real_rows = static_cast<int32_t>(batch.tokens.size());
   StepInputs inputs;
-  inputs.rows = real_rows + padding;
+  inputs.rows = real_rows + padding * pad_rows;
   inputs.selected = static_cast<int64_t>(batch.logit_rows.size()) + padding;
 
   std::vector<int32_t> positions, query_start{0}, seq_lens;
@@ -306,9 +307,9 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
     seq_lens.push_back(sequence.context_begin + (sequence.token_end - sequence.token_begin));
   }
   for (int32_t p = 0; p < padding; ++p) {
-    positions.push_back(0);
-    query_start.push_back(real_rows + p + 1);
-    seq_lens.push_back(1);
+    for (int32_t r = 0; r < pad_rows; ++r) positions.push_back(r);
+    query_start.push_back(real_rows + (p + 1) * pad_rows);
+    seq_lens.push_back(pad_rows);
   }
   inputs.attention = Backend::describe_attention_batch(std::move(positions), std::move(query_start), std::move(seq_lens));
 
@@ -335,7 +336,7 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
                 packed.begin() + static_cast<std::ptrdiff_t>(start + s * width));
   }
   packed.insert(packed.end(), batch.logit_rows.begin(), batch.logit_rows.end());
-  for (int32_t p = 0; p < padding; ++p) packed.push_back(real_rows + p);
+  for (int32_t p = 0; p < padding; ++p) packed.push_back(real_rows + (p + 1) * pad_rows - 1);
   // With a drafter: the rows' identity, the gather indices that copy the residual stream into the capture (part of
   // the inputs, so that a recorded graph needs no upload of its own).
   if (!capture_layers_.empty())
@@ -345,7 +346,7 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
       packed.insert(packed.end(), static_cast<std::size_t>(sequence.token_end - sequence.token_begin), sequence.lora_slot);
       inputs.any_lora = inputs.any_lora || sequence.lora_slot >= 0;
     }
-    packed.insert(packed.end(), static_cast<std::size_t>(padding), -1);
+    packed.insert(packed.end(), static_cast<std::size_t>(padding * pad_rows), -1);
   }
   return inputs;
 }

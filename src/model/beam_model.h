@@ -91,12 +91,13 @@ class BeamModel {
     Tensor row_adapters;
     bool any_lora = false;
   };
-  // The inputs of a validated batch. `pad_sequences` > the batch's sequences appends one-token sequences at
-  // position 0 with no blocks (their rows compute NaN and write nothing) whose rows follow in the logit rows;
-  // `table_widths` (per KV group, or empty) widens the block tables, so that steps of different lengths share
-  // one layout.
+  // The inputs of a validated batch. `pad_sequences` > the batch's sequences appends sequences of `pad_rows` rows at
+  // positions 0.. with no blocks (their rows compute NaN and write nothing), the last row of each following in the
+  // logit rows; `table_widths` (per KV group, or empty) widens the block tables, so that steps of different lengths
+  // share one layout. A verify step pads with sequences of its own rows (1 + k), so that its shape depends on the
+  // bucket and k only, not on how many sequences fill the bucket.
   StepInputs prepare(const ForwardBatch& batch, const KvCacheLayout& layout, int32_t pad_sequences = 0,
-                     const std::vector<int64_t>& table_widths = {}) const;
+                     const std::vector<int64_t>& table_widths = {}, int32_t pad_rows = 1) const;
   // Allocates inputs.device, copies `packed` there, and makes the tensors views of it.
   void upload(StepInputs& inputs) const;
   // Writes the batch's deferred tokens (the previous step's device samples, `token_source`) into uploaded `tokens`.

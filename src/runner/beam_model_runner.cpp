@@ -35,6 +35,11 @@ BeamModelRunner::BeamModelRunner(const BeamWeights& weights, std::string_view de
 }
 
 BeamModelRunner::~BeamModelRunner() {
+  // How often a step ran op by op to record a graph against how often one replayed (each recording also captures and
+  // instantiates: bench/dflash_throughput.py reports these lines).
+  if (graphs_) spdlog::info("decode graphs: {} recorded, {} replayed", graphs_->recorded(), graphs_->replayed());
+  if (drafter_ && (drafter_->recorded() > 0 || drafter_->replayed() > 0))
+    spdlog::info("drafter passes: {} recorded, {} replayed", drafter_->recorded(), drafter_->replayed());
   if (groups_ == nullptr || groups_->world_rank != 0 || !failure_.empty()) return;
   try {
     std::vector<std::byte> stop = encode_step_message(nullptr);
@@ -576,6 +581,10 @@ void BeamModelRunner::commit_draft_context(std::span<const StepVerified> sequenc
       rows.push_back({sequence.sequence_id, step.first_row, step.first_position, static_cast<int32_t>(verified)});
   }
   drafter_->commit(rows, last_captured_);
+}
+
+void BeamModelRunner::truncate_draft_context(int64_t sequence_id, int64_t verified_length) {
+  drafter_->truncate(sequence_id, verified_length);
 }
 
 std::vector<DraftProposal> BeamModelRunner::propose_drafts(std::span<const DraftRequest> requests,

@@ -81,6 +81,7 @@ class BeamModelRunner : public ModelRunner {
     return drafter_ ? static_cast<int32_t>(drafter_->config().sliding_window) : 0;
   }
   void commit_draft_context(std::span<const StepVerified> sequences) override;
+  void truncate_draft_context(int64_t sequence_id, int64_t verified_length) override;
   std::vector<DraftProposal> propose_drafts(std::span<const DraftRequest> requests, int32_t num_tokens) override;
   void forget_sequence(int64_t sequence_id) override;
 

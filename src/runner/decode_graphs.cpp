@@ -68,7 +68,11 @@ std::optional<Tensor> DecodeGraphs::forward(const ForwardBatch& batch, const Ten
     for (const SequenceSlice& sequence : batch.sequences) width = std::max(width, sequence.block_tables[group].size());
     widths.push_back(static_cast<int64_t>(std::bit_ceil(width)));
   }
-  BeamModel::StepInputs inputs = model_.prepare(batch, cache_.layout(), padded, widths);
+  // Padding sequences carry as many rows as the real ones: the key is then (bucket, rows per sequence), not the real
+  // count. With one-row padding a verify step of 15 sequences and one of 14 had different rows (8 * 15 + 1 against
+  // 8 * 14 + 2), so every count recorded a graph of its own: up to 64 recordings (each an op-by-op pass, a capture and
+  // an instantiation) for the counts of one batch of 64, past the LRU's 48 (bench/results/2026-12-03-spec15.md).
+  BeamModel::StepInputs inputs = model_.prepare(batch, cache_.layout(), padded, widths, rows_per_sequence);
   const std::optional<std::string> graph_key = key(inputs);
   if (!graph_key) return std::nullopt;
 

@@ -2,8 +2,9 @@
 // Decode steps as recorded op graphs (CUDA graphs; vLLM's default, off with --enforce-eager). A step of one-token
 // sequences (or of sequences with the same number of rows each, every row a logit row: speculative decoding's verify
 // steps, 1 + k rows per sequence, where the backend's attention plan can be recorded) is padded to a batch-size
-// bucket and its block tables to a power-of-two width; the first step of each (bucket, rows, widths, attention
-// plans) runs op by op and records the forward pass once, every later one copies its
+// bucket (with padding sequences of as many rows as its own) and its block tables to a power-of-two width; the first
+// step of each (bucket, rows per sequence, widths, attention plans) runs op by op and records the forward pass once,
+// every later one copies its
 // inputs into the recorded buffers in a single upload and replays it, without the host's per-op work and launch gaps.
 #include <cstdint>
 #include <map>

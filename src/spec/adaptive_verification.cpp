@@ -33,19 +33,21 @@ int32_t AdaptiveVerification::bucket_index(int32_t decoding) {
   return static_cast<int32_t>(std::bit_width(static_cast<uint32_t>(std::max(decoding, 1) - 1)));
 }
 
-AdaptiveVerification::Bucket& AdaptiveVerification::bucket(int32_t decoding) {
+AdaptiveVerification::Bucket& AdaptiveVerification::bucket(int32_t decoding, bool prompt_rows) {
+  std::vector<Bucket>& buckets = buckets_[prompt_rows ? 1 : 0];
   const auto index = static_cast<std::size_t>(bucket_index(decoding));
-  while (buckets_.size() <= index) {
+  while (buckets.size() <= index) {
     Bucket fresh;
     fresh.cost.resize(static_cast<std::size_t>(max_draft_tokens_) + 1);
-    buckets_.push_back(std::move(fresh));
+    buckets.push_back(std::move(fresh));
   }
-  return buckets_[index];
+  return buckets[index];
 }
 
-const AdaptiveVerification::Bucket* AdaptiveVerification::find_bucket(int32_t decoding) const {
+const AdaptiveVerification::Bucket* AdaptiveVerification::find_bucket(int32_t decoding, bool prompt_rows) const {
+  const std::vector<Bucket>& buckets = buckets_[prompt_rows ? 1 : 0];
   const auto index = static_cast<std::size_t>(bucket_index(decoding));
-  return index < buckets_.size() ? &buckets_[index] : nullptr;
+  return index < buckets.size() ? &buckets[index] : nullptr;
 }
 
 double AdaptiveVerification::acceptance(int32_t position, std::optional<float> confidence) const {
@@ -76,8 +78,9 @@ std::optional<double> AdaptiveVerification::estimate(const Bucket& bucket, int32
   return std::nullopt;
 }
 
-std::optional<double> AdaptiveVerification::step_seconds(int32_t decoding, int32_t drafts_per_sequence) const {
-  const Bucket* found = find_bucket(decoding);
+std::optional<double> AdaptiveVerification::step_seconds(int32_t decoding, int32_t drafts_per_sequence,
+                                                         bool prompt_rows) const {
+  const Bucket* found = find_bucket(decoding, prompt_rows);
   if (found == nullptr) return std::nullopt;
   return estimate(*found, std::clamp(drafts_per_sequence, 0, max_draft_tokens_));
 }
@@ -108,22 +111,25 @@ std::optional<std::pair<int32_t, double>> AdaptiveVerification::best(const Bucke
                                                                      std::span<const double> gains,
                                                                      int32_t min_n) const {
   std::optional<std::pair<int32_t, double>> result;
-  double tokens = decoding;
-  for (int32_t n = 0; n <= static_cast<int32_t>(gains.size()); ++n) {
+  double tokens = decoding, full_rate = 0;
+  const auto full = static_cast<int32_t>(gains.size());
+  for (int32_t n = 0; n <= full; ++n) {
     if (n > 0) tokens += gains[static_cast<std::size_t>(n - 1)];
     if (n < min_n) continue;
     const std::optional<double> seconds = estimate(bucket, std::min(max_draft_tokens_, ceil_div(n, decoding)));
     if (!seconds) return std::nullopt;
     const double rate = tokens / std::max(*seconds, 1e-9);
+    if (n == full) full_rate = rate;
     if (!result || rate > result->second) result = std::make_pair(n, rate);
   }
+  if (result && result->second < full_rate * (1 + kFullDraftMargin)) result = std::make_pair(full, full_rate);
   return result;
 }
 
 std::optional<std::pair<int32_t, double>> AdaptiveVerification::best_uniform(
     const Bucket& bucket, int32_t decoding, const std::vector<std::vector<double>>& per_candidate, int32_t min_k) const {
   std::optional<std::pair<int32_t, double>> result;
-  double tokens = decoding;
+  double tokens = decoding, full_rate = 0;
   for (int32_t k = 0; k <= max_draft_tokens_; ++k) {
     if (k > 0)
       for (const std::vector<double>& own : per_candidate)
@@ -132,15 +138,17 @@ std::optional<std::pair<int32_t, double>> AdaptiveVerification::best_uniform(
     const std::optional<double> seconds = estimate(bucket, k);
     if (!seconds) return std::nullopt;
     const double rate = tokens / std::max(*seconds, 1e-9);
+    if (k == max_draft_tokens_) full_rate = rate;
     if (!result || rate > result->second) result = std::make_pair(k, rate);
   }
+  if (result && result->second < full_rate * (1 + kFullDraftMargin)) result = std::make_pair(max_draft_tokens_, full_rate);
   return result;
 }
 
-bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candidate> candidates) {
+bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candidate> candidates, bool prompt_rows) {
   if (candidates.empty()) return false;
   decoding = std::max(decoding, static_cast<int32_t>(candidates.size()));
-  Bucket& b = bucket(decoding);
+  Bucket& b = bucket(decoding, prompt_rows);
   ++b.steps;
   const bool drafted_known = std::any_of(b.cost.begin() + 1, b.cost.end(), known);
   bool draft = true;
@@ -152,7 +160,7 @@ bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candid
     std::vector<std::vector<double>> own;
     const std::vector<double> g = gains(candidates, &own);
     const std::optional<std::pair<int32_t, double>> choice =
-        uniform_ ? best_uniform(b, decoding, own, 0) : best(b, decoding, g, 0);
+        uniform_ && !prompt_rows ? best_uniform(b, decoding, own, 0) : best(b, decoding, g, 0);
     draft = choice && choice->first > 0;
     if (draft != b.last_drafted) b.interval = kFirstExploreInterval;  // the choice flipped: watch the other kind again
     b.last_drafted = draft;
@@ -168,15 +176,15 @@ bool AdaptiveVerification::should_draft(int32_t decoding, std::span<const Candid
 }
 
 std::vector<int32_t> AdaptiveVerification::choose(int32_t decoding, std::span<const Candidate> candidates,
-                                                  bool drafted) {
+                                                  bool drafted, bool prompt_rows) {
   std::vector<std::vector<double>> own;
   const std::vector<double> sorted = gains(candidates, &own);
   std::vector<int32_t> counts(candidates.size(), 0);
   if (sorted.empty()) return counts;
   decoding = std::max(decoding, static_cast<int32_t>(candidates.size()));
-  const Bucket& b = bucket(decoding);
+  const Bucket& b = bucket(decoding, prompt_rows);
   const bool measured = std::any_of(b.cost.begin() + 1, b.cost.end(), known);
-  if (uniform_) {
+  if (uniform_ && !prompt_rows) {
     int32_t k = max_draft_tokens_;  // nothing drafted measured yet: verify everything
     if (measured) {
       if (const std::optional<std::pair<int32_t, double>> choice = best_uniform(b, decoding, own, drafted ? 1 : 0))
@@ -227,10 +235,11 @@ void AdaptiveVerification::record_verification(std::span<const float> confidence
   }
 }
 
-void AdaptiveVerification::record_step(int32_t decoding, int32_t draft_tokens, bool drafter_ran, double seconds) {
+void AdaptiveVerification::record_step(int32_t decoding, int32_t draft_tokens, bool drafter_ran, double seconds,
+                                       bool prompt_rows) {
   if (decoding < 1 || (drafter_ran && draft_tokens == 0)) return;
   const int32_t per_sequence = std::min(max_draft_tokens_, ceil_div(draft_tokens, decoding));
-  Cost& cost = bucket(decoding).cost[static_cast<std::size_t>(per_sequence)];
+  Cost& cost = bucket(decoding, prompt_rows).cost[static_cast<std::size_t>(per_sequence)];
   if (cost.samples <= 1) {
     cost.seconds = seconds;  // the first sample (a warm-up: graph recording, first-touch) is replaced by the second
   } else {

@@ -75,6 +75,8 @@ class BlockDrafter {
     Tensor logits;
   };
   BlockLogits block_logits(std::span<const DraftAnchor> anchors, int32_t num_tokens);
+  // The committed positions of `sequence` from `end` on were rejected drafts (ContextFeatureRing::truncate).
+  void truncate(int64_t sequence, int64_t end) { ring_.truncate(sequence, end); }
   void forget(int64_t sequence) { ring_.forget(sequence); }
 
   // Passes that recorded a graph / replayed one, for logs and tests.

@@ -67,6 +67,14 @@ std::optional<RingWindow> ContextFeatureRing::begin_draft(int64_t sequence, int6
   return window_ending_at(entry, anchor + block_size_);
 }
 
+void ContextFeatureRing::truncate(int64_t sequence, int64_t end) {
+  const auto found = entries_.find(sequence);
+  if (found == entries_.end()) return;
+  Entry& entry = found->second;
+  entry.end = std::min(entry.end, end);
+  entry.begin = std::min(entry.begin, entry.end);
+}
+
 void ContextFeatureRing::forget(int64_t sequence) {
   const auto found = entries_.find(sequence);
   if (found == entries_.end()) return;

@@ -51,6 +51,11 @@ class ContextFeatureRing {
   // to what they leave intact.
   std::optional<RingWindow> begin_draft(int64_t sequence, int64_t anchor);
 
+  // The committed run ends at `end` at the latest: what was written from `end` on (a step's draft rows, committed
+  // before they were verified) is not context. Those ring entries are written over before any draft reads them: a
+  // draft at anchor `end` writes its block there, and the next commit its rows.
+  void truncate(int64_t sequence, int64_t end);
+
   void forget(int64_t sequence);
 
  private:

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <thread>
 #include <stdexcept>
@@ -58,13 +59,58 @@ class FakeModelRunner : public ModelRunner {
   float logit_scale = 1.0f;  // below 1 flattens every distribution (logits in [-4, 4] times this)
 
   std::unique_ptr<ModelStep> launch(const ForwardBatch& batch) override {
+    count_verify_steps(batch);
+    last_batch_ = batch;
     return sampler_.step(forward(batch), batch.logit_rows.size());
   }
+
+  // Pretends to hold a drafter's context (the engine's commit and truncation calls) without proposing anything
+  // itself: per sequence, where its committed run ends. A commit whose rows do not start where the run ends (after the
+  // run was truncated to what was verified) counts in `context_gaps`: the next anchor would find no context.
+  bool drafter_context = false;
+  bool has_drafter() const override { return drafter_context; }
+  void commit_draft_context(std::span<const StepVerified> sequences) override {
+    for (const StepVerified& verified : sequences) {
+      const SequenceSlice& slice = last_batch_.sequences.at(static_cast<std::size_t>(verified.batch_index));
+      const auto found = context_end.find(verified.sequence_id);
+      if (found != context_end.end() && found->second != slice.context_begin) ++context_gaps;
+      context_end[verified.sequence_id] = verified.verified_length;
+      ++context_commits;
+    }
+  }
+  void truncate_draft_context(int64_t sequence_id, int64_t verified_length) override {
+    int64_t& end = context_end.at(sequence_id);
+    end = std::min(end, verified_length);
+    ++context_truncations;
+  }
+  void forget_sequence(int64_t sequence_id) override { context_end.erase(sequence_id); }
+  std::map<int64_t, int64_t> context_end;
+  int64_t context_commits = 0, context_truncations = 0, context_gaps = 0;
+
+  // Says it replays decode graphs (as BeamModelRunner on a GPU), for the engine's rules that depend on it.
+  bool replays_graphs = false;
+  bool replays_decode_graphs() const override { return replays_graphs; }
+  // Steps with a verify sequence (several rows, every one a logit row), and those of them that also carried prompt
+  // rows (rows without logits): on a runner with decode graphs those ran op by op.
+  int64_t verify_steps = 0, verify_steps_with_prompt_rows = 0;
 
  private:
   struct Cell {
     int32_t token = -1, position = -1, group = -1;
   };
+
+  void count_verify_steps(const ForwardBatch& batch) {
+    std::vector<bool> logit(batch.tokens.size(), false);
+    for (const int32_t row : batch.logit_rows) logit.at(static_cast<std::size_t>(row)) = true;
+    bool verifies = false;
+    for (const SequenceSlice& slice : batch.sequences)
+      verifies = verifies || (slice.token_end - slice.token_begin > 1 &&
+                              std::all_of(logit.begin() + slice.token_begin, logit.begin() + slice.token_end,
+                                          [](bool row) { return row; }));
+    if (!verifies) return;
+    ++verify_steps;
+    if (std::find(logit.begin(), logit.end(), false) != logit.end()) ++verify_steps_with_prompt_rows;
+  }
 
   Tensor forward(const ForwardBatch& batch) {
     ++forward_calls;
@@ -127,6 +173,7 @@ class FakeModelRunner : public ModelRunner {
     return cells_[static_cast<std::size_t>(block) * layout_.block_size + position % layout_.block_size];
   }
 
+  ForwardBatch last_batch_;
   KvCacheLayout layout_;
   int32_t window_;
   int32_t vocab_;

@@ -230,5 +230,83 @@ TEST(Scheduler, SequencesThatSkipThePrefixCacheComputeTheirWholePrompt) {
   EXPECT_GT(reading->num_cached_tokens, 0) << "the same prompt without the flag reads the cache";
 }
 
+// SchedulerConfig::max_prompt_hold_steps (speculative decoding on a runner with decode graphs): while sequences
+// decode, a new prompt waits (the steps stay prompt-free, so they can replay graphs) for at most that many steps, or
+// until the waiting prompts number a quarter of the running sequences; then they enter together. Nothing is held
+// while a prompt chunk runs anyway, while nothing decodes, or with the setting off.
+TEST(Scheduler, NewPromptsWaitWhileSequencesDecodeThenEnterTogether) {
+  auto prompt_rows = [](const StepPlan& plan) {
+    return std::any_of(plan.scheduled.begin(), plan.scheduled.end(),
+                       [](const ScheduledSequence& s) { return s.num_new_tokens != 1 + s.num_draft_tokens; });
+  };
+  std::mt19937 rng(7);
+  Harness h(4096, 16, SchedulerConfig{16, 256, 1, 3});
+  std::vector<Sequence*> running;
+  for (int i = 0; i < 8; ++i) running.push_back(h.add(5, 100, rng));
+  EXPECT_TRUE(h.scheduler.next_step_has_prompt_rows()) << "nothing decodes yet: the prompts go in at once";
+  EXPECT_TRUE(prompt_rows(h.step()));
+  EXPECT_FALSE(h.scheduler.next_step_has_prompt_rows());
+  EXPECT_FALSE(prompt_rows(h.step()));
+
+  // One arrival among 8 decoding sequences: held for 3 steps, admitted in the 4th.
+  Sequence* late = h.add(5, 100, rng);
+  for (int held = 0; held < 3; ++held) {
+    EXPECT_FALSE(h.scheduler.next_step_has_prompt_rows()) << "step " << held;
+    const StepPlan plan = h.step();
+    EXPECT_FALSE(prompt_rows(plan)) << "step " << held;
+    EXPECT_EQ(plan.scheduled.size(), 8u);
+    EXPECT_EQ(late->num_computed_tokens, 0);
+  }
+  EXPECT_TRUE(h.scheduler.next_step_has_prompt_rows());
+  EXPECT_TRUE(prompt_rows(h.step()));
+  EXPECT_EQ(late->num_output_tokens(), 1);
+
+  // Three arrivals among 9 running (3 * 4 >= 9): admitted at once, together.
+  std::vector<Sequence*> arrivals;
+  for (int i = 0; i < 3; ++i) arrivals.push_back(h.add(5, 100, rng));
+  EXPECT_TRUE(h.scheduler.next_step_has_prompt_rows());
+  const StepPlan together = h.step();
+  EXPECT_EQ(together.scheduled.size(), 12u);
+  for (const Sequence* arrival : arrivals) EXPECT_EQ(arrival->num_output_tokens(), 1);
+
+  // Admitted together but not all fitting the budget (8 decodes + 2 prompts of 16 in 40 tokens): the third enters the
+  // next step, not held again.
+  Harness budget(4096, 16, SchedulerConfig{16, 40, 1, 3});
+  for (int i = 0; i < 8; ++i) budget.add(1, 100, rng);
+  budget.step();
+  std::vector<Sequence*> three;
+  for (int i = 0; i < 3; ++i) three.push_back(budget.add(16, 100, rng));
+  budget.step();
+  EXPECT_EQ(three[1]->num_output_tokens(), 1);
+  EXPECT_EQ(three[2]->num_computed_tokens, 0) << "the budget ran out";
+  EXPECT_TRUE(budget.scheduler.next_step_has_prompt_rows());
+  budget.step();
+  EXPECT_EQ(three[2]->num_output_tokens(), 1);
+
+  // A prompt chunk in the step anyway (a 60-token prompt in chunks of 16 beside 8 decodes): a new prompt is not held
+  // on top of it, but enters as soon as the budget has room.
+  Harness chunked(4096, 16, SchedulerConfig{16, 24, 1, 3});
+  for (int i = 0; i < 8; ++i) chunked.add(2, 100, rng);
+  chunked.step();
+  Sequence* long_prompt = chunked.add(60, 5, rng);
+  for (int held = 0; held < 3; ++held) chunked.step();
+  EXPECT_EQ(long_prompt->num_computed_tokens, 0);
+  chunked.step();
+  ASSERT_EQ(long_prompt->num_computed_tokens, 16) << "the test wants the prompt mid-prefill";
+  Sequence* short_prompt = chunked.add(2, 5, rng);
+  EXPECT_TRUE(chunked.scheduler.next_step_has_prompt_rows());
+  while (long_prompt->num_computed_tokens < 60) chunked.step();
+  EXPECT_GT(short_prompt->num_computed_tokens, 0) << "a prompt waiting behind a chunk is not held on top";
+
+  // Off: admitted at once.
+  Harness off(4096, 16, SchedulerConfig{16, 256});
+  for (int i = 0; i < 8; ++i) off.add(5, 100, rng);
+  off.step();
+  Sequence* at_once = off.add(5, 100, rng);
+  EXPECT_TRUE(off.scheduler.next_step_has_prompt_rows());
+  off.step();
+  EXPECT_EQ(at_once->num_output_tokens(), 1);
+}
+
 }  // namespace
 }  // namespace beamline

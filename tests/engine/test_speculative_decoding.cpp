@@ -218,6 +218,84 @@ TEST(SpeculativeDecoding, AdaptiveVerificationKeepsGreedyOutputsAndFollowsTheCos
   }
 }
 
+// On a runner that replays decode graphs (where a step with prompt rows runs op by op) new prompts wait a few steps
+// while sequences decode and enter together (SchedulerConfig::max_prompt_hold_steps): 40% fewer verify steps carry
+// prompt rows (48 -> 26 with fixed K, 44 -> 20 adaptive), and the greedy outputs stay those without speculation.
+TEST(SpeculativeDecoding, OnAGraphRunnerNewPromptsWaitAndOutputsStay) {
+  const auto requests = repetitive_requests(5, 80);
+  const Results reference = run_without_speculation(requests);
+  struct Counts {
+    int64_t verify_steps = 0, with_prompt_rows = 0;
+  };
+  // 16 sequences at a time; with 4000 blocks of 4 tokens a step of 256 tokens (the prompts fit: no chunk makes a step
+  // op by op anyway), with 60 (a few sequences at a time, preemption) the default 24.
+  auto run = [&](bool adaptive, bool graphs, int32_t blocks) {
+    auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, blocks, 1, 2), kWindow,
+                                                             kVocab, 512);
+    runner->replays_graphs = graphs;
+    const testing::FakeModelRunner& fake = *runner;
+    EngineConfig config = engine_config(adaptive ? adaptive_ngram(4, 1.0, 0.01, 0.005) : ngram(4), true);
+    config.max_num_seqs = 16;
+    if (blocks >= 100) config.max_num_batched_tokens = 256;
+    Engine engine(config, std::move(runner), nullptr, std::vector<TokenId>{0});
+    const Results results = run_batched(engine, requests);
+    engine.shutdown(ShutdownMode::Drain);
+    expect_same_outputs(results, reference);
+    const EngineStats stats = engine.stats();
+    EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+    if (blocks < 100) {
+      EXPECT_GT(stats.preemptions_total, 0u);
+    }
+    std::printf("%s, decode graphs %d, %d blocks: %lld verify steps, %lld of them with prompt rows\n",
+                adaptive ? "adaptive" : "fixed K", graphs, blocks, static_cast<long long>(fake.verify_steps),
+                static_cast<long long>(fake.verify_steps_with_prompt_rows));
+    return Counts{fake.verify_steps, fake.verify_steps_with_prompt_rows};
+  };
+  for (const bool adaptive : {false, true}) {
+    SCOPED_TRACE(adaptive ? "adaptive" : "fixed K");
+    const Counts at_once = run(adaptive, false, 4000), held = run(adaptive, true, 4000);
+    EXPECT_GT(held.verify_steps, 0);
+    EXPECT_LT(5 * held.with_prompt_rows, 3 * at_once.with_prompt_rows)
+        << "holding new prompts should cut the verify steps that carry prompt rows by 40%";
+    run(adaptive, true, 60);
+  }
+}
+
+// A drafter's context is committed right after each step's launch, every row of it (drafts included, so that the
+// host's work overlaps the forward), and cut back to the verified positions once the drafts are settled: each next
+// commit starts exactly where the run ends, so the context never holds a rejected draft and never has a gap. With fixed
+// K and adaptive verification (whose plain steps are launched ahead); under preemption the outputs stay.
+TEST(SpeculativeDecoding, DrafterContextIsCommittedAtLaunchAndCutToWhatWasVerified) {
+  const auto requests = repetitive_requests(6, 40);
+  const Results reference = run_without_speculation(requests);
+  for (const bool adaptive : {false, true}) {
+    for (const int32_t blocks : {4000, 60}) {
+      SCOPED_TRACE(fmt::format("{}, {} blocks", adaptive ? "adaptive" : "fixed K", blocks));
+      auto runner = std::make_unique<testing::FakeModelRunner>(testing::fake_layout(kBlockSize, blocks, 1, 2), kWindow,
+                                                               kVocab, 512);
+      runner->drafter_context = true;
+      const testing::FakeModelRunner& fake = *runner;
+      Engine engine(engine_config(adaptive ? adaptive_ngram(4, 1.0, 0.01, 0.005) : ngram(4), true), std::move(runner),
+                    nullptr, std::vector<TokenId>{0});
+      const Results results = run_batched(engine, requests);
+      engine.shutdown(ShutdownMode::Drain);
+      expect_same_outputs(results, reference);
+      const EngineStats stats = engine.stats();
+      EXPECT_GT(stats.spec_decode_num_draft_tokens_total, stats.spec_decode_num_accepted_tokens_total)
+          << "no draft was rejected: the truncation would not be exercised";
+      EXPECT_GT(fake.context_truncations, 0);
+      EXPECT_GE(fake.context_commits, static_cast<int64_t>(stats.steps_total));
+      // A preempted sequence is recomputed from its start or a prefix hit: there the run restarts (as the ring does).
+      if (blocks >= 100) {
+        EXPECT_EQ(fake.context_gaps, 0);
+      } else {
+        EXPECT_GT(stats.preemptions_total, 0u);
+      }
+      EXPECT_TRUE(fake.context_end.empty()) << "every finished sequence's context is forgotten";
+    }
+  }
+}
+
 TEST(SpeculativeDecoding, StopStringsAndMaxTokensAreNeverPassed) {
   // Token i decodes to the letter 'a' + i, so the text is the token sequence.
   std::vector<std::string> pieces;

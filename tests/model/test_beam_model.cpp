@@ -199,6 +199,20 @@ TEST_P(BeamModelTest, WidenedAndPaddedStepInputs) {
   std::copy(slice.block_tables[0].begin(), slice.block_tables[0].end(), expected_table.begin());
   EXPECT_EQ(backend_->download_i32(padded.block_tables[0]), expected_table);
   EXPECT_THROW(model_->prepare(batch, layout, 0, std::vector<int64_t>(widths.size(), 0)), Error);
+
+  // A verify step's padding: sequences of its own rows (here 5 each), their last rows in the logit rows, so that the
+  // shape is the bucket's whatever the number of real sequences.
+  BeamModel::StepInputs verify = model_->prepare(batch, layout, 3, widths, 5);
+  model_->upload(verify);
+  EXPECT_EQ(verify.rows, 15);
+  EXPECT_EQ(verify.selected, 4);
+  EXPECT_EQ(verify.attention.host_query_start, (std::vector<int32_t>{0, 5, 10, 15}));
+  EXPECT_EQ(verify.attention.host_seq_lens, (std::vector<int32_t>{5, 5, 5}));
+  EXPECT_EQ(verify.attention.host_positions,
+            (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(backend_->download_i32(verify.logit_rows), (std::vector<int32_t>{4, 2, 9, 14}));
+  EXPECT_EQ(backend_->download_i32(verify.block_tables[0]), expected_table);
+  EXPECT_THROW(model_->prepare(batch, layout, 3, widths, 0), Error);
 }
 
 TEST_P(BeamModelTest, RejectsMalformedBatches) {

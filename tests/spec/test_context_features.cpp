@@ -35,6 +35,29 @@ TEST(ContextFeatureRing, DraftsWhereTheCommittedRunEndsAtTheAnchor) {
   EXPECT_EQ(draft->slot, write.ring.slot);
 }
 
+// The engine commits a verify step's rows before its drafts are settled, then truncates the run to what was verified:
+// the next draft is at the end of the verified run, its window still covered; with every step rejecting some drafts
+// the run keeps covering the window (the rejected positions are never more than B - 1 past it, inside R's slack).
+TEST(ContextFeatureRing, ATruncatedRunEndsAtTheVerifiedPositions) {
+  ContextFeatureRing ring(kWindow, kBlock, 4);
+  ring.begin_write(1, 0, 20);
+  ASSERT_TRUE(ring.begin_draft(1, 20));
+  ring.begin_write(1, 20, 28);  // the anchor and 7 drafts, of which 2 were accepted
+  EXPECT_FALSE(ring.begin_draft(1, 23)) << "the run ends at 28 until it is truncated";
+  ring.truncate(1, 23);
+  EXPECT_FALSE(ring.begin_draft(1, 28));
+  ASSERT_TRUE(ring.begin_draft(1, 23));
+  for (int64_t anchor = 23; anchor < 400; anchor += 3) {  // each step: 8 rows written, 3 verified
+    ring.begin_write(1, anchor, anchor + kBlock);
+    ring.truncate(1, anchor + 3);
+    ASSERT_TRUE(ring.begin_draft(1, anchor + 3)) << "anchor " << anchor + 3;
+  }
+  ring.truncate(1, 1000);  // past the run: nothing changes
+  EXPECT_TRUE(ring.begin_draft(1, 401));
+  ring.truncate(2, 5);  // an unknown sequence: nothing
+  EXPECT_FALSE(ring.begin_draft(2, 5));
+}
+
 TEST(ContextFeatureRing, AnchorZeroDraftsWithoutContext) {
   ContextFeatureRing ring(kWindow, kBlock, 2);
   EXPECT_TRUE(ring.begin_draft(7, 0));
