@@ -11,6 +11,8 @@
 //   memory, so shuffles and exponentials are not repeated on every lane.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <type_traits>
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/kernel_variant.h"
@@ -360,20 +362,14 @@ template <typename Pool>
 constexpr int kStageBytes = 2 * kTileKeys * MmaPool<Pool>::kCopiedRowBytes;  // K then V
 template <typename Pool>
 constexpr int kWarpBytes = MmaPool<Pool>::kStages * kStageBytes<Pool> + MmaPool<Pool>::kStagingBytes;
-template <typename Pool>
-constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16), 64 KiB (E4M3)
-static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
-                  MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
-              "the blocks per multiprocessor fit the shared memory");
+// A block's shared memory: kMmaWarps warps of kWarpBytes (96 KiB BF16, 64 KiB E4M3; DecodeLayout checks that the
+// blocks per multiprocessor fit, for every version).
 // The warps' O in shared memory at the end, [warp][head][dim]: rows of kWarpAccStride floats and dims skewed by one
 // bank per 32, so that a warp's stores of one register (every kernel version's layout) spread over the banks.
 constexpr int kWarpAccStride = kFastHeadDim + 4;
 __device__ __forceinline__ int warp_acc_index(int warp, int head, int dim) {
   return (warp * kMmaHeads + head) * kWarpAccStride + dim + dim / 32;
 }
-static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
-                  std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
-              "the warps' results are combined in the pipeline's shared memory");
 
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
 // rows one ldmatrix reads at the same chunk fall in different banks.
@@ -481,7 +477,7 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 
 // The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset QueryRows over E4M3 pools and PerTile over BF16 ones,
 // `per-tile` PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt, `query-rows-keys-bits`, `query-rows-values-bits`,
-// `query-rows-bulk`):
+// `query-rows-bulk`, `query-rows-2-blocks`):
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
@@ -507,6 +503,8 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    completing on the stage's mbarrier. A bulk copy cannot swizzle within a row, so rows lie kBulkRowBytes apart
 //    (bank-conflict-free for the V loads as they are and for the K loads when lane c takes chunks 2c and 2c + 1,
 //    q's dims following). Rows outside the visible range or in a missing block are zeroed by ordinary stores.
+//  - QueryRowsTwoBlocks (E4M3 pools): QueryRows with fewer warps per multiprocessor and more stages each
+//    (DecodeLayout), for the GPU to rank (bench/gpu_tune14.sh).
 enum class DecodeVersion {
   PerRow,
   PerTile,
@@ -514,12 +512,14 @@ enum class DecodeVersion {
   QueryRows,
   QueryRowsKeysBits,
   QueryRowsValuesBits,
-  QueryRowsBulk
+  QueryRowsBulk,
+  QueryRowsTwoBlocks
 };
 
 constexpr bool query_rows(DecodeVersion version) {
   return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
-         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk;
+         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk ||
+         version == DecodeVersion::QueryRowsTwoBlocks;
 }
 
 // QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
@@ -529,12 +529,37 @@ constexpr int kBulkTileBytes = kTileKeys * kBulkRowBytes;
 constexpr int kBulkStageBytes = 2 * kBulkTileBytes;
 constexpr int kBulkStages = MmaPool<E4m3>::kStages + 1;  // as many as the other per-tile versions of E4M3 pools
 constexpr int kBulkSharedBytes = kMmaWarps * kBulkStages * (kBulkStageBytes + static_cast<int>(sizeof(uint64_t)));
-static_assert(MmaPool<E4m3>::kBlocksPerSm * (kBulkSharedBytes + 1024) <= 227 * 1024,
-              "QueryRowsBulk keeps the blocks per multiprocessor");
-template <typename Pool, DecodeVersion kVersion>
-constexpr int kKernelSharedBytes =
-    sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsBulk ? kBulkSharedBytes : kMmaSharedBytes<Pool>;
 __device__ __forceinline__ int bulk_row(int row, int chunk) { return row * kBulkRowBytes + chunk * 16; }
+
+// A version's shared memory and occupancy: the stages of a warp's ring, a stage's and a warp's bytes, the block's, and
+// the blocks per multiprocessor (__launch_bounds__). QueryRowsTwoBlocks is QueryRows (E4M3 pools: 3 blocks of 4 warps,
+// 3 of 4 stages a warp in flight, 144 KiB a multiprocessor) with 2 blocks of 7 stages, 6 in flight: 192 KiB a
+// multiprocessor from 8 warps instead of 12. More warps are not to be had: QueryRows takes 147-157 registers, and 4
+// blocks (128 registers a thread) spill.
+template <typename Pool, DecodeVersion kVersion>
+struct DecodeLayout {
+  static constexpr bool kE4m3 = sizeof(Pool) == 1;
+  static constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
+  static constexpr bool kTwoBlocks = kE4m3 && kVersion == DecodeVersion::QueryRowsTwoBlocks;
+  // E4M3 pools with per-tile copies decode V in registers: the F16 V tile's space holds one more stage.
+  static constexpr bool kValueRegisters = kE4m3 && kVersion != DecodeVersion::PerRow;
+  static constexpr int kBlocksPerSm = kTwoBlocks ? 2 : MmaPool<Pool>::kBlocksPerSm;
+  static constexpr int kStages =
+      kTwoBlocks ? 7 : MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
+  static constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  static constexpr int kWarpStride = kBulk        ? kBulkStages * kBulkStageBytes
+                                     : kTwoBlocks ? kStages * kStageBytes<Pool>
+                                                  : kWarpBytes<Pool>;
+  static constexpr int kSharedBytes = kBulk ? kBulkSharedBytes : kMmaWarps * kWarpStride;
+  static_assert(kBulk || kStages * kStageBytes<Pool> + (kValueRegisters ? 0 : MmaPool<Pool>::kStagingBytes) <=
+                             kWarpStride,
+                "the stages (and E4M3 PerRow's V tile) fit the warp's shared memory");
+  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
+  static_assert(kBlocksPerSm * (kSharedBytes + 1024) <= 227 * 1024, "the blocks per multiprocessor fit");
+  static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+                    kSharedBytes,
+                "the warps' results are combined in the pipeline's shared memory");
+};
 
 // One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
 // k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
@@ -639,30 +664,27 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
 }
 
 template <typename Pool, DecodeVersion kVersion>
-__global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
+__global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
-  constexpr bool kE4m3 = sizeof(Pool) == 1;
+  using Layout = DecodeLayout<Pool, kVersion>;
+  constexpr bool kE4m3 = Layout::kE4m3;
   constexpr bool kPerTileCopy = kVersion != DecodeVersion::PerRow;
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
-  constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
+  constexpr bool kValueRegisters = Layout::kValueRegisters;
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
-  constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
-  constexpr bool kKeysCvt =
-      kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
-                kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
+  constexpr bool kBulk = Layout::kBulk;
+  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt ||
+                                      (kQueryRows && kVersion != DecodeVersion::QueryRowsKeysBits));
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
   constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
-  // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
-  constexpr int kStages =
-      MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
-  static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
-  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
-  // A stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all warps' stages).
-  constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  // The ring's stages; a stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all
+  // warps' stages).
+  constexpr int kStages = Layout::kStages;
+  constexpr int kStageStride = Layout::kStageStride;
   constexpr int kValueOffset = kBulk ? kBulkTileBytes : kStageBytes<Pool> / 2;
-  constexpr int kWarpStride = kBulk ? kBulkStages * kBulkStageBytes : kWarpBytes<Pool>;
+  constexpr int kWarpStride = Layout::kWarpStride;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
@@ -1201,7 +1223,7 @@ template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
       decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kKernelSharedBytes<Pool, kVersion>);
+      DecodeLayout<Pool, kVersion>::kSharedBytes);
   return status;
 }
 
@@ -1213,54 +1235,64 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kKernelSharedBytes<Pool, kVersion>, stream>>>(
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, DecodeLayout<Pool, kVersion>::kSharedBytes, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
 }
 
-// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and the query-rows versions are PerTile for BF16 pools
-// (nothing to decode).
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names (common/kernel_variant.h lists the names in this order; unset:
+// QueryRows, the fastest over E4M3 pools on the H200, 74-78% of the roof against PerTile's 71%, session9-final).
+// keys-cvt and the query-rows versions are PerTile for BF16 pools (nothing to decode).
 DecodeVersion decode_version() {
   static const DecodeVersion version = [] {
-    const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
-    if (name == "legacy") return DecodeVersion::PerRow;
-    if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
-    if (name == "per-tile") return DecodeVersion::PerTile;
-    if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
-    if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
-    if (name == "query-rows-bulk") return DecodeVersion::QueryRowsBulk;
-    // The fastest version over E4M3 pools on the H200 (74-78% of the roof against PerTile's 71%; session9-final);
-    // BF16 pools have no QueryRows and take their list's last, PerTile.
-    return DecodeVersion::QueryRows;
+    constexpr DecodeVersion kByName[] = {
+        DecodeVersion::QueryRows,      DecodeVersion::PerTile,           DecodeVersion::PerRow,
+        DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks};
+    static_assert(std::size(kByName) == std::size(kDecodeAttentionNames), "one version per name");
+    const int index = kernel_variant_index(kDecodeAttentionFamily);
+    return kByName[index < 0 ? 0 : index];
   }();
   return version;
 }
 
-// Launches the version of the list that `version` names, the list's last one when it names none of them.
-template <typename Pool, DecodeVersion kFirst, DecodeVersion... kRest, typename... Args>
-cudaError_t launch_decode_mma_of(DecodeVersion version, Args... args) {
+template <DecodeVersion kVersion>
+using VersionTag = std::integral_constant<DecodeVersion, kVersion>;
+
+// Calls body(VersionTag<v>{}) for the version v of the list that `version` names, the list's last when it names none.
+template <DecodeVersion kFirst, DecodeVersion... kRest, typename Body>
+cudaError_t visit_version(DecodeVersion version, const Body& body) {
   if constexpr (sizeof...(kRest) == 0) {
-    return launch_decode_mma_version<Pool, kFirst>(args...);
+    return body(VersionTag<kFirst>{});
   } else {
-    if (version == kFirst) return launch_decode_mma_version<Pool, kFirst>(args...);
-    return launch_decode_mma_of<Pool, kRest...>(version, args...);
+    if (version == kFirst) return body(VersionTag<kFirst>{});
+    return visit_version<kRest...>(version, body);
   }
+}
+
+// The same over the versions a pool's dtype has (decode_version()'s).
+template <typename Pool, typename Body>
+cudaError_t visit_pool_version(const Body& body) {
+  const DecodeVersion version = decode_version();
+  if constexpr (sizeof(Pool) == 1)
+    return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
+                         DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+                         DecodeVersion::QueryRowsBulk, DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::PerTile>(
+        version, body);
+  else
+    return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTile>(version, body);
 }
 
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  const DecodeVersion version = decode_version();
-  if constexpr (sizeof(Pool) == 1)
-    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
-                                DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
-                                DecodeVersion::QueryRowsBulk, DecodeVersion::PerTile>(
-        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-  else
-    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTile>(
-        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  return visit_pool_version<Pool>([&](auto version) {
+    return launch_decode_mma_version<Pool, decltype(version)::value>(q, pool, slot, batch, rows, count, splits,
+                                                                      partials, num_heads, scale, sliding_window, out,
+                                                                      stream);
+  });
 }
 
 template <typename P, int kGroup>
@@ -1290,16 +1322,28 @@ cudaError_t dispatch_pool(DType dtype, int32_t group, const Body& body) {
   return cudaErrorInvalidValue;
 }
 
-template <typename Pool>
+template <typename Pool, DecodeVersion kVersion>
 int mma_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int result = 1;
-    if (allow_mma_shared_memory<Pool, DecodeVersion::PerTile>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, DecodeVersion::PerTile>,
-                                                      kMmaThreads, kMmaSharedBytes<Pool>) != cudaSuccess)
+    if (allow_mma_shared_memory<Pool, kVersion>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, kVersion>,
+                                                      kMmaThreads, DecodeLayout<Pool, kVersion>::kSharedBytes) !=
+            cudaSuccess)
       result = 1;
     return std::max(result, 1);
   }();
+  return blocks;
+}
+
+// The selected version's blocks per multiprocessor (the plan's splits fill them).
+template <typename Pool>
+int selected_blocks_per_multiprocessor() {
+  int blocks = 1;
+  visit_pool_version<Pool>([&](auto version) {
+    blocks = mma_blocks_per_multiprocessor<Pool, decltype(version)::value>();
+    return cudaSuccess;
+  });
   return blocks;
 }
 
@@ -1353,8 +1397,8 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
 }
 
 int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
-  if (dtype == DType::BF16) return mma_blocks_per_multiprocessor<__nv_bfloat16>();
-  if (dtype == DType::F8_E4M3) return mma_blocks_per_multiprocessor<E4m3>();
+  if (dtype == DType::BF16) return selected_blocks_per_multiprocessor<__nv_bfloat16>();
+  if (dtype == DType::F8_E4M3) return selected_blocks_per_multiprocessor<E4m3>();
   int blocks = 1;
   dispatch_pool(dtype, group, OccupancyQuery{&blocks});
   return blocks;

@@ -209,16 +209,11 @@ cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weigh
       !moe_one_token_supported(experts.hidden, experts.intermediate, top_k) ||
       reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch.activated) % 16 != 0)
     return cudaErrorInvalidValue;
-  switch (token_moe_version()) {
-    case TokenMoeVersion::Legacy:
-      return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
-    case TokenMoeVersion::Staged:
-      if (staged_token_moe_fits<Fp8Stage>(experts.hidden, experts.intermediate, top_k))
-        return launch_staged_token_moe<Fp8Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
-      [[fallthrough]];
-    case TokenMoeVersion::Ring:
-      break;
-  }
+  const TokenMoeVersion version = token_moe_version();
+  if (version == TokenMoeVersion::Legacy)
+    return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
+  if (token_moe_staged(version) && staged_token_moe_fits<Fp8Stage>(experts.hidden, experts.intermediate, top_k))
+    return launch_staged_token_moe<Fp8Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
   return launch_token_moe<Fp8Dot<true>, true>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
 }
 

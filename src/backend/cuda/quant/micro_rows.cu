@@ -824,7 +824,7 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
   float* activated = scratch.activated;
   const bool one_token = rows == 1 && aligned(h, 16) && aligned(activated, 16);
   const TokenMoeVersion version = token_moe_version();
-  if (version == TokenMoeVersion::Staged && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
+  if (token_moe_staged(version) && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
       scratch.partial != nullptr) {
     // Each token reads its experts' weights once, as the streaming kernels below do, but at the staged kernels'
     // bandwidth: with few tokens most routed experts serve one token anyway (16 tokens: ~100 distinct of 128).
