@@ -545,7 +545,8 @@ struct DecodeLayout {
   static constexpr bool kValueRegisters = kE4m3 && kVersion != DecodeVersion::PerRow;
   static constexpr int kBlocksPerSm = kTwoBlocks ? 2 : MmaPool<Pool>::kBlocksPerSm;
   static constexpr int kStages =
-      kTwoBlocks ? 7 : MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
+      kTwoBlocks ? 7
+                 : MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
   static constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
   static constexpr int kWarpStride = kBulk        ? kBulkStages * kBulkStageBytes
                                      : kTwoBlocks ? kStages * kStageBytes<Pool>
@@ -1235,7 +1236,8 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, DecodeLayout<Pool, kVersion>::kSharedBytes, stream>>>(
+  constexpr int kSharedBytes = DecodeLayout<Pool, kVersion>::kSharedBytes;
+  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kSharedBytes, stream>>>(
       q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
   return launch_merge(rows, count, splits, partials, num_heads, out, stream);
