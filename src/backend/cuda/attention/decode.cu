@@ -474,10 +474,13 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // Lets the merge kernel (launched as a programmatic dependent) start its blocks while this grid runs; it waits
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+// Waits until the grids this one is a programmatic dependent of are complete and their writes visible (at once when it
+// was launched plainly).
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset QueryRows over E4M3 pools and PerTile over BF16 ones,
 // `per-tile` PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt, `query-rows-keys-bits`, `query-rows-values-bits`,
-// `query-rows-bulk`, `query-rows-2-blocks`):
+// `query-rows-bulk`, `query-rows-2-blocks`, `query-rows-pdl`):
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
@@ -505,6 +508,11 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    q's dims following). Rows outside the visible range or in a missing block are zeroed by ordinary stores.
 //  - QueryRowsTwoBlocks (E4M3 pools): QueryRows with fewer warps per multiprocessor and more stages each
 //    (DecodeLayout), for the GPU to rank (bench/gpu_tune14.sh).
+//  - QueryRowsEarly (`query-rows-pdl`, E4M3 pools): QueryRows launched as a programmatic dependent of the kernel before
+//    it, whose merge lets the next such launch start too: a block looks its first tiles up in the block table and
+//    copies them while the kernel before drains (at B=1 every call pays ~12 us beside its bytes, bench/results/
+//    2026-12-03-tune14.md), and waits for it (griddepcontrol.wait) before it reads q or a key this step may have
+//    written: a decode row's sequence wrote at most kDecodeMaxQueryRows positions this step, the last being the row's.
 enum class DecodeVersion {
   PerRow,
   PerTile,
@@ -513,13 +521,14 @@ enum class DecodeVersion {
   QueryRowsKeysBits,
   QueryRowsValuesBits,
   QueryRowsBulk,
-  QueryRowsTwoBlocks
+  QueryRowsTwoBlocks,
+  QueryRowsEarly
 };
 
 constexpr bool query_rows(DecodeVersion version) {
   return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
          version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk ||
-         version == DecodeVersion::QueryRowsTwoBlocks;
+         version == DecodeVersion::QueryRowsTwoBlocks || version == DecodeVersion::QueryRowsEarly;
 }
 
 // QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
@@ -676,6 +685,7 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
   constexpr bool kValueRegisters = Layout::kValueRegisters;
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
   constexpr bool kBulk = Layout::kBulk;
+  constexpr bool kEarly = kE4m3 && kVersion == DecodeVersion::QueryRowsEarly;
   constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt ||
                                       (kQueryRows && kVersion != DecodeVersion::QueryRowsKeysBits));
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
@@ -834,8 +844,15 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
   int32_t first_blocks[kStages];
 #pragma unroll
   for (int k = 0; k < kStages; ++k) first_blocks[k] = tile_block(k);
+  if constexpr (kEarly) {
+    // The copies below may run before the kernel this one depends on ends (QueryRowsEarly): they wait for it when
+    // one of their tiles reaches a position written this step (>= position - kDecodeMaxQueryRows + 1).
+    const int32_t last_prologue_key = (split_begin + warp + (kStages - 2) * kMmaWarps) * kTileKeys + kTileKeys - 1;
+    if (last_prologue_key > position - kDecodeMaxQueryRows) wait_for_prior_grids();
+  }
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k, k, first_blocks[k]);
+  if constexpr (kEarly) wait_for_prior_grids();  // before q, the later tiles and any write
   int32_t block_ahead = first_blocks[kStages - 1];  // the next tile to issue: its table entry one iteration early
   int issue_stage = kStages - 1, use_stage = 0;
 
@@ -1130,13 +1147,16 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
 constexpr int kMergeWarps = kMergeThreads / 32;
 static_assert(kFastHeadDim == 32 * 4, "a warp covers head_dim with one float4 per lane");
 
+// early_dependents (QueryRowsEarly): the next kernel, a programmatic dependent, may launch before this one ends.
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32_t* rows, int64_t count,
                                                                      int32_t splits, const float* partials,
-                                                                     int32_t num_heads, float* out) {
+                                                                     int32_t num_heads, float* out,
+                                                                     bool early_dependents) {
   __shared__ float weight[kMergeThreads];
   __shared__ float warp_result[kMergeWarps];
   __shared__ float4 warp_value[kMergeWarps][32];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  if (early_dependents) allow_dependent_launch();
+  wait_for_prior_grids();  // the decode grid's partials are complete and visible
   const int64_t item = blockIdx.x;
   const int64_t row = rows != nullptr ? rows[item] : item;
   const int32_t head = blockIdx.y;
@@ -1194,7 +1214,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32
 // The merge as a programmatic dependent of the decode grid just enqueued: its blocks may be scheduled before that
 // grid ends (they wait in griddepcontrol.wait), so no launch gap separates the two.
 cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, const float* partials, int32_t num_heads,
-                         float* out, cudaStream_t stream) {
+                         float* out, cudaStream_t stream, bool early_dependents = false) {
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
@@ -1204,7 +1224,8 @@ cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, con
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out);
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out,
+                            early_dependents);
 }
 
 template <typename P, int kGroup>
@@ -1236,11 +1257,23 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  constexpr int kSharedBytes = DecodeLayout<Pool, kVersion>::kSharedBytes;
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kSharedBytes, stream>>>(
-      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
-  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+  constexpr bool kEarly = sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsEarly;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kMmaThreads);
+  config.dynamicSmemBytes = DecodeLayout<Pool, kVersion>::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = kEarly ? 1 : 0;
+  if (const cudaError_t status = cudaLaunchKernelEx(&config, decode_attention_mma_kernel<Pool, kVersion>, q, pool, slot,
+                                                    batch, rows, count, splits, partials, num_heads, scale,
+                                                    sliding_window, out);
+      status != cudaSuccess || splits == 1)
+    return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream, kEarly);
 }
 
 // The version BEAMLINE_CUDA_DECODE_ATTENTION names (common/kernel_variant.h lists the names in this order; unset:
@@ -1251,7 +1284,7 @@ DecodeVersion decode_version() {
     constexpr DecodeVersion kByName[] = {
         DecodeVersion::QueryRows,      DecodeVersion::PerTile,           DecodeVersion::PerRow,
         DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
-        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks};
+        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly};
     static_assert(std::size(kByName) == std::size(kDecodeAttentionNames), "one version per name");
     const int index = kernel_variant_index(kDecodeAttentionFamily);
     return kByName[index < 0 ? 0 : index];
@@ -1280,8 +1313,8 @@ cudaError_t visit_pool_version(const Body& body) {
   if constexpr (sizeof(Pool) == 1)
     return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
                          DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
-                         DecodeVersion::QueryRowsBulk, DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::PerTile>(
-        version, body);
+                         DecodeVersion::QueryRowsBulk, DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly,
+                         DecodeVersion::PerTile>(version, body);
   else
     return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTile>(version, body);
 }
