@@ -2,7 +2,8 @@
 # Issue 14's two kernels closest to their goals, swept in one GPU call (bench/results/2026-12-03-tune14.md): each
 # variant first against the CPU reference (the op harness), then timed next to its floor.
 #  - FP8 KV decode attention (goal >= 85% of the roof at B=32 L=8K and B=1 L=128K): BEAMLINE_CUDA_DECODE_ATTENTION
-#    unset (query-rows) and =query-rows-2-blocks, and the plan's splits times 2, 3, 4 (BEAMLINE_CUDA_DECODE_SPLITS);
+#    unset (query-rows), =query-rows-2-blocks and =query-rows-pdl, and the plan's splits times 2, 3, 4
+#    (BEAMLINE_CUDA_DECODE_SPLITS);
 #    checks: the harness's kv_decode group (--small, but the full group, 32K keys, for query-rows-2-blocks, whose
 #    7-stage ring only wraps around in the long cases); timing: `perf attention --kv-cache-dtype fp8 --filter "decode
 #    global" --graph`.
@@ -14,7 +15,7 @@
 # Usage: bench/gpu_tune14.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh build CARRY_DIR`); writes $OUT/tune14.log
 #        (every command's whole output), $OUT/perf-*.txt (each perf table) and $OUT/tune14-summary.md; exits 1 when a
 #        check failed or did not run or a perf row is missing. At most 115 s once the machine is up (the attention
-#        sweep gets the first 60 s, the MoE sweep the rest; each step's limit is cut to what is left).
+#        sweep gets the first 65 s, the MoE sweep the rest; each step's limit is cut to what is left).
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_tune14.sh CARRY_DIR}
 OUT=${OUT:-$(mktemp -d)}
@@ -75,11 +76,12 @@ row() {
 }
 
 echo "=== FP8 KV decode attention: version and splits variants"
-budget=60
+budget=65
 # name, BEAMLINE_CUDA_DECODE_ATTENTION, BEAMLINE_CUDA_DECODE_SPLITS, harness flags
 attention_variants=(
   "query-rows (default)||auto|--small"
   "query-rows-2-blocks|query-rows-2-blocks|auto|"
+  "query-rows-pdl|query-rows-pdl|auto|--small"
   "query-rows, splits 2x||2x|--small"
   "query-rows, splits 3x||3x|--small"
   "query-rows, splits 4x||4x|--small"
