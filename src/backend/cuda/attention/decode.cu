@@ -399,12 +399,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
-// Two E4M3 codes (bits 0-15) as an exact F16 pair.
-__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes) {
-  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // The A fragment of V^T's m-tile i (E4M3 pools, V in registers) from this lane's raw rows: keys 2c, 2c + 1, 2c + 8,
 // 2c + 9 (rows[0..3]) at dims 16 g .. 16 g + 15. The m-tile's rows g and g + 8 are dims 16 g + 2 i and 16 g + 2 i + 1
 // (any assignment of dims to rows works when the output follows it), so a[0] pairs keys 2c and 2c + 1 at byte 2 i of

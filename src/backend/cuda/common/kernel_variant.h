@@ -23,7 +23,8 @@ inline constexpr std::string_view kDecodeAttentionNames[] = {
 inline constexpr std::string_view kDecodeSplitsNames[] = {"auto", "2x", "3x", "4x"};
 // quant/token_moe.cuh, quant/staged_moe.cuh: the one-token MoE of quantized experts (BF16 experts: staged_moe.cuh
 // only when the variable says `staged`).
-inline constexpr std::string_view kTokenMoeNames[] = {"staged", "ring", "legacy", "staged-wide", "staged-wide5"};
+inline constexpr std::string_view kTokenMoeNames[] = {"staged",       "ring",       "legacy",         "staged-wide",
+                                                      "staged-wide5", "staged-cvt", "staged-half-cvt"};
 
 inline constexpr KernelFamily kDecodeAttentionFamily{"BEAMLINE_CUDA_DECODE_ATTENTION", kDecodeAttentionNames,
                                                      std::size(kDecodeAttentionNames)};

@@ -43,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/device_common.cuh"
@@ -75,15 +76,22 @@ static_assert(DefaultStagedShape::kCombineRows == kTokenMoeCombineRows, "the sma
 // distinct banks, for 16-byte reads (lanes g, g + 1 read chunks 4u..4u+3) and 8-byte ones (g..g+3 read 2v, 2v + 1).
 __host__ __device__ constexpr int stage_swizzle(int t) { return ((t & 1) << 2) | (t & 2); }
 
-// The F16 split of the activations (activation_split.cuh): the operand of the FP8, MXFP8 and NVFP4 readers.
+// The F16 split of the activations (activation_split.cuh): the operand of the FP8, MXFP8 and NVFP4 readers, its
+// groups paired for the words a reader decodes by cvt (kWords).
+template <CvtWords kWords = CvtWords::None>
 struct SplitOperand {
   using View = Split;
   static __host__ __device__ int64_t bytes(int64_t k) { return split_bytes(k); }
   static __device__ View at(void* base, int64_t k) { return split_at(base, k); }
   static __device__ void write(const float* x, int64_t k, const View& view, int first, int stride, int lane) {
-    split_activations(x, k, view, first, stride, lane);
+    split_activations<kWords>(x, k, view, first, stride, lane);
   }
 };
+// Whether a reader with this operand decodes words by cvt (BEAMLINE_CUDA_TOKEN_MOE=staged-cvt, =staged-half-cvt).
+template <class Operand>
+struct DecodesByCvt : std::false_type {};
+template <CvtWords kWords>
+struct DecodesByCvt<SplitOperand<kWords>> : std::bool_constant<kWords != CvtWords::None> {};
 
 template <class Reader>
 constexpr int stage_bytes() {
@@ -310,14 +318,17 @@ template <class Reader, class Experts>
 cudaError_t launch_staged_token_moe(const float* h, const int32_t* ids, const float* weights, int32_t tokens,
                                     int32_t top_k, const Experts& experts, const TokenMoeScratch& scratch, float* out,
                                     cudaStream_t stream) {
-  const TokenMoeVersion version = token_moe_version();
-  if (version == TokenMoeVersion::StagedWide &&
-      staged_shape_fits<Reader, WideStagedShape>(experts.hidden, experts.intermediate, top_k))
-    return launch_staged_shape<Reader, WideStagedShape>(h, ids, weights, tokens, top_k, experts, scratch, out, stream);
-  if (version == TokenMoeVersion::StagedWide5 &&
-      staged_shape_fits<Reader, DeepWideStagedShape>(experts.hidden, experts.intermediate, top_k))
-    return launch_staged_shape<Reader, DeepWideStagedShape>(h, ids, weights, tokens, top_k, experts, scratch, out,
-                                                            stream);
+  if constexpr (!DecodesByCvt<typename Reader::Operand>::value) {  // staged-cvt, staged-half-cvt: the default shape
+    const TokenMoeVersion version = token_moe_version();
+    if (version == TokenMoeVersion::StagedWide &&
+        staged_shape_fits<Reader, WideStagedShape>(experts.hidden, experts.intermediate, top_k))
+      return launch_staged_shape<Reader, WideStagedShape>(h, ids, weights, tokens, top_k, experts, scratch, out,
+                                                          stream);
+    if (version == TokenMoeVersion::StagedWide5 &&
+        staged_shape_fits<Reader, DeepWideStagedShape>(experts.hidden, experts.intermediate, top_k))
+      return launch_staged_shape<Reader, DeepWideStagedShape>(h, ids, weights, tokens, top_k, experts, scratch, out,
+                                                              stream);
+  }
   return launch_staged_shape<Reader, DefaultStagedShape>(h, ids, weights, tokens, top_k, experts, scratch, out,
                                                          stream);
 }
