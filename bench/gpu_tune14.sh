@@ -8,9 +8,9 @@
 #    7-stage ring only wraps around in the long cases); timing: `perf attention --kv-cache-dtype fp8 --filter "decode
 #    global" --graph`.
 #  - One-token MoE of FP8 / MXFP8 / NVFP4 experts (goals: FP8 <= 0.085 ms, MXFP8 within 5% of FP8, NVFP4 <= 1.2x its
-#    floor): BEAMLINE_CUDA_TOKEN_MOE unset (staged), =staged-wide, =staged-wide5; checks: the fp8, mxfp8 and nvfp4
-#    groups at small widths, then (with what is left) at Beam-1.0's widths for the two new shapes; timing: `perf fp8
-#    --no-linear` and `perf micro`, --tokens 1,16 (route + experts, CUDA graph).
+#    floor): BEAMLINE_CUDA_TOKEN_MOE unset (staged), =staged-wide, =staged-wide5, =staged-cvt, =staged-half-cvt;
+#    checks: the fp8, mxfp8 and nvfp4 groups at small widths, then (with what is left) at Beam-1.0's widths for the
+#    new versions; timing: `perf fp8 --no-linear` and `perf micro`, --tokens 1,16 (route + experts, CUDA graph).
 # The summary table (stdout and $OUT/tune14-summary.md): variant, case, ms, floor ms, % of floor, checks.
 # Usage: bench/gpu_tune14.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh build CARRY_DIR`); writes $OUT/tune14.log
 #        (every command's whole output), $OUT/perf-*.txt (each perf table) and $OUT/tune14-summary.md; exits 1 when a
@@ -107,7 +107,8 @@ done
 
 echo "=== one-token MoE, FP8 / MXFP8 / NVFP4 experts: staged kernel shapes"
 budget=115
-moe_variants=("staged (default)|" "staged-wide|staged-wide" "staged-wide5|staged-wide5")
+moe_variants=("staged (default)|" "staged-wide|staged-wide" "staged-wide5|staged-wide5" "staged-cvt|staged-cvt"
+  "staged-half-cvt|staged-half-cvt")
 seed=51
 for entry in "${moe_variants[@]}"; do
   IFS='|' read -r name version <<<"$entry"
@@ -138,9 +139,9 @@ for entry in "${moe_variants[@]}"; do
     done
   done
 done
-# The new shapes at Beam-1.0's widths (staged-wide5's FP8 and MXFP8 blocks there take 226 KB of shared memory), with
+# The new versions at Beam-1.0's widths (staged-wide5's FP8 and MXFP8 blocks there take 226 KB of shared memory), with
 # what is left of the budget.
-for version in staged-wide staged-wide5; do
+for version in staged-wide5 staged-half-cvt staged-cvt staged-wide; do
   checks "$version, Beam-1.0 widths" 40 "BEAMLINE_CUDA_TOKEN_MOE=$version" -- --filter fp8,mxfp8,nvfp4 --seed $((seed++))
   table+=("| $version | fp8, mxfp8, nvfp4 groups at Beam-1.0's widths | | | | $checked | |")
 done
