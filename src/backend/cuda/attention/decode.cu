@@ -474,7 +474,7 @@ __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepco
 
 // The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset QueryRows over E4M3 pools and PerTile over BF16 ones,
 // `per-tile` PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt, `query-rows-keys-bits`, `query-rows-values-bits`,
-// `query-rows-bulk`, `query-rows-2-blocks`, `query-rows-pdl`):
+// `query-rows-bulk`, `query-rows-2-blocks`, `query-rows-pdl`, `query-rows-pairs`):
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
@@ -507,6 +507,8 @@ __device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepco
 //    copies them while the kernel before drains (at B=1 every call pays ~12 us beside its bytes, bench/results/
 //    2026-12-03-tune14.md), and waits for it (griddepcontrol.wait) before it reads q or a key this step may have
 //    written: a decode row's sequence wrote at most kDecodeMaxQueryRows positions this step, the last being the row's.
+//  - QueryRowsPairs (E4M3 pools): QueryRowsTwoBlocks taking two tiles a step (query_rows_step): one max over the head's
+//    lanes, one rescaling test, one select for both, ~15 instructions fewer a tile of ~250.
 enum class DecodeVersion {
   PerRow,
   PerTile,
@@ -516,13 +518,15 @@ enum class DecodeVersion {
   QueryRowsValuesBits,
   QueryRowsBulk,
   QueryRowsTwoBlocks,
-  QueryRowsEarly
+  QueryRowsEarly,
+  QueryRowsPairs
 };
 
 constexpr bool query_rows(DecodeVersion version) {
   return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
          version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk ||
-         version == DecodeVersion::QueryRowsTwoBlocks || version == DecodeVersion::QueryRowsEarly;
+         version == DecodeVersion::QueryRowsTwoBlocks || version == DecodeVersion::QueryRowsEarly ||
+         version == DecodeVersion::QueryRowsPairs;
 }
 
 // QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
@@ -543,7 +547,10 @@ template <typename Pool, DecodeVersion kVersion>
 struct DecodeLayout {
   static constexpr bool kE4m3 = sizeof(Pool) == 1;
   static constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
-  static constexpr bool kTwoBlocks = kE4m3 && kVersion == DecodeVersion::QueryRowsTwoBlocks;
+  // QueryRowsPairs takes QueryRowsTwoBlocks' layout: two tiles a step leave kStages - 2 in flight, and its registers
+  // (a second tile's V rows and scores) exceed what three blocks allow.
+  static constexpr bool kTwoBlocks =
+      kE4m3 && (kVersion == DecodeVersion::QueryRowsTwoBlocks || kVersion == DecodeVersion::QueryRowsPairs);
   // E4M3 pools with per-tile copies decode V in registers: the F16 V tile's space holds one more stage.
   static constexpr bool kValueRegisters = kE4m3 && kVersion != DecodeVersion::PerRow;
   static constexpr int kBlocksPerSm = kTwoBlocks ? 2 : MmaPool<Pool>::kBlocksPerSm;
@@ -565,69 +572,80 @@ struct DecodeLayout {
                 "the warps' results are combined in the pipeline's shared memory");
 };
 
-// One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
-// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
+// kTiles 16-key tiles of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
+// k_tiles and v_tiles are the staged tiles (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
 // q_lo q's split pairs of k-step 4 h + j (dims 16 x + 4 j + (0, 1) and + (2, 3) of the K chunk x = 4 h + c,
 // kBulkLayout: 2 c + h; the pairs cvt makes of a K word; kKeysBits: + (0, 2) and + (1, 3), e4m3x4_to_half2's),
-// tile_first the tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
-// and this lane's partial sum and its O fragments.
-template <bool kKeysBits, bool kValuesBits, bool kBulkLayout>
-__device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
+// tile_first each tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
+// and this lane's partial sum and its O fragments. The online softmax's update (the max over the head's 4 lanes, the
+// rescaling test) is made once for the kTiles tiles (QueryRowsPairs: 2).
+template <int kTiles, bool kKeysBits, bool kValuesBits, bool kBulkLayout>
+__device__ __forceinline__ void query_rows_step(const unsigned char* const (&k_tiles)[kTiles],
+                                                const unsigned char* const (&v_tiles)[kTiles],
                                                 const uint32_t (&q_hi)[kDimSteps][2],
                                                 const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
-                                                int32_t tile_first, int32_t first, int32_t last, float& running_max,
-                                                float& partial_sum, float (&acc)[2 * kDimSteps][4]) {
+                                                const int32_t (&tile_first)[kTiles], int32_t first, int32_t last,
+                                                float& running_max, float& partial_sum,
+                                                float (&acc)[2 * kDimSteps][4]) {
   const int lane = threadIdx.x % 32, fragment_row = lane / 4, fragment_pair = lane % 4;
-  uint4 value_rows[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
+  uint4 value_rows[kTiles][4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
-    const int offset =
-        kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
-    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + offset);
-  }
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+      const int offset =
+          kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
+      value_rows[t][r] = *reinterpret_cast<const uint4*>(v_tiles[t] + offset);
+    }
   // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
   // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's. Even and
   // odd k-steps accumulate apart (products[n][s % 2]): four chains of 4 dependent MMAs instead of two of 8.
-  float products[2][2][4] = {};
+  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch).
+  float score[kTiles][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
-    const uint4 low = *reinterpret_cast<const uint4*>(
-        k_tile + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
-    const uint4 high = *reinterpret_cast<const uint4*>(
-        k_tile + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
+  for (int t = 0; t < kTiles; ++t) {
+    float products[2][2][4] = {};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = 4 * h + j;
-      const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
-      uint32_t b[2][2];  // n-tile n's B registers
-      if constexpr (kKeysBits) {
-        e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
-        e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
-      } else {
-        b[0][0] = e4m3x2_to_half2(word_of(low, j));
-        b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
-        b[1][0] = e4m3x2_to_half2(word_of(high, j));
-        b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+      const uint4 low = *reinterpret_cast<const uint4*>(
+          k_tiles[t] + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
+      const uint4 high = *reinterpret_cast<const uint4*>(
+          k_tiles[t] + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 4 * h + j;
+        const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
+        uint32_t b[2][2];  // n-tile n's B registers
+        if constexpr (kKeysBits) {
+          e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
+          e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
+        } else {
+          b[0][0] = e4m3x2_to_half2(word_of(low, j));
+          b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
+          b[1][0] = e4m3x2_to_half2(word_of(high, j));
+          b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+        }
+        mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
+        mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
       }
-      mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
-      mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
     }
+    const bool interior = tile_first[t] >= first && tile_first[t] + kTileKeys - 1 <= last;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t key = tile_first[t] + 8 * n + 2 * fragment_pair + e;
+        const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
+        score[t][2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
+      }
   }
-  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch);
-  // the tile's max over the 4 lanes of the head.
-  const bool interior = tile_first >= first && tile_first + kTileKeys - 1 <= last;
-  float score[4];
+  // The tiles' max over the 4 lanes of the head.
+  float tile_max = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
-      const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
-      score[2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
-    }
-  float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
+  for (int t = 0; t < kTiles; ++t)
+    tile_max = fmaxf(tile_max, fmaxf(fmaxf(score[t][0], score[t][1]), fmaxf(score[t][2], score[t][3])));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
   if (__any_sync(0xffffffffu, tile_max > running_max)) {
@@ -642,28 +660,31 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
     }
   }
   // Masked keys give exp2(-inf) = 0; while the max is still -inf (every key so far masked) 0 stands in for it, so that
-  // -inf - -inf makes no NaN: one select a tile instead of one a key.
+  // -inf - -inf makes no NaN: one select a step instead of one a key.
   const float reference = running_max == -INFINITY ? 0.0f : running_max;
-  float probability[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[i] - reference);
-  partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
-  // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1, then
-  // at 2c + 8, 2c + 9.
-  uint32_t p[4];
-  split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
-  split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
-  // O += P V per n-tile t of 8 dims, column g being dim 16 g + t: value_fragment(i) gives, for dims 16 g + 2 i and
-  // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+  for (int t = 0; t < kTiles; ++t) {
+    float probability[4];
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i) {
-    uint32_t v[4];
-    if constexpr (kValuesBits)
-      value_fragment_bits(value_rows, i, v);
-    else
-      value_fragment(value_rows, i, v);
-    mma_f16(acc[2 * i], p, v[0], v[2]);
-    mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+    for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[t][i] - reference);
+    partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
+    // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1,
+    // then at 2c + 8, 2c + 9.
+    uint32_t p[4];
+    split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
+    split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
+    // O += P V per n-tile i of 8 dims, column g being dim 16 g + i: value_fragment(i) gives, for dims 16 g + 2 i and
+    // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+#pragma unroll
+    for (int i = 0; i < kDimSteps; ++i) {
+      uint32_t v[4];
+      if constexpr (kValuesBits)
+        value_fragment_bits(value_rows[t], i, v);
+      else
+        value_fragment(value_rows[t], i, v);
+      mma_f16(acc[2 * i], p, v[0], v[2]);
+      mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+    }
   }
 }
 
@@ -680,6 +701,7 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
   constexpr bool kBulk = Layout::kBulk;
   constexpr bool kEarly = kE4m3 && kVersion == DecodeVersion::QueryRowsEarly;
+  constexpr bool kPairs = kE4m3 && kVersion == DecodeVersion::QueryRowsPairs;
   constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt ||
                                       (kQueryRows && kVersion != DecodeVersion::QueryRowsKeysBits));
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
@@ -853,7 +875,7 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
   // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3) (kBulk:
   // 16 (2 pair + h) + 4 j + (0..3)), those the K words decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by
-  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_tile).
+  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_step).
   uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
   float q_unscale = 1.0f;
   {
@@ -869,7 +891,7 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
 #pragma unroll
         for (int i = 0; i < 16; i += 4) {
           float4 v{0.0f, 0.0f, 0.0f, 0.0f};
-          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_tile's layouts).
+          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_step's layouts).
           const int chunk = kBulk ? 2 * fragment_pair + h : 4 * h + fragment_pair;
           if (real_head) v = *reinterpret_cast<const float4*>(query + 16 * chunk + i);
           values[h][i] = v.x * q_scale;
@@ -904,23 +926,51 @@ __global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBl
     }
   }
 
-  for (int32_t k = 0; k < warp_tiles; ++k) {
+  auto next_stage = [](int stage) { return stage == kStages - 1 ? 0 : stage + 1; };
+  auto tile_first = [&](int32_t k) { return (split_begin + warp + k * kMmaWarps) * kTileKeys; };
+  int32_t k = 0;
+  if constexpr (kPairs) {
+    // Tiles k and k + 1 (in stages k and k + 1 mod kStages) at a time: tile k + kStages - 1 issued before the wait
+    // and k + kStages after the step (into tile k's stage), so that kStages - 2 tiles stay in flight.
+    for (; k + 1 < warp_tiles; k += 2) {
+      __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
+      issue(k + kStages - 1, issue_stage, block_ahead);
+      block_ahead = tile_block(k + kStages);
+      issue_stage = next_stage(issue_stage);
+      wait_copies<kStages - 2>();
+      __syncwarp();  // every lane's copies of tiles k and k + 1 have landed
+      const unsigned char* const k_tiles[2] = {stages + use_stage * kStageStride,
+                                               stages + next_stage(use_stage) * kStageStride};
+      const unsigned char* const v_tiles[2] = {k_tiles[0] + kValueOffset, k_tiles[1] + kValueOffset};
+      const int32_t firsts[2] = {tile_first(k), tile_first(k + 1)};
+      use_stage = next_stage(next_stage(use_stage));
+      query_rows_step<2, false, false, false>(k_tiles, v_tiles, q_hi, q_lo, q_unscale, firsts, first, last,
+                                              running_max[0], partial_sum[0], acc);
+      __syncwarp();
+      issue(k + kStages, issue_stage, block_ahead);
+      block_ahead = tile_block(k + kStages + 1);
+      issue_stage = next_stage(issue_stage);
+    }
+  }
+  for (; k < warp_tiles; ++k) {  // kPairs: the last tile of an odd count
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
     issue(k + kStages - 1, issue_stage, block_ahead);
     block_ahead = tile_block(k + kStages);
-    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+    issue_stage = next_stage(issue_stage);
     if constexpr (kBulk)
       wait_mbarrier(barriers + use_stage, (k / kStages) & 1);  // the stage's (k / kStages)-th phase: tile k
     else
       wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
     const unsigned char* k_tile = stages + use_stage * kStageStride;
-    use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
+    use_stage = next_stage(use_stage);
     const unsigned char* v_tile = k_tile + kValueOffset;
     if constexpr (kQueryRows) {
-      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
-          k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first, last,
-          running_max[0], partial_sum[0], acc);
+      const unsigned char* const k_tiles[1] = {k_tile};
+      const unsigned char* const v_tiles[1] = {v_tile};
+      const int32_t firsts[1] = {tile_first(k)};
+      query_rows_step<1, !kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
+          k_tiles, v_tiles, q_hi, q_lo, q_unscale, firsts, first, last, running_max[0], partial_sum[0], acc);
       continue;
     }
 
@@ -1278,7 +1328,8 @@ DecodeVersion decode_version() {
     constexpr DecodeVersion kByName[] = {
         DecodeVersion::QueryRows,      DecodeVersion::PerTile,           DecodeVersion::PerRow,
         DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
-        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly};
+        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly,
+        DecodeVersion::QueryRowsPairs};
     static_assert(std::size(kByName) == std::size(kDecodeAttentionNames), "one version per name");
     const int index = kernel_variant_index(kDecodeAttentionFamily);
     return kByName[index < 0 ? 0 : index];
@@ -1308,7 +1359,7 @@ cudaError_t visit_pool_version(const Body& body) {
     return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
                          DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
                          DecodeVersion::QueryRowsBulk, DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly,
-                         DecodeVersion::PerTile>(version, body);
+                         DecodeVersion::QueryRowsPairs, DecodeVersion::PerTile>(version, body);
   else
     return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTile>(version, body);
 }

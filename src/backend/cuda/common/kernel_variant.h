@@ -18,7 +18,7 @@ struct KernelFamily {
 // attention/decode.cu: the split-KV decode kernel over E4M3 pools (BF16 pools take per-tile for every name but legacy).
 inline constexpr std::string_view kDecodeAttentionNames[] = {
     "query-rows", "per-tile", "legacy", "keys-cvt", "query-rows-keys-bits", "query-rows-values-bits",
-    "query-rows-bulk", "query-rows-2-blocks", "query-rows-pdl"};
+    "query-rows-bulk", "query-rows-2-blocks", "query-rows-pdl", "query-rows-pairs"};
 // attention/attention.cu: the decode plan's splits per (row, kv head): the cost model's choice (auto), or that times N.
 inline constexpr std::string_view kDecodeSplitsNames[] = {"auto", "2x", "3x", "4x"};
 // quant/token_moe.cuh, quant/staged_moe.cuh: the one-token MoE of quantized experts (BF16 experts: staged_moe.cuh
