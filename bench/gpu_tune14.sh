@@ -2,11 +2,10 @@
 # Issue 14's two kernels closest to their goals, swept in one GPU call (bench/results/2026-12-03-tune14.md): each
 # variant first against the CPU reference (the op harness), then timed next to its floor.
 #  - FP8 KV decode attention (goal >= 85% of the roof at B=32 L=8K and B=1 L=128K): BEAMLINE_CUDA_DECODE_ATTENTION
-#    unset (query-rows), =query-rows-2-blocks and =query-rows-pdl, and the plan's splits times 2, 3, 4
-#    (BEAMLINE_CUDA_DECODE_SPLITS);
-#    checks: the harness's kv_decode group (--small, but the full group, 32K keys, for query-rows-2-blocks, whose
-#    7-stage ring only wraps around in the long cases); timing: `perf attention --kv-cache-dtype fp8 --filter "decode
-#    global" --graph`.
+#    unset (query-rows), =query-rows-pdl, =query-rows-pairs and =query-rows-2-blocks, and the plan's splits times 2
+#    and 4 (BEAMLINE_CUDA_DECODE_SPLITS; 3x is there too, not swept); checks: the harness's kv_decode group (--small,
+#    but the full group, 32K keys, for the 7-stage versions, whose ring only wraps around in the long cases); timing:
+#    `perf attention --kv-cache-dtype fp8 --filter "decode global" --graph`.
 #  - One-token MoE of FP8 / MXFP8 / NVFP4 experts (goals: FP8 <= 0.085 ms, MXFP8 within 5% of FP8, NVFP4 <= 1.2x its
 #    floor): BEAMLINE_CUDA_TOKEN_MOE unset (staged), =staged-wide, =staged-wide5, =staged-cvt, =staged-half-cvt;
 #    checks: the fp8, mxfp8 and nvfp4 groups at small widths, then (with what is left) at Beam-1.0's widths for the
@@ -15,7 +14,7 @@
 # Usage: bench/gpu_tune14.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh build CARRY_DIR`); writes $OUT/tune14.log
 #        (every command's whole output), $OUT/perf-*.txt (each perf table) and $OUT/tune14-summary.md; exits 1 when a
 #        check failed or did not run or a perf row is missing. At most 115 s once the machine is up (the attention
-#        sweep gets the first 65 s, the MoE sweep the rest; each step's limit is cut to what is left).
+#        sweep gets the first 62 s, the MoE sweep the rest; each step's limit is cut to what is left).
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_tune14.sh CARRY_DIR}
 OUT=${OUT:-$(mktemp -d)}
@@ -76,14 +75,14 @@ row() {
 }
 
 echo "=== FP8 KV decode attention: version and splits variants"
-budget=65
+budget=62
 # name, BEAMLINE_CUDA_DECODE_ATTENTION, BEAMLINE_CUDA_DECODE_SPLITS, harness flags
 attention_variants=(
   "query-rows (default)||auto|--small"
-  "query-rows-2-blocks|query-rows-2-blocks|auto|"
   "query-rows-pdl|query-rows-pdl|auto|--small"
+  "query-rows-pairs|query-rows-pairs|auto|"
+  "query-rows-2-blocks|query-rows-2-blocks|auto|"
   "query-rows, splits 2x||2x|--small"
-  "query-rows, splits 3x||3x|--small"
   "query-rows, splits 4x||4x|--small"
 )
 attention_cases=("B=1 L=128K|>= 85%" "B=32 L=8K|>= 85%" "B=128 L=4K|(85%)" "B=1 L=1M|(85%)" "B=1 L=8K|")
