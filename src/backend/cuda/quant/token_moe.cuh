@@ -68,6 +68,8 @@ __device__ __forceinline__ void stream_ring(const Dot& dot, int steps, int c, Ba
 //  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
 //    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
 enum class TokenMoeVersion { Staged, Ring, Legacy, StagedWide, StagedWide5, StagedCvt, StagedHalfCvt };
+static_assert(static_cast<std::size_t>(TokenMoeVersion::StagedHalfCvt) + 1 == std::size(kTokenMoeNames),
+              "one version per name");
 inline TokenMoeVersion token_moe_version() {
   static const TokenMoeVersion version = [] {
     const int index = kernel_variant_index(kTokenMoeFamily);
