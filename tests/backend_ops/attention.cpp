@@ -153,8 +153,16 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
                                   c.window, dtype_name(c.kv_dtype));
   if (c.kv_scales) shape += fmt::format(" x{} scales {:.3g}/{:.3g}", c.magnitude, k_scale, v_scale);
 
+  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
+  auto out = harness.poisoned(DType::F32, {rows, q_width});
+  // write_kv right before paged_attention, as in a decode step (what the kernel launched early, query-rows-pdl, must
+  // wait for); the codes are checked after.
   harness.device().write_kv(k.device, v.device, device_pool, slot, block_table.device, device_batch);
   harness.reference().write_kv(k.reference, v.reference, reference_pool, slot, block_table.reference, reference_batch);
+  const ComputeDType harness_dtype = harness.device().compute_dtype();
+  harness.device().set_compute_dtype(compute);
+  harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
+  harness.device().set_compute_dtype(harness_dtype);
   if (c.kv_dtype == DType::F8_E4M3) {
     // The codes bit for bit: both round to nearest even and saturate at ±448.
     int64_t mismatches = 0;
@@ -172,12 +180,6 @@ void test_attention_case(Harness& harness, const AttentionCase& c, ComputeDType 
     harness.record("write_kv", shape, {device_pool.v, reference_pool.v}, 0.0, seconds_since(start), "V pool, exact");
   }
 
-  const AttentionParams params = attention_params(c.heads, c.kv_heads, c.dim, c.window, slot);
-  auto out = harness.poisoned(DType::F32, {rows, q_width});
-  const ComputeDType harness_dtype = harness.device().compute_dtype();
-  harness.device().set_compute_dtype(compute);
-  harness.device().paged_attention(q.device, device_pool, block_table.device, device_batch, params, out.device);
-  harness.device().set_compute_dtype(harness_dtype);
   const bool bf16 = compute == ComputeDType::BFloat16;
   if (c.drop_sequence >= 0) {
     record_missing_block(harness, bf16 ? shape + " compute bf16" : shape, out.device, query_start, c.drop_sequence,

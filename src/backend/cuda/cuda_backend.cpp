@@ -17,6 +17,7 @@
 #include "backend/cuda/linear/projection.h"
 #include "backend/cuda/linear/row_invariant.h"
 #include "backend/cuda/attention/attention.h"
+#include "backend/cuda/common/kernel_variant.h"
 #include "backend/cuda/lora/lora.h"
 #include "backend/cuda/lora/moe_lora.h"
 #include "backend/cuda/moe/moe.h"
@@ -311,6 +312,7 @@ struct Registration {
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  cuda::check_kernel_variants();  // a misspelt BEAMLINE_CUDA_<FAMILY> fails here, not as a silent default
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   require(status == cudaSuccess && count > device,

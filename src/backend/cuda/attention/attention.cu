@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/attention/attention_common.cuh"
+#include "backend/cuda/common/kernel_variant.h"
 #include "kv/kv_cache_layout.h"
 
 namespace beamline::cuda {
@@ -202,8 +203,17 @@ int multiprocessors() {
   return count;
 }
 
+// BEAMLINE_CUDA_DECODE_SPLITS: 1 (auto: the cost model's choice), or 2, 3, 4 times it ("2x", "3x", "4x"; the names'
+// order in common/kernel_variant.h), for the GPU to rank: more and shorter blocks, several waves, so that blocks
+// starting late (their first loads' latency) overlap blocks streaming, against more partials to combine.
+int64_t splits_factor() {
+  static const int64_t factor = std::max(0, kernel_variant_index(kDecodeSplitsFamily)) + 1;
+  return factor;
+}
+
 // Splits per (row, kv head): the fewest that minimise waves x (keys per block + a block's fixed cost), waves
-// counted in resident blocks (a wave that is only partly full still takes a whole block's time).
+// counted in resident blocks (a wave that is only partly full still takes a whole block's time); times
+// splits_factor() within the same bounds.
 int32_t choose_splits(int64_t pairs, int64_t keys, DType dtype, int32_t group) {
   const int64_t capacity = int64_t{multiprocessors()} * decode_blocks_per_multiprocessor(dtype, group);
   const int64_t most = std::clamp<int64_t>((keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit, 1, kMaxSplits);
@@ -217,7 +227,7 @@ int32_t choose_splits(int64_t pairs, int64_t keys, DType dtype, int32_t group) {
       best = static_cast<int32_t>(splits);
     }
   }
-  return best;
+  return static_cast<int32_t>(std::min(most, best * splits_factor()));
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 //   memory, so shuffles and exponentials are not repeated on every lane.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <type_traits>
 
 #include "backend/cuda/common/async_copy.cuh"
 #include "backend/cuda/common/kernel_variant.h"
@@ -360,20 +362,14 @@ template <typename Pool>
 constexpr int kStageBytes = 2 * kTileKeys * MmaPool<Pool>::kCopiedRowBytes;  // K then V
 template <typename Pool>
 constexpr int kWarpBytes = MmaPool<Pool>::kStages * kStageBytes<Pool> + MmaPool<Pool>::kStagingBytes;
-template <typename Pool>
-constexpr int kMmaSharedBytes = kMmaWarps * kWarpBytes<Pool>;  // 96 KiB (BF16), 64 KiB (E4M3)
-static_assert(MmaPool<E4m3>::kBlocksPerSm * (kMmaSharedBytes<E4m3> + 1024) <= 227 * 1024 &&
-                  MmaPool<__nv_bfloat16>::kBlocksPerSm * (kMmaSharedBytes<__nv_bfloat16> + 1024) <= 227 * 1024,
-              "the blocks per multiprocessor fit the shared memory");
+// A block's shared memory: kMmaWarps warps of kWarpBytes (96 KiB BF16, 64 KiB E4M3; DecodeLayout checks that the
+// blocks per multiprocessor fit, for every version).
 // The warps' O in shared memory at the end, [warp][head][dim]: rows of kWarpAccStride floats and dims skewed by one
 // bank per 32, so that a warp's stores of one register (every kernel version's layout) spread over the banks.
 constexpr int kWarpAccStride = kFastHeadDim + 4;
 __device__ __forceinline__ int warp_acc_index(int warp, int head, int dim) {
   return (warp * kMmaHeads + head) * kWarpAccStride + dim + dim / 32;
 }
-static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
-                  std::min(kMmaSharedBytes<__nv_bfloat16>, kMmaSharedBytes<E4m3>),
-              "the warps' results are combined in the pipeline's shared memory");
 
 // Byte offset of 16-byte chunk `chunk` of staged row `row`: chunks are XOR-swizzled by the row so that the eight
 // rows one ldmatrix reads at the same chunk fall in different banks.
@@ -401,12 +397,6 @@ __device__ __forceinline__ int copied_value(int row, int chunk) {
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
-}
-
-// Two E4M3 codes (bits 0-15) as an exact F16 pair.
-__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes) {
-  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
-  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 // The A fragment of V^T's m-tile i (E4M3 pools, V in registers) from this lane's raw rows: keys 2c, 2c + 1, 2c + 8,
@@ -478,10 +468,13 @@ __device__ __forceinline__ void split_pair(float x, float y, uint32_t& hi, uint3
 // Lets the merge kernel (launched as a programmatic dependent) start its blocks while this grid runs; it waits
 // for this grid's results in griddepcontrol.wait.
 __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+// Waits until the grids this one is a programmatic dependent of are complete and their writes visible (at once when it
+// was launched plainly).
+__device__ __forceinline__ void wait_for_prior_grids() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 // The kernel's versions (BEAMLINE_CUDA_DECODE_ATTENTION: unset QueryRows over E4M3 pools and PerTile over BF16 ones,
 // `per-tile` PerTile, `legacy` PerRow, `keys-cvt` PerTileKeysCvt, `query-rows-keys-bits`, `query-rows-values-bits`,
-// `query-rows-bulk`):
+// `query-rows-bulk`, `query-rows-2-blocks`, `query-rows-pdl`, `query-rows-pairs`):
 //  - PerRow (the first kernel): every lane looks its four rows up in the block table, one after another, each
 //    lookup a dependent global load, and computes each row's 64-bit source and swizzled target: ~150 integer
 //    instructions per tile. On E4M3 pools a tile is 4 KiB, so that and the decoding made the kernel issue-bound
@@ -507,6 +500,15 @@ __device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddep
 //    completing on the stage's mbarrier. A bulk copy cannot swizzle within a row, so rows lie kBulkRowBytes apart
 //    (bank-conflict-free for the V loads as they are and for the K loads when lane c takes chunks 2c and 2c + 1,
 //    q's dims following). Rows outside the visible range or in a missing block are zeroed by ordinary stores.
+//  - QueryRowsTwoBlocks (E4M3 pools): QueryRows with fewer warps per multiprocessor and more stages each
+//    (DecodeLayout), for the GPU to rank (bench/gpu_tune14.sh).
+//  - QueryRowsEarly (`query-rows-pdl`, E4M3 pools): QueryRows launched as a programmatic dependent of the kernel before
+//    it, whose merge lets the next such launch start too: a block looks its first tiles up in the block table and
+//    copies them while the kernel before drains (at B=1 every call pays ~12 us beside its bytes, bench/results/
+//    2026-12-03-tune14.md), and waits for it (griddepcontrol.wait) before it reads q or a key this step may have
+//    written: a decode row's sequence wrote at most kDecodeMaxQueryRows positions this step, the last being the row's.
+//  - QueryRowsPairs (E4M3 pools): QueryRowsTwoBlocks taking two tiles a step (query_rows_step): one max over the head's
+//    lanes, one rescaling test, one select for both, ~15 instructions fewer a tile of ~250.
 enum class DecodeVersion {
   PerRow,
   PerTile,
@@ -514,12 +516,17 @@ enum class DecodeVersion {
   QueryRows,
   QueryRowsKeysBits,
   QueryRowsValuesBits,
-  QueryRowsBulk
+  QueryRowsBulk,
+  QueryRowsTwoBlocks,
+  QueryRowsEarly,
+  QueryRowsPairs
 };
 
 constexpr bool query_rows(DecodeVersion version) {
   return version == DecodeVersion::QueryRows || version == DecodeVersion::QueryRowsKeysBits ||
-         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk;
+         version == DecodeVersion::QueryRowsValuesBits || version == DecodeVersion::QueryRowsBulk ||
+         version == DecodeVersion::QueryRowsTwoBlocks || version == DecodeVersion::QueryRowsEarly ||
+         version == DecodeVersion::QueryRowsPairs;
 }
 
 // QueryRowsBulk's shared memory: per warp kBulkStages stages of 16 K rows then 16 V rows, kBulkRowBytes apart (a
@@ -529,76 +536,116 @@ constexpr int kBulkTileBytes = kTileKeys * kBulkRowBytes;
 constexpr int kBulkStageBytes = 2 * kBulkTileBytes;
 constexpr int kBulkStages = MmaPool<E4m3>::kStages + 1;  // as many as the other per-tile versions of E4M3 pools
 constexpr int kBulkSharedBytes = kMmaWarps * kBulkStages * (kBulkStageBytes + static_cast<int>(sizeof(uint64_t)));
-static_assert(MmaPool<E4m3>::kBlocksPerSm * (kBulkSharedBytes + 1024) <= 227 * 1024,
-              "QueryRowsBulk keeps the blocks per multiprocessor");
-template <typename Pool, DecodeVersion kVersion>
-constexpr int kKernelSharedBytes =
-    sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsBulk ? kBulkSharedBytes : kMmaSharedBytes<Pool>;
 __device__ __forceinline__ int bulk_row(int row, int chunk) { return row * kBulkRowBytes + chunk * 16; }
 
-// One 16-key tile of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
-// k_tile and v_tile are the staged tile (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
+// A version's shared memory and occupancy: the stages of a warp's ring, a stage's and a warp's bytes, the block's, and
+// the blocks per multiprocessor (__launch_bounds__). QueryRowsTwoBlocks is QueryRows (E4M3 pools: 3 blocks of 4 warps,
+// 3 of 4 stages a warp in flight, 144 KiB a multiprocessor) with 2 blocks of 7 stages, 6 in flight: 192 KiB a
+// multiprocessor from 8 warps instead of 12. More warps are not to be had: QueryRows takes 147-157 registers, and 4
+// blocks (128 registers a thread) spill.
+template <typename Pool, DecodeVersion kVersion>
+struct DecodeLayout {
+  static constexpr bool kE4m3 = sizeof(Pool) == 1;
+  static constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
+  // QueryRowsPairs takes QueryRowsTwoBlocks' layout: two tiles a step leave kStages - 2 in flight, and its registers
+  // (a second tile's V rows and scores) exceed what three blocks allow.
+  static constexpr bool kTwoBlocks =
+      kE4m3 && (kVersion == DecodeVersion::QueryRowsTwoBlocks || kVersion == DecodeVersion::QueryRowsPairs);
+  // E4M3 pools with per-tile copies decode V in registers: the F16 V tile's space holds one more stage.
+  static constexpr bool kValueRegisters = kE4m3 && kVersion != DecodeVersion::PerRow;
+  static constexpr int kBlocksPerSm = kTwoBlocks ? 2 : MmaPool<Pool>::kBlocksPerSm;
+  static constexpr int kStages =
+      kTwoBlocks ? 7
+                 : MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
+  static constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  static constexpr int kWarpStride = kBulk        ? kBulkStages * kBulkStageBytes
+                                     : kTwoBlocks ? kStages * kStageBytes<Pool>
+                                                  : kWarpBytes<Pool>;
+  static constexpr int kSharedBytes = kBulk ? kBulkSharedBytes : kMmaWarps * kWarpStride;
+  static_assert(kBulk || kStages * kStageBytes<Pool> + (kValueRegisters ? 0 : MmaPool<Pool>::kStagingBytes) <=
+                             kWarpStride,
+                "the stages (and E4M3 PerRow's V tile) fit the warp's shared memory");
+  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
+  static_assert(kBlocksPerSm * (kSharedBytes + 1024) <= 227 * 1024, "the blocks per multiprocessor fit");
+  static_assert(kMmaWarps * (kMmaHeads * kWarpAccStride + 2 * kMmaHeads) * static_cast<int>(sizeof(float)) <=
+                    kSharedBytes,
+                "the warps' results are combined in the pipeline's shared memory");
+};
+
+// kTiles 16-key tiles of an E4M3 pool, QueryRows versions, for lane (g, c) = (fragment_row, fragment_pair) of the warp:
+// k_tiles and v_tiles are the staged tiles (copied<E4m3>, copied_value<E4m3, true>; kBulkLayout: bulk_row), q_hi and
 // q_lo q's split pairs of k-step 4 h + j (dims 16 x + 4 j + (0, 1) and + (2, 3) of the K chunk x = 4 h + c,
 // kBulkLayout: 2 c + h; the pairs cvt makes of a K word; kKeysBits: + (0, 2) and + (1, 3), e4m3x4_to_half2's),
-// tile_first the tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
-// and this lane's partial sum and its O fragments.
-template <bool kKeysBits, bool kValuesBits, bool kBulkLayout>
-__device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, const unsigned char* v_tile,
+// tile_first each tile's first position and [first, last] the visible range. Updates the head's running max (base 2)
+// and this lane's partial sum and its O fragments. The online softmax's update (the max over the head's 4 lanes, the
+// rescaling test) is made once for the kTiles tiles (QueryRowsPairs: 2).
+template <int kTiles, bool kKeysBits, bool kValuesBits, bool kBulkLayout>
+__device__ __forceinline__ void query_rows_step(const unsigned char* const (&k_tiles)[kTiles],
+                                                const unsigned char* const (&v_tiles)[kTiles],
                                                 const uint32_t (&q_hi)[kDimSteps][2],
                                                 const uint32_t (&q_lo)[kDimSteps][2], float q_unscale,
-                                                int32_t tile_first, int32_t first, int32_t last, float& running_max,
-                                                float& partial_sum, float (&acc)[2 * kDimSteps][4]) {
+                                                const int32_t (&tile_first)[kTiles], int32_t first, int32_t last,
+                                                float& running_max, float& partial_sum,
+                                                float (&acc)[2 * kDimSteps][4]) {
   const int lane = threadIdx.x % 32, fragment_row = lane / 4, fragment_pair = lane % 4;
-  uint4 value_rows[4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
+  uint4 value_rows[kTiles][4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9 at dims 16 g .. 16 g + 15, raw
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
-    const int offset =
-        kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
-    value_rows[r] = *reinterpret_cast<const uint4*>(v_tile + offset);
-  }
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int value_row = 2 * fragment_pair + (r & 1) + 8 * (r >> 1);
+      const int offset =
+          kBulkLayout ? bulk_row(value_row, fragment_row) : copied_value<E4m3, true>(value_row, fragment_row);
+      value_rows[t][r] = *reinterpret_cast<const uint4*>(v_tiles[t] + offset);
+    }
   // S = Q K^T per n-tile n of keys 8 n .. 8 n + 7: B's column g is key 8 n + g, its k-pairs the codes (0, 1) and
   // (2, 3) of the key's word j; C's [0], [1] are q_hi's products with keys 8 n + 2c, + 1, [2], [3] q_lo's. Even and
   // odd k-steps accumulate apart (products[n][s % 2]): four chains of 4 dependent MMAs instead of two of 8.
-  float products[2][2][4] = {};
+  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch).
+  float score[kTiles][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
-    const uint4 low = *reinterpret_cast<const uint4*>(
-        k_tile + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
-    const uint4 high = *reinterpret_cast<const uint4*>(
-        k_tile + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
+  for (int t = 0; t < kTiles; ++t) {
+    float products[2][2][4] = {};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = 4 * h + j;
-      const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
-      uint32_t b[2][2];  // n-tile n's B registers
-      if constexpr (kKeysBits) {
-        e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
-        e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
-      } else {
-        b[0][0] = e4m3x2_to_half2(word_of(low, j));
-        b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
-        b[1][0] = e4m3x2_to_half2(word_of(high, j));
-        b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+    for (int h = 0; h < 2; ++h) {
+      const int chunk = kBulkLayout ? 2 * fragment_pair + h : 4 * h + fragment_pair;
+      const uint4 low = *reinterpret_cast<const uint4*>(
+          k_tiles[t] + (kBulkLayout ? bulk_row(fragment_row, chunk) : copied<E4m3>(fragment_row, chunk)));
+      const uint4 high = *reinterpret_cast<const uint4*>(
+          k_tiles[t] + (kBulkLayout ? bulk_row(fragment_row + 8, chunk) : copied<E4m3>(fragment_row + 8, chunk)));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 4 * h + j;
+        const uint32_t a[4] = {q_hi[s][0], q_lo[s][0], q_hi[s][1], q_lo[s][1]};
+        uint32_t b[2][2];  // n-tile n's B registers
+        if constexpr (kKeysBits) {
+          e4m3x4_to_half2(word_of(low, j), b[0][0], b[0][1]);
+          e4m3x4_to_half2(word_of(high, j), b[1][0], b[1][1]);
+        } else {
+          b[0][0] = e4m3x2_to_half2(word_of(low, j));
+          b[0][1] = e4m3x2_to_half2(word_of(low, j) >> 16);
+          b[1][0] = e4m3x2_to_half2(word_of(high, j));
+          b[1][1] = e4m3x2_to_half2(word_of(high, j) >> 16);
+        }
+        mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
+        mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
       }
-      mma_f16(products[0][j % 2], a, b[0][0], b[0][1]);
-      mma_f16(products[1][j % 2], a, b[1][0], b[1][1]);
     }
+    const bool interior = tile_first[t] >= first && tile_first[t] + kTileKeys - 1 <= last;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t key = tile_first[t] + 8 * n + 2 * fragment_pair + e;
+        const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
+        score[t][2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
+      }
   }
-  // Scores of keys 2c, 2c + 1, 2c + 8, 2c + 9 of head g (masked only in a tile cut by the range: the warp's branch);
-  // the tile's max over the 4 lanes of the head.
-  const bool interior = tile_first >= first && tile_first + kTileKeys - 1 <= last;
-  float score[4];
+  // The tiles' max over the 4 lanes of the head.
+  float tile_max = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int32_t key = tile_first + 8 * n + 2 * fragment_pair + e;
-      const float hi = products[n][0][e] + products[n][1][e], lo = products[n][0][2 + e] + products[n][1][2 + e];
-      score[2 * n + e] = interior || (key >= first && key <= last) ? (hi + lo) * q_unscale : -INFINITY;
-    }
-  float tile_max = fmaxf(fmaxf(score[0], score[1]), fmaxf(score[2], score[3]));
+  for (int t = 0; t < kTiles; ++t)
+    tile_max = fmaxf(tile_max, fmaxf(fmaxf(score[t][0], score[t][1]), fmaxf(score[t][2], score[t][3])));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
   if (__any_sync(0xffffffffu, tile_max > running_max)) {
@@ -613,56 +660,58 @@ __device__ __forceinline__ void query_rows_tile(const unsigned char* k_tile, con
     }
   }
   // Masked keys give exp2(-inf) = 0; while the max is still -inf (every key so far masked) 0 stands in for it, so that
-  // -inf - -inf makes no NaN: one select a tile instead of one a key.
+  // -inf - -inf makes no NaN: one select a step instead of one a key.
   const float reference = running_max == -INFINITY ? 0.0f : running_max;
-  float probability[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[i] - reference);
-  partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
-  // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1, then
-  // at 2c + 8, 2c + 9.
-  uint32_t p[4];
-  split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
-  split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
-  // O += P V per n-tile t of 8 dims, column g being dim 16 g + t: value_fragment(i) gives, for dims 16 g + 2 i and
-  // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+  for (int t = 0; t < kTiles; ++t) {
+    float probability[4];
 #pragma unroll
-  for (int i = 0; i < kDimSteps; ++i) {
-    uint32_t v[4];
-    if constexpr (kValuesBits)
-      value_fragment_bits(value_rows, i, v);
-    else
-      value_fragment(value_rows, i, v);
-    mma_f16(acc[2 * i], p, v[0], v[2]);
-    mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+    for (int i = 0; i < 4; ++i) probability[i] = exp2f(score[t][i] - reference);
+    partial_sum += (probability[0] + probability[1]) + (probability[2] + probability[3]);
+    // P's A fragment as the scores lie: rows g and g + 8 are P's hi and lo parts (times 2^14) at keys 2c, 2c + 1,
+    // then at 2c + 8, 2c + 9.
+    uint32_t p[4];
+    split_half2(probability[0] * kProbabilityScale, probability[1] * kProbabilityScale, p[0], p[1]);
+    split_half2(probability[2] * kProbabilityScale, probability[3] * kProbabilityScale, p[2], p[3]);
+    // O += P V per n-tile i of 8 dims, column g being dim 16 g + i: value_fragment(i) gives, for dims 16 g + 2 i and
+    // + 1, keys (2c, 2c + 1) in [0] and [1] and keys (2c + 8, 2c + 9) in [2] and [3].
+#pragma unroll
+    for (int i = 0; i < kDimSteps; ++i) {
+      uint32_t v[4];
+      if constexpr (kValuesBits)
+        value_fragment_bits(value_rows[t], i, v);
+      else
+        value_fragment(value_rows[t], i, v);
+      mma_f16(acc[2 * i], p, v[0], v[2]);
+      mma_f16(acc[2 * i + 1], p, v[1], v[3]);
+    }
   }
 }
 
 template <typename Pool, DecodeVersion kVersion>
-__global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) decode_attention_mma_kernel(
+__global__ void __launch_bounds__(kMmaThreads, DecodeLayout<Pool, kVersion>::kBlocksPerSm) decode_attention_mma_kernel(
     const float* q, PoolGeometry pool, int32_t slot, BatchGeometry batch, const int32_t* rows, int64_t count,
     int32_t splits, float* partials, int32_t num_heads, float scale, int32_t sliding_window, float* out) {
-  constexpr bool kE4m3 = sizeof(Pool) == 1;
+  using Layout = DecodeLayout<Pool, kVersion>;
+  constexpr bool kE4m3 = Layout::kE4m3;
   constexpr bool kPerTileCopy = kVersion != DecodeVersion::PerRow;
   // E4M3 pools with per-tile copies also decode V in registers straight into the A fragments, instead of an F16 tile
   // in shared memory that ldmatrix reads back transposed (16 fewer shared-memory instructions a tile).
-  constexpr bool kValueRegisters = kE4m3 && kPerTileCopy;
+  constexpr bool kValueRegisters = Layout::kValueRegisters;
   constexpr bool kQueryRows = kE4m3 && query_rows(kVersion);
-  constexpr bool kBulk = kE4m3 && kVersion == DecodeVersion::QueryRowsBulk;
-  constexpr bool kKeysCvt =
-      kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt || kVersion == DecodeVersion::QueryRows ||
-                kVersion == DecodeVersion::QueryRowsValuesBits || kBulk);
+  constexpr bool kBulk = Layout::kBulk;
+  constexpr bool kEarly = kE4m3 && kVersion == DecodeVersion::QueryRowsEarly;
+  constexpr bool kPairs = kE4m3 && kVersion == DecodeVersion::QueryRowsPairs;
+  constexpr bool kKeysCvt = kE4m3 && (kVersion == DecodeVersion::PerTileKeysCvt ||
+                                      (kQueryRows && kVersion != DecodeVersion::QueryRowsKeysBits));
   // O's fragments: kDimSteps m-tiles of O^T, or (kQueryRows) 16 n-tiles of 8 dims of O, hi rows and lo rows.
   constexpr int kAccTiles = kQueryRows ? 2 * kDimSteps : kDimSteps;
-  // Without the F16 V tile, its shared memory holds one more stage: a tile more in flight per warp.
-  constexpr int kStages =
-      MmaPool<Pool>::kStages + (kValueRegisters ? MmaPool<Pool>::kStagingBytes / kStageBytes<Pool> : 0);
-  static_assert(kStages * kStageBytes<Pool> <= kWarpBytes<Pool>, "the stages fit the warp's shared memory");
-  static_assert(!kBulk || kStages == kBulkStages, "QueryRowsBulk's shared memory holds kBulkStages stages");
-  // A stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all warps' stages).
-  constexpr int kStageStride = kBulk ? kBulkStageBytes : kStageBytes<Pool>;
+  // The ring's stages; a stage's bytes and where its V rows start; a warp's bytes (kBulk: its barriers follow all
+  // warps' stages).
+  constexpr int kStages = Layout::kStages;
+  constexpr int kStageStride = Layout::kStageStride;
   constexpr int kValueOffset = kBulk ? kBulkTileBytes : kStageBytes<Pool> / 2;
-  constexpr int kWarpStride = kBulk ? kBulkStages * kBulkStageBytes : kWarpBytes<Pool>;
+  constexpr int kWarpStride = Layout::kWarpStride;
   constexpr int kChunksPerLane = MmaPool<Pool>::kCopiedRowBytes / 128;  // per row copied: 8 lanes, 16 bytes each
   extern __shared__ __align__(128) unsigned char shared[];
   allow_dependent_launch();
@@ -811,15 +860,22 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
   int32_t first_blocks[kStages];
 #pragma unroll
   for (int k = 0; k < kStages; ++k) first_blocks[k] = tile_block(k);
+  if constexpr (kEarly) {
+    // The copies below may run before the kernel this one depends on ends (QueryRowsEarly): they wait for it when
+    // one of their tiles reaches a position written this step (>= position - kDecodeMaxQueryRows + 1).
+    const int32_t last_prologue_key = (split_begin + warp + (kStages - 2) * kMmaWarps) * kTileKeys + kTileKeys - 1;
+    if (last_prologue_key > position - kDecodeMaxQueryRows) wait_for_prior_grids();
+  }
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k, k, first_blocks[k]);
+  if constexpr (kEarly) wait_for_prior_grids();  // before q, the later tiles and any write
   int32_t block_ahead = first_blocks[kStages - 1];  // the next tile to issue: its table entry one iteration early
   int issue_stage = kStages - 1, use_stage = 0;
 
   // B fragments of Q^T for each k-step, once the first copies are on their way: lane holds head fragment_row,
   // BF16: dims 16 s + 2 pair (+1) and the same + 8; E4M3: of dims 64 h + 16 pair + 4 j + (0..3) (kBulk:
   // 16 (2 pair + h) + 4 j + (0..3)), those the K words decode to, (0, 2) and (1, 3) for k-step 4 h + j, scaled by
-  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_tile).
+  // 2^q_shift (one power of two for the warp). kQueryRows uses them as A fragments (query_rows_step).
   uint32_t q_hi[kDimSteps][2], q_lo[kDimSteps][2];
   float q_unscale = 1.0f;
   {
@@ -835,7 +891,7 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 #pragma unroll
         for (int i = 0; i < 16; i += 4) {
           float4 v{0.0f, 0.0f, 0.0f, 0.0f};
-          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_tile's layouts).
+          // The dims of the K chunk this lane reads for k-steps 4 h .. 4 h + 3 (query_rows_step's layouts).
           const int chunk = kBulk ? 2 * fragment_pair + h : 4 * h + fragment_pair;
           if (real_head) v = *reinterpret_cast<const float4*>(query + 16 * chunk + i);
           values[h][i] = v.x * q_scale;
@@ -870,23 +926,51 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
     }
   }
 
-  for (int32_t k = 0; k < warp_tiles; ++k) {
+  auto next_stage = [](int stage) { return stage == kStages - 1 ? 0 : stage + 1; };
+  auto tile_first = [&](int32_t k) { return (split_begin + warp + k * kMmaWarps) * kTileKeys; };
+  int32_t k = 0;
+  if constexpr (kPairs) {
+    // Tiles k and k + 1 (in stages k and k + 1 mod kStages) at a time: tile k + kStages - 1 issued before the wait
+    // and k + kStages after the step (into tile k's stage), so that kStages - 2 tiles stay in flight.
+    for (; k + 1 < warp_tiles; k += 2) {
+      __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
+      issue(k + kStages - 1, issue_stage, block_ahead);
+      block_ahead = tile_block(k + kStages);
+      issue_stage = next_stage(issue_stage);
+      wait_copies<kStages - 2>();
+      __syncwarp();  // every lane's copies of tiles k and k + 1 have landed
+      const unsigned char* const k_tiles[2] = {stages + use_stage * kStageStride,
+                                               stages + next_stage(use_stage) * kStageStride};
+      const unsigned char* const v_tiles[2] = {k_tiles[0] + kValueOffset, k_tiles[1] + kValueOffset};
+      const int32_t firsts[2] = {tile_first(k), tile_first(k + 1)};
+      use_stage = next_stage(next_stage(use_stage));
+      query_rows_step<2, false, false, false>(k_tiles, v_tiles, q_hi, q_lo, q_unscale, firsts, first, last,
+                                              running_max[0], partial_sum[0], acc);
+      __syncwarp();
+      issue(k + kStages, issue_stage, block_ahead);
+      block_ahead = tile_block(k + kStages + 1);
+      issue_stage = next_stage(issue_stage);
+    }
+  }
+  for (; k < warp_tiles; ++k) {  // kPairs: the last tile of an odd count
     __syncwarp();  // every lane is past its reads of the stage the next copies overwrite
     issue(k + kStages - 1, issue_stage, block_ahead);
     block_ahead = tile_block(k + kStages);
-    issue_stage = issue_stage == kStages - 1 ? 0 : issue_stage + 1;
+    issue_stage = next_stage(issue_stage);
     if constexpr (kBulk)
       wait_mbarrier(barriers + use_stage, (k / kStages) & 1);  // the stage's (k / kStages)-th phase: tile k
     else
       wait_copies<kStages - 1>();
     __syncwarp();  // every lane's copies of tile k have landed
     const unsigned char* k_tile = stages + use_stage * kStageStride;
-    use_stage = use_stage == kStages - 1 ? 0 : use_stage + 1;
+    use_stage = next_stage(use_stage);
     const unsigned char* v_tile = k_tile + kValueOffset;
     if constexpr (kQueryRows) {
-      query_rows_tile<!kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
-          k_tile, v_tile, q_hi, q_lo, q_unscale, (split_begin + warp + k * kMmaWarps) * kTileKeys, first, last,
-          running_max[0], partial_sum[0], acc);
+      const unsigned char* const k_tiles[1] = {k_tile};
+      const unsigned char* const v_tiles[1] = {v_tile};
+      const int32_t firsts[1] = {tile_first(k)};
+      query_rows_step<1, !kKeysCvt, kVersion == DecodeVersion::QueryRowsValuesBits, kBulk>(
+          k_tiles, v_tiles, q_hi, q_lo, q_unscale, firsts, first, last, running_max[0], partial_sum[0], acc);
       continue;
     }
 
@@ -1107,13 +1191,16 @@ __global__ void __launch_bounds__(kMmaThreads, MmaPool<Pool>::kBlocksPerSm) deco
 constexpr int kMergeWarps = kMergeThreads / 32;
 static_assert(kFastHeadDim == 32 * 4, "a warp covers head_dim with one float4 per lane");
 
+// early_dependents (QueryRowsEarly): the next kernel, a programmatic dependent, may launch before this one ends.
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32_t* rows, int64_t count,
                                                                      int32_t splits, const float* partials,
-                                                                     int32_t num_heads, float* out) {
+                                                                     int32_t num_heads, float* out,
+                                                                     bool early_dependents) {
   __shared__ float weight[kMergeThreads];
   __shared__ float warp_result[kMergeWarps];
   __shared__ float4 warp_value[kMergeWarps][32];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  if (early_dependents) allow_dependent_launch();
+  wait_for_prior_grids();  // the decode grid's partials are complete and visible
   const int64_t item = blockIdx.x;
   const int64_t row = rows != nullptr ? rows[item] : item;
   const int32_t head = blockIdx.y;
@@ -1171,7 +1258,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const int32
 // The merge as a programmatic dependent of the decode grid just enqueued: its blocks may be scheduled before that
 // grid ends (they wait in griddepcontrol.wait), so no launch gap separates the two.
 cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, const float* partials, int32_t num_heads,
-                         float* out, cudaStream_t stream) {
+                         float* out, cudaStream_t stream, bool early_dependents = false) {
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
@@ -1181,7 +1268,8 @@ cudaError_t launch_merge(const int32_t* rows, int64_t count, int32_t splits, con
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out);
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, rows, count, splits, partials, num_heads, out,
+                            early_dependents);
 }
 
 template <typename P, int kGroup>
@@ -1201,7 +1289,7 @@ template <typename Pool, DecodeVersion kVersion>
 cudaError_t allow_mma_shared_memory() {
   static const cudaError_t status = cudaFuncSetAttribute(
       decode_attention_mma_kernel<Pool, kVersion>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kKernelSharedBytes<Pool, kVersion>);
+      DecodeLayout<Pool, kVersion>::kSharedBytes);
   return status;
 }
 
@@ -1213,54 +1301,78 @@ cudaError_t launch_decode_mma_version(const float* q, const PoolGeometry& pool, 
   if (const cudaError_t status = allow_mma_shared_memory<Pool, kVersion>(); status != cudaSuccess) return status;
   // kv heads fastest: the blocks running together read all heads of the same positions (whole pool rows).
   const dim3 grid(static_cast<unsigned int>(count * pool.num_kv_heads), static_cast<unsigned int>(splits));
-  decode_attention_mma_kernel<Pool, kVersion><<<grid, kMmaThreads, kKernelSharedBytes<Pool, kVersion>, stream>>>(
-      q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess || splits == 1) return status;
-  return launch_merge(rows, count, splits, partials, num_heads, out, stream);
+  constexpr bool kEarly = sizeof(Pool) == 1 && kVersion == DecodeVersion::QueryRowsEarly;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kMmaThreads);
+  config.dynamicSmemBytes = DecodeLayout<Pool, kVersion>::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = kEarly ? 1 : 0;
+  if (const cudaError_t status = cudaLaunchKernelEx(&config, decode_attention_mma_kernel<Pool, kVersion>, q, pool, slot,
+                                                    batch, rows, count, splits, partials, num_heads, scale,
+                                                    sliding_window, out);
+      status != cudaSuccess || splits == 1)
+    return status;
+  return launch_merge(rows, count, splits, partials, num_heads, out, stream, kEarly);
 }
 
-// The version BEAMLINE_CUDA_DECODE_ATTENTION names; keys-cvt and the query-rows versions are PerTile for BF16 pools
-// (nothing to decode).
+// The version BEAMLINE_CUDA_DECODE_ATTENTION names (common/kernel_variant.h lists the names in this order; unset:
+// QueryRows, the fastest over E4M3 pools on the H200, 74-78% of the roof against PerTile's 71%, session9-final).
+// keys-cvt and the query-rows versions are PerTile for BF16 pools (nothing to decode).
 DecodeVersion decode_version() {
   static const DecodeVersion version = [] {
-    const std::string_view name = kernel_variant("BEAMLINE_CUDA_DECODE_ATTENTION");
-    if (name == "legacy") return DecodeVersion::PerRow;
-    if (name == "keys-cvt") return DecodeVersion::PerTileKeysCvt;
-    if (name == "per-tile") return DecodeVersion::PerTile;
-    if (name == "query-rows-keys-bits") return DecodeVersion::QueryRowsKeysBits;
-    if (name == "query-rows-values-bits") return DecodeVersion::QueryRowsValuesBits;
-    if (name == "query-rows-bulk") return DecodeVersion::QueryRowsBulk;
-    // The fastest version over E4M3 pools on the H200 (74-78% of the roof against PerTile's 71%; session9-final);
-    // BF16 pools have no QueryRows and take their list's last, PerTile.
-    return DecodeVersion::QueryRows;
+    constexpr DecodeVersion kByName[] = {
+        DecodeVersion::QueryRows,      DecodeVersion::PerTile,           DecodeVersion::PerRow,
+        DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+        DecodeVersion::QueryRowsBulk,  DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly,
+        DecodeVersion::QueryRowsPairs};
+    static_assert(std::size(kByName) == std::size(kDecodeAttentionNames), "one version per name");
+    const int index = kernel_variant_index(kDecodeAttentionFamily);
+    return kByName[index < 0 ? 0 : index];
   }();
   return version;
 }
 
-// Launches the version of the list that `version` names, the list's last one when it names none of them.
-template <typename Pool, DecodeVersion kFirst, DecodeVersion... kRest, typename... Args>
-cudaError_t launch_decode_mma_of(DecodeVersion version, Args... args) {
+template <DecodeVersion kVersion>
+using VersionTag = std::integral_constant<DecodeVersion, kVersion>;
+
+// Calls body(VersionTag<v>{}) for the version v of the list that `version` names, the list's last when it names none.
+template <DecodeVersion kFirst, DecodeVersion... kRest, typename Body>
+cudaError_t visit_version(DecodeVersion version, const Body& body) {
   if constexpr (sizeof...(kRest) == 0) {
-    return launch_decode_mma_version<Pool, kFirst>(args...);
+    return body(VersionTag<kFirst>{});
   } else {
-    if (version == kFirst) return launch_decode_mma_version<Pool, kFirst>(args...);
-    return launch_decode_mma_of<Pool, kRest...>(version, args...);
+    if (version == kFirst) return body(VersionTag<kFirst>{});
+    return visit_version<kRest...>(version, body);
   }
+}
+
+// The same over the versions a pool's dtype has (decode_version()'s).
+template <typename Pool, typename Body>
+cudaError_t visit_pool_version(const Body& body) {
+  const DecodeVersion version = decode_version();
+  if constexpr (sizeof(Pool) == 1)
+    return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
+                         DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
+                         DecodeVersion::QueryRowsBulk, DecodeVersion::QueryRowsTwoBlocks, DecodeVersion::QueryRowsEarly,
+                         DecodeVersion::QueryRowsPairs, DecodeVersion::PerTile>(version, body);
+  else
+    return visit_version<DecodeVersion::PerRow, DecodeVersion::PerTile>(version, body);
 }
 
 template <typename Pool>
 cudaError_t launch_decode_mma(const float* q, const PoolGeometry& pool, int32_t slot, const BatchGeometry& batch,
                               const int32_t* rows, int64_t count, int32_t splits, float* partials, int32_t num_heads,
                               float scale, int32_t sliding_window, float* out, cudaStream_t stream) {
-  const DecodeVersion version = decode_version();
-  if constexpr (sizeof(Pool) == 1)
-    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTileKeysCvt, DecodeVersion::QueryRows,
-                                DecodeVersion::QueryRowsKeysBits, DecodeVersion::QueryRowsValuesBits,
-                                DecodeVersion::QueryRowsBulk, DecodeVersion::PerTile>(
-        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
-  else
-    return launch_decode_mma_of<Pool, DecodeVersion::PerRow, DecodeVersion::PerTile>(
-        version, q, pool, slot, batch, rows, count, splits, partials, num_heads, scale, sliding_window, out, stream);
+  return visit_pool_version<Pool>([&](auto version) {
+    return launch_decode_mma_version<Pool, decltype(version)::value>(q, pool, slot, batch, rows, count, splits,
+                                                                      partials, num_heads, scale, sliding_window, out,
+                                                                      stream);
+  });
 }
 
 template <typename P, int kGroup>
@@ -1290,16 +1402,28 @@ cudaError_t dispatch_pool(DType dtype, int32_t group, const Body& body) {
   return cudaErrorInvalidValue;
 }
 
-template <typename Pool>
+template <typename Pool, DecodeVersion kVersion>
 int mma_blocks_per_multiprocessor() {
   static const int blocks = [] {
     int result = 1;
-    if (allow_mma_shared_memory<Pool, DecodeVersion::PerTile>() != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, DecodeVersion::PerTile>,
-                                                      kMmaThreads, kMmaSharedBytes<Pool>) != cudaSuccess)
+    if (allow_mma_shared_memory<Pool, kVersion>() != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&result, decode_attention_mma_kernel<Pool, kVersion>,
+                                                      kMmaThreads, DecodeLayout<Pool, kVersion>::kSharedBytes) !=
+            cudaSuccess)
       result = 1;
     return std::max(result, 1);
   }();
+  return blocks;
+}
+
+// The selected version's blocks per multiprocessor (the plan's splits fill them).
+template <typename Pool>
+int selected_blocks_per_multiprocessor() {
+  int blocks = 1;
+  visit_pool_version<Pool>([&](auto version) {
+    blocks = mma_blocks_per_multiprocessor<Pool, decltype(version)::value>();
+    return cudaSuccess;
+  });
   return blocks;
 }
 
@@ -1353,8 +1477,8 @@ cudaError_t launch_decode_attention(const float* q, const PoolGeometry& pool, in
 }
 
 int decode_blocks_per_multiprocessor(DType dtype, int32_t group) {
-  if (dtype == DType::BF16) return mma_blocks_per_multiprocessor<__nv_bfloat16>();
-  if (dtype == DType::F8_E4M3) return mma_blocks_per_multiprocessor<E4m3>();
+  if (dtype == DType::BF16) return selected_blocks_per_multiprocessor<__nv_bfloat16>();
+  if (dtype == DType::F8_E4M3) return selected_blocks_per_multiprocessor<E4m3>();
   int blocks = 1;
   dispatch_pool(dtype, group, OccupancyQuery{&blocks});
   return blocks;

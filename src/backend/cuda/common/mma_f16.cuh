@@ -4,6 +4,7 @@
 // kernels (quant/fp8_token_moe.cu, quant/micro_rows.cu, moe/moe_token.cu), the grouped MoE GEMMs (moe/moe_mma.cu)
 // and the decode attention over FP8 KV pools (attention/decode.cu).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -57,6 +58,33 @@ __device__ __forceinline__ void e4m3x4_to_half2(uint32_t w, uint32_t& even, uint
   const __half2 o = __hmul2(*reinterpret_cast<const __half2*>(&odd_bits), unbias);
   even = *reinterpret_cast<const uint32_t*>(&e);
   odd = *reinterpret_cast<const uint32_t*>(&o);
+}
+
+// Two E4M3 codes (bits 0-15) as an exact F16 pair, by the conversion unit (cvt.rn.f16x2.e4m3x2).
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t codes) {
+  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(codes), __NV_E4M3);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// Which words of E4M3 codes the staged one-token expert kernels decode by cvt instead of e4m3x4_to_half2's bit
+// operations (quant/staged_moe.cuh, BEAMLINE_CUDA_TOKEN_MOE=staged-cvt and =staged-half-cvt): none, those of an even
+// group of four k (k / 4 even; the integer pipes and the conversion unit then share the decoding), or all. A word
+// decoded by cvt pairs its codes (0, 1) and (2, 3), by bits (0, 2) and (1, 3); the activation split pairs the
+// group's elements alike (activation_split.cuh).
+enum class CvtWords { None, Even, All };
+__host__ __device__ constexpr bool cvt_word(CvtWords words, int64_t group) {
+  return words == CvtWords::All || (words == CvtWords::Even && group % 2 == 0);
+}
+// The word of k group `group` (a constant once unrolled, so that every lane takes the same path) as the F16 pairs of
+// an A fragment's k (2c, 2c + 1) and (2c + 8, 2c + 9).
+template <CvtWords kWords>
+__device__ __forceinline__ void e4m3_word(uint32_t w, int group, uint32_t& first, uint32_t& second) {
+  if (cvt_word(kWords, group)) {
+    first = e4m3x2_to_half2(w);
+    second = e4m3x2_to_half2(w >> 16);
+  } else {
+    e4m3x4_to_half2(w, first, second);
+  }
 }
 
 }  // namespace beamline::cuda

@@ -4,7 +4,8 @@
 // power of two that puts the block's largest |x| in [2^14, 2^15), so hi + lo carries 22 bits of every element (and,
 // below 2^-3 s, an absolute error under 2^-39 of the block's largest); 1/s is kept per block for the promotion of
 // the block's sums. Stored in shared memory in the order the kernels' lanes read their B registers: two words per
-// four elements, elements (0, 2) then (1, 3), matching e4m3x4_to_half2's even and odd pairs.
+// four elements, elements (0, 2) then (1, 3), matching e4m3x4_to_half2's even and odd pairs, or (0, 1) then (2, 3) in
+// the groups of four whose weights a kernel decodes by cvt (kWords, mma_f16.cuh's cvt_word).
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -35,7 +36,8 @@ __device__ inline Split split_at(void* base, int64_t k) {
 }
 
 // Writes the split of x[0, k) (16-byte aligned, k a multiple of 4) for blocks first, first + stride, ...: one warp per
-// 128-wide block, four elements per lane; elements past k are zero.
+// 128-wide block, four elements per lane (lane l: group of four 32 b + l); elements past k are zero.
+template <CvtWords kWords = CvtWords::None>
 __device__ inline void split_activations(const float* __restrict__ x, int64_t k, const Split& split, int first,
                                          int stride, int lane) {
   const int blocks = static_cast<int>(split_blocks(k));
@@ -46,9 +48,14 @@ __device__ inline void split_activations(const float* __restrict__ x, int64_t k,
     const float amax = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     const int shift = f16_shift(amax);
     const float s = ldexpf(1.0f, shift);
-    uint2 hi, lo;  // two words per four elements: (0, 2) then (1, 3)
-    split_half2(v.x * s, v.z * s, hi.x, lo.x);
-    split_half2(v.y * s, v.w * s, hi.y, lo.y);
+    uint2 hi, lo;  // two words per four elements: (0, 2) then (1, 3), or by cvt's pairs (0, 1) then (2, 3)
+    if (cvt_word(kWords, lane)) {
+      split_half2(v.x * s, v.y * s, hi.x, lo.x);
+      split_half2(v.z * s, v.w * s, hi.y, lo.y);
+    } else {
+      split_half2(v.x * s, v.z * s, hi.x, lo.x);
+      split_half2(v.y * s, v.w * s, hi.y, lo.y);
+    }
     *reinterpret_cast<uint2*>(split.hi + i / 2) = hi;
     *reinterpret_cast<uint2*>(split.lo + i / 2) = lo;
     if (lane == 0) split.unscale[b] = ldexpf(1.0f, -shift);

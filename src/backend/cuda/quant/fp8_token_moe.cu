@@ -33,13 +33,15 @@ constexpr int kBatch = 4;   // steps (two 128-wide blocks) of weights loaded bef
 static_assert(kBatch * kStep == 2 * kBlock, "a batch holds two k blocks: stream_ring's halves");
 
 // d += one tile's 16 codes of rows g (`low`) and g + 8 (`high`), word q feeding mma q, times the split's B registers.
+// Word q is k group 4 (16-byte chunk) + q, so its parity is q's (kWords: the words decoded by cvt).
+template <CvtWords kWords = CvtWords::None>
 __device__ __forceinline__ void fp8_chunk_mma(const uint32_t (&low)[4], const uint32_t (&high)[4],
                                               const uint32_t (&b_regs)[8], float (&d)[4]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-    e4m3x4_to_half2(low[q], a[0], a[2]);
-    e4m3x4_to_half2(high[q], a[1], a[3]);
+    e4m3_word<kWords>(low[q], q, a[0], a[2]);
+    e4m3_word<kWords>(high[q], q, a[1], a[3]);
     mma_f16(d, a, b_regs[2 * q], b_regs[2 * q + 1]);
   }
 }
@@ -128,9 +130,10 @@ struct Fp8Dot {
 
 // The same products with the weights staged through shared memory (quant/staged_moe.cuh): a stage is one 128-wide k
 // block, two of Fp8Dot's 64-wide steps, lane (g, c) reading chunk 4u + c of its rows for step u (Fp8Dot's codes), and
-// the stage holding the two tiles' block scales.
+// the stage holding the two tiles' block scales. kWords: the words decoded by cvt (mma_f16.cuh).
+template <CvtWords kWords>
 struct Fp8Stage {
-  using Operand = SplitOperand;
+  using Operand = SplitOperand<kWords>;
   static constexpr int kStageK = static_cast<int>(kBlock);
   static constexpr int kScaleBytes = 16;  // two F32 block scales, padded
   const uint8_t* codes[2];
@@ -180,7 +183,7 @@ struct Fp8Stage {
             *reinterpret_cast<const uint4*>(stage_codes + (kTokenTileRows * i + 8 + g) * kStageRowBytes + chunk);
         const uint32_t low[4] = {row_g.x, row_g.y, row_g.z, row_g.w};
         const uint32_t high[4] = {row_g8.x, row_g8.y, row_g8.z, row_g8.w};
-        fp8_chunk_mma(low, high, b_regs, d[i]);
+        fp8_chunk_mma<kWords>(low, high, b_regs, d[i]);
       }
     }
     // The block's sums promoted by the weight block's scale over the split's power of two; column 0 is hi, column 1
@@ -209,15 +212,18 @@ cudaError_t moe_one_token(const float* h, const int32_t* ids, const float* weigh
       !moe_one_token_supported(experts.hidden, experts.intermediate, top_k) ||
       reinterpret_cast<uintptr_t>(h) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch.activated) % 16 != 0)
     return cudaErrorInvalidValue;
-  switch (token_moe_version()) {
-    case TokenMoeVersion::Legacy:
-      return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
-    case TokenMoeVersion::Staged:
-      if (staged_token_moe_fits<Fp8Stage>(experts.hidden, experts.intermediate, top_k))
-        return launch_staged_token_moe<Fp8Stage>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
-      [[fallthrough]];
-    case TokenMoeVersion::Ring:
-      break;
+  const TokenMoeVersion version = token_moe_version();
+  if (version == TokenMoeVersion::Legacy)
+    return launch_token_moe<Fp8Dot<false>, false>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
+  if (token_moe_staged(version) &&
+      staged_token_moe_fits<Fp8Stage<CvtWords::None>>(experts.hidden, experts.intermediate, top_k)) {
+    if (version == TokenMoeVersion::StagedCvt)
+      return launch_staged_token_moe<Fp8Stage<CvtWords::All>>(h, ids, weights, 1, top_k, experts, scratch, out, stream);
+    if (version == TokenMoeVersion::StagedHalfCvt)
+      return launch_staged_token_moe<Fp8Stage<CvtWords::Even>>(h, ids, weights, 1, top_k, experts, scratch, out,
+                                                                stream);
+    return launch_staged_token_moe<Fp8Stage<CvtWords::None>>(h, ids, weights, 1, top_k, experts, scratch, out,
+                                                             stream);
   }
   return launch_token_moe<Fp8Dot<true>, true>(h, ids, weights, top_k, experts, scratch.activated, out, stream);
 }

@@ -590,9 +590,11 @@ struct MicroRows {
 
 // MXFP8: a stage is 128 codes of each row (four of Mxfp8Dot's 32-wide steps, one 128-wide block of the split) and the
 // row's four E8M0 scales of them, one 4-byte copy per row (k a multiple of 128, scale tensors 4-byte aligned). Lane
-// (g, c) reads for step v the 8 codes at 32 v + 8 c of its rows, as Mxfp8Dot does.
+// (g, c) reads for step v the 8 codes at 32 v + 8 c of its rows, as Mxfp8Dot does: words x and y are k groups
+// 8 v + 2 c and + 1, so a word's parity is its index's (kWords: the words decoded by cvt, mma_f16.cuh).
+template <CvtWords kWords>
 struct Mxfp8Stage : MicroRows {
-  using Operand = SplitOperand;
+  using Operand = SplitOperand<kWords>;
   static constexpr int kStageK = 128;
   static constexpr int kScaleBytes = kStagedRows * 4;
 
@@ -629,11 +631,11 @@ struct Mxfp8Stage : MicroRows {
         const uint2 high = *reinterpret_cast<const uint2*>(stage_codes + row_g8 * kStageRowBytes + offset);
         float d[4] = {};
         uint32_t a[4];  // row g k (2c, 2c+1), row g+8 (2c, 2c+1), row g (2c+8, 2c+9), row g+8 (2c+8, 2c+9)
-        e4m3x4_to_half2(low.x, a[0], a[2]);
-        e4m3x4_to_half2(high.x, a[1], a[3]);
+        e4m3_word<kWords>(low.x, 0, a[0], a[2]);
+        e4m3_word<kWords>(high.x, 0, a[1], a[3]);
         mma_f16(d, a, b.x, b.y);
-        e4m3x4_to_half2(low.y, a[0], a[2]);
-        e4m3x4_to_half2(high.y, a[1], a[3]);
+        e4m3_word<kWords>(low.y, 1, a[0], a[2]);
+        e4m3_word<kWords>(high.y, 1, a[1], a[3]);
         mma_f16(d, a, b.z, b.w);
         // Column 0 is hi, column 1 lo (lanes c = 0); the other lanes' columns are zero.
         total[i][0] += (d[0] + d[1]) * (e8m0_to_float(stage_scales[4 * row_g + v]) * unscale);
@@ -649,7 +651,7 @@ struct Mxfp8Stage : MicroRows {
 // 128 u + 32 c of its rows (chunk 4u + c) and their two scales, as Nvfp4Dot does; steps past k are skipped (the
 // split ends with the last 128-wide block).
 struct Nvfp4Stage : MicroRows {
-  using Operand = SplitOperand;
+  using Operand = SplitOperand<>;
   static constexpr int kStageK = 2 * kNvfp4Step;
   static constexpr int kScaleBytes = kStagedRows * kStageK / 16;
   float scale_2[2];
@@ -824,7 +826,7 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
   float* activated = scratch.activated;
   const bool one_token = rows == 1 && aligned(h, 16) && aligned(activated, 16);
   const TokenMoeVersion version = token_moe_version();
-  if (version == TokenMoeVersion::Staged && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
+  if (token_moe_staged(version) && staged_widths(experts) && aligned(h, 16) && aligned(activated, 16) &&
       scratch.partial != nullptr) {
     // Each token reads its experts' weights once, as the streaming kernels below do, but at the staged kernels'
     // bandwidth: with few tokens most routed experts serve one token anyway (16 tokens: ~100 distinct of 128).
@@ -843,7 +845,10 @@ cudaError_t moe_tokens(const float* h, const int32_t* ids, const float* weights,
       }
       return cudaSuccess;
     };
-    const cudaError_t status = experts.format == Format::Mxfp8 ? launch(Mxfp8Stage{}) : launch(Nvfp4Stage{});
+    const cudaError_t status = experts.format == Format::Nvfp4               ? launch(Nvfp4Stage{})
+                               : version == TokenMoeVersion::StagedCvt     ? launch(Mxfp8Stage<CvtWords::All>{})
+                               : version == TokenMoeVersion::StagedHalfCvt ? launch(Mxfp8Stage<CvtWords::Even>{})
+                                                                           : launch(Mxfp8Stage<CvtWords::None>{});
     if (status != cudaErrorNotSupported) return status;
   }
   const bool register_fits = one_token && token_moe_fits(experts.hidden, experts.intermediate, top_k);

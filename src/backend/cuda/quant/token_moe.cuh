@@ -58,21 +58,30 @@ __device__ __forceinline__ void stream_ring(const Dot& dot, int steps, int c, Ba
   }
 }
 
-// Three versions (BEAMLINE_CUDA_TOKEN_MOE=NAME; common/kernel_variant.h):
-//  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
-//    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
+// The versions (BEAMLINE_CUDA_TOKEN_MOE=NAME; common/kernel_variant.h lists the names in this enum's order):
+//  - staged (default): the weights through shared memory (quant/staged_moe.cuh), for the formats and widths it takes;
+//    the others run `ring`. staged-wide and staged-wide5: the same kernels in other shapes (staged_moe.cuh);
+//    staged-cvt and staged-half-cvt: FP8 and MXFP8 codes decoded by cvt, every word or every other (mma_f16.cuh).
 //  - ring: gate|up blocks of 4 warps (320 blocks, at most 3 where the average is 2.4), and the down pass a
 //    programmatic dependent of the gate|up pass: its blocks start while gate|up still runs, load their first batch
 //    of weights (which do not depend on it) and only then wait for the activations (griddepcontrol.wait).
-//  - staged (default): the weights through shared memory (quant/staged_moe.cuh), for the formats and widths it takes;
-//    the others run `ring`.
-enum class TokenMoeVersion { Legacy, Ring, Staged };
+//  - legacy: gate|up blocks of 8 warps (128 intermediate rows), 160 blocks at Beam-1.0's I = 2,560 and top 8 for
+//    132 multiprocessors, so 28 of them streamed twice the bytes of the others; the down pass launched after.
+enum class TokenMoeVersion { Staged, Ring, Legacy, StagedWide, StagedWide5, StagedCvt, StagedHalfCvt };
+static_assert(static_cast<std::size_t>(TokenMoeVersion::StagedHalfCvt) + 1 == std::size(kTokenMoeNames),
+              "one version per name");
 inline TokenMoeVersion token_moe_version() {
   static const TokenMoeVersion version = [] {
-    const std::string_view name = kernel_variant("BEAMLINE_CUDA_TOKEN_MOE");
-    return name == "legacy" ? TokenMoeVersion::Legacy : name == "ring" ? TokenMoeVersion::Ring : TokenMoeVersion::Staged;
+    const int index = kernel_variant_index(kTokenMoeFamily);
+    return static_cast<TokenMoeVersion>(index < 0 ? 0 : index);
   }();
   return version;
+}
+// Whether the version takes the staged kernels (in one of their shapes) where they fit.
+inline bool token_moe_staged(TokenMoeVersion version) {
+  return version == TokenMoeVersion::Staged || version == TokenMoeVersion::StagedWide ||
+         version == TokenMoeVersion::StagedWide5 || version == TokenMoeVersion::StagedCvt ||
+         version == TokenMoeVersion::StagedHalfCvt;
 }
 inline bool token_moe_legacy() { return token_moe_version() == TokenMoeVersion::Legacy; }
 // BF16 experts take the staged kernels only when BEAMLINE_CUDA_TOKEN_MOE=staged names them: on the H200 one token's
