@@ -76,6 +76,6 @@ for test in json.load(sys.stdin)["tests"]:
         print(test["name"], file=other)' "$carry/tests/HARNESS_TESTS" "$carry/tests/NOT_CARRIED"
 fi
 tar -C "$carry" -cf - apps tests $([ -d "$carry/testdata" ] && echo testdata) |
-  xz -6 -T0 >"$carry/programs.tar.xz"
+  xz -9e -T0 >"$carry/programs.tar.xz"
 rm -rf "$carry/apps" "$carry/tests" "$carry/testdata"
 du -sh "$carry"

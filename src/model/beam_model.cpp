@@ -297,7 +297,9 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
   const auto real_rows = static_cast<int32_t>(batch.tokens.size());
   StepInputs inputs;
   inputs.rows = real_rows + padding * pad_rows;
-  inputs.selected = static_cast<int64_t>(batch.logit_rows.size()) + padding;
+  // Padding sequences select every row: a verify step's real sequences do too, so a bucket's step has one shape (its
+  // logits' rows included) whatever the number of real sequences.
+  inputs.selected = static_cast<int64_t>(batch.logit_rows.size()) + int64_t{padding} * pad_rows;
 
   std::vector<int32_t> positions, query_start{0}, seq_lens;
   for (const SequenceSlice& sequence : batch.sequences) {
@@ -336,7 +338,7 @@ BeamModel::StepInputs BeamModel::prepare(const ForwardBatch& batch, const KvCach
                 packed.begin() + static_cast<std::ptrdiff_t>(start + s * width));
   }
   packed.insert(packed.end(), batch.logit_rows.begin(), batch.logit_rows.end());
-  for (int32_t p = 0; p < padding; ++p) packed.push_back(real_rows + (p + 1) * pad_rows - 1);
+  for (int32_t row = real_rows; row < inputs.rows; ++row) packed.push_back(row);
   // With a drafter: the rows' identity, the gather indices that copy the residual stream into the capture (part of
   // the inputs, so that a recorded graph needs no upload of its own).
   if (!capture_layers_.empty())

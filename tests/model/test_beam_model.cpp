@@ -200,17 +200,30 @@ TEST_P(BeamModelTest, WidenedAndPaddedStepInputs) {
   EXPECT_EQ(backend_->download_i32(padded.block_tables[0]), expected_table);
   EXPECT_THROW(model_->prepare(batch, layout, 0, std::vector<int64_t>(widths.size(), 0)), Error);
 
-  // A verify step's padding: sequences of its own rows (here 5 each), their last rows in the logit rows, so that the
-  // shape is the bucket's whatever the number of real sequences.
+  // A verify step's padding: sequences of its own rows (here 5 each), every row in the logit rows (as a verify step's
+  // real sequences), so that the shape is the bucket's whatever the number of real sequences.
   BeamModel::StepInputs verify = model_->prepare(batch, layout, 3, widths, 5);
   model_->upload(verify);
   EXPECT_EQ(verify.rows, 15);
-  EXPECT_EQ(verify.selected, 4);
+  EXPECT_EQ(verify.selected, 12);
   EXPECT_EQ(verify.attention.host_query_start, (std::vector<int32_t>{0, 5, 10, 15}));
   EXPECT_EQ(verify.attention.host_seq_lens, (std::vector<int32_t>{5, 5, 5}));
   EXPECT_EQ(verify.attention.host_positions,
             (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
-  EXPECT_EQ(backend_->download_i32(verify.logit_rows), (std::vector<int32_t>{4, 2, 9, 14}));
+  EXPECT_EQ(backend_->download_i32(verify.logit_rows), (std::vector<int32_t>{4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}));
+  // Two real sequences of 5 rows, each row a logit row, padded to 3: the same inputs' size as one real sequence.
+  ForwardBatch two = batch;
+  two.tokens = some_tokens(10, config_.vocab_size, 22);
+  two.sequences.push_back(SequenceSlice{5, 10, 0, slice.block_tables});
+  for (auto* one : {&batch, &two}) {
+    one->logit_rows.clear();
+    for (int32_t r = 0; r < static_cast<int32_t>(one->tokens.size()); ++r) one->logit_rows.push_back(r);
+  }
+  const BeamModel::StepInputs one_real = model_->prepare(batch, layout, 3, widths, 5);
+  const BeamModel::StepInputs two_real = model_->prepare(two, layout, 3, widths, 5);
+  EXPECT_EQ(one_real.packed.size(), two_real.packed.size());
+  EXPECT_EQ(one_real.selected, 15);
+  EXPECT_EQ(two_real.selected, 15);
   EXPECT_EQ(backend_->download_i32(verify.block_tables[0]), expected_table);
   EXPECT_THROW(model_->prepare(batch, layout, 3, widths, 0), Error);
 }
