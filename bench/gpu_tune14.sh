@@ -14,7 +14,8 @@
 # Usage: bench/gpu_tune14.sh CARRY_DIR   (CARRY_DIR from `bench/make_carry.sh build CARRY_DIR`); writes $OUT/tune14.log
 #        (every command's whole output), $OUT/perf-*.txt (each perf table) and $OUT/tune14-summary.md; exits 1 when a
 #        check failed or did not run or a perf row is missing. At most 115 s once the machine is up (the attention
-#        sweep gets the first 70 s, the MoE sweep the rest; each step's limit is cut to what is left).
+#        sweep gets the first 70 s, the MoE sweep the rest; each step's limit is cut to what is left). ATTENTION_S and
+#        TOTAL_S change the two (session 10's 70 / 115 left the MoE variants' full-width checks unfinished).
 set -uo pipefail
 CARRY=${1:?usage: bench/gpu_tune14.sh CARRY_DIR}
 OUT=${OUT:-$(mktemp -d)}
@@ -75,7 +76,7 @@ row() {
 }
 
 echo "=== FP8 KV decode attention: version and splits variants"
-budget=70
+budget=${ATTENTION_S:-70}
 # name, BEAMLINE_CUDA_DECODE_ATTENTION, BEAMLINE_CUDA_DECODE_SPLITS, harness flags
 attention_variants=(
   "query-rows (default)||auto|--small"
@@ -105,7 +106,7 @@ for entry in "${attention_variants[@]}"; do
 done
 
 echo "=== one-token MoE, FP8 / MXFP8 / NVFP4 experts: staged kernel shapes"
-budget=115
+budget=${TOTAL_S:-115}
 moe_variants=("staged (default)|" "staged-wide|staged-wide" "staged-wide5|staged-wide5" "staged-cvt|staged-cvt"
   "staged-half-cvt|staged-half-cvt")
 seed=51
