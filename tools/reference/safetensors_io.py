@@ -42,7 +42,11 @@ def float32_to_bf16_bits(array):
 def load(path):
     """name -> Tensor, in file order."""
     with open(path, "rb") as f:
-        data = f.read()
+        return parse(f.read(), path)
+
+
+def parse(data, path):
+    """name -> Tensor of a safetensors file's bytes (path names it in errors)."""
     if len(data) < 8:
         raise ValueError(f"{path}: too short for a safetensors header")
     (header_len,) = struct.unpack("<Q", data[:8])
