@@ -2,7 +2,7 @@
 """Trains beam-nano (a Beam-architecture model, every feature exercised) on synthetic Harmony conversations.
 
   python3 tools/train/train.py --tokenizer models/beam-nano/tokenizer.json --out OUT_DIR \
-      [--config v3] [--examples 300000] [--heldout 1000] [--ood 1000] [--seconds 240] [--seed 1]
+      [--config v3] [--examples 300000] [--heldout 1000] [--ood 1000] [--seconds 240] [--seed 1] [--init-from DIR]
 
 Generates the data in-process (tools/data/generate.py, all CPU cores), tokenizes it with the given
 tokenizer.json, trains with the loss on assistant-produced tokens only, prints the held-out loss, and writes
@@ -18,6 +18,13 @@ target positions. While the data is generated, the eager fast loss is checked ag
 (float32, loss and every gradient within 1e-4 relative), then the compiled one against the eager one under bf16
 autocast (the training step's graphs, so training starts compiled); a torch.compile failure falls back to eager, a
 mismatch to the reference's loss. --profile-steps N writes a torch.profiler table of N steps (profile.txt).
+
+--init-from DIR starts from a checkpoint folder instead of random weights (carry_checkpoint.load_into: config.json
+and model.safetensors or gpu_run.sh's parts; F32, BF16, or carry_checkpoint.py's int8 copy; router F32): its config
+must equal --config's and every tensor the model's shape, else it stops naming the key or tensor. The optimizer
+starts fresh (AdamW's moments at zero) and the learning rate warms up again over --warmup steps; the routers'
+e_score_correction_bias comes from the checkpoint. Give it another --seed than the run it continues, or the data
+begin again with the same conversations.
 
 Router balance: aux-loss-free (DeepSeek-V3): after every step each MoE layer's e_score_correction_bias moves
 by --bias-rate toward balance (up for experts that got fewer tokens than the mean, down for more).
@@ -41,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "data"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "tokenizer"))
 sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 import beam_fast  # noqa: E402
+import carry_checkpoint  # noqa: E402
 import generate  # noqa: E402
 from beam_config import CONFIGS, BeamConfig  # noqa: E402
 from beam_torch import BeamForCausalLM, init_weights, save_checkpoint  # noqa: E402
@@ -277,6 +285,7 @@ def main():
     parser.add_argument("--heldout-out", help="write the held-out conversations here (JSONL, as generate.py)")
     parser.add_argument("--ood-out", help="write the out-of-distribution conversations here (JSONL, as generate.py)")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="v3", help="model shape (beam_config.py)")
+    parser.add_argument("--init-from", help="start from this checkpoint folder (see above) instead of random weights")
     parser.add_argument("--examples", type=int, default=300000)
     parser.add_argument("--heldout", type=int, default=1000)
     parser.add_argument("--ood", type=int, default=1000, help="conversations of held-out templates and tools")
@@ -308,17 +317,32 @@ def main():
     torch.set_float32_matmul_precision("high")   # TF32 for the FP32 LM head, as before
     started = time.time()
     tokenizer = Tokenizer.load(args.tokenizer)
+    eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
+    config_dict = CONFIGS[args.config](tokenizer.vocab_size(), tokenizer.token_id("<|startoftext|>"), eos,
+                                       tokenizer.token_id("<|endoftext|>"))
+    if args.init_from:
+        try:
+            carry_checkpoint.check_config(config_dict, args.init_from)
+        except ValueError as error:
+            sys.exit(f"--init-from: {error}")
     # the pool forks before CUDA starts; the data is generated while the model is built and checked
     pool = multiprocessing.Pool(args.workers, initializer=_worker_init, initargs=(args.tokenizer,))
     data = TrainData(pool, args.examples, args.seed, args.stream_data)
     pending = [start_split(pool, "heldout", args.heldout, args.seed + generate.HELDOUT_SEED_OFFSET),
                start_split(pool, "ood", args.ood, args.seed + generate.OOD_SEED_OFFSET)]
 
-    eos = [tokenizer.token_id("<|return|>"), tokenizer.token_id("<|call|>")]
-    config_dict = CONFIGS[args.config](tokenizer.vocab_size(), tokenizer.token_id("<|startoftext|>"), eos,
-                                       tokenizer.token_id("<|endoftext|>"))
     model = BeamForCausalLM(BeamConfig(config_dict))
-    init_weights(model, args.seed)
+    if args.init_from:
+        try:
+            counts = carry_checkpoint.load_into(model, args.init_from)
+        except ValueError as error:
+            pool.terminate()
+            sys.exit(f"--init-from: {error}")
+        print(f"init from {args.init_from}: {sum(counts.values())} tensors ("
+              f"{', '.join(f'{n} {dtype}' for dtype, n in sorted(counts.items()))}); optimizer state starts fresh, "
+              f"learning rate warms up again over {args.warmup} steps", flush=True)
+    else:
+        init_weights(model, args.seed)
     model.to(device)
     params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.config}, {params / 1e6:.2f} M parameters", flush=True)
