@@ -18,6 +18,11 @@
 # default generation budget; $OUT/beam-nano-drafter.tar), COMPARE_HELDOUT=file.jsonl also scores the new model on
 # another held-out set (v1's), and COMPARE_MODEL=dir scores another model (v1) on the new OOD set, each only
 # while time is left.
+# INIT_FROM=DIR continues a run: train.py --init-from DIR (a checkpoint folder inside the repository that the call
+# carries, as tools/train/carry_checkpoint.py writes it: the v3 checkpoint in BF16 is 59.5 MB and does not fit the
+# 64 MiB a call carries together with the tree, its int8 copy (30.2 MB) does). Its config must be CONFIG's; the
+# optimizer starts fresh and the learning rate warms up again. Give TRAIN_ARGS="--seed N" another seed than the
+# run it continues, or training begins again on the same conversations (the held-out sets then change with it).
 # Every step after training is allowed to fail: the checkpoint is already under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -55,7 +60,8 @@ evaluate() {
   python3 tools/train/train.py --tokenizer "$tokenizer" --out "$work/beam-nano" \
     --heldout-out "$work/heldout.jsonl" --ood-out "$work/ood.jsonl" --seconds "$seconds" --config "$config" \
     --examples "$examples" --stop-by $(( budget - 165 - (SECONDS - started) )) \
-    --stream-data --profile-steps "${PROFILE_STEPS:-20}" --profile-out "$small/profile.txt" ${TRAIN_ARGS:-}
+    --stream-data --profile-steps "${PROFILE_STEPS:-20}" --profile-out "$small/profile.txt" \
+    ${INIT_FROM:+--init-from "$INIT_FROM"} ${TRAIN_ARGS:-}
   if [[ -f "$work/beam-nano/model.safetensors" ]]; then
     cp "$work"/beam-nano/{config.json,generation_config.json,harmony.json} "$small"/
     split -b 15000000 "$work/beam-nano/model.safetensors" "$OUT/model.safetensors.part-"
