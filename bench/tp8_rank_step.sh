@@ -9,7 +9,8 @@
 # Usage: bench/tp8_rank_step.sh BINARY [BATCHES]    (writes Markdown to stdout; needs the GPU)
 #        QUANTIZATION=fp8 (or mxfp8, nvfp4) serves the rank's projections quantized (`--quantization`, dummy weights);
 #        SPLITS (default tp8,ep8-k1,ep8-k3) picks the splits; PROFILE_DIR=DIR adds each split's per-kernel device time
-#        of one batch-1 decode step (bench/decode_step_profile.py, needs Nsight Systems), traces under DIR.
+#        of one batch-1 decode step (bench/decode_step_profile.py, needs Nsight Systems), traces under DIR; OP_TIMES=1
+#        adds each split's device time per op, decoded op by op (`generate`, BEAMLINE_CUDA_OP_TIMES=1: no Nsight needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$1
@@ -83,6 +84,14 @@ for split in "tp8 256 320 8 8 4" "ep8-k1 32 2560 1 1 1" "ep8-k3 32 2560 3 1 1"; 
   echo
   python3 bench/serve_throughput.py "$BIN" "$WORK/$1" --batches "$BATCHES" --prompt 512 --decode 64 \
     --floor-bytes "$(floor_bytes "$WORK/$1/config.json")" --serve-args="$SERVE_ARGS" | grep -E '^[|`]'
+  if [ -n "${OP_TIMES:-}" ]; then
+    echo
+    echo "### $1: device time per op, decode op by op (\`generate\`, 16-token prompt, 128 tokens, BEAMLINE_CUDA_OP_TIMES=1)"
+    echo
+    BEAMLINE_CUDA_OP_TIMES=1 "$BIN" generate --model "$WORK/$1" --load-format dummy --device cuda $SERVE_ARGS \
+      --tokens 2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17 --max-tokens 128 --ignore-eos 2>&1 |
+      grep -E '^\||device time per op' | sed -E 's/^\[[^]]*\] \[[a-z]+\] //'
+  fi
   if [ -n "${PROFILE_DIR:-}" ]; then
     echo
     echo "### $1: device time per kernel of one batch-1 decode step"
